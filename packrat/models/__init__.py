@@ -1,0 +1,171 @@
+"""Model zoo: the networks packrat serves and benchmarks, plus user-supplied models.
+
+Every network is plain ``torch.nn`` with random weights from a fixed seed, so
+latency experiments need no downloads and are reproducible bit for bit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from packrat.models.inception import inception_v3
+from packrat.models.resnet import resnet50
+from packrat.models.tiny import tiny
+from packrat.models.transformer import BERT_VOCAB, GPT2_VOCAB, bert_base, gpt2
+
+__all__ = ["ModelSpec", "ZOO", "DEFAULT_MODEL", "resolve", "prepare"]
+
+SEED = 0
+SCRIPT_SUFFIXES = (".pt", ".pth", ".ts")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    build: Callable[[], torch.nn.Module]  # fresh module, seeded random weights, in eval mode
+    input_shape: tuple[int, ...]  # one sample, without the batch dimension
+    input_dtype: torch.dtype
+    scriptable: bool  # trace + freeze + optimize_for_inference is expected to work
+    task: str  # "classification" | "embedding" | "language-model"
+    description: str = ""
+    vocab_size: int | None = None  # upper bound (exclusive) for integer token ids
+    # A user module's own example_input(batch), used instead of random data when present.
+    example_fn: Callable[[int], torch.Tensor] | None = field(default=None, compare=False, repr=False)
+
+    def example_input(self, batch: int) -> torch.Tensor:
+        """Deterministic input of shape (batch, *input_shape); sample i is the same for any batch."""
+        if self.example_fn is not None:
+            return self.example_fn(batch)
+        gen = torch.Generator().manual_seed(SEED)
+        shape = (batch, *self.input_shape)
+        if self.input_dtype.is_floating_point:
+            return torch.randn(shape, generator=gen, dtype=self.input_dtype)
+        # Token ids: stay inside the embedding table.
+        high = self.vocab_size or 2
+        return torch.randint(0, high, shape, generator=gen, dtype=self.input_dtype)
+
+
+def _seeded(factory: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
+    """Wrap a factory so every call gives the same weights and an eval-mode module."""
+
+    def build() -> torch.nn.Module:
+        torch.manual_seed(SEED)
+        return factory().eval()
+
+    return build
+
+
+ZOO: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec("tiny", _seeded(tiny), (3, 32, 32), torch.float32, True, "classification",
+                  "small 3-conv CNN, 10 classes; fast enough for tests"),
+        ModelSpec("resnet50", _seeded(resnet50), (3, 224, 224), torch.float32, True, "classification",
+                  "ResNet-50 (bottleneck [3,4,6,3]), 1000 classes"),
+        ModelSpec("inception_v3", _seeded(inception_v3), (3, 299, 299), torch.float32, True,
+                  "classification", "Inception-v3, 1000 classes, multi-branch blocks"),
+        ModelSpec("bert_base", _seeded(bert_base), (128,), torch.int64, True, "embedding",
+                  "BERT-base encoder, 128 tokens, pooled CLS output (768)", vocab_size=BERT_VOCAB),
+        ModelSpec("gpt2", _seeded(gpt2), (128,), torch.int64, True, "language-model",
+                  "GPT-2 small, 128-token prompt, next-token logits", vocab_size=GPT2_VOCAB),
+    )
+}
+DEFAULT_MODEL = "resnet50"
+
+
+def _unknown(spec: str) -> ValueError:
+    names = ", ".join(ZOO)
+    return ValueError(
+        f"unknown model {spec!r}: choose one of {names}, a TorchScript file "
+        f"({'/'.join(SCRIPT_SUFFIXES)}), or package.module:factory"
+    )
+
+
+def _from_file(path: str, input_shape: tuple[int, ...] | None) -> ModelSpec:
+    if not os.path.isfile(path):
+        raise ValueError(f"model file not found: {path}")
+    if input_shape is None:
+        raise ValueError(f"TorchScript model {path} needs an input shape (one sample, e.g. 3,224,224)")
+
+    def build() -> torch.nn.Module:
+        return torch.jit.load(path, map_location="cpu").eval()
+
+    name = os.path.splitext(os.path.basename(path))[0]
+    return ModelSpec(name, build, tuple(input_shape), torch.float32, True, "classification",
+                     f"TorchScript file {path}")
+
+
+def _from_factory(spec: str, input_shape: tuple[int, ...] | None) -> ModelSpec:
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"cannot load model factory {spec!r}: {exc}") from None
+    if not callable(factory):
+        raise ValueError(f"model factory {spec!r} is not callable")
+    build = _seeded(factory)
+
+    dtype, example_fn = torch.float32, None
+    if input_shape is None:
+        # Only a module that knows its own input can go without an explicit shape.
+        probe = build()
+        if not callable(getattr(probe, "example_input", None)):
+            raise ValueError(f"model factory {spec!r} needs an input shape: its module has no example_input(batch)")
+        sample = probe.example_input(1)
+        input_shape, dtype = tuple(sample.shape[1:]), sample.dtype
+        example_fn = probe.example_input
+    # Scriptability is unknown up front: prepare() tries and falls back to eager.
+    return ModelSpec(attr, build, tuple(input_shape), dtype, True, "classification",
+                     f"factory {spec}", example_fn=example_fn)
+
+
+def resolve(spec: str, input_shape: tuple[int, ...] | None = None) -> ModelSpec:
+    """Turn a zoo name, a TorchScript file path or "package.module:factory" into a ModelSpec.
+
+    For zoo models, input_shape (if given) overrides the default, e.g. another sequence length.
+    """
+    if spec in ZOO:
+        found = ZOO[spec]
+        if input_shape is not None and tuple(input_shape) != found.input_shape:
+            found = dataclasses.replace(found, input_shape=tuple(input_shape))
+        return found
+    if spec.lower().endswith(SCRIPT_SUFFIXES) or os.sep in spec:
+        return _from_file(spec, input_shape)
+    if ":" in spec:
+        return _from_factory(spec, input_shape)
+    raise _unknown(spec)
+
+
+def _to_graph(module: torch.nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
+    with torch.no_grad():
+        if isinstance(module, torch.jit.ScriptModule):
+            graph = module  # already TorchScript (loaded from a file)
+        else:
+            graph = torch.jit.trace(module, example, check_trace=False)
+        graph = torch.jit.optimize_for_inference(torch.jit.freeze(graph.eval()))
+        graph(example)  # fail here, not in the serving path, if an optimization broke something
+    return graph
+
+
+def prepare(spec: ModelSpec, batch: int, graph_mode: bool = True
+            ) -> tuple[torch.nn.Module | torch.jit.ScriptModule, torch.Tensor, str]:
+    """Build the model and its example input; in graph mode, trace + freeze + optimize it.
+
+    Returns (module, example_input, mode) with mode "script" or "eager".
+    """
+    module = spec.build()
+    example = spec.example_input(batch)
+    if graph_mode and spec.scriptable:
+        try:
+            return _to_graph(module, example), example, "script"
+        except Exception as exc:  # any tracing/freezing failure: serving eager still works
+            warnings.warn(f"graph mode failed for model {spec.name!r}, running eager: "
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    mode = "script" if isinstance(module, torch.jit.ScriptModule) else "eager"
+    return module, example, mode

@@ -1,0 +1,47 @@
+"""A deliberately small CNN: fast enough (~1 ms) that tests can serve it everywhere."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _conv_bn_relu(cin: int, cout: int, stride: int) -> nn.Sequential:
+    # BatchNorm is kept so graph mode has a conv+BN fold to do, as in the real models.
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(inplace=True),
+    )
+
+
+class TinyNet(nn.Module):
+    """3x32x32 image -> 10 logits."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            _conv_bn_relu(3, 16, 1),
+            _conv_bn_relu(16, 32, 2),
+            _conv_bn_relu(32, 64, 2),
+        )
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x)
+        x = torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1)
+        return self.fc(x)
+
+
+def tiny() -> TinyNet:
+    return TinyNet()
+
+
+class TinyWithExample(TinyNet):
+    """TinyNet that knows its own input, for "package.module:factory" without an input shape."""
+
+    def example_input(self, batch: int) -> torch.Tensor:
+        return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+
+def tiny_with_example() -> TinyWithExample:
+    return TinyWithExample()
