@@ -9,7 +9,8 @@ import dataclasses
 import importlib
 import os
 import warnings
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -35,20 +36,25 @@ class ModelSpec:
     task: str  # "classification" | "embedding" | "language-model"
     description: str = ""
     vocab_size: int | None = None  # upper bound (exclusive) for integer token ids
-    # A user module's own example_input(batch), used instead of random data when present.
-    example_fn: Callable[[int], torch.Tensor] | None = field(default=None, compare=False, repr=False)
+    # The module defines example_input(batch) itself (user factories); use it instead of random data.
+    own_example: bool = False
 
     def example_input(self, batch: int) -> torch.Tensor:
         """Deterministic input of shape (batch, *input_shape); sample i is the same for any batch."""
-        if self.example_fn is not None:
-            return self.example_fn(batch)
+        if self.own_example:
+            # Costs a build; prepare() avoids it by asking the module it already built.
+            return self.build().example_input(batch)
         gen = torch.Generator().manual_seed(SEED)
-        shape = (batch, *self.input_shape)
+        # One draw per sample: a single big randn fills large tensors in a size-dependent
+        # order, which would make sample 0 differ between batch sizes.
         if self.input_dtype.is_floating_point:
-            return torch.randn(shape, generator=gen, dtype=self.input_dtype)
-        # Token ids: stay inside the embedding table.
-        high = self.vocab_size or 2
-        return torch.randint(0, high, shape, generator=gen, dtype=self.input_dtype)
+            samples = [torch.randn(self.input_shape, generator=gen, dtype=self.input_dtype)
+                       for _ in range(batch)]
+        else:
+            high = self.vocab_size or 2  # token ids must stay inside the embedding table
+            samples = [torch.randint(0, high, self.input_shape, generator=gen, dtype=self.input_dtype)
+                       for _ in range(batch)]
+        return torch.stack(samples)
 
 
 def _seeded(factory: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
@@ -87,6 +93,14 @@ def _unknown(spec: str) -> ValueError:
     )
 
 
+@contextmanager
+def _quiet_jit():
+    """Hide TorchScript's deprecation notices: graph mode is a deliberate choice here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
+        yield
+
+
 def _from_file(path: str, input_shape: tuple[int, ...] | None) -> ModelSpec:
     if not os.path.isfile(path):
         raise ValueError(f"model file not found: {path}")
@@ -94,7 +108,8 @@ def _from_file(path: str, input_shape: tuple[int, ...] | None) -> ModelSpec:
         raise ValueError(f"TorchScript model {path} needs an input shape (one sample, e.g. 3,224,224)")
 
     def build() -> torch.nn.Module:
-        return torch.jit.load(path, map_location="cpu").eval()
+        with _quiet_jit():
+            return torch.jit.load(path, map_location="cpu").eval()
 
     name = os.path.splitext(os.path.basename(path))[0]
     return ModelSpec(name, build, tuple(input_shape), torch.float32, True, "classification",
@@ -111,24 +126,25 @@ def _from_factory(spec: str, input_shape: tuple[int, ...] | None) -> ModelSpec:
         raise ValueError(f"model factory {spec!r} is not callable")
     build = _seeded(factory)
 
-    dtype, example_fn = torch.float32, None
+    dtype, own_example = torch.float32, False
     if input_shape is None:
         # Only a module that knows its own input can go without an explicit shape.
         probe = build()
         if not callable(getattr(probe, "example_input", None)):
             raise ValueError(f"model factory {spec!r} needs an input shape: its module has no example_input(batch)")
         sample = probe.example_input(1)
-        input_shape, dtype = tuple(sample.shape[1:]), sample.dtype
-        example_fn = probe.example_input
+        input_shape, dtype, own_example = tuple(sample.shape[1:]), sample.dtype, True
     # Scriptability is unknown up front: prepare() tries and falls back to eager.
     return ModelSpec(attr, build, tuple(input_shape), dtype, True, "classification",
-                     f"factory {spec}", example_fn=example_fn)
+                     f"factory {spec}", own_example=own_example)
 
 
 def resolve(spec: str, input_shape: tuple[int, ...] | None = None) -> ModelSpec:
     """Turn a zoo name, a TorchScript file path or "package.module:factory" into a ModelSpec.
 
     For zoo models, input_shape (if given) overrides the default, e.g. another sequence length.
+    Files and factories given an input_shape take float32 input; a factory's module may
+    instead define example_input(batch), which then sets shape and dtype.
     """
     if spec in ZOO:
         found = ZOO[spec]
@@ -143,7 +159,7 @@ def resolve(spec: str, input_shape: tuple[int, ...] | None = None) -> ModelSpec:
 
 
 def _to_graph(module: torch.nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_jit():
         if isinstance(module, torch.jit.ScriptModule):
             graph = module  # already TorchScript (loaded from a file)
         else:
@@ -160,12 +176,13 @@ def prepare(spec: ModelSpec, batch: int, graph_mode: bool = True
     Returns (module, example_input, mode) with mode "script" or "eager".
     """
     module = spec.build()
-    example = spec.example_input(batch)
+    example = module.example_input(batch) if spec.own_example else spec.example_input(batch)
     if graph_mode and spec.scriptable:
         try:
             return _to_graph(module, example), example, "script"
         except Exception as exc:  # any tracing/freezing failure: serving eager still works
+            first_line = (str(exc).splitlines() or [""])[0]
             warnings.warn(f"graph mode failed for model {spec.name!r}, running eager: "
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                          f"{type(exc).__name__}: {first_line}", stacklevel=2)
     mode = "script" if isinstance(module, torch.jit.ScriptModule) else "eager"
     return module, example, mode

@@ -20,11 +20,11 @@ class TinyNet(nn.Module):
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            _conv_bn_relu(3, 16, 1),
-            _conv_bn_relu(16, 32, 2),
+            _conv_bn_relu(3, 32, 1),
             _conv_bn_relu(32, 64, 2),
+            _conv_bn_relu(64, 128, 2),
         )
-        self.fc = nn.Linear(64, num_classes)
+        self.fc = nn.Linear(128, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.features(x)
@@ -35,13 +35,3 @@ class TinyNet(nn.Module):
 def tiny() -> TinyNet:
     return TinyNet()
 
-
-class TinyWithExample(TinyNet):
-    """TinyNet that knows its own input, for "package.module:factory" without an input shape."""
-
-    def example_input(self, batch: int) -> torch.Tensor:
-        return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-
-
-def tiny_with_example() -> TinyWithExample:
-    return TinyWithExample()

@@ -1,0 +1,252 @@
+"""The `packrat` command: profile a model, plan instances, plot, run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import plots, profiler
+from .planner import NoPlanError, Plan, Planner
+from .profile import Profile, ProfileError, load
+from .topology import Topology, detect
+
+DEFAULT_BATCHES = "1,2,4,8,16,32,64"
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type for '1-4,8,16': sorted distinct positive integers (argparse names the flag)."""
+    values: set[int] = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.strip().partition("-")
+            values.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 1-4 or 1,2,8") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must name integers >= 1")
+    return sorted(values)
+
+
+def positive(kind: type):
+    """argparse type: a number > 0 of the given kind."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shape like 3,224,224") from None
+
+
+def local_cores() -> int:
+    return detect().num_cores
+
+
+def topology_for(threads: int) -> Topology:
+    """This machine's cores when the plan fits on them, else a made-up T-core machine."""
+    local = detect()
+    return local if threads <= local.num_cores else Topology.virtual(threads)
+
+
+# ---- output -------------------------------------------------------------------------------
+
+def _cores_text(cores: tuple[int, ...]) -> str:
+    if cores and list(cores) == list(range(cores[0], cores[-1] + 1)) and len(cores) > 1:
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))
+
+
+def _fat_text(plan: Plan) -> str:
+    if plan.fat_latency_ms is None:
+        return f"fat ⟨1 × {plan.threads} threads, batch {plan.batch}⟩ not profiled"
+    return (f"fat ⟨1 × {plan.threads} threads, batch {plan.batch}⟩ {plan.fat_latency_ms:.1f} ms, "
+            f"speedup {plan.speedup:.2f}×")
+
+
+def print_plan(plan: Plan) -> None:
+    print(f"Plan for T={plan.threads} threads, B={plan.batch}: {plan.describe()}")
+    print(f"  {'instance':>8}  {'threads':>7}  {'batch':>5}  {'latency_ms':>10}  cores")
+    for n, inst in enumerate(plan.instances, start=1):
+        print(f"  {n:>8}  {inst.threads:>7}  {inst.batch:>5}  {inst.latency_ms:>10.1f}  {_cores_text(inst.cores)}")
+    print(f"expected latency {plan.expected_latency_ms:.1f} ms; {_fat_text(plan)}")
+
+
+def print_plan_table(plans: list[Plan], skipped: list[str]) -> None:
+    print(f"{'B':>5}  {'expected_ms':>11}  {'fat_ms':>9}  {'speedup':>7}  plan")
+    for p in plans:
+        fat = f"{p.fat_latency_ms:.1f}" if p.fat_latency_ms else "-"
+        speed = f"{p.speedup:.2f}×" if p.speedup else "-"
+        print(f"{p.batch:>5}  {p.expected_latency_ms:>11.1f}  {fat:>9}  {speed:>7}  {p.describe()}")
+    for line in skipped:
+        print(line)
+
+
+# ---- commands -----------------------------------------------------------------------------
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    threads = args.threads or list(range(1, local_cores() + 1))
+    settings = profiler.Settings(model=args.model, warmup=args.warmup,
+                                 iters=None if args.min_time else args.iters, min_time=args.min_time,
+                                 graph_mode=not args.eager, input_shape=args.input_shape)
+    out = args.out or Path("profiles") / f"{Path(args.model).stem.replace(':', '_')}.csv"
+    try:
+        result = profiler.run(settings, threads, args.batches, out, progress=not args.quiet)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the points measured so far are in {out}; run the same command to resume",
+              file=sys.stderr)
+        return 130
+    print(f"{len(result.latency)} points in {out}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    profile = load(args.profile)
+    threads = args.threads or local_cores()
+    batches = [args.batch] if args.batch else profile.batches
+    planner = Planner(profile.items(), threads, max(batches))
+    topology = topology_for(threads)
+    plans, skipped = [], []
+    for batch in batches:
+        try:
+            plans.append(planner.plan(threads, batch, topology))
+        except NoPlanError as exc:
+            if args.batch:
+                raise
+            skipped.append(f"B={batch}: no plan: {exc}")
+    if args.json:
+        body = [p.to_json() for p in plans]
+        print(json.dumps(body[0] if args.batch else body, indent=2))
+    elif args.batch:
+        print_plan(plans[0])
+    else:
+        print(f"Plans for T={threads} threads, model {profile.metadata.get('model', '?')} ({args.profile})")
+        print_plan_table(plans, skipped)
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    profile = load(args.profile)
+    threads = args.threads or max(profile.threads)
+    for path in plots.write_all(profile, threads, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    cores = local_cores()
+    out = Path(args.out_dir)
+    profile_path = out / "profiles" / f"{args.model}.csv"
+    print(f"== 1/3 profile {args.model} on {cores} cores, batches {args.batches} "
+          f"(cached in {profile_path}; delete it to measure again)")
+    settings = profiler.Settings(model=args.model, warmup=3, iters=None, min_time=args.min_time)
+    profile = profiler.run(settings, list(range(1, cores + 1)), args.batches, profile_path)
+    print(f"\n== 2/3 plan for T={cores} threads, every profiled batch")
+    plans = plots.plans_per_batch(profile, cores)
+    print_plan_table(plans, [])
+    print("\n== 3/3 plots")
+    for path in plots.write_all(profile, cores, out / "plots"):
+        print(f"wrote {path}")
+    return 0
+
+
+# ---- parser -------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="packrat",
+        description="Latency-optimal CPU inference serving: profile a model's latency L(t, b) for t threads "
+                    "and batch b, then plan the instances ⟨i, t, b⟩ that serve a batch fastest on T cores.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("profile", help="measure L(t, b) for a model, one fresh pinned process per point",
+                       description="Measure the latency of one model instance for every thread count t and batch "
+                                   "size b of a grid. Each point runs in a fresh process pinned to t physical cores "
+                                   "of one socket (torch.set_num_threads(t), one inter-op thread). Points already "
+                                   "in --out are skipped, so an interrupted run resumes where it stopped.",
+                       epilog="example: packrat profile --model resnet50 --threads 1-2 --batches 1,2,4,8,16 "
+                              "--min-time 2 --out profiles/resnet50.csv")
+    p.add_argument("--model", default="resnet50",
+                   help="zoo name (tiny, resnet50, inception_v3, bert_base, gpt2), a TorchScript file, "
+                        "or package.module:factory (default: resnet50)")
+    p.add_argument("--input-shape", type=shape, default=None,
+                   help="shape of one input sample, e.g. 3,224,224 (needed for TorchScript files and factories)")
+    p.add_argument("--threads", type=int_list, default=None,
+                   help="thread counts, e.g. 1-4 or 1,2,4 (default: 1..the cores this process may use)")
+    p.add_argument("--batches", type=int_list, default=int_list(DEFAULT_BATCHES),
+                   help=f"batch sizes (default: {DEFAULT_BATCHES})")
+    p.add_argument("--warmup", type=int, default=10, help="untimed runs before measuring (default: 10)")
+    timing = p.add_mutually_exclusive_group()
+    timing.add_argument("--iters", type=positive(int), default=100,
+                        help="timed runs per point (default: 100)")
+    timing.add_argument("--min-time", type=positive(float), default=None, metavar="S",
+                        help="instead of --iters: time runs for at least S seconds per point (≥ 3 runs)")
+    p.add_argument("--eager", action="store_true", help="measure eager mode even if TorchScript works")
+    p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("plan", help="the latency-optimal instances for T threads and batch B",
+                       description="Choose instances ⟨threads, batch⟩ (they may differ) whose threads sum to at "
+                                   "most T and whose batches sum to B, minimising the slowest instance's "
+                                   "profiled latency (exact dynamic program). Ties go to fewer instances, then "
+                                   "fewer threads. The profile may come from another machine: T may exceed this "
+                                   "machine's cores (cores are then numbered 0..T-1). Exit status 2 when no plan "
+                                   "is possible.",
+                       epilog="example: packrat plan --profile profiles/resnet50.csv --threads 16 --batch 32 --json")
+    p.add_argument("--profile", type=Path, required=True, help="profile CSV written by `packrat profile`")
+    p.add_argument("--threads", type=positive(int), default=None,
+                   help="T, the cores to plan for (default: the cores this process may use)")
+    p.add_argument("--batch", type=positive(int), default=None,
+                   help="B, the batch to serve (default: every profiled batch size, as a table)")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: {threads, batch, expected_latency_ms, fat_latency_ms, instances: "
+                        "[{threads, batch, cores}]} (a list of them without --batch)")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("plot", help="PNG heat-map of L(t, b) and planned vs fat latency per batch",
+                       epilog="example: packrat plot --profile profiles/resnet50.csv --threads 2 --out plots")
+    p.add_argument("--profile", type=Path, required=True, help="profile CSV")
+    p.add_argument("--threads", type=positive(int), default=None,
+                   help="T for the planned-vs-fat plot (default: the largest profiled thread count)")
+    p.add_argument("--out", type=Path, default=Path("plots"), help="output directory (default: plots)")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("demo", help="profile the default model on this machine, plan every batch, plot",
+                       description="The main job on a small grid: profile (cached), plan for every profiled "
+                                   "batch on this machine's cores, print the plans, write the plots.")
+    p.add_argument("--model", default="resnet50", help="zoo model (default: resnet50)")
+    p.add_argument("--batches", type=int_list, default=[1, 2, 4, 8],
+                   help="batch sizes (default: 1,2,4,8)")
+    p.add_argument("--min-time", type=positive(float), default=2.0, metavar="S",
+                   help="seconds of timed runs per point (default: 2)")
+    p.add_argument("--out-dir", type=Path, default=Path("out"), help="where profiles/ and plots/ go (default: out)")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ProfileError, NoPlanError, profiler.ProfilingError, ValueError) as exc:
+        print(f"packrat {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Measure one profile point, L(t, b), in this (fresh) process.
+
+Run as ``python -m packrat.measure --model M --threads T --batch B --cores 0,1 ...``;
+prints one JSON line with the statistics. The profiler starts one such process per
+point so no point inherits another's thread pools, allocator state or caches.
+Pinning happens before torch is imported, so OpenMP's threads start on the right cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def _pin(cores: list[int], threads: int) -> None:
+    os.sched_setaffinity(0, cores)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["MKL_NUM_THREADS"] = str(threads)
+
+
+def time_model(module, example, warmup: int, iters: int | None, min_time: float | None) -> list[float]:
+    """Latencies in ms of `iters` calls, or of as many calls as fit in `min_time` s (≥ 3)."""
+    import torch
+
+    with torch.inference_mode():
+        for _ in range(warmup):
+            module(example)
+        samples: list[float] = []
+        start = time.perf_counter()
+        while True:
+            t0 = time.perf_counter()
+            module(example)
+            samples.append((time.perf_counter() - t0) * 1e3)
+            if iters is not None and len(samples) >= iters:
+                break
+            if min_time is not None and len(samples) >= 3 and time.perf_counter() - start >= min_time:
+                break
+    return samples
+
+
+def summarize(samples: list[float]) -> dict[str, float | int]:
+    ordered = sorted(samples)
+    p99_index = min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))
+    return {
+        "latency_ms": statistics.fmean(ordered),
+        "p50_ms": statistics.median(ordered),
+        "p99_ms": ordered[p99_index],
+        "std_ms": statistics.pstdev(ordered),
+        "iterations": len(ordered),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--input-shape", default=None)
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--cores", required=True, help="comma-separated CPU ids")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=None)
+    parser.add_argument("--min-time", type=float, default=None)
+    parser.add_argument("--eager", action="store_true")
+    args = parser.parse_args(argv)
+
+    _pin([int(c) for c in args.cores.split(",")], args.threads)
+    import torch
+
+    from .models import prepare, resolve
+
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    shape = tuple(int(x) for x in args.input_shape.split(",")) if args.input_shape else None
+    spec = resolve(args.model, shape)
+    module, example, mode = prepare(spec, args.batch, graph_mode=not args.eager)
+    samples = time_model(module, example, args.warmup, args.iters, args.min_time)
+    # What the process really ran with, so callers can check the pinning took.
+    actual = {"mode": mode, "cores": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}
+    print(json.dumps({**summarize(samples), **actual}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Model zoo: shapes, determinism, graph mode, and resolve() of user models."""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+from packrat.models import DEFAULT_MODEL, ZOO, ModelSpec, prepare, resolve
+from packrat.models.tiny import TinyNet
+
+# Tests script/save tiny models themselves; TorchScript's deprecation notices are noise here.
+pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.:DeprecationWarning")
+
+OUTPUT_DIM = {"tiny": 10, "resnet50": 1000, "inception_v3": 1000, "bert_base": 768, "gpt2": 50257}
+
+
+@pytest.fixture(autouse=True)
+def _two_threads():
+    # The machine running the suite is small; never oversubscribe it.
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-4) -> bool:
+    """Equal up to float reordering, relative to the output's scale (logits can be large)."""
+    return bool((a - b).abs().max() <= rel * max(b.abs().max().item(), 1.0))
+
+
+# --- factories used through "package.module:factory" --------------------------------------
+
+
+class TinyWithExample(TinyNet):
+    def example_input(self, batch: int) -> torch.Tensor:
+        return torch.ones(batch, 3, 32, 32)
+
+
+def tiny_with_example() -> TinyWithExample:
+    return TinyWithExample()
+
+
+class DictOutput(torch.nn.Module):
+    """Runs eagerly but cannot be traced (strict tracing rejects dict outputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"out": self.fc(x)}
+
+
+def dict_output() -> DictOutput:
+    return DictOutput()
+
+
+NOT_A_FACTORY = 42
+THIS = __name__  # importable name of this module, whatever pytest's import mode
+
+
+# --- the zoo -------------------------------------------------------------------------------
+
+
+def test_zoo_contents():
+    assert set(ZOO) == set(OUTPUT_DIM)
+    assert DEFAULT_MODEL in ZOO
+    for name, spec in ZOO.items():
+        assert isinstance(spec, ModelSpec) and spec.name == name
+        assert spec.task in {"classification", "embedding", "language-model"}
+    assert ZOO["bert_base"].input_dtype == ZOO["gpt2"].input_dtype == torch.int64
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ZOO["tiny"].name = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", list(OUTPUT_DIM))
+def test_example_input(name):
+    spec = ZOO[name]
+    x = spec.example_input(3)
+    assert x.shape == (3, *spec.input_shape) and x.dtype == spec.input_dtype
+    assert torch.equal(x, spec.example_input(3))
+    # Sample 0 is the same whatever the batch size, so outputs can be compared across batches.
+    assert torch.equal(x[:1], spec.example_input(1))
+    if not spec.input_dtype.is_floating_point:
+        assert 0 <= x.min() and x.max() < spec.vocab_size
+
+
+@pytest.mark.parametrize("name", list(OUTPUT_DIM))
+def test_build_shapes_and_determinism(name):
+    spec = ZOO[name]
+    model = spec.build()
+    assert not model.training
+    with torch.no_grad():
+        one = model(spec.example_input(1))
+        two = model(spec.example_input(2))
+        assert one.shape == (1, OUTPUT_DIM[name]) and two.shape == (2, OUTPUT_DIM[name])
+        assert torch.isfinite(two).all()
+        assert close(two[:1], one)
+        del model
+        again = spec.build()(spec.example_input(1))
+    assert torch.equal(again, one)
+
+
+def test_tiny_is_tiny():
+    params = sum(p.numel() for p in ZOO["tiny"].build().parameters())
+    assert params < 200_000
+
+
+# --- graph mode ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["tiny", "resnet50", "bert_base"])
+def test_graph_mode_matches_eager(name):
+    spec = ZOO[name]
+    graph, x, mode = prepare(spec, batch=1)
+    assert mode == "script" and isinstance(graph, torch.jit.ScriptModule)
+    assert torch.equal(x, spec.example_input(1))
+    eager, _, eager_mode = prepare(spec, batch=1, graph_mode=False)
+    assert eager_mode == "eager" and not isinstance(eager, torch.jit.ScriptModule)
+    with torch.no_grad():
+        expected = eager(x)
+        assert close(graph(x), expected)
+        # Traced at batch 1, must still run (and agree) at another batch size.
+        other = graph(spec.example_input(2))
+    assert other.shape == (2, OUTPUT_DIM[name])
+    assert close(other[:1], expected)
+
+
+def test_graph_mode_fallback_warns():
+    spec = resolve(f"{THIS}:dict_output", input_shape=(4,))
+    assert spec.scriptable  # unknown until tried
+    with pytest.warns(UserWarning, match="dict_output"):
+        model, x, mode = prepare(spec, batch=2)
+    assert mode == "eager"
+    assert model(x)["out"].shape == (2, 2)
+
+
+def test_graph_mode_hides_jit_deprecation_noise():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prepare(ZOO["tiny"], batch=1)
+
+
+def test_inception_blocks_are_fx_traceable():
+    model = ZOO["inception_v3"].build()
+    graph = torch.fx.symbolic_trace(model)
+    cats = [n for n in graph.graph.nodes if n.target is torch.cat]
+    assert len(cats) == 11  # 3 A + 1 B + 4 C + 1 D + 2 E
+
+
+# --- resolve() -----------------------------------------------------------------------------
+
+
+def test_resolve_zoo_name_and_shape_override():
+    assert resolve("tiny") is ZOO["tiny"]
+    short = resolve("bert_base", input_shape=(16,))
+    assert short.input_shape == (16,) and ZOO["bert_base"].input_shape == (128,)
+    with torch.no_grad():
+        assert short.build()(short.example_input(1)).shape == (1, 768)
+
+
+def test_resolve_torchscript_file(tmp_path):
+    path = tmp_path / "my_tiny.pt"
+    torch.jit.save(torch.jit.script(ZOO["tiny"].build()), str(path))
+    spec = resolve(str(path), input_shape=(3, 32, 32))
+    assert (spec.name, spec.input_dtype, spec.scriptable, spec.task) == (
+        "my_tiny", torch.float32, True, "classification")
+    x = spec.example_input(2)
+    with torch.no_grad():
+        expected = ZOO["tiny"].build()(x)
+        assert close(spec.build()(x), expected)
+        graph, x2, mode = prepare(spec, batch=2)
+        assert mode == "script" and close(graph(x2), expected)
+
+
+def test_resolve_factory_with_shape():
+    spec = resolve("packrat.models.tiny:tiny", input_shape=(3, 32, 32))
+    assert spec.input_shape == (3, 32, 32) and spec.input_dtype == torch.float32
+    with torch.no_grad():
+        assert torch.equal(spec.build()(spec.example_input(2)), ZOO["tiny"].build()(spec.example_input(2)))
+    graph, x, mode = prepare(spec, batch=2)
+    assert mode == "script" and graph(x).shape == (2, 10)
+
+
+def test_resolve_factory_with_own_example_input():
+    spec = resolve(f"{THIS}:tiny_with_example")
+    assert spec.input_shape == (3, 32, 32) and spec.input_dtype == torch.float32
+    assert torch.equal(spec.example_input(4), torch.ones(4, 3, 32, 32))
+    _, x, mode = prepare(spec, batch=4)
+    assert mode == "script" and x.shape == (4, 3, 32, 32)
+
+
+@pytest.mark.parametrize(
+    ("spec", "shape", "match"),
+    [
+        ("foo", None, r"unknown model 'foo': choose one of tiny, resnet50, .*package\.module:factory"),
+        ("missing.pt", (3, 32, 32), "not found"),
+        ("/no/such/dir/model.ts", (3, 32, 32), "not found"),
+        ("no_such_package_xyz.mod:make", (1,), "cannot load model factory"),
+        ("packrat.models.tiny:no_such_factory", (1,), "cannot load model factory"),
+        (f"{THIS}:NOT_A_FACTORY", (1,), "not callable"),
+        ("packrat.models.tiny:tiny", None, "needs an input shape"),
+    ],
+)
+def test_resolve_errors(spec, shape, match):
+    with pytest.raises(ValueError, match=match) as err:
+        resolve(spec, input_shape=shape)
+    assert "\n" not in str(err.value)
+
+
+def test_resolve_file_needs_shape(tmp_path):
+    path = tmp_path / "m.pt"
+    torch.jit.save(torch.jit.script(TinyNet().eval()), str(path))
+    with pytest.raises(ValueError, match="input shape"):
+        resolve(str(path))
+

@@ -1,0 +1,92 @@
+"""Profile files: round trip, the published layout, and every rejection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from packrat.profile import COLUMNS, ProfileError, ProfileWriter, load
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-profiles"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "p.csv"
+    path.write_text(text)
+    return path
+
+
+def test_round_trip_keeps_points_and_metadata(tmp_path):
+    path = tmp_path / "out" / "p.csv"
+    meta = {"model": "tiny", "mode": "script", "cores": "2"}
+    with ProfileWriter(path, meta) as writer:
+        writer.write({"threads": 1, "batch": 2, "latency_ms": 3.5, "p50_ms": 3.4, "p99_ms": 4.0,
+                      "std_ms": 0.1, "iterations": 100})
+        writer.write({"threads": 2, "batch": 2, "latency_ms": 2.0})
+    with ProfileWriter(path, {"model": "ignored when appending"}) as writer:
+        writer.write({"threads": 2, "batch": 4, "latency_ms": 3.0})
+    profile = load(path)
+    assert profile.metadata == meta
+    assert profile.latency == {(1, 2): 3.5, (2, 2): 2.0, (2, 4): 3.0}
+    assert profile.threads == [1, 2] and profile.batches == [2, 4]
+    assert profile.rows[0]["p99_ms"] == "4.0000"
+
+
+def test_only_required_columns_are_needed(tmp_path):
+    profile = load(write(tmp_path, "batch,latency_ms,threads\n4,10,2\n"))
+    assert profile.latency == {(2, 4): 10.0}
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "empty profile"),
+    ("threads,batch\n1,1\n", "missing column 'latency_ms'"),
+    ("threads,batch,latency_ms\n", "no data rows"),
+    ("threads,batch,latency_ms\n1,1,abc\n", "row 2: latency_ms is not a number: 'abc'"),
+    ("threads,batch,latency_ms\n1,1.5,3\n", "row 2: batch is not an integer"),
+    ("threads,batch,latency_ms\n1,1,3\n1,2,0\n", "row 3: latency_ms must be > 0"),
+    ("threads,batch,latency_ms\n1,1,-2\n", "row 2: latency_ms must be > 0"),
+    ("threads,batch,latency_ms\n1,1,nan\n", "row 2: latency_ms is not finite"),
+    ("threads,batch,latency_ms\n0,1,2\n", "row 2: threads and batch must be >= 1"),
+    ("# model: x\nthreads,batch,latency_ms\n1,1,2\n1,1,3\n", "row 4: duplicate point threads=1 batch=1"),
+    ("threads,batch,latency_ms\n1,1\n", "row 2: latency_ms is not a number: None"),
+])
+def test_rejections_name_file_row_and_problem(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ProfileError) as info:
+        load(path)
+    assert str(info.value).startswith(str(path))
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ProfileError, match="cannot read"):
+        load(tmp_path / "nope.csv")
+
+
+def test_append_refuses_foreign_header(tmp_path):
+    path = write(tmp_path, "batch,threads,latency_ms\n1,1,2\n")
+    with pytest.raises(ProfileError, match="cannot append"):
+        ProfileWriter(path, {})
+    assert list(COLUMNS[:3]) == ["threads", "batch", "latency_ms"]
+
+
+def test_published_layout_keeps_script_sequential_rows(tmp_path):
+    header = "benchmark,topology,pinning,allocator,instance_id,interop_threads,intraop_threads,batch_size," \
+             "latency(min),latency(avg),latency(max),flops\n"
+    rows = ["resnet_manual_none,sequential,numactl,default,1,1,1,1,1,50,60,0",
+            "resnet_manual_script,interleave,numactl,default,1,1,1,1,1,40,60,0",
+            "resnet_manual_script,sequential,numactl,default,1,1,1,1,1,30,60,0",
+            "resnet_manual_script,sequential,numactl,default,1,1,2,1,1,20,60,0"]
+    profile = load(write(tmp_path, header + "\n".join(rows) + "\n"))
+    assert profile.latency == {(1, 1): 30.0, (2, 1): 20.0}
+    assert profile.metadata["model"] == "resnet"
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="reference profiles not present")
+@pytest.mark.parametrize("name", ["resnet", "inception", "bert", "gpt2"])
+def test_reference_profiles_load_as_16_by_11(name):
+    profile = load(SHARED / f"{name}_large-batches.csv")
+    assert profile.threads == list(range(1, 17))
+    assert profile.batches == [2 ** k for k in range(11)]
