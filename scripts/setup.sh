@@ -26,8 +26,8 @@ check_java() {
 check_java
 
 python=${PYTHON:-python3}
-stamp=.venv/.packrat-setup-stamp
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$extras-$torch_spec
+stamp=.venv/.packrat-setup-stamp${extras:+-$extras}  # one per extras, so demo and tests do not undo each other
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$torch_spec
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
