@@ -44,12 +44,14 @@ class Plan:
     threads: int  # T, the cores the plan may use
     batch: int  # B, the batch it covers
     instances: tuple[Instance, ...]
-    expected_latency_ms: float
+    expected_latency_ms: float | None  # None only for an unprofiled fat plan (Planner.fat)
     fat_latency_ms: float | None  # L(T, B): one instance using every core, if profiled
 
     @property
     def speedup(self) -> float | None:
-        return self.fat_latency_ms / self.expected_latency_ms if self.fat_latency_ms else None
+        if self.fat_latency_ms and self.expected_latency_ms:
+            return self.fat_latency_ms / self.expected_latency_ms
+        return None
 
     @property
     def threads_used(self) -> int:
@@ -127,6 +129,12 @@ class Planner:
             fat_latency_ms=fat,
         )
 
+    def fat(self, threads: int, batch: int, topology: Topology | None = None) -> Plan:
+        """The baseline: one instance with every thread and the whole batch."""
+        cores = (topology or Topology.virtual(threads)).assign([threads])[0]
+        fat = {(t, b): l for t, b, l in self.items}.get((threads, batch))
+        return Plan(threads, batch, (Instance(threads, batch, fat, tuple(cores)),), fat, fat)
+
     def _fewest_instances(self, threads: int, batch: int, bound: float) -> list[Item]:
         """Among plans whose every instance has L ≤ bound: fewest instances, then fewest threads."""
         usable = [item for item in self.items if item[2] <= bound and item[0] <= threads and item[1] <= batch]
@@ -156,6 +164,21 @@ class Planner:
         min_threads = min(t for t, _, _ in self.items)
         return (f"batch {batch} cannot be split into profiled batch sizes {batches} "
                 f"with at most {threads} threads (each instance needs ≥ {min_threads})")
+
+
+def serving_plan(items: Iterable[Item], threads: int, batch: int, topology: Topology,
+                 mode: str = "auto") -> tuple[Plan, str | None]:
+    """The plan a server runs: the optimal one (mode "auto") or the fat one (mode "fat").
+    Falls back to fat when the profile cannot cover the batch; returns (plan, why it fell back)."""
+    if mode not in ("auto", "fat"):
+        raise ValueError(f"plan mode must be 'auto' or 'fat', got {mode!r}")
+    planner = Planner(list(items), threads, batch)
+    if mode == "auto":
+        try:
+            return planner.plan(threads, batch, topology), None
+        except NoPlanError as exc:
+            return planner.fat(threads, batch, topology), f"no plan from the profile ({exc}); serving the fat instance"
+    return planner.fat(threads, batch, topology), None
 
 
 def plan(items: Iterable[Item], threads: int, batch: int, topology: Topology | None = None) -> Plan:

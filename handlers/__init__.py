@@ -1,0 +1,1 @@
+"""TorchServe handlers: the packrat handler and the stock baseline it is compared with."""

@@ -1,0 +1,68 @@
+"""Locust users that POST one model sample per request to TorchServe's /predictions/{model}.
+
+Environment:
+  PACKRAT_MODEL         zoo name for packrat.models.resolve (default resnet50)
+  PACKRAT_PAYLOAD       raw (default): the sample's bytes as application/octet-stream;
+                        json: {"inputs": nested lists} as application/json
+  PACKRAT_TOKEN         bearer token when TorchServe's token authorisation is on (optional)
+  PACKRAT_SHAPE         steady (default): users, spawn rate and run time from the command line;
+                        step: loadtest.shapes.StepLoad drives the run and ends it
+  PACKRAT_STEP_USERS    with step: users per step, e.g. "1,8,1,8"
+  PACKRAT_STEP_SECONDS  with step: seconds per step, e.g. 15
+  PACKRAT_TIMEOUT_S     client-side timeout per request in seconds (default 60)
+
+Any answer but 200 counts as a failure. Latencies go into a 3-significant-digit histogram;
+the per-second history (--csv-full-history) gets percentiles over about the last second.
+"""
+from __future__ import annotations
+
+import os
+
+import gevent
+import locust.stats
+from locust import FastHttpUser, constant, task
+
+from loadtest.histogram import bucket_ms
+from loadtest.payload import build_payload
+
+MODEL = os.environ.get("PACKRAT_MODEL", "resnet50")
+PAYLOAD = os.environ.get("PACKRAT_PAYLOAD", "raw")
+TOKEN = os.environ.get("PACKRAT_TOKEN", "")
+SHAPE = os.environ.get("PACKRAT_SHAPE", "steady")
+# A dead or wedged server must fail requests, not hang the run.
+TIMEOUT_S = float(os.environ.get("PACKRAT_TIMEOUT_S", "60"))
+
+# Locust's documented hook for custom bucketing; its default is too coarse (see bucket_ms).
+locust.stats.bucket_response_time = bucket_ms
+# The per-second history's percentiles cover the last ~(window - 1) s: locust's 10 s would smear
+# a step's latency change over the next ten rows; 2 gives about the last second.
+locust.stats.CURRENT_RESPONSE_TIME_PERCENTILE_WINDOW = 2
+
+if SHAPE == "step":
+    # Locust runs any LoadTestShape subclass it finds in this module, hence the conditional import.
+    from loadtest.shapes import StepLoad  # noqa: F401
+elif SHAPE != "steady":
+    raise ValueError(f"PACKRAT_SHAPE must be steady or step, got {SHAPE!r}")
+
+# Built once: per-request serialisation would load the client, not the server.
+BODY, CONTENT_TYPE = build_payload(MODEL, PAYLOAD)
+HEADERS = {"Content-Type": CONTENT_TYPE}
+if TOKEN:
+    HEADERS["Authorization"] = f"Bearer {TOKEN}"
+PATH = f"/predictions/{MODEL}"
+
+# Locust arms its --run-time timer on gevent's cached loop clock, which stood still while this
+# file imported torch and built the payload: without a refresh, runs end that much too early.
+gevent.get_hub().loop.update_now()
+
+
+class ModelUser(FastHttpUser):
+    wait_time = constant(0)  # closed loop: the next request as soon as the answer arrives
+    network_timeout = TIMEOUT_S
+    connection_timeout = TIMEOUT_S
+
+    @task
+    def predict(self) -> None:
+        with self.client.post(PATH, data=BODY, headers=HEADERS, catch_response=True) as response:
+            if response.status_code != 200:
+                response.failure(f"HTTP {response.status_code}")

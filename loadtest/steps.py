@@ -1,0 +1,28 @@
+"""Step schedules for StepLoad, kept free of locust: importing locust monkey-patches the process."""
+from __future__ import annotations
+
+import os
+
+DEFAULT_STEP_USERS = "1,8,1,8"
+DEFAULT_STEP_SECONDS = 15.0
+
+
+def parse_steps(users: str, seconds: str | float) -> list[tuple[float, int]]:
+    """Step list as (end time in seconds since the start, users), validated."""
+    counts = [int(part) for part in str(users).split(",") if part.strip()]
+    step_s = float(seconds)
+    if not counts or min(counts) < 0 or step_s <= 0:
+        raise ValueError(f"bad step load: users={users!r} seconds={seconds!r}")
+    return [((i + 1) * step_s, n) for i, n in enumerate(counts)]
+
+
+def steps_from_env() -> list[tuple[float, int]]:
+    """The schedule PACKRAT_STEP_USERS / PACKRAT_STEP_SECONDS ask for."""
+    return parse_steps(os.environ.get("PACKRAT_STEP_USERS", DEFAULT_STEP_USERS),
+                       os.environ.get("PACKRAT_STEP_SECONDS", DEFAULT_STEP_SECONDS))
+
+
+def step_markers(steps: list[tuple[float, int]], start: float = 0.0) -> list[tuple[float, str]]:
+    """(time, label) at the start of every step, for plot_timeline; start shifts to unix time."""
+    begins = [0.0] + [end for end, _ in steps[:-1]]
+    return [(start + t, f"{n} users") for t, (_, n) in zip(begins, steps)]

@@ -1,0 +1,265 @@
+"""Running real TorchServe with the packrat handler: archive, config, start, readiness, stop.
+
+TorchServe facts this relies on: `torchserve --start` returns at once with Java in the
+background; `/ping` is not readiness, so we wait until the management API lists every
+worker READY; TEMP holds the pid file and worker sockets, so each server gets its own;
+token authorisation writes key_file.json into the directory TorchServe starts in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import handlers
+
+HANDLERS = Path(handlers.__file__).parent
+LOG_CONFIG = Path(__file__).parent / "log4j2.xml"
+STATE_FILE = "server.json"
+
+
+class ServeError(RuntimeError):
+    """TorchServe could not be started, or did not become ready."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Ports:
+    inference: int = 8080
+    management: int = 8081
+    metrics: int = 8082
+    grpc_inference: int = 7070
+    grpc_management: int = 7071
+
+    @classmethod
+    def free(cls) -> "Ports":
+        return cls(*(free_port() for _ in range(5)))
+
+
+@dataclass
+class Server:
+    """A running (or stopped) TorchServe started by packrat, as recorded in its run dir."""
+
+    run_dir: Path
+    model: str
+    ports: Ports = field(default_factory=Ports)
+    token_auth: bool = True
+
+    @property
+    def inference_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.inference}"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.management}"
+
+    @property
+    def key_file(self) -> Path:
+        return self.run_dir / "key_file.json"
+
+    def key(self, api: str) -> str | None:
+        """The bearer token for 'inference' or 'management' (None without token auth)."""
+        if not self.token_auth:
+            return None
+        return json.loads(self.key_file.read_text())[api]["key"]
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(TEMP=str(self.run_dir / "tmp"), LOG_LOCATION=str(self.run_dir / "logs"),
+                   METRICS_LOCATION=str(self.run_dir / "logs"))
+        return env
+
+    def save(self) -> None:
+        state = {"model": self.model, "ports": asdict(self.ports), "token_auth": self.token_auth}
+        (self.run_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "Server":
+        path = Path(run_dir) / STATE_FILE
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            raise ServeError(f"no packrat server recorded in {run_dir} ({path} missing or unreadable)") from None
+        return cls(Path(run_dir), state["model"], Ports(**state["ports"]), state["token_auth"])
+
+
+# ---- archive -------------------------------------------------------------------------------
+
+def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_delay_ms: int,
+                      plan: str, handler: str, input_shape: tuple[int, ...] | None) -> str:
+    """TorchServe's per-model config; packrat's own settings live under `packrat:`."""
+    workers = "minWorkers: 1\nmaxWorkers: 1\n" if handler == "packrat" else ""  # the pool uses every core
+    shape = f"[{', '.join(map(str, input_shape))}]" if input_shape else "null"
+    return (f"batchSize: {batch_size}\nmaxBatchDelay: {max_batch_delay_ms}\nresponseTimeout: 300\n{workers}"
+            f"packrat:\n  model: {json.dumps(model)}\n  profile: {json.dumps(profile_name)}\n"
+            f"  plan: {plan}\n  input_shape: {shape}\n")
+
+
+def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None = None, batch_size: int = 8,
+            max_batch_delay_ms: int = 50, plan: str = "auto", handler: str = "packrat",
+            input_shape: tuple[int, ...] | None = None) -> Path:
+    """Build NAME.mar with torch-model-archiver: handler, profile, settings (and the
+    model file for a TorchScript model). Zoo models are rebuilt from code in the worker."""
+    from .models import resolve
+    from .profile import load
+
+    resolve(model, input_shape)  # fail here on an unknown model, not in a worker
+    name = name or Path(model).stem.replace(":", "_").replace(".", "_")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as staging:
+        staging = Path(staging)
+        extra = [HANDLERS / "common.py"]
+        model_ref = model
+        if Path(model).is_file():
+            model_ref = Path(model).name
+            extra.append(Path(model))
+        profile_name = ""
+        if handler == "packrat":
+            if profile is None:
+                raise ServeError("the packrat handler needs a profile: run `packrat profile` first or pass --profile")
+            load(profile)  # reject a bad profile now, with its own message
+            profile_name = "profile.csv"
+            shutil.copy(profile, staging / profile_name)
+            extra.append(staging / profile_name)
+        config = staging / "model-config.yaml"
+        config.write_text(model_config_yaml(model_ref, profile_name, batch_size, max_batch_delay_ms, plan,
+                                            handler, input_shape))
+        cmd = ["torch-model-archiver", "--model-name", name, "--version", "1.0",
+               "--handler", str(HANDLERS / f"{handler}_handler.py"), "--config-file", str(config),
+               "--extra-files", ",".join(map(str, extra)), "--export-path", str(out_dir), "--force"]
+        _run_tool(cmd)
+    return out_dir / f"{name}.mar"
+
+
+def _run_tool(cmd: list[str]) -> None:
+    exe = Path(sys.executable).parent / cmd[0]
+    cmd = [str(exe) if exe.exists() else cmd[0], *cmd[1:]]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ServeError(f"{Path(cmd[0]).name} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+
+
+# ---- config and start/stop ---------------------------------------------------------------------
+
+def config_properties(ports: Ports, model_store: Path, token_auth: bool, extra: dict[str, str] | None = None) -> str:
+    lines = {
+        "inference_address": f"http://127.0.0.1:{ports.inference}",
+        "management_address": f"http://127.0.0.1:{ports.management}",
+        "metrics_address": f"http://127.0.0.1:{ports.metrics}",
+        "grpc_inference_address": "127.0.0.1",
+        "grpc_management_address": "127.0.0.1",
+        "grpc_inference_port": str(ports.grpc_inference),
+        "grpc_management_port": str(ports.grpc_management),
+        "model_store": str(model_store),
+        "disable_token_authorization": "false" if token_auth else "true",
+        "enable_model_api": "false",
+        "default_response_timeout": "300",
+        **(extra or {}),
+    }
+    return "".join(f"{k}={v}\n" for k, v in lines.items())
+
+
+def start(server: Server, mar: Path, *, timeout: float = 300.0) -> Server:
+    """torchserve --start in server.run_dir, then wait until every worker is READY."""
+    run_dir = server.run_dir
+    for sub in ("tmp", "logs", "model_store"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    store = run_dir / "model_store"
+    if mar.resolve().parent != store.resolve():
+        shutil.copy(mar, store / mar.name)
+    config = run_dir / "config.properties"
+    config.write_text(config_properties(server.ports, store, server.token_auth))
+    server.key_file.unlink(missing_ok=True)
+    cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs", "--ts-config", str(config),
+           "--model-store", str(store), "--models", f"{server.model}={mar.name}",
+           "--log-config", str(LOG_CONFIG)]
+    if not server.token_auth:
+        cmd.append("--disable-token-auth")
+    server.save()
+    # A session of its own: a Ctrl-C meant for the caller must not reach Java.
+    # Output to a file, not a pipe: Java inherits it and would hold a pipe open forever.
+    start_log = run_dir / "logs" / "torchserve-start.log"
+    with start_log.open("w") as out:
+        done = subprocess.run(cmd, cwd=run_dir, env=server.env(), stdout=out, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+    if done.returncode != 0:
+        raise ServeError(f"torchserve --start failed: {start_log.read_text().strip()[-500:]}")
+    try:
+        wait_ready(server, timeout)
+    except BaseException:
+        stop(server)
+        raise
+    return server
+
+
+def _get(server: Server, path: str, timeout: float = 5.0):
+    request = urllib.request.Request(server.management_url + path)
+    if server.token_auth and server.key_file.exists():
+        request.add_header("Authorization", f"Bearer {server.key('management')}")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def worker_status(server: Server) -> list[str]:
+    """Status of each worker of the model ([] while it is not registered yet)."""
+    try:
+        described = _get(server, f"/models/{server.model}")
+    except (urllib.error.URLError, OSError, ValueError):
+        return []
+    return [w.get("status", "?") for entry in described for w in entry.get("workers", [])]
+
+
+def wait_ready(server: Server, timeout: float) -> None:
+    """Until the management API shows every worker READY (not /ping: it says Healthy
+    while workers crash in a loop)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        statuses = worker_status(server)
+        if statuses and all(s == "READY" for s in statuses):
+            return
+        if not java_running(server):
+            raise ServeError(f"TorchServe exited while starting; see {server.run_dir / 'logs'}: {log_tail(server)}")
+        time.sleep(0.5)
+    raise ServeError(f"model {server.model} not READY after {timeout:.0f} s (workers: {worker_status(server)}); "
+                     f"see {server.run_dir / 'logs'}: {log_tail(server)}")
+
+
+def java_running(server: Server) -> bool:
+    pid_file = server.run_dir / "tmp" / ".model_server.pid"
+    try:
+        os.kill(int(pid_file.read_text().strip()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def log_tail(server: Server, lines: int = 3) -> str:
+    """The last error lines of the model log, to say why a worker did not come up."""
+    log = server.run_dir / "logs" / "model_log.log"
+    try:
+        text = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no model log)"
+    errors = [line for line in text if "Error" in line or "error" in line]
+    return " | ".join((errors or text)[-lines:])
+
+
+def stop(server: Server, timeout: float = 60.0) -> None:
+    """torchserve --stop, waiting for Java (and so the workers and their pools) to exit."""
+    cmd = [str(Path(sys.executable).parent / "torchserve"), "--stop", "--foreground"]
+    subprocess.run(cmd, cwd=server.run_dir, env=server.env(), capture_output=True, text=True, timeout=timeout)
