@@ -1,0 +1,94 @@
+"""Real TorchServe (Java) on loopback with free ports, the packrat handler and the tiny model."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+import torch
+
+from packrat import serving
+from packrat.models import prepare, resolve
+from packrat.topology import detect
+
+pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")
+
+PROFILE = "threads,batch,latency_ms\n" + "".join(
+    f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in range(1, detect().num_cores + 1) for b in (1, 2, 4))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("serve")
+    profile = run_dir / "tiny.csv"
+    profile.write_text(PROFILE)
+    mar = serving.archive("tiny", profile, run_dir / "model_store", batch_size=4, max_batch_delay_ms=20)
+    srv = serving.start(serving.Server(run_dir, "tiny", serving.Ports.free(), token_auth=True), mar, timeout=180)
+    yield srv
+    serving.stop(srv)
+    assert not serving.java_running(srv)
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if "packrat.pool" in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == [], "instance processes outlived the server"
+
+
+def post(srv, body: bytes, content_type: str, token: str | None = "inference"):
+    request = urllib.request.Request(f"{srv.inference_url}/predictions/tiny", data=body,
+                                     headers={"Content-Type": content_type})
+    if token:
+        request.add_header("Authorization", f"Bearer {srv.key(token)}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_good_and_bad_requests_concurrently(server):
+    module, _, _ = prepare(resolve("tiny"), 2)
+    samples = torch.randn(24, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        expected = [torch.softmax(row, 0).topk(5).indices.tolist() for row in module(samples)]
+
+    def saved(x):
+        buffer = io.BytesIO()
+        torch.save(x, buffer)
+        return buffer.getvalue()
+
+    requests = []
+    for i, x in enumerate(samples):
+        kind = i % 4
+        if kind == 0:
+            requests.append((i, x.numpy().tobytes(), "application/octet-stream"))
+        elif kind == 1:
+            requests.append((i, json.dumps({"inputs": x.tolist()}).encode(), "application/json"))
+        elif kind == 2:
+            requests.append((i, saved(x), "application/octet-stream"))
+        else:
+            requests.append((i, b"\x00" * 100, "application/octet-stream"))  # malformed
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda r: post(server, r[1], r[2]), requests))
+    for (i, _, _), (status, body) in zip(requests, answers):
+        if i % 4 == 3:
+            assert status == 400 and "wrong size: 100 bytes" in body
+        else:
+            assert status == 200, body
+            assert [p["class"] for p in body["predictions"]] == expected[i]
+
+
+def test_token_is_required(server):
+    x = torch.zeros(3, 32, 32).numpy().tobytes()
+    status, body = post(server, x, "application/octet-stream", token=None)
+    assert status in (400, 401) and "token" in body.lower(), body
+    assert post(server, x, "application/octet-stream")[0] == 200
+
+
+def test_every_worker_ready_and_on_loopback(server):
+    assert serving.worker_status(server) == ["READY"]
+    config = (server.run_dir / "config.properties").read_text()
+    assert "0.0.0.0" not in config and "http://127.0.0.1:" in config
