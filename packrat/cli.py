@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import plots, profiler
+from . import bench, plots, profiler, serving
 from .planner import NoPlanError, Plan, Planner
 from .profile import Profile, ProfileError, load
 from .topology import Topology, detect
@@ -146,21 +146,106 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_profile(model: str, given: Path | None) -> Path:
+    path = given or Path("profiles") / f"{Path(model).stem.replace(':', '_')}.csv"
+    if not path.exists():
+        raise ValueError(f"no profile at {path}: run `packrat profile --model {model} --out {path}` first, "
+                         f"or pass --profile")
+    return path
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    profile = default_profile(args.model, args.profile) if args.handler == "packrat" else None
+    mar = serving.archive(args.model, profile, args.export_path, batch_size=args.batch_size,
+                          max_batch_delay_ms=args.max_batch_delay, plan=args.plan, handler=args.handler,
+                          input_shape=args.input_shape)
+    print(f"wrote {mar}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    profile = default_profile(args.model, args.profile)
+    run_dir = args.run_dir.resolve()
+    mar = serving.archive(args.model, profile, run_dir / "model_store", batch_size=args.batch_size,
+                          max_batch_delay_ms=args.max_batch_delay, plan=args.plan, input_shape=args.input_shape)
+    name = mar.stem
+    ports = serving.Ports(args.inference_port, args.management_port, args.metrics_port,
+                          args.grpc_inference_port, args.grpc_management_port)
+    print(f"starting TorchServe for {name} (batch size {args.batch_size}); waiting for every worker READY ...")
+    server = serving.start(serving.Server(run_dir, name, ports, token_auth=not args.disable_token_auth), mar,
+                           timeout=args.timeout)
+    print(f"ready: POST {server.inference_url}/predictions/{name}")
+    print(f"management: {server.management_url}   metrics: http://127.0.0.1:{ports.metrics}/metrics")
+    if server.token_auth:
+        print(f"token authorisation is on: keys in {server.key_file} "
+              f"(send 'Authorization: Bearer <inference key>')")
+    print(f"logs: {run_dir / 'logs'}   stop with: packrat stop --run-dir {args.run_dir}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    server = serving.Server.load(args.run_dir.resolve())
+    serving.stop(server)
+    print("stopped" if not serving.java_running(server) else "TorchServe is still running")
+    return 0 if not serving.java_running(server) else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    profile = default_profile(args.model, args.profile)
+    out = args.out
+    if args.pool_only:
+        results = []
+        for batch in args.batch_size:
+            with tqdm(total=args.rounds, desc=f"pool bench B={batch}", disable=args.json) as bar:
+                results.append(bench.pool_bench(args.model, batch, profile, args.rounds, progress=bar.update))
+        bench.save_json(out / "pool-bench.json", results)
+        print(json.dumps(results, indent=2) if args.json else bench.format_pool_results(results))
+        return 0
+    return run_server_bench(args.model, args.batch_size, profile, out, args.duration, args.users, args.json)
+
+
+def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, duration: float,
+                     users: int | None, as_json: bool = False) -> int:
+    from loadtest import format_table, plot_latency_distributions
+
+    report = {}
+    for batch in batches:
+        results = bench.server_bench(model, batch, profile, out / f"B{batch}", duration_s=duration, users=users,
+                                     log=(lambda *_: None) if as_json else print)
+        report[batch] = results
+        png = plot_latency_distributions(results, out / f"latency-B{batch}.png")
+        if not as_json:
+            print(f"\n{model}, batch size {batch}, {users or batch} users, {duration:.0f} s each "
+                  f"(locust runs on the same {local_cores()} cores as the server)")
+            print(format_table(results))
+            print(f"latency distributions: {png}")
+    bench.save_json(out / "server-bench.json", report)
+    if as_json:
+        print(json.dumps(json.loads((out / "server-bench.json").read_text()), indent=2))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     cores = local_cores()
     out = Path(args.out_dir)
     profile_path = out / "profiles" / f"{args.model}.csv"
-    print(f"== 1/3 profile {args.model} on {cores} cores, batches {args.batches} "
+    print(f"== 1/4 profile {args.model} on {cores} cores, batches {args.batches} "
           f"(cached in {profile_path}; delete it to measure again)")
     settings = profiler.Settings(model=args.model, warmup=3, iters=None, min_time=args.min_time)
     profile = profiler.run(settings, list(range(1, cores + 1)), args.batches, profile_path)
-    print(f"\n== 2/3 plan for T={cores} threads, every profiled batch")
+    print(f"\n== 2/4 plan for T={cores} threads, every profiled batch")
     plans = plots.plans_per_batch(profile, cores)
     print_plan_table(plans, [])
-    print("\n== 3/3 plots")
+    print("\n== 3/4 plots")
     for path in plots.write_all(profile, cores, out / "plots"):
         print(f"wrote {path}")
-    return 0
+    if args.no_serve:
+        return 0
+    print(f"\n== 4/4 serve in TorchServe and load with locust at batch size {args.serve_batch}: "
+          "stock handler, packrat fat plan, packrat plan")
+    return run_server_bench(args.model, [args.serve_batch], profile_path, out / "bench", args.duration, None)
 
 
 # ---- parser -------------------------------------------------------------------------------
@@ -225,15 +310,89 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("plots"), help="output directory (default: plots)")
     p.set_defaults(func=cmd_plot)
 
-    p = sub.add_parser("demo", help="profile the default model on this machine, plan every batch, plot",
+    def model_args(p, profile_help: str = "profile CSV (default: profiles/MODEL.csv)"):
+        p.add_argument("--model", default="resnet50",
+                       help="zoo name, TorchScript file or package.module:factory (default: resnet50)")
+        p.add_argument("--profile", type=Path, default=None, help=profile_help)
+        p.add_argument("--input-shape", type=shape, default=None, help="one input sample's shape, e.g. 3,224,224")
+
+    def batching_args(p):
+        p.add_argument("--batch-size", type=positive(int), default=8,
+                       help="TorchServe's batch size B; the plan is made for it (default: 8)")
+        p.add_argument("--max-batch-delay", type=positive(int), default=50, metavar="MS",
+                       help="how long TorchServe waits to fill a batch (default: 50 ms)")
+        p.add_argument("--plan", choices=("auto", "fat"), default="auto",
+                       help="auto: the planner's instances; fat: one instance with every core (default: auto)")
+
+    p = sub.add_parser("archive", help="build the model archive (.mar) for TorchServe",
+                       description="Build NAME.mar with torch-model-archiver: the packrat handler, the profile "
+                                   "and a model-config.yaml (batch size, delay, one worker, packrat settings). "
+                                   "The worker plans for the batch size and the cores it may use.",
+                       epilog="example: packrat archive --model resnet50 --batch-size 8 --export-path model_store")
+    model_args(p)
+    batching_args(p)
+    p.add_argument("--handler", choices=("packrat", "stock"), default="packrat",
+                   help="packrat (default) or stock: the in-process baseline handler, TorchServe's default workers")
+    p.add_argument("--export-path", type=Path, default=Path("model_store"), help="default: model_store")
+    p.set_defaults(func=cmd_archive)
+
+    p = sub.add_parser("serve", help="start TorchServe with the packrat handler and wait until it is READY",
+                       description="Archive the model, write a TorchServe config (loopback addresses, every "
+                                   "port set, token authorisation on unless disabled, quiet logs), run "
+                                   "`torchserve --start`, and wait until the management API shows every "
+                                   "worker READY. The model is served as /predictions/NAME.",
+                       epilog="example: packrat serve --model resnet50 --batch-size 8 --max-batch-delay 50")
+    model_args(p)
+    batching_args(p)
+    p.add_argument("--inference-port", type=positive(int), default=8080)
+    p.add_argument("--management-port", type=positive(int), default=8081)
+    p.add_argument("--metrics-port", type=positive(int), default=8082)
+    p.add_argument("--grpc-inference-port", type=positive(int), default=7070)
+    p.add_argument("--grpc-management-port", type=positive(int), default=7071)
+    p.add_argument("--disable-token-auth", action="store_true",
+                   help="turn TorchServe's token authorisation off (it is on by default)")
+    p.add_argument("--run-dir", type=Path, default=Path(".packrat/serve"),
+                   help="config, logs, key file and TorchServe's TEMP (default: .packrat/serve)")
+    p.add_argument("--timeout", type=positive(float), default=300.0, help="seconds to wait for READY")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("stop", help="stop the TorchServe started by `packrat serve` and wait for it to exit")
+    p.add_argument("--run-dir", type=Path, default=Path(".packrat/serve"), help="default: .packrat/serve")
+    p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("bench", help="load-test stock TorchServe, the fat plan and the packrat plan with locust",
+                       description="For each batch size, one after another: (a) stock TorchServe (in-process "
+                                   "handler, default workers), (b) the packrat handler with the fat plan, (c) the "
+                                   "packrat handler with the planned instances; each warmed up, then loaded by "
+                                   "locust headless. Prints p50/p95/p99, throughput and failures, and writes a "
+                                   "PNG of the latency distributions and the JSON results. --pool-only measures "
+                                   "the pool without TorchServe or Java.",
+                       epilog="example: packrat bench --model resnet50 --batch-size 2,4,8 --duration 30")
+    model_args(p)
+    p.add_argument("--batch-size", type=int_list, default=[8], help="batch sizes, e.g. 2,4,8 (default: 8)")
+    p.add_argument("--duration", type=positive(float), default=30.0, help="seconds of load per run (default: 30)")
+    p.add_argument("--users", type=positive(int), default=None, help="locust users (default: the batch size)")
+    p.add_argument("--pool-only", action="store_true",
+                   help="no TorchServe: in-process model vs fat pool vs handler path vs planned pool")
+    p.add_argument("--rounds", type=positive(int), default=20, help="with --pool-only: timed rounds (default: 20)")
+    p.add_argument("--out", type=Path, default=Path("out/bench"), help="results directory (default: out/bench)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("demo", help="profile, plan, plot, then serve and load-test (the README's main job)",
                        description="The main job on a small grid: profile (cached), plan for every profiled "
-                                   "batch on this machine's cores, print the plans, write the plots.")
+                                   "batch on this machine's cores, print the plans, write the plots, then serve "
+                                   "in TorchServe (stock, fat, plan) under a short locust load and print the table.")
     p.add_argument("--model", default="resnet50", help="zoo model (default: resnet50)")
     p.add_argument("--batches", type=int_list, default=[1, 2, 4, 8],
                    help="batch sizes (default: 1,2,4,8)")
     p.add_argument("--min-time", type=positive(float), default=2.0, metavar="S",
                    help="seconds of timed runs per point (default: 2)")
-    p.add_argument("--out-dir", type=Path, default=Path("out"), help="where profiles/ and plots/ go (default: out)")
+    p.add_argument("--out-dir", type=Path, default=Path("out"),
+                   help="where profiles/, plots/ and bench/ go (default: out)")
+    p.add_argument("--serve-batch", type=positive(int), default=4, help="batch size served (default: 4)")
+    p.add_argument("--duration", type=positive(float), default=15.0, help="seconds of load per run (default: 15)")
+    p.add_argument("--no-serve", action="store_true", help="stop after the plots")
     p.set_defaults(func=cmd_demo)
     return parser
 
@@ -243,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ProfileError, NoPlanError, profiler.ProfilingError, ValueError) as exc:
+    except (ProfileError, NoPlanError, profiler.ProfilingError, serving.ServeError, ValueError) as exc:
         print(f"packrat {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
