@@ -105,7 +105,7 @@ def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_
     """TorchServe's per-model config; packrat's own settings live under `packrat:`."""
     workers = "minWorkers: 1\nmaxWorkers: 1\n" if handler == "packrat" else ""  # the pool uses every core
     shape = f"[{', '.join(map(str, input_shape))}]" if input_shape else "null"
-    return (f"batchSize: {batch_size}\nmaxBatchDelay: {max_batch_delay_ms}\nresponseTimeout: 300\n{workers}"
+    return (f"batchSize: {batch_size}\nmaxBatchDelay: {max_batch_delay_ms}\nresponseTimeout: 300\nstartupTimeout: 600\n{workers}"
             f"packrat:\n  model: {json.dumps(model)}\n  profile: {json.dumps(profile_name)}\n"
             f"  plan: {plan}\n  input_shape: {shape}\n")
 

@@ -92,3 +92,31 @@ def test_every_worker_ready_and_on_loopback(server):
     assert serving.worker_status(server) == ["READY"]
     config = (server.run_dir / "config.properties").read_text()
     assert "0.0.0.0" not in config and "http://127.0.0.1:" in config
+
+
+def test_cli_serve_and_stop(tmp_path):
+    from packrat.cli import main
+
+    profile = tmp_path / "tiny.csv"
+    profile.write_text(PROFILE)
+    run_dir = tmp_path / "run"
+    ports = [str(serving.free_port()) for _ in range(5)]
+    argv = ["serve", "--model", "tiny", "--profile", str(profile), "--batch-size", "2", "--run-dir", str(run_dir),
+            "--inference-port", ports[0], "--management-port", ports[1], "--metrics-port", ports[2],
+            "--grpc-inference-port", ports[3], "--grpc-management-port", ports[4], "--disable-token-auth"]
+    try:
+        assert main(argv) == 0
+        server = serving.Server.load(run_dir)
+        assert server.ports.inference == int(ports[0]) and not server.token_auth
+        body = torch.zeros(3, 32, 32).numpy().tobytes()
+        assert post(server, body, "application/octet-stream", token=None)[0] == 200
+    finally:
+        assert main(["stop", "--run-dir", str(run_dir)]) == 0
+    assert not serving.java_running(serving.Server.load(run_dir))
+
+
+def test_cli_serve_without_profile_says_what_to_do(tmp_path, capsys):
+    from packrat.cli import main
+
+    assert main(["serve", "--model", "tiny", "--profile", str(tmp_path / "none.csv")]) == 2
+    assert "run `packrat profile --model tiny" in capsys.readouterr().err
