@@ -60,6 +60,9 @@ class Server:
     ports: Ports = field(default_factory=Ports)
     token_auth: bool = True
 
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir).resolve()  # TorchServe rejects a relative TEMP
+
     @property
     def inference_url(self) -> str:
         return f"http://127.0.0.1:{self.ports.inference}"

@@ -1,0 +1,89 @@
+"""Batch-size estimator: which batch size B the plan should be made for, from the
+batches TorchServe actually hands the handler. Pure: numbers in, numbers out.
+
+Every observed batch size feeds an exponentially weighted moving average (weight α for
+the newest). Once per period the average is rounded down to a power of two (capped at
+the configured batch size) and appended to the last `window` estimates; the most common
+of those is the target. A new target is proposed only when it differs from the current
+one and holds a strict majority of the window, so one noisy second, an average hovering
+at a power-of-two boundary, or a load oscillating faster than the window does not flap
+the plan. A full batch (the configured size) means requests are queueing behind it, so
+the demand is at least that: it counts as the configured size, which the cap allows
+as a target even when it is not a power of two.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EstimatorSettings:
+    alpha: float = 0.1  # weight of the newest batch in the moving average
+    window: int = 10  # estimates the target is the most common of
+    period_s: float = 1.0  # how often the estimate is taken
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+        if self.period_s <= 0:
+            raise ValueError(f"period must be > 0 s, got {self.period_s}")
+
+
+def floor_power_of_two(value: float) -> int:
+    """The largest power of two ≤ value (1 for anything below 2)."""
+    power = 1
+    while power * 2 <= value:
+        power *= 2
+    return power
+
+
+class BatchSizeEstimator:
+    def __init__(self, current: int, max_batch: int, settings: EstimatorSettings = EstimatorSettings()):
+        if not 1 <= current <= max_batch:
+            raise ValueError(f"current batch {current} must be in 1..{max_batch}")
+        self.current, self.max_batch, self.settings = current, max_batch, settings
+        self.average: float | None = None
+        self.estimates: deque[int] = deque(maxlen=settings.window)
+        self._next_check: float | None = None
+
+    def observe(self, size: int) -> None:
+        """One batch of `size` requests arrived."""
+        size = min(max(size, 1), self.max_batch)
+        alpha = self.settings.alpha
+        self.average = size if self.average is None else alpha * size + (1 - alpha) * self.average
+
+    def estimate(self) -> int | None:
+        """The average as a plan size: a power of two, or the configured size when it reaches it."""
+        if self.average is None:
+            return None
+        if self.average >= self.max_batch - 0.5:  # essentially every batch full: a queue behind it
+            return self.max_batch
+        return min(floor_power_of_two(self.average), self.max_batch)
+
+    def check(self, now: float) -> int | None:
+        """Call as often as convenient; acts once per period. Returns a new target batch
+        size when a strict majority of the recent estimates differs from the current one."""
+        if self._next_check is None:
+            self._next_check = now + self.settings.period_s
+            return None
+        if now < self._next_check:
+            return None
+        self._next_check = now + self.settings.period_s
+        estimate = self.estimate()
+        if estimate is None:
+            return None
+        self.estimates.append(estimate)
+        target = self._most_common()
+        if target == self.current:
+            return None
+        self.current = target
+        return target
+
+    def _most_common(self) -> int:
+        """The estimate holding a strict majority of the window, else the current target."""
+        estimate, count = Counter(self.estimates).most_common(1)[0]
+        return estimate if count > self.settings.window // 2 else self.current
