@@ -5,9 +5,9 @@ Every observed batch size feeds an exponentially weighted moving average (weight
 the newest). Once per period the average is rounded down to a power of two (capped at
 the configured batch size) and appended to the last `window` estimates; the most common
 of those is the target. A new target is proposed only when it differs from the current
-one and holds a strict majority of the window, so one noisy second, an average hovering
-at a power-of-two boundary, or a load oscillating faster than the window does not flap
-the plan. A full batch (the configured size) means requests are queueing behind it, so
+one and holds a strict majority of the window, and going down needs the average to fall
+clearly (15 %) below the current target, so one noisy second, an average hovering at a
+power-of-two boundary, or a load oscillating faster than the window does not flap the plan. A full batch (the configured size) means requests are queueing behind it, so
 the demand is at least that: it counts as the configured size, which the cap allows
 as a target even when it is not a power of two.
 """
@@ -23,6 +23,7 @@ class EstimatorSettings:
     alpha: float = 0.1  # weight of the newest batch in the moving average
     window: int = 10  # estimates the target is the most common of
     period_s: float = 1.0  # how often the estimate is taken
+    hysteresis: float = 0.15  # the average must fall this far below the current target to go down
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
@@ -31,6 +32,8 @@ class EstimatorSettings:
             raise ValueError(f"window must be >= 1, got {self.window}")
         if self.period_s <= 0:
             raise ValueError(f"period must be > 0 s, got {self.period_s}")
+        if not 0 <= self.hysteresis < 1:
+            raise ValueError(f"hysteresis must be in [0, 1), got {self.hysteresis}")
 
 
 def floor_power_of_two(value: float) -> int:
@@ -62,7 +65,10 @@ class BatchSizeEstimator:
             return None
         if self.average >= self.max_batch - 0.5:  # essentially every batch full: a queue behind it
             return self.max_batch
-        return min(floor_power_of_two(self.average), self.max_batch)
+        estimate = min(floor_power_of_two(self.average), self.max_batch)
+        if estimate < self.current and self.average >= self.current * (1 - self.settings.hysteresis):
+            return self.current  # just under the current target's boundary: noise, not a new load
+        return estimate
 
     def check(self, now: float) -> int | None:
         """Call as often as convenient; acts once per period. Returns a new target batch
