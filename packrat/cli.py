@@ -158,7 +158,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     profile = default_profile(args.model, args.profile) if args.handler == "packrat" else None
     mar = serving.archive(args.model, profile, args.export_path, batch_size=args.batch_size,
                           max_batch_delay_ms=args.max_batch_delay, plan=args.plan, handler=args.handler,
-                          input_shape=args.input_shape)
+                          input_shape=args.input_shape, reconfigure=args.reconfigure)
     print(f"wrote {mar}")
     return 0
 
@@ -167,7 +167,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     profile = default_profile(args.model, args.profile)
     run_dir = args.run_dir.resolve()
     mar = serving.archive(args.model, profile, run_dir / "model_store", batch_size=args.batch_size,
-                          max_batch_delay_ms=args.max_batch_delay, plan=args.plan, input_shape=args.input_shape)
+                          max_batch_delay_ms=args.max_batch_delay, plan=args.plan, input_shape=args.input_shape,
+                          reconfigure=args.reconfigure)
     name = mar.stem
     ports = serving.Ports(args.inference_port, args.management_port, args.metrics_port,
                           args.grpc_inference_port, args.grpc_management_port)
@@ -190,11 +191,42 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0 if not serving.java_running(server) else 1
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    server = serving.Server.load(args.run_dir.resolve())
+    status = serving.handler_status(server)
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    plan = status["plan"]
+    shapes = ", ".join(f"⟨{i['threads']} threads, batch {i['batch']}, cores {_cores_text(tuple(i['cores']))}⟩"
+                       for i in plan["instances"])
+    print(f"model {server.model}: serving B={plan['batch']} on T={plan['threads']} threads: {shapes}")
+    records = status["reconfigurations"]
+    print(f"{len(records)} reconfiguration(s){' (newest last)' if records else ''}")
+    for r in records[-args.last:]:
+        outcome = f"FAILED: {r['error']}" if r.get("error") else r.get("plan", "")
+        print(f"  B {r['from_batch']:>3} → {r['to_batch']:<3} {r['seconds']:6.2f} s  failed requests "
+              f"{r['failed_requests']}  {r['reason']}  {outcome}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     profile = default_profile(args.model, args.profile)
     out = args.out
+    if args.shape == "step":
+        results = bench.step_bench(args.model, args.batch_size[-1], profile, out, cycles=args.cycles,
+                                   step_s=args.step_seconds, log=(lambda *_: None) if args.json else print)
+        bench.save_json(out / "step-bench.json", results)
+        if args.json:
+            print(json.dumps(json.loads((out / "step-bench.json").read_text()), indent=2))
+        else:
+            print(f"\nstep load 1 ↔ {args.batch_size[-1]} users, {args.cycles} cycles of "
+                  f"{args.step_seconds:.0f} s steps (locust on the same cores)")
+            print(bench.format_step_results(results))
+            print("timelines: " + ", ".join(r["timeline"] for r in results.values()))
+        return 0
     if args.pool_only:
         results = []
         for batch in args.batch_size:
@@ -323,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how long TorchServe waits to fill a batch (default: 50 ms)")
         p.add_argument("--plan", choices=("auto", "fat"), default="auto",
                        help="auto: the planner's instances; fat: one instance with every core (default: auto)")
+        p.add_argument("--no-reconfigure", dest="reconfigure", action="store_false",
+                       help="keep the plan for --batch-size instead of following the observed batch sizes")
 
     p = sub.add_parser("archive", help="build the model archive (.mar) for TorchServe",
                        description="Build NAME.mar with torch-model-archiver: the packrat handler, the profile "
@@ -360,6 +394,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", type=Path, default=Path(".packrat/serve"), help="default: .packrat/serve")
     p.set_defaults(func=cmd_stop)
 
+    p = sub.add_parser("status", help="the served plan and the last reconfigurations",
+                       description="Ask the running packrat handler (through TorchServe's management API) for "
+                                   "its current plan and its recent reconfigurations.")
+    p.add_argument("--run-dir", type=Path, default=Path(".packrat/serve"), help="default: .packrat/serve")
+    p.add_argument("--last", type=positive(int), default=10, help="reconfigurations to list (default: 10)")
+    p.add_argument("--json", action="store_true",
+                   help='print {"plan": <as packrat plan --json>, "reconfigurations": [{"from_batch", "to_batch", '
+                        '"reason", "seconds", "failed_requests", ...}]}')
+    p.set_defaults(func=cmd_status)
+
     p = sub.add_parser("bench", help="load-test stock TorchServe, the fat plan and the packrat plan with locust",
                        description="For each batch size, one after another: (a) stock TorchServe (in-process "
                                    "handler, default workers), (b) the packrat handler with the fat plan, (c) the "
@@ -375,6 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool-only", action="store_true",
                    help="no TorchServe: in-process model vs fat pool vs handler path vs planned pool")
     p.add_argument("--rounds", type=positive(int), default=20, help="with --pool-only: timed rounds (default: 20)")
+    p.add_argument("--shape", choices=("steady", "step"), default="steady",
+                   help="step: a 1 ↔ B users step load against the packrat handler with reconfiguration on, "
+                        "and with the plan fixed for B and for 1; draws timelines with the plan changes")
+    p.add_argument("--cycles", type=positive(int), default=10, help="with --shape step: low/high cycles (default: 10)")
+    p.add_argument("--step-seconds", type=positive(float), default=12.0,
+                   help="with --shape step: seconds per step (default: 12)")
     p.add_argument("--out", type=Path, default=Path("out/bench"), help="results directory (default: out/bench)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=cmd_bench)

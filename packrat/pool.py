@@ -42,8 +42,13 @@ class PoolError(RuntimeError):
 @dataclass(frozen=True)
 class InstanceConfig:
     threads: int
-    batch: int  # planned sub-batch; also the capacity of its shared-memory segments
+    batch: int  # planned sub-batch: the share of a full batch this instance runs
     cores: tuple[int, ...]
+    capacity: int = 0  # most samples it can take at once (its shared memory); at least `batch`
+
+    @property
+    def slots(self) -> int:
+        return max(self.capacity, self.batch)
 
 
 @dataclass(frozen=True)
@@ -53,31 +58,49 @@ class ModelConfig:
     graph_mode: bool = True
 
 
-def split_sizes(n: int, planned: Sequence[int]) -> list[int]:
+def configs_for(plan, capacity: int = 0) -> list[InstanceConfig]:
+    """One instance per planned ⟨threads, batch, cores⟩ of a planner.Plan; `capacity` lets
+    each take up to that many samples (e.g. TorchServe's batch size, when the plan is for less)."""
+    return [InstanceConfig(i.threads, i.batch, tuple(i.cores), capacity) for i in plan.instances]
+
+
+def split_sizes(n: int, planned: Sequence[int], capacities: Sequence[int] | None = None) -> list[int]:
     """How many of `n` samples each instance runs, given the planned batch sizes.
 
-    n ≥ Σplanned: each gets its planned share (the caller chunks the rest). Otherwise
-    shares are proportional to the plan (largest remainders first), with at least one
-    sample for every instance while there are samples to give, so no core idles
-    when there is work for it; no instance ever gets more than its planned batch.
+    Shares are proportional to the plan (largest remainders first). Below the planned
+    total, every instance gets at least one sample while there are samples to give, so
+    no core idles when there is work for it, and none gets more than its planned batch.
+    Above it, shares grow in proportion up to each instance's capacity (the caller
+    never passes more than the capacities hold).
     """
     total = sum(planned)
     if n >= total:
-        return list(planned)
+        return _proportional(n, planned, capacities or [n] * len(planned))
     sizes = [0] * len(planned)
-    # One each first, biggest instances first, when there are fewer samples than instances.
-    for i in sorted(range(len(planned)), key=lambda i: -planned[i])[:n]:
+    for i in sorted(range(len(planned)), key=lambda i: -planned[i])[:n]:  # one each, biggest first
         sizes[i] = 1
-    left = n - sum(sizes)
-    spare = [p - s for p, s in zip(planned, sizes)]
-    spare_total = sum(spare)
-    if left and spare_total:
-        exact = [left * s / spare_total for s in spare]
-        extra = [int(e) for e in exact]
-        order = sorted(range(len(planned)), key=lambda i: exact[i] - extra[i], reverse=True)
-        for i in order[: left - sum(extra)]:
-            extra[i] += 1
-        sizes = [s + e for s, e in zip(sizes, extra)]
+    extra = _proportional(n - sum(sizes), [p - s for p, s in zip(planned, sizes)], None)
+    return [s + e for s, e in zip(sizes, extra)]
+
+
+def _proportional(n: int, weights: Sequence[int], caps: Sequence[int] | None) -> list[int]:
+    """n split in proportion to weights (largest remainders), never above caps."""
+    caps = list(caps) if caps is not None else list(weights)
+    sizes = [0] * len(weights)
+    left = n
+    while left > 0:
+        open_ = [i for i in range(len(weights)) if sizes[i] < caps[i] and weights[i] > 0]
+        if not open_:
+            raise ValueError(f"{n} samples do not fit capacities {caps}")
+        weight = sum(weights[i] for i in open_)
+        exact = {i: left * weights[i] / weight for i in open_}
+        share = {i: min(int(exact[i]), caps[i] - sizes[i]) for i in open_}
+        for i in sorted(open_, key=lambda i: exact[i] - int(exact[i]), reverse=True)[: left - sum(share.values())]:
+            if share[i] < caps[i] - sizes[i]:
+                share[i] += 1
+        for i in open_:
+            sizes[i] += share[i]
+        left = n - sum(sizes)
     return sizes
 
 
@@ -112,8 +135,10 @@ def _warm_up(module, example: torch.Tensor) -> None:
 
 
 def _instance_main(conn: Connection) -> None:
-    model, config, input_segment = conn.recv()
+    model, config, input_segment, nice = conn.recv()
     os.sched_setaffinity(0, config.cores)  # before any parallel region starts OpenMP's threads
+    if nice:
+        os.nice(nice)  # warming up beside a live pool: yield its cores to it (threads inherit this)
     torch.set_num_threads(config.threads)
     torch.set_num_interop_threads(1)
     from .models import prepare, resolve
@@ -124,9 +149,9 @@ def _instance_main(conn: Connection) -> None:
         with torch.inference_mode():
             _warm_up(module, example)
             sample = module(example[:1])
-        in_shape = (config.batch, *spec.input_shape)
+        in_shape = (config.slots, *spec.input_shape)
         inputs = _view(_attach(input_segment, _numel(in_shape) * spec.input_dtype.itemsize), spec.input_dtype, in_shape)
-        out_shape = (config.batch, *sample.shape[1:])
+        out_shape = (config.slots, *sample.shape[1:])
         conn.send(("ready", tuple(sample.shape[1:]), str(sample.dtype).removeprefix("torch."), mode))
         _, output_segment = conn.recv()
         outputs = _view(_attach(output_segment, _numel(out_shape) * sample.dtype.itemsize), sample.dtype, out_shape)
@@ -156,22 +181,22 @@ class _Instance:
     """Parent-side handle of one instance process and its two shared-memory segments."""
 
     def __init__(self, index: int, model: ModelConfig, config: InstanceConfig,
-                 input_shape: tuple[int, ...], input_dtype: torch.dtype):
+                 input_shape: tuple[int, ...], input_dtype: torch.dtype, nice: int = 0):
         self.index, self.config = index, config
         # A fresh interpreter (not fork: that would copy the server's threads and torch
         # state; not multiprocessing's spawn: that re-imports the caller's __main__).
         parent_sock, child_sock = socket.socketpair()
         self.conn = Connection(parent_sock.detach())
-        nbytes = config.batch * _numel(input_shape) * input_dtype.itemsize
+        nbytes = config.slots * _numel(input_shape) * input_dtype.itemsize
         self.input_shm = SharedMemory(create=True, size=max(nbytes, 1))
-        self.inputs = _view(self.input_shm.buf, input_dtype, (config.batch, *input_shape))
+        self.inputs = _view(self.input_shm.buf, input_dtype, (config.slots, *input_shape))
         self.output_shm: SharedMemory | None = None
         self.ready = False  # set once the instance has its output segment and takes work
         self.outputs: torch.Tensor | None = None
         child_fd = child_sock.detach()
         self.process = subprocess.Popen([sys.executable, "-m", "packrat.pool", str(child_fd)], pass_fds=(child_fd,))
         os.close(child_fd)  # our copy: the socket must close when the child exits
-        self.conn.send((model, config, self.input_shm.name))
+        self.conn.send((model, config, self.input_shm.name, nice))
 
     def wait_ready(self, timeout: float) -> str:
         """Block until the instance has loaded and warmed up its model; returns its mode."""
@@ -185,12 +210,24 @@ class _Instance:
             raise PoolError(f"instance {self.index} failed to start: {message[1]}")
         _, sample_shape, dtype_name, mode = message
         dtype = getattr(torch, dtype_name)
-        shape = (self.config.batch, *sample_shape)
+        shape = (self.config.slots, *sample_shape)
         self.output_shm = SharedMemory(create=True, size=max(_numel(shape) * dtype.itemsize, 1))
         self.outputs = _view(self.output_shm.buf, dtype, shape)
         self.conn.send(("output", self.output_shm.name))
         self.ready = True
         return mode
+
+    def restore_priority(self) -> bool:
+        """Back to normal priority after a low-priority warm-up (every thread: Linux
+        keeps a nice value per thread). Lowering nice needs CAP_SYS_NICE."""
+        import psutil
+
+        try:
+            for thread in psutil.Process(self.process.pid).threads():
+                os.setpriority(os.PRIO_PROCESS, thread.id, 0)
+            return True
+        except (PermissionError, psutil.Error, ProcessLookupError):
+            return False
 
     def receive(self) -> tuple | None:
         """The instance's answer, or None if it died without one."""
@@ -239,7 +276,7 @@ class InstancePool:
         if len(cores) != len(set(cores)):
             raise ValueError(f"instances share cores: {[list(i.cores) for i in instances]}")
         spec = resolve(model.model, model.input_shape)
-        self.model, self.configs = model, list(instances)
+        self.model = model
         self.input_shape, self.input_dtype = tuple(spec.input_shape), spec.input_dtype
         self.start_timeout = start_timeout
         self.respawns = 0
@@ -250,7 +287,7 @@ class InstancePool:
         self._closed = False
         self._instances: list[_Instance] = []
         try:
-            self._instances = [self._spawn(i) for i in range(len(self.configs))]
+            self._instances = [self._spawn(config, i) for i, config in enumerate(instances)]
             self.mode = [inst.wait_ready(start_timeout) for inst in self._instances][0]
         except BaseException:
             self.close()
@@ -258,9 +295,14 @@ class InstancePool:
         log.info("pool ready: %s (%s mode)", self.describe(), self.mode)
 
     @classmethod
-    def from_plan(cls, model: ModelConfig, plan, **kwargs) -> "InstancePool":
+    def from_plan(cls, model: ModelConfig, plan, capacity: int = 0, **kwargs) -> "InstancePool":
         """A pool for a planner.Plan: one instance per planned ⟨threads, batch, cores⟩."""
-        return cls(model, [InstanceConfig(i.threads, i.batch, tuple(i.cores)) for i in plan.instances], **kwargs)
+        return cls(model, configs_for(plan, capacity), **kwargs)
+
+    @property
+    def configs(self) -> list[InstanceConfig]:
+        with self._swap:
+            return [inst.config for inst in self._instances]
 
     @property
     def batch(self) -> int:
@@ -269,8 +311,8 @@ class InstancePool:
     def describe(self) -> str:
         return ", ".join(f"⟨{c.threads} threads, batch {c.batch}, cores {list(c.cores)}⟩" for c in self.configs)
 
-    def _spawn(self, index: int) -> _Instance:
-        return _Instance(index, self.model, self.configs[index], self.input_shape, self.input_dtype)
+    def _spawn(self, config: InstanceConfig, index: int, nice: int = 0) -> _Instance:
+        return _Instance(index, self.model, config, self.input_shape, self.input_dtype, nice)
 
     # ---- running a batch ----------------------------------------------------------------------
 
@@ -285,7 +327,7 @@ class InstancePool:
             outputs, start = [], 0
             while start < len(inputs):  # more than the ready instances hold: one round at a time
                 instances = self._ready_instances()
-                chunk = inputs[start:start + sum(inst.config.batch for inst in instances)]
+                chunk = inputs[start:start + sum(inst.config.slots for inst in instances)]
                 outputs.append(self._run_chunk(chunk, instances))
                 start += len(chunk)
             return torch.cat(outputs)
@@ -302,7 +344,8 @@ class InstancePool:
             time.sleep(0.02)
 
     def _run_chunk(self, chunk: torch.Tensor, instances: list[_Instance]) -> torch.Tensor:
-        sizes = split_sizes(len(chunk), [inst.config.batch for inst in instances])
+        sizes = split_sizes(len(chunk), [inst.config.batch for inst in instances],
+                            [inst.config.slots for inst in instances])
         bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
         work = [(inst, chunk[bounds[i]:bounds[i + 1]]) for i, inst in enumerate(instances) if sizes[i]]
         outputs = self._execute(work)
@@ -344,8 +387,8 @@ class InstancePool:
     def _redo(self, part: torch.Tensor) -> torch.Tensor:
         """Run a dead instance's part again on a live instance (its replacement if none is)."""
         while True:
-            inst = max(self._ready_instances(), key=lambda i: i.config.batch)
-            pieces = torch.split(part, inst.config.batch)
+            inst = max(self._ready_instances(), key=lambda i: i.config.slots)
+            pieces = torch.split(part, inst.config.slots)
             outputs = [self._execute([(inst, piece)])[0] for piece in pieces]
             if all(out is not None for out in outputs):
                 return torch.cat(outputs)
@@ -359,7 +402,7 @@ class InstancePool:
             if dead not in self._instances:
                 return
             position = self._instances.index(dead)
-            fresh = self._spawn(dead.index)
+            fresh = self._spawn(dead.config, dead.index)
             self._instances[position] = fresh
             self.respawns += 1
         dead.close(timeout=0)
@@ -372,6 +415,56 @@ class InstancePool:
         except (PoolError, OSError) as exc:
             if not self._closed:  # a pool closing under a respawn is not news
                 log.error("respawning instance %d failed: %s", fresh.index, exc)
+
+    # ---- reconfiguration ------------------------------------------------------------------------
+
+    def reconfigure(self, configs: Sequence[InstanceConfig], warmup_nice: int = 10) -> dict[str, int]:
+        """Switch to new instances without stopping service.
+
+        Instances whose threads and cores stay (and whose memory holds the new batch) are
+        kept and only get their new share of the batch; the others are started beside the
+        live ones at low priority, warmed up, and swapped in between two batches; the
+        instances left over are then stopped. Thread counts of live instances never change.
+        If a new instance fails to start, the pool is left as it was and PoolError raised.
+        """
+        cores = [c for config in configs for c in config.cores]
+        if len(cores) != len(set(cores)):
+            raise ValueError(f"instances share cores: {[list(c.cores) for c in configs]}")
+        with self._swap:
+            live = list(self._instances)
+        kept: dict[int, _Instance] = {}
+        for position, config in enumerate(configs):
+            match = next((inst for inst in live if inst not in kept.values() and inst.ready
+                          and (inst.config.threads, inst.config.cores) == (config.threads, config.cores)
+                          and inst.config.slots >= config.slots), None)
+            if match is not None:
+                kept[position] = match
+        fresh: dict[int, _Instance] = {}
+        try:
+            for position, config in enumerate(configs):
+                if position not in kept:
+                    fresh[position] = self._spawn(config, position, warmup_nice)
+            for inst in fresh.values():
+                inst.wait_ready(self.start_timeout)
+        except BaseException:
+            for inst in fresh.values():
+                inst.close()
+            raise
+        if fresh and not all(inst.restore_priority() for inst in fresh.values()):
+            log.warning("new instances keep nice %d: lowering it back needs CAP_SYS_NICE", warmup_nice)
+        with self._lock:  # between two batches: nothing is running on the old instances
+            with self._swap:
+                for position, inst in kept.items():
+                    inst.config = InstanceConfig(configs[position].threads, configs[position].batch,
+                                                 configs[position].cores, inst.config.slots)
+                    inst.index = position
+                self._instances = [kept.get(p) or fresh[p] for p in range(len(configs))]
+        retired = [inst for inst in live if inst not in kept.values()]
+        for inst in retired:
+            inst.close()
+        log.info("pool reconfigured: %s (%d kept, %d started, %d stopped)",
+                 self.describe(), len(kept), len(fresh), len(retired))
+        return {"kept": len(kept), "started": len(fresh), "stopped": len(retired)}
 
     # ---- shutdown -----------------------------------------------------------------------------
 

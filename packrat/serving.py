@@ -104,18 +104,22 @@ class Server:
 # ---- archive -------------------------------------------------------------------------------
 
 def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_delay_ms: int,
-                      plan: str, handler: str, input_shape: tuple[int, ...] | None) -> str:
+                      plan: str, handler: str, input_shape: tuple[int, ...] | None, reconfigure: bool = True,
+                      plan_batch: int | None = None, estimator: dict | None = None) -> str:
     """TorchServe's per-model config; packrat's own settings live under `packrat:`."""
     workers = "minWorkers: 1\nmaxWorkers: 1\n" if handler == "packrat" else ""  # the pool uses every core
     shape = f"[{', '.join(map(str, input_shape))}]" if input_shape else "null"
     return (f"batchSize: {batch_size}\nmaxBatchDelay: {max_batch_delay_ms}\nresponseTimeout: 300\nstartupTimeout: 600\n{workers}"
             f"packrat:\n  model: {json.dumps(model)}\n  profile: {json.dumps(profile_name)}\n"
-            f"  plan: {plan}\n  input_shape: {shape}\n")
+            f"  plan: {plan}\n  input_shape: {shape}\n  reconfigure: {str(reconfigure).lower()}\n"
+            f"  plan_batch: {plan_batch or batch_size}\n"
+            + (f"  estimator: {json.dumps(estimator)}\n" if estimator else ""))
 
 
 def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None = None, batch_size: int = 8,
             max_batch_delay_ms: int = 50, plan: str = "auto", handler: str = "packrat",
-            input_shape: tuple[int, ...] | None = None) -> Path:
+            input_shape: tuple[int, ...] | None = None, reconfigure: bool = True,
+            plan_batch: int | None = None, estimator: dict | None = None) -> Path:
     """Build NAME.mar with torch-model-archiver: handler, profile, settings (and the
     model file for a TorchScript model). Zoo models are rebuilt from code in the worker."""
     from .models import resolve
@@ -141,7 +145,7 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
             extra.append(staging / profile_name)
         config = staging / "model-config.yaml"
         config.write_text(model_config_yaml(model_ref, profile_name, batch_size, max_batch_delay_ms, plan,
-                                            handler, input_shape))
+                                            handler, input_shape, reconfigure, plan_batch, estimator))
         cmd = ["torch-model-archiver", "--model-name", name, "--version", "1.0",
                "--handler", str(HANDLERS / f"{handler}_handler.py"), "--config-file", str(config),
                "--extra-files", ",".join(map(str, extra)), "--export-path", str(out_dir), "--force"]
@@ -225,6 +229,19 @@ def worker_status(server: Server) -> list[str]:
     except (urllib.error.URLError, OSError, ValueError):
         return []
     return [w.get("status", "?") for entry in described for w in entry.get("workers", [])]
+
+
+def handler_status(server: Server) -> dict:
+    """The packrat handler's own status (plan, reconfigurations) through the management
+    API's customized describe, which TorchServe forwards to the handler."""
+    try:
+        described = _get(server, f"/models/{server.model}?customized=true", timeout=30)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ServeError(f"cannot reach TorchServe's management API at {server.management_url}: {exc}") from None
+    metadata = described[0].get("customizedMetadata") if described else None
+    if metadata is None:
+        raise ServeError(f"model {server.model} gave no packrat status (is it served by the packrat handler?)")
+    return json.loads(metadata) if isinstance(metadata, str) else metadata
 
 
 def wait_ready(server: Server, timeout: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import signal
 import time
 from pathlib import Path
@@ -36,17 +37,28 @@ def reference():
 @given(n=st.integers(0, 40), planned=st.lists(st.integers(1, 8), min_size=1, max_size=6))
 def test_split_sizes(n, planned):
     sizes = split_sizes(n, planned)
-    assert sum(sizes) == min(n, sum(planned))
-    assert all(0 <= s <= p for s, p in zip(sizes, planned))
+    assert sum(sizes) == n
+    if n <= sum(planned):
+        assert all(0 <= s <= p for s, p in zip(sizes, planned))  # never beyond the plan
+    else:
+        assert all(s >= p for s, p in zip(sizes, planned))  # the excess shared in proportion
     if len(planned) <= n:
         assert all(s >= 1 for s in sizes)  # no idle instance while there is work
+
+
+@given(n=st.integers(0, 40), planned=st.lists(st.integers(1, 8), min_size=1, max_size=6), data=st.data())
+def test_split_sizes_respects_capacities(n, planned, data):
+    capacities = [p + data.draw(st.integers(0, 8)) for p in planned]
+    n = min(n, sum(capacities))
+    sizes = split_sizes(n, planned, capacities)
+    assert sum(sizes) == n and all(s <= c for s, c in zip(sizes, capacities))
 
 
 def test_split_sizes_is_proportional():
     assert split_sizes(8, [8, 4, 4]) == [4, 2, 2]
     assert split_sizes(3, [8, 4, 4]) == [1, 1, 1]
     assert split_sizes(12, [8, 4, 4]) == [6, 3, 3]
-    assert split_sizes(20, [8, 4, 4]) == [8, 4, 4]
+    assert split_sizes(20, [8, 4, 4]) == [10, 5, 5]
 
 
 def two_instances(batches=(4, 2)) -> list[InstanceConfig]:
@@ -126,3 +138,52 @@ def test_rejects_wrong_inputs_and_overlapping_cores():
     with InstancePool(TINY, [InstanceConfig(1, 2, (CORES[0],))]) as pool:
         with pytest.raises(ValueError, match="float32 of shape"):
             pool.run(torch.zeros(2, 3, 16, 16))
+
+
+def test_reconfigure_under_load_keeps_answers_right_and_reuses_instances(reference):
+    inputs, expected = reference
+    core = CORES[0]
+    fat = [InstanceConfig(len(CORES), 4, tuple(CORES), capacity=8)]
+    split = [InstanceConfig(1, 2, (c,), capacity=8) for c in CORES]
+    with InstancePool(TINY, fat) as pool:
+        errors, stop = [], threading.Event()
+
+        def stream():
+            while not stop.is_set():
+                try:
+                    torch.testing.assert_close(pool.run(inputs[:8]), expected[:8], rtol=1e-4, atol=1e-5)
+                except Exception as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+        worker = threading.Thread(target=stream)
+        worker.start()
+        try:
+            first = pool.pids()
+            assert pool.reconfigure(split) == {"kept": 0, "started": len(split), "stopped": 1}
+            assert not set(first) & set(pool.pids())
+            # same threads and cores, other batch shares: kept, nothing started
+            assert pool.reconfigure([InstanceConfig(1, 4, (c,), capacity=8) for c in CORES])["started"] == 0
+            if len(CORES) > 1:  # one identical instance fewer: removed, not rebuilt
+                assert pool.reconfigure([InstanceConfig(1, 4, (core,), capacity=8)]) == \
+                    {"kept": 1, "started": 0, "stopped": len(CORES) - 1}
+        finally:
+            stop.set()
+            worker.join()
+        assert errors == []
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in first)
+
+
+def test_failed_reconfigure_leaves_the_pool_serving(reference):
+    inputs, expected = reference
+    with InstancePool(TINY, [InstanceConfig(1, 2, (CORES[0],))]) as pool:
+        before = pool.pids()
+        with pytest.raises(PoolError, match="exited while starting|failed to start"):
+            pool.reconfigure([InstanceConfig(1, 2, (4096,))])  # no such core: the instance cannot pin
+        assert pool.pids() == before
+        torch.testing.assert_close(pool.run(inputs[:4]), expected[:4], rtol=1e-4, atol=1e-5)
+
+
+def test_batches_above_the_plan_use_the_capacity_in_one_round():
+    assert split_sizes(8, [2, 2], [8, 8]) == [4, 4]
+    assert split_sizes(10, [4, 2], [8, 8]) == [7, 3]
+    assert split_sizes(12, [4, 2], [8, 4]) == [8, 4]

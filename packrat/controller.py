@@ -1,0 +1,128 @@
+"""The controller: follows the load by switching the pool to the plan for the batch
+size the estimator sees, without dropping a request.
+
+Every batch goes to the live pool. When the estimator proposes a new target batch B',
+a background thread computes the plan for B' and asks the pool to reconfigure: instances
+that keep their threads and cores are reused (only their share of the batch changes, so
+a plan that differs only in batch sizes, or in the number of identical instances, costs
+no new process); the others are started beside the live ones at low priority (nice 10)
+so their warm-up yields the shared cores to the live pool, then swapped in between two
+batches, after which the old ones finish and stop. A new instance that fails to start
+leaves the old pool serving; the switch is retried after `retry_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Protocol
+
+from .estimator import BatchSizeEstimator
+from .planner import Plan
+
+log = logging.getLogger("packrat.controller")
+
+
+class Pool(Protocol):
+    def run(self, inputs): ...
+
+    def reconfigure(self, configs) -> dict: ...
+
+
+@dataclass
+class Reconfiguration:
+    from_batch: int
+    to_batch: int
+    reason: str
+    seconds: float  # new target decided → new plan serving (or failure noticed)
+    failed_requests: int  # requests that failed while the switch was under way
+    started_at: float  # unix time, for timelines
+    plan: str = ""  # the new plan, e.g. "2×⟨1 threads, batch 4⟩"
+    error: str | None = None  # why the new pool could not start, if it could not
+
+
+class Controller:
+    def __init__(self, pool: Pool, plan: Plan, plan_for: Callable[[int], Plan],
+                 configs_for: Callable[[Plan], list], estimator: BatchSizeEstimator, *,
+                 retry_s: float = 10.0, clock: Callable[[], float] = time.monotonic, history: int = 100):
+        self.pool, self.plan = pool, plan
+        self.plan_for, self.configs_for, self.estimator = plan_for, configs_for, estimator
+        self.retry_s, self.clock = retry_s, clock
+        self.reconfigurations: list[Reconfiguration] = []
+        self._history = history
+        self._switching: threading.Thread | None = None
+        self._retry_at = 0.0
+        self._failed_during_switch = 0
+        self._lock = threading.Lock()
+
+    # ---- serving ------------------------------------------------------------------------------
+
+    def run(self, inputs):
+        """Run one batch on the live pool; may start a switch in the background."""
+        self.estimator.observe(len(inputs))
+        self._maybe_switch()
+        try:
+            return self.pool.run(inputs)
+        except Exception:
+            with self._lock:
+                if self._switching is not None:
+                    self._failed_during_switch += len(inputs)
+            raise
+
+    def _maybe_switch(self) -> None:
+        now = self.clock()
+        target = self.estimator.check(now)
+        if target is None:
+            return
+        with self._lock:
+            busy = self._switching is not None
+            if busy or now < self._retry_at:
+                self.estimator.current = self.plan.batch  # ask again at a later check
+                return
+            reason = f"estimated batch size {target} (moving average {self.estimator.average:.1f})"
+            self._switching = threading.Thread(target=self.switch, args=(target, reason), daemon=True,
+                                               name="packrat-reconfigure")
+            self._switching.start()
+
+    # ---- switching ----------------------------------------------------------------------------
+
+    def switch(self, target: int, reason: str) -> Reconfiguration:
+        """Serve the plan for `target` from now on (runs in the background thread)."""
+        started, wall = self.clock(), time.time()
+        old = self.plan
+        record = Reconfiguration(old.batch, target, reason, 0.0, 0, wall)
+        try:
+            plan = self.plan_for(target)
+            record.plan = plan.describe()
+            self.pool.reconfigure(self.configs_for(plan))
+            self.plan = plan
+            log.info("reconfigured B=%d → B=%d (%s): %s in %.2f s", old.batch, target, reason,
+                     plan.describe(), self.clock() - started)
+        except Exception as exc:  # the old pool keeps serving
+            record.error = f"{type(exc).__name__}: {exc}"
+            self.estimator.current = old.batch
+            self._retry_at = self.clock() + self.retry_s
+            log.error("reconfiguration B=%d → B=%d failed, old plan keeps serving, retry in %.0f s: %s",
+                      old.batch, target, self.retry_s, record.error)
+        with self._lock:
+            record.seconds = self.clock() - started
+            record.failed_requests, self._failed_during_switch = self._failed_during_switch, 0
+            self.reconfigurations = (self.reconfigurations + [record])[-self._history:]
+            self._switching = None
+        return record
+
+    def wait_idle(self, timeout: float | None = None) -> None:
+        """Until no switch is under way (for tests and shutdown)."""
+        thread = self._switching
+        if thread is not None:
+            thread.join(timeout)
+
+    # ---- reporting ----------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        """{"plan": <as packrat plan --json>, "reconfigurations": [...]} (newest last)."""
+        with self._lock:
+            records = list(self.reconfigurations)
+        return {"plan": self.plan.to_json(), "reconfigurations": [asdict(r) for r in records]}

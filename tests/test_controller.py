@@ -1,0 +1,129 @@
+"""The controller with fake pools: switch order, failure of the new pool, drain."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from packrat.controller import Controller
+from packrat.estimator import BatchSizeEstimator, EstimatorSettings
+from packrat.planner import Planner
+
+ITEMS = [(t, b, b * 10.0 / t ** 0.5) for t in (1, 2, 4) for b in (1, 2, 4, 8)]
+PLANNER = Planner(ITEMS, 4, 8)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class FakePool:
+    """Records what happens; reconfigure can be made to block or fail."""
+
+    def __init__(self):
+        self.events: list[str] = []
+        self.configs = None
+        self.fail_next = False
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def run(self, inputs):
+        self.events.append(f"run {len(inputs)}")
+        return list(inputs)
+
+    def reconfigure(self, configs):
+        self.events.append("build")
+        self.gate.wait(10)
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("instance 0 failed to start: out of memory")
+        self.configs = configs
+        self.events.append("switch")
+        return {}
+
+
+def make(pool, clock, current=1, window=1):
+    estimator = BatchSizeEstimator(current, 8, EstimatorSettings(alpha=1.0, window=window, period_s=1.0))
+    return Controller(pool, PLANNER.plan(4, current), lambda b: PLANNER.plan(4, b),
+                      lambda plan: [(i.threads, i.batch) for i in plan.instances], estimator,
+                      retry_s=5.0, clock=clock)
+
+
+def drive(controller, clock, size, seconds):
+    for _ in range(seconds):
+        controller.run([0] * size)
+        clock.now += 1.0
+        controller.wait_idle(10)
+
+
+def test_switches_to_the_plan_for_the_new_batch_and_records_it():
+    pool, clock = FakePool(), Clock()
+    controller = make(pool, clock)
+    drive(controller, clock, 1, 3)
+    assert controller.reconfigurations == []
+    drive(controller, clock, 8, 3)
+    assert controller.plan.batch == 8
+    assert pool.configs == [(i.threads, i.batch) for i in PLANNER.plan(4, 8).instances]
+    (record,) = controller.reconfigurations
+    assert (record.from_batch, record.to_batch, record.failed_requests, record.error) == (1, 8, 0, None)
+    assert "estimated batch size 8" in record.reason and record.seconds >= 0
+    status = controller.status()
+    assert status["plan"] == PLANNER.plan(4, 8).to_json()
+    assert status["reconfigurations"][0]["to_batch"] == 8
+
+
+def test_batches_keep_flowing_to_the_old_pool_while_the_new_one_builds():
+    pool, clock = FakePool(), Clock()
+    controller = make(pool, clock)
+    pool.gate.clear()  # the new pool takes its time
+    controller.run([0])
+    clock.now += 1
+    controller.run([0] * 8)  # proposes 8 (window 1): the build starts in the background
+    clock.now += 1
+    controller.run([0] * 8)
+    controller.run([0] * 8)
+    assert pool.events.count("run 8") == 3 and "build" in pool.events
+    assert "switch" not in pool.events  # all three ran on the old pool
+    pool.gate.set()
+    controller.wait_idle(10)
+    assert pool.events[-1] == "switch"
+    assert controller.plan.batch == 8
+
+
+def test_a_failed_new_pool_leaves_the_old_plan_serving_and_retries_later():
+    pool, clock = FakePool(), Clock()
+    controller = make(pool, clock)
+    pool.fail_next = True
+    drive(controller, clock, 8, 3)
+    assert controller.plan.batch == 1  # old plan still serving
+    failed = controller.reconfigurations[0]
+    assert failed.error and "out of memory" in failed.error
+    builds = pool.events.count("build")
+    drive(controller, clock, 8, 3)  # within retry_s: no new attempt
+    assert pool.events.count("build") == builds
+    drive(controller, clock, 8, 4)  # after it: retried and switched
+    assert controller.plan.batch == 8
+    assert controller.reconfigurations[-1].error is None
+
+
+def test_no_flapping_between_two_plans_under_steady_load():
+    pool, clock = FakePool(), Clock()
+    controller = make(pool, clock, current=4, window=10)
+    drive(controller, clock, 4, 60)
+    assert controller.reconfigurations == [] and "build" not in pool.events
+
+
+def test_pool_errors_are_counted_against_the_switch():
+    class Failing(FakePool):
+        def run(self, inputs):
+            raise RuntimeError("boom")
+
+    pool, clock = Failing(), Clock()
+    controller = make(pool, clock)
+    with pytest.raises(RuntimeError):
+        controller.run([0])

@@ -1,0 +1,63 @@
+"""Real TorchServe: a step load makes the packrat handler reconfigure, and every
+request still gets the right answer."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from packrat import serving
+from packrat.cli import main
+from packrat.models import prepare, resolve
+from test_serving_integration import PROFILE, post
+
+pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")
+
+
+def test_step_load_reconfigures_without_losing_a_request(tmp_path, capsys):
+    profile = tmp_path / "tiny.csv"
+    profile.write_text(PROFILE)
+    fast = {"alpha": 0.5, "window": 3, "period_s": 0.5}  # react within ~2 s so the test stays short
+    mar = serving.archive("tiny", profile, tmp_path / "model_store", batch_size=8, max_batch_delay_ms=30,
+                          estimator=fast)
+    server = serving.start(serving.Server(tmp_path / "run", "tiny", serving.Ports.free(), token_auth=False), mar,
+                           timeout=180)
+    module, _, _ = prepare(resolve("tiny"), 2)
+    samples = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode():
+        expected = [torch.softmax(row, 0).topk(5).indices.tolist() for row in module(samples)]
+    bodies = [s.numpy().tobytes() for s in samples]
+    wrong: list[str] = []
+
+    def client(index: int, until: float) -> int:
+        sent = 0
+        while time.monotonic() < until:
+            status, body = post(server, bodies[index], "application/octet-stream", token=None)
+            if status != 200 or [p["class"] for p in body["predictions"]] != expected[index]:
+                wrong.append(f"{status} {body}")
+            sent += 1
+        return sent
+
+    try:
+        sent = 0
+        for clients, seconds in ((1, 5.0), (16, 6.0), (1, 6.0)):  # low → high → low
+            until = time.monotonic() + seconds
+            with ThreadPoolExecutor(clients) as pool:
+                sent += sum(pool.map(lambda i: client(i, until), range(clients)))
+        assert wrong == []
+        status = serving.handler_status(server)
+        records = status["reconfigurations"]
+        assert len(records) >= 2, records
+        assert all(r["failed_requests"] == 0 and not r.get("error") for r in records)  # TorchServe drops nulls
+        assert {r["to_batch"] for r in records} >= {1, 8}
+        assert status["plan"]["batch"] == records[-1]["to_batch"]
+        assert main(["status", "--run-dir", str(server.run_dir), "--json"]) == 0
+        assert '"reconfigurations"' in capsys.readouterr().out
+        assert sent > 100
+    finally:
+        serving.stop(server)
