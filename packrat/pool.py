@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.shared_memory import SharedMemory
 from typing import Sequence
@@ -286,6 +286,7 @@ class InstancePool:
         self._swap = threading.Lock()  # guards self._instances against the respawn threads
         self._closed = False
         self._instances: list[_Instance] = []
+        self._parked: list[_Instance] = []  # retired by the last switch; reused if the plan comes back
         try:
             self._instances = [self._spawn(config, i) for i, config in enumerate(instances)]
             self.mode = [inst.wait_ready(start_timeout) for inst in self._instances][0]
@@ -422,23 +423,20 @@ class InstancePool:
         """Switch to new instances without stopping service.
 
         Instances whose threads and cores stay (and whose memory holds the new batch) are
-        kept and only get their new share of the batch; the others are started beside the
-        live ones at low priority, warmed up, and swapped in between two batches; the
-        instances left over are then stopped. Thread counts of live instances never change.
-        If a new instance fails to start, the pool is left as it was and PoolError raised.
+        kept and only get their new share of the batch; so are instances parked by the
+        previous switch, which makes switching back and forth between two plans instant.
+        The others are started beside the live ones at low priority, warmed up, and swapped
+        in between two batches. The instances this switch retires are parked (idle, blocked
+        on their pipe: memory but no CPU) until the next switch that retires others.
+        Thread counts of live instances never change. If a new instance fails to start,
+        the pool is left as it was and PoolError raised.
         """
         cores = [c for config in configs for c in config.cores]
         if len(cores) != len(set(cores)):
             raise ValueError(f"instances share cores: {[list(c.cores) for c in configs]}")
         with self._swap:
-            live = list(self._instances)
-        kept: dict[int, _Instance] = {}
-        for position, config in enumerate(configs):
-            match = next((inst for inst in live if inst not in kept.values() and inst.ready
-                          and (inst.config.threads, inst.config.cores) == (config.threads, config.cores)
-                          and inst.config.slots >= config.slots), None)
-            if match is not None:
-                kept[position] = match
+            active, parked = list(self._instances), list(self._parked)
+        kept = self._match(configs, active + parked)
         fresh: dict[int, _Instance] = {}
         try:
             for position, config in enumerate(configs):
@@ -452,19 +450,36 @@ class InstancePool:
             raise
         if fresh and not all(inst.restore_priority() for inst in fresh.values()):
             log.warning("new instances keep nice %d: lowering it back needs CAP_SYS_NICE", warmup_nice)
+        reused = set(map(id, kept.values()))
+        retired = [inst for inst in active if id(inst) not in reused]
+        still_parked = [inst for inst in parked if id(inst) not in reused]
         with self._lock:  # between two batches: nothing is running on the old instances
             with self._swap:
                 for position, inst in kept.items():
-                    inst.config = InstanceConfig(configs[position].threads, configs[position].batch,
-                                                 configs[position].cores, inst.config.slots)
+                    inst.config = replace(configs[position], capacity=inst.config.slots)
                     inst.index = position
                 self._instances = [kept.get(p) or fresh[p] for p in range(len(configs))]
-        retired = [inst for inst in live if inst not in kept.values()]
-        for inst in retired:
+                if retired:  # park this switch's leftovers; the older parked ones go
+                    self._parked, stopped = retired, still_parked
+                else:
+                    self._parked, stopped = still_parked, []
+        for inst in stopped:
             inst.close()
-        log.info("pool reconfigured: %s (%d kept, %d started, %d stopped)",
-                 self.describe(), len(kept), len(fresh), len(retired))
-        return {"kept": len(kept), "started": len(fresh), "stopped": len(retired)}
+        counts = {"kept": len(kept), "started": len(fresh), "parked": len(retired), "stopped": len(stopped)}
+        log.info("pool reconfigured: %s (%s)", self.describe(), ", ".join(f"{v} {k}" for k, v in counts.items()))
+        return counts
+
+    @staticmethod
+    def _match(configs: Sequence[InstanceConfig], candidates: list[_Instance]) -> dict[int, _Instance]:
+        """Position in `configs` -> a ready instance with the same threads and cores that can hold its batch."""
+        kept: dict[int, _Instance] = {}
+        for position, config in enumerate(configs):
+            match = next((inst for inst in candidates if inst.ready and inst.alive and inst not in kept.values()
+                          and (inst.config.threads, inst.config.cores) == (config.threads, config.cores)
+                          and inst.config.slots >= config.slots), None)
+            if match is not None:
+                kept[position] = match
+        return kept
 
     # ---- shutdown -----------------------------------------------------------------------------
 
@@ -472,7 +487,7 @@ class InstancePool:
         """Stop every instance process and free the shared memory; idempotent."""
         self._closed = True
         with self._swap:
-            instances, self._instances = self._instances, []
+            instances, self._instances, self._parked = self._instances + self._parked, [], []
         for inst in instances:
             inst.close()
 

@@ -159,18 +159,24 @@ def test_reconfigure_under_load_keeps_answers_right_and_reuses_instances(referen
         worker.start()
         try:
             first = pool.pids()
-            assert pool.reconfigure(split) == {"kept": 0, "started": len(split), "stopped": 1}
+            assert pool.reconfigure(split) == {"kept": 0, "started": len(split), "parked": 1, "stopped": 0}
             assert not set(first) & set(pool.pids())
+            # back to the fat plan: the parked instance is reused at once
+            assert pool.reconfigure(fat) == {"kept": 1, "started": 0, "parked": len(split), "stopped": 0}
+            assert pool.pids() == first
+            assert pool.reconfigure(split)["started"] == 0
             # same threads and cores, other batch shares: kept, nothing started
             assert pool.reconfigure([InstanceConfig(1, 4, (c,), capacity=8) for c in CORES])["started"] == 0
-            if len(CORES) > 1:  # one identical instance fewer: removed, not rebuilt
+            if len(CORES) > 1:  # one identical instance fewer: parked, not rebuilt; the fat one stops
                 assert pool.reconfigure([InstanceConfig(1, 4, (core,), capacity=8)]) == \
-                    {"kept": 1, "started": 0, "stopped": len(CORES) - 1}
+                    {"kept": 1, "started": 0, "parked": len(CORES) - 1, "stopped": 1}
         finally:
             stop.set()
             worker.join()
         assert errors == []
-        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in first)
+        everyone = pool.pids() + [inst.process.pid for inst in pool._parked]
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in everyone + first)  # close() stops the parked instances too
 
 
 def test_failed_reconfigure_leaves_the_pool_serving(reference):
