@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -123,16 +124,25 @@ def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, d
         mar = serving.archive(model, profile_path if handler == "packrat" else None, run_dir / "model_store",
                               name=model, batch_size=batch, max_batch_delay_ms=max_batch_delay_ms,
                               plan=plan_mode, handler=handler, reconfigure=False)
-        log(f"-- {name}: starting TorchServe")
-        server = serving.start(serving.Server(run_dir, model, serving.Ports.free(), token_auth=True), mar)
-        try:
-            token = server.key("inference")
-            run_locust(server.inference_url, model, users, warmup_s, run_dir / "warmup", token=token)
+        with warmed_server(name, model, mar, run_dir, users, warmup_s, log) as (server, token):
             log(f"-- {name}: {users} users for {duration_s:.0f} s")
             results[name] = run_locust(server.inference_url, model, users, duration_s, run_dir / "load", token=token)
-        finally:
-            serving.stop(server)
     return results
+
+
+@contextmanager
+def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, warmup_s: float, log):
+    """TorchServe started on free loopback ports and warmed up by locust; stopped on exit."""
+    from loadtest import run_locust
+
+    log(f"-- {name}: starting TorchServe")
+    server = serving.start(serving.Server(run_dir, model, serving.Ports.free(), token_auth=True), mar)
+    try:
+        token = server.key("inference")
+        run_locust(server.inference_url, model, users, warmup_s, run_dir / "warmup", token=token)
+        yield server, token
+    finally:
+        serving.stop(server)
 
 
 def save_json(path: Path, payload) -> None:
@@ -163,18 +173,12 @@ def step_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, low
         run_dir = out_dir / name
         mar = serving.archive(model, profile_path, run_dir / "model_store", name=model, batch_size=batch,
                               max_batch_delay_ms=max_batch_delay_ms, reconfigure=reconfigure, plan_batch=plan_batch)
-        log(f"-- {name}: starting TorchServe")
-        server = serving.start(serving.Server(run_dir, model, serving.Ports.free(), token_auth=True), mar)
-        try:
-            token = server.key("inference")
-            run_locust(server.inference_url, model, batch, warmup_s, run_dir / "warmup", token=token)
+        with warmed_server(name, model, mar, run_dir, batch, warmup_s, log) as (server, token):
             log(f"-- {name}: step load {users} users, {step_s:.0f} s per step")
             result = run_locust(server.inference_url, model, batch, step_s * (2 * cycles + 1), run_dir / "load",
                                 token=token, shape="step",
                                 env={"PACKRAT_STEP_USERS": users, "PACKRAT_STEP_SECONDS": str(step_s)})
             status = serving.handler_status(server)
-        finally:
-            serving.stop(server)
         switches = [r for r in status["reconfigurations"] if r["started_at"] >= (result.start_time or 0)]
         markers = [(r["started_at"] + r["seconds"], f"B={r['to_batch']}") for r in switches]
         png = plot_timeline(result.history, out_dir / f"timeline-{name}.png", markers)

@@ -2,13 +2,15 @@
 size the estimator sees, without dropping a request.
 
 Every batch goes to the live pool. When the estimator proposes a new target batch B',
-a background thread computes the plan for B' and asks the pool to reconfigure: instances
-that keep their threads and cores are reused (only their share of the batch changes, so
-a plan that differs only in batch sizes, or in the number of identical instances, costs
-no new process); the others are started beside the live ones at low priority (nice 10)
-so their warm-up yields the shared cores to the live pool, then swapped in between two
-batches, after which the old ones finish and stop. A new instance that fails to start
-leaves the old pool serving; the switch is retried after `retry_s`.
+a background thread computes the plan for B' and asks the pool to reconfigure
+(`InstancePool.reconfigure`): instances that keep their threads and cores are reused
+(only their share of the batch changes, so a plan that differs only in batch sizes, or
+in the number of identical instances, costs no new process); so are the instances the
+previous switch parked, so going back and forth between two plans costs nothing; the
+others are started beside the live ones at low priority (nice 10) so their warm-up
+yields the shared cores to the live pool, then swapped in between two batches, after
+which the old ones finish their batch and are parked. A new instance that fails to
+start leaves the old pool serving; the switch is retried after `retry_s`.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Controller:
         self.reconfigurations: list[Reconfiguration] = []
         self._history = history
         self._switching: threading.Thread | None = None
+        self._building = plan.batch  # target of the switch under way
         self._retry_at = 0.0
         self._failed_during_switch = 0
         self._lock = threading.Lock()
@@ -77,10 +80,13 @@ class Controller:
         if target is None:
             return
         with self._lock:
-            busy = self._switching is not None
-            if busy or now < self._retry_at:
-                self.estimator.current = self.plan.batch  # ask again at a later check
+            if self._switching is not None:  # judge later proposals against the plan on its way
+                self.estimator.current = self._building
                 return
+            if now < self._retry_at:  # failed recently: ask again at a later check
+                self.estimator.current = self.plan.batch
+                return
+            self._building = target
             reason = f"estimated batch size {target} (moving average {self.estimator.average:.1f})"
             self._switching = threading.Thread(target=self.switch, args=(target, reason), daemon=True,
                                                name="packrat-reconfigure")

@@ -127,3 +127,21 @@ def test_pool_errors_are_counted_against_the_switch():
     controller = make(pool, clock)
     with pytest.raises(RuntimeError):
         controller.run([0])
+
+
+def test_a_step_back_during_a_slow_switch_is_followed_afterwards():
+    pool, clock = FakePool(), Clock()
+    controller = make(pool, clock)
+    pool.gate.clear()
+    controller.run([0])
+    clock.now += 1
+    controller.run([0] * 8)  # proposes 8; the build blocks
+    for _ in range(3):  # the load drops back to 1 while the build is still running
+        clock.now += 1
+        controller.run([0])
+    pool.gate.set()
+    controller.wait_idle(10)
+    assert controller.plan.batch == 8
+    drive(controller, clock, 1, 3)  # the estimator must still see 1 as a change from 8
+    assert controller.plan.batch == 1
+    assert [r.to_batch for r in controller.reconfigurations] == [8, 1]
