@@ -1,0 +1,157 @@
+"""optimize(): capture, search with measured stage costs, check end to end; compile(): run a schedule."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Sequence
+
+import torch
+from torch import fx, nn
+from tqdm import tqdm
+
+from .graph import Graph, capture  # noqa: F401 (capture is part of the API)
+from .runtime import MergeStage, ScheduledModule, WorkerSet, run_group, run_node, time_call
+from .schedule import Schedule, StagePlan
+from .search import IOSSearch, Stage
+
+DEFAULT_MAX_PART_SIZE = 40
+
+
+def _record_values(graph: Graph, example_inputs: tuple) -> dict:
+    """Every node's output on the example input: the inputs a stage measurement reads."""
+    env: dict = {}
+    placeholders = [n for n in graph.module.graph.nodes if n.op == "placeholder"]
+    env.update(zip(placeholders, example_inputs))
+    with torch.inference_mode():
+        for node in graph.module.graph.nodes:
+            if node.op not in ("placeholder", "output"):
+                run_node(graph.module, node, env)
+    return env
+
+
+class _StageTimer:
+    """Measures stage candidates on this CPU with the runtime's own workers."""
+
+    def __init__(self, graph: Graph, env: dict, workers: WorkerSet, warmup: int, repeats: int):
+        self.graph, self.env, self.workers = graph, env, workers
+        self.warmup, self.repeats = warmup, repeats
+        self.nodes = {n.name: n for n in graph.module.graph.nodes}
+        self.measurements = 0
+        self.offset = 0  # the search numbers operators within the current part
+
+    def nodes_of(self, ops) -> list[fx.Node]:
+        return [self.nodes[name] for op in ops for name in self.graph.ops[self.offset + op].nodes]
+
+    def parallel(self, groups, split) -> float:
+        calls = [lambda g=self.nodes_of(group): run_group(self.graph.module, g, self.env) for group in groups]
+        self.measurements += 1
+        with torch.inference_mode():
+            return time_call(lambda: self.workers.run(calls, split), self.warmup, self.repeats)
+
+    def merge(self, ops, threads: int) -> float | None:
+        groups = [self.nodes_of((op,)) for op in ops]
+        stage = MergeStage.build(self.graph.module, groups)
+        if stage is None:
+            return None
+        self.measurements += 1
+        with torch.inference_mode():
+            return time_call(lambda: self.workers.run([lambda: stage(self.graph.module, self.env)], (threads,)),
+                             self.warmup, self.repeats)
+
+
+def _stage_plan(graph: Graph, part: range, stage: Stage) -> StagePlan:
+    def names(ops):
+        return tuple(name for op in ops for name in graph.ops[part.start + op].nodes)
+
+    if stage.kind == "merge":  # one group per merged operator: its convolution, then its tail
+        return StagePlan("merge", tuple(names((op,)) for op in stage.groups[0]), stage.threads)
+    return StagePlan(stage.kind, tuple(names(group) for group in stage.groups), stage.threads)
+
+
+def sequential_schedule(graph: Graph, threads: int, batch: int, model: str) -> Schedule:
+    """One operator per stage with every thread: what plain PyTorch does."""
+    return Schedule(model, batch, threads, [StagePlan("parallel", (op.nodes,), (threads,)) for op in graph.ops])
+
+
+def greedy_schedule(graph: Graph, threads: int, batch: int, model: str) -> Schedule:
+    """Every ready operator at once: stages are the graph's topological levels, threads shared evenly."""
+    level: list[int] = []
+    for op in graph.ops:
+        level.append(1 + max((level[i] for i in op.inputs), default=-1))
+    stages = []
+    for depth in range(max(level, default=-1) + 1):
+        ops = [op.nodes for op, d in zip(graph.ops, level) if d == depth]
+        share = [threads // len(ops) + (1 if i < threads % len(ops) else 0) or 1 for i in range(len(ops))]
+        stages.append(StagePlan("parallel", tuple(ops), tuple(share)))
+    return Schedule(model, batch, threads, stages)
+
+
+def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, threads: int | None = None,
+             max_group_size: int = 3, max_num_groups: int = 8, max_part_size: int = DEFAULT_MAX_PART_SIZE,
+             warmup: int = 2, repeats: int = 5, progress: bool = True, name: str | None = None) -> Schedule:
+    """Search an IOS schedule for `module` on this CPU at the example's batch size."""
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(example_inputs)
+    threads = threads or len(os.sched_getaffinity(0))
+    cores = sorted(os.sched_getaffinity(0))[:threads]
+    started = time.perf_counter()
+    graph = capture(module.eval(), example_inputs)
+    env = _record_values(graph, example_inputs)
+    workers = WorkerSet(cores)
+    timer = _StageTimer(graph, env, workers, warmup, repeats)
+    stages, states = [], 0
+    try:
+        parts = graph.parts(max_part_size)
+        with tqdm(total=len(graph), desc="IOS search", unit="op", disable=not progress) as bar:
+            for part in parts:
+                timer.offset = part.start
+                search = IOSSearch(graph.part_succ(part), threads, timer.parallel, timer.merge,
+                                   max_group_size, max_num_groups)
+                result = search.solve()
+                states += result.states
+                stages += [_stage_plan(graph, part, stage) for stage in result.stages]
+                bar.set_postfix(states=states, measured=timer.measurements)
+                bar.update(len(part))
+    finally:
+        workers.close()
+    batch = example_inputs[0].shape[0]
+    model = name or type(module).__name__
+    schedule = Schedule(model, batch, threads, stages)
+    sequential = sequential_schedule(graph, threads, batch, model)
+    ios_ms, sequential_ms = compare(graph.module, [schedule, sequential], example_inputs)
+    if ios_ms > sequential_ms:  # the end-to-end measurement has the last word
+        schedule.stages = sequential.stages
+    schedule.search = {"seconds": round(time.perf_counter() - started, 2), "states": states,
+                       "measurements": timer.measurements, "ios_ms": ios_ms, "sequential_ms": sequential_ms,
+                       "parts": len(parts), "operators": len(graph)}
+    return schedule
+
+
+def compare(gm: fx.GraphModule, schedules: Sequence[Schedule], example_inputs: tuple, warmup: int = 3,
+            repeats: int = 11) -> list[float]:
+    """Median latency (ms) of each schedule, measured in interleaved rounds."""
+    modules = [ScheduledModule(gm, s) for s in schedules]
+    try:
+        samples: list[list[float]] = [[] for _ in modules]
+        with torch.inference_mode():
+            for module in modules:
+                for _ in range(warmup):
+                    module(*example_inputs)
+            for _ in range(repeats):
+                for i, module in enumerate(modules):
+                    samples[i].append(time_call(lambda m=module: m(*example_inputs), 0, 1))
+    finally:
+        for module in modules:
+            module.close()
+    return [sorted(s)[len(s) // 2] for s in samples]
+
+
+def compile(module: nn.Module, schedule: Schedule, example_inputs=None) -> ScheduledModule:  # noqa: A001
+    """`module` run by `schedule` (callable like the original). With example inputs, warns when
+    their batch size differs from the one the schedule was found for."""
+    if example_inputs is not None:
+        first = example_inputs if isinstance(example_inputs, torch.Tensor) else example_inputs[0]
+        schedule.check_for(first.shape[0], schedule.threads)
+    return ScheduledModule(fx.symbolic_trace(module.eval()), schedule)

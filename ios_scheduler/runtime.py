@@ -1,0 +1,245 @@
+"""Executes a schedule: stages one after another; within a stage, each group on a
+persistent worker thread with its own intra-op thread count and its own cores.
+
+Mechanism. A stage's groups run on Python threads; torch releases the GIL inside each
+operator, so the groups' kernels run at the same time. Each worker is created for one
+fixed core set: it pins itself with ``os.sched_setaffinity(0, cores)`` (on Linux this
+pins the calling thread only) and calls ``torch.set_num_threads(len(cores))`` before
+its first operator. With the OpenMP backend the thread count is a per-thread setting
+(``omp_set_num_threads`` sets the calling thread's ICV), and the OpenMP team a worker
+leads is created by that worker, after its pinning, so the team's threads inherit its
+cores. Workers never change cores: a team created under one mask would keep it. Whether
+this really gives each group its own cores is checked by `measure_isolation` (see the
+tests and BENCHMARKS.md), not assumed.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Sequence
+
+import torch
+from torch import fx, nn
+from torch.nn import functional as F
+
+from .schedule import Schedule
+
+
+class _Worker:
+    """A thread pinned to `cores` with len(cores) intra-op threads, running submitted calls."""
+
+    def __init__(self, cores: tuple[int, ...]):
+        self.cores = cores
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=f"ios-worker-{cores}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        os.sched_setaffinity(0, self.cores)
+        torch.set_num_threads(len(self.cores))
+        with torch.inference_mode():  # grad mode is per thread: workers only ever infer
+            self._serve()
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, future = job
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the caller
+                future.set_exception(exc)
+
+    def submit(self, fn) -> Future:
+        future: Future = Future()
+        self._jobs.put((fn, future))
+        return future
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+
+class WorkerSet:
+    """Workers by core set, created on first use and kept."""
+
+    def __init__(self, cores: Sequence[int]):
+        self.cores = tuple(cores)
+        self._workers: dict[tuple[int, ...], _Worker] = {}
+
+    def blocks(self, split: Sequence[int]) -> list[tuple[int, ...]]:
+        """Contiguous core blocks for a thread split (more groups than cores: they share)."""
+        blocks, start = [], 0
+        for threads in split:
+            block = self.cores[start:start + threads] or self.cores[-threads:]
+            blocks.append(tuple(block))
+            start += threads
+        return blocks
+
+    def run(self, calls: Sequence, split: Sequence[int]) -> list:
+        """Run calls[i] with split[i] threads, all at once; return their results in order."""
+        futures = [self.worker(block).submit(call) for call, block in zip(calls, self.blocks(split))]
+        return [f.result() for f in futures]
+
+    def worker(self, cores: tuple[int, ...]) -> _Worker:
+        if cores not in self._workers:
+            self._workers[cores] = _Worker(cores)
+        return self._workers[cores]
+
+    def close(self) -> None:
+        for worker in self._workers.values():
+            worker.stop()
+        self._workers.clear()
+
+
+def run_node(gm: fx.GraphModule, node: fx.Node, env: dict) -> None:
+    """Compute one fx node from the values in env (what fx.Interpreter does, minus its overhead)."""
+    args = fx.node.map_arg(node.args, env.__getitem__)
+    kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+    if node.op == "call_module":
+        env[node] = gm.get_submodule(node.target)(*args, **kwargs)
+    elif node.op == "call_function":
+        env[node] = node.target(*args, **kwargs)
+    elif node.op == "call_method":
+        env[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
+    elif node.op == "get_attr":
+        env[node] = getattr(gm, node.target)
+    else:
+        raise ValueError(f"cannot run fx node {node.name} ({node.op})")
+
+
+def run_group(gm: fx.GraphModule, nodes: Sequence[fx.Node], env: dict) -> None:
+    for node in nodes:
+        run_node(gm, node, env)
+
+
+# ---- merged convolutions ------------------------------------------------------------------------
+
+def mergeable(convs: Sequence[nn.Module]) -> bool:
+    """Convolutions that can become one wider convolution: 2-d, same input channels,
+    stride, dilation 1, no groups, odd kernels with 'same' padding (so a smaller kernel
+    zero-padded to the largest gives the same outputs)."""
+    if len(convs) < 2 or not all(type(c) is nn.Conv2d for c in convs):
+        return False
+    first = convs[0]
+    for conv in convs:
+        if (conv.in_channels, conv.stride, conv.groups, conv.dilation, conv.padding_mode) != \
+                (first.in_channels, first.stride, 1, (1, 1), "zeros"):
+            return False
+        kh, kw = conv.kernel_size
+        if kh % 2 == 0 or kw % 2 == 0 or conv.padding != (kh // 2, kw // 2):
+            return False
+    return True
+
+
+class MergedConv(nn.Module):
+    """Several convolutions of one input as one convolution; forward returns each output."""
+
+    def __init__(self, convs: Sequence[nn.Conv2d]):
+        super().__init__()
+        kh = max(c.kernel_size[0] for c in convs)
+        kw = max(c.kernel_size[1] for c in convs)
+        weights, biases = [], []
+        for conv in convs:
+            dh, dw = (kh - conv.kernel_size[0]) // 2, (kw - conv.kernel_size[1]) // 2
+            weights.append(F.pad(conv.weight.detach(), (dw, dw, dh, dh)))  # centred zero padding
+            biases.append(conv.bias.detach() if conv.bias is not None else torch.zeros(conv.out_channels))
+        self.register_buffer("weight", torch.cat(weights))
+        self.register_buffer("bias", torch.cat(biases))
+        self.stride, self.padding = convs[0].stride, (kh // 2, kw // 2)
+        self.splits = [c.out_channels for c in convs]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.split(F.conv2d(x, self.weight, self.bias, self.stride, self.padding), self.splits, dim=1)
+
+
+class MergeStage:
+    """Operators that start with a convolution of the same tensor: one merged convolution,
+    then each operator's remaining nodes (its batch norm, activation, ...)."""
+
+    def __init__(self, groups: Sequence[Sequence[fx.Node]], merged: MergedConv):
+        self.groups, self.merged = groups, merged
+        self.source = groups[0][0].args[0]
+
+    @classmethod
+    def build(cls, gm: fx.GraphModule, groups: Sequence[Sequence[fx.Node]]) -> "MergeStage | None":
+        heads = [g[0] for g in groups]
+        if any(n.op != "call_module" or len(n.args) != 1 for n in heads) or len({n.args[0] for n in heads}) != 1:
+            return None
+        convs = [gm.get_submodule(n.target) for n in heads]
+        return cls(groups, MergedConv(convs)) if mergeable(convs) else None
+
+    def __call__(self, gm: fx.GraphModule, env: dict) -> None:
+        env.update(zip((g[0] for g in self.groups), self.merged(env[self.source])))
+        for group in self.groups:
+            run_group(gm, group[1:], env)
+
+
+# ---- the compiled module ------------------------------------------------------------------------
+
+class ScheduledModule(nn.Module):
+    """The model run stage by stage as the schedule says; callable like the original."""
+
+    def __init__(self, gm: fx.GraphModule, schedule: Schedule, cores: Sequence[int] | None = None):
+        super().__init__()
+        self.gm, self.schedule = gm, schedule
+        nodes = {n.name: n for n in gm.graph.nodes}
+        self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self._attrs = [n for n in gm.graph.nodes if n.op == "get_attr"]
+        self._output = next(n for n in gm.graph.nodes if n.op == "output")
+        scheduled = [name for stage in schedule.stages for group in stage.groups for name in group]
+        compute = [n.name for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method")]
+        if sorted(scheduled) != sorted(compute):
+            missing = sorted(set(compute) - set(scheduled))[:3]
+            raise ValueError(f"schedule does not cover the graph exactly once (e.g. missing {missing})")
+        self._stages = []
+        for stage in schedule.stages:
+            groups = [[nodes[name] for name in group] for group in stage.groups]
+            if stage.kind == "merge":
+                merge = MergeStage.build(gm, groups)
+                if merge is None:
+                    raise ValueError(f"merge stage {[g[0].name for g in groups]} cannot be merged")
+                self._stages.append(("merge", merge, tuple(stage.threads)))
+            else:
+                self._stages.append(("parallel", groups, tuple(stage.threads)))
+        cores = tuple(cores if cores is not None else sorted(os.sched_getaffinity(0))[:schedule.threads])
+        self.workers = WorkerSet(cores)
+        # One op per stage with every thread is plain PyTorch: run the graph itself, no hand-offs.
+        self._plain = all(kind == "parallel" and len(groups) == 1 and extra == (schedule.threads,)
+                          for kind, groups, extra in self._stages)
+
+    def forward(self, *args):
+        if self._plain:
+            return self.gm(*args)
+        env: dict = dict(zip(self._placeholders, args))
+        for node in self._attrs:
+            run_node(self.gm, node, env)
+        for kind, groups, extra in self._stages:
+            if kind == "merge":
+                self.workers.run([lambda m=groups: m(self.gm, env)], extra)
+            elif len(groups) == 1:
+                self.workers.run([lambda g=groups[0]: run_group(self.gm, g, env)], extra)
+            else:
+                self.workers.run([lambda g=g: run_group(self.gm, g, env) for g in groups], extra)
+        return fx.node.map_arg(self._output.args[0], env.__getitem__)
+
+    def close(self) -> None:
+        self.workers.close()
+
+
+def time_call(fn, warmup: int = 2, repeats: int = 5) -> float:
+    """Median wall time of fn() in ms."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    samples.sort()
+    return samples[len(samples) // 2]

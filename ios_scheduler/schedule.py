@@ -1,0 +1,43 @@
+"""A schedule: the stages IOS found for one model, batch size and thread count, as JSON."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    kind: str  # "parallel": groups run concurrently; "merge": one fused convolution
+    groups: tuple[tuple[str, ...], ...]  # fx node names, each group in execution order
+    threads: tuple[int, ...]  # threads of each group (merge: one entry)
+
+
+@dataclass
+class Schedule:
+    model: str
+    batch: int
+    threads: int
+    stages: list[StagePlan]
+    search: dict = field(default_factory=dict)  # seconds, states, measurements, latencies
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Schedule":
+        try:
+            data = json.loads(text)
+            stages = [StagePlan(s["kind"], tuple(tuple(g) for g in s["groups"]), tuple(s["threads"]))
+                      for s in data["stages"]]
+            return cls(data["model"], int(data["batch"]), int(data["threads"]), stages, data.get("search", {}))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"not a schedule: {type(exc).__name__}: {exc}") from None
+
+    def check_for(self, batch: int, threads: int) -> None:
+        """Warn when used for another batch size or thread count than it was found for:
+        the best schedule differs between them."""
+        if (batch, threads) != (self.batch, self.threads):
+            warnings.warn(f"schedule was found for batch {self.batch} and {self.threads} threads, "
+                          f"used for batch {batch} and {threads} threads", stacklevel=2)

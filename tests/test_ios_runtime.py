@@ -1,0 +1,162 @@
+"""IOS runtime, schedules and the optimize/compile API on real (small) models."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+from torch import fx, nn
+
+import ios_scheduler
+from ios_scheduler.api import greedy_schedule, sequential_schedule
+from ios_scheduler.graph import capture
+from ios_scheduler.runtime import MergedConv, ScheduledModule, WorkerSet, mergeable
+from ios_scheduler.schedule import Schedule, StagePlan
+from packrat.models import resolve
+from packrat.models.inception import InceptionA, InceptionE
+
+CORES = sorted(os.sched_getaffinity(0))
+
+
+@pytest.fixture(scope="module")
+def block():
+    torch.manual_seed(0)
+    return InceptionE(32).eval(), torch.randn(1, 32, 8, 8)
+
+
+def expected(module, x):
+    with torch.inference_mode():
+        return module(x)
+
+
+def test_json_round_trip_and_batch_warning():
+    schedule = Schedule("m", 4, 2, [StagePlan("parallel", (("a",), ("b", "c")), (1, 1)),
+                                    StagePlan("merge", (("d", "e"),), (2,))], {"states": 3})
+    again = Schedule.from_json(schedule.to_json())
+    assert again == schedule
+    with pytest.warns(UserWarning, match="found for batch 4 and 2 threads, used for batch 1"):
+        again.check_for(1, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again.check_for(4, 2)
+    with pytest.raises(ValueError, match="not a schedule"):
+        Schedule.from_json('{"stages": 1}')
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_merged_convolution_equals_the_separate_ones(bias):
+    torch.manual_seed(1)
+    convs = [nn.Conv2d(8, 4, 1, bias=bias), nn.Conv2d(8, 6, 3, padding=1, bias=bias),
+             nn.Conv2d(8, 5, 5, padding=2, bias=bias), nn.Conv2d(8, 3, (1, 3), padding=(0, 1), bias=bias)]
+    assert mergeable(convs)
+    x = torch.randn(2, 8, 9, 9)
+    with torch.inference_mode():
+        for got, conv in zip(MergedConv(convs)(x), convs):
+            torch.testing.assert_close(got, conv(x), rtol=1e-4, atol=1e-5)
+
+
+def test_unmergeable_convolutions():
+    assert not mergeable([nn.Conv2d(8, 4, 3, padding=1), nn.Conv2d(8, 4, 3, padding=1, stride=2)])
+    assert not mergeable([nn.Conv2d(8, 4, 3, padding=0), nn.Conv2d(8, 4, 1)])  # not 'same' padding
+    assert not mergeable([nn.Conv2d(8, 4, 2, padding=1), nn.Conv2d(8, 4, 1)])  # even kernel
+    assert not mergeable([nn.Conv2d(8, 4, 1)])
+
+
+def test_sequential_and_greedy_schedules_give_the_same_outputs(block):
+    module, x = block
+    graph = capture(module, (x,))
+    gm = fx.symbolic_trace(module)
+    for schedule in (sequential_schedule(graph, len(CORES), 1, "e"), greedy_schedule(graph, len(CORES), 1, "e")):
+        compiled = ScheduledModule(gm, schedule)
+        try:
+            with torch.inference_mode():
+                torch.testing.assert_close(compiled(x), expected(module, x), rtol=1e-4, atol=1e-5)
+        finally:
+            compiled.close()
+
+
+def test_optimize_then_compile_equals_the_original():
+    torch.manual_seed(2)
+    module, x = InceptionA(16, 8).eval(), torch.randn(1, 16, 8, 8)
+    schedule = ios_scheduler.optimize(module, x, threads=len(CORES), repeats=2, warmup=1, progress=False)
+    search = schedule.search
+    assert search["states"] > 0 and search["measurements"] > 0 and search["operators"] > 0
+    if search["ios_ms"] > search["sequential_ms"]:  # never slower by its own measurements
+        assert all(len(s.groups) == 1 and s.threads == (len(CORES),) for s in schedule.stages)
+    compiled = ios_scheduler.compile(module, Schedule.from_json(schedule.to_json()), x)
+    try:
+        for batch in (1, 3):
+            y = torch.randn(batch, 16, 8, 8)
+            with torch.inference_mode():
+                torch.testing.assert_close(compiled(y), expected(module, y), rtol=1e-4, atol=1e-5)
+    finally:
+        compiled.close()
+
+
+def test_workers_are_pinned_with_their_thread_count():
+    workers = WorkerSet(CORES)
+    try:
+        seen = workers.run([lambda: (sorted(os.sched_getaffinity(0)), torch.get_num_threads())] * len(CORES),
+                           [1] * len(CORES))
+        assert seen == [([c], 1) for c in CORES]
+        (whole,) = workers.run([lambda: (sorted(os.sched_getaffinity(0)), torch.get_num_threads())], [len(CORES)])
+        assert whole == (CORES, len(CORES))
+    finally:
+        workers.close()
+
+
+def test_a_schedule_must_cover_the_graph(block):
+    module, x = block
+    gm = fx.symbolic_trace(module)
+    with pytest.raises(ValueError, match="does not cover the graph"):
+        ScheduledModule(gm, Schedule("e", 1, 1, [StagePlan("parallel", (("conv",),), (1,))]))
+
+
+@pytest.mark.parametrize("name", ["tiny", "inception_v3"])
+def test_zoo_networks_run_by_a_greedy_schedule_equal_the_original(name):
+    spec = resolve(name)
+    module, x = spec.build(), spec.example_input(1)
+    graph = capture(module, (x,))
+    compiled = ScheduledModule(fx.symbolic_trace(module), greedy_schedule(graph, len(CORES), 1, name))
+    try:
+        with torch.inference_mode():
+            torch.testing.assert_close(compiled(x), expected(module, x), rtol=1e-3, atol=1e-4)
+    finally:
+        compiled.close()
+
+
+def test_a_merge_stage_in_a_compiled_block_equals_the_original():
+    torch.manual_seed(3)
+    module, x = InceptionA(16, 8).eval(), torch.randn(2, 16, 8, 8)
+    graph = capture(module, (x,))
+    sources = [op for op in graph.ops if not op.inputs]
+    convs = [op for op in sources if op.target == "conv2d"]
+    assert len(convs) >= 2
+    merged = StagePlan("merge", tuple(op.nodes for op in convs), (len(CORES),))
+    rest = [StagePlan("parallel", (op.nodes,), (len(CORES),)) for op in graph.ops if op not in convs]
+    compiled = ScheduledModule(fx.symbolic_trace(module), Schedule("a", 2, len(CORES), [merged] + rest))
+    try:
+        with torch.inference_mode():
+            torch.testing.assert_close(compiled(x), expected(module, x), rtol=1e-4, atol=1e-5)
+    finally:
+        compiled.close()
+
+
+def test_optimize_over_several_parts_measures_the_right_operators():
+    torch.manual_seed(4)
+    x = torch.randn(1, 16, 8, 8)
+    first = InceptionA(16, 8).eval()
+    with torch.inference_mode():
+        channels = first(x).shape[1]
+    module = nn.Sequential(first, InceptionA(channels, 8)).eval()
+    schedule = ios_scheduler.optimize(module, x, threads=len(CORES), max_part_size=8, repeats=1, warmup=0,
+                                      progress=False)
+    assert schedule.search["parts"] > 2
+    compiled = ios_scheduler.compile(module, schedule)
+    try:
+        with torch.inference_mode():
+            torch.testing.assert_close(compiled(x), expected(module, x), rtol=1e-4, atol=1e-5)
+    finally:
+        compiled.close()
