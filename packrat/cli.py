@@ -297,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="example: packrat profile --model resnet50 --threads 1-2 --batches 1,2,4,8,16 "
                               "--min-time 2 --out profiles/resnet50.csv")
     p.add_argument("--model", default="resnet50",
-                   help="zoo name (tiny, resnet50, inception_v3, bert_base, gpt2), a TorchScript file, "
+                   help="zoo name (tiny, resnet50, inception_v3, bert_base, gpt2, squeezenet, randwire, nasnet), "
+                        "a TorchScript file, "
                         "or package.module:factory (default: resnet50)")
     p.add_argument("--input-shape", type=shape, default=None,
                    help="shape of one input sample, e.g. 3,224,224 (needed for TorchScript files and factories)")

@@ -16,7 +16,10 @@ from typing import Callable
 import torch
 
 from packrat.models.inception import inception_v3
+from packrat.models.nasnet import nasnet
+from packrat.models.randwire import randwire
 from packrat.models.resnet import resnet50
+from packrat.models.squeezenet import squeezenet
 from packrat.models.tiny import tiny
 from packrat.models.transformer import BERT_VOCAB, GPT2_VOCAB, bert_base, gpt2
 
@@ -80,6 +83,13 @@ ZOO: dict[str, ModelSpec] = {
                   "BERT-base encoder, 128 tokens, pooled CLS output (768)", vocab_size=BERT_VOCAB),
         ModelSpec("gpt2", _seeded(gpt2), (128,), torch.int64, True, "language-model",
                   "GPT-2 small, 128-token prompt, next-token logits", vocab_size=GPT2_VOCAB),
+        # The IOS paper's networks: many small parallel operators per block.
+        ModelSpec("squeezenet", _seeded(squeezenet), (3, 224, 224), torch.float32, True, "classification",
+                  "SqueezeNet 1.1, 1000 classes, fire modules with two expand branches"),
+        ModelSpec("randwire", _seeded(randwire), (3, 224, 224), torch.float32, True, "classification",
+                  "RandWire-WS small regime (C=78, 3 random 32-node graphs), 1000 classes"),
+        ModelSpec("nasnet", _seeded(nasnet), (3, 224, 224), torch.float32, True, "classification",
+                  "NASNet-A Mobile 4@1056, 1000 classes, cells of parallel separable convs"),
     )
 }
 DEFAULT_MODEL = "resnet50"
