@@ -9,6 +9,7 @@ import torch
 
 from packrat.models import DEFAULT_MODEL, ZOO, ModelSpec, prepare, resolve
 from packrat.models.tiny import TinyNet
+from model_checks import close, two_threads  # noqa: F401 (autouse fixture)
 
 # Tests script/save tiny models themselves; TorchScript's deprecation notices are noise here.
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.:DeprecationWarning")
@@ -17,18 +18,6 @@ OUTPUT_DIM = {"tiny": 10, "resnet50": 1000, "inception_v3": 1000, "bert_base": 7
               "squeezenet": 1000, "randwire": 1000, "nasnet": 1000}
 
 
-@pytest.fixture(autouse=True)
-def _two_threads():
-    # The machine running the suite is small; never oversubscribe it.
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
-def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-4) -> bool:
-    """Equal up to float reordering, relative to the output's scale (logits can be large)."""
-    return bool((a - b).abs().max() <= rel * max(b.abs().max().item(), 1.0))
 
 
 # --- factories used through "package.module:factory" --------------------------------------

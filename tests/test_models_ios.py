@@ -13,6 +13,7 @@ from torch import fx
 
 from packrat.models import ZOO, prepare
 from packrat.models.randwire import DEGREE, NODES, REWIRE_P, dag_predecessors, watts_strogatz
+from model_checks import close, two_threads  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.:DeprecationWarning")
 
@@ -20,18 +21,6 @@ IOS_MODELS = ["squeezenet", "randwire", "nasnet"]
 COMPUTE = ("call_module", "call_function", "call_method")
 
 
-@pytest.fixture(autouse=True)
-def _two_threads():
-    # The machine running the suite is small; never oversubscribe it.
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
-def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-4) -> bool:
-    """Equal up to float reordering, relative to the output's scale."""
-    return bool((a - b).abs().max() <= rel * max(b.abs().max().item(), 1.0))
 
 
 def compute_nodes(gm: fx.GraphModule) -> list[fx.Node]:

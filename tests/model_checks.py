@@ -1,0 +1,20 @@
+"""Shared by the model tests: a thread limit and an output comparison."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def two_threads():
+    """The machine running the suite is small; never oversubscribe it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-4) -> bool:
+    """Equal up to float reordering, relative to the output's scale (logits can be large)."""
+    return bool((a - b).abs().max() <= rel * max(b.abs().max().item(), 1.0))
