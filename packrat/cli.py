@@ -99,9 +99,10 @@ def print_plan_table(plans: list[Plan], skipped: list[str]) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     threads = args.threads or list(range(1, local_cores() + 1))
+    ios_cache = str(args.ios_cache) if args.ios else None
     settings = profiler.Settings(model=args.model, warmup=args.warmup,
                                  iters=None if args.min_time else args.iters, min_time=args.min_time,
-                                 graph_mode=not args.eager, input_shape=args.input_shape)
+                                 graph_mode=not args.eager, input_shape=args.input_shape, ios_cache=ios_cache)
     out = args.out or Path("profiles") / f"{Path(args.model).stem.replace(':', '_')}.csv"
     try:
         result = profiler.run(settings, threads, args.batches, out, progress=not args.quiet)
@@ -313,6 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
     timing.add_argument("--min-time", type=positive(float), default=None, metavar="S",
                         help="instead of --iters: time runs for at least S seconds per point (≥ 3 runs)")
     p.add_argument("--eager", action="store_true", help="measure eager mode even if TorchScript works")
+    p.add_argument("--ios", action="store_true",
+                   help="profile IOS-compiled instances: each point runs the model by the IOS schedule for its "
+                        "threads and batch (searched once, then cached in --ios-cache)")
+    p.add_argument("--ios-cache", type=Path, default=Path("profiles/ios-schedules"),
+                   help="where IOS schedules are kept (default: profiles/ios-schedules)")
     p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_profile)

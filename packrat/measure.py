@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--min-time", type=float, default=None)
     parser.add_argument("--eager", action="store_true")
+    parser.add_argument("--ios-cache", default=None, help="run the model by its IOS schedule (cached here)")
     args = parser.parse_args(argv)
 
     _pin([int(c) for c in args.cores.split(",")], args.threads)
@@ -76,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_interop_threads(1)
     shape = tuple(int(x) for x in args.input_shape.split(",")) if args.input_shape else None
     spec = resolve(args.model, shape)
-    module, example, mode = prepare(spec, args.batch, graph_mode=not args.eager)
+    if args.ios_cache:
+        from ios_scheduler.cache import prepare_ios
+
+        module, example, mode = prepare_ios(spec, args.batch, args.threads, args.ios_cache)
+    else:
+        module, example, mode = prepare(spec, args.batch, graph_mode=not args.eager)
     samples = time_model(module, example, args.warmup, args.iters, args.min_time)
     # What the process really ran with, so callers can check the pinning took.
     actual = {"mode": mode, "cores": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}

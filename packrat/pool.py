@@ -56,6 +56,7 @@ class ModelConfig:
     model: str  # zoo name, TorchScript file or package.module:factory (packrat.models.resolve)
     input_shape: tuple[int, ...] | None = None
     graph_mode: bool = True
+    ios_cache: str | None = None  # run each instance by its IOS schedule, cached in this directory
 
 
 def configs_for(plan, capacity: int = 0) -> list[InstanceConfig]:
@@ -145,7 +146,12 @@ def _instance_main(conn: Connection) -> None:
 
     try:
         spec = resolve(model.model, model.input_shape)
-        module, example, mode = prepare(spec, config.batch, graph_mode=model.graph_mode)
+        if model.ios_cache:
+            from ios_scheduler.cache import prepare_ios
+
+            module, example, mode = prepare_ios(spec, config.batch, config.threads, model.ios_cache)
+        else:
+            module, example, mode = prepare(spec, config.batch, graph_mode=model.graph_mode)
         with torch.inference_mode():
             _warm_up(module, example)
             sample = module(example[:1])

@@ -32,6 +32,7 @@ class Settings:
     min_time: float | None = None
     graph_mode: bool = True
     input_shape: tuple[int, ...] | None = None
+    ios_cache: str | None = None  # profile IOS-compiled instances; schedules cached here
 
 
 def cpu_model() -> str:
@@ -52,7 +53,7 @@ def metadata(settings: Settings, topology: Topology) -> dict[str, str]:
     spec = resolve(settings.model, settings.input_shape)
     return {
         "model": settings.model,
-        "mode": "script" if settings.graph_mode and spec.scriptable else "eager",
+        "mode": "ios" if settings.ios_cache else ("script" if settings.graph_mode and spec.scriptable else "eager"),
         "torch": torch.__version__,
         "cpu": cpu_model(),
         "cores": str(topology.num_cores),
@@ -73,6 +74,8 @@ def measure_point(settings: Settings, threads: int, batch: int, cores: list[int]
         cmd += ["--input-shape", ",".join(map(str, settings.input_shape))]
     if not settings.graph_mode:
         cmd.append("--eager")
+    if settings.ios_cache:
+        cmd += ["--ios-cache", str(settings.ios_cache)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
@@ -80,13 +83,15 @@ def measure_point(settings: Settings, threads: int, batch: int, cores: list[int]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _existing(out: Path, model: str) -> set[tuple[int, int]]:
+def _existing(out: Path, meta: dict[str, str]) -> set[tuple[int, int]]:
+    """Points already measured in `out`, which must be of the same model and mode."""
     if not out.exists() or out.stat().st_size == 0:
         return set()
     existing = profile_io.load(out)
-    if existing.metadata.get("model", model) != model:
-        raise profile_io.ProfileError(
-            f"{out}: holds a profile of model {existing.metadata['model']!r}, not {model!r}; choose another --out")
+    for key in ("model", "mode"):
+        if existing.metadata.get(key, meta[key]) != meta[key]:
+            raise profile_io.ProfileError(f"{out}: holds a profile with {key} {existing.metadata[key]!r}, "
+                                          f"not {meta[key]!r}; choose another --out")
     return set(existing.latency)
 
 
@@ -98,12 +103,13 @@ def run(settings: Settings, threads: list[int], batches: list[int], out: str | P
     too_many = [t for t in threads if t > topology.num_cores]
     if too_many:
         raise ValueError(f"--threads: {max(too_many)} exceeds the {topology.num_cores} cores this process may use")
-    done = _existing(out, settings.model)
+    meta = metadata(settings, topology)
+    done = _existing(out, meta)
     todo = [(t, b) for t in sorted(threads) for b in sorted(batches) if (t, b) not in done]
     # Progress is weighted by expected cost (∝ b / t) so the time-left estimate is useful.
     bar = tqdm(total=sum(b / t for t, b in todo), disable=not progress or not todo, unit="",
                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
-    with bar, profile_io.ProfileWriter(out, metadata(settings, topology)) as writer:
+    with bar, profile_io.ProfileWriter(out, meta) as writer:
         for index, (t, b) in enumerate(todo, start=1):
             bar.set_description(f"point {index}/{len(todo)}: threads={t} batch={b}")
             stats = measure_point(settings, t, b, topology.cores_for(t))
