@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from . import bench, plots, profiler, serving
 from .planner import NoPlanError, Plan, Planner
-from .profile import Profile, ProfileError, load
+from .profile import ProfileError, load
 from .topology import Topology, detect
 
 DEFAULT_BATCHES = "1,2,4,8,16,32,64"

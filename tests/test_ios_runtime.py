@@ -31,6 +31,15 @@ def expected(module, x):
         return module(x)
 
 
+def assert_runs_like(compiled, module, x, rtol=1e-4, atol=1e-5):
+    """The compiled module gives the original's outputs; its workers are stopped afterwards."""
+    try:
+        with torch.inference_mode():
+            torch.testing.assert_close(compiled(x), expected(module, x), rtol=rtol, atol=atol)
+    finally:
+        compiled.close()
+
+
 def test_json_round_trip_and_batch_warning():
     schedule = Schedule("m", 4, 2, [StagePlan("parallel", (("a",), ("b", "c")), (1, 1)),
                                     StagePlan("merge", (("d", "e"),), (2,))], {"states": 3})
@@ -69,12 +78,7 @@ def test_sequential_and_greedy_schedules_give_the_same_outputs(block):
     graph = capture(module, (x,))
     gm = fx.symbolic_trace(module)
     for schedule in (sequential_schedule(graph, len(CORES), 1, "e"), greedy_schedule(graph, len(CORES), 1, "e")):
-        compiled = ScheduledModule(gm, schedule)
-        try:
-            with torch.inference_mode():
-                torch.testing.assert_close(compiled(x), expected(module, x), rtol=1e-4, atol=1e-5)
-        finally:
-            compiled.close()
+        assert_runs_like(ScheduledModule(gm, schedule), module, x)
 
 
 def test_optimize_then_compile_equals_the_original():
@@ -120,11 +124,7 @@ def test_zoo_networks_run_by_a_greedy_schedule_equal_the_original(name):
     module, x = spec.build(), spec.example_input(1)
     graph = capture(module, (x,))
     compiled = ScheduledModule(fx.symbolic_trace(module), greedy_schedule(graph, len(CORES), 1, name))
-    try:
-        with torch.inference_mode():
-            torch.testing.assert_close(compiled(x), expected(module, x), rtol=1e-3, atol=1e-4)
-    finally:
-        compiled.close()
+    assert_runs_like(compiled, module, x, rtol=1e-3, atol=1e-4)
 
 
 def test_a_merge_stage_in_a_compiled_block_equals_the_original():
@@ -137,11 +137,7 @@ def test_a_merge_stage_in_a_compiled_block_equals_the_original():
     merged = StagePlan("merge", tuple(op.nodes for op in convs), (len(CORES),))
     rest = [StagePlan("parallel", (op.nodes,), (len(CORES),)) for op in graph.ops if op not in convs]
     compiled = ScheduledModule(fx.symbolic_trace(module), Schedule("a", 2, len(CORES), [merged] + rest))
-    try:
-        with torch.inference_mode():
-            torch.testing.assert_close(compiled(x), expected(module, x), rtol=1e-4, atol=1e-5)
-    finally:
-        compiled.close()
+    assert_runs_like(compiled, module, x)
 
 
 def test_optimize_over_several_parts_measures_the_right_operators():
@@ -154,12 +150,7 @@ def test_optimize_over_several_parts_measures_the_right_operators():
     schedule = ios_scheduler.optimize(module, x, threads=len(CORES), max_part_size=8, repeats=1, warmup=0,
                                       progress=False)
     assert schedule.search["parts"] > 2
-    compiled = ios_scheduler.compile(module, schedule)
-    try:
-        with torch.inference_mode():
-            torch.testing.assert_close(compiled(x), expected(module, x), rtol=1e-4, atol=1e-5)
-    finally:
-        compiled.close()
+    assert_runs_like(ios_scheduler.compile(module, schedule), module, x)
 
 
 def test_ios_compiled_instances_in_the_profiler_and_the_pool(tmp_path):

@@ -4,7 +4,6 @@ request still gets the right answer."""
 from __future__ import annotations
 
 import shutil
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
