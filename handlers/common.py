@@ -30,7 +30,10 @@ def model_config(section: dict, model_dir: str) -> tuple[ModelConfig, ModelSpec]
         model = str(Path(model_dir) / model)
     shape = tuple(section["input_shape"]) if section.get("input_shape") else None
     spec = resolve(model, shape)
-    return ModelConfig(model, tuple(spec.input_shape), graph_mode=section.get("graph_mode", True)), spec
+    # IOS-compiled instances: schedules shipped in the archive; missing ones are searched and kept there
+    ios_cache = model_dir if section.get("ios") else None
+    return ModelConfig(model, tuple(spec.input_shape), graph_mode=section.get("graph_mode", True),
+                       ios_cache=ios_cache), spec
 
 
 def content_type(context, index: int) -> str | None:

@@ -11,7 +11,7 @@ from torch import fx, nn
 from tqdm import tqdm
 
 from .graph import Graph, capture  # noqa: F401 (capture is part of the API)
-from .runtime import MergeStage, ScheduledModule, WorkerSet, run_group, run_node, time_call
+from .runtime import MergeStage, ScheduledModule, WorkerSet, caller_threads, run_group, run_node, time_call
 from .schedule import Schedule, StagePlan
 from .search import IOSSearch, Stage
 
@@ -95,13 +95,20 @@ def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.T
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
     threads = threads or len(os.sched_getaffinity(0))
+    with caller_threads(threads):
+        return _optimize(module, example_inputs, threads, max_group_size, max_num_groups, max_part_size,
+                         warmup, repeats, progress, name)
+
+
+def _optimize(module, example_inputs, threads, max_group_size, max_num_groups, max_part_size, warmup, repeats,
+              progress, name) -> Schedule:
     cores = sorted(os.sched_getaffinity(0))[:threads]
     started = time.perf_counter()
     graph = capture(module.eval(), example_inputs)
     env = _record_values(graph, example_inputs)
     workers = WorkerSet(cores)
     timer = _StageTimer(graph, env, workers, warmup, repeats)
-    stages, states = [], 0
+    stages, states, predicted, predicted_sequential = [], 0, 0.0, 0.0
     try:
         parts = graph.parts(max_part_size)
         with tqdm(total=len(graph), desc="IOS search", unit="op", disable=not progress) as bar:
@@ -111,6 +118,8 @@ def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.T
                                    max_group_size, max_num_groups)
                 result = search.solve()
                 states += result.states
+                predicted += result.cost
+                predicted_sequential += result.sequential_cost
                 stages += [_stage_plan(graph, part, stage) for stage in result.stages]
                 bar.set_postfix(states=states, measured=timer.measurements)
                 bar.update(len(part))
@@ -125,23 +134,25 @@ def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.T
         schedule.stages = sequential.stages
     schedule.search = {"seconds": round(time.perf_counter() - started, 2), "states": states,
                        "measurements": timer.measurements, "ios_ms": ios_ms, "sequential_ms": sequential_ms,
+                       "predicted_ios_ms": round(predicted, 3), "predicted_sequential_ms": round(predicted_sequential, 3),
                        "parts": len(parts), "operators": len(graph)}
     return schedule
 
 
 def compare(gm: fx.GraphModule, schedules: Sequence[Schedule], example_inputs: tuple, warmup: int = 3,
-            repeats: int = 11) -> list[float]:
-    """Median latency (ms) of each schedule, measured in interleaved rounds."""
+            repeats: int = 21) -> list[float]:
+    """Median latency (ms) of each schedule, measured in interleaved rounds of rotating order."""
     modules = [ScheduledModule(gm, s) for s in schedules]
     try:
         samples: list[list[float]] = [[] for _ in modules]
-        with torch.inference_mode():
+        with torch.inference_mode(), caller_threads(schedules[0].threads):
             for module in modules:
                 for _ in range(warmup):
                     module(*example_inputs)
-            for _ in range(repeats):
-                for i, module in enumerate(modules):
-                    samples[i].append(time_call(lambda m=module: m(*example_inputs), 0, 1))
+            for round_ in range(repeats):  # each round starts with the next module: no fixed order effects
+                for k in range(len(modules)):
+                    i = (round_ + k) % len(modules)
+                    samples[i].append(time_call(lambda m=modules[i]: m(*example_inputs), 0, 1))
     finally:
         for module in modules:
             module.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -35,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .runtime import OPENMP_ENV, openmp_env
+
+    if argv is None and any(os.environ.get(key) != value for key, value in OPENMP_ENV.items()):
+        # libgomp reads its settings once, when torch loads: restart this command with them
+        os.execve(sys.executable, [sys.executable, "-m", "ios_scheduler.cli", *sys.argv[1:]], openmp_env())
     from packrat.models import resolve
 
     from . import api
@@ -44,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"ios-schedule: error: {exc}", file=sys.stderr)
         return 2
-    threads = args.threads or len(__import__("os").sched_getaffinity(0))
+    threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     module, example = spec.build(), spec.example_input(args.batch)
     kwargs = {"max_part_size": args.max_part_size} if args.max_part_size else {}
@@ -57,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.out:
         args.out.write_text(schedule.to_json())
-    report = {"model": args.model, "batch": args.batch, "threads": threads, **schedule.search,
+    report = {"model": args.model, "batch": args.batch, "threads": threads,
+              "openmp_env": {key: os.environ.get(key) for key in OPENMP_ENV}, **schedule.search,
               "stages": len(schedule.stages),
               "parallel_stages": sum(1 for s in schedule.stages if len(s.groups) > 1 or s.kind == "merge")}
     if args.compare:
@@ -73,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.model}, batch {args.batch}, {threads} threads: {report['operators']} operators in "
           f"{report['parts']} parts; {report['states']} states, {report['measurements']} stage measurements, "
           f"search {report['seconds']:.1f} s; {report['stages']} stages, {report['parallel_stages']} run several groups")
+    kept = "kept" if report["parallel_stages"] else "no concurrent stage, so it runs as plain PyTorch"
+    print(f"  searched schedule: {report['predicted_ios_ms']:.2f} ms by its stage costs "
+          f"(sequential {report['predicted_sequential_ms']:.2f}), {report['ios_ms']:.2f} ms end to end "
+          f"(sequential {report['sequential_ms']:.2f}): {kept}")
     if args.compare:
         print(f"  sequential {seq_ms:8.2f} ms   1.00×")
         print(f"  greedy     {greedy_ms:8.2f} ms   {seq_ms / greedy_ms:.2f}×")

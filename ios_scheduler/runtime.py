@@ -19,6 +19,27 @@ threads at the default two intra-op threads each took 20.1 ms against 13.4 ms fo
 them one after the other with two threads: oversubscription, which this mechanism avoids.
 One more finding: that convolution took 25.7 ms on one thread but 6.7 ms on two, more than
 2× faster, so a core share's effect is not linear. That is why every share is measured.
+
+A second finding, about where the full-width stages run. libgomp counts the threads of
+all OpenMP teams in the process; once that count exceeds the CPUs the process had when
+libgomp loaded, every team's barrier stops spinning after about 100 iterations and sleeps
+on a futex, so each parallel region pays a wake-up. A second 2-thread team beside the
+main thread's on 2 cores was enough: plain Inception-v3 (batch 1, 2 threads) slowed from
+66.8 ms to 100.2 ms (medians of three fresh processes), came back once that worker
+thread exited, and 1-thread workers (no team) did not slow it. So a stage that runs one
+group on every core runs on the calling thread with its own team, never on a worker, and
+the caller must have torch.get_num_threads() == the schedule's threads (`caller_threads`).
+With 2 cores this keeps the process at exactly 2 team threads. With more cores, each
+distinct smaller core block still adds a team; when the blocks' threads outnumber the
+cores, all teams sleep between regions, which the measured stage costs include.
+
+A third: after a parallel region libgomp's idle team threads spin about 3 ms before they
+sleep (GOMP_SPINCOUNT 300000). Operators at batch 1 take well under that, so the
+caller's team, still spinning after a full-width stage, takes the cores from the
+1-thread groups of the next stage. With GOMP_SPINCOUNT=10000 the searched schedule of
+Inception-v3 (batch 1, 2 threads) ran end to end in 67.4 ms against 92.7 ms with the
+default (sequential: 59.1 vs 62.5 ms; greedy 104 vs 140 ms). Processes that run IOS
+schedules therefore start with `OPENMP_ENV` (libgomp reads it once, when it loads).
 """
 
 from __future__ import annotations
@@ -27,7 +48,9 @@ import os
 import queue
 import threading
 import time
+import warnings
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Sequence
 
 import torch
@@ -35,6 +58,25 @@ from torch import fx, nn
 from torch.nn import functional as F
 
 from .schedule import Schedule
+
+
+OPENMP_ENV = {"GOMP_SPINCOUNT": "10000"}  # idle OpenMP threads sleep after ~0.1 ms, not ~3 ms
+
+
+def openmp_env(base: dict | None = None) -> dict:
+    """An environment for a child process that will run IOS schedules."""
+    return {**(os.environ if base is None else base), **OPENMP_ENV}
+
+
+@contextmanager
+def caller_threads(threads: int):
+    """The calling thread runs full-width stages: give it `threads` intra-op threads for a while."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class _Worker:
@@ -90,7 +132,10 @@ class WorkerSet:
         return blocks
 
     def run(self, calls: Sequence, split: Sequence[int]) -> list:
-        """Run calls[i] with split[i] threads, all at once; return their results in order."""
+        """Run calls[i] with split[i] threads, all at once; return their results in order.
+        One call on every core runs on the calling thread itself (see the module docstring)."""
+        if len(calls) == 1 and split[0] >= len(self.cores):
+            return [calls[0]()]
         futures = [self.worker(block).submit(call) for call, block in zip(calls, self.blocks(split))]
         return [f.result() for f in futures]
 
@@ -218,10 +263,16 @@ class ScheduledModule(nn.Module):
         cores = tuple(cores if cores is not None else sorted(os.sched_getaffinity(0))[:schedule.threads])
         self.workers = WorkerSet(cores)
         # One op per stage with every thread is plain PyTorch: run the graph itself, no hand-offs.
+        self._warned = False
         self._plain = all(kind == "parallel" and len(groups) == 1 and extra == (schedule.threads,)
                           for kind, groups, extra in self._stages)
 
     def forward(self, *args):
+        if torch.get_num_threads() != self.schedule.threads and not self._warned:
+            self._warned = True
+            warnings.warn(f"IOS schedule for {self.schedule.threads} threads called from a thread with "
+                          f"{torch.get_num_threads()}: its full-width stages run with the caller's threads",
+                          stacklevel=2)
         if self._plain:
             return self.gm(*args)
         env: dict = dict(zip(self._placeholders, args))

@@ -158,7 +158,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     profile = default_profile(args.model, args.profile) if args.handler == "packrat" else None
     mar = serving.archive(args.model, profile, args.export_path, batch_size=args.batch_size,
                           max_batch_delay_ms=args.max_batch_delay, plan=args.plan, handler=args.handler,
-                          input_shape=args.input_shape, reconfigure=args.reconfigure)
+                          input_shape=args.input_shape, reconfigure=args.reconfigure, ios_cache=args.ios_cache)
     print(f"wrote {mar}")
     return 0
 
@@ -168,7 +168,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     run_dir = args.run_dir.resolve()
     mar = serving.archive(args.model, profile, run_dir / "model_store", batch_size=args.batch_size,
                           max_batch_delay_ms=args.max_batch_delay, plan=args.plan, input_shape=args.input_shape,
-                          reconfigure=args.reconfigure)
+                          reconfigure=args.reconfigure, ios_cache=args.ios_cache)
     name = mar.stem
     ports = serving.Ports(args.inference_port, args.management_port, args.metrics_port,
                           args.grpc_inference_port, args.grpc_management_port)
@@ -200,7 +200,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     plan = status["plan"]
     shapes = ", ".join(f"⟨{i['threads']} threads, batch {i['batch']}, cores {_cores_text(tuple(i['cores']))}⟩"
                        for i in plan["instances"])
-    print(f"model {server.model}: serving B={plan['batch']} on T={plan['threads']} threads: {shapes}")
+    print(f"model {server.model} ({status.get('mode', '?')}): serving B={plan['batch']} on T={plan['threads']} "
+          f"threads: {shapes}")
     records = status["reconfigurations"]
     print(f"{len(records)} reconfiguration(s){' (newest last)' if records else ''}")
     for r in records[-args.last:]:
@@ -282,6 +283,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # ---- parser -------------------------------------------------------------------------------
 
+def ios_cache_arg(p: argparse.ArgumentParser, why: str = "where IOS schedules are kept") -> None:
+    p.add_argument("--ios-cache", type=Path, default=serving.DEFAULT_IOS_CACHE,
+                   help=f"{why} (default: {serving.DEFAULT_IOS_CACHE})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="packrat",
@@ -316,8 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ios", action="store_true",
                    help="profile IOS-compiled instances: each point runs the model by the IOS schedule for its "
                         "threads and batch (searched once, then cached in --ios-cache)")
-    p.add_argument("--ios-cache", type=Path, default=Path("profiles/ios-schedules"),
-                   help="where IOS schedules are kept (default: profiles/ios-schedules)")
+    ios_cache_arg(p)
     p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_profile)
@@ -363,6 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="auto: the planner's instances; fat: one instance with every core (default: auto)")
         p.add_argument("--no-reconfigure", dest="reconfigure", action="store_false",
                        help="keep the plan for --batch-size instead of following the observed batch sizes")
+        ios_cache_arg(p, "a profile taken with --ios is served by IOS-compiled instances; their schedules come "
+                         "from here")
 
     p = sub.add_parser("archive", help="build the model archive (.mar) for TorchServe",
                        description="Build NAME.mar with torch-model-archiver: the packrat handler, the profile "

@@ -128,7 +128,8 @@ class Controller:
     # ---- reporting ----------------------------------------------------------------------------
 
     def status(self) -> dict:
-        """{"plan": <as packrat plan --json>, "reconfigurations": [...]} (newest last)."""
+        """{"plan": <as packrat plan --json>, "mode": how instances run the model (script, eager
+        or ios), "reconfigurations": [...]} (newest last)."""
         with self._lock:
             records = list(self.reconfigurations)
-        return {"plan": self.plan.to_json(), "reconfigurations": [asdict(r) for r in records]}
+        return {"plan": self.plan.to_json(), "mode": self.pool.mode, "reconfigurations": [asdict(r) for r in records]}

@@ -200,7 +200,13 @@ class _Instance:
         self.ready = False  # set once the instance has its output segment and takes work
         self.outputs: torch.Tensor | None = None
         child_fd = child_sock.detach()
-        self.process = subprocess.Popen([sys.executable, "-m", "packrat.pool", str(child_fd)], pass_fds=(child_fd,))
+        env = None
+        if model.ios_cache:
+            from ios_scheduler.runtime import openmp_env
+
+            env = openmp_env()
+        self.process = subprocess.Popen([sys.executable, "-m", "packrat.pool", str(child_fd)], pass_fds=(child_fd,),
+                                        env=env)
         os.close(child_fd)  # our copy: the socket must close when the child exits
         self.conn.send((model, config, self.input_shm.name, nice))
 

@@ -74,9 +74,13 @@ def measure_point(settings: Settings, threads: int, batch: int, cores: list[int]
         cmd += ["--input-shape", ",".join(map(str, settings.input_shape))]
     if not settings.graph_mode:
         cmd.append("--eager")
+    env = None
     if settings.ios_cache:
+        from ios_scheduler.runtime import openmp_env
+
         cmd += ["--ios-cache", str(settings.ios_cache)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+        env = openmp_env()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise ProfilingError(f"measuring threads={threads} batch={batch} failed: {reason}")

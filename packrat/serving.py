@@ -26,6 +26,7 @@ import handlers
 HANDLERS = Path(handlers.__file__).parent
 LOG_CONFIG = Path(__file__).parent / "log4j2.xml"
 STATE_FILE = "server.json"
+DEFAULT_IOS_CACHE = Path("profiles/ios-schedules")  # where `packrat profile --ios` keeps schedules
 
 
 class ServeError(RuntimeError):
@@ -105,27 +106,30 @@ class Server:
 
 def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_delay_ms: int,
                       plan: str, handler: str, input_shape: tuple[int, ...] | None, reconfigure: bool = True,
-                      plan_batch: int | None = None, estimator: dict | None = None) -> str:
+                      plan_batch: int | None = None, estimator: dict | None = None, ios: bool = False) -> str:
     """TorchServe's per-model config; packrat's own settings live under `packrat:`."""
     workers = "minWorkers: 1\nmaxWorkers: 1\n" if handler == "packrat" else ""  # the pool uses every core
     shape = f"[{', '.join(map(str, input_shape))}]" if input_shape else "null"
     return (f"batchSize: {batch_size}\nmaxBatchDelay: {max_batch_delay_ms}\nresponseTimeout: 300\nstartupTimeout: 600\n{workers}"
             f"packrat:\n  model: {json.dumps(model)}\n  profile: {json.dumps(profile_name)}\n"
             f"  plan: {plan}\n  input_shape: {shape}\n  reconfigure: {str(reconfigure).lower()}\n"
-            f"  plan_batch: {plan_batch or batch_size}\n"
+            f"  plan_batch: {plan_batch or batch_size}\n  ios: {str(ios).lower()}\n"
             + (f"  estimator: {json.dumps(estimator)}\n" if estimator else ""))
 
 
 def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None = None, batch_size: int = 8,
             max_batch_delay_ms: int = 50, plan: str = "auto", handler: str = "packrat",
             input_shape: tuple[int, ...] | None = None, reconfigure: bool = True,
-            plan_batch: int | None = None, estimator: dict | None = None) -> Path:
+            plan_batch: int | None = None, estimator: dict | None = None,
+            ios_cache: Path = DEFAULT_IOS_CACHE) -> Path:
     """Build NAME.mar with torch-model-archiver: handler, profile, settings (and the
-    model file for a TorchScript model). Zoo models are rebuilt from code in the worker."""
+    model file for a TorchScript model). Zoo models are rebuilt from code in the worker.
+    A profile taken with IOS-compiled instances is served by them: the archive carries the
+    model's cached schedules from `ios_cache` (the pool searches any that are missing)."""
     from .models import resolve
     from .profile import load
 
-    resolve(model, input_shape)  # fail here on an unknown model, not in a worker
+    spec = resolve(model, input_shape)  # fail here on an unknown model, not in a worker
     name = name or Path(model).stem.replace(":", "_").replace(".", "_")
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as staging:
@@ -135,22 +139,31 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
         if Path(model).is_file():
             model_ref = Path(model).name
             extra.append(Path(model))
-        profile_name = ""
+        profile_name, ios = "", False
         if handler == "packrat":
             if profile is None:
                 raise ServeError("the packrat handler needs a profile: run `packrat profile` first or pass --profile")
-            load(profile)  # reject a bad profile now, with its own message
+            ios = load(profile).metadata.get("mode") == "ios"  # also rejects a bad profile, with its own message
             profile_name = "profile.csv"
             shutil.copy(profile, staging / profile_name)
             extra.append(staging / profile_name)
+        if ios:  # the archiver flattens folders: schedules sit beside the profile, named by model
+            extra += cached_schedules(spec.name, Path(ios_cache))
         config = staging / "model-config.yaml"
         config.write_text(model_config_yaml(model_ref, profile_name, batch_size, max_batch_delay_ms, plan,
-                                            handler, input_shape, reconfigure, plan_batch, estimator))
+                                            handler, input_shape, reconfigure, plan_batch, estimator, ios))
         cmd = ["torch-model-archiver", "--model-name", name, "--version", "1.0",
                "--handler", str(HANDLERS / f"{handler}_handler.py"), "--config-file", str(config),
                "--extra-files", ",".join(map(str, extra)), "--export-path", str(out_dir), "--force"]
         _run_tool(cmd)
     return out_dir / f"{name}.mar"
+
+
+def cached_schedules(model: str, cache: Path) -> list[Path]:
+    """The model's IOS schedules in `cache`, one per threads and batch."""
+    from ios_scheduler.cache import schedule_path
+
+    return sorted(cache.glob(schedule_path(cache, model, 0, 0).name.replace("-t0-b0", "-t*-b*")))
 
 
 def _run_tool(cmd: list[str]) -> None:

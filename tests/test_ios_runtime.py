@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 
 import pytest
@@ -12,7 +13,7 @@ from torch import fx, nn
 import ios_scheduler
 from ios_scheduler.api import greedy_schedule, sequential_schedule
 from ios_scheduler.graph import capture
-from ios_scheduler.runtime import MergedConv, ScheduledModule, WorkerSet, mergeable
+from ios_scheduler.runtime import MergedConv, ScheduledModule, WorkerSet, caller_threads, mergeable
 from ios_scheduler.schedule import Schedule, StagePlan
 from packrat.models import resolve
 from packrat.models.inception import InceptionA, InceptionE
@@ -105,10 +106,27 @@ def test_workers_are_pinned_with_their_thread_count():
         seen = workers.run([lambda: (sorted(os.sched_getaffinity(0)), torch.get_num_threads())] * len(CORES),
                            [1] * len(CORES))
         assert seen == [([c], 1) for c in CORES]
-        (whole,) = workers.run([lambda: (sorted(os.sched_getaffinity(0)), torch.get_num_threads())], [len(CORES)])
-        assert whole == (CORES, len(CORES))
     finally:
         workers.close()
+
+
+def test_a_full_width_stage_runs_on_the_calling_thread():
+    """A worker team beside the caller's would push libgomp past its CPU count (runtime docstring)."""
+    workers = WorkerSet(CORES)
+    try:
+        (ident,) = workers.run([threading.get_ident], [len(CORES)])
+        assert ident == threading.get_ident()
+        assert len(CORES) == 1 or threading.get_ident() not in workers.run([threading.get_ident] * 2, [1, 1])
+    finally:
+        workers.close()
+
+
+def test_a_caller_with_other_threads_than_the_schedule_is_warned(block):
+    module, x = block
+    graph = capture(module, (x,))
+    compiled = ScheduledModule(graph.module, greedy_schedule(graph, len(CORES), 1, "block"))
+    with caller_threads(len(CORES) + 1), pytest.warns(UserWarning, match="full-width stages"):
+        assert_runs_like(compiled, module, x)
 
 
 def test_a_schedule_must_cover_the_graph(block):

@@ -7,6 +7,7 @@ import json
 import shutil
 import urllib.error
 import urllib.request
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
@@ -120,3 +121,35 @@ def test_cli_serve_without_profile_says_what_to_do(tmp_path, capsys):
 
     assert main(["serve", "--model", "tiny", "--profile", str(tmp_path / "none.csv")]) == 2
     assert "run `packrat profile --model tiny" in capsys.readouterr().err
+
+
+def test_a_profile_of_ios_instances_is_served_by_them(tmp_path):
+    """The archive follows its profile: IOS-compiled instances, with the cached schedules inside."""
+    from ios_scheduler.cache import cached_schedule
+
+    spec = resolve("tiny")
+    cache = tmp_path / "schedules"
+    for threads in (1, 2):
+        for batch in (1, 2):
+            cached_schedule(spec.build(), spec.example_input(batch), "tiny", threads, cache)
+    profile = tmp_path / "tiny-ios.csv"
+    profile.write_text("# model: tiny\n# mode: ios\nthreads,batch,latency_ms\n"
+                       + "".join(f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in (1, 2) for b in (1, 2)))
+    run_dir = tmp_path / "run"
+    mar = serving.archive("tiny", profile, run_dir / "model_store", batch_size=2, max_batch_delay_ms=20,
+                          ios_cache=cache)
+    with zipfile.ZipFile(mar) as packed:
+        assert {f"tiny-t{t}-b{b}.json" for t in (1, 2) for b in (1, 2)} <= set(packed.namelist())
+    server = serving.start(serving.Server(run_dir, "tiny", serving.Ports.free(), token_auth=False), mar, timeout=180)
+    try:
+        x = torch.randn(3, 32, 32)
+        module, _, _ = prepare(spec, 1)
+        with torch.inference_mode():
+            top5 = torch.softmax(module(x[None])[0], 0).topk(5).indices.tolist()
+        status, body = post(server, x.numpy().tobytes(), "application/octet-stream", token=None)
+        assert status == 200 and [p["class"] for p in body["predictions"]] == top5
+        assert serving.handler_status(server)["mode"] == "ios"
+        used = list((run_dir / "tmp").rglob("tiny-t*-b*.json"))  # the archive as TorchServe unpacked it
+        assert used and all(path.read_text() == (cache / path.name).read_text() for path in used)  # not searched again
+    finally:
+        serving.stop(server)

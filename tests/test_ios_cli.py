@@ -1,0 +1,37 @@
+"""`ios-schedule`, run as users run it (a separate process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from ios_scheduler.graph import capture
+from ios_scheduler.runtime import ScheduledModule
+from ios_scheduler.schedule import Schedule
+from packrat.models import resolve
+
+
+def ios_schedule(*args: str) -> subprocess.CompletedProcess:
+    code = "import sys; from ios_scheduler.cli import main; sys.argv[0] = 'ios-schedule'; sys.exit(main())"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_search_compare_and_write_a_schedule(tmp_path):
+    out = tmp_path / "sched.json"
+    done = ios_schedule("--model", "tiny", "--batch", "2", "--threads", "2", "--out", str(out), "--compare",
+                        "--json", "--repeats", "2")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["openmp_env"] == {"GOMP_SPINCOUNT": "10000"}  # restarted with the runtime's settings
+    assert report["operators"] == 4 and report["measurements"] > 0 and report["states"] > 0
+    assert all(report[f"compare_{name}_ms"] > 0 for name in ("sequential", "greedy", "ios"))
+    schedule = Schedule.from_json(out.read_text())
+    assert (schedule.batch, schedule.threads, schedule.model) == (2, 2, "tiny")
+    spec = resolve("tiny")
+    ScheduledModule(capture(spec.build(), (spec.example_input(2),)).module, schedule).close()  # covers the graph
+
+
+def test_unknown_model_is_a_one_line_error():
+    done = ios_schedule("--model", "no_such_net")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no_such_net" in done.stderr
