@@ -260,12 +260,26 @@ class ScheduledModule(nn.Module):
                 self._stages.append(("merge", merge, tuple(stage.threads)))
             else:
                 self._stages.append(("parallel", groups, tuple(stage.threads)))
+        self._release = self._last_uses(schedule)
         cores = tuple(cores if cores is not None else sorted(os.sched_getaffinity(0))[:schedule.threads])
         self.workers = WorkerSet(cores)
         # One op per stage with every thread is plain PyTorch: run the graph itself, no hand-offs.
         self._warned = False
         self._plain = all(kind == "parallel" and len(groups) == 1 and extra == (schedule.threads,)
                           for kind, groups, extra in self._stages)
+
+    def _last_uses(self, schedule: Schedule) -> list[list[fx.Node]]:
+        """For each stage, the values no later stage reads. Dropping them as soon as possible
+        lets the allocator reuse their memory while it is in cache, as the plain graph does:
+        keeping every intermediate to the end made the staged Inception-v3 1.6x slower."""
+        stage_of = {name: i for i, stage in enumerate(schedule.stages) for group in stage.groups for name in group}
+        release: list[list[fx.Node]] = [[] for _ in schedule.stages]
+        for node in self.gm.graph.nodes:
+            if node.op == "output" or any(user.op == "output" for user in node.users):
+                continue
+            uses = [stage_of[user.name] for user in node.users] + [stage_of.get(node.name, 0)]
+            release[max(uses)].append(node)
+        return release
 
     def forward(self, *args):
         if torch.get_num_threads() != self.schedule.threads and not self._warned:
@@ -278,13 +292,15 @@ class ScheduledModule(nn.Module):
         env: dict = dict(zip(self._placeholders, args))
         for node in self._attrs:
             run_node(self.gm, node, env)
-        for kind, groups, extra in self._stages:
+        for (kind, groups, extra), done in zip(self._stages, self._release):
             if kind == "merge":
                 self.workers.run([lambda m=groups: m(self.gm, env)], extra)
             elif len(groups) == 1:
                 self.workers.run([lambda g=groups[0]: run_group(self.gm, g, env)], extra)
             else:
                 self.workers.run([lambda g=g: run_group(self.gm, g, env) for g in groups], extra)
+            for node in done:
+                env.pop(node, None)
         return fx.node.map_arg(self._output.args[0], env.__getitem__)
 
     def close(self) -> None:

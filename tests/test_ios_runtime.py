@@ -190,3 +190,21 @@ def test_ios_compiled_instances_in_the_profiler_and_the_pool(tmp_path):
         assert pool.mode == "ios"
         torch.testing.assert_close(pool.run(x), expected(module, x), rtol=1e-4, atol=1e-5)
     assert len(load(out).latency) == 1
+
+
+def test_values_are_dropped_after_their_last_reader(block):
+    module, x = block
+    graph = capture(module, (x,))
+    schedule = greedy_schedule(graph, len(CORES), 1, "block")
+    compiled = ScheduledModule(graph.module, schedule)
+    try:
+        stage_of = {name: i for i, s in enumerate(schedule.stages) for g in s.groups for name in g}
+        released = {node: i for i, nodes in enumerate(compiled._release) for node in nodes}
+        outputs = {n for n in graph.module.graph.nodes if any(u.op == "output" for u in n.users)}
+        computed = {n for n in graph.module.graph.nodes if n.op != "output"}
+        assert set(released) == computed - outputs and len(released) == sum(map(len, compiled._release))
+        for node, i in released.items():
+            readers = [stage_of[user.name] for user in node.users]
+            assert i == (max(readers) if readers else stage_of[node.name])  # right after the last reader
+    finally:
+        compiled.close()
