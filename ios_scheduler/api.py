@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import time
 from typing import Sequence
 
@@ -141,7 +142,7 @@ def _optimize(module, example_inputs, threads, max_group_size, max_num_groups, m
 
 def compare(gm: fx.GraphModule, schedules: Sequence[Schedule], example_inputs: tuple, warmup: int = 3,
             repeats: int = 21) -> list[float]:
-    """Median latency (ms) of each schedule, measured in interleaved rounds of rotating order."""
+    """Median latency (ms) of each schedule, measured in interleaved rounds in shuffled order."""
     modules = [ScheduledModule(gm, s) for s in schedules]
     try:
         samples: list[list[float]] = [[] for _ in modules]
@@ -149,9 +150,10 @@ def compare(gm: fx.GraphModule, schedules: Sequence[Schedule], example_inputs: t
             for module in modules:
                 for _ in range(warmup):
                     module(*example_inputs)
-            for round_ in range(repeats):  # each round starts with the next module: no fixed order effects
-                for k in range(len(modules)):
-                    i = (round_ + k) % len(modules)
+            order, shuffle = list(range(len(modules))), random.Random(0).shuffle
+            for _ in range(repeats):  # a new order each round: no module always runs after the same one
+                shuffle(order)
+                for i in order:
                     samples[i].append(time_call(lambda m=modules[i]: m(*example_inputs), 0, 1))
     finally:
         for module in modules:

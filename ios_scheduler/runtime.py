@@ -44,6 +44,7 @@ schedules therefore start with `OPENMP_ENV` (libgomp reads it once, when it load
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
@@ -160,8 +161,8 @@ def run_node(gm: fx.GraphModule, node: fx.Node, env: dict) -> None:
         env[node] = node.target(*args, **kwargs)
     elif node.op == "call_method":
         env[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
-    elif node.op == "get_attr":
-        env[node] = getattr(gm, node.target)
+    elif node.op == "get_attr":  # a dotted path into submodules, e.g. "stages.0.nodes.5.weight"
+        env[node] = functools.reduce(getattr, node.target.split("."), gm)
     else:
         raise ValueError(f"cannot run fx node {node.name} ({node.op})")
 

@@ -15,7 +15,7 @@ from ios_scheduler.api import greedy_schedule, sequential_schedule
 from ios_scheduler.graph import capture
 from ios_scheduler.runtime import MergedConv, ScheduledModule, WorkerSet, caller_threads, mergeable
 from ios_scheduler.schedule import Schedule, StagePlan
-from packrat.models import resolve
+from packrat.models import ZOO, resolve
 from packrat.models.inception import InceptionA, InceptionE
 
 CORES = sorted(os.sched_getaffinity(0))
@@ -136,7 +136,7 @@ def test_a_schedule_must_cover_the_graph(block):
         ScheduledModule(gm, Schedule("e", 1, 1, [StagePlan("parallel", (("conv",),), (1,))]))
 
 
-@pytest.mark.parametrize("name", ["tiny", "inception_v3"])
+@pytest.mark.parametrize("name", list(ZOO))
 def test_zoo_networks_run_by_a_greedy_schedule_equal_the_original(name):
     spec = resolve(name)
     module, x = spec.build(), spec.example_input(1)
