@@ -38,7 +38,7 @@ def row(r: dict) -> str:
         kept = "sequential: the searched schedule was slower end to end"
     else:
         kept = f"{r['parallel_stages']} concurrent stages" if r["parallel_stages"] else "no concurrent stage"
-    return (f"| {r['model']} | {r['batch']} | {r['operators']} | {r['states']} | {r['measurements']} | "
+    return (f"| {r['model']} | {r['batch']} | {r['operators']} / {r['parts']} | {r['states']} | {r['measurements']} | "
             f"{r['seconds']:.0f} s | {seq:.1f} ms | {greedy:.1f} ms ({seq / greedy:.2f}×) | "
             f"{ios:.1f} ms ({seq / ios:.2f}×) | {r['predicted_sequential_ms'] / r['predicted_ios_ms']:.2f}× | "
             f"{r['sequential_ms'] / r['ios_ms']:.2f}× | {kept} |")
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("out/ios-networks"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    print("| model | batch | operators | states | stage measurements | search | sequential | greedy | IOS (kept) "
+    print("| model | batch | operators / parts | states | stage measurements | search | sequential | greedy | IOS (kept) "
           "| searched vs sequential, by stage costs | searched vs sequential, end to end | kept |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):

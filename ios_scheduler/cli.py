@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 from torch import fx
 
+from .api import DEFAULT_MAX_PART_SIZE
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -27,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="measure plain PyTorch (sequential), greedy (every ready op at once) and IOS side by side")
     parser.add_argument("--max-group-size", type=int, default=3, help="operators per group (default: 3)")
     parser.add_argument("--max-num-groups", type=int, default=8, help="groups per stage (default: 8)")
-    parser.add_argument("--max-part-size", type=int, default=None, help="operators per search part (default: 40)")
+    parser.add_argument("--max-part-size", type=int, default=None,
+                        help=f"operators per search part, cut at bottlenecks where possible "
+                             f"(default: {DEFAULT_MAX_PART_SIZE})")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per stage candidate (default: 5)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

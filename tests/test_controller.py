@@ -27,6 +27,7 @@ class FakePool:
 
     def __init__(self):
         self.events: list[str] = []
+        self.mode = "eager"  # how InstancePool reports its instances run the model
         self.configs = None
         self.fail_next = False
         self.gate = threading.Event()
@@ -73,7 +74,7 @@ def test_switches_to_the_plan_for_the_new_batch_and_records_it():
     assert (record.from_batch, record.to_batch, record.failed_requests, record.error) == (1, 8, 0, None)
     assert "estimated batch size 8" in record.reason and record.seconds >= 0
     status = controller.status()
-    assert status["plan"] == PLANNER.plan(4, 8).to_json()
+    assert status["plan"] == PLANNER.plan(4, 8).to_json() and status["mode"] == "eager"
     assert status["reconfigurations"][0]["to_batch"] == 8
 
 
