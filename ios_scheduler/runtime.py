@@ -64,9 +64,9 @@ from .schedule import Schedule
 OPENMP_ENV = {"GOMP_SPINCOUNT": "10000"}  # idle OpenMP threads sleep after ~0.1 ms, not ~3 ms
 
 
-def openmp_env(base: dict | None = None) -> dict:
-    """An environment for a child process that will run IOS schedules."""
-    return {**(os.environ if base is None else base), **OPENMP_ENV}
+def openmp_env() -> dict:
+    """This process's environment plus OPENMP_ENV, for a child that will run IOS schedules."""
+    return {**os.environ, **OPENMP_ENV}
 
 
 @contextmanager

@@ -409,11 +409,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="the served plan and the last reconfigurations",
                        description="Ask the running packrat handler (through TorchServe's management API) for "
-                                   "its current plan and its recent reconfigurations.")
+                                   "its current plan, how its instances run the model (script, eager or ios) "
+                                   "and its recent reconfigurations.")
     p.add_argument("--run-dir", type=Path, default=Path(".packrat/serve"), help="default: .packrat/serve")
     p.add_argument("--last", type=positive(int), default=10, help="reconfigurations to list (default: 10)")
     p.add_argument("--json", action="store_true",
-                   help='print {"plan": <as packrat plan --json>, "reconfigurations": [{"from_batch", "to_batch", '
+                   help='print {"plan": <as packrat plan --json>, "mode": "script"|"eager"|"ios", '
+                        '"reconfigurations": [{"from_batch", "to_batch", '
                         '"reason", "seconds", "failed_requests", ...}]}')
     p.set_defaults(func=cmd_status)
 
