@@ -1,14 +1,15 @@
-"""What both handlers share: reading the archive's packrat settings and adapting
-TorchServe's request rows to packrat.codec."""
+"""What both handlers share: reading the archive's packrat settings and adapting TorchServe's
+request rows and responses to packrat's requests and answers (bytes in, bytes out)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
-from packrat import codec
+from packrat.codec import CodecConfig, request_body
 from packrat.models import ModelSpec, resolve
-from packrat.pool import ModelConfig
+from packrat.pool import Answer, ModelConfig, Request
 
 log = logging.getLogger("packrat.handler")
 
@@ -36,6 +37,17 @@ def model_config(section: dict, model_dir: str) -> tuple[ModelConfig, ModelSpec]
                        ios_cache=ios_cache), spec
 
 
+def codec_config(section: dict, spec: ModelSpec, model_name: str, model_dir: str) -> CodecConfig:
+    """How requests are decoded and answered: the archive's tokenizer, labels and limits."""
+    def shipped(key: str) -> str | None:
+        return str(Path(model_dir) / section[key]) if section.get(key) else None
+
+    limits = {key: section[key] for key in ("max_body_bytes", "max_pixels", "max_samples", "truncate_text")
+              if section.get(key) is not None}
+    return CodecConfig.for_model(spec, model_name=model_name, tokenizer=shipped("tokenizer"),
+                                 labels=shipped("labels"), **limits)
+
+
 def content_type(context, index: int) -> str | None:
     """The request's Content-Type, from the body parameter or the HTTP headers."""
     try:
@@ -52,25 +64,23 @@ def content_type(context, index: int) -> str | None:
     return None
 
 
-def decode_batch(data: list[dict], spec: codec.InputSpec, context) -> list:
-    """Each row as a tensor, or a RequestError for that row alone."""
-    decoded = []
-    for index, row in enumerate(data):
-        try:
-            decoded.append(codec.decode(codec.request_body(row), spec, content_type(context, index)))
-        except codec.RequestError as exc:
-            decoded.append(exc)
-    return decoded
+def to_request(row: dict, context, index: int) -> Request:
+    """One row as bytes: raw bodies as they are; what TorchServe already decoded (JSON, text,
+    when its decode_input_request is on) encoded back."""
+    body, kind = request_body(row), content_type(context, index)
+    if isinstance(body, (bytes, bytearray)):
+        return Request(bytes(body), kind)
+    if isinstance(body, str):
+        return Request(body.encode("utf-8"), kind or "text/plain")
+    if body is None:
+        return Request(b"", kind)
+    return Request(json.dumps(body).encode("utf-8"), "application/json")
 
 
-def respond(decoded: list, outputs, task: str, context) -> list[dict]:
-    """One response per request, in order: the encoded output, or the request's own error."""
-    responses, good = [], iter(outputs if outputs is not None else [])
-    for index, item in enumerate(decoded):
+def respond(answers: list[Answer], context) -> list[bytes]:
+    """One response per request, in order, each with its own status and reason."""
+    for index, answer in enumerate(answers):
         context.set_response_content_type(index, "application/json")
-        if isinstance(item, codec.RequestError):
-            context.set_response_status(item.status, item.reason, index)
-            responses.append({"error": item.reason})
-        else:
-            responses.append(codec.encode(next(good), task))
-    return responses
+        if answer.status != 200:
+            context.set_response_status(answer.status, answer.reason, index)
+    return [answer.body for answer in answers]

@@ -1,6 +1,6 @@
-"""The baseline: a plain BaseHandler-style handler running the model in the worker
-process, with TorchServe's own workers and threads. Same decoding and responses as
-the packrat handler, so a comparison measures only how the cores are used."""
+"""The baseline: a plain BaseHandler-style handler running the model in the worker process,
+with TorchServe's own workers and threads. Same decoding and answers as the packrat handler
+(packrat.inference), so a comparison measures only how the cores are used."""
 
 from __future__ import annotations
 
@@ -8,26 +8,25 @@ import torch
 from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import common
-from packrat import codec
+from packrat.codec import Codec
+from packrat.inference import answer_batch
 from packrat.models import prepare
+from packrat.pool import Answer
 
 
 class StockHandler(BaseHandler):
     def initialize(self, context):
         section = common.settings(context)
-        model, self.spec = common.model_config(section, context.system_properties["model_dir"])
-        self.input = codec.InputSpec(tuple(self.spec.input_shape), self.spec.input_dtype)
+        model_dir = context.system_properties["model_dir"]
+        model, spec = common.model_config(section, model_dir)
+        self.codec = Codec(common.codec_config(section, spec, context.model_name, model_dir))
         batch = int(context.system_properties.get("batch_size") or 1)
-        self.model, example, _ = prepare(self.spec, batch, graph_mode=model.graph_mode)
+        self.model, example, _ = prepare(spec, batch, graph_mode=model.graph_mode)
         with torch.inference_mode():
             self.model(example)  # warm-up, as the pool does
         self.initialized = True
 
     def handle(self, data, context):
-        decoded = common.decode_batch(data, self.input, context)
-        good = [item for item in decoded if isinstance(item, torch.Tensor)]
-        outputs = None
-        if good:
-            with torch.inference_mode():
-                outputs = self.model(torch.stack(good))
-        return common.respond(decoded, outputs, self.spec.task, context)
+        requests = [common.to_request(row, context, i) for i, row in enumerate(data)]
+        answers = answer_batch(self.model, self.codec, [(r.body, r.content_type) for r in requests])
+        return common.respond([Answer(*a) for a in answers], context)

@@ -2,8 +2,12 @@
 
 Environment:
   PACKRAT_MODEL         zoo name for packrat.models.resolve (default resnet50)
-  PACKRAT_PAYLOAD       raw (default): the sample's bytes as application/octet-stream;
+  PACKRAT_PAYLOAD       the request body (see loadtest.payload); unset or empty: the model's natural one
+                        (jpeg for image models, text for token models, raw otherwise)
+                        raw: the sample's bytes as application/octet-stream
                         json: {"inputs": nested lists} as application/json
+                        jpeg: a synthetic 500x375 photo as image/jpeg
+                        text: an English paragraph as text/plain; charset=utf-8
   PACKRAT_TOKEN         bearer token when TorchServe's token authorisation is on (optional)
   PACKRAT_SHAPE         steady (default): users, spawn rate and run time from the command line;
                         step: loadtest.shapes.StepLoad drives the run and ends it
@@ -23,10 +27,10 @@ import locust.stats
 from locust import FastHttpUser, constant, task
 
 from loadtest.histogram import bucket_ms
-from loadtest.payload import build_payload
+from loadtest.payload import build_payload, natural_payload
 
 MODEL = os.environ.get("PACKRAT_MODEL", "resnet50")
-PAYLOAD = os.environ.get("PACKRAT_PAYLOAD", "raw")
+PAYLOAD = os.environ.get("PACKRAT_PAYLOAD") or natural_payload(MODEL)
 TOKEN = os.environ.get("PACKRAT_TOKEN", "")
 SHAPE = os.environ.get("PACKRAT_SHAPE", "steady")
 # A dead or wedged server must fail requests, not hang the run.

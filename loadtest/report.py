@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,22 +14,27 @@ from loadtest.runner import HistoryRow, LoadResult
 COLUMNS = ("name", "requests", "failures", "p50 ms", "p95 ms", "p99 ms", "req/s")
 
 
-def _cells(name: str, r: LoadResult) -> list[str]:
+def load_cells(r: LoadResult) -> list[str]:
+    """requests, failures, p50, p95, p99, req/s as table cells ("-" for NaN)."""
     def num(x: float) -> str:
         return "-" if math.isnan(x) else f"{x:.1f}"
 
-    return [name, str(r.requests), str(r.failures), num(r.p50_ms), num(r.p95_ms), num(r.p99_ms),
-            num(r.throughput_rps)]
+    return [str(r.requests), str(r.failures), num(r.p50_ms), num(r.p95_ms), num(r.p99_ms), num(r.throughput_rps)]
 
 
-def format_table(rows: Mapping[str, LoadResult]) -> str:
-    """Aligned table, one line per configuration: names left-aligned, numbers right-aligned."""
-    lines = [list(COLUMNS)] + [_cells(name, r) for name, r in rows.items()]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
+def align(lines: Sequence[Sequence[str]]) -> str:
+    """Text table from rows of cells (the first row is the header): the first column left-aligned,
+    the others right-aligned."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join(
         "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
         for line in lines
     )
+
+
+def format_table(rows: Mapping[str, LoadResult]) -> str:
+    """Aligned table, one line per configuration: names left-aligned, numbers right-aligned."""
+    return align([list(COLUMNS)] + [[name] + load_cells(r) for name, r in rows.items()])
 
 
 def _cdf(histogram: Mapping[float, int]) -> tuple[np.ndarray, np.ndarray]:

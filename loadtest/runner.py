@@ -55,7 +55,7 @@ class LoadResult:
 
 
 def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Path, *,
-               spawn_rate: float | None = None, token: str | None = None, payload: str = "raw",
+               spawn_rate: float | None = None, token: str | None = None, payload: str | None = None,
                shape: str = "steady", csv_prefix: str = "locust", timeout_s: float | None = None,
                env: Mapping[str, str] | None = None) -> LoadResult:
     """Load host's /predictions/{model} with closed-loop users and return the exact results.
@@ -64,6 +64,7 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
             (rounded up to whole seconds).
     step:   1 -> users -> 1 -> users, each for duration_s / 4, unless `env` sets
             PACKRAT_STEP_USERS / PACKRAT_STEP_SECONDS.
+    payload: raw, json, jpeg or text (loadtest.payload); None: the model's natural payload.
     timeout_s is the client-side timeout per request (the locustfile's default is 60 s);
     the whole run is killed after its expected length + 60 s.
     """
@@ -91,13 +92,14 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
     return result
 
 
-def _child_env(model: str, token: str | None, payload: str, shape: str,
+def _child_env(model: str, token: str | None, payload: str | None, shape: str,
                timeout_s: float | None) -> dict[str, str]:
     if shape not in ("steady", "step"):
         raise ValueError(f"shape must be steady or step, got {shape!r}")
     child = dict(os.environ)
-    child.update(PACKRAT_MODEL=model, PACKRAT_PAYLOAD=payload, PACKRAT_SHAPE=shape,
-                 PACKRAT_TOKEN=token or "")  # an inherited token must not leak into the run
+    # Empty means natural; an inherited payload or token must not leak into the run.
+    child.update(PACKRAT_MODEL=model, PACKRAT_PAYLOAD=payload or "", PACKRAT_SHAPE=shape,
+                 PACKRAT_TOKEN=token or "")
     if timeout_s is not None:
         child["PACKRAT_TIMEOUT_S"] = str(timeout_s)
     return child

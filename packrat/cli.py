@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -49,6 +50,41 @@ def shape(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a shape like 3,224,224") from None
+
+
+def users_list(text: str) -> list:
+    """argparse type for --users: patterns relative to the batch size B, e.g. B,2B or 4,2B."""
+    try:
+        return bench.parse_users(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def tokenizer_path(text: str) -> Path:
+    """argparse type for --tokenizer: a directory holding tokenizer.json, or the file; gives the file."""
+    path = Path(text)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(f"no tokenizer.json in {text}")
+    elif not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} does not exist (give a directory holding tokenizer.json, "
+                                         f"or the file)")
+    return path
+
+
+def labels_path(text: str) -> Path:
+    """argparse type for --labels: TorchServe's index_to_name.json ({"0": "name", ...})."""
+    path = Path(text)
+    try:
+        labels = json.loads(path.read_text())
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {exc.strerror}") from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text} is not JSON") from None
+    if not isinstance(labels, dict) or not labels:
+        raise argparse.ArgumentTypeError(f'{text} must hold an object like {{"0": "tench", "1": "goldfish"}}')
+    return path
 
 
 def local_cores() -> int:
@@ -102,7 +138,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     settings = profiler.Settings(model=args.model, warmup=args.warmup,
                                  iters=None if args.min_time else args.iters, min_time=args.min_time,
                                  graph_mode=not args.eager, input_shape=args.input_shape, ios_cache=ios_cache)
-    out = args.out or Path("profiles") / f"{Path(args.model).stem.replace(':', '_')}.csv"
+    out = args.out or default_profile_path(args.model)
     try:
         result = profiler.run(settings, threads, args.batches, out, progress=not args.quiet)
     except KeyboardInterrupt:
@@ -146,29 +182,85 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def default_profile(model: str, given: Path | None) -> Path:
-    path = given or Path("profiles") / f"{Path(model).stem.replace(':', '_')}.csv"
-    if not path.exists():
-        raise ValueError(f"no profile at {path}: run `packrat profile --model {model} --out {path}` first, "
-                         f"or pass --profile")
+# ---- the default profile: profiles/MODEL.csv, measured when missing --------------------------
+
+DEMO_BATCHES = (1, 2, 4, 8)
+DEMO_MIN_TIME_S = 2.0
+DEMO_WARMUP = 3
+POINT_OVERHEAD_S = 5.0  # per point besides its timed runs: fresh process, model build, trace, warm-up
+
+
+def default_profile_path(model: str) -> Path:
+    return Path("profiles") / f"{Path(model).stem.replace(':', '_')}.csv"
+
+
+def _about(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def measure_profile(model: str, path: Path, batches, *, min_time: float = DEMO_MIN_TIME_S,
+                    input_shape: tuple[int, ...] | None = None, progress: bool = True):
+    """Profile the demo's grid into `path`: threads 1..the local cores, `batches`, `min_time` s of
+    timed runs per point after 3 warm-up runs, with the profiler's progress bar.
+
+    Points already in an existing file are kept (only missing ones are measured). A new file is
+    measured as PATH.partial.csv and renamed when complete, so an interrupted run never leaves
+    half a profile where it would be used; the same command resumes it."""
+    settings = profiler.Settings(model=model, warmup=DEMO_WARMUP, iters=None, min_time=min_time,
+                                 input_shape=input_shape)
+    threads = list(range(1, local_cores() + 1))
+    batches = sorted(set(batches))
+    if path.exists():
+        return profiler.run(settings, threads, batches, path, progress=progress)
+    partial = path.with_name(path.stem + ".partial.csv")
+    profiler.run(settings, threads, batches, partial, progress=progress)
+    partial.replace(path)
+    return load(path)
+
+
+def resolve_profile(model: str, given: Path | None, *, batch_sizes=(),
+                    input_shape: tuple[int, ...] | None = None) -> Path:
+    """The profile serve, archive and bench use: `given` (which must exist), else profiles/MODEL.csv,
+    measured first (measure_profile on batches 1, 2, 4, 8 and `batch_sizes`) when it is missing."""
+    if given is not None:
+        if not given.exists():
+            raise ValueError(f"no profile at {given} (--profile): run `packrat profile --model {model} "
+                             f"--out {given}` first, or leave --profile out to use {default_profile_path(model)}")
+        return given
+    path = default_profile_path(model)
+    if path.exists():
+        return path
+    batches = sorted(set(DEMO_BATCHES) | set(batch_sizes))
+    points = local_cores() * len(batches)
+    print(f"no profile at {path}: measuring one now ({points} points, about "
+          f"{_about(points * (DEMO_MIN_TIME_S + POINT_OVERHEAD_S))}); next time it is reused", file=sys.stderr)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    measure_profile(model, path, batches, input_shape=input_shape)
     return path
 
 
+def archive_extras(args: argparse.Namespace) -> dict:
+    """serving.archive's tokenizer, labels and request-size settings from --tokenizer, --labels, --max-body-mb."""
+    return {"tokenizer": args.tokenizer, "labels": args.labels, "max_body_bytes": int(args.max_body_mb * 2**20)}
+
+
 def cmd_archive(args: argparse.Namespace) -> int:
-    profile = default_profile(args.model, args.profile) if args.handler == "packrat" else None
+    profile = (resolve_profile(args.model, args.profile, batch_sizes=[args.batch_size], input_shape=args.input_shape)
+               if args.handler == "packrat" else None)
     mar = serving.archive(args.model, profile, args.export_path, batch_size=args.batch_size,
                           max_batch_delay_ms=args.max_batch_delay, plan=args.plan, handler=args.handler,
-                          input_shape=args.input_shape, reconfigure=args.reconfigure, ios_cache=args.ios_cache)
+                          input_shape=args.input_shape, reconfigure=args.reconfigure, ios_cache=args.ios_cache,
+                          **archive_extras(args))
     print(f"wrote {mar}")
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    profile = default_profile(args.model, args.profile)
+    profile = resolve_profile(args.model, args.profile, batch_sizes=[args.batch_size], input_shape=args.input_shape)
     run_dir = args.run_dir.resolve()
     mar = serving.archive(args.model, profile, run_dir / "model_store", batch_size=args.batch_size,
                           max_batch_delay_ms=args.max_batch_delay, plan=args.plan, input_shape=args.input_shape,
-                          reconfigure=args.reconfigure, ios_cache=args.ios_cache)
+                          reconfigure=args.reconfigure, ios_cache=args.ios_cache, **archive_extras(args))
     name = mar.stem
     ports = serving.Ports(args.inference_port, args.management_port, args.metrics_port,
                           args.grpc_inference_port, args.grpc_management_port)
@@ -211,24 +303,31 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_tokenizer(model: str, payload: str, given: Path | None, demo: bool, out: Path) -> Path | None:
+    """The tokenizer.json the servers get: --tokenizer, or with --demo-tokenizer one built into OUT/tokenizer/.
+    A text payload without either is an error."""
+    from loadtest.payload import natural_payload
+    from loadtest.tokenizer import build_demo_tokenizer, demo_tokenizer_kind
+
+    if demo:
+        if natural_payload(model) != "text":
+            raise ValueError(f"--demo-tokenizer is for token models (bert_base, gpt2); {model} takes no token ids")
+        return build_demo_tokenizer(out / "tokenizer", demo_tokenizer_kind(model))
+    if given is None and payload == "text":
+        raise ValueError("the text payload needs a tokenizer: pass --tokenizer DIR (a directory holding "
+                         "tokenizer.json), or --demo-tokenizer to build a small one")
+    return given
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    profile = default_profile(args.model, args.profile)
+    from loadtest.payload import check_payload, natural_payload
+
     out = args.out
-    if args.shape == "step":
-        results = bench.step_bench(args.model, args.batch_size[-1], profile, out, cycles=args.cycles,
-                                   step_s=args.step_seconds, log=(lambda *_: None) if args.json else print)
-        bench.save_json(out / "step-bench.json", results)
-        if args.json:
-            print(json.dumps(json.loads((out / "step-bench.json").read_text()), indent=2))
-        else:
-            print(f"\nstep load 1 ↔ {args.batch_size[-1]} users, {args.cycles} cycles of "
-                  f"{args.step_seconds:.0f} s steps (locust on the same cores)")
-            print(bench.format_step_results(results))
-            print("timelines: " + ", ".join(r["timeline"] for r in results.values()))
-        return 0
-    if args.pool_only:
+    if args.pool_only:  # the pool gets tensors: no payload, no tokenizer
+        profile = resolve_profile(args.model, args.profile, batch_sizes=args.batch_size,
+                                  input_shape=args.input_shape)
         results = []
         for batch in args.batch_size:
             with tqdm(total=args.rounds, desc=f"pool bench B={batch}", disable=args.json) as bar:
@@ -236,24 +335,55 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bench.save_json(out / "pool-bench.json", results)
         print(json.dumps(results, indent=2) if args.json else bench.format_pool_results(results))
         return 0
-    return run_server_bench(args.model, args.batch_size, profile, out, args.duration, args.users, args.json)
+    payload = args.payload or natural_payload(args.model, args.input_shape)
+    check_payload(args.model, payload, args.input_shape)
+    tokenizer = bench_tokenizer(args.model, payload, args.tokenizer, args.demo_tokenizer, out)
+    profile = resolve_profile(args.model, args.profile, batch_sizes=args.batch_size, input_shape=args.input_shape)
+    if args.shape == "step":
+        results = bench.step_bench(args.model, args.batch_size[-1], profile, out, cycles=args.cycles,
+                                   step_s=args.step_seconds, payload=payload, tokenizer=tokenizer,
+                                   log=(lambda *_: None) if args.json else print)
+        bench.save_json(out / "step-bench.json", results)
+        if args.json:
+            print(json.dumps(json.loads((out / "step-bench.json").read_text()), indent=2))
+        else:
+            print(f"\nstep load 1 ↔ {args.batch_size[-1]} users, {args.cycles} cycles of "
+                  f"{args.step_seconds:.0f} s steps, payload {payload} (locust on the same cores)")
+            print(bench.format_step_results(results))
+            print("timelines: " + ", ".join(r["timeline"] for r in results.values()))
+        return 0
+    return run_server_bench(args.model, args.batch_size, profile, out, args.duration, args.users, args.json,
+                            payload=payload, tokenizer=tokenizer, kill_every=args.kill_every)
 
 
 def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, duration: float,
-                     users: int | None, as_json: bool = False) -> int:
-    from loadtest import format_table, plot_latency_distributions
+                     users=None, as_json: bool = False, *, payload: str | None = None,
+                     tokenizer: Path | None = None, kill_every: float | None = None) -> int:
+    """Server bench for every batch size: the table per batch (or JSON), the latency plots and
+    OUT/server-bench.json = {model, payload, users, kill_every_s, duration_s, runs: [ServerRun, ...]}."""
+    from loadtest import plot_latency_distributions
+    from loadtest.payload import natural_payload
 
-    report = {}
+    payload = payload or natural_payload(model)
+    users = list(users or [bench.BATCH_USERS])
+    runs = []
     for batch in batches:
-        results = bench.server_bench(model, batch, profile, out / f"B{batch}", duration_s=duration, users=users,
-                                     log=(lambda *_: None) if as_json else print)
-        report[batch] = results
-        png = plot_latency_distributions(results, out / f"latency-B{batch}.png")
+        batch_runs = bench.server_bench(model, batch, profile, out / f"B{batch}", duration_s=duration, users=users,
+                                        payload=payload, tokenizer=tokenizer, kill_every_s=kill_every,
+                                        log=(lambda *_: None) if as_json else print)
+        runs += batch_runs
+        png = plot_latency_distributions(bench.latency_rows(batch_runs), out / f"latency-B{batch}.png")
         if not as_json:
-            print(f"\n{model}, batch size {batch}, {users or batch} users, {duration:.0f} s each "
+            counts = ", ".join(f"{p}={n}" if p != str(n) else p for n, p in bench.users_for_batch(users, batch))
+            print(f"\n{model}, batch size {batch}, payload {payload}, users {counts}, {duration:.0f} s each "
                   f"(locust runs on the same {local_cores()} cores as the server)")
-            print(format_table(results))
+            if kill_every is not None:
+                print(f"kill -9 one pool instance every {kill_every:g} s during each run "
+                      f"(stock has no pool: kills -)")
+            print(bench.format_server_results(batch_runs, kills=kill_every is not None))
             print(f"latency distributions: {png}")
+    report = {"model": model, "payload": payload, "users": [str(p) for p in users], "kill_every_s": kill_every,
+              "duration_s": duration, "runs": runs}
     bench.save_json(out / "server-bench.json", report)
     if as_json:
         print(json.dumps(json.loads((out / "server-bench.json").read_text()), indent=2))
@@ -261,13 +391,20 @@ def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, d
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from loadtest.payload import natural_payload
+
     cores = local_cores()
     out = Path(args.out_dir)
-    profile_path = out / "profiles" / f"{args.model}.csv"
+    profile_path = default_profile_path(args.model)
+    legacy = out / "profiles" / f"{args.model}.csv"  # where the demo kept it before
+    if legacy.exists() and not profile_path.exists():
+        profile_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(legacy, profile_path)
+        print(f"copied the profile cache {legacy} to {profile_path}, where serve, archive and bench find it too")
     print(f"== 1/4 profile {args.model} on {cores} cores, batches {args.batches} "
           f"(cached in {profile_path}; delete it to measure again)")
-    settings = profiler.Settings(model=args.model, warmup=3, iters=None, min_time=args.min_time)
-    profile = profiler.run(settings, list(range(1, cores + 1)), args.batches, profile_path)
+    profile_path.parent.mkdir(parents=True, exist_ok=True)
+    profile = measure_profile(args.model, profile_path, args.batches, min_time=args.min_time)
     print(f"\n== 2/4 plan for T={cores} threads, every profiled batch")
     plans = plots.plans_per_batch(profile, cores)
     print_plan_table(plans, [])
@@ -276,9 +413,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     if args.no_serve:
         return 0
-    print(f"\n== 4/4 serve in TorchServe and load with locust at batch size {args.serve_batch}: "
+    payload = natural_payload(args.model)
+    tokenizer = bench_tokenizer(args.model, payload, None, payload == "text", out / "bench")
+    print(f"\n== 4/4 serve in TorchServe and load with locust at batch size {args.serve_batch}, payload {payload}: "
           "stock handler, packrat fat plan, packrat plan")
-    return run_server_bench(args.model, [args.serve_batch], profile_path, out / "bench", args.duration, None)
+    return run_server_bench(args.model, [args.serve_batch], profile_path, out / "bench", args.duration, None,
+                            payload=payload, tokenizer=tokenizer)
 
 
 # ---- parser -------------------------------------------------------------------------------
@@ -353,7 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("plots"), help="output directory (default: plots)")
     p.set_defaults(func=cmd_plot)
 
-    def model_args(p, profile_help: str = "profile CSV (default: profiles/MODEL.csv)"):
+    def model_args(p, profile_help: str = "profile CSV (default: profiles/MODEL.csv; when that is missing, one is "
+                                          "measured there first on a small grid and reused next time)"):
         p.add_argument("--model", default="resnet50",
                        help="zoo name, TorchScript file or package.module:factory (default: resnet50)")
         p.add_argument("--profile", type=Path, default=None, help=profile_help)
@@ -371,6 +512,16 @@ def build_parser() -> argparse.ArgumentParser:
         ios_cache_arg(p, "a profile taken with --ios is served by IOS-compiled instances; their schedules come "
                          "from here")
 
+    def request_args(p):
+        p.add_argument("--tokenizer", type=tokenizer_path, default=None, metavar="DIR",
+                       help="a directory holding a Hugging Face tokenizer.json (or the file): token models then "
+                            "also take text/plain requests")
+        p.add_argument("--labels", type=labels_path, default=None, metavar="FILE",
+                       help='class names for classifier answers: TorchServe\'s index_to_name.json '
+                            '({"0": "tench", ...})')
+        p.add_argument("--max-body-mb", type=positive(float), default=16.0, metavar="MB",
+                       help="largest request body accepted; larger ones get 413 (default: 16)")
+
     p = sub.add_parser("archive", help="build the model archive (.mar) for TorchServe",
                        description="Build NAME.mar with torch-model-archiver: the packrat handler, the profile "
                                    "and a model-config.yaml (batch size, delay, one worker, packrat settings). "
@@ -378,6 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="example: packrat archive --model resnet50 --batch-size 8 --export-path model_store")
     model_args(p)
     batching_args(p)
+    request_args(p)
     p.add_argument("--handler", choices=("packrat", "stock"), default="packrat",
                    help="packrat (default) or stock: the in-process baseline handler, TorchServe's default workers")
     p.add_argument("--export-path", type=Path, default=Path("model_store"), help="default: model_store")
@@ -391,6 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="example: packrat serve --model resnet50 --batch-size 8 --max-batch-delay 50")
     model_args(p)
     batching_args(p)
+    request_args(p)
     p.add_argument("--inference-port", type=positive(int), default=8080)
     p.add_argument("--management-port", type=positive(int), default=8081)
     p.add_argument("--metrics-port", type=positive(int), default=8082)
@@ -422,15 +575,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="load-test stock TorchServe, the fat plan and the packrat plan with locust",
                        description="For each batch size, one after another: (a) stock TorchServe (in-process "
                                    "handler, default workers), (b) the packrat handler with the fat plan, (c) the "
-                                   "packrat handler with the planned instances; each warmed up, then loaded by "
-                                   "locust headless. Prints p50/p95/p99, throughput and failures, and writes a "
+                                   "packrat handler with the planned instances; each server started once, warmed up, "
+                                   "then loaded by locust headless once per --users pattern (optionally killing "
+                                   "pool instances, --kill-every). Prints p50/p95/p99, throughput, failures and "
+                                   "kills, and writes a "
                                    "PNG of the latency distributions and the JSON results. --pool-only measures "
                                    "the pool without TorchServe or Java.",
                        epilog="example: packrat bench --model resnet50 --batch-size 2,4,8 --duration 30")
     model_args(p)
     p.add_argument("--batch-size", type=int_list, default=[8], help="batch sizes, e.g. 2,4,8 (default: 8)")
     p.add_argument("--duration", type=positive(float), default=30.0, help="seconds of load per run (default: 30)")
-    p.add_argument("--users", type=positive(int), default=None, help="locust users (default: the batch size)")
+    p.add_argument("--users", type=users_list, default=[bench.BATCH_USERS], metavar="PATTERNS",
+                   help="locust users per run, relative to the batch size B: e.g. B,2B or 4,2B (integers, B, kB); "
+                        "each is run against every configuration (default: B)")
+    p.add_argument("--payload", choices=("jpeg", "text", "raw", "json"), default=None,
+                   help="request body: jpeg (a 500x375 photo), text (an English paragraph), raw (tensor bytes), "
+                        "json (nested lists) (default: the model's natural one: jpeg for image models, text for "
+                        "token models, raw otherwise)")
+    tok = p.add_mutually_exclusive_group()
+    tok.add_argument("--tokenizer", type=tokenizer_path, default=None, metavar="DIR",
+                     help="directory holding the tokenizer.json the servers use (needed for the text payload)")
+    tok.add_argument("--demo-tokenizer", action="store_true",
+                     help="build a small offline tokenizer into OUT/tokenizer/ and use it (BERT: WordPiece, "
+                          "GPT-2: byte-level BPE)")
+    p.add_argument("--kill-every", type=positive(float), default=None, metavar="S",
+                   help="during each measured run of the packrat configurations, kill -9 one pool instance every "
+                        "S seconds (round robin); the kills are counted in the table and JSON")
     p.add_argument("--pool-only", action="store_true",
                    help="no TorchServe: in-process model vs fat pool vs handler path vs planned pool")
     p.add_argument("--rounds", type=positive(int), default=20, help="with --pool-only: timed rounds (default: 20)")
@@ -454,7 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-time", type=positive(float), default=2.0, metavar="S",
                    help="seconds of timed runs per point (default: 2)")
     p.add_argument("--out-dir", type=Path, default=Path("out"),
-                   help="where profiles/, plots/ and bench/ go (default: out)")
+                   help="where plots/ and bench/ go (default: out); the profile is profiles/MODEL.csv, as for "
+                        "serve, archive and bench")
     p.add_argument("--serve-batch", type=positive(int), default=4, help="batch size served (default: 4)")
     p.add_argument("--duration", type=positive(float), default=15.0, help="seconds of load per run (default: 15)")
     p.add_argument("--no-serve", action="store_true", help="stop after the plots")
@@ -470,6 +641,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ProfileError, NoPlanError, profiler.ProfilingError, serving.ServeError, ValueError) as exc:
         print(f"packrat {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\npackrat {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

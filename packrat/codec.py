@@ -1,25 +1,42 @@
-"""Request bodies to input tensors, and model outputs to response bodies.
+"""One model's request bodies to input samples, and its outputs to response bodies.
 
-One request carries one sample of the model's input shape, as
-- JSON ``{"inputs": nested lists}`` (``application/json``; TorchServe hands it over decoded),
-- raw bytes of the sample in the model's dtype (``application/octet-stream``, little endian),
-- or ``torch.save`` bytes of a tensor (read with ``weights_only=True``: never unpickles code).
-A request that is none of these gets a ``RequestError`` with an HTTP status and a
-one-line reason, so the rest of its batch can still be answered.
+Accepted bodies (one sample each unless a KServe form carries several):
+- images, for models taking float (3, H, W): JPEG, PNG, WebP, GIF or BMP bytes, recognised by
+  their magic bytes or an image/* content type; pre-processed as TorchServe's image classifier;
+- text, for models taking int64 (L,) with a tokenizer: a text/* body, any UTF-8 body that is
+  not JSON, or JSON {"text": ...} / {"data": ...}; tokenised and padded to L;
+- JSON {"data" | "body": base64 image or text}, legacy {"inputs": nested numbers};
+- KServe v1 {"instances": [sample, ...]}, each a base64 image, text, {"data" | "b64" | "text": ...}
+  or nested numbers, answered {"predictions": [...]};
+- KServe v2 {"id"?, "inputs": [{"name", "shape", "datatype", "data"}]}: numbers of shape
+  input_shape or [k, *input_shape], or BYTES (images in base64, or text), answered in kind;
+- raw little-endian bytes of one sample, or torch.save bytes of it (read with weights_only).
+Anything else gets a RequestError with an HTTP status and a one-line reason, so the rest of
+its batch can still be answered; decode raises nothing else.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import json
+import math
 import zipfile
 from dataclasses import dataclass
 
 import torch
 
 TOP_K = 5
+TASKS = ("classification", "embedding", "language-model")
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
-JSON_TEXT_FACTOR = 32  # JSON numbers take far more bytes than raw ones; beyond this it is abuse
+SAMPLE_KEYS = ("data", "b64", "body", "text")  # where a JSON object keeps its one sample
+SNIFFED_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")  # say nothing
+V2_DTYPES = {"FP32": torch.float32, "FP64": torch.float64, "FP16": torch.float16, "BF16": torch.bfloat16,
+             "INT64": torch.int64, "INT32": torch.int32, "INT16": torch.int16, "INT8": torch.int8,
+             "UINT8": torch.uint8, "BOOL": torch.bool}
+V2_INPUTS = ("FP32", "FP64", "FP16", "INT64", "INT32", "INT16", "INT8", "UINT8")
+REASON_CHARS = 200  # a reason quotes at most this much of an exception message
 
 
 class RequestError(Exception):
@@ -28,21 +45,38 @@ class RequestError(Exception):
         self.status, self.reason = status, reason
 
 
+def first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:REASON_CHARS] if lines else type(exc).__name__
+
+
 @dataclass(frozen=True)
-class InputSpec:
-    shape: tuple[int, ...]  # one sample
-    dtype: torch.dtype
+class CodecConfig:
+    input_shape: tuple[int, ...]  # one sample
+    input_dtype: str  # torch dtype name without "torch."
+    task: str  # "classification" | "embedding" | "language-model"
+    model_name: str = "model"  # for KServe v2 answers
+    vocab_size: int | None = None  # token ids must be in [0, vocab_size)
+    tokenizer: str | None = None  # a Hugging Face tokenizer.json (text models)
+    labels: str | None = None  # TorchServe's index_to_name.json
+    max_body_bytes: int = 16 * 2**20
+    max_pixels: int = 50_000_000  # decompression bombs: checked from the header, before decoding
+    max_samples: int = 64  # samples one (KServe) request may carry
+    truncate_text: bool = False  # text longer than the model takes: truncated instead of 413
 
-    @property
-    def raw_bytes(self) -> int:
-        return torch.Size(self.shape).numel() * self.dtype.itemsize
+    @classmethod
+    def for_model(cls, spec, **overrides) -> CodecConfig:
+        """From a packrat.models.ModelSpec; overrides win."""
+        fields = dict(input_shape=tuple(spec.input_shape), input_dtype=str(spec.input_dtype).removeprefix("torch."),
+                      task=spec.task, model_name=spec.name, vocab_size=spec.vocab_size)
+        return cls(**{**fields, **overrides})
 
-    @property
-    def max_bytes(self) -> int:
-        return self.raw_bytes * JSON_TEXT_FACTOR + 1024
 
-    def describe(self) -> str:
-        return f"{str(self.dtype).removeprefix('torch.')} of shape {'x'.join(map(str, self.shape))}"
+@dataclass
+class Decoded:
+    samples: torch.Tensor  # (k, *input_shape), k >= 1
+    form: str  # "plain" | "kserve-v1" | "kserve-v2": how to answer
+    request_id: str | None = None  # KServe v2 "id", echoed back
 
 
 def request_body(row: dict):
@@ -51,85 +85,338 @@ def request_body(row: dict):
     return row.get("body") if body is None else body
 
 
-def decode(body, spec: InputSpec, content_type: str | None = None) -> torch.Tensor:
-    """One sample as a tensor of spec's shape and dtype, or RequestError."""
-    if body is None:
-        raise RequestError(400, "empty request: send one input sample as the body")
-    if isinstance(body, (bytes, bytearray)):
-        if len(body) > spec.max_bytes:
-            raise RequestError(413, f"request too large: {len(body)} bytes (at most {spec.max_bytes})")
+class Codec:
+    def __init__(self, config: CodecConfig):
+        self.config, self.shape = config, tuple(config.input_shape)
+        self.dtype = getattr(torch, config.input_dtype, None)
+        if not isinstance(self.dtype, torch.dtype):
+            raise ValueError(f"unknown input dtype {config.input_dtype!r}: use a torch dtype name such as float32")
+        if config.task not in TASKS:
+            raise ValueError(f"unknown task {config.task!r}: use one of {', '.join(TASKS)}")
+        self.takes_tokens = self.dtype == torch.int64 and len(self.shape) == 1
+        self.text = None
+        if config.tokenizer:
+            if not self.takes_tokens:
+                raise ValueError(f"a tokenizer needs a model taking int64 token ids of shape (L,), "
+                                 f"not {self.describe()}")
+            from .text import TextEncoder
+
+            self.text = TextEncoder(config.tokenizer, self.shape[0], config.task == "language-model",
+                                    config.truncate_text)
+        self.labels = _load_labels(config.labels) if config.labels else None
+
+    @property
+    def input_kind(self) -> str:
+        if self.dtype.is_floating_point and len(self.shape) == 3 and self.shape[0] == 3:
+            return "image"
+        return "text" if self.text is not None else "tensor"
+
+    def describe(self) -> str:
+        return f"{self.config.input_dtype} of shape {'x'.join(map(str, self.shape))}"
+
+    # ---- decoding ---------------------------------------------------------------------------
+
+    def decode(self, body, content_type: str | None) -> Decoded:
+        """The request's samples and how to answer it; RequestError and nothing else."""
+        try:
+            return self._decode(body, (content_type or "").split(";")[0].strip().lower())
+        except RequestError:
+            raise
+        except Exception as exc:  # a bug or a body nobody foresaw: still only this request's failure
+            raise RequestError(400, f"cannot decode request: {type(exc).__name__}: {first_line(exc)}") from None
+
+    def _decode(self, body, kind: str) -> Decoded:
+        if isinstance(body, str):  # TorchServe decodes text/* bodies
+            body, kind = body.encode("utf-8"), kind or "text/plain"
+        if isinstance(body, memoryview):
+            body = body.tobytes()
+        if isinstance(body, (bytes, bytearray)):
+            return self._from_bytes(body, kind)
+        if body is None:
+            raise RequestError(400, "empty request: send one input sample as the body")
+        if isinstance(body, (dict, list)):  # TorchServe decodes JSON bodies
+            return self._from_json(body)
+        raise RequestError(400, f"unsupported request body: {type(body).__name__}")
+
+    def _from_bytes(self, body: bytes | bytearray, kind: str) -> Decoded:
+        limit = self.config.max_body_bytes
+        if len(body) > limit:
+            raise RequestError(413, f"request too large: {len(body)} bytes (limit {limit})")
+        if not body:
+            raise RequestError(400, "empty request: send one input sample as the body")
         if body[:4] == ZIP_MAGIC:
-            return _check(_load_tensor(bytes(body)), spec)
-        if _is_json(body, content_type):
-            body = _parse_json(body)
+            return self._plain(self._one(self._load_tensor(bytes(body))))
+        if kind.startswith("image/") or (self.input_kind == "image" and _is_image(body)):
+            return self._plain(self._image(bytes(body)))
+        if "json" in kind:
+            return self._from_json(_parse_json(body))
+        json_error = None
+        # text/plain text for a text model may well start with "[" or "{"
+        sniffed = kind in SNIFFED_TYPES or (kind.startswith("text/") and not self.takes_tokens)
+        if sniffed and body[:64].lstrip()[:1] in (b"{", b"["):
+            try:
+                value = _parse_json(body)
+            except RequestError as exc:  # or raw bytes / text that merely start like JSON
+                json_error = exc
+            else:
+                return self._from_json(value)
+        text = _as_text(body) if self.takes_tokens or kind.startswith("text/") else None
+        if text is not None:
+            return self._plain(self._text(text))
+        if json_error is not None and len(body) != self._raw_size():
+            raise json_error
+        return self._plain(self._raw(body))
+
+    def _from_json(self, body) -> Decoded:
+        if isinstance(body, dict):
+            if "instances" in body:
+                return self._v1(body["instances"])
+            inputs = body.get("inputs")
+            if isinstance(inputs, list) and inputs and isinstance(inputs[0], dict):
+                return self._v2(body)
+            if "inputs" in body:  # legacy: nested numbers of one sample
+                return self._plain(self._one(self._numbers(inputs)))
+            if any(key in body for key in SAMPLE_KEYS):
+                return self._plain(self._sample(body))
+        raise RequestError(400, 'JSON body must be an object with "data", "text", "inputs" or "instances"')
+
+    def _v1(self, instances) -> Decoded:
+        if not isinstance(instances, list) or not instances:
+            raise RequestError(400, '"instances" must be a non-empty list of samples')
+        self._count(len(instances))
+        return Decoded(self._finish(torch.stack([self._sample(item) for item in instances])), "kserve-v1")
+
+    def _v2(self, body: dict) -> Decoded:
+        request_id = body.get("id")
+        if request_id is not None and not isinstance(request_id, str):
+            raise RequestError(400, '"id" must be a string')
+        tensor = body["inputs"][0]  # one input: the model takes one tensor
+        datatype, data = tensor.get("datatype"), tensor.get("data")
+        if datatype == "BYTES":
+            samples = self._v2_bytes(data)
         else:
-            return _from_raw(body, spec)
-    if isinstance(body, str):
-        body = _parse_json(body.encode())
-    return _from_json(body, spec)
+            samples = self._v2_numbers(datatype, tensor.get("shape"), data)
+        return Decoded(self._finish(samples), "kserve-v2", request_id)
+
+    def _v2_bytes(self, data) -> torch.Tensor:
+        """One sample per element (base64 image or text); shape [k] or [k, 1]."""
+        rows = data if isinstance(data, list) else [data]
+        items = [x for row in rows for x in (row if isinstance(row, list) else [row])]
+        if not items:
+            raise RequestError(400, "KServe v2 input has no data")
+        self._count(len(items))
+        return torch.stack([self._sample(item) for item in items])
+
+    def _v2_numbers(self, datatype, shape, data) -> torch.Tensor:
+        if datatype not in V2_INPUTS:
+            raise RequestError(400, f"unsupported datatype {str(datatype)[:20]!r}: use BYTES or one of "
+                                    f"{', '.join(V2_INPUTS)}")
+        if datatype.startswith("FP") and not self.dtype.is_floating_point:
+            raise RequestError(400, f"wrong dtype: got {datatype}, expected {self.describe()}")
+        if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+            raise RequestError(400, '"shape" must be a list of non-negative integers')
+        values = self._numbers(data).flatten()
+        if math.prod(shape) != values.numel():
+            raise RequestError(400, f"shape {shape} does not match the {values.numel()} values in data")
+        values = values.view(shape)
+        if tuple(shape) == self.shape:
+            return values[None]
+        if tuple(shape[1:]) != self.shape:
+            raise RequestError(400, f"wrong shape: got {shape}, expected {list(self.shape)} or "
+                                    f"[k, {', '.join(map(str, self.shape))}] ({self.describe()})")
+        return values
+
+    def _sample(self, value) -> torch.Tensor:
+        """One sample from a JSON value: base64 image or text, an object holding one, or numbers."""
+        if isinstance(value, str):
+            return self._image(_b64(value)) if self.input_kind == "image" else self._text(value)
+        if isinstance(value, dict):
+            for key in SAMPLE_KEYS:
+                if key in value:
+                    return self._sample(value[key])
+            raise RequestError(400, 'a sample object must be {"data": ...}, {"b64": ...} or {"text": ...}')
+        if isinstance(value, list):
+            return self._one(self._numbers(value))
+        raise RequestError(400, f"cannot read a sample from a JSON {type(value).__name__}")
+
+    def _image(self, data: bytes) -> torch.Tensor:
+        if self.input_kind != "image":
+            raise RequestError(400, f"this model takes {self.describe()}, not images")
+        from .images import to_sample
+
+        return to_sample(data, self.shape, self.config.max_pixels)
+
+    def _text(self, text: str) -> torch.Tensor:
+        if self.text is not None:
+            return self.text.encode(text)
+        if self.takes_tokens:
+            raise RequestError(400, "this model was archived without a tokenizer: send token ids, "
+                                    "or archive with --tokenizer DIR")
+        raise RequestError(400, f"this model takes {self.describe()}, not text")
+
+    def _numbers(self, value) -> torch.Tensor:
+        """Nested JSON numbers as a tensor of the model's dtype."""
+        try:
+            tensor = torch.tensor(value)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            raise RequestError(400, f"inputs must be a nested list of numbers ({first_line(exc)})") from None
+        if tensor.dtype == torch.bool or tensor.is_complex():
+            raise RequestError(400, f"inputs must be numbers, got {str(tensor.dtype).removeprefix('torch.')}")
+        if tensor.is_floating_point() and not self.dtype.is_floating_point:
+            raise RequestError(400, f"wrong dtype: got floating-point numbers, expected {self.describe()}")
+        return tensor.to(self.dtype)
+
+    def _raw_size(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def _raw(self, body: bytes | bytearray) -> torch.Tensor:
+        size = self._raw_size()
+        if len(body) != size:
+            also = ", or an image" if self.input_kind == "image" else ", or text" if self.text else ""
+            raise RequestError(400, f"wrong size: {len(body)} bytes, expected {size} ({self.describe()}{also})")
+        return torch.frombuffer(bytearray(body), dtype=self.dtype).view(self.shape)
+
+    def _load_tensor(self, body: bytes) -> torch.Tensor:
+        try:  # torch.load inflates compressed entries: refuse zip bombs before it does
+            unpacked = sum(entry.file_size for entry in zipfile.ZipFile(io.BytesIO(body)).infolist())
+        except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+            raise RequestError(400, f"undecodable body: not a torch.save tensor ({first_line(exc)})") from None
+        limit = self._raw_size() + 2**20
+        if unpacked > limit:
+            raise RequestError(413, f"torch.save body too large: {unpacked} bytes unpacked (limit {limit})")
+        try:
+            value = torch.load(io.BytesIO(body), weights_only=True, map_location="cpu")
+        except Exception as exc:  # weights_only refuses arbitrary pickles with UnpicklingError
+            raise RequestError(400, f"undecodable body: not a torch.save tensor "
+                                    f"({type(exc).__name__}: {first_line(exc)})") from None
+        if not isinstance(value, torch.Tensor):
+            raise RequestError(400, f"torch.save body must hold a tensor, got {type(value).__name__}")
+        if value.dtype != self.dtype:
+            got = str(value.dtype).removeprefix("torch.")
+            raise RequestError(400, f"wrong dtype: got {got}, expected {self.describe()}")
+        return value.detach()
+
+    def _one(self, value: torch.Tensor) -> torch.Tensor:
+        """A tensor of one sample; a batch of one counts as one sample."""
+        if tuple(value.shape) == (1, *self.shape):
+            value = value[0]
+        if tuple(value.shape) != self.shape:
+            shape = "x".join(map(str, value.shape)) or "scalar"
+            raise RequestError(400, f"wrong shape: got {shape}, expected {self.describe()}")
+        return value
+
+    def _plain(self, sample: torch.Tensor) -> Decoded:
+        return Decoded(self._finish(sample[None]), "plain")
+
+    def _count(self, k: int) -> None:
+        if k > self.config.max_samples:
+            raise RequestError(413, f"too many samples: {k} (limit {self.config.max_samples})")
+
+    def _finish(self, samples: torch.Tensor) -> torch.Tensor:
+        """Checks every path shares: sample count, finite numbers, token ids in the vocabulary."""
+        if samples.shape[0] == 0:
+            raise RequestError(400, "no samples in the request")
+        self._count(samples.shape[0])
+        if self.dtype.is_floating_point and not torch.isfinite(samples).all():
+            raise RequestError(400, "inputs must be finite numbers: got NaN or infinity")
+        vocab = self.config.vocab_size
+        if vocab and not self.dtype.is_floating_point:
+            bad = samples[(samples < 0) | (samples >= vocab)]
+            if bad.numel():
+                raise RequestError(400, f"token id {int(bad[0])} is outside the model's vocabulary [0, {vocab})")
+        return samples.contiguous()
+
+    # ---- encoding ---------------------------------------------------------------------------
+
+    def encode(self, outputs: torch.Tensor, decoded: Decoded) -> bytes:
+        """Compact UTF-8 JSON answering the request that `decoded` came from."""
+        outputs = outputs.detach().cpu()
+        if decoded.form == "kserve-v2":
+            body = self._v2_answer(outputs, decoded.request_id)
+        elif decoded.form == "kserve-v1":
+            body = {"predictions": [self._answer(row) for row in outputs]}
+        else:
+            body = self._answer(outputs[0])
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+    def _v2_answer(self, outputs: torch.Tensor, request_id: str | None) -> dict:
+        datatype = next((name for name, dtype in V2_DTYPES.items() if dtype == outputs.dtype), None)
+        if datatype is None:  # e.g. complex: answer what JSON can carry
+            outputs, datatype = outputs.float(), "FP32"
+        output = {"name": "output0", "shape": list(outputs.shape), "datatype": datatype,
+                  "data": outputs.flatten().tolist()}
+        head = {"model_name": self.config.model_name} | ({"id": request_id} if request_id is not None else {})
+        return {**head, "outputs": [output]}
+
+    def _answer(self, output: torch.Tensor) -> dict:
+        """One sample's plain answer."""
+        if self.config.task == "classification":
+            scores = torch.softmax(output.float().flatten(), dim=0)
+            top, classes = scores.topk(min(TOP_K, scores.numel()))
+            return {"predictions": [self._prediction(int(c), float(s)) for c, s in zip(classes, top)]}
+        if self.config.task == "language-model":
+            logits = output.float().reshape(-1, output.shape[-1])[-1]  # (L, V) outputs: the last position's
+            top, tokens = logits.topk(min(TOP_K, logits.numel()))
+            return {"next_tokens": [self._next_token(int(t), float(v)) for t, v in zip(tokens, top)]}
+        return {"embedding": output.float().flatten().tolist()}
+
+    def _prediction(self, index: int, score: float) -> dict:
+        label = self.labels.get(index) if self.labels is not None else None
+        return {"class": index, **({"label": label} if label is not None else {}), "score": score}
+
+    def _next_token(self, token: int, logit: float) -> dict:
+        text = {"text": self.text.token_text(token)} if self.text is not None else {}
+        return {"token": token, **text, "logit": logit}
 
 
-def _is_json(body: bytes | bytearray, content_type: str | None) -> bool:
-    if content_type:
-        return "json" in content_type.lower()
-    return body.lstrip()[:1] in (b"{", b"[")
+def _is_image(body: bytes | bytearray) -> bool:
+    from .images import is_image
+
+    return is_image(bytes(body[:32]))
 
 
 def _parse_json(body: bytes | bytearray):
     try:
-        return json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestError(400, f"undecodable body: not valid JSON ({exc.__class__.__name__}: {exc})") from None
+        return json.loads(body, parse_constant=_reject_constant)
+    except RecursionError:
+        raise RequestError(400, "undecodable body: JSON nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise RequestError(400, f"undecodable body: not valid JSON ({type(exc).__name__}: {first_line(exc)})") from None
 
 
-def _load_tensor(body: bytes) -> torch.Tensor:
+def _reject_constant(name: str):
+    raise RequestError(400, f"JSON holds {name}: only finite numbers are accepted")
+
+
+def _as_text(body: bytes | bytearray) -> str | None:
+    """The body as text if it reads as UTF-8 without NULs (raw int64 token ids always have some)."""
     try:
-        value = torch.load(io.BytesIO(body), weights_only=True, map_location="cpu")
-    except (RuntimeError, zipfile.BadZipFile, EOFError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RequestError(400, f"undecodable body: not a torch.save tensor ({first})") from None
-    except Exception as exc:  # weights_only refuses arbitrary pickles with UnpicklingError
-        raise RequestError(400, f"undecodable body: refused by weights_only loading ({type(exc).__name__})") from None
-    if not isinstance(value, torch.Tensor):
-        raise RequestError(400, f"torch.save body must hold a tensor, got {type(value).__name__}")
-    return value
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if "\x00" in text else text
 
 
-def _from_raw(body: bytes | bytearray, spec: InputSpec) -> torch.Tensor:
-    if len(body) != spec.raw_bytes:
-        raise RequestError(400, f"wrong size: {len(body)} bytes, expected {spec.raw_bytes} ({spec.describe()})")
-    return torch.frombuffer(bytearray(body), dtype=spec.dtype).view(spec.shape)
-
-
-def _from_json(body, spec: InputSpec) -> torch.Tensor:
-    if not isinstance(body, dict) or "inputs" not in body:
-        raise RequestError(400, 'JSON body must be an object {"inputs": [...]}')
+def _b64(value: str) -> bytes:
+    """Base64 (standard alphabet, line breaks and missing padding allowed; data: URLs too)."""
+    if value.startswith("data:") and "base64," in value[:100]:
+        value = value.split("base64,", 1)[1]
+    value = "".join(value.split())
     try:
-        value = torch.tensor(body["inputs"])
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise RequestError(400, f"inputs must be a nested list of numbers ({str(exc).splitlines()[0]})") from None
-    if value.dtype.is_floating_point and not spec.dtype.is_floating_point:
-        raise RequestError(400, f"wrong dtype: got floating-point numbers, expected integers ({spec.describe()})")
-    return _check(value.to(spec.dtype), spec)
+        return base64.b64decode(value + "=" * (-len(value) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(400, "undecodable body: image data is not base64") from None
 
 
-def _check(value: torch.Tensor, spec: InputSpec) -> torch.Tensor:
-    if value.dtype != spec.dtype:
-        raise RequestError(400, f"wrong dtype: got {str(value.dtype).removeprefix('torch.')}, expected {spec.describe()}")
-    if tuple(value.shape) == (1, *spec.shape):
-        value = value[0]  # a batch of one is one sample
-    if tuple(value.shape) != spec.shape:
-        shape = "x".join(map(str, value.shape)) or "scalar"
-        raise RequestError(400, f"wrong shape: got {shape}, expected {spec.describe()}")
-    return value
-
-
-def encode(output: torch.Tensor, task: str) -> dict:
-    """One sample's model output as a JSON-able response body."""
-    if task == "classification":
-        scores, classes = torch.softmax(output.float(), dim=-1).topk(min(TOP_K, output.shape[-1]))
-        return {"predictions": [{"class": int(c), "score": float(s)} for c, s in zip(classes, scores)]}
-    if task == "language-model":
-        logits, tokens = output.float().topk(min(TOP_K, output.shape[-1]))
-        return {"next_tokens": [{"token": int(t), "logit": float(v)} for t, v in zip(tokens, logits)]}
-    return {"embedding": output.float().flatten().tolist()}
+def _load_labels(path: str) -> dict[int, str]:
+    """index_to_name.json: {"0": "tench"} or TorchServe's ImageNet {"0": ["n01440764", "tench"]}."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            raw = json.load(file)
+        return {int(key): str(value[-1] if isinstance(value, list) and value else value)
+                for key, value in raw.items()}
+    except OSError as exc:
+        raise ValueError(f"cannot read labels file {path}: {exc.strerror or exc}") from None
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise ValueError(f"labels file {path} must map class indices to names like TorchServe's "
+                         f"index_to_name.json ({type(exc).__name__}: {first_line(exc)})") from None

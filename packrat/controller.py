@@ -1,7 +1,7 @@
 """The controller: follows the load by switching the pool to the plan for the batch
 size the estimator sees, without dropping a request.
 
-Every batch goes to the live pool. When the estimator proposes a new target batch B',
+Every request goes to the live pool. When the estimator proposes a new target batch B',
 a background thread computes the plan for B' and asks the pool to reconfigure
 (`InstancePool.reconfigure`): instances that keep their threads and cores are reused
 (only their share of the batch changes, so a plan that differs only in batch sizes, or
@@ -28,7 +28,11 @@ log = logging.getLogger("packrat.controller")
 
 
 class Pool(Protocol):
-    def run(self, inputs): ...
+    outstanding: int  # requests queued or running
+
+    def submit(self, request): ...  # a concurrent.futures.Future of an answer with .status
+
+    def health(self): ...
 
     def reconfigure(self, configs) -> dict: ...
 
@@ -62,17 +66,21 @@ class Controller:
 
     # ---- serving ------------------------------------------------------------------------------
 
-    def run(self, inputs):
-        """Run one batch on the live pool; may start a switch in the background."""
-        self.estimator.observe(len(inputs))
+    def submit(self, request):
+        """Queue one request on the live pool (a future of its answer); may start a switch in the
+        background. The load is measured as the requests in the pool when one arrives: with U
+        users in a closed loop that is about U, the batch the plan should be made for."""
+        self.estimator.observe(self.pool.outstanding + 1)
         self._maybe_switch()
-        try:
-            return self.pool.run(inputs)
-        except Exception:
+        future = self.pool.submit(request)
+        future.add_done_callback(self._count_failure)
+        return future
+
+    def _count_failure(self, future) -> None:
+        if future.result().status >= 500:
             with self._lock:
                 if self._switching is not None:
-                    self._failed_during_switch += len(inputs)
-            raise
+                    self._failed_during_switch += 1
 
     def _maybe_switch(self) -> None:
         now = self.clock()
@@ -129,7 +137,8 @@ class Controller:
 
     def status(self) -> dict:
         """{"plan": <as packrat plan --json>, "mode": how instances run the model (script, eager
-        or ios), "reconfigurations": [...]} (newest last)."""
+        or ios), "health": the pool's (pool.Health), "reconfigurations": [...]} (newest last)."""
         with self._lock:
             records = list(self.reconfigurations)
-        return {"plan": self.plan.to_json(), "mode": self.pool.mode, "reconfigurations": [asdict(r) for r in records]}
+        return {"plan": self.plan.to_json(), "mode": self.pool.mode, "health": asdict(self.pool.health()),
+                "reconfigurations": [asdict(r) for r in records]}

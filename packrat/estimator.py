@@ -1,8 +1,8 @@
-"""Batch-size estimator: which batch size B the plan should be made for, from the
-batches TorchServe actually hands the handler. Pure: numbers in, numbers out.
+"""Batch-size estimator: which batch size B the plan should be made for, from the load the
+handler sees (the requests in the pool when each one arrives). Pure: numbers in, numbers out.
 
-Every observed batch size feeds an exponentially weighted moving average (weight α for
-the newest). Once per period the average is rounded down to a power of two (capped at
+Every observation feeds an exponentially weighted moving average (weight α for
+the newest). Once per period the average, rounded to an integer, is rounded down to a power of two (capped at
 the configured batch size) and appended to the last `window` estimates; the most common
 of those is the target. A new target is proposed only when it differs from the current
 one and holds a strict majority of the window, and going down needs the average to fall
@@ -65,7 +65,8 @@ class BatchSizeEstimator:
             return None
         if self.average >= self.max_batch - 0.5:  # essentially every batch full: a queue behind it
             return self.max_batch
-        estimate = min(floor_power_of_two(self.average), self.max_batch)
+        # Rounded first: a closed loop of U users averages just under U (answers in flight).
+        estimate = min(floor_power_of_two(round(self.average)), self.max_batch)
         if estimate < self.current and self.average >= self.current * (1 - self.settings.hysteresis):
             return self.current  # just under the current target's boundary: noise, not a new load
         return estimate

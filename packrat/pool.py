@@ -1,18 +1,34 @@
-"""The instance pool: one pinned process per planned instance, fed through shared memory.
+"""The instance pool: one pinned process per planned instance, fed request bytes through shared memory.
 
-Each instance is a fresh ``python -m packrat.pool`` process pinned (``os.sched_setaffinity``) to its own cores,
-with its own intra-op thread count and one inter-op thread. It loads the model,
-warms it up, and then loops: read ``n`` samples from its input segment, run the model,
-write the outputs to its output segment. The parent owns both segments (POSIX shared
-memory it creates and unlinks); only ``("run", n)`` / ``("done", n)`` cross the pipe,
-so no tensor is pickled per request.
+Each instance is a fresh ``python -m packrat.pool`` process pinned (``os.sched_setaffinity``) to
+its own cores, with its own intra-op thread count and one inter-op thread. It loads the model and
+a ``codec.Codec``, warms up, and then loops: read its requests' bodies from its input segment
+(POSIX shared memory the parent creates, grows and unlinks), decode each, run the model once on
+the good ones, encode each answer, and send the answers back over its socket. Pre- and
+post-processing (image decoding, tokenisation, top-5, labels) thus run on the instance's cores,
+in parallel across instances; the caller only moves bytes. A request whose own decoding or
+encoding fails is answered alone (4xx for bad input, 500 for ours); its batch-mates are not.
 
-``run(batch)`` splits the batch across the instances in proportion to their planned
-batch sizes, runs the parts concurrently, and concatenates the outputs in input
-order. An instance that dies mid-batch (killed, out of memory) is noticed when its end
-of the socket pair closes: its part is run again on a live instance (or on its replacement if
-none is left) and the instance is respawned in the background. Each input sample is
-answered exactly once.
+Dispatch is work-conserving. ``submit(request)`` queues one request and returns a future; a
+dispatcher thread hands queued requests to every idle instance as soon as it is idle, each taking
+up to its planned share (``split_sizes`` over the idle instances; beyond the plan, up to its
+capacity when the queue is longer). Requests therefore reach the cores as they arrive, users
+desynchronise, and no core waits for a whole batch to be gathered or answered, while the threads
+of all instances never exceed the cores. Requests come from TorchServe's asynchronous worker
+mode: TorchServe hands the handler each batch as it forms, without waiting for the previous one
+to be answered, and the handler submits its requests here (handlers/packrat_handler.py; the
+same handler in TorchServe's ordinary mode, whole batches one at a time, is what BENCHMARKS.md
+compares it with). The other way, a second TorchServe worker sharing these instances, was not
+built: workers are separate processes, so the queue and the instances would have to move into
+a third process, adding a hop per request, and each worker would still hand over whole batches.
+
+Failures: an instance that dies (killed, out of memory, a crash in a native decoder) is noticed
+when its socket closes; its requests go back to the front of the queue and run on another
+instance (a request that has taken three instances down with it is answered 500 instead), and the
+instance is respawned in the background, retried with back-off (1 s doubling to 30 s), forever,
+each failure logged. While no instance can run (every one dead and a respawn has failed, or none
+ready for ``unavailable_after_s``), requests are answered 503 with the reason at once instead of
+waiting; when an instance comes back, service resumes by itself. ``health()`` reports all this.
 """
 
 from __future__ import annotations
@@ -25,18 +41,24 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.shared_memory import SharedMemory
 from typing import Sequence
 
-import torch
+from .codec import CodecConfig
 
 log = logging.getLogger("packrat.pool")
 
+MIN_SEGMENT_BYTES = 1 << 20
+MAX_ATTEMPTS = 3  # instance deaths one request may be part of before it is answered 500
+BACKOFF_S = (1.0, 30.0)  # first and longest wait between respawn attempts
+
 
 class PoolError(RuntimeError):
-    """An instance could not start, or the model failed on a batch."""
+    """An instance could not start, or the pool is closed."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +66,7 @@ class InstanceConfig:
     threads: int
     batch: int  # planned sub-batch: the share of a full batch this instance runs
     cores: tuple[int, ...]
-    capacity: int = 0  # most samples it can take at once (its shared memory); at least `batch`
+    capacity: int = 0  # most requests it takes at once when the queue is long; at least `batch`
 
     @property
     def slots(self) -> int:
@@ -59,17 +81,40 @@ class ModelConfig:
     ios_cache: str | None = None  # run each instance by its IOS schedule, cached in this directory
 
 
+@dataclass(frozen=True)
+class Request:
+    body: bytes
+    content_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: bytes  # JSON
+    reason: str = ""  # one line, for errors
+
+    @classmethod
+    def error(cls, status: int, reason: str) -> "Answer":
+        from .inference import error
+
+        return cls(*error(status, reason))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+
 def configs_for(plan, capacity: int = 0) -> list[InstanceConfig]:
     """One instance per planned ⟨threads, batch, cores⟩ of a planner.Plan; `capacity` lets
-    each take up to that many samples (e.g. TorchServe's batch size, when the plan is for less)."""
+    each take up to that many requests (e.g. TorchServe's batch size, when the plan is for less)."""
     return [InstanceConfig(i.threads, i.batch, tuple(i.cores), capacity) for i in plan.instances]
 
 
 def split_sizes(n: int, planned: Sequence[int], capacities: Sequence[int] | None = None) -> list[int]:
-    """How many of `n` samples each instance runs, given the planned batch sizes.
+    """How many of `n` requests each instance runs, given the planned batch sizes.
 
     Shares are proportional to the plan (largest remainders first). Below the planned
-    total, every instance gets at least one sample while there are samples to give, so
+    total, every instance gets at least one request while there are requests to give, so
     no core idles when there is work for it, and none gets more than its planned batch.
     Above it, shares grow in proportion up to each instance's capacity (the caller
     never passes more than the capacities hold).
@@ -111,21 +156,10 @@ def _attach(name: str, size: int) -> mmap.mmap:
     """Map a parent-owned segment without registering it with a resource tracker
     (Python < 3.13 would otherwise unlink it when this process exits)."""
     with open(f"/dev/shm/{name.lstrip('/')}", "r+b") as file:
-        return mmap.mmap(file.fileno(), size)
+        return mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ)
 
 
-def _view(buffer, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    return torch.frombuffer(buffer, dtype=dtype, count=_numel(shape)).view(shape)
-
-
-def _numel(shape: Sequence[int]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
-
-
-def _warm_up(module, example: torch.Tensor) -> None:
+def _warm_up(module, example) -> None:
     """Run every batch size the instance will see soon (halving down to 1), so
     TorchScript's shape specialisation happens here, not on a live request."""
     size = example.shape[0]
@@ -135,35 +169,39 @@ def _warm_up(module, example: torch.Tensor) -> None:
         size //= 2
 
 
+def _load(model: ModelConfig, config: InstanceConfig):
+    from .models import prepare, resolve
+
+    spec = resolve(model.model, model.input_shape)
+    if model.ios_cache:
+        from ios_scheduler.cache import prepare_ios
+
+        return prepare_ios(spec, config.batch, config.threads, model.ios_cache)
+    return prepare(spec, config.batch, graph_mode=model.graph_mode)
+
+
 def _instance_main(conn: Connection) -> None:
-    model, config, input_segment, nice = conn.recv()
+    model, config, codec_config, nice = conn.recv()
     os.sched_setaffinity(0, config.cores)  # before any parallel region starts OpenMP's threads
     if nice:
         os.nice(nice)  # warming up beside a live pool: yield its cores to it (threads inherit this)
+    import torch
+
     torch.set_num_threads(config.threads)
     torch.set_num_interop_threads(1)
-    from .models import prepare, resolve
+    from .codec import Codec
+    from .inference import answer_batch
 
     try:
-        spec = resolve(model.model, model.input_shape)
-        if model.ios_cache:
-            from ios_scheduler.cache import prepare_ios
-
-            module, example, mode = prepare_ios(spec, config.batch, config.threads, model.ios_cache)
-        else:
-            module, example, mode = prepare(spec, config.batch, graph_mode=model.graph_mode)
+        codec = Codec(codec_config)
+        module, example, mode = _load(model, config)
         with torch.inference_mode():
             _warm_up(module, example)
-            sample = module(example[:1])
-        in_shape = (config.slots, *spec.input_shape)
-        inputs = _view(_attach(input_segment, _numel(in_shape) * spec.input_dtype.itemsize), spec.input_dtype, in_shape)
-        out_shape = (config.slots, *sample.shape[1:])
-        conn.send(("ready", tuple(sample.shape[1:]), str(sample.dtype).removeprefix("torch."), mode))
-        _, output_segment = conn.recv()
-        outputs = _view(_attach(output_segment, _numel(out_shape) * sample.dtype.itemsize), sample.dtype, out_shape)
+        conn.send(("ready", mode))
     except Exception as exc:  # report why, then exit: the parent decides what to do
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
+    segment = None
     while True:
         try:
             message = conn.recv()
@@ -171,34 +209,38 @@ def _instance_main(conn: Connection) -> None:
             return
         if message[0] == "stop":
             return
-        n = message[1]
-        try:
-            started = time.perf_counter()
-            with torch.inference_mode():
-                outputs[:n].copy_(module(inputs[:n]))
-            conn.send(("done", n, (time.perf_counter() - started) * 1e3))
-        except Exception as exc:
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        _, items, new_segment = message
+        if new_segment:
+            segment = _attach(*new_segment)
+        started = time.perf_counter()
+        answers = answer_batch(module, codec, [(segment[o:o + n], ct) for o, n, ct in items])
+        conn.send(("answers", answers, (time.perf_counter() - started) * 1e3))
 
 
 # ---- the parent side --------------------------------------------------------------------------
 
-class _Instance:
-    """Parent-side handle of one instance process and its two shared-memory segments."""
+@dataclass
+class _Job:
+    request: Request
+    future: Future
+    queued_at: float = field(default_factory=time.monotonic)
+    attempts: int = 0
 
-    def __init__(self, index: int, model: ModelConfig, config: InstanceConfig,
-                 input_shape: tuple[int, ...], input_dtype: torch.dtype, nice: int = 0):
+
+class _Instance:
+    """Parent-side handle of one instance process, its input segment and the jobs it runs."""
+
+    def __init__(self, index: int, model: ModelConfig, config: InstanceConfig, codec: CodecConfig, nice: int = 0):
         self.index, self.config = index, config
+        self.ready = False  # set once the instance has loaded its model and takes work
+        self.mode = ""
+        self.jobs: list[_Job] = []
+        self.segment: SharedMemory | None = None
+        self.compute_ms = 0.0
         # A fresh interpreter (not fork: that would copy the server's threads and torch
         # state; not multiprocessing's spawn: that re-imports the caller's __main__).
         parent_sock, child_sock = socket.socketpair()
         self.conn = Connection(parent_sock.detach())
-        nbytes = config.slots * _numel(input_shape) * input_dtype.itemsize
-        self.input_shm = SharedMemory(create=True, size=max(nbytes, 1))
-        self.inputs = _view(self.input_shm.buf, input_dtype, (config.slots, *input_shape))
-        self.output_shm: SharedMemory | None = None
-        self.ready = False  # set once the instance has its output segment and takes work
-        self.outputs: torch.Tensor | None = None
         child_fd = child_sock.detach()
         env = None
         if model.ios_cache:
@@ -208,7 +250,7 @@ class _Instance:
         self.process = subprocess.Popen([sys.executable, "-m", "packrat.pool", str(child_fd)], pass_fds=(child_fd,),
                                         env=env)
         os.close(child_fd)  # our copy: the socket must close when the child exits
-        self.conn.send((model, config, self.input_shm.name, nice))
+        self.conn.send((model, config, codec, nice))
 
     def wait_ready(self, timeout: float) -> str:
         """Block until the instance has loaded and warmed up its model; returns its mode."""
@@ -216,18 +258,12 @@ class _Instance:
             raise PoolError(f"instance {self.index} did not start within {timeout:.0f} s")
         try:
             message = self.conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             raise PoolError(f"instance {self.index} exited while starting (exit code {self.process.poll()})") from None
         if message[0] == "failed":
             raise PoolError(f"instance {self.index} failed to start: {message[1]}")
-        _, sample_shape, dtype_name, mode = message
-        dtype = getattr(torch, dtype_name)
-        shape = (self.config.slots, *sample_shape)
-        self.output_shm = SharedMemory(create=True, size=max(_numel(shape) * dtype.itemsize, 1))
-        self.outputs = _view(self.output_shm.buf, dtype, shape)
-        self.conn.send(("output", self.output_shm.name))
-        self.ready = True
-        return mode
+        self.mode, self.ready = message[1], True
+        return self.mode
 
     def restore_priority(self) -> bool:
         """Back to normal priority after a low-priority warm-up (every thread: Linux
@@ -241,20 +277,36 @@ class _Instance:
         except (PermissionError, psutil.Error, ProcessLookupError):
             return False
 
-    def receive(self) -> tuple | None:
-        """The instance's answer, or None if it died without one."""
-        try:
-            return self.conn.recv() if self.conn.poll() else None
-        except (EOFError, OSError):
-            return None
-
-    def submit(self, part: torch.Tensor) -> None:
-        self.inputs[: len(part)].copy_(part)
-        self.conn.send(("run", len(part)))
+    def submit(self, jobs: list[_Job]) -> None:
+        """Write the bodies into the input segment (grown when they do not fit) and send their places."""
+        needed = sum(len(job.request.body) for job in jobs)
+        new_segment = None
+        if self.segment is None or self.segment.size < needed:
+            self._release_segment()
+            self.segment = SharedMemory(create=True, size=max(MIN_SEGMENT_BYTES, 1 << (needed - 1).bit_length()))
+            new_segment = (self.segment.name, self.segment.size)
+        items, offset = [], 0
+        for job in jobs:
+            body = job.request.body
+            self.segment.buf[offset:offset + len(body)] = body
+            items.append((offset, len(body), job.request.content_type))
+            offset += len(body)
+        self.jobs = jobs
+        self.conn.send(("infer", items, new_segment))
 
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    @property
+    def idle(self) -> bool:
+        return self.ready and not self.jobs
+
+    def _release_segment(self) -> None:
+        if self.segment is not None:
+            self.segment.close()
+            self.segment.unlink()
+            self.segment = None
 
     def close(self, timeout: float = 5.0) -> None:
         self.ready = False
@@ -265,46 +317,59 @@ class _Instance:
             self.process.kill()
             self.process.wait()
         self.conn.close()
-        self.inputs = self.outputs = None  # release the views before closing the segments
-        for shm in (self.input_shm, self.output_shm):
-            if shm is not None:
-                shm.close()
-                shm.unlink()
+        self._release_segment()
+
+
+@dataclass
+class Health:
+    instances: int
+    ready: int
+    respawning: int
+    respawn_failures: int  # failed respawn attempts since start
+    unavailable: str | None  # why requests are being refused now, or None
+    queued: int
+    answered: int
+    refused: int  # requests answered 503 because no instance could run them
 
 
 class InstancePool:
-    """Pinned model instances that together run one batch as fast as the plan allows.
+    """Pinned model instances answering requests as fast as the plan allows.
 
-    Use as a context manager, or call close(); run() is safe to call from several threads
-    (batches are run one after another).
+    Use as a context manager, or call close(). submit() and infer() are safe from any thread.
     """
 
-    def __init__(self, model: ModelConfig, instances: Sequence[InstanceConfig], start_timeout: float = 600.0):
-        from .models import resolve
-
+    def __init__(self, model: ModelConfig, instances: Sequence[InstanceConfig], codec: CodecConfig | None = None,
+                 start_timeout: float = 600.0, unavailable_after_s: float = 30.0):
         if not instances:
             raise ValueError("a pool needs at least one instance")
-        cores = [c for inst in instances for c in inst.cores]
-        if len(cores) != len(set(cores)):
-            raise ValueError(f"instances share cores: {[list(i.cores) for i in instances]}")
-        spec = resolve(model.model, model.input_shape)
-        self.model = model
-        self.input_shape, self.input_dtype = tuple(spec.input_shape), spec.input_dtype
-        self.start_timeout = start_timeout
+        self._check_cores(instances)
+        if codec is None:
+            from .models import resolve
+
+            codec = CodecConfig.for_model(resolve(model.model, model.input_shape))
+        self.model, self.codec = model, codec
+        self.start_timeout, self.unavailable_after_s = start_timeout, unavailable_after_s
         self.respawns = 0
-        self.last_compute_ms = 0.0  # slowest instance's model time in the last round (overhead = wall − this)
         self.mode = ""
-        self._lock = threading.Lock()  # one batch at a time
-        self._swap = threading.Lock()  # guards self._instances against the respawn threads
-        self._closed = False
+        self.last_compute_ms = 0.0  # model + codec time of the last answered sub-batch
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self._queue: deque[_Job] = deque()
         self._instances: list[_Instance] = []
         self._parked: list[_Instance] = []  # retired by the last switch; reused if the plan comes back
+        self._respawn_failures, self._respawning, self._answered, self._refused = 0, 0, 0, 0
+        self._outage: str | None = None  # why the last respawn failed, while no instance is ready
+        self._down_since: float | None = None  # when the last ready instance went away
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
         try:
             self._instances = [self._spawn(config, i) for i, config in enumerate(instances)]
             self.mode = [inst.wait_ready(start_timeout) for inst in self._instances][0]
         except BaseException:
             self.close()
             raise
+        self._dispatcher = threading.Thread(target=self._dispatch_loop, daemon=True, name="packrat-dispatch")
+        self._dispatcher.start()
         log.info("pool ready: %s (%s mode)", self.describe(), self.mode)
 
     @classmethod
@@ -312,141 +377,217 @@ class InstancePool:
         """A pool for a planner.Plan: one instance per planned ⟨threads, batch, cores⟩."""
         return cls(model, configs_for(plan, capacity), **kwargs)
 
+    @staticmethod
+    def _check_cores(configs: Sequence[InstanceConfig]) -> None:
+        cores = [c for config in configs for c in config.cores]
+        if len(cores) != len(set(cores)):
+            raise ValueError(f"instances share cores: {[list(c.cores) for c in configs]}")
+
     @property
     def configs(self) -> list[InstanceConfig]:
-        with self._swap:
+        with self._lock:
             return [inst.config for inst in self._instances]
 
     @property
     def batch(self) -> int:
         return sum(c.batch for c in self.configs)
 
+    @property
+    def outstanding(self) -> int:
+        """Requests queued or running now."""
+        with self._lock:
+            return len(self._queue) + sum(len(inst.jobs) for inst in self._instances + self._parked)
+
     def describe(self) -> str:
         return ", ".join(f"⟨{c.threads} threads, batch {c.batch}, cores {list(c.cores)}⟩" for c in self.configs)
 
-    def _spawn(self, config: InstanceConfig, index: int, nice: int = 0) -> _Instance:
-        return _Instance(index, self.model, config, self.input_shape, self.input_dtype, nice)
-
-    # ---- running a batch ----------------------------------------------------------------------
-
-    def run(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Outputs for `inputs` (batch first), in order; batches larger than the plan run in rounds."""
-        if tuple(inputs.shape[1:]) != self.input_shape or inputs.dtype != self.input_dtype:
-            raise ValueError(f"inputs must be {self.input_dtype} of shape (n, {', '.join(map(str, self.input_shape))}),"
-                             f" got {inputs.dtype} {tuple(inputs.shape)}")
-        if len(inputs) == 0:
-            raise ValueError("empty batch")
+    def pids(self) -> list[int]:
         with self._lock:
-            outputs, start = [], 0
-            while start < len(inputs):  # more than the ready instances hold: one round at a time
-                instances = self._ready_instances()
-                chunk = inputs[start:start + sum(inst.config.slots for inst in instances)]
-                outputs.append(self._run_chunk(chunk, instances))
-                start += len(chunk)
-            return torch.cat(outputs)
+            return [inst.process.pid for inst in self._instances]
 
-    def _ready_instances(self) -> list[_Instance]:
-        """The instances able to take work now (a respawning one is not, until warmed up)."""
-        while True:
-            with self._swap:
-                ready = [inst for inst in self._instances if inst.ready and inst.alive]
-            if ready:
-                return ready
-            if self._closed:
+    def _spawn(self, config: InstanceConfig, index: int, nice: int = 0) -> _Instance:
+        return _Instance(index, self.model, config, self.codec, nice)
+
+    # ---- answering requests -------------------------------------------------------------------
+
+    def submit(self, request: Request) -> Future:
+        """Queue one request; the future gets its Answer (never an exception)."""
+        job = _Job(request, Future())
+        with self._lock:
+            if self._closed.is_set():
                 raise PoolError("pool is closed")
-            time.sleep(0.02)
+            if len(request.body) > self.codec.max_body_bytes:  # refused before it is copied anywhere
+                job.future.set_result(Answer.error(413, f"request too large: {len(request.body)} bytes "
+                                                        f"(limit {self.codec.max_body_bytes})"))
+                return job.future
+            reason = self._unavailable()
+            if reason:
+                self._refused += 1
+                job.future.set_result(Answer.error(503, reason))
+                return job.future
+            self._queue.append(job)
+        self._wake()
+        return job.future
 
-    def _run_chunk(self, chunk: torch.Tensor, instances: list[_Instance]) -> torch.Tensor:
-        sizes = split_sizes(len(chunk), [inst.config.batch for inst in instances],
-                            [inst.config.slots for inst in instances])
-        bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-        work = [(inst, chunk[bounds[i]:bounds[i + 1]]) for i, inst in enumerate(instances) if sizes[i]]
-        outputs = self._execute(work)
-        for i, (_, part) in enumerate(work):
-            if outputs[i] is None:
-                outputs[i] = self._redo(part)
-        return torch.cat(outputs)
+    def infer(self, requests: Sequence[Request]) -> list[Answer]:
+        """Answers for `requests`, in order (blocks until all are answered)."""
+        return [future.result() for future in [self.submit(r) for r in requests]]
 
-    def _execute(self, work: list[tuple[_Instance, torch.Tensor]]) -> list[torch.Tensor | None]:
-        """Run each part on its instance concurrently. A part whose instance died comes
-        back as None (the instance is being respawned); a model error raises PoolError."""
-        outputs: list[torch.Tensor | None] = [None] * len(work)
-        self.last_compute_ms = 0.0
-        waiting: dict[object, int] = {}
-        for index, (inst, part) in enumerate(work):
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except (BlockingIOError, OSError):  # already awake (buffer full) or closing
+            pass
+
+    def _dispatch_loop(self) -> None:
+        while not self._closed.is_set():
+            with self._lock:
+                self._assign()
+                watched = {inst.conn: inst for inst in self._instances + self._parked if inst.ready}
             try:
-                inst.submit(part)
-            except OSError:  # the pipe is already broken: the instance is gone
+                readable = wait([self._wake_r, *watched], timeout=0.5)
+            except OSError:  # a connection closed under us: look again
                 continue
-            waiting[inst.conn] = index  # readable on an answer, and on EOF if the instance dies
-        error = None
-        while waiting:
-            for handle in wait(list(waiting)):
-                index = waiting.pop(handle)
-                inst, part = work[index]
-                message = inst.receive()
-                if message and message[0] == "done":
-                    outputs[index] = inst.outputs[: len(part)].clone()
-                    self.last_compute_ms = max(self.last_compute_ms, message[2])
-                elif message:
-                    error = PoolError(f"model failed on instance {inst.index}: {message[1]}")
-        for index, (inst, _) in enumerate(work):
-            if outputs[index] is None and error is None:
-                self._replace(inst)
-        if error is not None:
-            raise error
-        return outputs
+            for handle in readable:
+                if handle is self._wake_r:
+                    try:
+                        self._wake_r.recv(4096)
+                    except OSError:
+                        return
+                else:
+                    self._collect(watched[handle])
+            with self._lock:
+                self._refuse_if_unavailable()
 
-    def _redo(self, part: torch.Tensor) -> torch.Tensor:
-        """Run a dead instance's part again on a live instance (its replacement if none is)."""
-        while True:
-            inst = max(self._ready_instances(), key=lambda i: i.config.slots)
-            pieces = torch.split(part, inst.config.slots)
-            outputs = [self._execute([(inst, piece)])[0] for piece in pieces]
-            if all(out is not None for out in outputs):
-                return torch.cat(outputs)
-            # that one died too: go round again with whoever is left
+    def _assign(self) -> None:
+        """Give queued requests to the idle instances, split by their planned shares."""
+        idle = [inst for inst in self._instances if inst.idle]
+        if not self._queue or not idle:
+            return
+        n = min(len(self._queue), sum(inst.config.slots for inst in idle))
+        sizes = split_sizes(n, [inst.config.batch for inst in idle], [inst.config.slots for inst in idle])
+        for inst, size in zip(idle, sizes):
+            if size:
+                jobs = [self._queue.popleft() for _ in range(size)]
+                try:
+                    inst.submit(jobs)
+                except OSError:  # its socket is broken: it died; _collect will see EOF
+                    inst.jobs = jobs
 
-    def _replace(self, dead: _Instance) -> None:
-        """Respawn a dead instance in the background; the pool keeps serving meanwhile."""
+    def _collect(self, inst: _Instance) -> None:
+        try:
+            message = inst.conn.recv()
+        except (EOFError, OSError):  # its socket closed: the process is gone
+            self._lost(inst)
+            return
+        _, answers, compute_ms = message
+        with self._lock:
+            jobs, inst.jobs = inst.jobs, []
+            self._answered += len(jobs)
+            self.last_compute_ms = compute_ms
+        for job, (status, body, reason) in zip(jobs, answers):
+            job.future.set_result(Answer(status, body, reason))
+
+    def _lost(self, dead: _Instance) -> None:
+        """A dead instance: its requests back to the queue's front, a respawn in the background."""
         log.warning("instance %d (cores %s) died with exit code %s; respawning",
                     dead.index, list(dead.config.cores), dead.process.poll())
-        with self._swap:
+        with self._lock:
+            dead.ready = False
+            jobs, dead.jobs = dead.jobs, []
+            for job in reversed(jobs):
+                job.attempts += 1
+                if job.attempts >= MAX_ATTEMPTS:
+                    job.future.set_result(Answer.error(
+                        500, f"{MAX_ATTEMPTS} model instances died while running this request"))
+                else:
+                    self._queue.appendleft(job)
+            if dead in self._parked:
+                self._parked.remove(dead)
+                dead.close(timeout=0)
+                return
             if dead not in self._instances:
                 return
-            position = self._instances.index(dead)
-            fresh = self._spawn(dead.config, dead.index)
-            self._instances[position] = fresh
             self.respawns += 1
+            self._respawning += 1
+            if not any(inst.ready for inst in self._instances):
+                self._down_since = time.monotonic()
         dead.close(timeout=0)
-        threading.Thread(target=self._finish_respawn, args=(fresh,), daemon=True).start()
+        threading.Thread(target=self._respawn, args=(dead,), daemon=True, name="packrat-respawn").start()
 
-    def _finish_respawn(self, fresh: _Instance) -> None:
-        try:
-            fresh.wait_ready(self.start_timeout)
-            log.info("instance %d respawned", fresh.index)
-        except (PoolError, OSError) as exc:
-            if not self._closed:  # a pool closing under a respawn is not news
-                log.error("respawning instance %d failed: %s", fresh.index, exc)
+    def _respawn(self, dead: _Instance) -> None:
+        """Start a replacement until one comes up (back-off between attempts) or the pool moves on."""
+        delay, attempt, current = BACKOFF_S[0], 0, dead
+        while True:
+            with self._lock:
+                if self._closed.is_set() or current not in self._instances:  # closed, or retired by a switch
+                    self._respawning -= 1
+                    return
+                attempt += 1
+                fresh = self._spawn(dead.config, dead.index)
+                self._instances[self._instances.index(current)] = current = fresh
+            try:
+                fresh.wait_ready(self.start_timeout)
+            except (PoolError, OSError) as exc:
+                fresh.close(timeout=0)
+                with self._lock:
+                    if self._closed.is_set() or fresh not in self._instances:
+                        continue  # stopped on purpose: not a failure
+                    self._respawn_failures += 1
+                    self._outage = f"respawning instance {dead.index} failed: {exc}"
+                log.error("respawning instance %d failed (attempt %d): %s; retrying in %.0f s",
+                          dead.index, attempt, exc, delay)
+                self._wake()  # queued requests may now have to be refused
+                self._closed.wait(delay)
+                delay = min(delay * 2, BACKOFF_S[1])
+                continue
+            with self._lock:
+                self._respawning -= 1
+                self._down_since = self._outage = None
+            log.info("instance %d respawned (attempt %d)", dead.index, attempt)
+            self._wake()
+            return
+
+    def _unavailable(self) -> str | None:
+        """Why no request can be run now, or None (caller holds the lock)."""
+        if any(inst.ready for inst in self._instances):
+            return None
+        if self._outage:
+            return f"no model instance is running ({self._outage}); retrying in the background"
+        if self._down_since is not None and time.monotonic() - self._down_since > self.unavailable_after_s:
+            return f"no model instance has been running for {self.unavailable_after_s:.0f} s; restarting"
+        return None
+
+    def _refuse_if_unavailable(self) -> None:
+        reason = self._unavailable()
+        if reason and self._queue:
+            log.error("refusing %d queued request(s): %s", len(self._queue), reason)
+            while self._queue:
+                self._refused += 1
+                self._queue.popleft().future.set_result(Answer.error(503, reason))
+
+    def health(self) -> Health:
+        with self._lock:
+            return Health(len(self._instances), sum(inst.ready for inst in self._instances), self._respawning,
+                          self._respawn_failures, self._unavailable(), len(self._queue), self._answered,
+                          self._refused)
 
     # ---- reconfiguration ------------------------------------------------------------------------
 
     def reconfigure(self, configs: Sequence[InstanceConfig], warmup_nice: int = 10) -> dict[str, int]:
         """Switch to new instances without stopping service.
 
-        Instances whose threads and cores stay (and whose memory holds the new batch) are
-        kept and only get their new share of the batch; so are instances parked by the
-        previous switch, which makes switching back and forth between two plans instant.
-        The others are started beside the live ones at low priority, warmed up, and swapped
-        in between two batches. The instances this switch retires are parked (idle, blocked
-        on their pipe: memory but no CPU) until the next switch that retires others.
-        Thread counts of live instances never change. If a new instance fails to start,
-        the pool is left as it was and PoolError raised.
+        Instances whose threads and cores stay (and that can take the new share) are kept and
+        only get their new share; so are instances parked by the previous switch, which makes
+        switching back and forth between two plans instant. The others are started beside the
+        live ones at low priority, warmed up, and swapped in: from then on only they get new
+        requests, while retired instances finish the requests they hold and are parked (idle,
+        blocked on their socket: memory but no CPU) until the next switch that retires others.
+        Thread counts of live instances never change. If a new instance fails to start, the pool
+        is left as it was and PoolError raised.
         """
-        cores = [c for config in configs for c in config.cores]
-        if len(cores) != len(set(cores)):
-            raise ValueError(f"instances share cores: {[list(c.cores) for c in configs]}")
-        with self._swap:
+        self._check_cores(configs)
+        with self._lock:
             active, parked = list(self._instances), list(self._parked)
         kept = self._match(configs, active + parked)
         fresh: dict[int, _Instance] = {}
@@ -463,18 +604,20 @@ class InstancePool:
         if fresh and not all(inst.restore_priority() for inst in fresh.values()):
             log.warning("new instances keep nice %d: lowering it back needs CAP_SYS_NICE", warmup_nice)
         reused = set(map(id, kept.values()))
-        retired = [inst for inst in active if id(inst) not in reused]
-        still_parked = [inst for inst in parked if id(inst) not in reused]
-        with self._lock:  # between two batches: nothing is running on the old instances
-            with self._swap:
-                for position, inst in kept.items():
-                    inst.config = replace(configs[position], capacity=inst.config.slots)
-                    inst.index = position
-                self._instances = [kept.get(p) or fresh[p] for p in range(len(configs))]
-                if retired:  # park this switch's leftovers; the older parked ones go
-                    self._parked, stopped = retired, still_parked
-                else:
-                    self._parked, stopped = still_parked, []
+        with self._lock:
+            retired = [inst for inst in self._instances if id(inst) not in reused]
+            still_parked = [inst for inst in self._parked if id(inst) not in reused]
+            for position, inst in kept.items():
+                inst.config = configs[position]
+                inst.index = position
+            self._instances = [kept.get(p) or fresh[p] for p in range(len(configs))]
+            self._down_since = self._outage = None
+            if retired:  # park this switch's leftovers; the older parked ones go
+                self._parked, stopped = [i for i in retired if i.ready], still_parked + [i for i in retired
+                                                                                          if not i.ready]
+            else:
+                self._parked, stopped = still_parked, []
+        self._wake()
         for inst in stopped:
             inst.close()
         counts = {"kept": len(kept), "started": len(fresh), "parked": len(retired), "stopped": len(stopped)}
@@ -483,12 +626,11 @@ class InstancePool:
 
     @staticmethod
     def _match(configs: Sequence[InstanceConfig], candidates: list[_Instance]) -> dict[int, _Instance]:
-        """Position in `configs` -> a ready instance with the same threads and cores that can hold its batch."""
+        """Position in `configs` -> a ready instance with the same threads and cores."""
         kept: dict[int, _Instance] = {}
         for position, config in enumerate(configs):
             match = next((inst for inst in candidates if inst.ready and inst.alive and inst not in kept.values()
-                          and (inst.config.threads, inst.config.cores) == (config.threads, config.cores)
-                          and inst.config.slots >= config.slots), None)
+                          and (inst.config.threads, inst.config.cores) == (config.threads, config.cores)), None)
             if match is not None:
                 kept[position] = match
         return kept
@@ -496,16 +638,24 @@ class InstancePool:
     # ---- shutdown -----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop every instance process and free the shared memory; idempotent."""
-        self._closed = True
-        with self._swap:
+        """Stop every instance process and free the shared memory; idempotent. Requests still
+        queued are answered 503."""
+        self._closed.set()
+        self._wake()
+        dispatcher = getattr(self, "_dispatcher", None)
+        if dispatcher is not None and dispatcher is not threading.current_thread():
+            dispatcher.join(5)
+        with self._lock:
             instances, self._instances, self._parked = self._instances + self._parked, [], []
+            jobs = list(self._queue) + [job for inst in instances for job in inst.jobs]
+            self._queue.clear()
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_result(Answer.error(503, "the model is being unloaded"))
         for inst in instances:
             inst.close()
-
-    def pids(self) -> list[int]:
-        with self._swap:
-            return [inst.process.pid for inst in self._instances]
+        for sock in (self._wake_r, self._wake_w):
+            sock.close()
 
     def __enter__(self) -> "InstancePool":
         return self

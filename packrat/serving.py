@@ -104,16 +104,62 @@ class Server:
 
 # ---- archive -------------------------------------------------------------------------------
 
+MAX_REQUEST_SIZE = 100 * 2**20  # TorchServe's own limit: larger bodies never reach the handler
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """How the handler reads requests (the `packrat:` section's codec keys)."""
+
+    tokenizer: Path | None = None  # a Hugging Face tokenizer.json, or a directory holding one
+    labels: Path | None = None  # TorchServe's index_to_name.json
+    max_body_bytes: int = 16 * 2**20  # larger bodies: 413 with the reason
+    truncate_text: bool = False  # text longer than the model takes: truncated instead of 413
+
+    def files(self) -> list[Path]:
+        """The files the archive must carry (their names in it are tokenizer.json and index_to_name.json)."""
+        found = []
+        if self.tokenizer is not None:
+            path = Path(self.tokenizer)
+            path = path / "tokenizer.json" if path.is_dir() else path
+            if not path.is_file():
+                raise ServeError(f"no tokenizer at {path}: pass a directory holding a Hugging Face tokenizer.json")
+            found.append(path)
+        if self.labels is not None:
+            if not Path(self.labels).is_file():
+                raise ServeError(f"no labels file at {self.labels}: pass TorchServe's index_to_name.json")
+            found.append(Path(self.labels))
+        return found
+
+    def yaml(self, shipped: list[Path]) -> str:
+        names = {"tokenizer": self.tokenizer, "labels": self.labels}
+        lines = [f"  {key}: {json.dumps(path.name)}\n" for key, path in zip(
+            [k for k, v in names.items() if v is not None], shipped)]
+        return "".join(lines) + (f"  max_body_bytes: {self.max_body_bytes}\n"
+                                 f"  truncate_text: {str(self.truncate_text).lower()}\n")
+
+
 def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_delay_ms: int,
                       plan: str, handler: str, input_shape: tuple[int, ...] | None, reconfigure: bool = True,
-                      plan_batch: int | None = None, estimator: dict | None = None, ios: bool = False) -> str:
-    """TorchServe's per-model config; packrat's own settings live under `packrat:`."""
-    workers = "minWorkers: 1\nmaxWorkers: 1\n" if handler == "packrat" else ""  # the pool uses every core
+                      plan_batch: int | None = None, estimator: dict | None = None, ios: bool = False,
+                      requests: str = "", async_worker: bool = True) -> str:
+    """TorchServe's per-model config; packrat's own settings live under `packrat:`.
+
+    The packrat handler gets one worker (the pool uses every core) in TorchServe's asynchronous
+    mode with no batch delay: batches go to the pool as they form and the pool batches for its
+    instances as they free up (see handlers/packrat_handler.py)."""
+    workers = ""
+    if handler == "packrat":
+        workers = "minWorkers: 1\nmaxWorkers: 1\n"
+        if async_worker:
+            workers += "asyncCommunication: true\n"
+            max_batch_delay_ms = 0
     shape = f"[{', '.join(map(str, input_shape))}]" if input_shape else "null"
-    return (f"batchSize: {batch_size}\nmaxBatchDelay: {max_batch_delay_ms}\nresponseTimeout: 300\nstartupTimeout: 600\n{workers}"
+    return (f"batchSize: {batch_size}\nmaxBatchDelay: {max_batch_delay_ms}\nresponseTimeout: 300\n"
+            f"startupTimeout: 600\n{workers}"
             f"packrat:\n  model: {json.dumps(model)}\n  profile: {json.dumps(profile_name)}\n"
             f"  plan: {plan}\n  input_shape: {shape}\n  reconfigure: {str(reconfigure).lower()}\n"
-            f"  plan_batch: {plan_batch or batch_size}\n  ios: {str(ios).lower()}\n"
+            f"  plan_batch: {plan_batch or batch_size}\n  ios: {str(ios).lower()}\n" + requests
             + (f"  estimator: {json.dumps(estimator)}\n" if estimator else ""))
 
 
@@ -121,20 +167,25 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
             max_batch_delay_ms: int = 50, plan: str = "auto", handler: str = "packrat",
             input_shape: tuple[int, ...] | None = None, reconfigure: bool = True,
             plan_batch: int | None = None, estimator: dict | None = None,
-            ios_cache: Path = DEFAULT_IOS_CACHE) -> Path:
-    """Build NAME.mar with torch-model-archiver: handler, profile, settings (and the
-    model file for a TorchScript model). Zoo models are rebuilt from code in the worker.
-    A profile taken with IOS-compiled instances is served by them: the archive carries the
-    model's cached schedules from `ios_cache` (the pool searches any that are missing)."""
+            ios_cache: Path = DEFAULT_IOS_CACHE, tokenizer: Path | None = None, labels: Path | None = None,
+            max_body_bytes: int = RequestSettings.max_body_bytes, truncate_text: bool = False,
+            async_worker: bool = True) -> Path:
+    """Build NAME.mar with torch-model-archiver: handler, profile, settings, the tokenizer and
+    labels the requests are read and answered with (and the model file for a TorchScript model).
+    Zoo models are rebuilt from code in the worker. A profile taken with IOS-compiled instances is
+    served by them: the archive carries the model's cached schedules from `ios_cache` (the pool
+    searches any that are missing)."""
     from .models import resolve
     from .profile import load
 
     spec = resolve(model, input_shape)  # fail here on an unknown model, not in a worker
     name = name or Path(model).stem.replace(":", "_").replace(".", "_")
+    requests = RequestSettings(tokenizer, labels, max_body_bytes, truncate_text)
+    shipped = requests.files()
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as staging:
         staging = Path(staging)
-        extra = [HANDLERS / "common.py"]
+        extra = [HANDLERS / "common.py", *shipped]
         model_ref = model
         if Path(model).is_file():
             model_ref = Path(model).name
@@ -151,7 +202,8 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
             extra += cached_schedules(spec.name, Path(ios_cache))
         config = staging / "model-config.yaml"
         config.write_text(model_config_yaml(model_ref, profile_name, batch_size, max_batch_delay_ms, plan,
-                                            handler, input_shape, reconfigure, plan_batch, estimator, ios))
+                                            handler, input_shape, reconfigure, plan_batch, estimator, ios,
+                                            requests.yaml(shipped), async_worker))
         cmd = ["torch-model-archiver", "--model-name", name, "--version", "1.0",
                "--handler", str(HANDLERS / f"{handler}_handler.py"), "--config-file", str(config),
                "--extra-files", ",".join(map(str, extra)), "--export-path", str(out_dir), "--force"]
@@ -189,6 +241,12 @@ def config_properties(ports: Ports, model_store: Path, token_auth: bool, extra: 
         "disable_token_authorization": "false" if token_auth else "true",
         "enable_model_api": "false",
         "default_response_timeout": "300",
+        # Bodies up to this reach the handler, which answers those over its own limit with 413
+        # and the reason (TorchServe's default, 6.5 MB, resets the connection instead).
+        "max_request_size": str(MAX_REQUEST_SIZE),
+        # Hand the handler raw bytes: it ships them to the instances as they are, so parsing
+        # JSON in the worker (which TorchServe otherwise does) would be wasted work.
+        "decode_input_request": "false",
         **(extra or {}),
     }
     return "".join(f"{k}={v}\n" for k, v in lines.items())

@@ -1,4 +1,5 @@
-"""CLI smoke tests: help, plan output, JSON, errors and exit statuses."""
+"""CLI tests: help, plan output, JSON, errors and exit statuses; bench options (users patterns, payload,
+tokenizer, kills) with TorchServe and locust faked; the default profile location."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from packrat import bench, cli
+from packrat.bench import UsersPattern
 from packrat.cli import main
 
 PROFILE = """# model: toy
@@ -100,3 +104,192 @@ def test_plot_writes_pngs(profile, tmp_path, capsys):
     files = sorted(p.name for p in out.iterdir())
     assert files == ["toy-latency-heatmap.png", "toy-plan-vs-fat-T2.png"]
     assert all((out / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in files)
+
+
+# --- bench: users patterns, payload, tokenizer, kills -------------------------------------------
+
+def test_users_patterns_relative_to_the_batch():
+    patterns = bench.parse_users("B, 2B,4,b")
+    assert patterns == [UsersPattern(1, True), UsersPattern(2, True), UsersPattern(4, False)]
+    assert [str(p) for p in patterns] == ["B", "2B", "4"]
+    assert bench.users_for_batch(patterns, 4) == [(4, "B"), (8, "2B")]  # 4 users twice: run once
+    assert bench.users_for_batch(patterns, 8) == [(8, "B"), (16, "2B"), (4, "4")]
+    assert cli.build_parser().parse_args(["bench", "--users", "4,2B"]).users == [UsersPattern(4, False),
+                                                                                 UsersPattern(2, True)]
+    assert cli.build_parser().parse_args(["bench"]).users == [UsersPattern(1, True)]
+
+
+@pytest.mark.parametrize("text", ["2x", "0B", "0", "B2", "1.5B", "", "4,,B", "-1"])
+def test_bad_users_pattern_is_an_argparse_error(text, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--users", text])
+    assert info.value.code == 2
+    assert "argument --users" in capsys.readouterr().err
+
+
+def test_text_payload_without_tokenizer_is_one_line_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "resolve_profile", lambda *a, **k: pytest.fail("checked after the profile"))
+    assert main(["bench", "--model", "bert_base"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--tokenizer DIR" in err and "tokenizer.json" in err and "\n" not in err
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert main(["bench", "--model", "resnet50", "--payload", "text", "--tokenizer", str(tmp_path)]) == 2
+    assert "text payload needs a token model" in capsys.readouterr().err
+
+
+def test_bench_passes_payload_tokenizer_users_and_kills(tmp_path, monkeypatch):
+    calls = {}
+    monkeypatch.setattr(cli, "resolve_profile", lambda model, given, **kw: tmp_path / "p.csv")
+    monkeypatch.setattr(cli, "run_server_bench", lambda *args, **kw: calls.update(args=args, kw=kw) or 0)
+    out = tmp_path / "out"
+    assert main(["bench", "--model", "gpt2", "--demo-tokenizer", "--users", "B,2B", "--kill-every", "5",
+                 "--batch-size", "2,4", "--out", str(out)]) == 0
+    assert calls["args"][:2] == ("gpt2", [2, 4]) and calls["args"][5] == [UsersPattern(1, True), UsersPattern(2, True)]
+    assert calls["kw"] == {"payload": "text", "tokenizer": out / "tokenizer" / "tokenizer.json", "kill_every": 5.0}
+    assert calls["kw"]["tokenizer"].is_file()
+    assert main(["bench", "--model", "resnet50", "--out", str(out)]) == 0
+    assert calls["kw"] == {"payload": "jpeg", "tokenizer": None, "kill_every": None}
+    assert main(["bench", "--model", "resnet50", "--payload", "raw", "--tokenizer", str(out / "tokenizer"),
+                 "--out", str(out)]) == 0
+    assert calls["kw"]["payload"] == "raw" and calls["kw"]["tokenizer"] == out / "tokenizer" / "tokenizer.json"
+
+
+class FakeServer:
+    def __init__(self, run_dir, model, ports, token_auth):
+        self.run_dir, self.inference_url = run_dir, "http://127.0.0.1:1"
+
+    def key(self, api):
+        return "tok"
+
+
+def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_path, monkeypatch):
+    import loadtest
+    from loadtest import LoadResult
+
+    events = []
+    monkeypatch.setattr(bench.serving, "archive", lambda *a, **kw: events.append(("archive", kw)) or tmp_path / "m.mar")
+    monkeypatch.setattr(bench.serving, "Server", FakeServer)
+    monkeypatch.setattr(bench.serving.Ports, "free", classmethod(lambda cls: None))
+    monkeypatch.setattr(bench.serving, "start", lambda server, mar: events.append(("start",)) or server)
+    monkeypatch.setattr(bench.serving, "stop", lambda server: events.append(("stop",)))
+
+    def fake_locust(host, model, users, duration_s, out_dir, **kw):
+        events.append(("locust", out_dir.name, users, kw["payload"]))
+        time.sleep(0.03)  # the killer ticks meanwhile and finds no TorchServe pid: no kills
+        return LoadResult(10, 0, 1.0, 2.0, 3.0, 1.5, 5.0, 2.0, response_times={1.0: 10})
+
+    monkeypatch.setattr(loadtest, "run_locust", fake_locust)
+    runs = bench.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=1, users=[UsersPattern(1, True),
+                              UsersPattern(2, True)], payload="jpeg", kill_every_s=0.01, log=lambda *_: None)
+    starts = [e for e in events if e[0] == "start"]
+    assert len(starts) == 3  # once per configuration, not per users pattern
+    loads = [e for e in events if e[0] == "locust"]
+    assert [e[1] for e in loads] == ["warmup", "load-u4", "load-u8"] * 3
+    assert {e[3] for e in loads} == {"jpeg"}
+    assert all("tokenizer" not in e[1] for e in events if e[0] == "archive")  # none given: keyword left out
+    archive_kw = [e[1] for e in events if e[0] == "archive"]
+    assert {kw["max_batch_delay_ms"] for kw in archive_kw} == {100} and not any(kw["reconfigure"] for kw in archive_kw)
+    assert [(r.config, r.users, r.users_pattern, r.kills) for r in runs] == [
+        ("stock", 4, "B", None), ("stock", 8, "2B", None), ("packrat-fat", 4, "B", 0), ("packrat-fat", 8, "2B", 0),
+        ("packrat-plan", 4, "B", 0), ("packrat-plan", 8, "2B", 0)]
+    table = bench.format_server_results(runs, kills=True).splitlines()
+    assert table[0].split() == ["config", "users", "requests", "failures", "p50", "ms", "p95", "ms", "p99", "ms",
+                                "req/s", "kills"]
+    assert table[1].split()[-1] == "-" and table[3].split()[-1] == "0" and "8 (2B)" in table[2]
+
+    events.clear()
+    bench.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=1, tokenizer=tmp_path / "tokenizer.json",
+                       configs=bench.SERVER_CONFIGS[:1], log=lambda *_: None)
+    assert [e[1]["tokenizer"] for e in events if e[0] == "archive"] == [tmp_path / "tokenizer.json"]
+    assert [e[3] for e in events if e[0] == "locust"] == ["jpeg", "jpeg"]  # tiny's natural payload
+
+
+def test_server_bench_json_has_payload_users_and_kills(tmp_path, monkeypatch, capsys):
+    from loadtest import LoadResult
+
+    def fake_bench(model, batch, profile, out_dir, **kw):
+        load = LoadResult(10, 0, 1.0, 2.0, 3.0, 1.5, 5.0, 2.0, response_times={1.0: 10})
+        return [bench.ServerRun(batch, "stock", batch, "B", kw["payload"], None, load),
+                bench.ServerRun(batch, "packrat-plan", batch, "B", kw["payload"], 3, load)]
+
+    monkeypatch.setattr(bench, "server_bench", fake_bench)
+    assert cli.run_server_bench("tiny", [2], tmp_path / "p.csv", tmp_path, 1.0, [UsersPattern(1, True)],
+                                payload="raw", kill_every=2.0) == 0
+    out = capsys.readouterr().out
+    assert "payload raw" in out and "users B=2" in out and "every 2 s" in out
+    report = json.loads((tmp_path / "server-bench.json").read_text())
+    assert (report["payload"], report["users"], report["kill_every_s"]) == ("raw", ["B"], 2.0)
+    assert [(r["config"], r["users"], r["payload"], r["kills"]) for r in report["runs"]] == [
+        ("stock", 2, "raw", None), ("packrat-plan", 2, "raw", 3)]
+    assert report["runs"][0]["load"]["requests"] == 10
+    assert (tmp_path / "latency-B2.png").exists()
+
+
+# --- the default profile: profiles/MODEL.csv, measured when missing ----------------------------
+
+def test_profile_given_default_or_measured(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    calls = []
+
+    def fake_measure(model, path, batches, **kw):
+        calls.append((model, path, list(batches)))
+        path.write_text(PROFILE)
+
+    monkeypatch.setattr(cli, "measure_profile", fake_measure)
+    monkeypatch.setattr(cli, "local_cores", lambda: 2)
+    given = tmp_path / "mine.csv"
+    given.write_text(PROFILE)
+    assert cli.resolve_profile("resnet50", given) == given and not calls
+    with pytest.raises(ValueError, match=r"no profile at .*nope.csv \(--profile\)"):
+        cli.resolve_profile("resnet50", tmp_path / "nope.csv")
+    assert not calls  # a missing --profile is an error, never measured
+
+    path = cli.resolve_profile("resnet50", None, batch_sizes=[16, 4])
+    assert path == Path("profiles/resnet50.csv") and calls == [("resnet50", path, [1, 2, 4, 8, 16])]
+    err = capsys.readouterr().err
+    assert "no profile at profiles/resnet50.csv: measuring one now (10 points, about" in err
+    assert "next time it is reused" in err
+    assert cli.resolve_profile("resnet50", None) == path and len(calls) == 1  # reused
+
+
+def test_measure_profile_renames_a_complete_measurement(tmp_path, monkeypatch):
+    written = []
+
+    def fake_run(settings, threads, batches, out, progress=True):
+        written.append((Path(out).name, settings.warmup, settings.min_time, threads, batches))
+        Path(out).write_text(PROFILE)
+
+    monkeypatch.setattr(cli.profiler, "run", fake_run)
+    monkeypatch.setattr(cli, "local_cores", lambda: 2)
+    path = tmp_path / "toy.csv"
+    profile = cli.measure_profile("tiny", path, [4, 1, 2])
+    assert written == [("toy.partial.csv", 3, 2.0, [1, 2], [1, 2, 4])]
+    assert path.exists() and not (tmp_path / "toy.partial.csv").exists() and profile.batches == [1, 2, 4]
+    cli.measure_profile("tiny", path, [8])  # an existing file is filled in place
+    assert written[-1][0] == "toy.csv"
+
+
+def test_archive_passes_tokenizer_labels_and_body_limit(tmp_path, monkeypatch, profile, capsys):
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+    monkeypatch.setattr(cli.serving, "archive", lambda model, prof, out, **kw: seen.update(kw, profile=prof)
+                        or out / "tiny.mar")
+    monkeypatch.setattr(cli, "measure_profile", lambda model, path, batches, **kw: path.write_text(PROFILE))
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    labels = tmp_path / "index_to_name.json"
+    labels.write_text('{"0": "tench"}')
+    assert main(["archive", "--model", "tiny", "--profile", str(profile), "--tokenizer", "tok",
+                 "--labels", str(labels), "--max-body-mb", "1.5"]) == 0
+    assert seen["tokenizer"] == Path("tok/tokenizer.json") and seen["labels"] == labels
+    assert seen["max_body_bytes"] == int(1.5 * 2**20) and seen["profile"] == profile
+    assert main(["archive", "--model", "tiny"]) == 0  # no profile: measured at the default, then used
+    assert seen["profile"] == Path("profiles/tiny.csv") and (tmp_path / "profiles/tiny.csv").exists()
+    assert (seen["tokenizer"], seen["labels"], seen["max_body_bytes"]) == (None, None, 16 * 2**20)
+    assert main(["archive", "--model", "tiny", "--profile", "missing.csv"]) == 2
+    assert "no profile at missing.csv" in capsys.readouterr().err
+    for flag, value in (("--tokenizer", str(tmp_path)), ("--labels", str(tmp_path / "tok" / "tokenizer.json"))):
+        with pytest.raises(SystemExit):
+            main(["archive", flag, value])
+        assert f"argument {flag}" in capsys.readouterr().err

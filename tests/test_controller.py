@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
 
 from packrat.controller import Controller
+from packrat.pool import Health
 from packrat.estimator import BatchSizeEstimator, EstimatorSettings
 from packrat.planner import Planner
 
@@ -33,9 +36,17 @@ class FakePool:
         self.gate = threading.Event()
         self.gate.set()
 
-    def run(self, inputs):
-        self.events.append(f"run {len(inputs)}")
-        return list(inputs)
+    outstanding = 0  # requests in the pool: the load the estimator sees
+    status = 200
+
+    def submit(self, request):
+        self.events.append(f"submit at {self.outstanding + 1}")
+        future = Future()
+        future.set_result(SimpleNamespace(status=self.status))
+        return future
+
+    def health(self):
+        return Health(1, 1, 0, 0, None, 0, 0, 0)
 
     def reconfigure(self, configs):
         self.events.append("build")
@@ -55,9 +66,15 @@ def make(pool, clock, current=1, window=1):
                       retry_s=5.0, clock=clock)
 
 
+def arrive(controller, load):
+    """One request arrives while `load` - 1 others are in the pool."""
+    controller.pool.outstanding = load - 1
+    return controller.submit("request")
+
+
 def drive(controller, clock, size, seconds):
     for _ in range(seconds):
-        controller.run([0] * size)
+        arrive(controller, size)
         clock.now += 1.0
         controller.wait_idle(10)
 
@@ -82,13 +99,13 @@ def test_batches_keep_flowing_to_the_old_pool_while_the_new_one_builds():
     pool, clock = FakePool(), Clock()
     controller = make(pool, clock)
     pool.gate.clear()  # the new pool takes its time
-    controller.run([0])
+    arrive(controller, 1)
     clock.now += 1
-    controller.run([0] * 8)  # proposes 8 (window 1): the build starts in the background
+    arrive(controller, 8)  # proposes 8 (window 1): the build starts in the background
     clock.now += 1
-    controller.run([0] * 8)
-    controller.run([0] * 8)
-    assert pool.events.count("run 8") == 3 and "build" in pool.events
+    arrive(controller, 8)
+    arrive(controller, 8)
+    assert pool.events.count("submit at 8") == 3 and "build" in pool.events
     assert "switch" not in pool.events  # all three ran on the old pool
     pool.gate.set()
     controller.wait_idle(10)
@@ -119,27 +136,33 @@ def test_no_flapping_between_two_plans_under_steady_load():
     assert controller.reconfigurations == [] and "build" not in pool.events
 
 
-def test_pool_errors_are_counted_against_the_switch():
-    class Failing(FakePool):
-        def run(self, inputs):
-            raise RuntimeError("boom")
-
-    pool, clock = Failing(), Clock()
+def test_failed_answers_during_a_switch_are_counted_against_it():
+    pool, clock = FakePool(), Clock()
     controller = make(pool, clock)
-    with pytest.raises(RuntimeError):
-        controller.run([0])
+    pool.gate.clear()
+    arrive(controller, 1)
+    clock.now += 1
+    arrive(controller, 8)  # the switch starts and blocks
+    pool.status = 503
+    arrive(controller, 8)
+    arrive(controller, 8)
+    pool.status = 200
+    arrive(controller, 8)
+    pool.gate.set()
+    controller.wait_idle(10)
+    assert controller.reconfigurations[-1].failed_requests == 2
 
 
 def test_a_step_back_during_a_slow_switch_is_followed_afterwards():
     pool, clock = FakePool(), Clock()
     controller = make(pool, clock)
     pool.gate.clear()
-    controller.run([0])
+    arrive(controller, 1)
     clock.now += 1
-    controller.run([0] * 8)  # proposes 8; the build blocks
+    arrive(controller, 8)  # proposes 8; the build blocks
     for _ in range(3):  # the load drops back to 1 while the build is still running
         clock.now += 1
-        controller.run([0])
+        arrive(controller, 1)
     pool.gate.set()
     controller.wait_idle(10)
     assert controller.plan.batch == 8

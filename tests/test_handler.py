@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -37,8 +38,21 @@ def expected():
     return samples, [torch.softmax(row, 0).topk(5).indices.tolist() for row in logits]
 
 
+def call(handler, rows, context, in_event_loop: bool):
+    """As TorchServe's ordinary worker calls handle(), or its asynchronous worker (awaiting it)."""
+    if not in_event_loop:
+        return handler.handle(rows, context)
+
+    async def awaited():
+        result = handler.handle(rows, context)
+        return await result if asyncio.iscoroutine(result) else result
+
+    return asyncio.run(awaited())
+
+
+@pytest.mark.parametrize("in_event_loop", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("handler_class", [PackratHandler, StockHandler])
-def test_mixed_batch_bad_requests_fail_alone(tmp_path, expected, handler_class):
+def test_mixed_batch_bad_requests_fail_alone(tmp_path, expected, handler_class, in_event_loop):
     samples, classes = expected
     handler = handler_class()
     context = make_context(tmp_path)
@@ -47,27 +61,38 @@ def test_mixed_batch_bad_requests_fail_alone(tmp_path, expected, handler_class):
         rows = [
             {"body": bytearray(samples[0].numpy().tobytes())},
             {"body": bytearray(b"not a tensor")},
-            {"body": {"inputs": samples[1].tolist()}},
+            {"body": {"inputs": samples[1].tolist()}},  # TorchServe decoded the JSON already
             {"body": bytearray(b'{"inputs": [1,')},
             {"data": bytearray(samples[2].numpy().tobytes())},
+            {"body": bytearray(b"[" * 50_000 + b"]" * 50_000)},  # TorchServe's own json.loads gave up
         ]
         with_requests(context, ["application/octet-stream", "application/octet-stream", "application/json",
-                                "application/json", "application/octet-stream"])
-        responses = handler.handle(rows, context)
-        assert len(responses) == 5
+                                "application/json", "application/octet-stream", "application/json"])
+        responses = [json.loads(r) for r in call(handler, rows, context, in_event_loop)]
+        assert len(responses) == 6
         for index, sample in ((0, 0), (2, 1), (4, 2)):
             assert [p["class"] for p in responses[index]["predictions"]] == classes[sample]
             assert context.get_response_status(index)[0] in (None, 200)
-        assert context.get_response_status(1) == (400, responses[1]["error"])
-        assert responses[1]["error"].startswith("wrong size: 12 bytes")
-        assert context.get_response_status(3)[0] == 400 and "not valid JSON" in responses[3]["error"]
-        json.dumps(responses)  # TorchServe sends them as JSON
+        for index in (1, 3, 5):
+            assert context.get_response_status(index) == (400, responses[index]["error"])
         # a batch of nothing but bad requests never reaches the model
         with_requests(context, ["application/octet-stream"])
-        assert handler.handle([{"body": bytearray(b"x")}], context)[0]["error"].startswith("wrong size")
+        assert "error" in json.loads(call(handler, [{"body": bytearray(b"x")}], context, in_event_loop)[0])
     finally:
         if hasattr(handler, "pool"):
             handler.pool.close()
+
+
+def test_describe_returns_the_status(tmp_path):
+    handler = PackratHandler()
+    context = make_context(tmp_path)
+    handler.initialize(context)
+    try:
+        context.request_processor = [RequestProcessor({"describe": "True"})]
+        (status,) = handler.handle([{"body": b""}], context)
+        assert status["plan"]["batch"] == 4 and status["health"]["ready"] == len(status["plan"]["instances"])
+    finally:
+        handler.pool.close()
 
 
 def test_packrat_handler_plans_for_the_worker_cores(tmp_path):

@@ -1,20 +1,27 @@
 """Load-test package: histogram maths, table, plots, and real locust runs against a stub server."""
 from __future__ import annotations
 
+import io
 import json
 import math
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
+import psutil
 import pytest
 
 from loadtest import LoadResult, format_table, percentile, plot_latency_distributions, plot_timeline, run_locust
 from loadtest.histogram import bucket_ms
-from loadtest.payload import build_payload
+from loadtest.payload import TEXT, build_payload, check_payload, natural_payload, synthetic_jpeg
 from loadtest.runner import HistoryRow, parse_history, parse_json_stats
 from loadtest.steps import parse_steps, step_markers
+from loadtest.tokenizer import build_demo_tokenizer, demo_tokenizer_kind
+from packrat import bench
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_BYTES = 3 * 32 * 32 * 4  # one float32 sample of the tiny model
@@ -58,6 +65,123 @@ def test_payloads_match_the_model_sample():
     inputs = np.array(json.loads(body)["inputs"], dtype=np.float32)
     assert json_type == "application/json" and inputs.shape == (3, 32, 32)
     assert inputs.tobytes() == raw
+
+
+def test_jpeg_payload_is_a_photo_sized_jpeg():
+    body, content_type = build_payload("tiny", "jpeg")
+    assert content_type == "image/jpeg"
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(body))
+    assert image.format == "JPEG" and image.size == (500, 375) and image.mode == "RGB"
+    assert 50_000 <= len(body) <= 200_000  # a realistic photo's size, so the server really decodes
+    assert synthetic_jpeg.__wrapped__() == body  # deterministic, not only cached
+    pixels = np.asarray(image, dtype=np.float32)
+    assert pixels.std() > 20  # not a flat image
+
+
+def test_text_payload_is_a_utf8_paragraph():
+    body, content_type = build_payload("bert_base", "text")
+    assert content_type == "text/plain; charset=utf-8"
+    text = body.decode("utf-8")
+    assert text == TEXT and 60 <= len(text.split()) <= 100
+    assert body != text.encode("latin-1")  # non-ASCII: the charset matters
+
+
+def test_natural_payload_per_model():
+    assert [natural_payload(m) for m in ("resnet50", "inception_v3", "tiny")] == ["jpeg"] * 3
+    assert [natural_payload(m) for m in ("bert_base", "gpt2")] == ["text", "text"]
+    assert natural_payload("torch.nn:Identity", input_shape=(16,)) == "raw"  # not an image, not tokens
+    assert build_payload("gpt2")[1].startswith("text/plain")  # no kind: the natural one
+    with pytest.raises(ValueError, match="image model"):
+        check_payload("bert_base", "jpeg")
+    with pytest.raises(ValueError, match="token model"):
+        check_payload("resnet50", "text")
+    with pytest.raises(ValueError, match="payload must be one of"):
+        build_payload("tiny", "png")
+
+
+@pytest.mark.parametrize("kind,model,pad", [("wordpiece", "bert_base", "[PAD]"), ("bpe", "gpt2", "<|endoftext|>")])
+def test_demo_tokenizer_encodes_the_payload(tmp_path, kind, model, pad):
+    from tokenizers import Tokenizer
+
+    from packrat.models import resolve
+
+    assert demo_tokenizer_kind(model) == kind
+    path = build_demo_tokenizer(tmp_path / "tok", kind)
+    assert path == tmp_path / "tok" / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(str(path))
+    ids = tokenizer.encode(TEXT).ids
+    assert 60 <= len(ids) <= 128  # fits the zoo models' 128 tokens
+    assert max(ids) < resolve(model).vocab_size
+    assert tokenizer.token_to_id("[UNK]") not in ids
+    pad_id = tokenizer.token_to_id(pad)
+    assert pad_id is not None and tokenizer.padding["pad_id"] == pad_id
+    if kind == "wordpiece":
+        assert pad_id == 0 and ids[0] == tokenizer.token_to_id("[CLS]") and ids[-1] == tokenizer.token_to_id("[SEP]")
+    assert tokenizer.decode(ids).lower().startswith("the harbour town")
+    assert build_demo_tokenizer(tmp_path / "again", kind).read_bytes() == path.read_bytes()
+    with pytest.raises(ValueError):
+        build_demo_tokenizer(tmp_path, "sentencepiece")
+
+
+# --- chaos: finding and killing pool instances ------------------------------------------------
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(30)"]
+PARENT = textwrap.dedent("""
+    import subprocess, sys, time
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+    kids = [subprocess.Popen(sleeper + ["packrat.pool", str(i)]) for i in range(2)]
+    other = subprocess.Popen(sleeper + ["not-an-instance"])
+    print(" ".join(str(p.pid) for p in kids + [other]), flush=True)
+    time.sleep(30)  # never reaps: killed children stay zombies
+""")
+
+
+def _kill_by_pid(pids):
+    for pid in pids:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+
+
+def test_torchserve_pid_from_run_dir(tmp_path):
+    assert bench.torchserve_pid(tmp_path) is None
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp" / ".model_server.pid").write_text("4242\n")
+    assert bench.torchserve_pid(tmp_path) == 4242
+
+
+def test_kills_only_pool_instances_under_the_root():
+    outsider = subprocess.Popen(SLEEPER + ["packrat.pool"])  # an instance, but not under the root
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    try:
+        kids, other = pids[:2], pids[2]
+        found = [p.pid for p in bench.pool_instances(parent.pid)]
+        assert sorted(found) == sorted(kids) and other not in found and outsider.pid not in found
+        assert bench.pool_instances(2**22 + 12345) == []  # no such process
+
+        first = bench.kill_one(parent.pid)
+        assert first in kids
+        deadline = time.monotonic() + 10  # SIGKILL lands asynchronously
+        while psutil.Process(first).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [p.pid for p in bench.pool_instances(parent.pid)] == [k for k in kids if k != first]  # zombie skipped
+        with bench.InstanceKiller(lambda: parent.pid, every_s=0.02) as killer:
+            deadline = time.monotonic() + 10
+            while not killer.misses and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert killer.kills == 1 and [pid for _, pid in killer.killed] == [k for k in kids if k != first]
+        assert killer.misses >= 1 and bench.kill_one(parent.pid) is None
+        assert psutil.Process(other).status() != psutil.STATUS_ZOMBIE
+        assert outsider.poll() is None  # untouched
+    finally:
+        _kill_by_pid(pids + [parent.pid, outsider.pid])
+        parent.wait()
+        outsider.wait()
+        parent.stdout.close()
 
 
 def test_parse_json_stats_uses_exact_counts_and_span():
@@ -118,12 +242,12 @@ def test_plots_write_png(tmp_path):
 class StubHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, like TorchServe
     disable_nagle_algorithm = True  # headers and body go out in two writes: avoid 40 ms delayed-ACK stalls
-    seen: list[tuple[int, str]]  # (body length, Authorization header), set per server
+    seen: list[tuple[int, str, str]]  # (body length, Authorization header, Content-Type), set per server
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         auth = self.headers.get("Authorization", "")
-        self.seen.append((len(body), auth))
+        self.seen.append((len(body), auth, self.headers.get("Content-Type", "")))
         time.sleep(0.002)  # stands in for inference; keeps the request rate and CPU use modest
         if auth != f"Bearer {TOKEN}":
             status = 401
@@ -161,25 +285,27 @@ def stub():
 
 def test_steady_run_counts_every_request(stub, tmp_path):
     host, seen = stub
-    r = run_locust(host, "tiny", users=2, duration_s=3, out_dir=tmp_path, token=TOKEN)
+    r = run_locust(host, "tiny", users=2, duration_s=3, out_dir=tmp_path, token=TOKEN, payload="raw")
     assert r.requests > 0 and r.failures == 0
     assert r.duration_s > 2.5  # ran the full 3 s, not cut short by a stale gevent clock
     assert r.requests <= len(seen) <= r.requests + 2  # at most one request in flight per user at the end
-    assert set(seen) == {(TINY_BYTES, f"Bearer {TOKEN}")}
+    assert set(seen) == {(TINY_BYTES, f"Bearer {TOKEN}", "application/octet-stream")}
     assert sum(r.response_times.values()) == r.requests and r.throughput_rps > 0
     assert 0 < r.p50_ms <= r.p95_ms <= r.p99_ms
     assert r.history and (tmp_path / "locust_stats_history.csv").exists()
 
 
-def test_wrong_token_fails_every_request(stub, tmp_path):
+def test_wrong_token_fails_every_request(stub, tmp_path, monkeypatch):
     host, seen = stub
+    monkeypatch.setenv("PACKRAT_PAYLOAD", "raw")  # must not leak: no payload given means the natural one
     r = run_locust(host, "tiny", users=1, duration_s=2, out_dir=tmp_path, token="wrong")
     assert r.requests > 0 and r.failures == r.requests
+    assert {(length, kind) for length, _, kind in seen} == {(len(synthetic_jpeg()), "image/jpeg")}
 
 
 def test_step_load_stops_by_itself(stub, tmp_path):
     host, _ = stub
-    r = run_locust(host, "tiny", users=2, duration_s=4, out_dir=tmp_path, token=TOKEN, shape="step",
+    r = run_locust(host, "tiny", users=2, duration_s=4, out_dir=tmp_path, token=TOKEN, payload="raw", shape="step",
                    env={"PACKRAT_STEP_USERS": "1,2", "PACKRAT_STEP_SECONDS": "2"})
     assert r.requests > 0 and r.failures == 0
     assert r.history and max(row.users for row in r.history) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import signal
@@ -13,25 +14,43 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
+from packrat.codec import Codec, CodecConfig
+from packrat.inference import answer_batch
 from packrat.models import prepare, resolve
-from packrat.pool import InstanceConfig, InstancePool, ModelConfig, PoolError, split_sizes
+from packrat.pool import InstanceConfig, InstancePool, ModelConfig, PoolError, Request, split_sizes
 from packrat.topology import detect
 
 TINY = ModelConfig("tiny")
 CORES = detect().cores
+RAW = "application/octet-stream"
 
 
 def shm_segments() -> set[str]:
     return {p.name for p in Path("/dev/shm").iterdir()}
 
 
+def raw(sample: torch.Tensor) -> Request:
+    return Request(sample.numpy().tobytes(), RAW)
+
+
 @pytest.fixture(scope="module")
 def reference():
-    """The tiny model's own outputs for 20 distinct samples."""
+    """20 distinct requests for the tiny model, and the answers the model gives in this process."""
     module, _, _ = prepare(resolve("tiny"), 4)
     inputs = torch.randn(20, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    with torch.inference_mode():
-        return inputs, module(inputs)
+    requests = [raw(x) for x in inputs]
+    codec = Codec(CodecConfig.for_model(resolve("tiny")))
+    answers = answer_batch(module, codec, [(r.body, r.content_type) for r in requests])
+    return requests, [json.loads(body) for _, body, _ in answers]
+
+
+def assert_same(answers, expected) -> None:
+    """Same classes in the same order, scores equal up to float noise (thread counts differ)."""
+    assert [a.status for a in answers] == [200] * len(expected)
+    for answer, want in zip(answers, expected):
+        got = json.loads(answer.body)["predictions"]
+        assert [p["class"] for p in got] == [p["class"] for p in want["predictions"]]
+        assert [p["score"] for p in got] == pytest.approx([p["score"] for p in want["predictions"]], abs=1e-4)
 
 
 @given(n=st.integers(0, 40), planned=st.lists(st.integers(1, 8), min_size=1, max_size=6))
@@ -71,12 +90,39 @@ def two_instances(batches=(4, 2)) -> list[InstanceConfig]:
     pytest.param(two_instances((3, 3)), id="homogeneous"),
     pytest.param(two_instances((4, 2)), id="heterogeneous"),
 ])
-def test_outputs_equal_the_models_in_order(configs, reference):
-    inputs, expected = reference
+def test_answers_equal_the_models_in_order(configs, reference):
+    requests, expected = reference
     with InstancePool(TINY, configs) as pool:
         assert pool.mode == "script"
         for n in (1, 2, 5, 6, 13, 20):  # smaller, equal and larger than the plan's batch
-            torch.testing.assert_close(pool.run(inputs[:n]), expected[:n], rtol=1e-4, atol=1e-5)
+            assert_same(pool.infer(requests[:n]), expected[:n])
+
+
+def test_requests_from_many_threads_each_get_their_own_answer(reference):
+    requests, expected = reference
+    with InstancePool(TINY, two_instances((2, 2))) as pool:
+        futures = [pool.submit(r) for r in requests]  # all queued at once, dispatched as instances free up
+        assert_same([f.result(timeout=60) for f in futures], expected)
+        assert pool.health().answered == len(requests) and pool.outstanding == 0
+
+
+def test_bad_requests_are_answered_alone(reference):
+    requests, expected = reference
+    bad = [Request(b"not a tensor", RAW), Request(b"[" * 100_000 + b"]" * 100_000, "application/json"),
+           Request(b'{"inputs": NaN}', "application/json"), Request(b"", None), Request(b"x" * 100, "image/jpeg")]
+    with InstancePool(TINY, two_instances((2, 2))) as pool:
+        answers = pool.infer([requests[0], *bad, requests[1]])
+    assert_same([answers[0], answers[-1]], expected[:2])
+    for answer in answers[1:-1]:
+        assert 400 <= answer.status < 500, answer
+        assert json.loads(answer.body) == {"error": answer.reason} and "\n" not in answer.reason
+
+
+def test_oversized_body_is_refused_before_it_is_shipped():
+    with InstancePool(TINY, [InstanceConfig(1, 1, (CORES[0],))],
+                      codec=CodecConfig.for_model(resolve("tiny"), max_body_bytes=1000)) as pool:
+        answer = pool.infer([Request(b"\0" * 1001, RAW)])[0]
+    assert answer.status == 413 and "1001 bytes" in answer.reason
 
 
 def test_instances_are_pinned_with_their_threads():
@@ -88,41 +134,70 @@ def test_instances_are_pinned_with_their_threads():
             assert process.num_threads() >= config.threads
 
 
+def wait_until(condition, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 def test_killed_instance_loses_no_request_and_is_respawned(reference):
-    inputs, expected = reference
+    requests, expected = reference
     with InstancePool(TINY, two_instances((4, 2))) as pool:
         victim = pool.pids()[0]
         os.kill(victim, signal.SIGKILL)
-        torch.testing.assert_close(pool.run(inputs[:12]), expected[:12], rtol=1e-4, atol=1e-5)
+        assert_same(pool.infer(requests[:12]), expected[:12])
+        wait_until(lambda: victim not in pool.pids() and pool.health().ready == len(pool.pids()),
+                   "instance was not respawned")
         assert pool.respawns == 1
-        deadline = time.monotonic() + 60
-        while victim in pool.pids() or not all(i.ready for i in pool._instances):
-            assert time.monotonic() < deadline, "instance was not respawned"
-            time.sleep(0.05)
-        torch.testing.assert_close(pool.run(inputs), expected, rtol=1e-4, atol=1e-5)
+        assert_same(pool.infer(requests), expected)
 
 
-def test_kill_during_a_stream_of_batches(reference):
-    inputs, expected = reference
+def test_kill_during_a_stream_of_requests(reference):
+    requests, expected = reference
     with InstancePool(TINY, two_instances((4, 2))) as pool:
         for round_ in range(30):
             if round_ in (5, 15):
                 os.kill(pool.pids()[-1], signal.SIGKILL)
-            torch.testing.assert_close(pool.run(inputs[:6]), expected[:6], rtol=1e-4, atol=1e-5)
+            assert_same(pool.infer(requests[:6]), expected[:6])
         assert pool.respawns >= 1
 
 
-def test_close_leaves_no_process_or_shared_memory():
+def test_failed_respawn_is_retried_and_requests_fail_fast_meanwhile(reference):
+    """kill -9 of the only instance, then of its replacement while it starts: requests are
+    refused at once with 503 and the reason, the respawn is retried, and service resumes."""
+    requests, expected = reference
+    with InstancePool(TINY, [InstanceConfig(1, 2, (CORES[0],))]) as pool:
+        first = pool.pids()[0]
+        os.kill(first, signal.SIGKILL)
+        pool.submit(requests[0])  # lets the pool notice now rather than at its next look
+        wait_until(lambda: pool.pids()[0] != first, "no replacement was started", timeout=10)
+        os.kill(pool.pids()[0], signal.SIGKILL)  # the replacement, while it loads
+        wait_until(lambda: pool.health().respawn_failures >= 1, "the failed respawn was not noticed")
+        started = time.monotonic()
+        refused = pool.infer([requests[1]])[0]
+        if pool.health().ready == 0:  # still down (not yet retried): refused at once, with the reason
+            assert refused.status == 503 and "respawning instance 0 failed" in refused.reason
+            assert time.monotonic() - started < 5
+            assert pool.health().unavailable
+        wait_until(lambda: pool.health().ready == 1, "service did not resume")
+        assert_same(pool.infer(requests[:4]), expected[:4])
+        assert pool.health().unavailable is None
+
+
+def test_close_leaves_no_process_or_shared_memory(reference):
+    requests, _ = reference
     before = shm_segments()
     pool = InstancePool(TINY, two_instances((2, 2)))
     pids = pool.pids()
-    assert len(shm_segments() - before) == 2 * len(pids)  # input + output segment per instance
+    pool.infer(requests[:4])
+    assert 1 <= len(shm_segments() - before) <= len(pids)  # one input segment per instance that ran
     pool.close()
     pool.close()  # idempotent
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
     assert shm_segments() - before == set()
     with pytest.raises(PoolError, match="closed"):
-        pool.run(torch.zeros(1, 3, 32, 32))
+        pool.submit(requests[0])
 
 
 def test_instance_that_cannot_start_fails_the_pool_cleanly():
@@ -132,16 +207,13 @@ def test_instance_that_cannot_start_fails_the_pool_cleanly():
     assert shm_segments() - before == set()
 
 
-def test_rejects_wrong_inputs_and_overlapping_cores():
+def test_rejects_overlapping_cores():
     with pytest.raises(ValueError, match="share cores"):
         InstancePool(TINY, [InstanceConfig(1, 1, (0,)), InstanceConfig(1, 1, (0,))])
-    with InstancePool(TINY, [InstanceConfig(1, 2, (CORES[0],))]) as pool:
-        with pytest.raises(ValueError, match="float32 of shape"):
-            pool.run(torch.zeros(2, 3, 16, 16))
 
 
 def test_reconfigure_under_load_keeps_answers_right_and_reuses_instances(reference):
-    inputs, expected = reference
+    requests, expected = reference
     core = CORES[0]
     fat = [InstanceConfig(len(CORES), 4, tuple(CORES), capacity=8)]
     split = [InstanceConfig(1, 2, (c,), capacity=8) for c in CORES]
@@ -151,7 +223,7 @@ def test_reconfigure_under_load_keeps_answers_right_and_reuses_instances(referen
         def stream():
             while not stop.is_set():
                 try:
-                    torch.testing.assert_close(pool.run(inputs[:8]), expected[:8], rtol=1e-4, atol=1e-5)
+                    assert_same(pool.infer(requests[:8]), expected[:8])
                 except Exception as exc:  # noqa: BLE001 - reported below
                     errors.append(exc)
 
@@ -180,13 +252,13 @@ def test_reconfigure_under_load_keeps_answers_right_and_reuses_instances(referen
 
 
 def test_failed_reconfigure_leaves_the_pool_serving(reference):
-    inputs, expected = reference
+    requests, expected = reference
     with InstancePool(TINY, [InstanceConfig(1, 2, (CORES[0],))]) as pool:
         before = pool.pids()
         with pytest.raises(PoolError, match="exited while starting|failed to start"):
             pool.reconfigure([InstanceConfig(1, 2, (4096,))])  # no such core: the instance cannot pin
         assert pool.pids() == before
-        torch.testing.assert_close(pool.run(inputs[:4]), expected[:4], rtol=1e-4, atol=1e-5)
+        assert_same(pool.infer(requests[:4]), expected[:4])
 
 
 def test_batches_above_the_plan_use_the_capacity_in_one_round():

@@ -20,7 +20,7 @@ from packrat.models.nasnet import nasnet
 from packrat.models.randwire import randwire
 from packrat.models.resnet import resnet50
 from packrat.models.squeezenet import squeezenet
-from packrat.models.tiny import tiny
+from packrat.models.tiny import TINY_TEXT_LENGTH, TINY_TEXT_VOCAB, tiny, tiny_text
 from packrat.models.transformer import BERT_VOCAB, GPT2_VOCAB, bert_base, gpt2
 
 __all__ = ["ModelSpec", "ZOO", "DEFAULT_MODEL", "resolve", "prepare"]
@@ -75,6 +75,8 @@ ZOO: dict[str, ModelSpec] = {
     for spec in (
         ModelSpec("tiny", _seeded(tiny), (3, 32, 32), torch.float32, True, "classification",
                   "small 3-conv CNN, 10 classes; fast enough for tests"),
+        ModelSpec("tiny_text", _seeded(tiny_text), (TINY_TEXT_LENGTH,), torch.int64, True, "embedding",
+                  "16 tokens -> 32-dim embedding; the text path's test model", vocab_size=TINY_TEXT_VOCAB),
         ModelSpec("resnet50", _seeded(resnet50), (3, 224, 224), torch.float32, True, "classification",
                   "ResNet-50 (bottleneck [3,4,6,3]), 1000 classes"),
         ModelSpec("inception_v3", _seeded(inception_v3), (3, 299, 299), torch.float32, True,

@@ -35,3 +35,24 @@ class TinyNet(nn.Module):
 def tiny() -> TinyNet:
     return TinyNet()
 
+
+
+TINY_TEXT_VOCAB = 1000
+TINY_TEXT_LENGTH = 16
+
+
+class TinyTextNet(nn.Module):
+    """16 token ids -> a 32-dim embedding (mean of token embeddings through a tanh layer):
+    the text counterpart of TinyNet, for tests of the text path."""
+
+    def __init__(self, vocab: int = TINY_TEXT_VOCAB, dim: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.proj(self.embed(tokens).mean(dim=1)))
+
+
+def tiny_text() -> TinyTextNet:
+    return TinyTextNet()

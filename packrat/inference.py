@@ -1,0 +1,64 @@
+"""Answering a batch of request bodies with a model and a codec: decode each, run the good ones
+as one batch, encode each. Shared by the pool's instance processes and the in-process (stock)
+handler, so both answer alike. A request's own failure is answered alone: 4xx for bad input,
+500 for ours (encoding, or the model failing on that input); its batch-mates are not touched.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from .codec import Codec, RequestError
+
+Answer = tuple[int, bytes, str]  # status, JSON body, one-line reason ("" when 200)
+
+
+def answer_batch(module, codec: Codec, bodies: list[tuple[bytes, str | None]]) -> list[Answer]:
+    """(status, body, reason) for each (body, content type), in order."""
+    answers: list = [None] * len(bodies)
+    decoded = {}
+    for index, (body, content_type) in enumerate(bodies):
+        try:
+            decoded[index] = codec.decode(body, content_type)
+        except RequestError as exc:
+            answers[index] = error(exc.status, exc.reason)
+    outputs = run_each(module, {i: d.samples for i, d in decoded.items()})
+    for index, item in decoded.items():
+        output = outputs[index]
+        if isinstance(output, str):
+            answers[index] = error(500, output)
+            continue
+        try:
+            answers[index] = (200, codec.encode(output, item), "")
+        except Exception as exc:  # our failure, this request's alone
+            answers[index] = error(500, f"cannot encode the answer: {type(exc).__name__}: {first_line(exc)}")
+    return answers
+
+
+def run_each(module, samples: dict) -> dict:
+    """Each key's outputs from one batched call; if that call fails, each key alone, so only
+    the inputs the model really fails on get the failure (a one-line reason instead of outputs)."""
+    if not samples:
+        return {}
+    with torch.inference_mode():
+        try:
+            outputs = module(torch.cat(list(samples.values())))
+            return dict(zip(samples, (o.clone() for o in torch.split(outputs, [len(s) for s in samples.values()]))))
+        except Exception as exc:
+            if len(samples) == 1:
+                return {next(iter(samples)): f"the model failed on this input: {type(exc).__name__}: {first_line(exc)}"}
+    result = {}
+    for key, value in samples.items():
+        result.update(run_each(module, {key: value}))
+    return result
+
+
+def error(status: int, reason: str) -> Answer:
+    return status, json.dumps({"error": reason}).encode(), reason
+
+
+def first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

@@ -1,0 +1,58 @@
+"""Text to the fixed-length row of token ids a text model reads, with a Hugging Face tokenizer."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .codec import RequestError, first_line
+
+PAD_TOKENS = ("[PAD]", "<pad>", "<|endoftext|>")  # BERT, T5/RoBERTa-style, GPT-2
+
+
+class TextEncoder:
+    """Tokenises, then pads to the model's length: on the left for language models (the
+    next-token logits come from the last position), on the right otherwise."""
+
+    def __init__(self, path: str, length: int, pad_left: bool, truncate: bool):
+        from tokenizers import Tokenizer
+
+        if os.path.isdir(path):
+            path = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise ValueError(f"tokenizer file not found: {path}")
+        try:
+            self.tokenizer = Tokenizer.from_file(path)
+        except Exception as exc:  # the library raises plain Exception for bad files
+            raise ValueError(f"cannot read tokenizer {path}: {first_line(exc)}") from None
+        self.pad_id = _pad_id(self.tokenizer)
+        self.length, self.pad_left, self.truncate = length, pad_left, truncate
+        self.tokenizer.no_padding()  # padding is ours: its side depends on the task
+        if truncate:  # the tokenizer's own truncation keeps special tokens such as [SEP]
+            self.tokenizer.enable_truncation(length, direction="left" if pad_left else "right")
+        else:
+            self.tokenizer.no_truncation()
+
+    def encode(self, text: str) -> torch.Tensor:
+        if not text.strip():
+            raise RequestError(400, "empty text: send the text to run the model on")
+        ids = self.tokenizer.encode(text).ids
+        if len(ids) > self.length:
+            raise RequestError(413, f"text too long: {len(ids)} tokens, the model takes at most {self.length}")
+        pad = [self.pad_id] * (self.length - len(ids))
+        return torch.tensor(pad + ids if self.pad_left else ids + pad, dtype=torch.int64)
+
+    def token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token], skip_special_tokens=False)
+
+
+def _pad_id(tokenizer) -> int:
+    """The tokenizer's own padding token if tokenizer.json names one, else a well-known one, else 0."""
+    if tokenizer.padding:
+        return int(tokenizer.padding["pad_id"])
+    for token in PAD_TOKENS:
+        found = tokenizer.token_to_id(token)
+        if found is not None:
+            return found
+    return 0
