@@ -1,21 +1,21 @@
 """Pool reconfiguration under continuous load, without TorchServe: starts a fat ⟨2 threads, batch 8⟩
-pool, streams batch-8 runs in a thread, switches fat → 2×⟨1, 4⟩ → fat → 2×⟨1, 4⟩ and prints each switch time,
+pool, streams batches of 8 raw requests in a thread, switches fat → 2×⟨1, 4⟩ → fat → 2×⟨1, 4⟩ and prints each switch time,
 then the median and worst batch latency.
 
     .venv/bin/python benchmarks/switch_bench.py [MODEL] [WARMUP_NICE]     (defaults: resnet50 10; needs 2 cores)
 """
 import time, threading, torch, logging, sys
-from packrat.pool import InstancePool, InstanceConfig, ModelConfig
+from packrat.pool import InstancePool, InstanceConfig, ModelConfig, Request
 model = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
 fat = [InstanceConfig(2, 8, (0, 1), 8)]
 split = [InstanceConfig(1, 4, (0,), 8), InstanceConfig(1, 4, (1,), 8)]
 from packrat.models import resolve
-x = resolve(model).example_input(8)
+x = [Request(s.numpy().tobytes(), "application/octet-stream") for s in resolve(model).example_input(8)]
 t0 = time.time(); pool = InstancePool(ModelConfig(model), fat); print("start", round(time.time() - t0, 2))
 stop = threading.Event(); lat = []
 def stream():
     while not stop.is_set():
-        t = time.perf_counter(); pool.run(x); lat.append((time.time(), (time.perf_counter() - t) * 1e3))
+        t = time.perf_counter(); pool.infer(x); lat.append((time.time(), (time.perf_counter() - t) * 1e3))
 th = threading.Thread(target=stream); th.start()
 time.sleep(3)
 nice = int(sys.argv[2]) if len(sys.argv) > 2 else 10

@@ -7,9 +7,11 @@ handle() only moves bytes: each request's body goes to the pool as it is, and it
 (decoded, run and encoded inside an instance) comes back with its own status.
 
 The archive runs this worker in TorchServe's asynchronous mode (`asyncCommunication: true`):
-TorchServe hands over each batch as soon as it forms, without waiting for the previous one to
-be answered, and handle() returns a coroutine, so several batches are in the pool at once and
-the pool's dispatcher keeps every instance busy (see packrat/pool.py). In TorchServe's ordinary
+TorchServe hands over each request as soon as it arrives, without waiting for the previous ones
+to be answered, and handle() returns a coroutine, so many requests are in the pool at once and
+the pool's dispatcher keeps every instance busy (see packrat/pool.py). TorchServe's own batch
+size is 1 there (its asynchronous aggregator breaks on larger batches); the pool's batch, the
+one the plan is made for, is the archive's `max_batch`. In TorchServe's ordinary
 mode handle() simply blocks until its batch is answered. The management API's
 `GET /models/NAME?customized=true` returns the controller's status (plan, pool health,
 reconfigurations).
@@ -18,6 +20,7 @@ reconfigurations).
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Future
 
 from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
@@ -26,7 +29,7 @@ from handlers import common
 from packrat.controller import Controller
 from packrat.estimator import BatchSizeEstimator, EstimatorSettings
 from packrat.planner import serving_plan
-from packrat.pool import InstancePool, configs_for
+from packrat.pool import Answer, InstancePool, PoolError, configs_for
 from packrat.profile import load
 from packrat.topology import detect
 
@@ -38,7 +41,9 @@ class PackratHandler(BaseHandler):
         model_dir = properties["model_dir"]
         model, spec = common.model_config(section, model_dir)
         codec = common.codec_config(section, spec, context.model_name, model_dir)
-        self.max_batch = int(properties.get("batch_size") or 1)
+        # The batch the plan is for; in TorchServe's asynchronous mode its own batch size is 1
+        # (requests are handed over one by one) and this comes from the archive.
+        self.max_batch = int(section.get("max_batch") or properties.get("batch_size") or 1)
         items, topology, mode = load(f"{model_dir}/{section['profile']}").items(), detect(), section.get("plan", "auto")
 
         def plan_for(batch: int):
@@ -63,21 +68,36 @@ class PackratHandler(BaseHandler):
         return self.controller.plan
 
     def handle(self, data, context):
+        """One answer per request, in order. Never raises: in TorchServe's asynchronous mode an
+        exception would fail every request in flight, not just this batch's."""
         if _describing(context):
-            return [self.controller.status()]
-        submit = self.controller.submit if self.reconfigure else self.pool.submit
-        futures = [submit(common.to_request(row, context, i)) for i, row in enumerate(data)]
+            answers = [self.controller.status()]
+        else:
+            futures = [self._submit(row, context, index) for index, row in enumerate(data)]
+            answers = None
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # TorchServe's ordinary worker: answer this batch, then the next
-            return self._respond([future.result() for future in futures], context)
-        return self._gather(futures, context)  # asynchronous worker: it awaits this
+            return answers or self._respond([future.result() for future in futures], context)
+        return self._gather(futures, context) if answers is None else _ready(answers)  # awaited by the worker
+
+    def _submit(self, row, context, index: int):
+        submit = self.controller.submit if self.reconfigure else self.pool.submit
+        try:
+            return submit(common.to_request(row, context, index))
+        except Exception as exc:  # our failure (e.g. the pool is closing): this request's alone
+            future = Future()
+            future.set_result(Answer.error(503 if isinstance(exc, PoolError) else 500, f"{type(exc).__name__}: {exc}"))
+            return future
 
     async def _gather(self, futures, context):
         return self._respond(await asyncio.gather(*map(asyncio.wrap_future, futures)), context)
 
     def _respond(self, answers, context) -> list[bytes]:
-        self._report_metrics(context)
+        try:
+            self._report_metrics(context)
+        except Exception as exc:  # metrics must never cost an answer
+            common.log.warning("packrat metrics not reported: %s", exc)
         return common.respond(answers, context)
 
     def describe_handle(self):
@@ -111,3 +131,7 @@ def _describing(context) -> bool:
         return context.get_request_header(0, "describe") == "True"
     except (AttributeError, IndexError, KeyError, TypeError):
         return False
+
+
+async def _ready(value):
+    return value

@@ -294,6 +294,12 @@ def cmd_status(args: argparse.Namespace) -> int:
                        for i in plan["instances"])
     print(f"model {server.model} ({status.get('mode', '?')}): serving B={plan['batch']} on T={plan['threads']} "
           f"threads: {shapes}")
+    health = status.get("health")
+    if health:
+        state = f"UNAVAILABLE: {health['unavailable']}" if health["unavailable"] else "serving"
+        print(f"instances: {health['ready']}/{health['instances']} ready, {health['respawning']} respawning, "
+              f"{health['respawn_failures']} failed respawn attempt(s); {health['queued']} queued, "
+              f"{health['answered']} answered, {health['refused']} refused (503); {state}")
     records = status["reconfigurations"]
     print(f"{len(records)} reconfiguration(s){' (newest last)' if records else ''}")
     for r in records[-args.last:]:
@@ -567,7 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", type=Path, default=Path(".packrat/serve"), help="default: .packrat/serve")
     p.add_argument("--last", type=positive(int), default=10, help="reconfigurations to list (default: 10)")
     p.add_argument("--json", action="store_true",
-                   help='print {"plan": <as packrat plan --json>, "mode": "script"|"eager"|"ios", '
+                   help='print {"plan": <as packrat plan --json>, "mode": "script"|"eager"|"ios", "health": {"instances", '
+                        '"ready", "respawning", "respawn_failures", "unavailable", "queued", "answered", "refused"}, '
                         '"reconfigurations": [{"from_batch", "to_batch", '
                         '"reason", "seconds", "failed_requests", ...}]}')
     p.set_defaults(func=cmd_status)

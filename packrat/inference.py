@@ -10,7 +10,7 @@ import json
 
 import torch
 
-from .codec import Codec, RequestError
+from .codec import Codec, RequestError, first_line
 
 Answer = tuple[int, bytes, str]  # status, JSON body, one-line reason ("" when 200)
 
@@ -57,8 +57,3 @@ def run_each(module, samples: dict) -> dict:
 
 def error(status: int, reason: str) -> Answer:
     return status, json.dumps({"error": reason}).encode(), reason
-
-
-def first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__

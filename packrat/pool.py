@@ -227,6 +227,11 @@ class _Job:
     attempts: int = 0
 
 
+def _resolve(job: _Job, answer: Answer) -> None:
+    if not job.future.done():  # a request is answered once, even if its instance was given up on
+        job.future.set_result(answer)
+
+
 class _Instance:
     """Parent-side handle of one instance process, its input segment and the jobs it runs."""
 
@@ -486,34 +491,39 @@ class InstancePool:
             self._answered += len(jobs)
             self.last_compute_ms = compute_ms
         for job, (status, body, reason) in zip(jobs, answers):
-            job.future.set_result(Answer(status, body, reason))
+            _resolve(job, Answer(status, body, reason))
 
     def _lost(self, dead: _Instance) -> None:
-        """A dead instance: its requests back to the queue's front, a respawn in the background."""
-        log.warning("instance %d (cores %s) died with exit code %s; respawning",
-                    dead.index, list(dead.config.cores), dead.process.poll())
+        """A dead instance: its requests back to the queue's front, a respawn in the background
+        (unless a switch had already retired it)."""
         with self._lock:
             dead.ready = False
-            jobs, dead.jobs = dead.jobs, []
-            for job in reversed(jobs):
-                job.attempts += 1
-                if job.attempts >= MAX_ATTEMPTS:
-                    job.future.set_result(Answer.error(
-                        500, f"{MAX_ATTEMPTS} model instances died while running this request"))
-                else:
-                    self._queue.appendleft(job)
+            self._requeue(dead)
             if dead in self._parked:
                 self._parked.remove(dead)
                 dead.close(timeout=0)
                 return
             if dead not in self._instances:
                 return
+            log.warning("instance %d (cores %s) died with exit code %s; respawning",
+                        dead.index, list(dead.config.cores), dead.process.poll())
             self.respawns += 1
             self._respawning += 1
             if not any(inst.ready for inst in self._instances):
                 self._down_since = time.monotonic()
         dead.close(timeout=0)
         threading.Thread(target=self._respawn, args=(dead,), daemon=True, name="packrat-respawn").start()
+
+    def _requeue(self, inst: _Instance) -> None:
+        """The instance's requests back to the front of the queue, in order (caller holds the lock);
+        a request that has been on MAX_ATTEMPTS lost instances is answered 500 instead."""
+        jobs, inst.jobs = inst.jobs, []
+        for job in reversed(jobs):
+            job.attempts += 1
+            if job.attempts >= MAX_ATTEMPTS:
+                _resolve(job, Answer.error(500, f"{MAX_ATTEMPTS} model instances died while running this request"))
+            else:
+                self._queue.appendleft(job)
 
     def _respawn(self, dead: _Instance) -> None:
         """Start a replacement until one comes up (back-off between attempts) or the pool moves on."""
@@ -564,7 +574,7 @@ class InstancePool:
             log.error("refusing %d queued request(s): %s", len(self._queue), reason)
             while self._queue:
                 self._refused += 1
-                self._queue.popleft().future.set_result(Answer.error(503, reason))
+                _resolve(self._queue.popleft(), Answer.error(503, reason))
 
     def health(self) -> Health:
         with self._lock:
@@ -617,6 +627,8 @@ class InstancePool:
                                                                                           if not i.ready]
             else:
                 self._parked, stopped = still_parked, []
+            for inst in stopped:  # still busy with an earlier switch's requests: they run again elsewhere
+                self._requeue(inst)
         self._wake()
         for inst in stopped:
             inst.close()
@@ -650,8 +662,7 @@ class InstancePool:
             jobs = list(self._queue) + [job for inst in instances for job in inst.jobs]
             self._queue.clear()
         for job in jobs:
-            if not job.future.done():
-                job.future.set_result(Answer.error(503, "the model is being unloaded"))
+            _resolve(job, Answer.error(503, "the model is being unloaded"))
         for inst in instances:
             inst.close()
         for sock in (self._wake_r, self._wake_w):

@@ -146,20 +146,25 @@ def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_
     """TorchServe's per-model config; packrat's own settings live under `packrat:`.
 
     The packrat handler gets one worker (the pool uses every core) in TorchServe's asynchronous
-    mode with no batch delay: batches go to the pool as they form and the pool batches for its
+    mode with (almost) no batch delay: batches go to the pool as they form and the pool batches for its
     instances as they free up (see handlers/packrat_handler.py)."""
-    workers = ""
+    workers, torchserve_batch = "", batch_size
     if handler == "packrat":
         workers = "minWorkers: 1\nmaxWorkers: 1\n"
         if async_worker:
+            # TorchServe 0.12's asynchronous batch aggregator fails on batches of more than one
+            # request (ConcurrentModificationException, then a worker restart loop), so TorchServe
+            # hands over single requests; the pool batches them (up to max_batch).
             workers += "asyncCommunication: true\n"
-            max_batch_delay_ms = 0
+            torchserve_batch = 1
+            max_batch_delay_ms = 1  # TorchServe reads 0 as "unset" and waits its default 100 ms
     shape = f"[{', '.join(map(str, input_shape))}]" if input_shape else "null"
-    return (f"batchSize: {batch_size}\nmaxBatchDelay: {max_batch_delay_ms}\nresponseTimeout: 300\n"
+    return (f"batchSize: {torchserve_batch}\nmaxBatchDelay: {max_batch_delay_ms}\nresponseTimeout: 300\n"
             f"startupTimeout: 600\n{workers}"
             f"packrat:\n  model: {json.dumps(model)}\n  profile: {json.dumps(profile_name)}\n"
             f"  plan: {plan}\n  input_shape: {shape}\n  reconfigure: {str(reconfigure).lower()}\n"
-            f"  plan_batch: {plan_batch or batch_size}\n  ios: {str(ios).lower()}\n" + requests
+            f"  plan_batch: {plan_batch or batch_size}\n  max_batch: {batch_size}\n  ios: {str(ios).lower()}\n"
+            + requests
             + (f"  estimator: {json.dumps(estimator)}\n" if estimator else ""))
 
 

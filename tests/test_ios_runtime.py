@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import warnings
@@ -173,7 +174,7 @@ def test_optimize_over_several_parts_measures_the_right_operators():
 
 def test_ios_compiled_instances_in_the_profiler_and_the_pool(tmp_path):
     from packrat import profiler
-    from packrat.pool import InstanceConfig, InstancePool, ModelConfig
+    from packrat.pool import InstanceConfig, InstancePool, ModelConfig, Request
     from packrat.profile import ProfileError, load
 
     cache = tmp_path / "schedules"
@@ -188,7 +189,11 @@ def test_ios_compiled_instances_in_the_profiler_and_the_pool(tmp_path):
     module, x = spec.build(), spec.example_input(4)
     with InstancePool(ModelConfig("tiny", ios_cache=str(cache)), [InstanceConfig(1, 2, (CORES[0],))]) as pool:
         assert pool.mode == "ios"
-        torch.testing.assert_close(pool.run(x), expected(module, x), rtol=1e-4, atol=1e-5)
+        v2 = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.flatten().tolist()}]}
+        (answer,) = pool.infer([Request(json.dumps(v2).encode(), "application/json")])  # KServe v2: raw outputs
+        output = json.loads(answer.body)["outputs"][0]
+        got = torch.tensor(output["data"]).view(output["shape"])
+        torch.testing.assert_close(got, expected(module, x), rtol=1e-4, atol=1e-5)
     assert len(load(out).latency) == 1
 
 

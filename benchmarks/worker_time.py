@@ -1,0 +1,75 @@
+"""The TorchServe worker's own CPU time per request, packrat handler, JPEG payloads.
+
+Serves MODEL (default resnet50) at batch size B (default 8) with the planned instances, loads it
+with B locust users sending the synthetic JPEG for DURATION s, and reads the CPU time of the
+TorchServe Python worker (the process that runs the handler; the instances are its children and
+are not counted) before and after the load: CPU ms per request is what the worker itself spends.
+Beside it, the CPU ms per request of decoding and encoding that JPEG in one process (what the
+worker would add if it pre- and post-processed requests itself, as the handler did before the
+codec moved into the instances), measured on the same machine in the same run.
+
+    .venv/bin/python benchmarks/worker_time.py [MODEL] [B] [DURATION]
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from loadtest import run_locust
+from loadtest.payload import build_payload
+from packrat import serving
+from packrat.bench import torchserve_pid
+from packrat.codec import Codec, CodecConfig
+from packrat.models import resolve
+
+model = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
+batch = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+duration = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
+profile = Path("profiles") / f"{model}.csv"
+body, content_type = build_payload(model, "jpeg")
+
+
+def codec_cpu_ms(rounds: int = 200) -> float:
+    """CPU ms per request to decode the JPEG and encode a top-5 answer in this process."""
+    spec = resolve(model)
+    codec = Codec(CodecConfig.for_model(spec))
+    torch.set_num_threads(1)
+    output = torch.randn(1, 1000)
+    start = time.process_time()
+    for _ in range(rounds):
+        codec.encode(output, codec.decode(body, content_type))
+    return (time.process_time() - start) * 1e3 / rounds
+
+
+def worker(java_pid: int) -> psutil.Process:
+    (found,) = [p for p in psutil.Process(java_pid).children() if "model_service_worker" in " ".join(p.cmdline())]
+    return found
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    run_dir = Path(tmp)
+    mar = serving.archive(model, profile, run_dir / "model_store", batch_size=batch, reconfigure=False)
+    server = serving.start(serving.Server(run_dir, model, serving.Ports.free(), token_auth=True), mar)
+    try:
+        token = server.key("inference")
+        run_locust(server.inference_url, model, batch, 8, run_dir / "warmup", token=token, payload="jpeg")
+        process = worker(torchserve_pid(run_dir))
+        before = process.cpu_times()
+        result = run_locust(server.inference_url, model, batch, duration, run_dir / "load", token=token,
+                            payload="jpeg")
+        after = process.cpu_times()
+    finally:
+        serving.stop(server)
+worker_ms = ((after.user - before.user) + (after.system - before.system)) * 1e3 / max(result.requests, 1)
+codec_ms = codec_cpu_ms()
+print(json.dumps({"model": model, "batch": batch, "users": batch, "payload_bytes": len(body),
+                  "requests": result.requests, "failures": result.failures,
+                  "worker_cpu_ms_per_request": round(worker_ms, 3),
+                  "codec_cpu_ms_per_request_in_one_process": round(codec_ms, 3),
+                  "worker_cpu_ms_per_request_if_it_decoded": round(worker_ms + codec_ms, 3)}, indent=2))

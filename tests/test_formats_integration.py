@@ -1,0 +1,224 @@
+"""What TorchServe users send, end to end through real TorchServe (Java) with token auth on:
+images, base64 JSON, KServe v1/v2, text with a shipped tokenizer, labels; bad requests answered
+alone in shared batches; size limits; an instance killed twice recovering by itself."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import shutil
+import signal
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from PIL import Image
+
+from loadtest.tokenizer import build_demo_tokenizer
+from packrat import serving
+from packrat.bench import pool_instances, torchserve_pid
+from packrat.codec import Codec, CodecConfig
+from packrat.inference import answer_batch
+from packrat.models import prepare, resolve
+from packrat.topology import detect
+
+pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")
+
+PROFILE = "threads,batch,latency_ms\n" + "".join(
+    f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in range(1, detect().num_cores + 1) for b in (1, 2, 4))
+LABELS = {str(i): ["n%08d" % i, f"class-{i}"] for i in range(10)}
+MAX_BODY = 2**20
+
+
+def image_bytes(fmt: str, size=(64, 48), seed: int = 0) -> bytes:
+    gen = torch.Generator().manual_seed(seed)
+    pixels = (torch.rand(size[1], size[0], 3, generator=gen) * 255).to(torch.uint8).numpy()
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def huge_png() -> bytes:
+    """A valid small PNG whose header claims 20000 x 20000 pixels: the decompression-bomb shape."""
+    import struct
+    import zlib
+
+    png = bytearray(image_bytes("PNG", (8, 8)))
+    png[16:24] = struct.pack(">II", 20000, 20000)  # IHDR width, height
+    png[29:33] = struct.pack(">I", zlib.crc32(bytes(png[12:29])))  # IHDR CRC over type + data
+    return bytes(png)
+
+
+def start(tmp_path_factory, model: str, **archive) -> serving.Server:
+    run_dir = tmp_path_factory.mktemp(model)
+    profile = run_dir / "profile.csv"
+    profile.write_text(PROFILE)
+    mar = serving.archive(model, profile, run_dir / "model_store", batch_size=4, **archive)
+    return serving.start(serving.Server(run_dir, model, serving.Ports.free(), token_auth=True), mar, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    labels = tmp_path_factory.mktemp("labels") / "index_to_name.json"
+    labels.write_text(json.dumps(LABELS))
+    srv = start(tmp_path_factory, "tiny", labels=labels, max_body_bytes=MAX_BODY)
+    yield srv
+    serving.stop(srv)
+
+
+def post(srv, body: bytes, content_type: str | None, model: str | None = None, method: str = "POST"):
+    request = urllib.request.Request(f"{srv.inference_url}/predictions/{model or srv.model}", data=body,
+                                     method=method)
+    if content_type:
+        request.add_header("Content-Type", content_type)
+    request.add_header("Authorization", f"Bearer {srv.key('inference')}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def expected_classes(body: bytes, content_type: str | None) -> list[int]:
+    """What the model says about this body in this process (same codec, same model)."""
+    spec = resolve("tiny")
+    module, _, _ = prepare(spec, 1)
+    (status, answer, _), = answer_batch(module, Codec(CodecConfig.for_model(spec)), [(body, content_type)])
+    assert status == 200
+    return [p["class"] for p in json.loads(answer)["predictions"]]
+
+
+def test_image_formats(images):
+    jpeg, png, webp = image_bytes("JPEG"), image_bytes("PNG", seed=1), image_bytes("WEBP", seed=2)
+    classes = expected_classes(jpeg, "image/jpeg")
+    status, body = post(images, jpeg, "image/jpeg")
+    assert status == 200 and [p["class"] for p in body["predictions"]] == classes
+    assert body["predictions"][0]["label"] == f"class-{classes[0]}"  # the archive's index_to_name.json
+    # what `curl -T file` sends: a PUT with no Content-Type, recognised by its magic bytes
+    status, body = post(images, png, None, method="PUT")
+    assert status == 200 and [p["class"] for p in body["predictions"]] == expected_classes(png, None)
+    status, body = post(images, webp, "application/octet-stream")
+    assert status == 200 and len(body["predictions"]) == 5
+    b64 = base64.b64encode(jpeg).decode()
+    status, body = post(images, json.dumps({"data": b64}).encode(), "application/json")
+    assert status == 200 and [p["class"] for p in body["predictions"]] == classes
+    status, body = post(images, json.dumps({"instances": [{"data": b64}, {"data": b64}]}).encode(),
+                        "application/json")  # KServe v1
+    assert status == 200 and [[p["class"] for p in pred] for pred in
+                              (a["predictions"] for a in body["predictions"])] == [classes, classes]
+
+
+def test_kserve_v2_tensors(images):
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(4))
+    request = {"id": "r1", "inputs": [{"name": "input0", "shape": [2, 3, 32, 32], "datatype": "FP32",
+                                       "data": x.flatten().tolist()}]}
+    status, body = post(images, json.dumps(request).encode(), "application/json")
+    assert status == 200 and body["id"] == "r1" and body["model_name"] == "tiny"
+    (output,) = body["outputs"]
+    assert output["shape"] == [2, 10] and output["datatype"] == "FP32"
+    module, _, _ = prepare(resolve("tiny"), 2)
+    with torch.inference_mode():
+        torch.testing.assert_close(torch.tensor(output["data"]).view(2, 10), module(x), rtol=1e-4, atol=1e-4)
+
+
+def test_each_bad_request_fails_alone_beside_good_ones(images):
+    """Sent concurrently so they share TorchServe's batches and the instances' sub-batches."""
+    jpeg = image_bytes("JPEG")
+    bad = {
+        "deeply nested JSON": (b"[" * 100_000 + b"]" * 100_000, "application/json", 400),
+        "NaN": (b'{"inputs": [[NaN]]}', "application/json", 400),
+        "Infinity in v2": (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [Infinity]}]}',
+                           "application/json", 400),
+        "wrong dtype": (json.dumps({"inputs": [{"name": "x", "shape": [3, 32, 32], "datatype": "BOOL",
+                                                "data": [True] * 3072}]}).encode(), "application/json", 400),
+        "wrong shape": (json.dumps({"inputs": [[1.0, 2.0]]}).encode(), "application/json", 400),
+        "empty": (b"", "application/octet-stream", 400),
+        "not an image": (b"GIF89a this is not really a gif", "image/gif", 400),
+        "truncated image": (jpeg[: len(jpeg) // 2], "image/jpeg", 400),
+        "decompression bomb": (huge_png(), "image/png", 413),
+        "too large": (b"\xff\xd8\xff" + b"\0" * (MAX_BODY + 10), "image/jpeg", 413),
+    }
+    requests = [(None, jpeg, "image/jpeg", 200)] * 8 + [(name, *case) for name, case in bad.items()]
+    requests = [requests[i] for i in sorted(range(len(requests)), key=lambda i: (i * 7) % len(requests))]
+    with ThreadPoolExecutor(len(requests)) as threads:
+        answers = list(threads.map(lambda r: post(images, r[1], r[2]), requests))
+    classes = expected_classes(jpeg, "image/jpeg")
+    for (name, _, _, want), (status, body) in zip(requests, answers):
+        assert status == want, (name, status, body)
+        if want == 200:
+            assert [p["class"] for p in body["predictions"]] == classes
+        else:
+            assert set(body) == {"error"} and body["error"] and "\n" not in body["error"], (name, body)
+
+
+def test_body_over_torchserve_limit_is_413_not_a_reset(images):
+    status, _ = post(images, b"\0" * (serving.MAX_REQUEST_SIZE + 1024), "application/octet-stream")
+    assert status == 413
+
+
+@pytest.fixture(scope="module")
+def text_server(tmp_path_factory):
+    tokenizer = build_demo_tokenizer(tmp_path_factory.mktemp("tokenizer"), "wordpiece",
+                                     text="the quick brown fox jumps over the lazy dog")
+    srv = start(tmp_path_factory, "tiny_text", tokenizer=tokenizer)
+    yield srv, tokenizer
+    serving.stop(srv)
+
+
+def test_text_with_the_shipped_tokenizer(text_server):
+    srv, tokenizer = text_server
+    spec = resolve("tiny_text")
+    module, _, _ = prepare(spec, 1)
+    codec = Codec(CodecConfig.for_model(spec, tokenizer=str(tokenizer)))
+    ((_, want, _),) = answer_batch(module, codec, [(b"the quick brown fox", "text/plain")])
+    status, body = post(srv, b"the quick brown fox", "text/plain; charset=utf-8")
+    assert status == 200 and body["embedding"] == pytest.approx(json.loads(want)["embedding"], abs=1e-5)
+    status, again = post(srv, json.dumps({"text": "the quick brown fox"}).encode(), "application/json")
+    assert status == 200 and again["embedding"] == pytest.approx(body["embedding"], abs=1e-5)
+    status, body = post(srv, " ".join(["dog"] * 40).encode(), "text/plain")
+    assert status == 413 and "too long" in body["error"]
+
+
+def test_instance_killed_twice_recovers_by_itself(tmp_path_factory):
+    """kill -9 of the only instance, then of its replacement while it starts: requests are answered
+    503 with the reason (never hang) while none can run, the worker reports it, and service resumes."""
+    srv = start(tmp_path_factory, "tiny", plan="fat")
+    try:
+        jpeg = image_bytes("JPEG")
+        assert post(srv, jpeg, "image/jpeg")[0] == 200
+
+        def instances() -> list[int]:
+            return [p.pid for p in pool_instances(torchserve_pid(srv.run_dir))]
+
+        (first,) = instances()
+        os.kill(first, signal.SIGKILL)
+        assert post(srv, jpeg, "image/jpeg")[0] in (200, 503)  # lets the pool notice the death now
+        deadline = time.monotonic() + 30
+        while not (found := [p for p in instances() if p != first]):
+            assert time.monotonic() < deadline, "no replacement was started"
+            time.sleep(0.01)
+        os.kill(found[0], signal.SIGKILL)
+        refused = 0
+        deadline = time.monotonic() + 120
+        while True:
+            started = time.monotonic()
+            status, body = post(srv, jpeg, "image/jpeg")
+            if status == 200:
+                break
+            assert status == 503 and "respawning instance 0 failed" in body["error"], (status, body)
+            assert time.monotonic() - started < 10  # refused at once, not after a wait
+            health = serving.handler_status(srv)["health"]
+            assert health["ready"] == 0 and health["unavailable"]
+            refused += 1
+            assert time.monotonic() < deadline, "service did not resume"
+            time.sleep(0.2)
+        health = serving.handler_status(srv)["health"]
+        assert health["ready"] == 1 and health["unavailable"] is None and health["respawn_failures"] >= 1
+    finally:
+        serving.stop(srv)
+
