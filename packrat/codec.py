@@ -142,6 +142,10 @@ class Codec:
         limit = self.config.max_body_bytes
         if len(body) > limit:
             raise RequestError(413, f"request too large: {len(body)} bytes (limit {limit})")
+        if not body and kind.startswith("application/x-www-form-urlencoded"):
+            raise RequestError(400, "empty request: a form post (curl -d/--data-binary without a Content-Type) is "
+                                    "split into fields by TorchServe; send -H 'Content-Type: image/jpeg' (or the "
+                                    "body's type), or use curl -T FILE")
         if not body:
             raise RequestError(400, "empty request: send one input sample as the body")
         if body[:4] == ZIP_MAGIC:

@@ -371,6 +371,7 @@ def v2(datatype="FP32", shape=(4,), data=(1.0, 2.0, 3.0, 4.0), **extra) -> dict:
     (VECTOR, b"x" * (VECTOR.max_body_bytes + 1), None, 413, "request too large: 16777217 bytes (limit 16777216)"),
     (VECTOR, b"", None, 400, "empty request"),
     (VECTOR, None, None, 400, "empty request"),
+    (IMAGE, b"", "application/x-www-form-urlencoded", 400, "a form post (curl -d/--data-binary without a Content-Type)"),
     (VECTOR, 42, None, 400, "unsupported request body: int"),
     (VECTOR, {"instances": [[0.0] * 4] * 65}, None, 413, "too many samples: 65 (limit 64)"),
     (VECTOR, v2(shape=[65, 4], data=[0.0] * 260), None, 413, "too many samples: 65 (limit 64)"),
