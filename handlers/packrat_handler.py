@@ -20,6 +20,7 @@ reconfigurations).
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import Future
 
 from ts.metrics.metric_type_enum import MetricTypes
@@ -32,6 +33,8 @@ from packrat.planner import serving_plan
 from packrat.pool import Answer, InstancePool, PoolError, configs_for
 from packrat.profile import load
 from packrat.topology import detect
+
+METRICS_PERIOD_S = 1.0
 
 
 class PackratHandler(BaseHandler):
@@ -55,12 +58,13 @@ class PackratHandler(BaseHandler):
         start_batch = min(int(section.get("plan_batch") or self.max_batch), self.max_batch)
         plan = plan_for(start_batch)
         common.log.info("packrat plan for T=%d, B=%d: %s", plan.threads, plan.batch, plan.describe())
-        self.pool = InstancePool.from_plan(model, plan, capacity=self.max_batch, codec=codec)
+        pool_settings = {"gather_ms": float(section["gather_ms"])} if section.get("gather_ms") is not None else {}
+        self.pool = InstancePool.from_plan(model, plan, capacity=self.max_batch, codec=codec, **pool_settings)
         estimator = BatchSizeEstimator(start_batch, self.max_batch,
                                        EstimatorSettings(**section.get("estimator", {})))
         self.controller = Controller(self.pool, plan, plan_for, lambda p: configs_for(p, self.max_batch), estimator)
         self.reconfigure = bool(section.get("reconfigure", True))
-        self._reported = 0
+        self._reported, self._reported_at = 0, -METRICS_PERIOD_S
         self.initialized = True
 
     @property
@@ -104,9 +108,12 @@ class PackratHandler(BaseHandler):
         return self.controller.status()
 
     def _report_metrics(self, context) -> None:
-        """Pool health on every batch; one record per reconfiguration finished since the last."""
-        if context.metrics is None:
+        """Pool health at most once a second (each metric is a line TorchServe's Java side reads and
+        logs); one record per reconfiguration finished since the last."""
+        now = time.monotonic()
+        if context.metrics is None or now - self._reported_at < METRICS_PERIOD_S:
             return
+        self._reported_at = now
         health = self.pool.health()
         context.metrics.add_metric("PackratInstancesReady", health.ready, "count", metric_type=MetricTypes.GAUGE)
         context.metrics.add_metric("PackratRefusedRequests", health.refused, "count", metric_type=MetricTypes.GAUGE)

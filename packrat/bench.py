@@ -295,12 +295,13 @@ def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, d
     payload = payload or natural_payload(model)
     counts = users_for_batch(users, batch)
     runs = []
-    for name, handler, plan_mode in configs:
+    for name, handler, plan_mode, *overrides in configs:  # a 4th field: more serving.archive keywords
         run_dir = out_dir / name
         extra = {"tokenizer": Path(tokenizer)} if tokenizer is not None else {}
         mar = serving.archive(model, profile_path if handler == "packrat" else None, run_dir / "model_store",
                               name=model, batch_size=batch, max_batch_delay_ms=max_batch_delay_ms,
-                              plan=plan_mode, handler=handler, reconfigure=False, **extra)
+                              plan=plan_mode, handler=handler, reconfigure=False,
+                              **(overrides[0] if overrides else {}), **extra)
         kills = kill_every_s is not None and handler == "packrat"
         with warmed_server(name, model, mar, run_dir, max(n for n, _ in counts), warmup_s, log,
                            payload=payload) as (server, token):

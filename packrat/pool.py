@@ -10,17 +10,23 @@ in parallel across instances; the caller only moves bytes. A request whose own d
 encoding fails is answered alone (4xx for bad input, 500 for ours); its batch-mates are not.
 
 Dispatch is work-conserving. ``submit(request)`` queues one request and returns a future; a
-dispatcher thread hands queued requests to every idle instance as soon as it is idle, each taking
-up to its planned share (``split_sizes`` over the idle instances; beyond the plan, up to its
-capacity when the queue is longer). Requests therefore reach the cores as they arrive, users
-desynchronise, and no core waits for a whole batch to be gathered or answered, while the threads
-of all instances never exceed the cores. Requests come from TorchServe's asynchronous worker
-mode: TorchServe hands the handler each batch as it forms, without waiting for the previous one
-to be answered, and the handler submits its requests here (handlers/packrat_handler.py; the
-same handler in TorchServe's ordinary mode, whole batches one at a time, is what BENCHMARKS.md
-compares it with). The other way, a second TorchServe worker sharing these instances, was not
-built: workers are separate processes, so the queue and the instances would have to move into
-a third process, adding a hop per request, and each worker would still hand over whole batches.
+dispatcher thread hands queued requests to the instances as they become idle, each taking up to
+its planned share (``split_sizes`` over the idle instances; beyond the plan, up to its capacity
+when the queue is longer). Requests reach the cores as they arrive and users desynchronise, so
+one instance's batch runs while another's answers travel, and the threads of all instances
+never exceed the cores. One refinement, measured (BENCHMARKS.md, dispatch modes): an idle
+instance whose planned share has not all arrived waits up to ``gather_ms`` (30 ms) for the rest
+before it starts. In a closed loop the requests of a wave arrive one by one, milliseconds apart;
+starting on the first alone made a fat ⟨2 threads, batch 4⟩ instance run batches of one and
+two, 1.1-1.4x slower at p50 than whole batches, while 30 ms recovered them (and a longer wait
+gained nothing). Under a queue the share is always there and nothing waits.
+
+Requests come from TorchServe's asynchronous worker mode: TorchServe hands the handler each
+request as it arrives, without waiting for earlier ones to be answered, and the handler submits
+it here (handlers/packrat_handler.py). The other way, a second TorchServe worker sharing these
+instances, was not built: workers are separate processes, so the queue and the instances would
+have to move into a third process, adding a hop per request, and each worker would still hand
+over whole batches.
 
 Failures: an instance that dies (killed, out of memory, a crash in a native decoder) is noticed
 when its socket closes; its requests go back to the front of the queue and run on another
@@ -55,6 +61,7 @@ log = logging.getLogger("packrat.pool")
 MIN_SEGMENT_BYTES = 1 << 20
 MAX_ATTEMPTS = 3  # instance deaths one request may be part of before it is answered 500
 BACKOFF_S = (1.0, 30.0)  # first and longest wait between respawn attempts
+GATHER_MS = 30.0  # how long idle instances wait for their planned share to arrive (measured: BENCHMARKS.md)
 
 
 class PoolError(RuntimeError):
@@ -344,7 +351,7 @@ class InstancePool:
     """
 
     def __init__(self, model: ModelConfig, instances: Sequence[InstanceConfig], codec: CodecConfig | None = None,
-                 start_timeout: float = 600.0, unavailable_after_s: float = 30.0):
+                 start_timeout: float = 600.0, unavailable_after_s: float = 30.0, gather_ms: float = GATHER_MS):
         if not instances:
             raise ValueError("a pool needs at least one instance")
         self._check_cores(instances)
@@ -354,6 +361,7 @@ class InstancePool:
             codec = CodecConfig.for_model(resolve(model.model, model.input_shape))
         self.model, self.codec = model, codec
         self.start_timeout, self.unavailable_after_s = start_timeout, unavailable_after_s
+        self.gather_s = gather_ms / 1e3
         self.respawns = 0
         self.mode = ""
         self.last_compute_ms = 0.0  # model + codec time of the last answered sub-batch
@@ -447,10 +455,10 @@ class InstancePool:
     def _dispatch_loop(self) -> None:
         while not self._closed.is_set():
             with self._lock:
-                self._assign()
+                gathering = self._assign()
                 watched = {inst.conn: inst for inst in self._instances + self._parked if inst.ready}
             try:
-                readable = wait([self._wake_r, *watched], timeout=0.5)
+                readable = wait([self._wake_r, *watched], timeout=0.5 if gathering is None else gathering)
             except OSError:  # a connection closed under us: look again
                 continue
             for handle in readable:
@@ -464,11 +472,15 @@ class InstancePool:
             with self._lock:
                 self._refuse_if_unavailable()
 
-    def _assign(self) -> None:
-        """Give queued requests to the idle instances, split by their planned shares."""
+    def _assign(self) -> float | None:
+        """Give queued requests to the idle instances, split by their planned shares. Returns how
+        long to look again after, while a gather window is open, else None."""
         idle = [inst for inst in self._instances if inst.idle]
         if not self._queue or not idle:
-            return
+            return None
+        waited = time.monotonic() - self._queue[0].queued_at
+        if len(self._queue) < sum(inst.config.batch for inst in idle) and waited < self.gather_s:
+            return self.gather_s - waited  # the rest of the wave is probably on its way
         n = min(len(self._queue), sum(inst.config.slots for inst in idle))
         sizes = split_sizes(n, [inst.config.batch for inst in idle], [inst.config.slots for inst in idle])
         for inst, size in zip(idle, sizes):
@@ -478,6 +490,7 @@ class InstancePool:
                     inst.submit(jobs)
                 except OSError:  # its socket is broken: it died; _collect will see EOF
                     inst.jobs = jobs
+        return None
 
     def _collect(self, inst: _Instance) -> None:
         try:

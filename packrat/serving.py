@@ -142,7 +142,7 @@ class RequestSettings:
 def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_delay_ms: int,
                       plan: str, handler: str, input_shape: tuple[int, ...] | None, reconfigure: bool = True,
                       plan_batch: int | None = None, estimator: dict | None = None, ios: bool = False,
-                      requests: str = "", async_worker: bool = True) -> str:
+                      requests: str = "", async_worker: bool = True, gather_ms: float | None = None) -> str:
     """TorchServe's per-model config; packrat's own settings live under `packrat:`.
 
     The packrat handler gets one worker (the pool uses every core) in TorchServe's asynchronous
@@ -164,7 +164,7 @@ def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_
             f"packrat:\n  model: {json.dumps(model)}\n  profile: {json.dumps(profile_name)}\n"
             f"  plan: {plan}\n  input_shape: {shape}\n  reconfigure: {str(reconfigure).lower()}\n"
             f"  plan_batch: {plan_batch or batch_size}\n  max_batch: {batch_size}\n  ios: {str(ios).lower()}\n"
-            + requests
+            + requests + (f"  gather_ms: {gather_ms}\n" if gather_ms is not None else "")
             + (f"  estimator: {json.dumps(estimator)}\n" if estimator else ""))
 
 
@@ -174,7 +174,7 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
             plan_batch: int | None = None, estimator: dict | None = None,
             ios_cache: Path = DEFAULT_IOS_CACHE, tokenizer: Path | None = None, labels: Path | None = None,
             max_body_bytes: int = RequestSettings.max_body_bytes, truncate_text: bool = False,
-            async_worker: bool = True) -> Path:
+            async_worker: bool = True, gather_ms: float | None = None) -> Path:
     """Build NAME.mar with torch-model-archiver: handler, profile, settings, the tokenizer and
     labels the requests are read and answered with (and the model file for a TorchScript model).
     Zoo models are rebuilt from code in the worker. A profile taken with IOS-compiled instances is
@@ -208,7 +208,7 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
         config = staging / "model-config.yaml"
         config.write_text(model_config_yaml(model_ref, profile_name, batch_size, max_batch_delay_ms, plan,
                                             handler, input_shape, reconfigure, plan_batch, estimator, ios,
-                                            requests.yaml(shipped), async_worker))
+                                            requests.yaml(shipped), async_worker, gather_ms))
         cmd = ["torch-model-archiver", "--model-name", name, "--version", "1.0",
                "--handler", str(HANDLERS / f"{handler}_handler.py"), "--config-file", str(config),
                "--extra-files", ",".join(map(str, extra)), "--export-path", str(out_dir), "--force"]

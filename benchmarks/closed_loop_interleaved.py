@@ -1,0 +1,67 @@
+"""Closed loop with exactly B users, stock TorchServe vs packrat, in interleaved rounds.
+
+On a small shared VM one locust run per configuration measures the day's noise as much as the
+servers (±25 % between identical configurations in one `packrat bench` run). Here every server
+is started once and kept up (idle servers take no CPU), then each round loads each of them in a
+shuffled order; medians over the rounds and the packrat/stock ratios are printed, with the JSON.
+
+    .venv/bin/python benchmarks/closed_loop_interleaved.py [MODEL] [B,...] [ROUNDS] [SECONDS] [OUT]
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+from loadtest import run_locust
+from loadtest.payload import natural_payload
+from packrat import bench, serving
+
+model = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
+batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "4,8").split(",")]
+rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 5
+seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 15.0
+out = Path(sys.argv[5] if len(sys.argv) > 5 else "out/interleaved")
+profile = Path("profiles") / f"{model}.csv"
+payload = natural_payload(model)
+configs = (("stock", "stock", "auto", {}), ("packrat-plan", "packrat", "auto", {}),
+           ("packrat-plan-whole-batches", "packrat", "auto", {"async_worker": False}))
+report = {}
+for batch in batches:
+    samples: dict[str, list] = {name: [] for name, *_ in configs}
+    with ExitStack() as stack:
+        servers = {}
+        for name, handler, plan, extra in configs:
+            run_dir = out / f"B{batch}" / name
+            mar = serving.archive(model, profile if handler == "packrat" else None, run_dir / "model_store",
+                                  name=model, batch_size=batch, max_batch_delay_ms=50, plan=plan, handler=handler,
+                                  reconfigure=False, **extra)
+            servers[name] = stack.enter_context(bench.warmed_server(name, model, mar, run_dir, batch, 8.0, print,
+                                                                    payload=payload))
+        order = list(servers)
+        for r in range(rounds):
+            random.Random(r).shuffle(order)
+            for name in order:
+                server, token = servers[name]
+                result = run_locust(server.inference_url, model, batch, seconds, out / f"B{batch}" / name / f"r{r}",
+                                    token=token, payload=payload)
+                samples[name].append({"p50": result.p50_ms, "p99": result.p99_ms, "rps": result.throughput_rps,
+                                      "failures": result.failures})
+                print(f"B={batch} round {r} {name}: p50 {result.p50_ms:.0f} p99 {result.p99_ms:.0f} "
+                      f"rps {result.throughput_rps:.1f}", flush=True)
+    medians = {name: {k: statistics.median(s[k] for s in runs) for k in ("p50", "p99", "rps")}
+               for name, runs in samples.items()}
+    report[batch] = {"rounds": samples, "medians": medians}
+print(f"\n{model}, closed loop with B users, {rounds} interleaved rounds of {seconds:.0f} s, payload {payload}; "
+      "medians (locust on the same cores)")
+print(f"{'B':>3}  {'config':<28} {'p50 ms':>7} {'p99 ms':>7} {'req/s':>6}  {'p50 vs stock':>12} {'p99 vs stock':>12}")
+for batch, entry in report.items():
+    stock = entry["medians"]["stock"]
+    for name, m in entry["medians"].items():
+        print(f"{batch:>3}  {name:<28} {m['p50']:>7.0f} {m['p99']:>7.0f} {m['rps']:>6.1f}  "
+              f"{m['p50'] / stock['p50']:>11.2f}x {m['p99'] / stock['p99']:>11.2f}x")
+(out / "interleaved.json").parent.mkdir(parents=True, exist_ok=True)
+(out / "interleaved.json").write_text(json.dumps(report, indent=2))
