@@ -240,8 +240,9 @@ def resolve_profile(model: str, given: Path | None, *, batch_sizes=(),
 
 
 def archive_extras(args: argparse.Namespace) -> dict:
-    """serving.archive's tokenizer, labels and request-size settings from --tokenizer, --labels, --max-body-mb."""
-    return {"tokenizer": args.tokenizer, "labels": args.labels, "max_body_bytes": int(args.max_body_mb * 2**20)}
+    """serving.archive's request settings from --tokenizer, --labels, --max-body-mb, --truncate-text."""
+    return {"tokenizer": args.tokenizer, "labels": args.labels, "max_body_bytes": int(args.max_body_mb * 2**20),
+            "truncate_text": args.truncate_text}
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
@@ -527,6 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
                             '({"0": "tench", ...})')
         p.add_argument("--max-body-mb", type=positive(float), default=16.0, metavar="MB",
                        help="largest request body accepted; larger ones get 413 (default: 16)")
+        p.add_argument("--truncate-text", action="store_true",
+                       help="cut text longer than the model takes to its length (default: answer it 413)")
 
     p = sub.add_parser("archive", help="build the model archive (.mar) for TorchServe",
                        description="Build NAME.mar with torch-model-archiver: the packrat handler, the profile "

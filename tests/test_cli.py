@@ -281,12 +281,13 @@ def test_archive_passes_tokenizer_labels_and_body_limit(tmp_path, monkeypatch, p
     labels = tmp_path / "index_to_name.json"
     labels.write_text('{"0": "tench"}')
     assert main(["archive", "--model", "tiny", "--profile", str(profile), "--tokenizer", "tok",
-                 "--labels", str(labels), "--max-body-mb", "1.5"]) == 0
-    assert seen["tokenizer"] == Path("tok/tokenizer.json") and seen["labels"] == labels
+                 "--labels", str(labels), "--max-body-mb", "1.5", "--truncate-text"]) == 0
+    assert seen["tokenizer"] == Path("tok/tokenizer.json") and seen["labels"] == labels and seen["truncate_text"]
     assert seen["max_body_bytes"] == int(1.5 * 2**20) and seen["profile"] == profile
     assert main(["archive", "--model", "tiny"]) == 0  # no profile: measured at the default, then used
     assert seen["profile"] == Path("profiles/tiny.csv") and (tmp_path / "profiles/tiny.csv").exists()
-    assert (seen["tokenizer"], seen["labels"], seen["max_body_bytes"]) == (None, None, 16 * 2**20)
+    assert (seen["tokenizer"], seen["labels"], seen["max_body_bytes"], seen["truncate_text"]) == \
+        (None, None, 16 * 2**20, False)
     assert main(["archive", "--model", "tiny", "--profile", "missing.csv"]) == 2
     assert "no profile at missing.csv" in capsys.readouterr().err
     for flag, value in (("--tokenizer", str(tmp_path)), ("--labels", str(tmp_path / "tok" / "tokenizer.json"))):

@@ -6,6 +6,8 @@ import json
 import os
 import threading
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -264,3 +266,17 @@ def test_batches_above_the_plan_use_the_capacity_in_one_round():
     assert split_sizes(8, [2, 2], [8, 8]) == [4, 4]
     assert split_sizes(10, [4, 2], [8, 8]) == [7, 3]
     assert split_sizes(12, [4, 2], [8, 4]) == [8, 4]
+
+
+def test_an_instance_exits_when_its_pool_process_dies_while_it_loads():
+    code = ("from packrat.pool import InstancePool, InstanceConfig, ModelConfig; "
+            f"InstancePool(ModelConfig('resnet50'), [InstanceConfig(1, 1, ({CORES[0]},))])")
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        wait_until(lambda: psutil.Process(parent.pid).children(), "no instance was started", timeout=30)
+        (instance,) = psutil.Process(parent.pid).children()
+    finally:
+        parent.kill()
+        parent.wait()
+    wait_until(lambda: not instance.is_running() or instance.status() == psutil.STATUS_ZOMBIE,
+               "the instance outlived its pool's process", timeout=10)
