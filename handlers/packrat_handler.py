@@ -30,7 +30,7 @@ from handlers import common
 from packrat.controller import Controller
 from packrat.estimator import BatchSizeEstimator, EstimatorSettings
 from packrat.planner import serving_plan
-from packrat.pool import Answer, InstancePool, PoolError, configs_for
+from packrat.pool import Answer, InstancePool, PoolError, configs_for, exit_with_parent
 from packrat.profile import load
 from packrat.topology import detect
 
@@ -60,6 +60,7 @@ class PackratHandler(BaseHandler):
         common.log.info("packrat plan for T=%d, B=%d: %s", plan.threads, plan.batch, plan.describe())
         pool_settings = {"gather_ms": float(section["gather_ms"])} if section.get("gather_ms") is not None else {}
         self.pool = InstancePool.from_plan(model, plan, capacity=self.max_batch, codec=codec, **pool_settings)
+        exit_with_parent(self.pool.close)  # TorchServe's async worker would outlive Java otherwise
         estimator = BatchSizeEstimator(start_batch, self.max_batch,
                                        EstimatorSettings(**section.get("estimator", {})))
         self.controller = Controller(self.pool, plan, plan_for, lambda p: configs_for(p, self.max_batch), estimator)

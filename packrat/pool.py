@@ -187,21 +187,27 @@ def _load(model: ModelConfig, config: InstanceConfig):
     return prepare(spec, config.batch, graph_mode=model.graph_mode)
 
 
-def _exit_with_parent(interval_s: float = 0.5) -> None:
-    """Exit when the pool's process is gone, even while still loading (an instance only reads its
-    socket, and so notices the parent's death, once it serves)."""
+def exit_with_parent(cleanup=None, interval_s: float = 0.5) -> None:
+    """Exit this process when its parent is gone, after `cleanup()`. Instances use it to go even
+    while still loading (they notice the parent's death on their socket only once they serve); the
+    handler uses it because TorchServe's asynchronous worker keeps non-daemon threads blocked
+    forever once Java has gone, so the worker, and with it the pool, would outlive `torchserve --stop`."""
     parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(interval_s)
-        os._exit(0)
+        try:
+            if cleanup is not None:
+                cleanup()
+        finally:
+            os._exit(0)
 
     threading.Thread(target=watch, daemon=True, name="packrat-parent-watch").start()
 
 
 def _instance_main(conn: Connection) -> None:
-    _exit_with_parent()
+    exit_with_parent()
     model, config, codec_config, nice = conn.recv()
     os.sched_setaffinity(0, config.cores)  # before any parallel region starts OpenMP's threads
     if nice:

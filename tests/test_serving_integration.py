@@ -31,12 +31,15 @@ def server(tmp_path_factory):
     profile = run_dir / "tiny.csv"
     profile.write_text(PROFILE)
     mar = serving.archive("tiny", profile, run_dir / "model_store", batch_size=4, max_batch_delay_ms=20)
+    started = time.time()
     srv = serving.start(serving.Server(run_dir, "tiny", serving.Ports.free(), token_auth=True), mar, timeout=180)
     yield srv
     serving.stop(srv)
     assert not serving.java_running(srv)
     deadline = time.monotonic() + 10  # an instance still loading notices within its watch interval
-    while leftovers := [p for p in psutil.process_iter(["cmdline"]) if "packrat.pool" in " ".join(p.info["cmdline"] or [])]:
+    while leftovers := [p for p in psutil.process_iter(["cmdline", "create_time"])
+                        if p.info["create_time"] >= started and
+                        any(marker in " ".join(p.info["cmdline"] or []) for marker in ("packrat.pool", str(run_dir)))]:
         assert time.monotonic() < deadline, f"instance processes outlived the server: {leftovers}"
         time.sleep(0.2)
 
