@@ -297,7 +297,7 @@ def cmd_status(args: argparse.Namespace) -> int:
           f"threads: {shapes}")
     health = status.get("health")
     if health:
-        state = f"UNAVAILABLE: {health['unavailable']}" if health["unavailable"] else "serving"
+        state = f"UNAVAILABLE: {health['unavailable']}" if health.get("unavailable") else "serving"  # null dropped
         print(f"instances: {health['ready']}/{health['instances']} ready, {health['respawning']} respawning, "
               f"{health['respawn_failures']} failed respawn attempt(s); {health['queued']} queued, "
               f"{health['answered']} answered, {health['refused']} refused (503); {state}")

@@ -38,7 +38,9 @@ def to_sample(data: bytes, shape: tuple[int, int, int], max_pixels: int) -> torc
             raise RequestError(413, f"image too large: {first_line(exc)}") from None
         except RequestError:
             raise
-        except Exception as exc:  # unknown format, truncated or corrupt data
+        except Image.UnidentifiedImageError:
+            raise RequestError(400, f"not an image: none of {', '.join(FORMATS)} recognised the body") from None
+        except Exception as exc:  # truncated or corrupt data
             raise RequestError(400, f"undecodable image: {type(exc).__name__}: {first_line(exc)}") from None
     return _normalise(_resize_crop(image, shape[1], shape[2], max_pixels))
 
