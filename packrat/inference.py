@@ -12,10 +12,10 @@ import torch
 
 from .codec import Codec, RequestError, first_line
 
-Answer = tuple[int, bytes, str]  # status, JSON body, one-line reason ("" when 200)
+Reply = tuple[int, bytes, str]  # status, JSON body, one-line reason ("" when 200); pool.Answer wraps it
 
 
-def answer_batch(module, codec: Codec, bodies: list[tuple[bytes, str | None]]) -> list[Answer]:
+def answer_batch(module, codec: Codec, bodies: list[tuple[bytes, str | None]]) -> list[Reply]:
     """(status, body, reason) for each (body, content type), in order."""
     answers: list = [None] * len(bodies)
     decoded = {}
@@ -55,5 +55,5 @@ def run_each(module, samples: dict) -> dict:
     return result
 
 
-def error(status: int, reason: str) -> Answer:
+def error(status: int, reason: str) -> Reply:
     return status, json.dumps({"error": reason}).encode(), reason

@@ -268,7 +268,6 @@ class _Instance:
         self.mode = ""
         self.jobs: list[_Job] = []
         self.segment: SharedMemory | None = None
-        self.compute_ms = 0.0
         # A fresh interpreter (not fork: that would copy the server's threads and torch
         # state; not multiprocessing's spawn: that re-imports the caller's __main__).
         parent_sock, child_sock = socket.socketpair()
