@@ -2,7 +2,7 @@
 handler sees (the requests in the pool when each one arrives). Pure: numbers in, numbers out.
 
 Every observation feeds an exponentially weighted moving average (weight α for
-the newest). Once per period the average, rounded to an integer, is rounded down to a power of two (capped at
+the newest). Once per period the average is rounded to the nearest power of two on a log scale (capped at
 the configured batch size) and appended to the last `window` estimates; the most common
 of those is the target. A new target is proposed only when it differs from the current
 one and holds a strict majority of the window, and going down needs the average to fall
@@ -44,6 +44,12 @@ def floor_power_of_two(value: float) -> int:
     return power
 
 
+def nearest_power_of_two(value: float) -> int:
+    """The power of two nearest to value on a log scale: between p and 2p the boundary is p·√2."""
+    power = floor_power_of_two(value)
+    return power * 2 if value * value >= 2 * power * power else power
+
+
 class BatchSizeEstimator:
     def __init__(self, current: int, max_batch: int, settings: EstimatorSettings = EstimatorSettings()):
         if not 1 <= current <= max_batch:
@@ -65,8 +71,9 @@ class BatchSizeEstimator:
             return None
         if self.average >= self.max_batch - 0.5:  # essentially every batch full: a queue behind it
             return self.max_batch
-        # Rounded first: a closed loop of U users averages just under U (answers in flight).
-        estimate = min(floor_power_of_two(round(self.average)), self.max_batch)
+        # Nearest on a log scale, not rounded down: a closed loop of U users averages below U
+        # (requests in transit are not in the pool), more so on a loaded machine.
+        estimate = min(nearest_power_of_two(self.average), self.max_batch)
         if estimate < self.current and self.average >= self.current * (1 - self.settings.hysteresis):
             return self.current  # just under the current target's boundary: noise, not a new load
         return estimate

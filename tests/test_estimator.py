@@ -7,7 +7,7 @@ import random
 import pytest
 from hypothesis import given, strategies as st
 
-from packrat.estimator import BatchSizeEstimator, EstimatorSettings, floor_power_of_two
+from packrat.estimator import BatchSizeEstimator, EstimatorSettings, floor_power_of_two, nearest_power_of_two
 
 
 def feed(estimator: BatchSizeEstimator, sizes_per_second: list[list[int]], start: float = 0.0) -> list[tuple[int, int]]:
@@ -21,6 +21,11 @@ def feed(estimator: BatchSizeEstimator, sizes_per_second: list[list[int]], start
         if target is not None:
             proposals.append((second, target))
     return proposals
+
+
+def test_nearest_power_of_two_on_a_log_scale():
+    assert [nearest_power_of_two(v) for v in (0.5, 1, 1.41, 1.42, 2.8, 2.9, 5.6, 5.7, 7.4, 8, 11.3, 11.4)] == \
+        [1, 1, 1, 2, 2, 4, 4, 8, 8, 8, 8, 16]
 
 
 def test_floor_power_of_two():
