@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from . import bench, plots, profiler, serving
 from .planner import NoPlanError, Plan, Planner
-from .profile import ProfileError, load
+from .profile import LATENCIES, ProfileError, load
 from .topology import Topology, detect
 
 DEFAULT_BATCHES = "1,2,4,8,16,32,64"
@@ -112,8 +113,8 @@ def _fat_text(plan: Plan) -> str:
             f"speedup {plan.speedup:.2f}×")
 
 
-def print_plan(plan: Plan) -> None:
-    print(f"Plan for T={plan.threads} threads, B={plan.batch}: {plan.describe()}")
+def print_plan(plan: Plan, latency: str) -> None:
+    print(f"Plan for T={plan.threads} threads, B={plan.batch}, {latency} latencies: {plan.describe()}")
     print(f"  {'instance':>8}  {'threads':>7}  {'batch':>5}  {'latency_ms':>10}  cores")
     for n, inst in enumerate(plan.instances, start=1):
         print(f"  {n:>8}  {inst.threads:>7}  {inst.batch:>5}  {inst.latency_ms:>10.1f}  {_cores_text(inst.cores)}")
@@ -137,7 +138,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     ios_cache = str(args.ios_cache) if args.ios else None
     settings = profiler.Settings(model=args.model, warmup=args.warmup,
                                  iters=None if args.min_time else args.iters, min_time=args.min_time,
-                                 graph_mode=not args.eager, input_shape=args.input_shape, ios_cache=ios_cache)
+                                 graph_mode=not args.eager, input_shape=args.input_shape, ios_cache=ios_cache,
+                                 contention=args.contention)
     out = args.out or default_profile_path(args.model)
     try:
         result = profiler.run(settings, threads, args.batches, out, progress=not args.quiet)
@@ -153,7 +155,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     profile = load(args.profile)
     threads = args.threads or local_cores()
     batches = [args.batch] if args.batch else profile.batches
-    planner = Planner(profile.items(), threads, max(batches))
+    latency = args.latency or profile.figures[0]
+    planner = Planner(profile.items(latency), threads, max(batches))
     topology = topology_for(threads)
     plans, skipped = [], []
     for batch in batches:
@@ -164,12 +167,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 raise
             skipped.append(f"B={batch}: no plan: {exc}")
     if args.json:
-        body = [p.to_json() for p in plans]
+        body = [{**p.to_json(), "latency": latency} for p in plans]
         print(json.dumps(body[0] if args.batch else body, indent=2))
     elif args.batch:
-        print_plan(plans[0])
+        print_plan(plans[0], latency)
     else:
-        print(f"Plans for T={threads} threads, model {profile.metadata.get('model', '?')} ({args.profile})")
+        print(f"Plans for T={threads} threads, model {profile.metadata.get('model', '?')} ({args.profile}), "
+              f"{latency} latencies")
         print_plan_table(plans, skipped)
     return 0
 
@@ -187,7 +191,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 DEMO_BATCHES = (1, 2, 4, 8)
 DEMO_MIN_TIME_S = 2.0
 DEMO_WARMUP = 3
-POINT_OVERHEAD_S = 5.0  # per point besides its timed runs: fresh process, model build, trace, warm-up
+POINT_OVERHEAD_S = 5.0  # per measurement besides its timed runs: fresh process, model build, trace, warm-up
 
 
 def default_profile_path(model: str) -> Path:
@@ -201,21 +205,30 @@ def _about(seconds: float) -> str:
 def measure_profile(model: str, path: Path, batches, *, min_time: float = DEMO_MIN_TIME_S,
                     input_shape: tuple[int, ...] | None = None, progress: bool = True):
     """Profile the demo's grid into `path`: threads 1..the local cores, `batches`, `min_time` s of
-    timed runs per point after 3 warm-up runs, with the profiler's progress bar.
+    timed runs per point after 3 warm-up runs, loaded or isolated as profiler.DEFAULT_CONTENTION
+    says, with the profiler's progress bar.
 
-    Points already in an existing file are kept (only missing ones are measured). A new file is
-    measured as PATH.partial.csv and renamed when complete, so an interrupted run never leaves
-    half a profile where it would be used; the same command resumes it."""
+    Points already in an existing file are kept (only missing ones are measured, in the kind the
+    file holds: an older cache stays isolated). A new file is measured as PATH.partial.csv and
+    renamed when complete, so an interrupted run never leaves half a profile where it would be
+    used; the same command resumes it."""
     settings = profiler.Settings(model=model, warmup=DEMO_WARMUP, iters=None, min_time=min_time,
                                  input_shape=input_shape)
     threads = list(range(1, local_cores() + 1))
     batches = sorted(set(batches))
     if path.exists():
-        return profiler.run(settings, threads, batches, path, progress=progress)
+        return profiler.run(_same_kind(settings, path), threads, batches, path, progress=progress)
     partial = path.with_name(path.stem + ".partial.csv")
-    profiler.run(settings, threads, batches, partial, progress=progress)
+    profiler.run(_same_kind(settings, partial), threads, batches, partial, progress=progress)
     partial.replace(path)
     return load(path)
+
+
+def _same_kind(settings: profiler.Settings, path: Path) -> profiler.Settings:
+    """`settings` measuring what the profile at `path` holds (loaded or isolated), if it holds any."""
+    if not path.exists() or path.stat().st_size == 0:
+        return settings
+    return dataclasses.replace(settings, contention=load(path).loaded)
 
 
 def resolve_profile(model: str, given: Path | None, *, batch_sizes=(),
@@ -231,9 +244,13 @@ def resolve_profile(model: str, given: Path | None, *, batch_sizes=(),
     if path.exists():
         return path
     batches = sorted(set(DEMO_BATCHES) | set(batch_sizes))
-    points = local_cores() * len(batches)
+    cores = local_cores()
+    points = cores * len(batches)
+    # Measurements, not points: with contention (measure_profile's default) a loaded point takes two.
+    runs = len(batches) * sum(profiler.measurements(profiler.Settings(model), t, Topology.virtual(cores))
+                              for t in range(1, cores + 1))
     print(f"no profile at {path}: measuring one now ({points} points, about "
-          f"{_about(points * (DEMO_MIN_TIME_S + POINT_OVERHEAD_S))}); next time it is reused", file=sys.stderr)
+          f"{_about(runs * (DEMO_MIN_TIME_S + POINT_OVERHEAD_S))}); next time it is reused", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     measure_profile(model, path, batches, input_shape=input_shape)
     return path
@@ -435,6 +452,25 @@ def ios_cache_arg(p: argparse.ArgumentParser, why: str = "where IOS schedules ar
                    help=f"{why} (default: {serving.DEFAULT_IOS_CACHE})")
 
 
+def contention_args(p: argparse.ArgumentParser) -> None:
+    """--contention / --isolated; the default lives in profiler.DEFAULT_CONTENTION."""
+
+    def default(contention: bool) -> str:
+        return " (the default)" if contention == profiler.DEFAULT_CONTENTION else ""
+
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--contention", dest="contention", action="store_true",
+                      default=profiler.DEFAULT_CONTENTION,
+                      help="measure each ⟨t, b⟩ alone and again while ⌊T/t⌋ copies of it, each pinned to its own "
+                           "t cores, run side by side, as a plan of that point runs them; the profile's latency_ms "
+                           "is then the loaded mean, isolated_ms the lone one. Costs about twice the time of "
+                           "--isolated for every t ≤ T/2" + default(True))
+    kind.add_argument("--isolated", dest="contention", action="store_false",
+                      help="measure each ⟨t, b⟩ alone, with the rest of the machine idle: cheaper, but blind to "
+                           "the memory bandwidth and caches that instances share, so it over-predicts what many "
+                           "small instances gain" + default(False))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="packrat",
@@ -445,8 +481,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="measure L(t, b) for a model, one fresh pinned process per point",
                        description="Measure the latency of one model instance for every thread count t and batch "
                                    "size b of a grid. Each point runs in a fresh process pinned to t physical cores "
-                                   "of one socket (torch.set_num_threads(t), one inter-op thread). Points already "
-                                   "in --out are skipped, so an interrupted run resumes where it stopped.",
+                                   "of one socket (torch.set_num_threads(t), one inter-op thread). With "
+                                   f"--contention{' (the default)' if profiler.DEFAULT_CONTENTION else ''} each "
+                                   "point is also measured while ⌊T/t⌋ copies of it run side by side on the T "
+                                   "cores this process may use, as a plan of that point runs them. Points "
+                                   "already in --out are skipped, so an interrupted run resumes where it stopped.",
                        epilog="example: packrat profile --model resnet50 --threads 1-2 --batches 1,2,4,8,16 "
                               "--min-time 2 --out profiles/resnet50.csv")
     p.add_argument("--model", default="resnet50",
@@ -470,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="profile IOS-compiled instances: each point runs the model by the IOS schedule for its "
                         "threads and batch (searched once, then cached in --ios-cache)")
     ios_cache_arg(p)
+    contention_args(p)
     p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_profile)
@@ -487,9 +527,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="T, the cores to plan for (default: the cores this process may use)")
     p.add_argument("--batch", type=positive(int), default=None,
                    help="B, the batch to serve (default: every profiled batch size, as a table)")
+    p.add_argument("--latency", choices=LATENCIES, default=None,
+                   help="which profiled figure to plan with: loaded (measured beside copies of itself, from "
+                        "`packrat profile --contention`) or isolated (measured alone) (default: the profile's "
+                        "primary figure, loaded where it has one)")
     p.add_argument("--json", action="store_true",
                    help="print JSON: {threads, batch, expected_latency_ms, fat_latency_ms, instances: "
-                        "[{threads, batch, cores}]} (a list of them without --batch)")
+                        "[{threads, batch, cores}], latency: loaded|isolated} (a list of them without --batch)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("plot", help="PNG heat-map of L(t, b) and planned vs fat latency per batch",

@@ -4,6 +4,13 @@ Run as ``python -m packrat.measure --model M --threads T --batch B --cores 0,1 .
 prints one JSON line with the statistics. The profiler starts one such process per
 point so no point inherits another's thread pools, allocator state or caches.
 Pinning happens before torch is imported, so OpenMP's threads start on the right cores.
+
+With ``--loaded`` the process is one of several copies measured side by side (the
+profiler's contention measurement) and talks to the profiler over stdin/stdout: after
+loading and warming up it prints ``ready`` and waits for a ``go`` line, so every copy
+starts timing at once; after printing its JSON line (which then also holds the samples)
+it keeps running the model, untimed, until stdin is closed, so that no copy's timed
+window outlasts the load the others put on the machine.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import statistics
 import sys
 import time
@@ -22,13 +30,20 @@ def _pin(cores: list[int], threads: int) -> None:
     os.environ["MKL_NUM_THREADS"] = str(threads)
 
 
+def warm_up(module, example, runs: int) -> None:
+    import torch
+
+    with torch.inference_mode():
+        for _ in range(runs):
+            module(example)
+
+
 def time_model(module, example, warmup: int, iters: int | None, min_time: float | None) -> list[float]:
     """Latencies in ms of `iters` calls, or of as many calls as fit in `min_time` s (≥ 3)."""
     import torch
 
+    warm_up(module, example, warmup)
     with torch.inference_mode():
-        for _ in range(warmup):
-            module(example)
         samples: list[float] = []
         start = time.perf_counter()
         while True:
@@ -40,6 +55,20 @@ def time_model(module, example, warmup: int, iters: int | None, min_time: float 
             if min_time is not None and len(samples) >= 3 and time.perf_counter() - start >= min_time:
                 break
     return samples
+
+
+def _wait_for_go() -> bool:
+    """Block until the profiler says go; False when it closed stdin instead (it gave up)."""
+    return sys.stdin.readline().strip() == "go"
+
+
+def keep_running(module, example) -> None:
+    """Run the model untimed until stdin is closed (or has any line): the load the other copies see."""
+    import torch
+
+    with torch.inference_mode():
+        while not select.select([sys.stdin], [], [], 0)[0]:
+            module(example)
 
 
 def summarize(samples: list[float]) -> dict[str, float | int]:
@@ -54,7 +83,7 @@ def summarize(samples: list[float]) -> dict[str, float | int]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True)
     parser.add_argument("--input-shape", default=None)
@@ -66,9 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-time", type=float, default=None)
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--ios-cache", default=None, help="run the model by its IOS schedule (cached here)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--loaded", action="store_true",
+                        help="one of several copies measured together: ready/go handshake on stdin/stdout, "
+                             "then keep running until stdin closes")
+    return parser
 
-    _pin([int(c) for c in args.cores.split(",")], args.threads)
+
+def _prepare(args: argparse.Namespace):
+    """(module, example input, mode) for the point, built after torch's thread settings."""
     import torch
 
     from .models import prepare, resolve
@@ -80,13 +114,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.ios_cache:
         from ios_scheduler.cache import prepare_ios
 
-        module, example, mode = prepare_ios(spec, args.batch, args.threads, args.ios_cache)
+        return prepare_ios(spec, args.batch, args.threads, args.ios_cache)
+    return prepare(spec, args.batch, graph_mode=not args.eager)
+
+
+def _time_loaded(module, example, args: argparse.Namespace) -> list[float] | None:
+    """The --loaded timing: warm up, say ready, time from go; None when the profiler gave up."""
+    warm_up(module, example, args.warmup)  # before saying ready, so the timed windows start together
+    print("ready", flush=True)
+    if not _wait_for_go():
+        return None
+    return time_model(module, example, 0, args.iters, args.min_time)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _pin([int(c) for c in args.cores.split(",")], args.threads)
+    import torch
+
+    module, example, mode = _prepare(args)
+    if args.loaded:
+        samples = _time_loaded(module, example, args)
+        if samples is None:
+            return 1
     else:
-        module, example, mode = prepare(spec, args.batch, graph_mode=not args.eager)
-    samples = time_model(module, example, args.warmup, args.iters, args.min_time)
+        samples = time_model(module, example, args.warmup, args.iters, args.min_time)
     # What the process really ran with, so callers can check the pinning took.
     actual = {"mode": mode, "cores": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}
-    print(json.dumps({**summarize(samples), **actual}), flush=True)
+    # A loaded copy also reports its samples: the profiler pools the copies' samples for p50/p99.
+    extra = {"samples_ms": samples} if args.loaded else {}
+    print(json.dumps({**summarize(samples), **actual, **extra}), flush=True)
+    if args.loaded:
+        keep_running(module, example)
     return 0
 
 

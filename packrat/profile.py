@@ -3,7 +3,13 @@
 A profile is a CSV whose required columns are ``threads,batch,latency_ms`` (mean
 latency in ms); any other column (p50_ms, p99_ms, std_ms, iterations, ...) is kept
 but optional. Lines starting with ``#`` before the header carry metadata as
-``# key: value`` (model, mode, torch version, CPU, cores, date).
+``# key: value`` (model, mode, latency, torch version, CPU, cores, date).
+
+Two figures per point. A contention profile (``# latency: loaded``) holds in
+``latency_ms`` the loaded mean, measured while ``copies`` copies of the same point
+ran side by side as a homogeneous plan runs them, and in ``isolated_ms`` the same
+point measured alone. An isolated profile (``# latency: isolated``, or no such key:
+every older file, and the published layout) holds only the isolated figure.
 
 ``load`` also reads the CSV layout published by the Packrat authors (columns
 ``benchmark,topology,...,intraop_threads,batch_size,latency(avg)``), keeping the
@@ -19,7 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REQUIRED = ("threads", "batch", "latency_ms")
-COLUMNS = ("threads", "batch", "latency_ms", "p50_ms", "p99_ms", "std_ms", "iterations")
+COLUMNS = ("threads", "batch", "latency_ms", "isolated_ms", "copies", "p50_ms", "p99_ms", "std_ms", "iterations")
+# The layout written before contention profiles; such files are isolated and can still be appended to.
+LEGACY_COLUMNS = ("threads", "batch", "latency_ms", "p50_ms", "p99_ms", "std_ms", "iterations")
+LATENCIES = ("loaded", "isolated")  # values of the `latency` metadata key and of items(latency=...)
 _PUBLISHED = {"threads": "intraop_threads", "batch": "batch_size", "latency_ms": "latency(avg)"}
 
 
@@ -29,9 +38,20 @@ class ProfileError(ValueError):
 
 @dataclass
 class Profile:
-    latency: dict[tuple[int, int], float]  # (threads, batch) -> mean latency in ms
+    latency: dict[tuple[int, int], float]  # (threads, batch) -> mean latency in ms: the primary figure
     metadata: dict[str, str] = field(default_factory=dict)
     rows: list[dict[str, str]] = field(default_factory=list)
+    isolated: dict[tuple[int, int], float] = field(default_factory=dict)  # measured alone; == latency if isolated
+
+    @property
+    def loaded(self) -> bool:
+        """Whether `latency` holds loaded figures (a contention profile)."""
+        return _kind(self.metadata) == "loaded"
+
+    @property
+    def figures(self) -> tuple[str, ...]:
+        """The figures this profile holds, primary first: ('loaded', 'isolated') or ('isolated',)."""
+        return LATENCIES if self.loaded else ("isolated",)
 
     @property
     def threads(self) -> list[int]:
@@ -41,9 +61,16 @@ class Profile:
     def batches(self) -> list[int]:
         return sorted({b for _, b in self.latency})
 
-    def items(self) -> list[tuple[int, int, float]]:
-        """The profiled points as (threads, batch, latency_ms), sorted."""
-        return [(t, b, self.latency[t, b]) for t, b in sorted(self.latency)]
+    def items(self, latency: str | None = None) -> list[tuple[int, int, float]]:
+        """The profiled points as (threads, batch, ms), sorted: the primary figure (None), or the
+        'loaded' or 'isolated' one."""
+        if latency not in (None, *LATENCIES):
+            raise ValueError(f"latency must be one of {', '.join(LATENCIES)}, not {latency!r}")
+        if latency == "loaded" and not self.loaded:
+            raise ProfileError(f"{self.metadata.get('model', 'this')} profile has no loaded latencies: it was "
+                               f"measured in isolation; re-run `packrat profile --contention`")
+        table = self.isolated if latency == "isolated" else self.latency
+        return [(t, b, table[t, b]) for t, b in sorted(table)]
 
 
 def _parse_number(text: str, kind: type, what: str) -> float:
@@ -91,6 +118,7 @@ def load(path: str | Path) -> Profile:
     missing = [name for name in REQUIRED if columns[name] not in header]
     if missing:
         raise ProfileError(f"{path}: missing column {missing[0]!r} (header is: {','.join(header)})")
+    loaded = _is_loaded(path, metadata, header)
 
     profile = Profile(latency={}, metadata=metadata)
     for number, row in zip(numbers[1:], reader):
@@ -100,16 +128,16 @@ def load(path: str | Path) -> Profile:
         try:
             threads = _parse_number(row[columns["threads"]], int, "threads")
             batch = _parse_number(row[columns["batch"]], int, "batch")
-            latency = _parse_number(row[columns["latency_ms"]], float, "latency_ms")
+            latency = _parse_latency(row[columns["latency_ms"]], "latency_ms")
+            isolated = _parse_latency(row["isolated_ms"], "isolated_ms") if loaded else latency
         except ValueError as exc:
             raise ProfileError(f"{where}: {exc}") from None
         if threads < 1 or batch < 1:
             raise ProfileError(f"{where}: threads and batch must be >= 1, got threads={threads} batch={batch}")
-        if latency <= 0:
-            raise ProfileError(f"{where}: latency_ms must be > 0, got {latency}")
         if (threads, batch) in profile.latency:
             raise ProfileError(f"{where}: duplicate point threads={threads} batch={batch}")
         profile.latency[threads, batch] = latency
+        profile.isolated[threads, batch] = isolated
         profile.rows.append({k: v for k, v in row.items() if k is not None})
     if not profile.latency:
         raise ProfileError(f"{path}: no data rows")
@@ -117,6 +145,28 @@ def load(path: str | Path) -> Profile:
         profile.metadata.setdefault("model", _published_model(profile.rows[0]))
         profile.metadata.setdefault("source", "published Packrat measurements (TorchScript, sequential pinning)")
     return profile
+
+
+def _parse_latency(text: str, what: str) -> float:
+    value = _parse_number(text, float, what)
+    if value <= 0:
+        raise ValueError(f"{what} must be > 0, got {value}")
+    return value
+
+
+def _kind(metadata: dict[str, str]) -> str:
+    """'loaded' or 'isolated', from the `latency` key; files from before contention profiles lack it."""
+    return metadata.get("latency", "isolated")
+
+
+def _is_loaded(path: Path, metadata: dict[str, str], header: list[str]) -> bool:
+    kind = _kind(metadata)
+    if kind not in LATENCIES:
+        raise ProfileError(f"{path}: metadata 'latency: {kind}' is neither {' nor '.join(LATENCIES)}")
+    if kind == "loaded" and "isolated_ms" not in header:
+        raise ProfileError(f"{path}: a loaded profile ('# latency: loaded') needs an isolated_ms column "
+                           f"(header is: {','.join(header)})")
+    return kind == "loaded"
 
 
 def _is_published_script_row(row: dict[str, str]) -> bool:
@@ -129,16 +179,19 @@ def _published_model(row: dict[str, str]) -> str:
 
 class ProfileWriter:
     """Appends points to a profile file, one flushed line each, so an interrupted
-    run leaves a valid file that a later run resumes."""
+    run leaves a valid file that a later run resumes.
+
+    `metadata` heads a new file; its `latency` key (default isolated) says which kind of
+    measurement is written, and appending to a file of the other kind is refused. A file in
+    the legacy layout (no isolated_ms, copies) is appended to in that layout."""
 
     def __init__(self, path: str | Path, metadata: dict[str, str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         new = not self.path.exists() or self.path.stat().st_size == 0
-        if not new:
-            _check_header(self.path)
+        columns = COLUMNS if new else _appendable_columns(self.path, _kind(metadata))
         self._file = self.path.open("a", newline="")
-        self._csv = csv.DictWriter(self._file, fieldnames=COLUMNS, extrasaction="ignore")
+        self._csv = csv.DictWriter(self._file, fieldnames=columns, extrasaction="ignore")
         if new:
             for key, value in metadata.items():
                 self._file.write(f"# {key}: {value}\n")
@@ -159,9 +212,14 @@ class ProfileWriter:
         self.close()
 
 
-def _check_header(path: Path) -> None:
-    """Appending is only safe to a file with exactly our columns."""
-    _, body = _read_lines(path)
-    header = body[0][1].strip().split(",") if body else []
-    if header != list(COLUMNS):
+def _appendable_columns(path: Path, kind: str) -> tuple[str, ...]:
+    """The columns to append to `path` with: only a file in one of our layouts, holding
+    measurements of the same kind (loaded or isolated), may be appended to."""
+    metadata, body = _read_lines(path)
+    header = tuple(body[0][1].strip().split(",")) if body else ()
+    if header not in (COLUMNS, LEGACY_COLUMNS):
         raise ProfileError(f"{path}: cannot append: header is {','.join(header)!r}, expected {','.join(COLUMNS)!r}")
+    existing = _kind(metadata)
+    if existing != kind:
+        raise ProfileError(f"{path}: cannot append {kind} measurements to a profile of {existing} ones")
+    return header

@@ -27,10 +27,32 @@ threads,batch,latency_ms
 """
 
 
+# The same points measured beside copies of themselves: 1-thread instances slow down by a third, so the plan
+# for B=4 on 2 cores changes from two ⟨1, 2⟩ (isolated: 19 ms) to the fat ⟨2, 4⟩ (21 ms).
+LOADED_PROFILE = """# model: toy
+# latency: loaded
+threads,batch,latency_ms,isolated_ms,copies
+1,1,14,10,2
+1,2,26,19,2
+2,1,6,6,1
+2,2,11,11,1
+2,4,21,21,1
+1,4,50,37,2
+"""
+
+
 @pytest.fixture
 def profile(tmp_path) -> Path:
     path = tmp_path / "toy.csv"
     path.write_text(PROFILE)
+    return path
+
+
+@pytest.fixture
+def loaded_profile(tmp_path) -> Path:
+    path = tmp_path / "loaded" / "toy.csv"
+    path.parent.mkdir()
+    path.write_text(LOADED_PROFILE)
     return path
 
 
@@ -40,7 +62,9 @@ def test_help_explains_every_command():
     for command in ("profile", "plan", "plot", "demo"):
         assert command in top
     plan_help = subprocess.run([exe, "plan", "--help"], capture_output=True, text=True, check=True).stdout
-    assert "fewer instances" in plan_help and "--json" in plan_help
+    assert "fewer instances" in plan_help and "--json" in plan_help and "--latency {loaded,isolated}" in plan_help
+    profile_help = subprocess.run([exe, "profile", "--help"], capture_output=True, text=True, check=True).stdout
+    assert "--contention" in profile_help and "--isolated" in profile_help and "(the default)" in profile_help
 
 
 def test_plan_json_is_the_documented_object(profile, capsys):
@@ -48,7 +72,8 @@ def test_plan_json_is_the_documented_object(profile, capsys):
     body = json.loads(capsys.readouterr().out)
     assert body == {"threads": 2, "batch": 4, "expected_latency_ms": 19.0, "fat_latency_ms": 21.0,
                     "instances": [{"threads": 1, "batch": 2, "cores": body["instances"][0]["cores"]},
-                                  {"threads": 1, "batch": 2, "cores": body["instances"][1]["cores"]}]}
+                                  {"threads": 1, "batch": 2, "cores": body["instances"][1]["cores"]}],
+                    "latency": "isolated"}
     cores = [c for inst in body["instances"] for c in inst["cores"]]
     assert len(set(cores)) == 2
 
@@ -104,6 +129,59 @@ def test_plot_writes_pngs(profile, tmp_path, capsys):
     files = sorted(p.name for p in out.iterdir())
     assert files == ["toy-latency-heatmap.png", "toy-plan-vs-fat-T2.png"]
     assert all((out / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in files)
+
+
+def png_width(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[16:20], "big")  # the IHDR chunk's width
+
+
+def test_plot_draws_both_figures_of_a_loaded_profile(profile, loaded_profile, tmp_path, capsys):
+    for source, out in ((profile, tmp_path / "isolated"), (loaded_profile, tmp_path / "both")):
+        assert main(["plot", "--profile", str(source), "--out", str(out)]) == 0
+    for name in ("toy-latency-heatmap.png", "toy-plan-vs-fat-T2.png"):  # a panel per figure, side by side
+        assert png_width(tmp_path / "both" / name) > 1.5 * png_width(tmp_path / "isolated" / name)
+
+
+def test_plan_uses_the_loaded_figure_unless_told(loaded_profile, capsys):
+    argv = ["plan", "--profile", str(loaded_profile), "--threads", "2", "--batch", "4", "--json"]
+    assert main(argv) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["latency"] == "loaded" and body["expected_latency_ms"] == 21.0
+    assert [(i["threads"], i["batch"]) for i in body["instances"]] == [(2, 4)]
+    assert main(argv + ["--latency", "isolated"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["latency"] == "isolated" and body["expected_latency_ms"] == 19.0
+    assert [(i["threads"], i["batch"]) for i in body["instances"]] == [(1, 2), (1, 2)]
+    assert main(argv[:-1] + ["--latency", "loaded"]) == 0
+    assert "B=4, loaded latencies: 1×⟨2 threads, batch 4⟩" in capsys.readouterr().out
+    assert main(["plan", "--profile", str(loaded_profile), "--threads", "2"]) == 0
+    assert "loaded latencies" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_plan_with_loaded_figures_from_an_isolated_profile_is_one_line_error(profile, capsys):
+    assert main(["plan", "--profile", str(profile), "--threads", "2", "--latency", "loaded"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "measured in isolation; re-run `packrat profile --contention`" in err and "\n" not in err
+    with pytest.raises(SystemExit):
+        main(["plan", "--profile", str(profile), "--latency", "fastest"])
+    assert "argument --latency: invalid choice" in capsys.readouterr().err
+
+
+def test_profile_contention_flags(monkeypatch, profile, capsys):
+    seen = []
+
+    def fake_run(settings, threads, batches, out, progress=True):
+        seen.append(settings.contention)
+        return cli.load(profile)
+
+    monkeypatch.setattr(cli.profiler, "run", fake_run)
+    base = ["profile", "--model", "tiny", "--threads", "1", "--out", str(profile), "--quiet"]
+    for flags in ([], ["--contention"], ["--isolated"]):
+        assert main(base + flags) == 0
+    assert seen == [cli.profiler.DEFAULT_CONTENTION, True, False]
+    with pytest.raises(SystemExit):
+        main(base + ["--contention", "--isolated"])
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 # --- bench: users patterns, payload, tokenizer, kills -------------------------------------------
@@ -257,17 +335,20 @@ def test_measure_profile_renames_a_complete_measurement(tmp_path, monkeypatch):
     written = []
 
     def fake_run(settings, threads, batches, out, progress=True):
-        written.append((Path(out).name, settings.warmup, settings.min_time, threads, batches))
+        written.append((Path(out).name, settings.warmup, settings.min_time, threads, batches, settings.contention))
         Path(out).write_text(PROFILE)
 
     monkeypatch.setattr(cli.profiler, "run", fake_run)
     monkeypatch.setattr(cli, "local_cores", lambda: 2)
     path = tmp_path / "toy.csv"
     profile = cli.measure_profile("tiny", path, [4, 1, 2])
-    assert written == [("toy.partial.csv", 3, 2.0, [1, 2], [1, 2, 4])]
+    assert written == [("toy.partial.csv", 3, 2.0, [1, 2], [1, 2, 4], cli.profiler.DEFAULT_CONTENTION)]
     assert path.exists() and not (tmp_path / "toy.partial.csv").exists() and profile.batches == [1, 2, 4]
-    cli.measure_profile("tiny", path, [8])  # an existing file is filled in place
-    assert written[-1][0] == "toy.csv"
+    cli.measure_profile("tiny", path, [8])  # an existing file is filled in place, in the kind it holds
+    assert written[-1][0] == "toy.csv" and written[-1][-1] is False
+    path.write_text(LOADED_PROFILE)
+    cli.measure_profile("tiny", path, [8])
+    assert written[-1][-1] is True
 
 
 def test_archive_passes_tokenizer_labels_and_body_limit(tmp_path, monkeypatch, profile, capsys):

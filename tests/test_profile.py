@@ -1,4 +1,5 @@
-"""Profile files: round trip, the published layout, and every rejection."""
+"""Profile files: round trip, loaded and isolated figures, older layouts, the published layout, and every
+rejection."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from packrat.profile import COLUMNS, ProfileError, ProfileWriter, load
+from packrat.profile import COLUMNS, LEGACY_COLUMNS, ProfileError, ProfileWriter, load
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-profiles"
 
@@ -50,6 +51,11 @@ def test_only_required_columns_are_needed(tmp_path):
     ("threads,batch,latency_ms\n0,1,2\n", "row 2: threads and batch must be >= 1"),
     ("# model: x\nthreads,batch,latency_ms\n1,1,2\n1,1,3\n", "row 4: duplicate point threads=1 batch=1"),
     ("threads,batch,latency_ms\n1,1\n", "row 2: latency_ms is not a number: None"),
+    ("# latency: loaded\nthreads,batch,latency_ms\n1,1,2\n", "a loaded profile ('# latency: loaded') needs an "
+                                                             "isolated_ms column"),
+    ("# latency: busy\nthreads,batch,latency_ms\n1,1,2\n", "metadata 'latency: busy' is neither loaded nor isolated"),
+    ("# latency: loaded\nthreads,batch,latency_ms,isolated_ms\n1,1,2,\n", "row 3: isolated_ms is not a number"),
+    ("# latency: loaded\nthreads,batch,latency_ms,isolated_ms\n1,1,2,0\n", "row 3: isolated_ms must be > 0"),
 ])
 def test_rejections_name_file_row_and_problem(tmp_path, text, message):
     path = write(tmp_path, text)
@@ -82,6 +88,7 @@ def test_published_layout_keeps_script_sequential_rows(tmp_path):
     profile = load(write(tmp_path, header + "\n".join(rows) + "\n"))
     assert profile.latency == {(1, 1): 30.0, (2, 1): 20.0}
     assert profile.metadata["model"] == "resnet"
+    assert not profile.loaded and profile.isolated == profile.latency  # measured alone, one instance at a time
 
 
 @pytest.mark.skipif(not SHARED.exists(), reason="reference profiles not present")
@@ -90,3 +97,71 @@ def test_reference_profiles_load_as_16_by_11(name):
     profile = load(SHARED / f"{name}_large-batches.csv")
     assert profile.threads == list(range(1, 17))
     assert profile.batches == [2 ** k for k in range(11)]
+
+
+# --- loaded and isolated figures -------------------------------------------------------------
+
+LOADED = {"model": "tiny", "mode": "script", "latency": "loaded", "cores": "4"}
+
+
+def write_loaded(path: Path) -> None:
+    with ProfileWriter(path, LOADED) as writer:
+        writer.write({"threads": 1, "batch": 2, "latency_ms": 5.0, "isolated_ms": 3.5, "copies": 4, "p50_ms": 4.9,
+                      "p99_ms": 6.0, "std_ms": 0.2, "iterations": 400, "copy_cores": [[0], [1], [2], [3]]})
+        writer.write({"threads": 4, "batch": 2, "latency_ms": 2.0, "isolated_ms": 2.0, "copies": 1})
+
+
+def test_loaded_round_trip_keeps_both_figures(tmp_path):
+    path = tmp_path / "p.csv"
+    write_loaded(path)
+    with ProfileWriter(path, LOADED) as writer:  # resuming appends
+        writer.write({"threads": 2, "batch": 2, "latency_ms": 3.0, "isolated_ms": 2.5, "copies": 2})
+    assert path.read_text().splitlines()[len(LOADED)] == ",".join(COLUMNS)
+    profile = load(path)
+    assert profile.loaded and profile.metadata == LOADED and profile.figures == ("loaded", "isolated")
+    assert profile.latency == {(1, 2): 5.0, (2, 2): 3.0, (4, 2): 2.0}
+    assert profile.isolated == {(1, 2): 3.5, (2, 2): 2.5, (4, 2): 2.0}
+    assert profile.items() == profile.items("loaded") == [(1, 2, 5.0), (2, 2, 3.0), (4, 2, 2.0)]
+    assert profile.items("isolated") == [(1, 2, 3.5), (2, 2, 2.5), (4, 2, 2.0)]
+    assert [row["copies"] for row in profile.rows] == ["4", "1", "2"]
+
+
+def test_isolated_profile_has_no_loaded_figures(tmp_path):
+    path = tmp_path / "p.csv"
+    with ProfileWriter(path, {"model": "tiny", "latency": "isolated"}) as writer:
+        writer.write({"threads": 1, "batch": 1, "latency_ms": 3.0, "isolated_ms": 3.0, "copies": 1})
+    profile = load(path)
+    assert not profile.loaded and profile.figures == ("isolated",)
+    assert profile.items() == profile.items("isolated") == [(1, 1, 3.0)]
+    with pytest.raises(ProfileError, match=r"tiny profile has no loaded latencies: it was measured in isolation; "
+                                           r"re-run `packrat profile --contention`"):
+        profile.items("loaded")
+    with pytest.raises(ValueError, match="latency must be one of loaded, isolated"):
+        profile.items("fastest")
+
+
+def test_older_profiles_load_as_isolated_and_take_isolated_points(tmp_path):
+    path = write(tmp_path, "# model: tiny\n" + ",".join(LEGACY_COLUMNS) + "\n1,1,3.0,2.9,4.0,0.1,100\n")
+    profile = load(path)
+    assert not profile.loaded and profile.isolated == profile.latency == {(1, 1): 3.0}
+    with ProfileWriter(path, {"model": "tiny"}) as writer:  # isolated: written in the file's own layout
+        writer.write({"threads": 2, "batch": 1, "latency_ms": 2.0, "isolated_ms": 2.0, "copies": 1, "p50_ms": 1.9})
+    assert path.read_text().splitlines()[-1] == "2,1,2.0000,1.9000,,,"
+    assert load(path).items("isolated") == [(1, 1, 3.0), (2, 1, 2.0)]
+
+
+@pytest.mark.parametrize("existing,new", [("isolated", "loaded"), ("loaded", "isolated"), ("legacy", "loaded")])
+def test_append_refuses_the_other_kind(tmp_path, existing, new):
+    path = tmp_path / "p.csv"
+    if existing == "loaded":
+        write_loaded(path)
+    elif existing == "legacy":
+        write(tmp_path, ",".join(LEGACY_COLUMNS) + "\n1,1,3,3,3,0,1\n")
+    else:
+        with ProfileWriter(path, {"latency": "isolated"}) as writer:
+            writer.write({"threads": 1, "batch": 1, "latency_ms": 3.0})
+    before = path.read_text()
+    with pytest.raises(ProfileError, match=f"cannot append {new} measurements to a profile of "
+                                           f"{existing.replace('legacy', 'isolated')} ones"):
+        ProfileWriter(path, {"latency": new})
+    assert path.read_text() == before

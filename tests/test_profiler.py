@@ -1,21 +1,52 @@
-"""The profiler: real pinned measurements of the tiny model, resume, Ctrl-C."""
+"""The profiler: real pinned measurements of the tiny model, alone and loaded by copies of itself, resume,
+Ctrl-C."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from packrat import profiler
 from packrat.measure import summarize
-from packrat.profile import load
+from packrat.profile import COLUMNS, ProfileError, load
 from packrat.topology import Topology, detect
 
 FAST = profiler.Settings(model="tiny", warmup=1, iters=5)
+ISOLATED = dataclasses.replace(FAST, contention=False)
+
+
+def two_cores() -> Topology:
+    """Two of this machine's cores as a one-socket topology: room for two 1-thread copies."""
+    cores = detect().cores
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    return Topology((tuple(cores[:2]),))
+
+
+@pytest.fixture
+def started(monkeypatch) -> list:
+    """Every loaded copy the profiler starts, to check none is left running."""
+    copies = []
+
+    class Recorded(profiler._Copy):
+        def __init__(self, *args):
+            super().__init__(*args)
+            copies.append(self)
+
+    monkeypatch.setattr(profiler, "_Copy", Recorded)
+    return copies
+
+
+def fake_stats(latency: float) -> dict:
+    return {"latency_ms": latency, "p50_ms": 1.0, "p99_ms": 2.0, "std_ms": 0.1, "iterations": 3}
 
 
 def test_one_real_point_runs_pinned_with_its_threads():
@@ -44,19 +75,112 @@ def test_run_writes_metadata_and_resumes(tmp_path, monkeypatch):
 
     def fake_measure(settings, t, b, cores):
         calls.append((t, b, tuple(cores)))
-        return {"latency_ms": 10.0 * b / t, "p50_ms": 1.0, "p99_ms": 2.0, "std_ms": 0.1, "iterations": 3}
+        return fake_stats(10.0 * b / t)
 
     monkeypatch.setattr(profiler, "measure_point", fake_measure)
     out = tmp_path / "tiny.csv"
     topo = Topology(((0, 1, 2, 3),))
-    profiler.run(FAST, [1, 2], [1, 2], out, topology=topo, progress=False)
+    profiler.run(ISOLATED, [1, 2], [1, 2], out, topology=topo, progress=False)
     assert calls == [(1, 1, (0,)), (1, 2, (0,)), (2, 1, (0, 1)), (2, 2, (0, 1))]
     calls.clear()
-    profile = profiler.run(FAST, [1, 2, 4], [1, 2], out, topology=topo, progress=False)
+    profile = profiler.run(ISOLATED, [1, 2, 4], [1, 2], out, topology=topo, progress=False)
     assert calls == [(4, 1, (0, 1, 2, 3)), (4, 2, (0, 1, 2, 3))]  # only the missing points
     assert len(profile.latency) == 6
     assert profile.metadata["model"] == "tiny" and profile.metadata["cores"] == "4"
+    assert profile.metadata["latency"] == "isolated" and not profile.loaded
     assert {"mode", "torch", "cpu", "date"} <= set(profile.metadata)
+    assert {row["copies"] for row in profile.rows} == {"1"} and profile.isolated == profile.latency
+
+
+def test_contention_measures_each_point_alone_then_beside_its_copies(tmp_path, monkeypatch):
+    alone, loaded = [], []
+
+    def fake_point(settings, t, b, cores):
+        alone.append((t, b, tuple(cores)))
+        return fake_stats(12.0 * b / t)
+
+    def fake_loaded(settings, t, b, core_sets, timeout):
+        loaded.append((t, b, core_sets))
+        return fake_stats(18.0 * b / t)
+
+    monkeypatch.setattr(profiler, "measure_point", fake_point)
+    monkeypatch.setattr(profiler, "measure_loaded", fake_loaded)
+    out = tmp_path / "tiny.csv"
+    topo = Topology(((0, 1, 2, 3),))
+    assert profiler.DEFAULT_CONTENTION == FAST.contention
+    profile = profiler.run(dataclasses.replace(FAST, contention=True), [1, 2, 3, 4], [2], out, topology=topo,
+                           progress=False)
+    assert alone == [(1, 2, (0,)), (2, 2, (0, 1)), (3, 2, (0, 1, 2)), (4, 2, (0, 1, 2, 3))]
+    assert loaded == [(1, 2, [[0], [1], [2], [3]]), (2, 2, [[0, 1], [2, 3]])]  # ⌊4/t⌋ > 1 copies only
+    assert profile.loaded and profile.metadata["latency"] == "loaded"
+    assert profile.latency == {(1, 2): 36.0, (2, 2): 18.0, (3, 2): 8.0, (4, 2): 6.0}
+    assert profile.isolated == {(1, 2): 24.0, (2, 2): 12.0, (3, 2): 8.0, (4, 2): 6.0}
+    assert [row["copies"] for row in profile.rows] == ["4", "2", "1", "1"]
+
+
+@pytest.mark.parametrize("first,then,flag", [(True, False, "--contention"), (False, True, "--isolated")])
+def test_resume_refuses_the_other_kind(tmp_path, monkeypatch, first, then, flag):
+    monkeypatch.setattr(profiler, "measure_point", lambda settings, t, b, cores: fake_stats(1.0))
+    out = tmp_path / "tiny.csv"
+    topo = Topology(((0,),))  # one core: no copies, so nothing real runs
+    profiler.run(dataclasses.replace(FAST, contention=first), [1], [1], out, topology=topo, progress=False)
+    with pytest.raises(ProfileError, match=f"latency '{'loaded' if first else 'isolated'}', not "
+                                           f"'{'loaded' if then else 'isolated'}'; choose another --out "
+                                           f"\\(or resume it with {flag}\\)"):
+        profiler.run(dataclasses.replace(FAST, contention=then), [1], [2], out, topology=topo, progress=False)
+
+
+def test_older_isolated_profile_refuses_loaded_points(tmp_path, monkeypatch):
+    out = tmp_path / "tiny.csv"
+    out.write_text("# model: tiny\n# mode: script\nthreads,batch,latency_ms,p50_ms,p99_ms,std_ms,iterations\n"
+                   "1,1,3,3,3,0,5\n")
+    with pytest.raises(ProfileError, match="latency 'isolated', not 'loaded'"):
+        profiler.run(dataclasses.replace(FAST, contention=True), [1], [2], out, topology=Topology(((0,),)),
+                     progress=False)
+
+
+def test_loaded_point_runs_copies_on_disjoint_pinned_cores(started):
+    topo = two_cores()
+    row = profiler.measure(dataclasses.replace(FAST, contention=True), 1, 2, topo)
+    assert row["threads"] == 1 and row["batch"] == 2 and row["copies"] == 2
+    assert sorted(map(tuple, row["copy_cores"])) == [(c,) for c in topo.cores]  # each copy on its own core
+    assert row["iterations"] == 2 * FAST.iters  # the copies' samples, pooled
+    assert row["latency_ms"] > 0 and row["isolated_ms"] > 0 and row["mode"] == "script"
+    assert set(COLUMNS) <= set(row)
+    assert len(started) == 2 and all(copy.proc.returncode == 0 for copy in started)  # stopped by closing stdin
+
+
+def test_one_copy_fits_so_the_point_is_measured_once(monkeypatch):
+    monkeypatch.setattr(profiler, "measure_loaded", lambda *a: pytest.fail("no room for a second copy"))
+    row = profiler.measure(dataclasses.replace(FAST, contention=True), 2, 1, two_cores())
+    assert row["copies"] == 1 and row["latency_ms"] == row["isolated_ms"]
+
+
+@pytest.mark.parametrize("settings,timeout,reason", [
+    (profiler.Settings(model="no_such_model", iters=1), 60.0, "unknown model"),
+    (FAST, 0.01, "a copy was not ready within 0.01 s"),
+])
+def test_failed_loaded_point_names_it_and_leaves_no_copy(started, settings, timeout, reason):
+    cores = [[c] for c in two_cores().cores]
+    with pytest.raises(profiler.ProfilingError, match=f"threads=1 batch=1 under load \\(2 copies\\) failed: .*{reason}"):
+        profiler.measure_loaded(settings, 1, 1, cores, timeout)
+    assert len(started) == 2 and all(copy.proc.returncode is not None for copy in started)
+
+
+def test_loaded_copy_keeps_running_until_stdin_closes():
+    core = detect().cores[-1]
+    cmd = [sys.executable, "-m", "packrat.measure", "--model", "tiny", "--threads", "1", "--batch", "1",
+           "--cores", str(core), "--warmup", "1", "--iters", "3", "--loaded"]
+    with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout.readline().strip() == "ready"  # loaded and warm, waiting for go
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        result = json.loads(proc.stdout.readline())
+        assert result["iterations"] == len(result["samples_ms"]) == 3 and result["cores"] == [core]
+        time.sleep(0.3)
+        assert proc.poll() is None  # still loading the machine for the copies not done yet
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
 
 
 def test_run_refuses_more_threads_than_cores(tmp_path):
@@ -64,21 +188,38 @@ def test_run_refuses_more_threads_than_cores(tmp_path):
         profiler.run(FAST, [1, 3], [1], tmp_path / "x.csv", topology=Topology(((0, 1),)), progress=False)
 
 
-def test_ctrl_c_leaves_a_valid_file_that_resumes(tmp_path):
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group `pgid` (from /proc: the group field of /proc/PID/stat)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def test_ctrl_c_leaves_a_valid_file_that_resumes_and_no_copy_running(tmp_path):
     out = tmp_path / "tiny.csv"
     cmd = [sys.executable, "-m", "packrat.cli", "profile", "--model", "tiny", "--threads", "1",
-           "--batches", "1-6", "--warmup", "1", "--iters", "300", "--out", str(out), "--quiet"]
+           "--batches", "1-3", "--warmup", "1", "--iters", "300", "--out", str(out), "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # Interrupt once a point is written and, where there is room for copies, while they run (cli + 2+ copies).
+    busy = 3 if len(detect().cores) > 1 else 1
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n1,") < 1):
+    while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n1,") < 1
+                                           or len(group_members(proc.pid)) < busy):
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
     _, err = proc.communicate(timeout=30)
+    assert not group_members(proc.pid)  # with contention (the default on 2+ cores) no copy outlives it
     if proc.returncode == 0:
         pytest.skip("profiling finished before the interrupt arrived")
     assert proc.returncode == 130, err
     assert "run the same command to resume" in err
     partial = load(out)
-    assert 1 <= len(partial.latency) < 6
+    assert 1 <= len(partial.latency) < 3
     subprocess.run(cmd[:cmd.index("--iters") + 1] + ["3"] + cmd[cmd.index("--iters") + 2:], check=True, timeout=120)
-    assert sorted(load(out).latency) == [(1, b) for b in range(1, 7)]
+    assert sorted(load(out).latency) == [(1, b) for b in range(1, 4)]
