@@ -1,0 +1,732 @@
+"""The oracle: every feasible configuration measured, against the planner's choices.
+
+    .venv/bin/python benchmarks/oracle.py --model resnet50 --batches 1,2,4,8,16 [--rounds 10]
+
+On this machine (T = its cores, or --threads), for each batch size B, a pool is built for every
+feasible configuration: every multiset of instances ⟨t, b⟩ (t threads, batch b; t, b ≥ 1) with
+Σt ≤ T and Σb = B, up to the bound below. All of one B's pools are started once and kept up
+(idle pools take no CPU), warmed up, then timed in --rounds interleaved rounds: each round calls
+every pool once, in a shuffled order, with B raw-tensor requests (as `packrat bench --pool-only`
+sends them, codec inside the instances), so machine noise hits every configuration alike. A
+configuration's latency is its median over the rounds. Then the B's pools are closed.
+
+For each B the report gives the best configuration (the oracle), the planner's choice from the
+profile's isolated figures and from its loaded figures (each point measured while ⌊T/t⌋ copies of
+it run on the other cores), each choice's measured latency over the oracle's and its predicted
+latency over its measured one, and the fat ⟨T, B⟩ instance's measured latency over the oracle's.
+Verdicts on the targets are computed from the figures: the loaded plan within 3 % of the oracle
+at every B, and its prediction within 10 % of what was measured.
+
+The bound. Configurations are enumerated exhaustively (all_configs) while there are at most
+EXHAUSTIVE_LIMIT (50,000) of them, which covers every T ≤ 8 at B ≤ 16 (on 2 cores: ⟨1, B⟩,
+⟨2, B⟩ and ⟨1, b⟩ + ⟨1, B−b⟩ for 1 ≤ b ≤ B/2; B/2 + 2 configurations). Past that, the candidates
+are the balanced family (balanced_configs): for every instance count k, threads split evenly
+with no core idle (and ⌊T/k⌋ each), batches split in proportion to threads or evenly. At most
+--max-configs (default 40) are timed per B: when there are more (select_configs), the planner's
+two choices and the fat ⟨T, B⟩ are always kept and the rest are ranked by (idle cores, load
+imbalance max b/t over B/Σt, distinct shapes, instances) and taken round robin over the instance
+counts (ends of the range first, then its midpoints), so the choice is deterministic and spans
+few to many instances.
+
+The profile (--profile, holding both figures) is measured when not given: profiles/oracle-MODEL.csv,
+t = 1..T and --batches, with contention (resumed when present). The planner needs each ⟨t, b⟩ it
+plans to be in the profile; configurations with other sub-batches are measured by the oracle only.
+
+Run time is estimated before the timing starts (pool starts with their warm-up, then
+configurations × (rounds + warm-up calls) × their latencies predicted from the profile); past 10
+minutes it also says which --rounds would fit and what each B costs. --dry-run prints the
+configurations and the estimate only (no profile measured); --profile-only measures the profile in
+a command of its own. Keep one command under about 10 minutes with --rounds and --batches: run the
+batches in several commands with --json each, then print them as one report with --merge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+from packrat.planner import NoPlanError, Planner
+from packrat.profile import Profile, load
+from packrat.topology import Topology, detect
+
+Shape = tuple[int, int]  # one instance: (threads, batch)
+Config = tuple[Shape, ...]  # a multiset of instances, canonical: sorted, biggest first
+
+EXHAUSTIVE_LIMIT = 50_000  # beyond this many multisets, candidates come from balanced_configs
+MAX_CONFIGS = 40
+PLAN_TOLERANCE = 0.03  # target: the loaded plan's measured latency within 3 % of the oracle's
+PREDICTION_TOLERANCE = 0.10  # target: the loaded plan's prediction within 10 % of its measured latency
+# For the run-time estimate only: a pool's start besides its warm-up (process, import torch, model
+# build and TorchScript), and each timed call's overhead besides the model.
+POOL_START_S = 6.0
+CALL_OVERHEAD_S = 0.005
+PROFILE_MIN_TIME_S = 2.0
+PROFILE_WARMUP = 3
+PROFILE_POINT_OVERHEAD_S = 5.0
+BUDGET_S = 600.0  # what one command should stay within; above it, the estimate says how to trim
+
+
+# ---- enumeration (pure) --------------------------------------------------------------------
+
+def canonical(instances: Iterable[Sequence[int]]) -> Config:
+    """A configuration's canonical form: its ⟨threads, batch⟩ pairs sorted, biggest first."""
+    return tuple(sorted(((int(t), int(b)) for t, b, *_ in instances), reverse=True))
+
+
+def feasible(config: Config, threads: int, batch: int) -> bool:
+    """Whether the configuration fits T = threads (Σt ≤ T) and covers B = batch (Σb = B)."""
+    return (bool(config) and all(t >= 1 and b >= 1 for t, b in config)
+            and sum(t for t, _ in config) <= threads and sum(b for _, b in config) == batch)
+
+
+class _TooMany(Exception):
+    pass
+
+
+def all_configs(threads: int, batch: int, limit: int | None = None) -> list[Config] | None:
+    """Every multiset of instances ⟨t, b⟩ (t, b ≥ 1) with Σt ≤ threads and Σb = batch, each once,
+    canonical, in decreasing lexicographic order; None when there are more than `limit`."""
+    found: list[Config] = []
+    prefix: list[Shape] = []
+
+    def extend(t_left: int, b_left: int, top: Shape) -> None:
+        if b_left == 0:
+            found.append(tuple(prefix))
+            if limit is not None and len(found) > limit:
+                raise _TooMany
+            return
+        if t_left < 1 or (top[0] == 1 and t_left * top[1] < b_left):
+            return  # no completion: the shapes left (≤ top) cannot cover b_left
+        for t in range(min(top[0], t_left), 0, -1):
+            for b in range(b_left if t < top[0] else min(b_left, top[1]), 0, -1):
+                prefix.append((t, b))
+                extend(t_left - t, b_left - b, (t, b))
+                prefix.pop()
+
+    if threads < 1 or batch < 1:
+        return []
+    try:
+        extend(threads, batch, (threads, batch))
+    except _TooMany:
+        return None
+    return found
+
+
+def _split(total: int, weights: Sequence[int]) -> list[int]:
+    """total split in proportion to weights, largest remainders first (ties: earlier first)."""
+    weight = sum(weights)
+    exact = [total * w / weight for w in weights]
+    sizes = [int(x) for x in exact]
+    for i in sorted(range(len(weights)), key=lambda i: (-(exact[i] - sizes[i]), i))[: total - sum(sizes)]:
+        sizes[i] += 1
+    return sizes
+
+
+def balanced_configs(threads: int, batch: int) -> list[Config]:
+    """The candidates when there are too many to enumerate: for every instance count
+    k ≤ min(T, B), threads split as evenly as possible over k instances with no core idle, and
+    ⌊T/k⌋ threads each (idle cores when k does not divide T); each thread split paired with B in
+    proportion to the threads, and with B split evenly (the extra requests to the instances with
+    the most threads, then to those with the fewest). At most 6·min(T, B) configurations."""
+    found: dict[Config, None] = {}
+    for k in range(1, min(threads, batch) + 1):
+        even = _split(threads, [1] * k)  # descending: the extra threads go first
+        for thread_split in (even, [threads // k] * k):
+            evenly = _split(batch, [1] * k)
+            for batch_split in (_split(batch, thread_split), evenly, evenly[::-1]):
+                found[canonical(zip(thread_split, batch_split))] = None
+    return [c for c in found if feasible(c, threads, batch)]
+
+
+def rank_key(config: Config, threads: int, batch: int) -> tuple:
+    """Most plausible first: no idle core, then the batch most in proportion to the threads
+    (the slowest instance's b/t over B/Σt; 1.0 is perfect), then fewer distinct shapes, fewer
+    instances, and the configuration itself (deterministic)."""
+    used = sum(t for t, _ in config)
+    imbalance = max(b / t for t, b in config) / (batch / used)
+    return (threads - used, round(imbalance, 9), len(set(config)), len(config), config)
+
+
+def spread_order(n: int) -> list[int]:
+    """0..n-1, ends first, then midpoints coarse to fine: 0, n-1, (n-1)//2, ..."""
+    if n <= 0:
+        return []
+    order, seen = [], set()
+
+    def add(i: int) -> None:
+        if i not in seen:
+            seen.add(i)
+            order.append(i)
+
+    add(0)
+    add(n - 1)
+    intervals = [(0, n - 1)]
+    while intervals:
+        following = []
+        for low, high in intervals:
+            if high - low > 1:
+                middle = (low + high) // 2
+                add(middle)
+                following += [(low, middle), (middle, high)]
+        intervals = following
+    return order
+
+
+def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFIGS, keep: Iterable[Config] = (),
+                   exhaustive_limit: int = EXHAUSTIVE_LIMIT) -> tuple[list[Config], int | None]:
+    """The configurations to time for T = threads, B = batch, and how many feasible ones exist
+    (None: more than exhaustive_limit, so the candidates were balanced_configs).
+
+    Every configuration in `keep` (e.g. the planner's choices, the fat ⟨T, B⟩) is included; the
+    rest, up to max_configs in all (None: no bound), are the candidates ranked by rank_key and
+    taken round robin over instance counts in spread_order (each round, the best not yet taken of
+    each count). Returned sorted by rank_key; no duplicates. ValueError for an infeasible keep."""
+    kept: list[Config] = []
+    for config in keep:
+        config = canonical(config)
+        if not feasible(config, threads, batch):
+            raise ValueError(f"{label(config)} does not fit T={threads}, B={batch}")
+        if config not in kept:
+            kept.append(config)
+    everything = all_configs(threads, batch, exhaustive_limit)
+    candidates = everything if everything is not None else balanced_configs(threads, batch)
+    chosen = set(kept)
+    room = len(candidates) if max_configs is None else max(0, max_configs - len(kept))
+    by_count: dict[int, list[Config]] = {}
+    for config in sorted(candidates, key=lambda c: rank_key(c, threads, batch)):
+        if config not in chosen:
+            by_count.setdefault(len(config), []).append(config)
+    counts = sorted(by_count)
+    lists = [by_count[counts[i]] for i in spread_order(len(counts))]
+    position = 0
+    while room > 0 and any(position < len(ranked) for ranked in lists):
+        for ranked in lists:
+            if room > 0 and position < len(ranked):
+                chosen.add(ranked[position])
+                room -= 1
+        position += 1
+    return sorted(chosen, key=lambda c: rank_key(c, threads, batch)), (
+        len(everything) if everything is not None else None)
+
+
+def label(config: Config) -> str:
+    """E.g. '2×⟨1,4⟩ + ⟨2,8⟩' (⟨threads, batch⟩ per instance, biggest first)."""
+    parts: list[str] = []
+    for shape in dict.fromkeys(config):
+        n = config.count(shape)
+        parts.append(f"{n}×⟨{shape[0]},{shape[1]}⟩" if n > 1 else f"⟨{shape[0]},{shape[1]}⟩")
+    return " + ".join(parts)
+
+
+# ---- estimates from the profile (pure) -------------------------------------------------------
+
+def estimate_ms(table: dict[tuple[int, int], float], threads: int, batch: int) -> float:
+    """L(t, b) from a profile table: the point itself, else interpolated linearly in b between
+    the profiled batches of the same t (proportionally to b outside them); a t never profiled
+    takes the nearest profiled t's figure scaled by t'/t."""
+    if (threads, batch) in table:
+        return table[threads, batch]
+    if not table:
+        raise ValueError("empty profile table")
+    profiled = sorted({t for t, _ in table})
+    if threads not in profiled:
+        nearest = min(profiled, key=lambda t: (abs(t - threads), t))
+        return estimate_ms(table, nearest, batch) * nearest / threads
+    batches = sorted(b for t, b in table if t == threads)
+    below = [b for b in batches if b < batch]
+    above = [b for b in batches if b > batch]
+    if below and above:
+        low, high = below[-1], above[0]
+        share = (batch - low) / (high - low)
+        return table[threads, low] + share * (table[threads, high] - table[threads, low])
+    nearest = below[-1] if below else above[0]
+    return table[threads, nearest] * batch / nearest
+
+
+def config_estimate_ms(config: Config, isolated: dict, loaded: dict | None) -> float:
+    """A configuration's latency as the profile predicts it: its slowest instance, by the loaded
+    figures when it has several instances (and the profile has them), else the isolated ones."""
+    table = loaded if loaded and len(config) > 1 else isolated
+    return max(estimate_ms(table, t, b) for t, b in config)
+
+
+def start_estimate_s(config: Config, isolated: dict) -> float:
+    """A pool's start: the process and model, then its instances' warm-up in parallel (each runs
+    its batch, halving down to 1, twice)."""
+    def warm(t: int, b: int) -> float:
+        sizes = [b >> k for k in range(b.bit_length())]
+        return 2 * sum(estimate_ms(isolated, t, s) for s in sizes) / 1e3
+
+    return POOL_START_S + max(warm(t, b) for t, b in config)
+
+
+def batch_estimate_s(configs: Sequence[Config], rounds: int, warmup: int, isolated: dict,
+                     loaded: dict | None) -> dict[str, float]:
+    """Seconds one B takes: starting its pools, and warm-up plus rounds of timed calls."""
+    calls = sum(config_estimate_ms(c, isolated, loaded) / 1e3 + CALL_OVERHEAD_S for c in configs)
+    return {"start_s": sum(start_estimate_s(c, isolated) for c in configs), "timing_s": calls * (rounds + warmup)}
+
+
+def _about(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+# ---- the report (pure: from the JSON-able results) -------------------------------------------
+
+def summarize_batch(entry: dict) -> dict:
+    """The oracle and the planner's choices for one B, as ratios (None where unavailable)."""
+    timed = {c["label"]: c for c in entry["configs"] if c.get("median_ms") is not None}
+    summary: dict = {"batch": entry["batch"], "timed": len(timed), "failed": len(entry["configs"]) - len(timed)}
+    if not timed:
+        return summary
+    best = min(timed.values(), key=lambda c: (c["median_ms"], c["label"]))
+    summary.update(best=best["label"], best_ms=best["median_ms"])
+    for kind in ("loaded", "isolated"):
+        choice = entry["planner"].get(kind)
+        if not choice or choice.get("label") is None:
+            summary[kind] = {"label": None, "why": (choice or {}).get("why", "no such profile figures")}
+            continue
+        measured = timed.get(choice["label"])
+        row = {"label": choice["label"], "predicted_ms": choice["predicted_ms"]}
+        if measured is None:
+            row["why"] = "its pool failed"
+        else:
+            row.update(measured_ms=measured["median_ms"], vs_best=measured["median_ms"] / best["median_ms"],
+                       predicted_vs_measured=choice["predicted_ms"] / measured["median_ms"])
+        summary[kind] = row
+    fat = timed.get(entry.get("fat", ""))
+    summary["fat_vs_best"] = fat["median_ms"] / best["median_ms"] if fat else None
+    return summary
+
+
+def verdicts(summaries: Sequence[dict], kind: str = "loaded") -> list[str]:
+    """One line per target for the `kind` profile's plans, computed from the summaries."""
+    tag = f"{kind} profile"
+
+    def verdict(name: str, key: str, ok, tolerance: float, text: str) -> str:
+        rows = [s for s in summaries if "best_ms" in s]
+        missing = [s["batch"] for s in rows if s.get(kind, {}).get(key) is None]
+        if not rows or missing:
+            return f"{name}: n/a ({tag}: no figure at B={','.join(map(str, missing)) or '-'})"
+        values = [(s[kind][key], s["batch"]) for s in rows]
+        worst = max(values, key=lambda v: (abs(v[0] - 1), v[1]))
+        passed = all(ok(v) for v, _ in values)
+        return (f"{name}: {'PASS' if passed else 'FAIL'} ({tag}: {text} {tolerance:.0%} at every B; "
+                f"worst {worst[0]:.3f} at B={worst[1]})")
+
+    return [verdict("plan within 3 % of the oracle", "vs_best", lambda v: v <= 1 + PLAN_TOLERANCE,
+                    PLAN_TOLERANCE, "measured/best ≤ 1 +"),
+            verdict("prediction within 10 % of measured", "predicted_vs_measured",
+                    lambda v: abs(v - 1) <= PREDICTION_TOLERANCE + 1e-12, PREDICTION_TOLERANCE,
+                    "|predicted/measured − 1| ≤")]
+
+
+def _ratio(row: dict | None, key: str) -> str:
+    value = (row or {}).get(key)
+    return f"{value:.2f}" if value is not None else "-"
+
+
+def markdown(report: dict) -> str:
+    """The per-B table for BENCHMARKS.md."""
+    meta = report["meta"]
+    lines = [f"{meta['model']}, T = {meta['threads']} threads ({meta.get('cpu', '?')}), medians of "
+             f"{meta['rounds']} interleaved rounds; ⟨t,b⟩ = an instance with t threads at batch b; "
+             "meas/best: measured latency over the oracle's; pred/meas: the planner's predicted latency over "
+             "its measured one.", "",
+             "| B | configs | oracle (best) | best ms | loaded plan | meas/best | pred/meas | isolated plan "
+             "| meas/best | pred/meas | fat meas/best |",
+             "|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|"]
+    for s in report["summaries"]:
+        if "best_ms" not in s:
+            lines.append(f"| {s['batch']} | 0 | (no pool started) | | | | | | | | |")
+            continue
+        cells = [str(s["batch"]), str(s["timed"]) + (f" (+{s['failed']} failed)" if s["failed"] else ""),
+                 s["best"], f"{s['best_ms']:.1f}"]
+        for kind in ("loaded", "isolated"):
+            row = s.get(kind) or {}
+            cells += [row.get("label") or "-", _ratio(row, "vs_best"), _ratio(row, "predicted_vs_measured")]
+        cells.append(f"{s['fat_vs_best']:.2f}" if s.get("fat_vs_best") is not None else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def build_report(meta: dict, entries: Sequence[dict]) -> dict:
+    entries = sorted(entries, key=lambda e: e["batch"])
+    summaries = [summarize_batch(e) for e in entries]
+    return {"meta": meta, "batches": entries, "summaries": summaries,
+            "verdicts": {kind: verdicts(summaries, kind) for kind in ("loaded", "isolated")}}
+
+
+def print_report(report: dict) -> None:
+    print()
+    print(markdown(report))
+    print()
+    for line in report["verdicts"]["loaded"]:
+        print(line)
+    for line in report["verdicts"]["isolated"]:
+        print(f"(for comparison) {line}")
+    for entry in report["batches"]:
+        for c in entry["configs"]:
+            if c.get("error"):
+                print(f"B={entry['batch']}: {c['label']} not timed: {c['error']}")
+
+
+def merge(paths: Sequence[Path]) -> dict:
+    """One report from several runs' JSON (later files win for a B measured twice)."""
+    entries: dict[int, dict] = {}
+    meta = None
+    for path in paths:
+        report = json.loads(Path(path).read_text())
+        if meta is not None and (meta["model"], meta["threads"]) != (report["meta"]["model"], report["meta"]["threads"]):
+            raise ValueError(f"{path}: {report['meta']['model']} on T={report['meta']['threads']}, not "
+                             f"{meta['model']} on T={meta['threads']} like the files before it")
+        meta = meta or dict(report["meta"])
+        meta["rounds"] = report["meta"]["rounds"] if meta["rounds"] == report["meta"]["rounds"] else "varying"
+        for entry in report["batches"]:
+            entries[entry["batch"]] = entry
+    return build_report(meta, list(entries.values()))
+
+
+# ---- the machine side ------------------------------------------------------------------------
+
+def topology_for(threads: int | None) -> Topology:
+    topology = detect()
+    if threads is None:
+        return topology
+    if threads > topology.num_cores:
+        raise SystemExit(f"--threads {threads}: this process may use only {topology.num_cores} cores")
+    return detect(set(topology.cores[:threads]))
+
+
+def get_profile(args, topology: Topology, *, measure: bool) -> tuple[Path, Profile | None]:
+    """--profile, else profiles/oracle-MODEL.csv, measured (or completed) first when `measure`."""
+    if args.profile is not None:
+        return args.profile, load(args.profile)
+    path = Path("profiles") / f"oracle-{Path(args.model).stem.replace(':', '_')}.csv"
+    threads = list(range(1, topology.num_cores + 1))
+    if measure:
+        from packrat import profiler
+
+        known = set(load(path).latency) if path.exists() else set()
+        missing = [(t, b) for t in threads for b in args.batches if (t, b) not in known]
+        if missing:
+            print(f"measuring {len(missing)} profile points of {args.model} into {path}, with contention: each "
+                  f"point alone and, when t ≤ T/2, loaded; at least {_about(len(missing) * PROFILE_POINT_OVERHEAD_S)}"
+                  " (the bar shows the time left); interrupted, the same command resumes it", flush=True)
+            settings = profiler.Settings(model=args.model, warmup=PROFILE_WARMUP, iters=None,
+                                         min_time=args.profile_min_time, contention=True)
+            profiler.run(settings, threads, args.batches, path, topology=topology, progress=not args.quiet)
+    return path, (load(path) if path.exists() else None)
+
+
+def planner_choice(profile: Profile, kind: str, threads: int, batch: int, topology: Topology) -> dict:
+    """The planner's configuration for T, B from the profile's `kind` figures, with its prediction."""
+    try:
+        items = profile.items(kind)
+    except ValueError as exc:  # ProfileError: no loaded figures
+        return {"label": None, "why": str(exc)}
+    try:
+        plan = Planner(items, threads, batch).plan(threads, batch, topology)
+    except NoPlanError as exc:
+        return {"label": None, "why": f"no plan: {exc}"}
+    config = canonical((i.threads, i.batch) for i in plan.instances)
+    return {"label": label(config), "config": [list(s) for s in config], "predicted_ms": plan.expected_latency_ms,
+            "describe": plan.describe()}
+
+
+def plan_batches(args, profile: Profile | None, topology: Topology) -> list[dict]:
+    """Per B: the planner's choices and the configurations to time."""
+    threads = topology.num_cores
+    plans = []
+    for batch in args.batches:
+        fat = ((threads, batch),)
+        choices = {kind: planner_choice(profile, kind, threads, batch, topology) for kind in ("isolated", "loaded")} \
+            if profile is not None else {}
+        keep = [fat] + [tuple(map(tuple, c["config"])) for c in choices.values() if c.get("config")]
+        configs, feasible_count = select_configs(threads, batch, args.max_configs, keep)
+        plans.append({"batch": batch, "configs": configs, "feasible": feasible_count, "planner": choices,
+                      "fat": label(fat)})
+    return plans
+
+
+def estimate(plans: list[dict], profile: Profile, args) -> list[dict[str, float]]:
+    isolated = dict(profile.isolated)
+    loaded = dict(profile.latency) if profile.loaded else None
+    return [batch_estimate_s(p["configs"], args.rounds, args.warmup, isolated, loaded) for p in plans]
+
+
+def print_plans(plans: list[dict], estimates: list[dict] | None, args) -> None:
+    for i, p in enumerate(plans):
+        feasible_text = (f"of {p['feasible']} feasible" if p["feasible"] is not None
+                         else f"of more than {EXHAUSTIVE_LIMIT} feasible (balanced family)")
+        line = f"B={p['batch']}: {len(p['configs'])} configurations {feasible_text}"
+        if estimates:
+            e = estimates[i]
+            line += f"; about {_about(e['start_s'] + e['timing_s'])} (pools {_about(e['start_s'])}, timing {_about(e['timing_s'])})"
+        print(line)
+        for kind in ("loaded", "isolated"):
+            choice = p["planner"].get(kind)
+            if choice:
+                print(f"    planner ({kind}): " + (f"{choice['label']}, predicted {choice['predicted_ms']:.1f} ms"
+                                                    if choice.get("label") else choice["why"]))
+        if args.dry_run or args.profile_only or args.verbose:
+            print("    " + "; ".join(label(c) for c in p["configs"]))
+    if estimates:
+        total = sum(e["start_s"] + e["timing_s"] for e in estimates)
+        print(f"estimated run time: {_about(total)} ({args.rounds} rounds, {args.warmup} warm-up "
+              f"call{'' if args.warmup == 1 else 's'} per configuration; from the profile's latencies and {POOL_START_S:.0f} s per pool start)", flush=True)
+        hint = trim_hint(plans, estimates, args.rounds, args.warmup)
+        if hint:
+            print(hint, flush=True)
+
+
+def trim_hint(plans: list[dict], estimates: list[dict], rounds: int, warmup: int,
+              budget_s: float = BUDGET_S) -> str | None:
+    """How to keep one command within budget_s, when the estimate exceeds it: the rounds that
+    would fit, and each B's share, to split --batches over several commands."""
+    total = sum(e["start_s"] + e["timing_s"] for e in estimates)
+    if total <= budget_s:
+        return None
+    start = sum(e["start_s"] for e in estimates)
+    per_round = sum(e["timing_s"] for e in estimates) / (rounds + warmup)
+    fit = int((budget_s - start) / per_round) - warmup if per_round > 0 else rounds
+    shares = ", ".join(f"B={p['batch']} {_about(e['start_s'] + e['timing_s'])}" for p, e in zip(plans, estimates))
+    rounds_text = f"--rounds {fit} would fit" if fit >= 1 else "no number of rounds fits"
+    return (f"over {_about(budget_s)}: {rounds_text}; or split --batches over several commands with --json "
+            f"each, then --merge (per B: {shares})")
+
+
+def _requests(model: str, batch: int):
+    from packrat.models import resolve
+    from packrat.pool import Request
+
+    samples = resolve(model).example_input(batch)
+    return [Request(s.numpy().astype(s.numpy().dtype.newbyteorder("<"), copy=False).tobytes(),
+                    "application/octet-stream") for s in samples]
+
+
+def _call(pool, requests) -> float:
+    start = time.perf_counter()
+    answers = pool.infer(requests)
+    elapsed = (time.perf_counter() - start) * 1e3
+    bad = [a for a in answers if not a.ok]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {len(answers)} requests answered {bad[0].status}: {bad[0].reason}")
+    return elapsed
+
+
+def time_batch(plan: dict, args, topology: Topology, costs: dict | None, bar) -> dict:
+    """Start every configuration's pool for this B, warm them up, time them in interleaved rounds."""
+    from packrat.pool import InstanceConfig, InstancePool, ModelConfig
+
+    batch = plan["batch"]
+    requests = _requests(args.model, batch)
+    results = {c: {"label": label(c), "config": [list(s) for s in c], "cores": None, "samples_ms": [],
+                   "median_ms": None, "error": None} for c in plan["configs"]}
+
+    def advance(seconds: float) -> None:
+        if bar is not None:
+            bar.update(seconds)
+
+    start_time = time.monotonic()
+    with ExitStack() as stack:
+        pools = {}
+        for n, config in enumerate(plan["configs"], start=1):
+            if bar is not None:
+                bar.set_description(f"B={batch}: pool {n}/{len(plan['configs'])}")
+            cores = topology.assign([t for t, _ in config])
+            results[config]["cores"] = cores
+            try:
+                instances = [InstanceConfig(t, b, tuple(c)) for (t, b), c in zip(config, cores)]
+                pools[config] = stack.enter_context(InstancePool(ModelConfig(args.model), instances))
+            except Exception as exc:  # reported, not fatal
+                results[config]["error"] = f"pool did not start: {type(exc).__name__}: {exc}"
+            advance(costs["start"][config] if costs else 0)
+        if bar is not None:
+            bar.set_description(f"B={batch}: warm-up")
+        for config, pool in list(pools.items()):
+            try:
+                for _ in range(args.warmup):
+                    _call(pool, requests)
+            except Exception as exc:
+                results[config]["error"] = f"warm-up failed: {exc}"
+                del pools[config]
+            advance(costs["call"][config] * args.warmup if costs else 0)
+        order = list(pools)
+        for r in range(args.rounds):
+            if bar is not None:
+                bar.set_description(f"B={batch}: round {r + 1}/{args.rounds}")
+            random.Random(args.seed * 1_000_003 + batch * 1009 + r).shuffle(order)
+            for config in order:
+                if config not in pools:
+                    continue
+                try:
+                    results[config]["samples_ms"].append(_call(pools[config], requests))
+                except Exception as exc:
+                    results[config]["error"] = f"round {r + 1} failed: {exc}"
+                    del pools[config]
+                advance(costs["call"][config] if costs else 0)
+    for result in results.values():
+        if result["samples_ms"] and not result["error"]:
+            result["median_ms"] = statistics.median(result["samples_ms"])
+    return {"batch": batch, "feasible": plan["feasible"], "fat": plan["fat"], "planner": plan["planner"],
+            "configs": list(results.values()), "wall_s": time.monotonic() - start_time}
+
+
+def _meta(args, topology: Topology, profile_path: Path, profile: Profile) -> dict:
+    import torch
+
+    from packrat.profiler import cpu_model
+
+    return {"model": args.model, "threads": topology.num_cores, "cores": topology.cores, "rounds": args.rounds,
+            "warmup": args.warmup, "max_configs": args.max_configs, "seed": args.seed, "cpu": cpu_model(),
+            "torch": torch.__version__, "python": platform.python_version(), "profile": str(profile_path),
+            "profile_metadata": profile.metadata, "profile_loaded": profile.loaded,
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def _save(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, ensure_ascii=False))
+
+
+def run(args) -> int:
+    topology = topology_for(args.threads)
+    profile_path, profile = get_profile(args, topology, measure=not args.dry_run)
+    if profile is not None and not profile.loaded:
+        print(f"note: {profile_path} has no loaded figures; the loaded planner is not evaluated", file=sys.stderr)
+    plans = plan_batches(args, profile, topology)
+    estimates = estimate(plans, profile, args) if profile is not None else None
+    print(f"{args.model} on T={topology.num_cores} (cores {topology.cores}), profile "
+          f"{profile_path if profile is not None else '(not measured yet)'}")
+    print_plans(plans, estimates, args)
+    if args.dry_run or args.profile_only:
+        return 0
+    from tqdm import tqdm
+
+    isolated = dict(profile.isolated)
+    loaded = dict(profile.latency) if profile.loaded else None
+    json_path = args.json or Path("out") / f"oracle-{Path(args.model).stem.replace(':', '_')}.json"
+    meta = _meta(args, topology, profile_path, profile)
+    entries: list[dict] = []
+    total = sum(e["start_s"] + e["timing_s"] for e in estimates)
+    with tqdm(total=total, disable=args.quiet, unit="s", bar_format="{desc} {percentage:3.0f}%|{bar}| "
+              "[{elapsed}<{remaining}]") as bar:
+        for plan in plans:
+            costs = {"start": {c: start_estimate_s(c, isolated) for c in plan["configs"]},
+                     "call": {c: config_estimate_ms(c, isolated, loaded) / 1e3 + CALL_OVERHEAD_S
+                              for c in plan["configs"]}}
+            entries.append(time_batch(plan, args, topology, costs, bar))
+            _save(json_path, build_report(meta, entries))  # after each B, so an interrupted run keeps them
+    report = build_report(meta, entries)
+    _save(json_path, report)
+    print_report(report)
+    print(f"\nall figures (every configuration's samples and median): {json_path}")
+    return 0
+
+
+def _integer(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be >= {least}, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _integer(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    return _integer(text, 0)
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 1,2,4,8,16") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must name integers >= 1")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  benchmarks/oracle.py --model resnet50 --batches 1,2,4,8,16 --dry-run   # configurations, estimate\n"
+               "  benchmarks/oracle.py --model resnet50 --batches 1,2,4,8,16 --rounds 10\n"
+               "  benchmarks/oracle.py --model bert_base --batches 1,2,4,8 --json out/bert-a.json\n"
+               "  benchmarks/oracle.py --model bert_base --batches 16 --json out/bert-b.json\n"
+               "  benchmarks/oracle.py --merge out/bert-a.json out/bert-b.json")
+    parser.add_argument("--model", default="resnet50", help="zoo name, as for `packrat profile` (default: resnet50)")
+    parser.add_argument("--batches", type=int_list, default=[1, 2, 4, 8, 16],
+                        help="batch sizes B, e.g. 1,2,4,8,16 (the default); also the profile's batches when it is "
+                             "measured")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="T, the cores to use: the first T of this process's cores (default: all of them)")
+    parser.add_argument("--rounds", type=positive_int, default=10,
+                        help="interleaved rounds; each times every configuration once, in a shuffled order "
+                             "(default: 10)")
+    parser.add_argument("--warmup", type=nonnegative_int, default=1,
+                        help="untimed calls per configuration before the rounds, besides the instances' own "
+                             "warm-up at their batch (default: 1)")
+    parser.add_argument("--max-configs", type=positive_int, default=MAX_CONFIGS,
+                        help=f"at most this many configurations per B, the planner's choices and the fat ⟨T, B⟩ "
+                             f"always among them; the rest by rank, round robin over instance counts (default: "
+                             f"{MAX_CONFIGS}). Enumeration is exhaustive up to {EXHAUSTIVE_LIMIT} feasible "
+                             "configurations, else from the balanced family (see above)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="profile CSV with loaded and isolated figures (default: profiles/oracle-MODEL.csv, "
+                             "measured first with contention over t = 1..T and --batches when missing or "
+                             "incomplete)")
+    parser.add_argument("--profile-min-time", type=float, default=PROFILE_MIN_TIME_S, metavar="S",
+                        help=f"when measuring the profile: timed runs for at least S s per point (default: "
+                             f"{PROFILE_MIN_TIME_S:g})")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write everything here: every configuration's samples and median, the planner's "
+                             "choices and predictions, the summaries (default: out/oracle-MODEL.json); written "
+                             "after each B")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                        help="measure nothing: print the table and verdicts of these runs' JSON files together")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the rounds' shuffles (default: 0)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the configurations, the planner's choices and the run-time estimate; time "
+                             "nothing (and measure no profile)")
+    parser.add_argument("--profile-only", action="store_true",
+                        help="measure (or complete) the profile, print the configurations and the estimate, time "
+                             "nothing: the profile in a command of its own")
+    parser.add_argument("--verbose", action="store_true", help="also list every configuration to be timed")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.merge:
+        report = merge(args.merge)
+        print_report(report)
+        if args.json:
+            _save(args.json, report)
+        return 0
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted: the batch sizes finished so far are in the JSON file", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""benchmarks/oracle.py, its pure parts: enumeration, selection, estimates, report and verdicts."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "oracle.py"
+_SPEC = importlib.util.spec_from_file_location("benchmarks_oracle", _PATH)
+oracle = importlib.util.module_from_spec(_SPEC)
+sys.modules[_SPEC.name] = oracle
+_SPEC.loader.exec_module(oracle)
+
+
+def brute_force(threads, batch):
+    """Every multiset of ⟨t, b⟩ with Σt ≤ T, Σb = B, by filtering all small multisets."""
+    shapes = [(t, b) for t in range(1, threads + 1) for b in range(1, batch + 1)]
+    found = set()
+    for k in range(1, min(threads, batch) + 1):
+        for combo in itertools.combinations_with_replacement(shapes, k):
+            if sum(t for t, _ in combo) <= threads and sum(b for _, b in combo) == batch:
+                found.add(oracle.canonical(combo))
+    return found
+
+
+# ---- all_configs ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("batch, count", [(1, 2), (2, 3), (4, 4), (8, 6), (16, 10)])
+def test_two_cores_counts(batch, count):
+    """On 2 cores: ⟨1,B⟩, ⟨2,B⟩ and ⟨1,b⟩ + ⟨1,B−b⟩ for 1 ≤ b ≤ B/2."""
+    configs = oracle.all_configs(2, batch)
+    assert len(configs) == count == batch // 2 + 2
+    expected = {((2, batch),), ((1, batch),)} | {oracle.canonical([(1, b), (1, batch - b)])
+                                                  for b in range(1, batch // 2 + 1)}
+    assert set(configs) == expected
+
+
+@pytest.mark.parametrize("threads, batch, count", [(1, 1, 1), (1, 5, 1), (3, 1, 3), (3, 3, 7), (4, 16, 161),
+                                                   (8, 16, 4571)])
+def test_known_counts(threads, batch, count):
+    assert len(oracle.all_configs(threads, batch)) == count
+
+
+@pytest.mark.parametrize("threads, batch", [(1, 3), (2, 5), (3, 4), (4, 4), (3, 6), (5, 3)])
+def test_matches_brute_force(threads, batch):
+    configs = oracle.all_configs(threads, batch)
+    assert len(configs) == len(set(configs))  # no duplicates
+    assert set(configs) == brute_force(threads, batch)
+
+
+@given(st.integers(1, 6), st.integers(1, 8))
+@settings(max_examples=60, deadline=None)
+def test_constraints_and_canonical(threads, batch):
+    configs = oracle.all_configs(threads, batch)
+    assert len(configs) == len(set(configs))
+    for config in configs:
+        assert oracle.feasible(config, threads, batch)
+        assert config == oracle.canonical(config)
+
+
+def test_limit():
+    assert oracle.all_configs(4, 16, limit=161) is not None
+    assert oracle.all_configs(4, 16, limit=160) is None
+    assert oracle.all_configs(16, 16, limit=1000) is None  # stops early: 237,034 exist
+    assert oracle.all_configs(0, 4) == [] and oracle.all_configs(4, 0) == []
+
+
+# ---- select_configs ----------------------------------------------------------------------------
+
+def test_select_everything_when_few():
+    configs, feasible = oracle.select_configs(2, 16, 40)
+    assert feasible == 10 and set(configs) == set(oracle.all_configs(2, 16))
+
+
+@pytest.mark.parametrize("threads, batch, cap", [(4, 16, 40), (4, 16, 5), (8, 16, 40), (8, 16, 3), (16, 16, 40),
+                                                 (32, 64, 40), (64, 64, 10)])
+def test_select_bounded(threads, batch, cap):
+    fat = ((threads, batch),)
+    odd = oracle.canonical([(1, batch - 1), (1, 1)])  # unbalanced: ranked near the end
+    configs, feasible = oracle.select_configs(threads, batch, cap, keep=[fat, odd, odd])
+    assert len(configs) == len(set(configs)) <= cap
+    assert fat in configs and odd in configs  # the planner's choices always kept
+    assert all(oracle.feasible(c, threads, batch) for c in configs)
+    assert configs == sorted(configs, key=lambda c: oracle.rank_key(c, threads, batch))
+    if feasible is not None:
+        assert feasible == len(oracle.all_configs(threads, batch))
+    again, _ = oracle.select_configs(threads, batch, cap, keep=[odd, fat])
+    assert again == configs  # deterministic
+
+
+def test_select_keeps_beyond_cap():
+    keep = [((4, 16),), ((2, 8), (2, 8)), ((1, 4),) * 4]
+    configs, _ = oracle.select_configs(4, 16, 2, keep=keep)
+    assert set(configs) == set(keep)
+
+
+def test_select_spans_instance_counts():
+    configs, _ = oracle.select_configs(8, 16, 12)
+    counts = {len(c) for c in configs}
+    assert {1, 2, 4, 8} <= counts  # the ends and midpoints of 1..8 instances
+    assert all(sum(t for t, _ in c) == 8 for c in configs if len(c) in (2, 4, 8))  # no idle core first
+
+
+def test_select_rejects_infeasible_keep():
+    with pytest.raises(ValueError):
+        oracle.select_configs(2, 4, keep=[((2, 2), (1, 2))])  # 3 threads on 2
+    with pytest.raises(ValueError):
+        oracle.select_configs(2, 4, keep=[((1, 3),)])  # covers 3 of 4
+
+
+def test_balanced_family():
+    configs = oracle.balanced_configs(64, 64)
+    assert len(configs) == len(set(configs)) <= 6 * 64
+    assert all(oracle.feasible(c, 64, 64) for c in configs)
+    assert ((64, 64),) in configs and ((1, 1),) * 64 in configs and ((16, 16),) * 4 in configs
+    assert oracle.canonical([(22, 22), (21, 21), (21, 21)]) in configs
+
+
+def test_rank_key_prefers_no_idle_then_balance():
+    key = lambda c: oracle.rank_key(oracle.canonical(c), 2, 8)
+    assert key([(2, 8)]) < key([(1, 8)])  # an idle core ranks last
+    assert key([(1, 4), (1, 4)]) < key([(1, 5), (1, 3)]) < key([(1, 7), (1, 1)])
+
+
+def test_spread_order():
+    assert oracle.spread_order(0) == [] and oracle.spread_order(1) == [0] and oracle.spread_order(2) == [0, 1]
+    order = oracle.spread_order(10)
+    assert sorted(order) == list(range(10)) and order[:3] == [0, 9, 4]
+
+
+def test_label():
+    assert oracle.label(oracle.canonical([(1, 4), (2, 8), (1, 4)])) == "⟨2,8⟩ + 2×⟨1,4⟩"
+
+
+# ---- estimates ----------------------------------------------------------------------------------
+
+TABLE = {(1, 1): 10.0, (1, 2): 18.0, (1, 8): 70.0, (2, 1): 6.0, (2, 2): 10.0}
+
+
+def test_estimate_ms():
+    assert oracle.estimate_ms(TABLE, 1, 2) == 18.0
+    assert oracle.estimate_ms(TABLE, 1, 5) == pytest.approx(18.0 + 0.5 * 52.0)  # between 2 and 8
+    assert oracle.estimate_ms(TABLE, 1, 16) == pytest.approx(140.0)  # past the largest: ∝ b
+    assert oracle.estimate_ms(TABLE, 2, 4) == pytest.approx(20.0)
+    assert oracle.estimate_ms(TABLE, 4, 2) == pytest.approx(10.0 * 2 / 4)  # nearest t, scaled
+
+
+def test_run_time_estimate():
+    loaded = {k: v * 1.2 for k, v in TABLE.items()}
+    solo, pair = ((2, 2),), ((1, 1), (1, 1))
+    assert oracle.config_estimate_ms(solo, TABLE, loaded) == 10.0  # alone: isolated
+    assert oracle.config_estimate_ms(pair, TABLE, loaded) == pytest.approx(12.0)  # side by side: loaded
+    assert oracle.config_estimate_ms(pair, TABLE, None) == 10.0
+    e = oracle.batch_estimate_s([solo, pair], rounds=10, warmup=2, isolated=TABLE, loaded=loaded)
+    assert e["timing_s"] == pytest.approx(12 * (0.010 + 0.012 + 2 * oracle.CALL_OVERHEAD_S))
+    warm = 2 * (10.0 + 6.0) / 1e3  # ⟨2,2⟩ warms up at 2 then 1, twice
+    assert oracle.start_estimate_s(solo, TABLE) == pytest.approx(oracle.POOL_START_S + warm)
+
+
+# ---- report and verdicts --------------------------------------------------------------------------
+
+def entry(batch, medians, loaded, isolated, fat):
+    """A time_batch result: medians {label: ms or None}, planner choices (label, predicted ms)."""
+    configs = [{"label": name, "median_ms": ms, "samples_ms": [ms] if ms else [],
+                "error": None if ms else "pool did not start"} for name, ms in medians.items()]
+    planner = {kind: {"label": c[0], "predicted_ms": c[1]} for kind, c in (("loaded", loaded), ("isolated", isolated))}
+    return {"batch": batch, "configs": configs, "planner": planner, "fat": fat}
+
+
+META = {"model": "tiny", "threads": 2, "rounds": 3, "cpu": "test"}
+
+
+def test_summary_and_passing_verdicts():
+    e4 = entry(4, {"⟨2,4⟩": 100.0, "2×⟨1,2⟩": 80.0, "⟨1,4⟩": None}, ("2×⟨1,2⟩", 84.0), ("⟨2,4⟩", 60.0), "⟨2,4⟩")
+    e1 = entry(1, {"⟨2,1⟩": 20.0, "⟨1,1⟩": 30.0}, ("⟨2,1⟩", 19.0), ("⟨2,1⟩", 19.0), "⟨2,1⟩")
+    report = oracle.build_report(META, [e4, e1])
+    s1, s4 = report["summaries"]
+    assert (s1["batch"], s4["batch"]) == (1, 4)
+    assert s4["best"] == "2×⟨1,2⟩" and s4["timed"] == 2 and s4["failed"] == 1
+    assert s4["loaded"]["vs_best"] == 1.0 and s4["loaded"]["predicted_vs_measured"] == pytest.approx(1.05)
+    assert s4["isolated"]["vs_best"] == pytest.approx(1.25)
+    assert s4["isolated"]["predicted_vs_measured"] == pytest.approx(0.6)
+    assert s4["fat_vs_best"] == pytest.approx(1.25)
+    loaded = report["verdicts"]["loaded"]
+    assert loaded[0].startswith("plan within 3 % of the oracle: PASS")
+    assert loaded[1].startswith("prediction within 10 % of measured: PASS") and "1.050 at B=4" in loaded[1]
+    isolated = report["verdicts"]["isolated"]
+    assert "FAIL" in isolated[0] and "1.250 at B=4" in isolated[0] and "FAIL" in isolated[1]
+    table = oracle.markdown(report)
+    assert table.count("\n| ") == 3  # header and two batch rows
+    assert "| 4 | 2 (+1 failed) | 2×⟨1,2⟩ | 80.0 | 2×⟨1,2⟩ | 1.00 | 1.05 | ⟨2,4⟩ | 1.25 | 0.60 | 1.25 |" in table
+
+
+def test_verdict_fails_past_tolerance():
+    e = entry(2, {"⟨2,2⟩": 100.0, "2×⟨1,1⟩": 96.0}, ("⟨2,2⟩", 111.0), ("⟨2,2⟩", 111.0), "⟨2,2⟩")
+    lines = oracle.verdicts([oracle.summarize_batch(e)])
+    assert "FAIL" in lines[0] and "1.042 at B=2" in lines[0]  # 100/96 > 1.03
+    assert "FAIL" in lines[1]  # 111/100 off by 11 %
+
+
+def test_verdict_without_figures():
+    e = entry(2, {"⟨2,2⟩": 100.0}, (None, None), ("⟨2,2⟩", 100.0), "⟨2,2⟩")
+    e["planner"]["loaded"] = {"label": None, "why": "no loaded figures"}
+    s = oracle.summarize_batch(e)
+    assert s["loaded"]["label"] is None
+    assert all("n/a" in line for line in oracle.verdicts([s], "loaded"))
+    assert all("PASS" in line for line in oracle.verdicts([s], "isolated"))
+    failed = entry(2, {"⟨2,2⟩": 100.0, "2×⟨1,1⟩": None}, ("2×⟨1,1⟩", 90.0), ("⟨2,2⟩", 100.0), "⟨2,2⟩")
+    s = oracle.summarize_batch(failed)
+    assert s["loaded"]["why"] == "its pool failed" and "n/a" in oracle.verdicts([s])[0]
+
+
+def test_merge(tmp_path):
+    import json
+
+    a = oracle.build_report(META, [entry(1, {"⟨2,1⟩": 20.0}, ("⟨2,1⟩", 20.0), ("⟨2,1⟩", 20.0), "⟨2,1⟩")])
+    b = oracle.build_report(META, [entry(4, {"⟨2,4⟩": 50.0}, ("⟨2,4⟩", 50.0), ("⟨2,4⟩", 50.0), "⟨2,4⟩")])
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    merged = oracle.merge([tmp_path / "b.json", tmp_path / "a.json"])
+    assert [s["batch"] for s in merged["summaries"]] == [1, 4]
+    other = oracle.build_report({**META, "threads": 4}, [])
+    (tmp_path / "c.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError):
+        oracle.merge([tmp_path / "a.json", tmp_path / "c.json"])
+
+
+def test_help_states_the_bound(capsys):
+    with pytest.raises(SystemExit):
+        oracle.main(["--help"])
+    text = capsys.readouterr().out
+    assert "--max-configs" in text and "50,000" in text and "balanced family" in text
+
+
+def test_trim_hint():
+    plans = [{"batch": 8}, {"batch": 16}]
+    small = [{"start_s": 10.0, "timing_s": 30.0}, {"start_s": 20.0, "timing_s": 60.0}]
+    assert oracle.trim_hint(plans, small, rounds=10, warmup=2) is None
+    big = [{"start_s": 60.0, "timing_s": 240.0}, {"start_s": 120.0, "timing_s": 480.0}]  # 60 s per round
+    hint = oracle.trim_hint(plans, big, rounds=10, warmup=2)
+    assert "--rounds 5 would fit" in hint and "B=16 10.0 min" in hint  # (600 − 180) / 60 − 2
+    assert "no number of rounds" in oracle.trim_hint(plans, [{"start_s": 700.0, "timing_s": 10.0}] * 2, 10, 1)
