@@ -396,6 +396,17 @@ def merge(paths: Sequence[Path]) -> dict:
     return build_report(meta, list(entries.values()))
 
 
+def rescore(report: dict, profile_path: Path) -> dict:
+    """The same timings judged against another profile's choices: configurations are timed
+    independently of any profile, so a profile measured later (another method) can be scored
+    on them, as long as its choices were among the configurations timed."""
+    profile = load(profile_path)
+    topology = topology_for(report["meta"]["threads"])
+    entries = [{**entry, "planner": {kind: planner_choice(profile, kind, topology.num_cores, entry["batch"], topology)
+                                     for kind in ("isolated", "loaded")}} for entry in report["batches"]]
+    return build_report({**report["meta"], "profile": str(profile_path), "rescored": True}, entries)
+
+
 # ---- the machine side ------------------------------------------------------------------------
 
 def topology_for(threads: int | None) -> Topology:
@@ -700,7 +711,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "choices and predictions, the summaries (default: out/oracle-MODEL.json); written "
                              "after each B")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
-                        help="measure nothing: print the table and verdicts of these runs' JSON files together")
+                        help="measure nothing: print the table and verdicts of these runs' JSON files together "
+                             "(with --profile: the planner's choices and predictions from that profile instead)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rounds' shuffles (default: 0)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the configurations, the planner's choices and the run-time estimate; time "
@@ -717,6 +729,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.merge:
         report = merge(args.merge)
+        if args.profile:
+            report = rescore(report, args.profile)
         print_report(report)
         if args.json:
             _save(args.json, report)

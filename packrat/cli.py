@@ -133,22 +133,48 @@ def print_plan_table(plans: list[Plan], skipped: list[str]) -> None:
 
 # ---- commands -----------------------------------------------------------------------------
 
+def profile_settings(args: argparse.Namespace) -> profiler.Settings:
+    return profiler.Settings(model=args.model, warmup=args.warmup, iters=None if args.min_time else args.iters,
+                             min_time=args.min_time, graph_mode=not args.eager, input_shape=args.input_shape,
+                             ios_cache=str(args.ios_cache) if args.ios else None, contention=args.contention)
+
+
+def profile_grid(args: argparse.Namespace) -> tuple[list[int], list[int]]:
+    """--threads and --batches, defaulting to the replayed profile's grid, else 1..cores × DEFAULT_BATCHES."""
+    if args.replay:
+        source = load(args.replay)
+        return args.threads or source.threads, args.batches or source.batches
+    return args.threads or list(range(1, local_cores() + 1)), args.batches or int_list(DEFAULT_BATCHES)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
-    threads = args.threads or list(range(1, local_cores() + 1))
-    ios_cache = str(args.ios_cache) if args.ios else None
-    settings = profiler.Settings(model=args.model, warmup=args.warmup,
-                                 iters=None if args.min_time else args.iters, min_time=args.min_time,
-                                 graph_mode=not args.eager, input_shape=args.input_shape, ios_cache=ios_cache,
-                                 contention=args.contention)
+    settings = profile_settings(args)
+    threads, batches = profile_grid(args)
     out = args.out or default_profile_path(args.model)
     try:
-        result = profiler.run(settings, threads, args.batches, out, progress=not args.quiet)
+        if args.adaptive or args.replay:
+            done = profiler.run_adaptive(settings, threads, batches, out, replay=args.replay, slack=args.slack,
+                                         tolerance=args.tolerance, progress=not args.quiet and not args.json)
+            print_adaptive(done, out, args.json)
+            return 0
+        result = profiler.run(settings, threads, batches, out, progress=not args.quiet)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the points measured so far are in {out}; run the same command to resume",
               file=sys.stderr)
         return 130
     print(f"{len(result.latency)} points in {out}")
     return 0
+
+
+def print_adaptive(done: profiler.AdaptiveResult, out: Path, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(done.to_json(out), indent=2))
+        return
+    estimate = done.to_json(out)
+    print(f"{done.points} of the grid's {done.grid} points ({done.points / done.grid:.0%}) in {out}: no other "
+          f"point can change a plan")
+    print(f"estimated measuring time {_about(done.measure_s)} instead of {_about(done.full_grid_s)} for the "
+          f"full grid ({estimate['saved']:.0%} saved)")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -191,7 +217,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 DEMO_BATCHES = (1, 2, 4, 8)
 DEMO_MIN_TIME_S = 2.0
 DEMO_WARMUP = 3
-POINT_OVERHEAD_S = 5.0  # per measurement besides its timed runs: fresh process, model build, trace, warm-up
+POINT_OVERHEAD_S = profiler.POINT_OVERHEAD_S
 
 
 def default_profile_path(model: str) -> Path:
@@ -199,7 +225,9 @@ def default_profile_path(model: str) -> Path:
 
 
 def _about(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def measure_profile(model: str, path: Path, batches, *, min_time: float = DEMO_MIN_TIME_S,
@@ -471,6 +499,40 @@ def contention_args(p: argparse.ArgumentParser) -> None:
                            "small instances gain" + default(False))
 
 
+def adaptive_args(p: argparse.ArgumentParser) -> None:
+    from .adaptive import DEFAULT_SLACK
+
+    p.add_argument("--adaptive", action="store_true",
+                   help="measure only the points that can change a plan for some T ≤ the largest --threads and "
+                        "B ≤ the largest batch size: starting from 1 thread at every batch size, bound the "
+                        "unmeasured points from the measured ones (latency grows with the batch, scaling is at "
+                        "most linear and its returns diminish; see packrat/adaptive.py) and stop when no "
+                        "bound can beat a plan")
+    p.add_argument("--replay", type=Path, default=None, metavar="FILE",
+                   help="with --adaptive (implied): look points up in FILE, a full profile (also the published "
+                        "Packrat layout), instead of measuring them; --out is rewritten with the points looked up, "
+                        "to check the method against the full table")
+    p.add_argument("--slack", type=positive_or_zero, default=None, metavar="S",
+                   help=f"with --adaptive: noise allowed in the bounds' assumptions, as a fraction "
+                        f"(default: {DEFAULT_SLACK})")
+    p.add_argument("--tolerance", type=positive_or_zero, default=0.0, metavar="F",
+                   help="with --adaptive: stop when no point can improve a plan by more than this fraction "
+                        "(default: 0, every plan as the full grid's)")
+    p.add_argument("--json", action="store_true",
+                   help='with --adaptive: print {"points", "grid", "fraction", "measure_s", "full_grid_s", '
+                        '"saved_s", "saved", "out"} (times are estimates)')
+
+
+def positive_or_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="packrat",
@@ -496,8 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shape of one input sample, e.g. 3,224,224 (needed for TorchScript files and factories)")
     p.add_argument("--threads", type=int_list, default=None,
                    help="thread counts, e.g. 1-4 or 1,2,4 (default: 1..the cores this process may use)")
-    p.add_argument("--batches", type=int_list, default=int_list(DEFAULT_BATCHES),
-                   help=f"batch sizes (default: {DEFAULT_BATCHES})")
+    p.add_argument("--batches", type=int_list, default=None,
+                   help=f"batch sizes (default: {DEFAULT_BATCHES}, or the replayed profile's)")
     p.add_argument("--warmup", type=int, default=10, help="untimed runs before measuring (default: 10)")
     timing = p.add_mutually_exclusive_group()
     timing.add_argument("--iters", type=positive(int), default=100,
@@ -510,6 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "threads and batch (searched once, then cached in --ios-cache)")
     ios_cache_arg(p)
     contention_args(p)
+    adaptive_args(p)
     p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_profile)

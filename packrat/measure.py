@@ -6,11 +6,11 @@ point so no point inherits another's thread pools, allocator state or caches.
 Pinning happens before torch is imported, so OpenMP's threads start on the right cores.
 
 With ``--loaded`` the process is one of several copies measured side by side (the
-profiler's contention measurement) and talks to the profiler over stdin/stdout: after
-loading and warming up it prints ``ready`` and waits for a ``go`` line, so every copy
-starts timing at once; after printing its JSON line (which then also holds the samples)
-it keeps running the model, untimed, until stdin is closed, so that no copy's timed
-window outlasts the load the others put on the machine.
+profiler's contention measurement) and runs the model when told, as an instance of a plan
+does: after loading and warming up it prints ``ready`` and a JSON object (mode, cores), then
+for every ``run`` line on stdin runs the model once and prints its time in ms; it exits when
+stdin closes. The profiler sends ``run`` to all copies at once and waits for all of them,
+so each round takes as long as the slowest copy, like a batch split across a plan.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
 import statistics
 import sys
 import time
@@ -57,18 +56,18 @@ def time_model(module, example, warmup: int, iters: int | None, min_time: float 
     return samples
 
 
-def _wait_for_go() -> bool:
-    """Block until the profiler says go; False when it closed stdin instead (it gave up)."""
-    return sys.stdin.readline().strip() == "go"
-
-
-def keep_running(module, example) -> None:
-    """Run the model untimed until stdin is closed (or has any line): the load the other copies see."""
+def serve_runs(module, example, actual: dict) -> None:
+    """The --loaded protocol: say ready (with `actual`), then one timed run per `run` line until stdin closes."""
     import torch
 
+    print("ready " + json.dumps(actual), flush=True)
     with torch.inference_mode():
-        while not select.select([sys.stdin], [], [], 0)[0]:
+        for line in sys.stdin:
+            if line.strip() != "run":
+                return
+            t0 = time.perf_counter()
             module(example)
+            print(f"{(time.perf_counter() - t0) * 1e3:.4f}", flush=True)
 
 
 def summarize(samples: list[float]) -> dict[str, float | int]:
@@ -96,8 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--ios-cache", default=None, help="run the model by its IOS schedule (cached here)")
     parser.add_argument("--loaded", action="store_true",
-                        help="one of several copies measured together: ready/go handshake on stdin/stdout, "
-                             "then keep running until stdin closes")
+                        help="one of several copies measured together: say ready, then run once per "
+                             "'run' line on stdin, printing the time, until stdin closes")
     return parser
 
 
@@ -118,34 +117,20 @@ def _prepare(args: argparse.Namespace):
     return prepare(spec, args.batch, graph_mode=not args.eager)
 
 
-def _time_loaded(module, example, args: argparse.Namespace) -> list[float] | None:
-    """The --loaded timing: warm up, say ready, time from go; None when the profiler gave up."""
-    warm_up(module, example, args.warmup)  # before saying ready, so the timed windows start together
-    print("ready", flush=True)
-    if not _wait_for_go():
-        return None
-    return time_model(module, example, 0, args.iters, args.min_time)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _pin([int(c) for c in args.cores.split(",")], args.threads)
     import torch
 
     module, example, mode = _prepare(args)
-    if args.loaded:
-        samples = _time_loaded(module, example, args)
-        if samples is None:
-            return 1
-    else:
-        samples = time_model(module, example, args.warmup, args.iters, args.min_time)
-    # What the process really ran with, so callers can check the pinning took.
+    # What the process really runs with, so callers can check the pinning took.
     actual = {"mode": mode, "cores": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}
-    # A loaded copy also reports its samples: the profiler pools the copies' samples for p50/p99.
-    extra = {"samples_ms": samples} if args.loaded else {}
-    print(json.dumps({**summarize(samples), **actual, **extra}), flush=True)
     if args.loaded:
-        keep_running(module, example)
+        warm_up(module, example, args.warmup)
+        serve_runs(module, example, actual)
+        return 0
+    samples = time_model(module, example, args.warmup, args.iters, args.min_time)
+    print(json.dumps({**summarize(samples), **actual}), flush=True)
     return 0
 
 

@@ -375,3 +375,17 @@ def test_archive_passes_tokenizer_labels_and_body_limit(tmp_path, monkeypatch, p
         with pytest.raises(SystemExit):
             main(["archive", flag, value])
         assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_profile_replay_prints_points_against_the_grid(tmp_path, capsys):
+    full = tmp_path / "full.csv"
+    rows = [f"{t},{b},{10 * b * (0.3 + 0.7 / t):.4f}" for t in range(1, 9) for b in (1, 2, 4, 8, 16, 32, 64)]
+    full.write_text("# model: toy\nthreads,batch,latency_ms\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "replayed.csv"
+    assert main(["profile", "--replay", str(full), "--out", str(out), "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["grid"] == 56 and 0 < body["points"] < 56 and body["out"] == str(out)
+    assert {"fraction", "measure_s", "full_grid_s", "saved_s", "saved"} <= set(body)
+    assert len(cli.load(out).latency) == body["points"]
+    assert main(["profile", "--replay", str(full), "--out", str(out), "--quiet"]) == 0
+    assert f"{body['points']} of the grid's 56 points" in capsys.readouterr().out

@@ -144,7 +144,8 @@ def test_loaded_point_runs_copies_on_disjoint_pinned_cores(started):
     row = profiler.measure(dataclasses.replace(FAST, contention=True), 1, 2, topo)
     assert row["threads"] == 1 and row["batch"] == 2 and row["copies"] == 2
     assert sorted(map(tuple, row["copy_cores"])) == [(c,) for c in topo.cores]  # each copy on its own core
-    assert row["iterations"] == 2 * FAST.iters  # the copies' samples, pooled
+    assert row["iterations"] == FAST.iters  # lockstep rounds, each as slow as the slowest copy
+    assert row["latency_ms"] >= row["copy_ms"] > 0
     assert row["latency_ms"] > 0 and row["isolated_ms"] > 0 and row["mode"] == "script"
     assert set(COLUMNS) <= set(row)
     assert len(started) == 2 and all(copy.proc.returncode == 0 for copy in started)  # stopped by closing stdin
@@ -167,18 +168,19 @@ def test_failed_loaded_point_names_it_and_leaves_no_copy(started, settings, time
     assert len(started) == 2 and all(copy.proc.returncode is not None for copy in started)
 
 
-def test_loaded_copy_keeps_running_until_stdin_closes():
+def test_loaded_copy_runs_once_per_run_line_until_stdin_closes():
     core = detect().cores[-1]
     cmd = [sys.executable, "-m", "packrat.measure", "--model", "tiny", "--threads", "1", "--batch", "1",
-           "--cores", str(core), "--warmup", "1", "--iters", "3", "--loaded"]
+           "--cores", str(core), "--warmup", "1", "--loaded"]
     with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
-        assert proc.stdout.readline().strip() == "ready"  # loaded and warm, waiting for go
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        result = json.loads(proc.stdout.readline())
-        assert result["iterations"] == len(result["samples_ms"]) == 3 and result["cores"] == [core]
+        word, _, actual = proc.stdout.readline().partition(" ")  # loaded and warm, waiting
+        assert word == "ready" and json.loads(actual)["cores"] == [core]
+        for _ in range(3):
+            proc.stdin.write("run\n")
+            proc.stdin.flush()
+            assert float(proc.stdout.readline()) > 0
         time.sleep(0.3)
-        assert proc.poll() is None  # still loading the machine for the copies not done yet
+        assert proc.poll() is None  # idle between rounds, as an instance between batches
         proc.stdin.close()
         assert proc.wait(timeout=30) == 0
 
@@ -204,7 +206,7 @@ def group_members(pgid: int) -> list[int]:
 def test_ctrl_c_leaves_a_valid_file_that_resumes_and_no_copy_running(tmp_path):
     out = tmp_path / "tiny.csv"
     cmd = [sys.executable, "-m", "packrat.cli", "profile", "--model", "tiny", "--threads", "1",
-           "--batches", "1-3", "--warmup", "1", "--iters", "300", "--out", str(out), "--quiet"]
+           "--batches", "1-3", "--warmup", "1", "--iters", "300", "--contention", "--out", str(out), "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     # Interrupt once a point is written and, where there is room for copies, while they run (cli + 2+ copies).
     busy = 3 if len(detect().cores) > 1 else 1
@@ -214,7 +216,7 @@ def test_ctrl_c_leaves_a_valid_file_that_resumes_and_no_copy_running(tmp_path):
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
     _, err = proc.communicate(timeout=30)
-    assert not group_members(proc.pid)  # with contention (the default on 2+ cores) no copy outlives it
+    assert not group_members(proc.pid)  # with contention (copies on 2+ cores) no copy outlives it
     if proc.returncode == 0:
         pytest.skip("profiling finished before the interrupt arrived")
     assert proc.returncode == 130, err
@@ -223,3 +225,59 @@ def test_ctrl_c_leaves_a_valid_file_that_resumes_and_no_copy_running(tmp_path):
     assert 1 <= len(partial.latency) < 3
     subprocess.run(cmd[:cmd.index("--iters") + 1] + ["3"] + cmd[cmd.index("--iters") + 2:], check=True, timeout=120)
     assert sorted(load(out).latency) == [(1, b) for b in range(1, 4)]
+
+
+# ---- adaptive ---------------------------------------------------------------------------------------
+
+def amdahl(t: int, b: int) -> float:
+    """A model whose serial part is a fifth of the work: scaling flattens, so the grid can be cut."""
+    return 10.0 * b * (0.2 + 0.8 / t)
+
+
+def test_adaptive_measures_part_of_the_grid_and_resumes(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_measure(settings, t, b, topology):
+        calls.append((t, b))
+        return {"threads": t, "batch": b, **fake_stats(amdahl(t, b)), "isolated_ms": amdahl(t, b), "copies": 1}
+
+    monkeypatch.setattr(profiler, "measure", fake_measure)
+    out, topo = tmp_path / "adaptive.csv", Topology.virtual(8)
+    threads, batches = list(range(1, 9)), [1, 2, 4, 8, 16, 32]
+    done = profiler.run_adaptive(ISOLATED, threads, batches, out, topology=topo, progress=False)
+    assert done.grid == 48 and done.points == len(calls) < 48
+    assert set(done.profile.latency) == set(calls) and done.measure_s < done.full_grid_s
+    assert done.to_json(out)["points"] == done.points
+    calls.clear()
+    again = profiler.run_adaptive(ISOLATED, threads, batches, out, topology=topo, progress=False)
+    assert calls == [] and again.points == done.points  # everything needed is in the file already
+
+
+def test_adaptive_refuses_more_threads_than_cores(tmp_path):
+    with pytest.raises(ValueError, match="exceeds"):
+        profiler.run_adaptive(ISOLATED, [1, 64], [1], tmp_path / "x.csv", topology=Topology.virtual(2), progress=False)
+
+
+def test_replay_writes_only_the_points_looked_up_with_their_figures(tmp_path):
+    full = tmp_path / "full.csv"
+    with profiler.profile_io.ProfileWriter(full, {"model": "toy", "latency": "loaded"}) as writer:
+        for t in range(1, 9):
+            for b in (1, 2, 4, 8, 16, 32):
+                writer.write({"threads": t, "batch": b, "latency_ms": amdahl(t, b) * 1.1,
+                              "isolated_ms": amdahl(t, b), "copies": 8 // t})
+    out = tmp_path / "replayed.csv"
+    out.write_text("stale\n")  # a replay rewrites its output
+    done = profiler.run_adaptive(FAST, list(range(1, 9)), [1, 2, 4, 8, 16, 32], out, replay=full, progress=False)
+    source = load(full)
+    assert done.points < done.grid == len(source.latency)
+    assert all(source.latency[p] == pytest.approx(v, abs=1e-3) for p, v in done.profile.latency.items())
+    assert all(source.isolated[p] == pytest.approx(v, abs=1e-3) for p, v in done.profile.isolated.items())
+    assert done.profile.loaded and done.profile.metadata["replayed_from"] == str(full)
+    assert done.profile.metadata["model"] == "toy"
+
+
+def test_replay_of_a_point_outside_the_table_names_it(tmp_path):
+    full = tmp_path / "full.csv"
+    full.write_text("threads,batch,latency_ms\n1,1,10\n")
+    with pytest.raises(profiler.ProfilingError, match="threads=1 batch=2"):
+        profiler.run_adaptive(FAST, [1], [1, 2], tmp_path / "out.csv", replay=full, progress=False)

@@ -1,0 +1,80 @@
+"""The adaptive profiler replayed on full tables: how much of the grid it measures, and whether every
+plan comes out as the full table's.
+
+    .venv/bin/python benchmarks/adaptive_replay.py [--max-batch 1024] [--tolerance 0] [FILE ...]
+
+Default files: the eight published 16-core tables in ../shared/reference-profiles. For each, the
+adaptive run looks points up instead of measuring them (`packrat profile --replay`, same code), then
+every plan for T = 1..max threads and B = 1..--max-batch from the looked-up points is compared with the
+plan from the full table, both evaluated on the full table. "floor" is the share of the grid no exact
+method can skip: points whose removal alone makes some plan slower.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from packrat import profiler
+from packrat.planner import Planner
+from packrat.profile import load
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-profiles"
+
+
+def plan_table(items, threads: int, max_batch: int) -> np.ndarray:
+    return Planner(items, threads, max_batch).table
+
+
+def floor(items, threads: int, max_batch: int) -> int:
+    """Points whose absence alone makes some plan slower: each must be measured by any exact method."""
+    full = plan_table(items, threads, max_batch)
+    return sum(bool(np.any(plan_table(items[:k] + items[k + 1:], threads, max_batch) > full * (1 + 1e-12)))
+               for k in range(len(items)))
+
+
+def replay(path: Path, max_batch: int, tolerance: float) -> dict:
+    full = load(path)
+    threads = max(full.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        done = profiler.run_adaptive(profiler.Settings(model=path.stem), full.threads, full.batches,
+                                     Path(tmp) / "adaptive.csv", replay=path, tolerance=tolerance, progress=False)
+    looked_up = [(t, b, full.latency[t, b]) for t, b, _ in done.profile.items()]  # the file keeps 4 decimals
+    whole = plan_table(full.items(), threads, max_batch)
+    partial = plan_table(looked_up, threads, max_batch)
+    finite = np.isfinite(whole)
+    finite[:, 0] = False
+    return {"table": path.stem, "grid": done.grid, "points": done.points, "fraction": done.points / done.grid,
+            "floor": floor(full.items(), threads, max_batch) / done.grid,
+            "worst_plan": float(np.max(partial[finite] / whole[finite])),
+            "time_saved": 1 - done.measure_s / done.full_grid_s}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("files", nargs="*", type=Path)
+    parser.add_argument("--max-batch", type=int, default=1024, help="plans for every B up to this (default: 1024)")
+    parser.add_argument("--tolerance", type=float, default=0.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    files = args.files or sorted(REFERENCE.glob("*_large-batches*.csv"))
+    rows = [replay(path, args.max_batch, args.tolerance) for path in files]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print("| table | points measured | floor (no exact method measures fewer) | every plan as the full table's | "
+          "est. measuring time saved |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        exact = "yes" if r["worst_plan"] <= 1 + 1e-9 else f"no, worst {r['worst_plan'] - 1:+.1%}"
+        print(f"| {r['table']} | {r['points']}/{r['grid']} ({r['fraction']:.0%}) | {r['floor']:.0%} | {exact} | "
+              f"{r['time_saved']:.0%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
