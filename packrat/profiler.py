@@ -370,17 +370,17 @@ def run_adaptive(settings: Settings, threads: list[int], batches: list[int], out
             adaptive.resume(grid, profile_io.load(out).items())
         take = lambda t, b: measure(settings, t, b, topology)  # noqa: E731
     bar = tqdm(total=grid.grid_size, initial=len(grid.measured), disable=not progress, unit="point",
-               bar_format="{desc} {n_fmt}/{total_fmt} of the grid [{elapsed}]")
+               bar_format="{desc}: {n_fmt}/{total_fmt} points of the grid [{elapsed}]")
     with bar, profile_io.ProfileWriter(out, meta) as writer:
         def measure_one(t: int, b: int) -> float:
-            bar.set_description(f"adaptive: threads={t} batch={b}")
+            bar.set_description_str(f"adaptive, measuring threads={t} batch={b}")
             row = take(t, b)
             writer.write(row)
             bar.update()
             return row["latency_ms"]
 
         adaptive.run(grid, measure_one)
-        bar.set_description("adaptive: no other point can change a plan;")
+        bar.set_description_str("adaptive, done")
     return _adaptive_result(settings, grid, profile_io.load(out), topology,
                             profile_io.load(replay).latency if replay else None)
 
