@@ -1,9 +1,14 @@
-"""The IOS runtime's own cost: the plain fx graph vs the same operators run one stage at a
-time by the staged executor (the sequential schedule with its fast path turned off).
+"""The IOS executor's own cost: the plain fx graph vs the same operators run by the executor.
 
-    GOMP_SPINCOUNT=10000 .venv/bin/python benchmarks/ios_overhead.py [--model inception_v3] [--batches 1,8]
+    GOMP_SPINCOUNT=10000 .venv/bin/python benchmarks/ios_overhead.py [--models inception_v3,randwire] [--batches 1,8]
 
-Interleaved rounds in shuffled order in one process, medians (2 threads).
+Three runs of each network, interleaved in shuffled rounds in one process, medians (2 threads):
+- plain graph: the traced module, what PyTorch runs;
+- executor, sequential: the sequential schedule as the executor runs it (consecutive full-width
+  stages fused into one generated function; target: within 3 % of plain);
+- executor, a stage per operator: the same schedule with fusion off, so every operator is its own
+  stage with its own generated function and hand-off; (it - plain) / operators is the fixed cost
+  each stage adds (target: at most 10 µs per operator).
 """
 
 from __future__ import annotations
@@ -21,13 +26,15 @@ from ios_scheduler.runtime import ScheduledModule
 from packrat.models import resolve
 
 
-def measure(model: str, batch: int, threads: int, rounds: int) -> dict[str, float]:
+def measure(model: str, batch: int, threads: int, rounds: int) -> dict:
     spec = resolve(model)
     module, x = spec.build().eval(), spec.example_input(batch)
     graph = capture(module, (x,))
-    staged = ScheduledModule(graph.module, sequential_schedule(graph, threads, batch, model))
-    staged._plain = False  # run it through the stage loop, as a schedule with concurrent stages is run
-    runs = {"plain graph": graph.module, "staged executor": staged}
+    schedule = sequential_schedule(graph, threads, batch, model)
+    fused = ScheduledModule(graph.module, schedule)
+    fused._plain = False  # through the executor even though the schedule is plain
+    per_op = ScheduledModule(graph.module, schedule, fuse=False)
+    runs = {"plain": graph.module, "sequential": fused, "per-operator": per_op}
     samples: dict[str, list[float]] = {name: [] for name in runs}
     order = list(runs)
     with torch.inference_mode():
@@ -40,25 +47,30 @@ def measure(model: str, batch: int, threads: int, rounds: int) -> dict[str, floa
                 start = time.perf_counter()
                 runs[name](x)
                 samples[name].append((time.perf_counter() - start) * 1e3)
-    staged.close()
-    return {name: statistics.median(v) for name, v in samples.items()}
+    fused.close()
+    per_op.close()
+    return {"ops": len(graph.ops), **{name: statistics.median(v) for name, v in samples.items()}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="inception_v3")
+    parser.add_argument("--models", default="inception_v3,randwire")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     random.seed(0)
-    print("| model | batch | plain graph | staged executor | overhead |")
-    print("|---|---|---|---|---|")
-    for batch in map(int, args.batches.split(",")):
-        r = measure(args.model, batch, args.threads, args.rounds)
-        plain, staged = r["plain graph"], r["staged executor"]
-        print(f"| {args.model} | {batch} | {plain:.1f} ms | {staged:.1f} ms | {staged / plain:.2f}× |", flush=True)
+    print("| model | batch | operators | plain | executor, sequential | vs plain | executor, a stage per operator "
+          "| fixed cost per operator |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model in args.models.split(","):
+        for batch in map(int, args.batches.split(",")):
+            r = measure(model, batch, args.threads, args.rounds)
+            per_op_us = (r["per-operator"] - r["plain"]) / r["ops"] * 1e3
+            print(f"| {model} | {batch} | {r['ops']} | {r['plain']:.1f} ms | {r['sequential']:.1f} ms | "
+                  f"{r['sequential'] / r['plain']:.3f}× | {r['per-operator']:.1f} ms | {per_op_us:.1f} µs |",
+                  flush=True)
 
 
 if __name__ == "__main__":

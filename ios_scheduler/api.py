@@ -12,7 +12,8 @@ from torch import fx, nn
 from tqdm import tqdm
 
 from .graph import Graph, capture  # noqa: F401 (capture is part of the API)
-from .runtime import MergeStage, ScheduledModule, WorkerSet, caller_threads, run_group, run_node, time_call
+from .codegen import CompiledGroup, compile_group
+from .runtime import MergeStage, ScheduledModule, WorkerSet, caller_threads, run_node, time_call
 from .schedule import Schedule, StagePlan
 from .search import IOSSearch, Stage
 
@@ -43,12 +44,20 @@ class _StageTimer:
         self.nodes = {n.name: n for n in graph.module.graph.nodes}
         self.measurements = 0
         self.offset = 0  # the search numbers operators within the current part
+        self._compiled: dict[tuple[fx.Node, ...], CompiledGroup] = {}  # groups recur across candidates
 
     def nodes_of(self, ops) -> list[fx.Node]:
         return [self.nodes[name] for op in ops for name in self.graph.ops[self.offset + op].nodes]
 
+    def compiled(self, group) -> CompiledGroup:
+        """The group as the executor runs it: one generated function."""
+        nodes = tuple(self.nodes_of(group))
+        if nodes not in self._compiled:
+            self._compiled[nodes] = compile_group(self.graph.module, nodes)
+        return self._compiled[nodes]
+
     def parallel(self, groups, split) -> float:
-        calls = [lambda g=self.nodes_of(group): run_group(self.graph.module, g, self.env) for group in groups]
+        calls = [lambda g=self.compiled(group): g.run(self.env) for group in groups]
         self.measurements += 1
         with torch.inference_mode():
             return time_call(lambda: self.workers.run(calls, split), self.warmup, self.repeats)
@@ -60,7 +69,7 @@ class _StageTimer:
             return None
         self.measurements += 1
         with torch.inference_mode():
-            return time_call(lambda: self.workers.run([lambda: stage(self.graph.module, self.env)], (threads,)),
+            return time_call(lambda: self.workers.run([lambda: stage(self.env)], (threads,)),
                              self.warmup, self.repeats)
 
 

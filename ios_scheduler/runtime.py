@@ -58,6 +58,7 @@ import torch
 from torch import fx, nn
 from torch.nn import functional as F
 
+from .codegen import compile_group
 from .schedule import Schedule
 
 
@@ -167,11 +168,6 @@ def run_node(gm: fx.GraphModule, node: fx.Node, env: dict) -> None:
         raise ValueError(f"cannot run fx node {node.name} ({node.op})")
 
 
-def run_group(gm: fx.GraphModule, nodes: Sequence[fx.Node], env: dict) -> None:
-    for node in nodes:
-        run_node(gm, node, env)
-
-
 # ---- merged convolutions ------------------------------------------------------------------------
 
 def mergeable(convs: Sequence[nn.Module]) -> bool:
@@ -214,11 +210,12 @@ class MergedConv(nn.Module):
 
 class MergeStage:
     """Operators that start with a convolution of the same tensor: one merged convolution,
-    then each operator's remaining nodes (its batch norm, activation, ...)."""
+    then each operator's remaining nodes (its batch norm, activation, ...), compiled."""
 
-    def __init__(self, groups: Sequence[Sequence[fx.Node]], merged: MergedConv):
+    def __init__(self, gm: fx.GraphModule, groups: Sequence[Sequence[fx.Node]], merged: MergedConv):
         self.groups, self.merged = groups, merged
         self.source = groups[0][0].args[0]
+        self.tails = [compile_group(gm, group[1:]) for group in groups if len(group) > 1]
 
     @classmethod
     def build(cls, gm: fx.GraphModule, groups: Sequence[Sequence[fx.Node]]) -> "MergeStage | None":
@@ -226,12 +223,12 @@ class MergeStage:
         if any(n.op != "call_module" or len(n.args) != 1 for n in heads) or len({n.args[0] for n in heads}) != 1:
             return None
         convs = [gm.get_submodule(n.target) for n in heads]
-        return cls(groups, MergedConv(convs)) if mergeable(convs) else None
+        return cls(gm, groups, MergedConv(convs)) if mergeable(convs) else None
 
-    def __call__(self, gm: fx.GraphModule, env: dict) -> None:
+    def __call__(self, env: dict) -> None:
         env.update(zip((g[0] for g in self.groups), self.merged(env[self.source])))
-        for group in self.groups:
-            run_group(gm, group[1:], env)
+        for tail in self.tails:
+            tail.run(env)
 
 
 # ---- the compiled module ------------------------------------------------------------------------
@@ -239,7 +236,8 @@ class MergeStage:
 class ScheduledModule(nn.Module):
     """The model run stage by stage as the schedule says; callable like the original."""
 
-    def __init__(self, gm: fx.GraphModule, schedule: Schedule, cores: Sequence[int] | None = None):
+    def __init__(self, gm: fx.GraphModule, schedule: Schedule, cores: Sequence[int] | None = None,
+                 fuse: bool = True):
         super().__init__()
         self.gm, self.schedule = gm, schedule
         nodes = {n.name: n for n in gm.graph.nodes}
@@ -251,34 +249,37 @@ class ScheduledModule(nn.Module):
         if sorted(scheduled) != sorted(compute):
             missing = sorted(set(compute) - set(scheduled))[:3]
             raise ValueError(f"schedule does not cover the graph exactly once (e.g. missing {missing})")
-        self._stages = []
-        for stage in schedule.stages:
-            groups = [[nodes[name] for name in group] for group in stage.groups]
-            if stage.kind == "merge":
-                merge = MergeStage.build(gm, groups)
-                if merge is None:
-                    raise ValueError(f"merge stage {[g[0].name for g in groups]} cannot be merged")
-                self._stages.append(("merge", merge, tuple(stage.threads)))
-            else:
-                self._stages.append(("parallel", groups, tuple(stage.threads)))
-        self._release = self._last_uses(schedule)
+        steps = [(stage.kind, [[nodes[name] for name in group] for group in stage.groups], tuple(stage.threads))
+                 for stage in schedule.stages]
+        if fuse:  # off only to measure what a stage costs (benchmarks/ios_overhead.py)
+            steps = _fuse_full_width(steps, schedule.threads)
+        self._stages = [self._compile(gm, kind, groups, extra) for kind, groups, extra in steps]
+        self._release = self._last_uses([[n for group in groups for n in group] for _, groups, _ in steps])
         cores = tuple(cores if cores is not None else sorted(os.sched_getaffinity(0))[:schedule.threads])
         self.workers = WorkerSet(cores)
-        # One op per stage with every thread is plain PyTorch: run the graph itself, no hand-offs.
         self._warned = False
-        self._plain = all(kind == "parallel" and len(groups) == 1 and extra == (schedule.threads,)
-                          for kind, groups, extra in self._stages)
+        # One op per stage with every thread is plain PyTorch: run the graph itself, no hand-offs.
+        self._plain = len(steps) == 1 and steps[0][0] == "parallel" and steps[0][2] == (schedule.threads,)
 
-    def _last_uses(self, schedule: Schedule) -> list[list[fx.Node]]:
-        """For each stage, the values no later stage reads. Dropping them as soon as possible
+    @staticmethod
+    def _compile(gm: fx.GraphModule, kind: str, groups: list[list[fx.Node]], threads: tuple[int, ...]):
+        if kind == "merge":
+            merge = MergeStage.build(gm, groups)
+            if merge is None:
+                raise ValueError(f"merge stage {[g[0].name for g in groups]} cannot be merged")
+            return "merge", merge, threads
+        return "parallel", [compile_group(gm, g) for g in groups], threads
+
+    def _last_uses(self, steps: list[list[fx.Node]]) -> list[list[fx.Node]]:
+        """For each step, the values no later step reads. Dropping them as soon as possible
         lets the allocator reuse their memory while it is in cache, as the plain graph does:
         keeping every intermediate to the end made the staged Inception-v3 1.6x slower."""
-        stage_of = {name: i for i, stage in enumerate(schedule.stages) for group in stage.groups for name in group}
-        release: list[list[fx.Node]] = [[] for _ in schedule.stages]
+        step_of = {node: i for i, step in enumerate(steps) for node in step}
+        release: list[list[fx.Node]] = [[] for _ in steps]
         for node in self.gm.graph.nodes:
             if node.op == "output" or any(user.op == "output" for user in node.users):
                 continue
-            uses = [stage_of[user.name] for user in node.users] + [stage_of.get(node.name, 0)]
+            uses = [step_of[user] for user in node.users] + [step_of.get(node, 0)]
             release[max(uses)].append(node)
         return release
 
@@ -293,19 +294,34 @@ class ScheduledModule(nn.Module):
         env: dict = dict(zip(self._placeholders, args))
         for node in self._attrs:
             run_node(self.gm, node, env)
+        full = (self.schedule.threads,)
         for (kind, groups, extra), done in zip(self._stages, self._release):
             if kind == "merge":
-                self.workers.run([lambda m=groups: m(self.gm, env)], extra)
-            elif len(groups) == 1:
-                self.workers.run([lambda g=groups[0]: run_group(self.gm, g, env)], extra)
+                self.workers.run([lambda m=groups: m(env)], extra)
+            elif extra == full:  # one group on every core: on this thread, no hand-off (WorkerSet.run)
+                groups[0].run(env)
             else:
-                self.workers.run([lambda g=g: run_group(self.gm, g, env) for g in groups], extra)
+                self.workers.run([lambda g=g: g.run(env) for g in groups], extra)
             for node in done:
                 env.pop(node, None)
         return fx.node.map_arg(self._output.args[0], env.__getitem__)
 
     def close(self) -> None:
         self.workers.close()
+
+
+def _fuse_full_width(steps: list, threads: int) -> list:
+    """Consecutive stages of one group on every thread run one after another on the calling
+    thread anyway: join them into one group, so they become one generated function and cost
+    one call, not one per stage (a sequential stretch of a schedule then runs as plain code)."""
+    fused: list = []
+    for kind, groups, split in steps:
+        alone = kind == "parallel" and len(groups) == 1 and split == (threads,)
+        if alone and fused and fused[-1][3]:
+            fused[-1][1][0].extend(groups[0])
+        else:
+            fused.append([kind, [list(g) for g in groups], split, alone])
+    return [(kind, groups, split) for kind, groups, split, _ in fused]
 
 
 def time_call(fn, warmup: int = 2, repeats: int = 5) -> float:
