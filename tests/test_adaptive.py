@@ -43,12 +43,13 @@ def worst_plan_ratio(table: dict[tuple[int, int], float], measured: dict[tuple[i
 
 def amdahl_table(threads: int, batches: list[int], serial: float, growth: float, noise: list[float] | None = None,
                  slower: tuple[int, int] | None = None) -> dict[tuple[int, int], float]:
-    """Amdahl's law with a serial fraction per batch size (larger batches parallelise better),
+    """Amdahl's law with a serial fraction per batch size (larger batches parallelise better, but
+    not so much better that latency falls with the batch: that would break assumption A1),
     optional multiplicative noise, and optionally one point made slower than its neighbour below."""
     table = {}
     for j, b in enumerate(batches):
         work = 10.0 * b ** growth
-        s = serial / (1 + j)
+        s = serial * 0.9 ** j
         for t in range(1, threads + 1):
             table[t, b] = work * (s + (1 - s) / t)
     if noise:

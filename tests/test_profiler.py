@@ -207,7 +207,10 @@ def test_ctrl_c_leaves_a_valid_file_that_resumes_and_no_copy_running(tmp_path):
     out = tmp_path / "tiny.csv"
     cmd = [sys.executable, "-m", "packrat.cli", "profile", "--model", "tiny", "--threads", "1",
            "--batches", "1-3", "--warmup", "1", "--min-time", "5", "--contention", "--out", str(out), "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # Ctrl-C's default action even when this test runs in the background (where SIGINT is ignored and
+    # a child would inherit that), then Python's KeyboardInterrupt.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # Interrupt once a point is written and, where there is room for copies, while they run (cli + 2+ copies).
     busy = 3 if len(detect().cores) > 1 else 1
     deadline, most = time.monotonic() + 60, 0
