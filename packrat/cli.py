@@ -31,16 +31,16 @@ def int_list(text: str) -> list[int]:
     return sorted(values)
 
 
-def positive(kind: type):
-    """argparse type: a number > 0 of the given kind."""
+def positive(kind: type, zero: bool = False):
+    """argparse type: a number > 0 (>= 0 with zero=True) of the given kind."""
 
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        if not (value >= 0 if zero else value > 0):
+            raise argparse.ArgumentTypeError(f"must be {'>=' if zero else '>'} 0, got {text}")
         return value
 
     return parse
@@ -170,11 +170,10 @@ def print_adaptive(done: profiler.AdaptiveResult, out: Path, as_json: bool) -> N
     if as_json:
         print(json.dumps(done.to_json(out), indent=2))
         return
-    estimate = done.to_json(out)
     print(f"{done.points} of the grid's {done.grid} points ({done.points / done.grid:.0%}) in {out}: no other "
           f"point can change a plan")
     print(f"estimated measuring time {_about(done.measure_s)} instead of {_about(done.full_grid_s)} for the "
-          f"full grid ({estimate['saved']:.0%} saved)")
+          f"full grid ({done.saved:.0%} saved)")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -512,25 +511,15 @@ def adaptive_args(p: argparse.ArgumentParser) -> None:
                    help="with --adaptive (implied): look points up in FILE, a full profile (also the published "
                         "Packrat layout), instead of measuring them; --out is rewritten with the points looked up, "
                         "to check the method against the full table")
-    p.add_argument("--slack", type=positive_or_zero, default=None, metavar="S",
+    p.add_argument("--slack", type=positive(float, zero=True), default=None, metavar="S",
                    help=f"with --adaptive: noise allowed in the bounds' assumptions, as a fraction "
                         f"(default: {DEFAULT_SLACK})")
-    p.add_argument("--tolerance", type=positive_or_zero, default=0.0, metavar="F",
+    p.add_argument("--tolerance", type=positive(float, zero=True), default=0.0, metavar="F",
                    help="with --adaptive: stop when no point can improve a plan by more than this fraction "
                         "(default: 0, every plan as the full grid's)")
     p.add_argument("--json", action="store_true",
                    help='with --adaptive: print {"points", "grid", "fraction", "measure_s", "full_grid_s", '
                         '"saved_s", "saved", "out"} (times are estimates)')
-
-
-def positive_or_zero(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -315,11 +315,16 @@ class AdaptiveResult:
     measure_s: float  # estimated time measuring those points takes
     full_grid_s: float  # estimated time the full grid takes (a lower bound when not replayed)
 
+    @property
+    def saved(self) -> float:
+        """The share of the full grid's estimated measuring time not spent."""
+        return 1 - self.measure_s / self.full_grid_s if self.full_grid_s else 0.0
+
     def to_json(self, out: Path) -> dict:
         return {"points": self.points, "grid": self.grid, "fraction": round(self.points / self.grid, 4),
                 "measure_s": round(self.measure_s, 1), "full_grid_s": round(self.full_grid_s, 1),
                 "saved_s": round(self.full_grid_s - self.measure_s, 1),
-                "saved": round(1 - self.measure_s / self.full_grid_s, 4) if self.full_grid_s else 0.0,
+                "saved": round(self.saved, 4),
                 "out": str(out)}
 
 
@@ -355,8 +360,8 @@ def run_adaptive(settings: Settings, threads: list[int], batches: list[int], out
     topology = topology or (Topology.virtual(max(threads)) if replay else detect())
     grid = adaptive.AdaptiveGrid(threads, batches, tolerance=tolerance,
                                  slack=adaptive.DEFAULT_SLACK if slack is None else slack)
-    if replay:
-        source = profile_io.load(replay)
+    source = profile_io.load(replay) if replay else None
+    if source:
         settings = replace(settings, contention=source.loaded)  # for the time estimates
         meta = _replay_metadata(source, Path(replay))
         out.unlink(missing_ok=True)
@@ -382,7 +387,7 @@ def run_adaptive(settings: Settings, threads: list[int], batches: list[int], out
         adaptive.run(grid, measure_one)
         bar.set_description_str("adaptive, done")
     return _adaptive_result(settings, grid, profile_io.load(out), topology,
-                            profile_io.load(replay).latency if replay else None)
+                            source.latency if source else None)
 
 
 def _adaptive_result(settings: Settings, grid, result: profile_io.Profile, topology: Topology,
