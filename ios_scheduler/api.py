@@ -12,15 +12,18 @@ from torch import fx, nn
 from tqdm import tqdm
 
 from .graph import Graph, capture  # noqa: F401 (capture is part of the API)
-from .codegen import CompiledGroup, compile_group
-from .runtime import MergeStage, ScheduledModule, WorkerSet, caller_threads, run_node, time_call
+from .runtime import ScheduledModule, WorkerSet, caller_threads, run_node, time_call
 from .schedule import Schedule, StagePlan
 from .search import IOSSearch, Stage
+from .timing import CostTable, StageTimer
 
 # Parts are cut at single-tensor bottlenecks, so a bound of 12 loses little: Inception-v3 has
 # 1216 states with it against 1208 with 40, but 12,700 stage candidates against 118,992.
 # RandWire and NASNet-A (741 and 625 operators, few bottlenecks) need the bound to finish.
 DEFAULT_MAX_PART_SIZE = 12
+# A candidate is measured against the best known alternative for its operators; its measurement
+# stops after the first runs once their fastest is this far above it (timings are noisy).
+PRUNE_MARGIN = 0.05
 
 
 def _record_values(graph: Graph, example_inputs: tuple) -> dict:
@@ -35,56 +38,23 @@ def _record_values(graph: Graph, example_inputs: tuple) -> dict:
     return env
 
 
-class _StageTimer:
-    """Measures stage candidates on this CPU with the runtime's own workers."""
-
-    def __init__(self, graph: Graph, env: dict, workers: WorkerSet, warmup: int, repeats: int):
-        self.graph, self.env, self.workers = graph, env, workers
-        self.warmup, self.repeats = warmup, repeats
-        self.nodes = {n.name: n for n in graph.module.graph.nodes}
-        self.measurements = 0
-        self.offset = 0  # the search numbers operators within the current part
-        self._compiled: dict[tuple[fx.Node, ...], CompiledGroup] = {}  # groups recur across candidates
-
-    def nodes_of(self, ops) -> list[fx.Node]:
-        return [self.nodes[name] for op in ops for name in self.graph.ops[self.offset + op].nodes]
-
-    def compiled(self, group) -> CompiledGroup:
-        """The group as the executor runs it: one generated function."""
-        nodes = tuple(self.nodes_of(group))
-        if nodes not in self._compiled:
-            self._compiled[nodes] = compile_group(self.graph.module, nodes)
-        return self._compiled[nodes]
-
-    def parallel(self, groups, split) -> float:
-        calls = [lambda g=self.compiled(group): g.run(self.env) for group in groups]
-        self.measurements += 1
-        with torch.inference_mode():
-            return time_call(lambda: self.workers.run(calls, split), self.warmup, self.repeats)
-
-    def merge(self, ops, threads: int) -> float | None:
-        groups = [self.nodes_of((op,)) for op in ops]
-        stage = MergeStage.build(self.graph.module, groups)
-        if stage is None:
-            return None
-        self.measurements += 1
-        with torch.inference_mode():
-            return time_call(lambda: self.workers.run([lambda: stage(self.env)], (threads,)),
-                             self.warmup, self.repeats)
-
-
 def _stage_plan(graph: Graph, part: range, stage: Stage) -> StagePlan:
     def names(ops):
         return tuple(name for op in ops for name in graph.ops[part.start + op].nodes)
 
+    cost = round(stage.cost, 4)
     if stage.kind == "merge":  # one group per merged operator: its convolution, then its tail
-        return StagePlan("merge", tuple(names((op,)) for op in stage.groups[0]), stage.threads)
-    return StagePlan(stage.kind, tuple(names(group) for group in stage.groups), stage.threads)
+        return StagePlan("merge", tuple(names((op,)) for op in stage.groups[0]), stage.threads, cost)
+    return StagePlan(stage.kind, tuple(names(group) for group in stage.groups), stage.threads, cost)
 
 
-def sequential_schedule(graph: Graph, threads: int, batch: int, model: str) -> Schedule:
-    """One operator per stage with every thread: what plain PyTorch does."""
-    return Schedule(model, batch, threads, [StagePlan("parallel", (op.nodes,), (threads,)) for op in graph.ops])
+def sequential_schedule(graph: Graph, threads: int, batch: int, model: str, costs: CostTable | None = None) -> Schedule:
+    """One operator per stage with every thread: what plain PyTorch does (with each stage's
+    measured cost where `costs` has it)."""
+    def cost(op):
+        return costs.costs.get(("parallel", (op.nodes,), (threads,))) if costs is not None else None
+
+    return Schedule(model, batch, threads, [StagePlan("parallel", (op.nodes,), (threads,), cost(op)) for op in graph.ops])
 
 
 def greedy_schedule(graph: Graph, threads: int, batch: int, model: str) -> Schedule:
@@ -102,52 +72,57 @@ def greedy_schedule(graph: Graph, threads: int, batch: int, model: str) -> Sched
 
 def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, threads: int | None = None,
              max_group_size: int = 3, max_num_groups: int = 8, max_part_size: int = DEFAULT_MAX_PART_SIZE,
-             warmup: int = 2, repeats: int = 5, progress: bool = True, name: str | None = None) -> Schedule:
-    """Search an IOS schedule for `module` on this CPU at the example's batch size."""
+             warmup: int = 2, repeats: int = 5, progress: bool = True, name: str | None = None,
+             bounds: CostTable | None = None) -> Schedule:
+    """Search an IOS schedule for `module` on this CPU at the example's batch size.
+
+    `bounds`: the stage costs of an earlier search of the same model and thread count at
+    another batch size (`schedule.costs` of its result), used to skip candidates."""
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
     threads = threads or len(os.sched_getaffinity(0))
-    with caller_threads(threads):
-        return _optimize(module, example_inputs, threads, max_group_size, max_num_groups, max_part_size,
-                         warmup, repeats, progress, name)
-
-
-def _optimize(module, example_inputs, threads, max_group_size, max_num_groups, max_part_size, warmup, repeats,
-              progress, name) -> Schedule:
-    cores = sorted(os.sched_getaffinity(0))[:threads]
+    model = name or type(module).__name__
     started = time.perf_counter()
     graph = capture(module.eval(), example_inputs)
-    env = _record_values(graph, example_inputs)
-    workers = WorkerSet(cores)
-    timer = _StageTimer(graph, env, workers, warmup, repeats)
-    stages, states, predicted, predicted_sequential = [], 0, 0.0, 0.0
-    try:
-        parts = graph.parts(max_part_size)
-        with tqdm(total=len(graph), desc="IOS search", unit="op", disable=not progress) as bar:
-            for part in parts:
-                timer.offset = part.start
-                search = IOSSearch(graph.part_succ(part), threads, timer.parallel, timer.merge,
-                                   max_group_size, max_num_groups)
-                result = search.solve()
-                states += result.states
-                predicted += result.cost
-                predicted_sequential += result.sequential_cost
-                stages += [_stage_plan(graph, part, stage) for stage in result.stages]
-                bar.set_postfix(states=states, measured=timer.measurements)
-                bar.update(len(part))
-    finally:
-        workers.close()
-    batch = example_inputs[0].shape[0]
-    model = name or type(module).__name__
-    schedule = Schedule(model, batch, threads, stages)
-    sequential = sequential_schedule(graph, threads, batch, model)
-    ios_ms, sequential_ms = compare(graph.module, [schedule, sequential], example_inputs)
+    with caller_threads(threads):
+        workers = WorkerSet(sorted(os.sched_getaffinity(0))[:threads])
+        timer = StageTimer(graph, _record_values(graph, example_inputs), workers, model, threads,
+                           example_inputs[0].shape[0], warmup, repeats, bounds)
+        try:
+            schedule = _search(graph, timer, max_group_size, max_num_groups, max_part_size, progress)
+        finally:
+            workers.close()
+        sequential = sequential_schedule(graph, threads, schedule.batch, model, timer.table)
+        ios_ms, sequential_ms = compare(graph.module, [schedule, sequential], example_inputs)
+    schedule.search.update(ios_ms=ios_ms, sequential_ms=sequential_ms)
     if ios_ms > sequential_ms:  # the end-to-end measurement has the last word
         schedule.stages = sequential.stages
-    schedule.search = {"seconds": round(time.perf_counter() - started, 2), "states": states,
-                       "measurements": timer.measurements, "ios_ms": ios_ms, "sequential_ms": sequential_ms,
-                       "predicted_ios_ms": round(predicted, 3), "predicted_sequential_ms": round(predicted_sequential, 3),
+    schedule.search["seconds"] = round(time.perf_counter() - started, 2)
+    schedule.search["kept"] = "sequential" if ios_ms > sequential_ms else "searched"
+    return schedule
+
+
+def _search(graph: Graph, timer: StageTimer, max_group_size: int, max_num_groups: int, max_part_size: int,
+            progress: bool) -> Schedule:
+    """The DP part by part, with the timer's measured costs."""
+    stages: list[StagePlan] = []
+    totals = dict.fromkeys(("states", "stopped_early", "skipped", "predicted_ios_ms", "predicted_sequential_ms"), 0)
+    parts = graph.parts(max_part_size)
+    with tqdm(total=len(graph), desc="IOS search", unit="op", disable=not progress) as bar:
+        for part in parts:
+            timer.offset = part.start
+            search = IOSSearch(graph.part_succ(part), timer.threads, timer.parallel, timer.merge, max_group_size,
+                               max_num_groups, lower_bound=timer.lower_bound, margin=PRUNE_MARGIN)
+            result = search.solve()
+            for key, value in zip(totals, (result.states, result.stopped, result.skipped, result.cost,
+                                           result.sequential_cost)):
+                totals[key] += value
+            stages += [_stage_plan(graph, part, stage) for stage in result.stages]
+            bar.set_postfix(states=totals["states"], measured=timer.measurements)
+            bar.update(len(part))
+    schedule = Schedule(timer.table.model, timer.batch, timer.threads, stages, costs=timer.table)
+    schedule.search = {**{k: round(v, 3) for k, v in totals.items()}, "measurements": timer.measurements,
                        "parts": len(parts), "operators": len(graph)}
     return schedule
 

@@ -33,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"operators per search part, cut at bottlenecks where possible "
                              f"(default: {DEFAULT_MAX_PART_SIZE})")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per stage candidate (default: 5)")
+    parser.add_argument("--costs", type=Path, default=None, metavar="FILE",
+                        help="write the stage costs this search measured here (JSON), to bound a later search of "
+                             "the same model and threads at another batch size")
+    parser.add_argument("--bounds", type=Path, default=None, metavar="FILE",
+                        help="stage costs written by --costs at another batch size: candidates that cannot win "
+                             "even at their bound are not measured")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -48,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from packrat.models import resolve
 
     from . import api
+    from .timing import CostTable
 
     try:
         spec = resolve(args.model)
@@ -59,14 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     module, example = spec.build(), spec.example_input(args.batch)
     kwargs = {"max_part_size": args.max_part_size} if args.max_part_size else {}
     try:
+        bounds = CostTable.load(args.bounds) if args.bounds else None
         schedule = api.optimize(module, (example,), threads, args.max_group_size, args.max_num_groups,
                                 repeats=args.repeats, progress=not (args.quiet or args.json), name=args.model,
-                                **kwargs)
-    except ValueError as exc:
+                                bounds=bounds, **kwargs)
+    except (OSError, ValueError) as exc:
         print(f"ios-schedule: error: {exc}", file=sys.stderr)
         return 2
     if args.out:
         args.out.write_text(schedule.to_json())
+    if args.costs:
+        args.costs.write_text(schedule.costs.to_json())
     report = {"model": args.model, "batch": args.batch, "threads": threads,
               "openmp_env": {key: os.environ.get(key) for key in OPENMP_ENV}, **schedule.search,
               "stages": len(schedule.stages),
@@ -82,9 +92,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"{args.model}, batch {args.batch}, {threads} threads: {report['operators']} operators in "
-          f"{report['parts']} parts; {report['states']} states, {report['measurements']} stage measurements, "
+          f"{report['parts']} parts; {report['states']} states, {report['measurements']} stage measurements "
+          f"({report['stopped_early']} stopped after their first runs, {report['skipped']} candidates skipped "
+          f"by their bounds), "
           f"search {report['seconds']:.1f} s; {report['stages']} stages, {report['parallel_stages']} run several groups")
-    kept = "kept" if report["parallel_stages"] else "no concurrent stage, so it runs as plain PyTorch"
+    if report["kept"] == "sequential":
+        kept = "slower than sequential end to end, so sequential is kept"
+    else:
+        kept = "kept" if report["parallel_stages"] else "no concurrent stage, so it runs as plain PyTorch"
     print(f"  searched schedule: {report['predicted_ios_ms']:.2f} ms by its stage costs "
           f"(sequential {report['predicted_sequential_ms']:.2f}), {report['ios_ms']:.2f} ms end to end "
           f"(sequential {report['sequential_ms']:.2f}): {kept}")

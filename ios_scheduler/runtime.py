@@ -251,10 +251,11 @@ class ScheduledModule(nn.Module):
             raise ValueError(f"schedule does not cover the graph exactly once (e.g. missing {missing})")
         steps = [(stage.kind, [[nodes[name] for name in group] for group in stage.groups], tuple(stage.threads))
                  for stage in schedule.stages]
-        if fuse:  # off only to measure what a stage costs (benchmarks/ios_overhead.py)
-            steps = _fuse_full_width(steps, schedule.threads)
-        self._stages = [self._compile(gm, kind, groups, extra) for kind, groups, extra in steps]
-        self._release = self._last_uses([[n for group in groups for n in group] for _, groups, _ in steps])
+        # off only to measure what a stage costs (benchmarks/ios_overhead.py)
+        steps = _fuse_full_width(steps, schedule.threads) if fuse else [(*s, [i]) for i, s in enumerate(steps)]
+        self._stages = [self._compile(gm, kind, groups, extra) for kind, groups, extra, _ in steps]
+        self.step_stages = [indices for *_, indices in steps]  # the schedule's stages each step runs
+        self._release = self._last_uses([[n for group in groups for n in group] for _, groups, _, _ in steps])
         cores = tuple(cores if cores is not None else sorted(os.sched_getaffinity(0))[:schedule.threads])
         self.workers = WorkerSet(cores)
         self._warned = False
@@ -291,11 +292,22 @@ class ScheduledModule(nn.Module):
                           stacklevel=2)
         if self._plain:
             return self.gm(*args)
+        return self._run(args, None)
+
+    def step_times(self, *args) -> list[float]:
+        """One run, timing each step (ms): a step is a stage, or a stretch of full-width stages
+        run as one (`step_stages` says which)."""
+        times: list[float] = []
+        self._run(args, times)
+        return times
+
+    def _run(self, args: tuple, times: list | None):
         env: dict = dict(zip(self._placeholders, args))
         for node in self._attrs:
             run_node(self.gm, node, env)
         full = (self.schedule.threads,)
         for (kind, groups, extra), done in zip(self._stages, self._release):
+            start = time.perf_counter() if times is not None else 0.0
             if kind == "merge":
                 self.workers.run([lambda m=groups: m(env)], extra)
             elif extra == full:  # one group on every core: on this thread, no hand-off (WorkerSet.run)
@@ -304,6 +316,8 @@ class ScheduledModule(nn.Module):
                 self.workers.run([lambda g=g: g.run(env) for g in groups], extra)
             for node in done:
                 env.pop(node, None)
+            if times is not None:
+                times.append((time.perf_counter() - start) * 1e3)
         return fx.node.map_arg(self._output.args[0], env.__getitem__)
 
     def close(self) -> None:
@@ -313,19 +327,22 @@ class ScheduledModule(nn.Module):
 def _fuse_full_width(steps: list, threads: int) -> list:
     """Consecutive stages of one group on every thread run one after another on the calling
     thread anyway: join them into one group, so they become one generated function and cost
-    one call, not one per stage (a sequential stretch of a schedule then runs as plain code)."""
+    one call, not one per stage (a sequential stretch of a schedule then runs as plain code).
+    Each step is (kind, groups, split, indices of the stages it runs)."""
     fused: list = []
-    for kind, groups, split in steps:
+    for index, (kind, groups, split) in enumerate(steps):
         alone = kind == "parallel" and len(groups) == 1 and split == (threads,)
-        if alone and fused and fused[-1][3]:
+        if alone and fused and fused[-1][4]:
             fused[-1][1][0].extend(groups[0])
+            fused[-1][3].append(index)
         else:
-            fused.append([kind, [list(g) for g in groups], split, alone])
-    return [(kind, groups, split) for kind, groups, split, _ in fused]
+            fused.append([kind, [list(g) for g in groups], split, [index], alone])
+    return [(kind, groups, split, indices) for kind, groups, split, indices, _ in fused]
 
 
-def time_call(fn, warmup: int = 2, repeats: int = 5) -> float:
-    """Median wall time of fn() in ms."""
+def time_call(fn, warmup: int = 2, repeats: int = 5, limit: float = float("inf"), first: int = 2) -> float:
+    """Median wall time of fn() in ms; once the fastest of the `first` timed runs is above
+    `limit` (ms), that time, without the remaining runs: the caller only needs to know it is above."""
     for _ in range(warmup):
         fn()
     samples = []
@@ -333,5 +350,7 @@ def time_call(fn, warmup: int = 2, repeats: int = 5) -> float:
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
+        if len(samples) == first and min(samples) > limit:
+            return min(samples)
     samples.sort()
     return samples[len(samples) // 2]

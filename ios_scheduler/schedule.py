@@ -12,6 +12,7 @@ class StagePlan:
     kind: str  # "parallel": groups run concurrently; "merge": one fused convolution
     groups: tuple[tuple[str, ...], ...]  # fx node names, each group in execution order
     threads: tuple[int, ...]  # threads of each group (merge: one entry)
+    cost: float | None = None  # ms, as the search measured it (None: not searched)
 
 
 @dataclass
@@ -21,15 +22,17 @@ class Schedule:
     threads: int
     stages: list[StagePlan]
     search: dict = field(default_factory=dict)  # seconds, states, measurements, latencies
+    costs: object = field(default=None, repr=False, compare=False)  # the search's timing.CostTable, not saved
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        return json.dumps({"model": self.model, "batch": self.batch, "threads": self.threads,
+                           "stages": [asdict(stage) for stage in self.stages], "search": self.search}, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> "Schedule":
         try:
             data = json.loads(text)
-            stages = [StagePlan(s["kind"], tuple(tuple(g) for g in s["groups"]), tuple(s["threads"]))
+            stages = [StagePlan(s["kind"], tuple(tuple(g) for g in s["groups"]), tuple(s["threads"]), s.get("cost"))
                       for s in data["stages"]]
             return cls(data["model"], int(data["batch"]), int(data["threads"]), stages, data.get("search", {}))
         except (ValueError, KeyError, TypeError) as exc:

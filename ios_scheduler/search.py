@@ -21,16 +21,29 @@ Stage candidates for an ending E:
   tensor fused into one wider convolution); None where E cannot be merged.
 The purely sequential schedule (one operator per stage, every thread) is always among
 the candidates, so the result is never worse than it by the costs given.
+
+Pruning (`prune=True`, the default) measures fewer candidates and finds the same schedule
+whenever costs are exact and add up (tests/test_ios_search.py checks it):
+- **redundant endings**: an ending that is one connected component can only be one group
+  on every thread, which the executor runs exactly as it runs those operators one stage
+  each (consecutive full-width stages are fused), so it is not a candidate;
+- **the best known alternative**: E's operators can always run one by one at the end of S,
+  and S has a best schedule found so far. A candidate is measured against the cheaper of
+  the two (and of E's best candidate so far); the cost function may stop after its first
+  runs once the candidate is clearly above that limit and return its estimate, which the
+  search keeps and measures in full only where it could win;
+- **bounds**: an optional `lower_bound` (e.g. from the same candidate measured at another
+  batch size) skips a candidate, unmeasured, where even its bound cannot win.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Callable, Sequence
 
 Groups = tuple[tuple[int, ...], ...]  # each group: operator indices in execution order
+INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -52,10 +65,16 @@ class SearchResult:
     states: int  # distinct op sets solved
     candidates: int  # stage candidates costed (each a measurement when costs are measured)
     sequential_cost: float = field(default=0.0)
+    stopped: int = 0  # of those, costed only up to their limit (measurements stopped after their first runs)
+    skipped: int = 0  # candidates never measured: their lower bound could not win
 
 
-StageCost = Callable[[Groups, tuple[int, ...]], float]
-MergeCost = Callable[[tuple[int, ...], int], "float | None"]
+# Cost functions get the candidate and a limit: above the limit, any figure above it will do
+# (a measurement may stop after its first runs and return its estimate); None: not possible.
+StageCost = Callable[[Groups, tuple[int, ...], float], float]
+MergeCost = Callable[[tuple[int, ...], int, float], "float | None"]
+LowerBound = Callable[[str, Groups, tuple[int, ...]], "float | None"]
+Candidate = tuple[str, Groups, tuple[int, ...]]  # kind, groups, threads
 
 
 def thread_splits(threads: int, groups: int) -> list[tuple[int, ...]]:
@@ -109,6 +128,10 @@ def _pack(components: list[tuple[int, ...]], max_groups: int, max_size: int) -> 
     return tuple(tuple(sorted(g)) for g in groups)
 
 
+def _ops_of(mask: int) -> tuple[int, ...]:
+    return tuple(op for op in range(mask.bit_length()) if (mask >> op) & 1)
+
+
 class IOSSearch:
     """The DP for one part of a graph.
 
@@ -117,7 +140,8 @@ class IOSSearch:
     """
 
     def __init__(self, succ: Sequence[int], threads: int, stage_cost: StageCost,
-                 merge_cost: MergeCost | None = None, max_group_size: int = 3, max_num_groups: int = 8):
+                 merge_cost: MergeCost | None = None, max_group_size: int = 3, max_num_groups: int = 8,
+                 prune: bool = True, lower_bound: LowerBound | None = None, margin: float = 0.0):
         for op, mask in enumerate(succ):
             if mask & ((1 << (op + 1)) - 1):
                 raise ValueError(f"operator {op} has an edge to an earlier operator: number them topologically")
@@ -125,15 +149,20 @@ class IOSSearch:
         self.stage_cost, self.merge_cost = stage_cost, merge_cost
         self.max_group_size, self.max_num_groups = max_group_size, max_num_groups
         self.max_ending = max_group_size * max_num_groups
-        self.candidates = 0
-        self._stage_cache: dict[int, Stage] = {}
+        self.prune, self.lower_bound = prune, lower_bound
+        self.margin = margin  # measured costs are noisy: stop a measurement only this far above its limit
+        self.candidates = self.stopped = self.skipped = 0
+        self._known: dict[Candidate, tuple[float, bool]] = {}  # candidate -> (cost, exact)
+        self._candidates: dict[int, list[Candidate]] = {}
 
     # ---- endings ------------------------------------------------------------------------------
 
     def endings(self, state: int) -> list[int]:
-        """Every non-empty successor-closed subset of `state` with at most max_ending ops."""
-        ops = [op for op in range(len(self.succ)) if (state >> op) & 1]
+        """Every non-empty successor-closed subset of `state` with at most max_ending ops,
+        smallest first (so the search has a schedule of `state` to compare with early)."""
+        ops = _ops_of(state)
         found: set[int] = set()
+        ordered: list[int] = []
         frontier = {0}
         for _ in range(min(self.max_ending, len(ops))):
             grown = set()
@@ -145,62 +174,100 @@ class IOSSearch:
                         grown.add(ending | bit)
             grown -= found
             found |= grown
+            ordered += sorted(grown)
             frontier = grown
             if not frontier:
                 break
-        return sorted(found)
+        return ordered
 
     # ---- stage candidates ---------------------------------------------------------------------
 
-    def best_stage(self, ending: int) -> Stage | None:
-        """The cheapest way to run the ops of `ending` as one stage (cached by op set)."""
-        if ending in self._stage_cache:
-            return self._stage_cache[ending]
-        ops = tuple(op for op in range(len(self.succ)) if (ending >> op) & 1)
+    def stage_candidates(self, ending: int) -> list[Candidate]:
+        """Ways to run the ops of `ending` as one stage."""
+        if ending not in self._candidates:
+            ops = _ops_of(ending)
+            components = _components(ops, self.succ)
+            found: list[Candidate] = []
+            redundant = self.prune and len(ops) > 1 and len(components) == 1  # see the module docstring
+            groups = None if redundant else _pack(components, self.max_num_groups, self.max_group_size)
+            if groups is not None:
+                found += [("parallel", groups, split) for split in thread_splits(self.threads, len(groups))]
+            if self.merge_cost is not None and len(ops) > 1:
+                found.append(("merge", (ops,), (self.threads,)))
+            self._candidates[ending] = found
+        return self._candidates[ending]
+
+    def cost_of(self, candidate: Candidate, limit: float = INF) -> float:
+        """The candidate's cost; once it is known to be above `limit`, any figure above it."""
+        known = self._known.get(candidate)
+        if known is not None and (known[1] or known[0] > limit):
+            return known[0]
+        kind, groups, split = candidate
+        if self.prune and self.lower_bound is not None:
+            bound = self.lower_bound(kind, groups, split)
+            if bound is not None and bound > limit:
+                self.skipped += 1
+                self._known[candidate] = (bound, False)
+                return bound
+        asked = limit * (1 + self.margin) if self.prune else INF
+        if kind == "merge":
+            cost = self.merge_cost(groups[0], split[0], asked)
+        else:
+            cost = self.stage_cost(groups, split, asked)
+        if cost is None:  # not possible: nothing was measured
+            self._known[candidate] = (INF, True)
+            return INF
+        exact = cost <= asked
+        self.candidates += 1
+        self.stopped += not exact
+        self._known[candidate] = (cost, exact)
+        return cost
+
+    def sequential(self, ending: int) -> float:
+        """The ops of `ending` one by one, each on every thread."""
+        return sum(self.cost_of(("parallel", ((op,),), (self.threads,))) for op in _ops_of(ending))
+
+    def best_stage(self, ending: int, limit: float = INF) -> Stage | None:
+        """The cheapest way to run the ops of `ending` as one stage; candidates that cannot
+        come below `limit` may be left at an estimate above it."""
+        if self.prune:  # running E's ops one by one is always possible instead
+            limit = min(limit, self.sequential(ending))
         best: Stage | None = None
-        groups = _pack(_components(ops, self.succ), self.max_num_groups, self.max_group_size)
-        if groups is not None:
-            for split in thread_splits(self.threads, len(groups)):
-                self.candidates += 1
-                cost = self.stage_cost(groups, split)
-                if best is None or cost < best.cost:
-                    best = Stage("parallel", groups, split, cost)
-        if self.merge_cost is not None and len(ops) > 1:
-            self.candidates += 1
-            cost = self.merge_cost(ops, self.threads)
-            if cost is not None and (best is None or cost < best.cost):
-                best = Stage("merge", (ops,), (self.threads,), cost)
-        self._stage_cache[ending] = best
+        for kind, groups, split in self.stage_candidates(ending):
+            cost = self.cost_of((kind, groups, split), limit if best is None else min(limit, best.cost))
+            if cost < INF and (best is None or cost < best.cost):
+                best = Stage(kind, groups, split, cost)
         return best
 
     # ---- the DP -------------------------------------------------------------------------------
 
     def solve(self, progress: Callable[[int], None] | None = None) -> SearchResult:
         full = (1 << len(self.succ)) - 1
+        memo: dict[int, tuple[float, Stage | None]] = {0: (0.0, None)}
+        sequential = self.sequential(full)  # every op alone: the bound pruning compares with
 
-        @lru_cache(maxsize=None)
-        def cost(state: int) -> tuple[float, int]:
-            """(best cost of scheduling `state`, the last stage's ending)."""
-            if state == 0:
-                return 0.0, 0
+        def cost(state: int) -> float:
+            """Best cost of scheduling `state` (memoised with its last stage)."""
+            if state in memo:
+                return memo[state][0]
             if progress:
                 progress(1)
-            best = (float("inf"), 0)
+            best: tuple[float, Stage | None] = (INF, None)
             for ending in self.endings(state):
-                stage = self.best_stage(ending)
-                if stage is None:
-                    continue
-                total = cost(state & ~ending)[0] + stage.cost
-                if total < best[0]:
-                    best = (total, ending)
-            return best
+                rest = cost(state & ~ending)
+                if self.prune and rest >= best[0]:
+                    continue  # no stage costs less than nothing
+                stage = self.best_stage(ending, best[0] - rest if self.prune else INF)
+                if stage is not None and rest + stage.cost < best[0]:
+                    best = (rest + stage.cost, stage)
+            memo[state] = best
+            return best[0]
 
-        total, _ = cost(full)
+        total = cost(full)
         stages, state = [], full
         while state:
-            _, ending = cost(state)
-            stages.append(self.best_stage(ending))
-            state &= ~ending
+            stage = memo[state][1]
+            stages.append(stage)
+            state &= ~sum(1 << op for op in stage.ops)
         stages.reverse()
-        sequential = sum(self.stage_cost(((op,),), (self.threads,)) for op in range(len(self.succ)))
-        return SearchResult(stages, total, cost.cache_info().currsize, self.candidates, sequential)
+        return SearchResult(stages, total, len(memo) - 1, self.candidates, sequential, self.stopped, self.skipped)

@@ -40,9 +40,9 @@ def test_a_group_reads_its_outside_inputs_and_gives_what_outside_reads():
 def test_consecutive_full_width_stages_fuse_and_others_do_not():
     steps = [("parallel", [[1]], (2,)), ("parallel", [[2]], (2,)), ("parallel", [[3], [4]], (1, 1)),
              ("parallel", [[5]], (2,)), ("merge", [[6], [7]], (2,)), ("parallel", [[8]], (2,))]
-    assert _fuse_full_width(steps, 2) == [("parallel", [[1, 2]], (2,)), ("parallel", [[3], [4]], (1, 1)),
-                                          ("parallel", [[5]], (2,)), ("merge", [[6], [7]], (2,)),
-                                          ("parallel", [[8]], (2,))]
+    assert _fuse_full_width(steps, 2) == [("parallel", [[1, 2]], (2,), [0, 1]), ("parallel", [[3], [4]], (1, 1), [2]),
+                                          ("parallel", [[5]], (2,), [3]), ("merge", [[6], [7]], (2,), [4]),
+                                          ("parallel", [[8]], (2,), [5])]
 
 
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "a-function-per-operator"])

@@ -19,7 +19,7 @@ def synthetic_cost(work: list[float], threads: int):
     """Each op has `work`; a group with k threads runs its ops at speed k^0.6 (diminishing
     returns); a stage takes its slowest group plus a fixed launch overhead per group."""
 
-    def cost(groups, split):
+    def cost(groups, split, limit=float("inf")):
         return max(sum(work[op] for op in g) / (k ** 0.6) for g, k in zip(groups, split)) + 0.3 * len(groups)
 
     return cost
@@ -81,7 +81,7 @@ def test_independent_branches_run_concurrently_when_that_is_cheaper():
 def test_endings_include_overlapping_chain_closures():
     # a → c, b → c, b → d: {c, d} and {b, c, d} are endings; {b} alone is not
     succ = [0b0100, 0b1100, 0, 0]
-    search = IOSSearch(succ, 2, lambda g, s: 1.0)
+    search = IOSSearch(succ, 2, lambda g, s, limit: 1.0)
     endings = set(search.endings(0b1111))
     assert {0b1100, 0b1110, 0b0100, 0b1000, 0b1111, 0b1101} <= endings
     assert 0b0010 not in endings
@@ -89,8 +89,8 @@ def test_endings_include_overlapping_chain_closures():
 
 def test_merge_candidates_are_used_when_cheaper():
     succ = [0b110, 0, 0]  # x → (conv1, conv2)
-    merge = lambda ops, threads: 1.0 if set(ops) == {1, 2} else None  # noqa: E731
-    result = IOSSearch(succ, 2, lambda g, s: 5.0 * sum(map(len, g)), merge_cost=merge).solve()
+    merge = lambda ops, threads, limit: 1.0 if set(ops) == {1, 2} else None  # noqa: E731
+    result = IOSSearch(succ, 2, lambda g, s, limit: 5.0 * sum(map(len, g)), merge_cost=merge).solve()
     assert [s.kind for s in result.stages] == ["parallel", "merge"]
 
 
@@ -102,4 +102,126 @@ def test_thread_splits():
 
 def test_rejects_non_topological_numbering():
     with pytest.raises(ValueError, match="topologically"):
-        IOSSearch([0, 0b1], 1, lambda g, s: 1.0)
+        IOSSearch([0, 0b1], 1, lambda g, s, limit: 1.0)
+
+
+# ---- pruning: the same schedule, fewer measurements ----------------------------------------------
+
+def executor_cost(work: list[float], threads: int, merges: dict):
+    """Costs as the executor incurs them: a group of ops on every thread costs what those ops
+    cost one by one (consecutive full-width stages are fused); a stage of several groups takes
+    its slowest group, slowed by the others sharing the memory bus, plus a hand-off (so no
+    two different schedules cost exactly the same); merges[ops] is the cost of merging those
+    ops, where they can be merged."""
+    def alone(ops, k):
+        return sum(work[op] / k ** 0.6 for op in ops)
+
+    def stage(groups, split, limit=float("inf")):
+        if len(groups) == 1:
+            return alone(groups[0], split[0])
+        times = [alone(g, k) for g, k in zip(groups, split)]
+        return max(times) + 0.15 * (sum(times) - max(times)) + 0.2 + 0.05 * len(groups)
+
+    def merge(ops, k, limit=float("inf")):
+        return merges.get(frozenset(ops))
+
+    return stage, merge
+
+
+def fused(stages, threads: int) -> list:
+    """The stages as the executor runs them: consecutive one-group full-width stages joined (as a
+    set: the order of independent ops within them changes nothing)."""
+    out: list = []
+    for s in stages:
+        alone = s.kind == "parallel" and len(s.groups) == 1 and s.threads == (threads,)
+        if alone and out and out[-1][0] == "sequential":
+            out[-1] = ("sequential", out[-1][1] | set(s.groups[0]))
+        else:
+            out.append(("sequential", set(s.groups[0])) if alone else (s.kind, s.groups, s.threads))
+    return out
+
+
+def random_case(seed: int, n: int, density: float, threads: int):
+    rng = random.Random(seed)
+    succ = random_dag(rng, n, density)
+    work = [rng.uniform(0.2, 5.0) for _ in range(n)]
+    # a few sets of ops fed by the same op may merge, each at a random price
+    merges = {}
+    for op in range(n):
+        users = [u for u in range(n) if (succ[op] >> u) & 1 and not any((succ[v] >> u) & 1 for v in range(n))]
+        if len(users) >= 2 and rng.random() < 0.5:
+            merges[frozenset(users[:2])] = rng.uniform(0.5, 1.2) * sum(work[u] for u in users[:2]) / threads ** 0.6
+    return succ, work, merges
+
+
+def solve(succ, threads, stage, merge, **kwargs):
+    search = IOSSearch(succ, threads, stage, merge, max_group_size=2, max_num_groups=3, **kwargs)
+    return search.solve()
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 9), density=st.floats(0.0, 0.5), threads=st.integers(1, 4))
+def test_pruned_search_finds_the_unpruned_schedule(seed, n, density, threads):
+    succ, work, merges = random_case(seed, n, density, threads)
+    stage, merge = executor_cost(work, threads, merges)
+    full = solve(succ, threads, stage, merge, prune=False)
+    pruned = solve(succ, threads, stage, merge)
+    assert pruned.cost == pytest.approx(full.cost)
+    assert fused(pruned.stages, threads) == fused(full.stages, threads)
+    check_schedule(succ, pruned.stages)
+
+
+def test_pruning_measures_fewer_candidates():
+    succ, work, merges = random_case(7, 11, 0.25, 4)
+    stage, merge = executor_cost(work, 4, merges)
+    full, pruned = solve(succ, 4, stage, merge, prune=False), solve(succ, 4, stage, merge)
+    assert pruned.stopped > 0  # measured against a limit and found clearly above it after its first runs
+    assert pruned.candidates - pruned.stopped < full.candidates / 4  # measured in full
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 9), density=st.floats(0.0, 0.5), threads=st.integers(2, 4))
+def test_measurements_stopped_early_give_the_same_schedule(seed, n, density, threads):
+    """A measurement above its limit may stop with any figure above the limit (here the least
+    informative one): the search measures it in full wherever it could still win."""
+    succ, work, merges = random_case(seed, n, density, threads)
+    stage, merge = executor_cost(work, threads, merges)
+    stops = []
+
+    def stopping(groups, split, limit):
+        cost = stage(groups, split)
+        if cost > limit:
+            stops.append(cost)
+            return limit + 1e-9
+        return cost
+
+    full = solve(succ, threads, stage, merge, prune=False)
+    early = solve(succ, threads, stopping, merge)
+    assert early.cost == pytest.approx(full.cost)
+    assert fused(early.stages, threads) == fused(full.stages, threads)
+    assert all(s.cost == pytest.approx(stage(s.groups, s.threads)) for s in early.stages if s.kind == "parallel")
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 9), density=st.floats(0.0, 0.5), threads=st.integers(2, 4),
+       scale=st.floats(0.3, 1.0))
+def test_lower_bounds_skip_candidates_without_changing_the_schedule(seed, n, density, threads, scale):
+    """Bounds as another batch size gives them: every candidate at least `scale` × its cost."""
+    succ, work, merges = random_case(seed, n, density, threads)
+    stage, merge = executor_cost(work, threads, merges)
+
+    def bound(kind, groups, split):
+        return None if kind == "merge" else scale * stage(groups, split)
+
+    full = solve(succ, threads, stage, merge, prune=False)
+    bounded = solve(succ, threads, stage, merge, lower_bound=bound)
+    plain = solve(succ, threads, stage, merge)
+    assert fused(bounded.stages, threads) == fused(full.stages, threads)
+    assert bounded.candidates <= plain.candidates
+
+
+def test_a_chain_is_not_a_stage_of_its_own():
+    # a → b: running {a, b} as one full-width group is what the executor does for a, then b
+    search = IOSSearch([0b10, 0], 2, lambda g, s, limit: 1.0)
+    assert search.stage_candidates(0b11) == []
+    assert IOSSearch([0b10, 0], 2, lambda g, s, limit: 1.0, prune=False).stage_candidates(0b11)

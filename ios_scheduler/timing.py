@@ -1,0 +1,161 @@
+"""Measuring IOS stage candidates on this CPU, the way the executor will run them, and the
+bounds that let the search skip most of them.
+
+A candidate is timed through the executor's own path: each group one generated function,
+handed to the runtime's pinned workers (a full-width group runs on the calling thread).
+
+Lower bounds (`StageTimer.lower_bound`), each used only to skip a candidate that could not
+win even at its bound:
+- **alone**: running beside other groups never makes a group faster than running alone on
+  the same cores, so a stage costs at least its slowest group's operators timed one by one
+  on that group's thread count (less the hand-offs a group pays once rather than per
+  operator). Where intra-op threading scales well (large convolutions), one core running
+  an operator takes about twice what two take, so a concurrent stage's bound already
+  exceeds running its operators one by one on every thread and the candidate is never timed.
+- **another batch size** (`bounds`, a CostTable from an earlier search of the same model):
+  a candidate at batch b costs at least what it cost at a smaller batch, and at least
+  b / b0 of what it cost at a larger batch b0 (a batch of b0 can always run as b0 / b runs
+  of b), less a slack for noise.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import fx
+
+from .codegen import CompiledGroup, compile_group
+from .graph import Graph
+from .runtime import MergeStage, WorkerSet, time_call
+
+INF = float("inf")
+BOUND_SLACK = 0.1  # a bound from another batch size is lowered by this share (timings are noisy)
+
+Key = tuple[str, tuple[tuple[str, ...], ...], tuple[int, ...]]  # kind, groups as node names, threads
+
+
+@dataclass
+class CostTable:
+    """Stage costs measured in full for one model, batch size and thread count."""
+
+    model: str
+    batch: int
+    threads: int
+    costs: dict[Key, float] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        rows = [[kind, [list(g) for g in groups], list(split), round(ms, 4)]
+                for (kind, groups, split), ms in self.costs.items()]
+        return json.dumps({"model": self.model, "batch": self.batch, "threads": self.threads, "costs": rows})
+
+    @classmethod
+    def from_json(cls, text: str) -> "CostTable":
+        try:
+            data = json.loads(text)
+            costs = {(kind, tuple(tuple(g) for g in groups), tuple(split)): float(ms)
+                     for kind, groups, split, ms in data["costs"]}
+            return cls(str(data["model"]), int(data["batch"]), int(data["threads"]), costs)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"not a stage cost table: {type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostTable":
+        return cls.from_json(Path(path).read_text())
+
+    def bound(self, key: Key, batch: int) -> float | None:
+        """A lower bound on the candidate's cost at `batch`, or None where it was not measured."""
+        ms = self.costs.get(key)
+        if ms is None:
+            return None
+        scale = 1.0 if batch >= self.batch else batch / self.batch
+        return ms * scale * (1 - BOUND_SLACK)
+
+
+class StageTimer:
+    """Times the stage candidates of one graph on the example input's values (`env`)."""
+
+    def __init__(self, graph: Graph, env: dict, workers: WorkerSet, model: str, threads: int, batch: int,
+                 warmup: int, repeats: int, bounds: CostTable | None = None):
+        self.graph, self.env, self.workers = graph, env, workers
+        self.threads, self.batch = threads, batch
+        self.warmup, self.repeats = warmup, repeats
+        if bounds is not None and (bounds.model, bounds.threads) != (model, threads):
+            raise ValueError(f"stage costs of {bounds.model} on {bounds.threads} threads cannot bound "
+                             f"{model} on {threads}")
+        self.bounds = bounds
+        self.nodes = {n.name: n for n in graph.module.graph.nodes}
+        self.measurements = 0
+        self.offset = 0  # the search numbers operators within the current part
+        self.table = CostTable(model, batch, threads)
+        self._compiled: dict[tuple[fx.Node, ...], CompiledGroup] = {}  # groups recur across candidates
+        self._alone: dict[tuple[int, int], float] = {}
+        self._handoff: dict[int, float] = {}
+
+    # ---- candidates ----------------------------------------------------------------------------
+
+    def nodes_of(self, ops) -> list[fx.Node]:
+        return [self.nodes[name] for op in ops for name in self.graph.ops[self.offset + op].nodes]
+
+    def key(self, kind: str, groups, split) -> Key:
+        return kind, tuple(tuple(n.name for n in self.nodes_of(g)) for g in groups), tuple(split)
+
+    def compiled(self, group) -> CompiledGroup:
+        """The group as the executor runs it: one generated function."""
+        nodes = tuple(self.nodes_of(group))
+        if nodes not in self._compiled:
+            self._compiled[nodes] = compile_group(self.graph.module, nodes)
+        return self._compiled[nodes]
+
+    def parallel(self, groups, split, limit: float = INF) -> float:
+        calls = [lambda g=self.compiled(group): g.run(self.env) for group in groups]
+        return self._time(self.key("parallel", groups, split), lambda: self.workers.run(calls, split), limit)
+
+    def merge(self, ops, threads: int, limit: float = INF) -> float | None:
+        stage = MergeStage.build(self.graph.module, [self.nodes_of((op,)) for op in ops])
+        if stage is None:
+            return None
+        run = lambda: self.workers.run([lambda: stage(self.env)], (threads,))  # noqa: E731
+        return self._time(self.key("merge", (ops,), (threads,)), run, limit)
+
+    def _time(self, key: Key, fn, limit: float) -> float:
+        self.measurements += 1
+        with torch.inference_mode():
+            ms = time_call(fn, self.warmup, self.repeats, limit)
+        if ms <= limit:  # measured in full: worth keeping for other batch sizes
+            self.table.costs[key] = ms
+        return ms
+
+    # ---- bounds --------------------------------------------------------------------------------
+
+    def lower_bound(self, kind: str, groups, split) -> float | None:
+        bounds = []
+        if self.bounds is not None:
+            bounds.append(self.bounds.bound(self.key(kind, groups, split), self.batch))
+        if kind == "parallel" and len(groups) > 1:
+            bounds.append(max(self.alone_group(g, k) for g, k in zip(groups, split)))
+        bounds = [b for b in bounds if b is not None]
+        return max(bounds) if bounds else None
+
+    def alone_group(self, group, threads: int) -> float:
+        """What the group's operators cost one by one on `threads` cores with nothing beside them,
+        as one hand-off: a floor for the group in any stage."""
+        ops = [self.alone(op, threads) for op in group]
+        return sum(ops) - (len(ops) - 1) * self.handoff(threads)
+
+    def alone(self, op: int, threads: int) -> float:
+        key = (self.offset + op, threads)
+        if key not in self._alone:
+            call = lambda g=self.compiled((op,)): g.run(self.env)  # noqa: E731
+            self.measurements += 1
+            with torch.inference_mode():
+                self._alone[key] = time_call(lambda: self.workers.run([call], (threads,)), self.warmup, self.repeats)
+        return self._alone[key]
+
+    def handoff(self, threads: int) -> float:
+        """The fixed cost of running nothing through the executor's path for one group."""
+        if threads not in self._handoff:
+            self._handoff[threads] = time_call(lambda: self.workers.run([lambda: None], (threads,)), 5, 21)
+        return self._handoff[threads]
