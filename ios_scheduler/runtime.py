@@ -340,13 +340,19 @@ def _fuse_full_width(steps: list, threads: int) -> list:
     return [(kind, groups, split, indices) for kind, groups, split, indices, _ in fused]
 
 
-def time_call(fn, warmup: int = 2, repeats: int = 5, limit: float = float("inf"), first: int = 2) -> float:
+def time_call(fn, warmup: int = 2, repeats: int = 5, limit: float = float("inf"), first: int = 2,
+              setup=None) -> float:
     """Median wall time of fn() in ms; once the fastest of the `first` timed runs is above
-    `limit` (ms), that time, without the remaining runs: the caller only needs to know it is above."""
+    `limit` (ms), that time, without the remaining runs: the caller only needs to know it is above.
+    `setup()`, if given, runs untimed before every run."""
     for _ in range(warmup):
+        if setup is not None:
+            setup()
         fn()
     samples = []
     for _ in range(repeats):
+        if setup is not None:
+            setup()
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e3)

@@ -67,6 +67,7 @@ class SearchResult:
     sequential_cost: float = field(default=0.0)
     stopped: int = 0  # of those, costed only up to their limit (measurements stopped after their first runs)
     skipped: int = 0  # candidates never measured: their lower bound could not win
+    confirmed: int = 0  # chosen stages measured a second time
 
 
 # Cost functions get the candidate and a limit: above the limit, any figure above it will do
@@ -141,7 +142,8 @@ class IOSSearch:
 
     def __init__(self, succ: Sequence[int], threads: int, stage_cost: StageCost,
                  merge_cost: MergeCost | None = None, max_group_size: int = 3, max_num_groups: int = 8,
-                 prune: bool = True, lower_bound: LowerBound | None = None, margin: float = 0.0):
+                 prune: bool = True, lower_bound: LowerBound | None = None, margin: float = 0.0,
+                 confirm: bool = False):
         for op, mask in enumerate(succ):
             if mask & ((1 << (op + 1)) - 1):
                 raise ValueError(f"operator {op} has an edge to an earlier operator: number them topologically")
@@ -151,6 +153,7 @@ class IOSSearch:
         self.max_ending = max_group_size * max_num_groups
         self.prune, self.lower_bound = prune, lower_bound
         self.margin = margin  # measured costs are noisy: stop a measurement only this far above its limit
+        self.confirm = confirm  # measure chosen stages again (see solve)
         self.candidates = self.stopped = self.skipped = 0
         self._known: dict[Candidate, tuple[float, bool]] = {}  # candidate -> (cost, exact)
         self._candidates: dict[int, list[Candidate]] = {}
@@ -242,9 +245,28 @@ class IOSSearch:
     # ---- the DP -------------------------------------------------------------------------------
 
     def solve(self, progress: Callable[[int], None] | None = None) -> SearchResult:
+        """The DP; then, where `confirm` is set, every stage it chose (other than one operator on
+        every thread) is measured again and the DP re-run until its choice stands on second
+        measurements: the minimum over thousands of noisy timings is biased low, so a stage
+        chosen for one lucky timing would otherwise make the schedule look faster than it runs."""
         full = (1 << len(self.succ)) - 1
-        memo: dict[int, tuple[float, Stage | None]] = {0: (0.0, None)}
         sequential = self.sequential(full)  # every op alone: the bound pruning compares with
+        confirmed: set[Candidate] = set()
+        while True:
+            stages, total, states = self._solve_once(full, progress)
+            doubtful = [c for c in map(_candidate, stages)
+                        if c not in confirmed and not (len(c[1]) == 1 and len(c[1][0]) == 1 and c[0] == "parallel")]
+            if not self.confirm or not doubtful:
+                return SearchResult(stages, total, states, self.candidates, sequential, self.stopped, self.skipped,
+                                    len(confirmed))
+            for candidate in doubtful:
+                del self._known[candidate]
+                self.cost_of(candidate)
+                confirmed.add(candidate)
+            progress = None  # the states were counted on the first pass
+
+    def _solve_once(self, full: int, progress) -> tuple[list[Stage], float, int]:
+        memo: dict[int, tuple[float, Stage | None]] = {0: (0.0, None)}
 
         def cost(state: int) -> float:
             """Best cost of scheduling `state` (memoised with its last stage)."""
@@ -270,4 +292,8 @@ class IOSSearch:
             stages.append(stage)
             state &= ~sum(1 << op for op in stage.ops)
         stages.reverse()
-        return SearchResult(stages, total, len(memo) - 1, self.candidates, sequential, self.stopped, self.skipped)
+        return stages, total, len(memo) - 1
+
+
+def _candidate(stage: Stage) -> Candidate:
+    return stage.kind, stage.groups, stage.threads

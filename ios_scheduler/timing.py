@@ -21,6 +21,7 @@ win even at its bound:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +40,8 @@ Key = tuple[str, tuple[tuple[str, ...], ...], tuple[int, ...]]  # kind, groups a
 
 @dataclass
 class CostTable:
-    """Stage costs measured in full for one model, batch size and thread count."""
+    """Stage costs measured for one model, batch size and thread count (medians, or for
+    measurements stopped early the fastest of their first runs)."""
 
     model: str
     batch: int
@@ -93,25 +95,31 @@ class StageTimer:
         self._compiled: dict[tuple[fx.Node, ...], CompiledGroup] = {}  # groups recur across candidates
         self._alone: dict[tuple[int, int], float] = {}
         self._handoff: dict[int, float] = {}
+        self._switch: float | None = None
 
     # ---- candidates ----------------------------------------------------------------------------
 
-    def nodes_of(self, ops) -> list[fx.Node]:
-        return [self.nodes[name] for op in ops for name in self.graph.ops[self.offset + op].nodes]
+    def nodes_of(self, ops, offset: int | None = None) -> list[fx.Node]:
+        offset = self.offset if offset is None else offset
+        return [self.nodes[name] for op in ops for name in self.graph.ops[offset + op].nodes]
 
     def key(self, kind: str, groups, split) -> Key:
         return kind, tuple(tuple(n.name for n in self.nodes_of(g)) for g in groups), tuple(split)
 
-    def compiled(self, group) -> CompiledGroup:
+    def compiled(self, group, offset: int | None = None) -> CompiledGroup:
         """The group as the executor runs it: one generated function."""
-        nodes = tuple(self.nodes_of(group))
+        nodes = tuple(self.nodes_of(group, offset))
         if nodes not in self._compiled:
             self._compiled[nodes] = compile_group(self.graph.module, nodes)
         return self._compiled[nodes]
 
     def parallel(self, groups, split, limit: float = INF) -> float:
         calls = [lambda g=self.compiled(group): g.run(self.env) for group in groups]
-        return self._time(self.key("parallel", groups, split), lambda: self.workers.run(calls, split), limit)
+        key = self.key("parallel", groups, split)
+        if len(groups) == 1 and tuple(split) == (self.threads,):  # on the calling thread, fused with its neighbours
+            return self._time(key, lambda: self.workers.run(calls, split), limit)
+        switch = self.switch_cost()
+        return self._time(key, lambda: self.workers.run(calls, split), limit - switch) + switch
 
     def merge(self, ops, threads: int, limit: float = INF) -> float | None:
         stage = MergeStage.build(self.graph.module, [self.nodes_of((op,)) for op in ops])
@@ -124,9 +132,32 @@ class StageTimer:
         self.measurements += 1
         with torch.inference_mode():
             ms = time_call(fn, self.warmup, self.repeats, limit)
-        if ms <= limit:  # measured in full: worth keeping for other batch sizes
-            self.table.costs[key] = ms
+        self.table.costs[key] = ms  # a median, or (stopped early) the fastest of the first runs: both bound it
         return ms
+
+    def switch_cost(self, rounds: int = 15) -> float:
+        """What a concurrent stage costs beyond its own time when it sits between full-width
+        operators, as it does in a schedule: the full-width team still spinning on the cores the
+        stage's workers need, then asleep when the next operator wants it. Measured once, as
+        t(F then P) - t(F) - t(P) in interleaved rounds (medians), where F is a full-width
+        stretch of the graph's first operators and P a stage of two groups, each one of the
+        graph's operators with the largest outputs."""
+        if self._switch is None:
+            stretch = self.compiled(range(min(len(self.graph.ops), 30)), 0)
+            ops = sorted(range(len(self.graph.ops)), key=lambda op: -_size(self.graph.ops[op].shape))[:2]
+            half = (max(1, self.threads // 2), max(1, self.threads - self.threads // 2))
+            pair = [lambda g=self.compiled((op,), 0): g.run(self.env) for op in ops]
+            full = lambda: stretch.run(self.env)  # noqa: E731
+            stage = lambda: self.workers.run(pair, half)  # noqa: E731
+            samples = {"F": [], "P": [], "FP": []}
+            with torch.inference_mode():
+                for _ in range(rounds):
+                    samples["F"].append(time_call(full, 1, 1))
+                    samples["P"].append(time_call(stage, 1, 1))
+                    samples["FP"].append(time_call(lambda: (full(), stage()), 1, 1))
+            median = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
+            self._switch = max(0.0, median["FP"] - median["F"] - median["P"])
+        return self._switch
 
     # ---- bounds --------------------------------------------------------------------------------
 
@@ -142,13 +173,14 @@ class StageTimer:
     def alone_group(self, group, threads: int) -> float:
         """What the group's operators cost one by one on `threads` cores with nothing beside them,
         as one hand-off: a floor for the group in any stage."""
-        ops = [self.alone(op, threads) for op in group]
+        ops = [self.alone(self.offset + op, threads) for op in group]
         return sum(ops) - (len(ops) - 1) * self.handoff(threads)
 
     def alone(self, op: int, threads: int) -> float:
-        key = (self.offset + op, threads)
+        """Operator `op` (numbered in the whole graph) alone on `threads` cores."""
+        key = (op, threads)
         if key not in self._alone:
-            call = lambda g=self.compiled((op,)): g.run(self.env)  # noqa: E731
+            call = lambda g=self.compiled((op,), 0): g.run(self.env)  # noqa: E731
             self.measurements += 1
             with torch.inference_mode():
                 self._alone[key] = time_call(lambda: self.workers.run([call], (threads,)), self.warmup, self.repeats)
@@ -159,3 +191,7 @@ class StageTimer:
         if threads not in self._handoff:
             self._handoff[threads] = time_call(lambda: self.workers.run([lambda: None], (threads,)), 5, 21)
         return self._handoff[threads]
+
+
+def _size(shape) -> int:
+    return math.prod(shape) if shape else 0

@@ -128,17 +128,12 @@ def executor_cost(work: list[float], threads: int, merges: dict):
     return stage, merge
 
 
-def fused(stages, threads: int) -> list:
-    """The stages as the executor runs them: consecutive one-group full-width stages joined (as a
-    set: the order of independent ops within them changes nothing)."""
-    out: list = []
-    for s in stages:
-        alone = s.kind == "parallel" and len(s.groups) == 1 and s.threads == (threads,)
-        if alone and out and out[-1][0] == "sequential":
-            out[-1] = ("sequential", out[-1][1] | set(s.groups[0]))
-        else:
-            out.append(("sequential", set(s.groups[0])) if alone else (s.kind, s.groups, s.threads))
-    return out
+def concurrent(stages, threads: int) -> list:
+    """What distinguishes two schedules the executor runs alike: their stages other than one
+    group on every thread (those run as plain code, fused with their neighbours, and where
+    independent ones go, before or after a concurrent stage, costs the same)."""
+    return sorted((s.kind, s.groups, s.threads) for s in stages
+                  if not (s.kind == "parallel" and len(s.groups) == 1 and s.threads == (threads,)))
 
 
 def random_case(seed: int, n: int, density: float, threads: int):
@@ -160,14 +155,14 @@ def solve(succ, threads, stage, merge, **kwargs):
 
 
 @settings(max_examples=80, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(1, 9), density=st.floats(0.0, 0.5), threads=st.integers(1, 4))
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 9), density=st.floats(0.0, 0.5), threads=st.integers(2, 4))
 def test_pruned_search_finds_the_unpruned_schedule(seed, n, density, threads):
     succ, work, merges = random_case(seed, n, density, threads)
     stage, merge = executor_cost(work, threads, merges)
     full = solve(succ, threads, stage, merge, prune=False)
     pruned = solve(succ, threads, stage, merge)
     assert pruned.cost == pytest.approx(full.cost)
-    assert fused(pruned.stages, threads) == fused(full.stages, threads)
+    assert concurrent(pruned.stages, threads) == concurrent(full.stages, threads)
     check_schedule(succ, pruned.stages)
 
 
@@ -198,7 +193,7 @@ def test_measurements_stopped_early_give_the_same_schedule(seed, n, density, thr
     full = solve(succ, threads, stage, merge, prune=False)
     early = solve(succ, threads, stopping, merge)
     assert early.cost == pytest.approx(full.cost)
-    assert fused(early.stages, threads) == fused(full.stages, threads)
+    assert concurrent(early.stages, threads) == concurrent(full.stages, threads)
     assert all(s.cost == pytest.approx(stage(s.groups, s.threads)) for s in early.stages if s.kind == "parallel")
 
 
@@ -216,7 +211,7 @@ def test_lower_bounds_skip_candidates_without_changing_the_schedule(seed, n, den
     full = solve(succ, threads, stage, merge, prune=False)
     bounded = solve(succ, threads, stage, merge, lower_bound=bound)
     plain = solve(succ, threads, stage, merge)
-    assert fused(bounded.stages, threads) == fused(full.stages, threads)
+    assert concurrent(bounded.stages, threads) == concurrent(full.stages, threads)
     assert bounded.candidates <= plain.candidates
 
 
@@ -225,3 +220,24 @@ def test_a_chain_is_not_a_stage_of_its_own():
     search = IOSSearch([0b10, 0], 2, lambda g, s, limit: 1.0)
     assert search.stage_candidates(0b11) == []
     assert IOSSearch([0b10, 0], 2, lambda g, s, limit: 1.0, prune=False).stage_candidates(0b11)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 9), density=st.floats(0.0, 0.5), threads=st.integers(2, 4))
+def test_confirmed_choices_are_optimal_despite_lucky_first_timings(seed, n, density, threads):
+    """Each concurrent stage's first timing comes out at half its cost (a lucky run), later ones
+    exact: measuring the chosen stages again makes the schedule optimal by the true costs."""
+    succ, work, merges = random_case(seed, n, density, threads)
+    stage, merge = executor_cost(work, threads, merges)
+    timed: set = set()
+
+    def lucky_first(groups, split, limit):
+        first = (groups, split) not in timed
+        timed.add((groups, split))
+        return stage(groups, split) * (0.5 if first and len(groups) > 1 else 1.0)
+
+    truth = solve(succ, threads, stage, merge, prune=False)
+    confirmed = solve(succ, threads, lucky_first, merge, confirm=True)
+    assert sum(stage(s.groups, s.threads) if s.kind == "parallel" else merge(s.ops, s.threads[0])
+               for s in confirmed.stages) == pytest.approx(truth.cost)
+    assert confirmed.cost == pytest.approx(truth.cost)
