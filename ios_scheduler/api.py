@@ -127,7 +127,8 @@ def _search(graph: Graph, timer: StageTimer, max_group_size: int, max_num_groups
             bar.update(len(part))
     schedule = Schedule(timer.table.model, timer.batch, timer.threads, stages, costs=timer.table)
     schedule.search = {**{k: round(v, 3) for k, v in totals.items()}, "measurements": timer.measurements,
-                       "parts": len(parts), "operators": len(graph)}
+                       "parts": len(parts), "operators": len(graph),
+                       "switch_ms": None if timer.switch is None else round(timer.switch, 4)}
     return schedule
 
 

@@ -95,7 +95,7 @@ class StageTimer:
         self._compiled: dict[tuple[fx.Node, ...], CompiledGroup] = {}  # groups recur across candidates
         self._alone: dict[tuple[int, int], float] = {}
         self._handoff: dict[int, float] = {}
-        self._switch: float | None = None
+        self.switch: float | None = None  # measured at the first concurrent candidate
 
     # ---- candidates ----------------------------------------------------------------------------
 
@@ -135,29 +135,32 @@ class StageTimer:
         self.table.costs[key] = ms  # a median, or (stopped early) the fastest of the first runs: both bound it
         return ms
 
-    def switch_cost(self, rounds: int = 15) -> float:
+    def switch_cost(self, rounds: int = 31) -> float:
         """What a concurrent stage costs beyond its own time when it sits between full-width
         operators, as it does in a schedule: the full-width team still spinning on the cores the
         stage's workers need, then asleep when the next operator wants it. Measured once, as
         t(F then P) - t(F) - t(P) in interleaved rounds (medians), where F is a full-width
-        stretch of the graph's first operators and P a stage of two groups, each one of the
-        graph's operators with the largest outputs."""
-        if self._switch is None:
-            stretch = self.compiled(range(min(len(self.graph.ops), 30)), 0)
-            ops = sorted(range(len(self.graph.ops)), key=lambda op: -_size(self.graph.ops[op].shape))[:2]
-            half = (max(1, self.threads // 2), max(1, self.threads - self.threads // 2))
+        stretch of eight operators from the middle of the graph and P a stage of two groups,
+        each one operator of median output size (typical of the stages the search weighs;
+        larger ones would bury the switch in their own noise)."""
+        if self.switch is None:
+            count = len(self.graph.ops)
+            stretch = self.compiled(range(count // 2, min(count, count // 2 + 8)), 0)
+            by_size = sorted(range(count), key=lambda op: _size(self.graph.ops[op].shape))
+            ops = by_size[count // 2:count // 2 + 2] or by_size[:1]
+            half = (max(1, self.threads // 2), max(1, self.threads - self.threads // 2))[:len(ops)]
             pair = [lambda g=self.compiled((op,), 0): g.run(self.env) for op in ops]
             full = lambda: stretch.run(self.env)  # noqa: E731
             stage = lambda: self.workers.run(pair, half)  # noqa: E731
-            samples = {"F": [], "P": [], "FP": []}
+            samples: dict[str, list[float]] = {"F": [], "P": [], "FP": []}
             with torch.inference_mode():
                 for _ in range(rounds):
                     samples["F"].append(time_call(full, 1, 1))
                     samples["P"].append(time_call(stage, 1, 1))
                     samples["FP"].append(time_call(lambda: (full(), stage()), 1, 1))
             median = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
-            self._switch = max(0.0, median["FP"] - median["F"] - median["P"])
-        return self._switch
+            self.switch = max(0.0, median["FP"] - median["F"] - median["P"])
+        return self.switch
 
     # ---- bounds --------------------------------------------------------------------------------
 

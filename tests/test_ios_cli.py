@@ -35,3 +35,18 @@ def test_search_compare_and_write_a_schedule(tmp_path):
 def test_unknown_model_is_a_one_line_error():
     done = ios_schedule("--model", "no_such_net")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no_such_net" in done.stderr
+
+
+def test_costs_of_one_batch_size_bound_the_search_at_another(tmp_path):
+    costs = tmp_path / "b2.json"
+    first = ios_schedule("--model", "tiny", "--batch", "2", "--threads", "2", "--costs", str(costs), "--json",
+                         "--repeats", "2")
+    assert first.returncode == 0, first.stderr
+    table = json.loads(costs.read_text())
+    assert (table["model"], table["batch"], table["threads"]) == ("tiny", 2, 2) and table["costs"]
+    second = ios_schedule("--model", "tiny", "--batch", "4", "--threads", "2", "--bounds", str(costs), "--json",
+                          "--repeats", "2")
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout)["kept"] in ("searched", "sequential")
+    wrong = ios_schedule("--model", "squeezenet", "--batch", "1", "--threads", "2", "--bounds", str(costs))
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "cannot bound" in wrong.stderr
