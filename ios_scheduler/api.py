@@ -24,6 +24,9 @@ DEFAULT_MAX_PART_SIZE = 12
 # A candidate is measured against the best known alternative for its operators; its measurement
 # stops after the first runs once their fastest is this far above it (timings are noisy).
 PRUNE_MARGIN = 0.05
+# The searched schedule is kept only when it runs clearly faster end to end than plain
+# PyTorch: a tie within the timing noise would buy worker threads and risk for nothing.
+KEEP_MARGIN = 0.02
 
 
 def _record_values(graph: Graph, example_inputs: tuple) -> dict:
@@ -78,8 +81,9 @@ def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.T
 
     `bounds`: the stage costs of an earlier search of the same model and thread count at
     another batch size (`schedule.costs` of its result), used to skip candidates.
-    `check`: run the searched schedule and the sequential one end to end and keep the faster
-    (off: the searched schedule as it is, e.g. to study its stage costs)."""
+    `check`: run the searched schedule and the sequential one end to end and keep the searched
+    one only if it is clearly (KEEP_MARGIN) faster (off: the searched schedule as it is, e.g.
+    to study its stage costs)."""
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
@@ -98,7 +102,7 @@ def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.T
         if check:
             sequential = sequential_schedule(graph, threads, schedule.batch, model, timer.table)
             ios_ms, sequential_ms = compare(graph.module, [schedule, sequential], example_inputs)
-            kept = "sequential" if ios_ms > sequential_ms else "searched"
+            kept = "searched" if ios_ms < sequential_ms * (1 - KEEP_MARGIN) else "sequential"
             schedule.search.update(ios_ms=ios_ms, sequential_ms=sequential_ms, kept=kept)
             if kept == "sequential":  # the end-to-end measurement has the last word
                 schedule.stages = sequential.stages

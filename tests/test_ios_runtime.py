@@ -89,8 +89,10 @@ def test_optimize_then_compile_equals_the_original():
     schedule = ios_scheduler.optimize(module, x, threads=len(CORES), repeats=2, warmup=1, progress=False)
     search = schedule.search
     assert search["states"] > 0 and search["measurements"] > 0 and search["operators"] > 0
-    if search["ios_ms"] > search["sequential_ms"]:  # never slower by its own measurements
+    if search["kept"] == "sequential":  # the searched schedule was not clearly faster by its own measurements
         assert all(len(s.groups) == 1 and s.threads == (len(CORES),) for s in schedule.stages)
+    else:
+        assert search["ios_ms"] < search["sequential_ms"]
     compiled = ios_scheduler.compile(module, Schedule.from_json(schedule.to_json()), x)
     try:
         for batch in (1, 3):
