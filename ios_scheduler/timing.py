@@ -108,10 +108,31 @@ class StageTimer:
 
     def compiled(self, group, offset: int | None = None) -> CompiledGroup:
         """The group as the executor runs it: one generated function."""
-        nodes = tuple(self.nodes_of(group, offset))
+        return self._compile(tuple(self.nodes_of(group, offset)))
+
+    def _compile(self, nodes: tuple[fx.Node, ...]) -> CompiledGroup:
         if nodes not in self._compiled:
             self._compiled[nodes] = compile_group(self.graph.module, nodes)
         return self._compiled[nodes]
+
+    def retime(self, plans) -> float:
+        """The summed cost of a schedule's stages (StagePlans), each measured again now the way
+        the search measures candidates. Taken right before the end-to-end check, it tells
+        whether stage costs add up apart from how far the machine drifted during a long search."""
+        total = 0.0
+        for plan in plans:
+            groups = [tuple(self.nodes[name] for name in group) for group in plan.groups]
+            switch = 0.0
+            if plan.kind == "merge":
+                merged = MergeStage.build(self.graph.module, groups)
+                calls = [lambda m=merged: m(self.env)]
+            else:
+                calls = [lambda g=self._compile(group): g.run(self.env) for group in groups]
+                if not (len(groups) == 1 and tuple(plan.threads) == (self.threads,)):
+                    switch = self.switch_cost()
+            with torch.inference_mode():
+                total += time_call(lambda: self.workers.run(calls, plan.threads), self.warmup, self.repeats) + switch
+        return total
 
     def parallel(self, groups, split, limit: float = INF) -> float:
         calls = [lambda g=self.compiled(group): g.run(self.env) for group in groups]
