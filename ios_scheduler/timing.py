@@ -2,7 +2,9 @@
 bounds that let the search skip most of them.
 
 A candidate is timed through the executor's own path: each group one generated function,
-handed to the runtime's pinned workers (a full-width group runs on the calling thread).
+handed to the runtime's pinned workers (a full-width group runs on the calling thread). A
+concurrent candidate also carries the cost of switching to it from full-width operators and
+back (`switch_cost`, measured once per model), which timing it alone would miss.
 
 Lower bounds (`StageTimer.lower_bound`), each used only to skip a candidate that could not
 win even at its bound:
