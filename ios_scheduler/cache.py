@@ -1,8 +1,11 @@
 """IOS-compiled models for the profiler and the pool: one schedule per model, thread count
-and batch size, searched once and kept as JSON in a cache directory."""
+and batch size, searched once and kept as JSON in a cache directory. Each search also keeps
+its stage costs (in `costs/`, not packed into archives), and a later search of the same model
+and thread count at another batch size is bounded by the nearest batch size's costs."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -10,6 +13,7 @@ import torch
 
 from .api import compile, optimize  # noqa: A004
 from .schedule import Schedule
+from .timing import CostTable
 
 
 def schedule_path(cache_dir: str | Path, model: str, threads: int, batch: int) -> Path:
@@ -17,14 +21,36 @@ def schedule_path(cache_dir: str | Path, model: str, threads: int, batch: int) -
     return Path(cache_dir) / f"{safe}-t{threads}-b{batch}.json"
 
 
+def costs_path(cache_dir: str | Path, model: str, threads: int, batch: int) -> Path:
+    return Path(cache_dir) / "costs" / schedule_path(cache_dir, model, threads, batch).name
+
+
+def nearest_costs(cache_dir: str | Path, model: str, threads: int, batch: int) -> CostTable | None:
+    """The kept stage costs of `model` on `threads` at the batch size nearest `batch` (by ratio)."""
+    pattern = costs_path(cache_dir, model, threads, 0).name.replace("-b0.json", "-b*.json")
+    tables = []
+    for path in (Path(cache_dir) / "costs").glob(pattern):
+        try:
+            table = CostTable.load(path)
+        except (OSError, ValueError):  # a damaged table only costs the bounds it would have given
+            continue
+        if (table.model, table.threads) == (model, threads) and table.batch != batch:
+            tables.append(table)
+    return min(tables, key=lambda t: abs(math.log(t.batch / batch)), default=None)
+
+
 def cached_schedule(module: torch.nn.Module, example: torch.Tensor, model: str, threads: int,
                     cache_dir: str | Path) -> Schedule:
     """The cached schedule for (model, threads, batch), searching and saving it if missing."""
-    path = schedule_path(cache_dir, model, threads, example.shape[0])
+    batch = example.shape[0]
+    path = schedule_path(cache_dir, model, threads, batch)
     if path.exists():
         return Schedule.from_json(path.read_text())
-    schedule = optimize(module, (example,), threads=threads, progress=False, name=model)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    bounds = nearest_costs(cache_dir, model, threads, batch)
+    schedule = optimize(module, (example,), threads=threads, progress=False, name=model, bounds=bounds)
+    costs = costs_path(cache_dir, model, threads, batch)
+    costs.parent.mkdir(parents=True, exist_ok=True)
+    costs.write_text(schedule.costs.to_json())
     path.write_text(schedule.to_json())
     return schedule
 

@@ -1,0 +1,34 @@
+"""The schedule cache: searched once, stage costs kept, later batch sizes bounded by them."""
+
+from __future__ import annotations
+
+from ios_scheduler import cache
+from ios_scheduler.timing import CostTable
+from packrat.models import resolve
+
+
+def test_each_search_keeps_its_costs_and_the_next_batch_size_is_bounded_by_the_nearest(tmp_path, monkeypatch):
+    spec = resolve("tiny")
+    seen = []
+    optimize = cache.optimize
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["bounds"])
+        return optimize(*args, repeats=2, **kwargs)
+
+    monkeypatch.setattr(cache, "optimize", recording)
+    for batch in (1, 8, 2):
+        cache.cached_schedule(spec.build(), spec.example_input(batch), "tiny", 2, tmp_path)
+    assert seen[0] is None and seen[1].batch == 1 and seen[2].batch == 1  # 2 is nearer 1 than 8
+    for batch in (1, 8, 2):
+        table = CostTable.load(cache.costs_path(tmp_path, "tiny", 2, batch))
+        assert (table.model, table.batch, table.threads) == ("tiny", batch, 2) and table.costs
+    cache.cached_schedule(spec.build(), spec.example_input(2), "tiny", 2, tmp_path)
+    assert len(seen) == 3  # found in the cache, not searched again
+
+
+def test_damaged_or_foreign_tables_give_no_bounds(tmp_path):
+    (tmp_path / "costs").mkdir()
+    cache.costs_path(tmp_path, "tiny", 2, 4).write_text("not json")
+    cache.costs_path(tmp_path, "tiny", 2, 8).write_text(CostTable("tiny", 8, 4).to_json())  # other threads
+    assert cache.nearest_costs(tmp_path, "tiny", 2, 1) is None
