@@ -117,39 +117,36 @@ class StageTimer:
             self._compiled[nodes] = compile_group(self.graph.module, nodes)
         return self._compiled[nodes]
 
+    def _stage(self, kind: str, node_groups, split) -> "tuple[object, float] | None":
+        """(a call running the stage as the executor does, the switch cost it carries), or None
+        where a merge is not possible."""
+        if kind == "merge":
+            merged = MergeStage.build(self.graph.module, node_groups)
+            if merged is None:
+                return None
+            return (lambda: self.workers.run([lambda: merged(self.env)], split)), 0.0
+        calls = [lambda g=self._compile(tuple(nodes)): g.run(self.env) for nodes in node_groups]
+        full_width = len(node_groups) == 1 and tuple(split) == (self.threads,)  # fused with its neighbours
+        return (lambda: self.workers.run(calls, split)), (0.0 if full_width else self.switch_cost())
+
     def retime(self, plans) -> float:
         """The summed cost of a schedule's stages (StagePlans), each measured again now the way
         the search measures candidates. Taken right before the end-to-end check, it tells
         whether stage costs add up apart from how far the machine drifted during a long search."""
         total = 0.0
         for plan in plans:
-            groups = [tuple(self.nodes[name] for name in group) for group in plan.groups]
-            switch = 0.0
-            if plan.kind == "merge":
-                merged = MergeStage.build(self.graph.module, groups)
-                calls = [lambda m=merged: m(self.env)]
-            else:
-                calls = [lambda g=self._compile(group): g.run(self.env) for group in groups]
-                if not (len(groups) == 1 and tuple(plan.threads) == (self.threads,)):
-                    switch = self.switch_cost()
+            run, switch = self._stage(plan.kind, [[self.nodes[name] for name in g] for g in plan.groups], plan.threads)
             with torch.inference_mode():
-                total += time_call(lambda: self.workers.run(calls, plan.threads), self.warmup, self.repeats) + switch
+                total += time_call(run, self.warmup, self.repeats) + switch
         return total
 
     def parallel(self, groups, split, limit: float = INF) -> float:
-        calls = [lambda g=self.compiled(group): g.run(self.env) for group in groups]
-        key = self.key("parallel", groups, split)
-        if len(groups) == 1 and tuple(split) == (self.threads,):  # on the calling thread, fused with its neighbours
-            return self._time(key, lambda: self.workers.run(calls, split), limit)
-        switch = self.switch_cost()
-        return self._time(key, lambda: self.workers.run(calls, split), limit - switch) + switch
+        run, switch = self._stage("parallel", [self.nodes_of(group) for group in groups], split)
+        return self._time(self.key("parallel", groups, split), run, limit - switch) + switch
 
     def merge(self, ops, threads: int, limit: float = INF) -> float | None:
-        stage = MergeStage.build(self.graph.module, [self.nodes_of((op,)) for op in ops])
-        if stage is None:
-            return None
-        run = lambda: self.workers.run([lambda: stage(self.env)], (threads,))  # noqa: E731
-        return self._time(self.key("merge", (ops,), (threads,)), run, limit)
+        stage = self._stage("merge", [self.nodes_of((op,)) for op in ops], (threads,))
+        return None if stage is None else self._time(self.key("merge", (ops,), (threads,)), stage[0], limit)
 
     def _time(self, key: Key, fn, limit: float) -> float:
         self.measurements += 1
