@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -19,7 +21,7 @@ from hypothesis import given, strategies as st
 from packrat.codec import Codec, CodecConfig
 from packrat.inference import answer_batch
 from packrat.models import prepare, resolve
-from packrat.pool import InstanceConfig, InstancePool, ModelConfig, PoolError, Request, split_sizes
+from packrat.pool import InstanceConfig, InstancePool, ModelConfig, PoolError, Request, Watchdog, split_sizes
 from packrat.topology import detect
 
 TINY = ModelConfig("tiny")
@@ -165,25 +167,84 @@ def test_kill_during_a_stream_of_requests(reference):
         assert pool.respawns >= 1
 
 
-def test_failed_respawn_is_retried_and_requests_fail_fast_meanwhile(reference):
-    """kill -9 of the only instance, then of its replacement while it starts: requests are
-    refused at once with 503 and the reason, the respawn is retried, and service resumes."""
+def test_double_kill_keeps_requests_waiting_and_answers_them_all(reference):
+    """kill -9 of the only instance, then of its replacement while it loads: a fault that heals in
+    seconds costs no request. Requests wait for the next respawn instead of being refused."""
     requests, expected = reference
     with InstancePool(TINY, [InstanceConfig(1, 2, (CORES[0],))]) as pool:
         first = pool.pids()[0]
         os.kill(first, signal.SIGKILL)  # noticed at once: the pool watches every instance's socket
         wait_until(lambda: pool.pids()[0] != first, "no replacement was started", timeout=10)
         os.kill(pool.pids()[0], signal.SIGKILL)  # the replacement, while it loads
+        waiting = [pool.submit(r) for r in requests[:6]]
         wait_until(lambda: pool.health().respawn_failures >= 1, "the failed respawn was not noticed")
+        assert pool.health().unavailable is None  # killed from outside: the next attempt has a fair chance
+        assert_same([f.result(timeout=60) for f in waiting], expected[:6])
+        assert pool.health().ready == 1 and pool.health().refused == 0
+
+
+def test_stopped_instance_is_killed_by_the_watchdog_and_its_requests_rerun(reference):
+    """SIGSTOP (what a deadlock or a stuck OpenMP barrier looks like): the batch it holds passes its
+    deadline, the watchdog kills the instance, its requests run elsewhere, and it is respawned."""
+    requests, expected = reference
+    with InstancePool(TINY, two_instances((2, 2)), watchdog=Watchdog(floor_s=1.0)) as pool:
+        victim = pool.pids()[0]
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            assert_same(pool.infer(requests[:8]), expected[:8])
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # gone once the watchdog killed it
+                os.kill(victim, signal.SIGCONT)
+        health = pool.health()
+        assert health.watchdog_kills == 1 and health.requeued >= 1 and health.expired == 0
+        wait_until(lambda: victim not in pool.pids() and pool.health().ready == len(pool.pids()),
+                   "the hung instance was not respawned")
+        assert_same(pool.infer(requests), expected)
+
+
+def test_model_that_no_longer_loads_fails_fast_with_the_load_error(reference, tmp_path):
+    """An instance dies and its model file is gone: after a few attempts that fail while loading,
+    waiting requests and new ones are answered 503 with the error at once; when the file is back,
+    service resumes by itself."""
+    requests, expected = reference
+    module, example, _ = prepare(resolve("tiny"), 1, graph_mode=False)
+    path = tmp_path / "tiny.pt"
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript
+        torch.jit.trace(module, example).save(str(path))
+    with InstancePool(ModelConfig(str(path), (3, 32, 32)), [InstanceConfig(1, 2, (CORES[0],))]) as pool:
+        path.rename(tmp_path / "elsewhere.pt")
+        os.kill(pool.pids()[0], signal.SIGKILL)
+        waiting = pool.submit(requests[0])
+        answer = waiting.result(timeout=90)  # answered once the model counts as unloadable, not at the deadline
+        assert answer.status == 503 and "cannot be loaded" in answer.reason and "tiny.pt" in answer.reason
         started = time.monotonic()
         refused = pool.infer([requests[1]])[0]
-        if pool.health().ready == 0:  # still down (not yet retried): refused at once, with the reason
-            assert refused.status == 503 and "respawning instance 0 failed" in refused.reason
-            assert time.monotonic() - started < 5
-            assert pool.health().unavailable
-        wait_until(lambda: pool.health().ready == 1, "service did not resume")
-        assert_same(pool.infer(requests[:4]), expected[:4])
-        assert pool.health().unavailable is None
+        assert refused.status == 503 and time.monotonic() - started < 1 and pool.health().unavailable
+        (tmp_path / "elsewhere.pt").rename(path)
+        wait_until(lambda: pool.health().ready == 1, "service did not resume", timeout=90)
+        assert_same(pool.infer(requests[:2]), expected[:2])
+
+
+def test_pool_process_killed_leaves_no_instance_and_no_segment_behind(reference):
+    """The TorchServe worker killed with -9: its instances exit on their own, and the next pool
+    (the restarted worker's) starts with no segment of the dead one left in /dev/shm."""
+    code = ("import sys, torch; from packrat.pool import *; from packrat.topology import detect; "
+            f"pool = InstancePool(ModelConfig('tiny'), [InstanceConfig(1, 2, ({CORES[0]},))]); "
+            "pool.infer([Request(torch.zeros(3, 32, 32).numpy().tobytes(), 'application/octet-stream')]); "
+            "print(*pool.pids(), flush=True); sys.stdin.read()")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        instances = [psutil.Process(int(pid)) for pid in parent.stdout.readline().split()]
+        assert any(name.startswith(f"packrat-{parent.pid}-") for name in shm_segments())
+    finally:
+        parent.kill()
+        parent.wait()
+    for instance in instances:
+        wait_until(lambda: not instance.is_running() or instance.status() == psutil.STATUS_ZOMBIE,
+                   "an instance outlived its pool's process", timeout=10)
+    with InstancePool(TINY, [InstanceConfig(1, 1, (CORES[0],))]):
+        assert not any(name.startswith(f"packrat-{parent.pid}-") for name in shm_segments())
 
 
 def test_close_leaves_no_process_or_shared_memory(reference):
@@ -247,7 +308,7 @@ def test_reconfigure_under_load_keeps_answers_right_and_reuses_instances(referen
             stop.set()
             worker.join()
         assert errors == []
-        everyone = pool.pids() + [inst.process.pid for inst in pool._parked]
+        everyone = pool.pids() + [inst.pid for inst in pool.supervisor.parked]
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                    for p in everyone + first)  # close() stops the parked instances too
 

@@ -1,0 +1,166 @@
+"""Dispatch, deadlines, re-queueing and the watchdog's rule, with fake instances (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from packrat.pool import InstanceConfig, Request, Watchdog
+from packrat.pool.dispatch import Dispatcher
+from packrat.pool.instance import StartFailed
+from packrat.pool.supervisor import Slot
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeInstance:
+    def __init__(self, batch: int, capacity: int = 0, ready: bool = True):
+        self.config = InstanceConfig(1, batch, (0,), capacity)
+        self.ready, self.jobs, self.batches = ready, [], []
+        self.warm_ms, self.hung, self.busy_since = 0.0, False, 0.0
+
+    @property
+    def idle(self) -> bool:
+        return self.ready and not self.jobs
+
+    def submit(self, jobs) -> None:
+        self.jobs = jobs
+        self.batches.append(len(jobs))
+
+
+def dispatcher(**kwargs) -> tuple[Dispatcher, Clock]:
+    clock = Clock()
+    return Dispatcher(clock=clock, **kwargs), clock
+
+
+def queue(d: Dispatcher, n: int) -> list:
+    return [d.enqueue(Request(bytes([i]))) for i in range(n)]
+
+
+def test_shares_follow_the_plan_once_the_wave_is_in():
+    d, _ = dispatcher()
+    a, b = FakeInstance(4), FakeInstance(2)
+    queue(d, 6)
+    assert d.assign([a, b]) is None
+    assert (a.batches, b.batches) == ([4], [2])
+    assert [job.request.body for job in a.jobs] == [bytes([i]) for i in range(4)]  # in arrival order
+
+
+def test_a_partial_wave_waits_for_the_gather_window_then_goes():
+    d, clock = dispatcher(gather_ms=30)
+    inst = FakeInstance(4)
+    queue(d, 2)
+    assert d.assign([inst]) == pytest.approx(0.030)
+    assert inst.batches == []
+    clock.now = 0.031
+    assert d.assign([inst]) is None
+    assert inst.batches == [2]
+
+
+def test_beyond_the_plan_instances_take_up_to_their_capacity():
+    d, _ = dispatcher()
+    a, b = FakeInstance(2, capacity=8), FakeInstance(2, capacity=8)
+    queue(d, 10)
+    d.assign([a, b])
+    assert (a.batches, b.batches) == ([5], [5])
+
+
+def test_busy_or_loading_instances_get_nothing():
+    d, _ = dispatcher()
+    busy, loading, free = FakeInstance(2), FakeInstance(2, ready=False), FakeInstance(2)
+    busy.jobs = ["x"]
+    queue(d, 2)
+    d.assign([busy, loading, free])
+    assert (busy.batches, loading.batches, free.batches) == ([], [], [2])
+
+
+def test_a_lost_instances_requests_go_first_and_run_elsewhere():
+    d, _ = dispatcher()
+    dead, other = FakeInstance(2), FakeInstance(2)
+    queue(d, 2)
+    d.assign([dead])
+    later = queue(d, 1)
+    d.requeue(dead.jobs, "instance 0 died")
+    d.assign([other])
+    assert [job.request.body for job in other.jobs] == [b"\0", b"\1"]
+    assert all(job.attempts == 1 for job in other.jobs) and d.counts.requeued == 2
+    assert list(d.queue) == later
+
+
+def test_a_request_that_keeps_losing_instances_is_answered_500():
+    d, _ = dispatcher(max_attempts=3)
+    (job,) = queue(d, 1)
+    for attempt in range(3):
+        d.queue.clear()
+        d.requeue([job], "instance 0 hung: killed by the watchdog")
+    answer = job.future.result(0)
+    assert answer.status == 500 and "3 model instances were lost" in answer.reason and "watchdog" in answer.reason
+    assert not d.queue
+
+
+def test_requests_past_their_deadline_are_answered_504_queued_or_running():
+    d, clock = dispatcher(request_timeout_s=10)
+    running, waiting = queue(d, 2)
+    inst = FakeInstance(1)
+    d.assign([inst])
+    clock.now = 5
+    late = queue(d, 1)[0]
+    assert d.expire(inst.jobs) == pytest.approx(5)  # the waiting one's deadline
+    clock.now = 10
+    assert d.expire(inst.jobs) == pytest.approx(5)  # only the newest is left queued
+    for job in (running, waiting):
+        answer = job.future.result(0)
+        assert answer.status == 504 and "within 10 s" in answer.reason
+    assert "running" in running.future.result(0).reason and "queued" in waiting.future.result(0).reason
+    assert list(d.queue) == [late] and d.counts.expired == 2
+    d.answered([running], [None])  # the instance's late answer is dropped
+    assert running.future.result(0).status == 504 and d.counts.answered == 0
+
+
+def test_a_full_queue_refuses_at_once():
+    d, _ = dispatcher(max_queue=3)
+    jobs = queue(d, 4)
+    assert [job.future.done() for job in jobs] == [False, False, False, True]
+    assert jobs[-1].future.result(0).status == 503 and "too many requests waiting" in jobs[-1].future.result(0).reason
+    assert d.counts.refused == 1 and len(d.queue) == 3
+
+
+@given(expected=st.floats(1, 10_000), warm=st.floats(0, 10_000), batch=st.integers(1, 64),
+       requests=st.integers(1, 128))
+def test_watchdog_allowance_is_generous_and_floored(expected, warm, batch, requests):
+    dog = Watchdog(factor=10, floor_s=5)
+    allowance = dog.allowance_s(InstanceConfig(1, batch, (0,), expected_ms=expected), warm, requests)
+    assert allowance >= 5
+    assert allowance >= 10 * max(expected, warm) / 1e3 * max(1, requests / batch) * (1 - 1e-9)
+    assert Watchdog(batch_timeout_s=7).allowance_s(InstanceConfig(1, batch, (0,), expected_ms=expected), warm,
+                                                   requests) == 7
+
+
+def test_watchdog_names_only_instances_past_their_allowance():
+    dog = Watchdog(factor=10, floor_s=1)
+    slow, fine, idle = FakeInstance(1), FakeInstance(1), FakeInstance(1)
+    slow.warm_ms = fine.warm_ms = 200  # allowance 2 s
+    slow.jobs, fine.jobs = ["a"], ["b"]
+    fine.busy_since = 1.0
+    assert dog.overdue([slow, fine, idle], now=2.5) == [slow]
+    slow.hung = True  # already being killed
+    assert dog.overdue([slow, fine, idle], now=2.5) == []
+
+
+def test_a_slot_is_hopeless_only_after_load_failures_in_a_row():
+    slot = Slot()
+    for _ in range(2):
+        slot.failed(StartFailed("instance 0 failed to start: FileNotFoundError: x"))
+    assert not slot.hopeless(3)
+    slot.failed(StartFailed("instance 0 exited while starting (killed by SIGKILL)", by_signal=True))
+    assert not slot.hopeless(3)  # killed from outside: not the model's fault
+    slot.failed(StartFailed("instance 0 failed to start: FileNotFoundError: x"))
+    assert slot.hopeless(3) and "FileNotFoundError" in slot.last_error
+    slot.failed(StartFailed("instance 0 exited while starting (killed by SIGKILL)", by_signal=True))
+    assert not slot.hopeless(3)  # its last attempt has a fair chance again
