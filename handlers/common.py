@@ -9,7 +9,7 @@ from pathlib import Path
 
 from packrat.codec import CodecConfig, request_body
 from packrat.models import ModelSpec, resolve
-from packrat.pool import Answer, ModelConfig, Request
+from packrat.pool import Answer, ModelConfig, Request, Watchdog
 
 log = logging.getLogger("packrat.handler")
 
@@ -46,6 +46,20 @@ def codec_config(section: dict, spec: ModelSpec, model_name: str, model_dir: str
               if section.get(key) is not None}
     return CodecConfig.for_model(spec, model_name=model_name, tokenizer=shipped("tokenizer"),
                                  labels=shipped("labels"), **limits)
+
+
+def pool_settings(section: dict) -> dict:
+    """InstancePool keyword arguments from the archive's recovery settings; absent keys keep the
+    pool's defaults (request timeout 120 s, queue 1000, hung after 10 × the expected latency, ≥ 5 s)."""
+    settings = {key: float(section[key]) for key in ("gather_ms", "request_timeout_s") if section.get(key) is not None}
+    if section.get("max_queue") is not None:
+        settings["max_queue"] = int(section["max_queue"])
+    watchdog = {key: float(section[name]) for key, name in (("factor", "hang_factor"), ("floor_s", "hang_floor_s"),
+                                                           ("batch_timeout_s", "batch_timeout_s"))
+                if section.get(name) is not None}
+    if watchdog:
+        settings["watchdog"] = Watchdog(**watchdog)
+    return settings
 
 
 def content_type(context, index: int) -> str | None:

@@ -20,8 +20,13 @@ reconfigurations).
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 
 from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
@@ -32,15 +37,20 @@ from packrat.estimator import BatchSizeEstimator, EstimatorSettings
 from packrat.planner import serving_plan
 from packrat.pool import Answer, InstancePool, PoolError, configs_for, exit_with_parent
 from packrat.profile import load
+from packrat.serving import CONTROL_ENV, note_worker_start, read_reconfigure_request
 from packrat.topology import detect
 
 METRICS_PERIOD_S = 1.0
+CONTROL_POLL_S = 0.5
 
 
 class PackratHandler(BaseHandler):
     def initialize(self, context):
         properties = context.system_properties
         section = common.settings(context)
+        control_dir = os.environ.get(CONTROL_ENV)  # set by `packrat serve`
+        if control_dir and (getattr(context, "model_yaml_config", None) or {}).get("asyncCommunication"):
+            _restart_if_replacing_a_dead_worker(control_dir, context.model_name)
         model_dir = properties["model_dir"]
         model, spec = common.model_config(section, model_dir)
         codec = common.codec_config(section, spec, context.model_name, model_dir)
@@ -58,15 +68,31 @@ class PackratHandler(BaseHandler):
         start_batch = min(int(section.get("plan_batch") or self.max_batch), self.max_batch)
         plan = plan_for(start_batch)
         common.log.info("packrat plan for T=%d, B=%d: %s", plan.threads, plan.batch, plan.describe())
-        pool_settings = {"gather_ms": float(section["gather_ms"])} if section.get("gather_ms") is not None else {}
-        self.pool = InstancePool.from_plan(model, plan, capacity=self.max_batch, codec=codec, **pool_settings)
+        self.pool = InstancePool.from_plan(model, plan, capacity=self.max_batch, codec=codec,
+                                           **common.pool_settings(section))
         exit_with_parent(self.pool.close)  # TorchServe's async worker would outlive Java otherwise
         estimator = BatchSizeEstimator(start_batch, self.max_batch,
                                        EstimatorSettings(**section.get("estimator", {})))
         self.controller = Controller(self.pool, plan, plan_for, lambda p: configs_for(p, self.max_batch), estimator)
         self.reconfigure = bool(section.get("reconfigure", True))
+        if control_dir:
+            threading.Thread(target=self._follow_requests, args=(control_dir, context.model_name), daemon=True,
+                             name="packrat-control").start()
         self._reported, self._reported_at = 0, -METRICS_PERIOD_S
         self.initialized = True
+
+    def _follow_requests(self, control_dir: str, model_name: str) -> None:
+        """Switch when `packrat reconfigure` asks (it writes a control file this polls)."""
+        seen = read_reconfigure_request(control_dir, model_name)
+        seen_at = seen[1] if seen else 0.0
+        while True:
+            time.sleep(CONTROL_POLL_S)
+            wanted = read_reconfigure_request(control_dir, model_name)
+            if wanted is None or wanted[1] <= seen_at:
+                continue
+            batch = min(max(1, wanted[0]), self.max_batch)
+            if self.controller.request(batch, f"requested by packrat reconfigure (batch {wanted[0]})"):
+                seen_at = wanted[1]  # else a switch is under way: ask again at the next poll
 
     @property
     def plan(self):
@@ -118,6 +144,9 @@ class PackratHandler(BaseHandler):
         health = self.pool.health()
         context.metrics.add_metric("PackratInstancesReady", health.ready, "count", metric_type=MetricTypes.GAUGE)
         context.metrics.add_metric("PackratRefusedRequests", health.refused, "count", metric_type=MetricTypes.GAUGE)
+        for name, value in (("PackratWatchdogKills", health.watchdog_kills), ("PackratExpiredRequests", health.expired),
+                            ("PackratRequeuedRequests", health.requeued), ("PackratRespawns", self.pool.respawns)):
+            context.metrics.add_metric(name, value, "count", metric_type=MetricTypes.GAUGE)
         records = self.controller.reconfigurations
         if len(records) == self._reported:
             return
@@ -131,6 +160,20 @@ class PackratHandler(BaseHandler):
         context.metrics.add_metric("PackratPlanBatch", plan.batch, "count", metric_type=MetricTypes.GAUGE)
         context.metrics.add_metric("PackratPlanInstances", len(plan.instances), "count", metric_type=MetricTypes.GAUGE)
         self._reported = len(records)
+
+
+def _restart_if_replacing_a_dead_worker(control_dir: str, model_name: str) -> None:
+    """TorchServe 0.12 never serves a restarted asynchronous worker (serving.restart_worker says
+    why): when this worker replaces one that died, a detached process asks TorchServe's management
+    API for a fresh worker, which stops this one."""
+    if not note_worker_start(control_dir, model_name, os.getpid()):
+        return
+    common.log.warning("this worker replaces one that died; TorchServe 0.12 would never send it requests "
+                       "(asynchronous mode): asking the management API for a fresh worker")
+    run_dir = str(Path(control_dir).parent)
+    subprocess.Popen([sys.executable, "-c", "import sys; from packrat.serving import Server, restart_worker; "
+                      "restart_worker(Server.load(sys.argv[1]))", run_dir],
+                     start_new_session=True, stdin=subprocess.DEVNULL)
 
 
 def _describing(context) -> bool:

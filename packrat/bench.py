@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
-import torch
 
 from . import serving
 from .planner import Plan, serving_plan
@@ -57,6 +56,8 @@ def _timed(fn) -> float:
 def _codec_path(codec, module, bodies: list[bytes]) -> None:
     """The work the packrat path adds to the model, done in this process: decode each request,
     run the batch, encode each answer."""
+    import torch
+
     decoded = [codec.decode(body, "application/octet-stream") for body in bodies]
     outputs = module(torch.cat([d.samples for d in decoded]))
     [codec.encode(row.unsqueeze(0), d) for row, d in zip(outputs, decoded)]
@@ -73,6 +74,8 @@ def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, pro
     """Median latency (ms) of each configuration at batch `batch` on this machine's cores:
     the model in this process, plus the codec (decode/encode), the fat pool and the planned
     pool (both answering `batch` raw-tensor requests, codec inside the instances)."""
+    import torch
+
     from .codec import Codec, CodecConfig
     from .models import prepare, resolve
     from .pool import InstancePool, ModelConfig, Request

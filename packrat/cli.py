@@ -1,4 +1,10 @@
-"""The `packrat` command: profile a model, plan instances, plot, run the demo."""
+"""The `packrat` command: profile a model, plan instances, plot, archive, serve, load-test, run the demo.
+
+Each command's section holds its parser, `add_NAME_parser(sub)`, beside its code, `cmd_NAME(args)`;
+the argument groups several commands share (model_args, batching_args, request_args,
+recovery_args, run_dir_arg) come first. build_parser makes the top parser and calls each
+add_*_parser. Heavy modules (torch, matplotlib, locust) are imported only by the commands that
+use them, so `packrat --help` starts fast."""
 
 from __future__ import annotations
 
@@ -9,13 +15,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import bench, plots, profiler, serving
+from . import bench, profiler, serving
 from .planner import NoPlanError, Plan, Planner
 from .profile import LATENCIES, ProfileError, load
 from .topology import Topology, detect
 
 DEFAULT_BATCHES = "1,2,4,8,16,32,64"
-
+DEFAULT_RUN_DIR = Path(".packrat/serve")
 
 def int_list(text: str) -> list[int]:
     """argparse type for '1-4,8,16': sorted distinct positive integers (argparse names the flag)."""
@@ -131,7 +137,105 @@ def print_plan_table(plans: list[Plan], skipped: list[str]) -> None:
         print(line)
 
 
-# ---- commands -----------------------------------------------------------------------------
+# ---- argument groups shared by several commands ----------------------------------------------
+
+def ios_cache_arg(p: argparse.ArgumentParser, why: str = "where IOS schedules are kept") -> None:
+    p.add_argument("--ios-cache", type=Path, default=serving.DEFAULT_IOS_CACHE,
+                   help=f"{why} (default: {serving.DEFAULT_IOS_CACHE})")
+
+
+def model_args(p: argparse.ArgumentParser,
+               profile_help: str = "profile CSV (default: profiles/MODEL.csv; when that is missing, one is "
+                                   "measured there first on a small grid and reused next time)") -> None:
+    p.add_argument("--model", default="resnet50",
+                   help="zoo name, TorchScript file or package.module:factory (default: resnet50)")
+    p.add_argument("--profile", type=Path, default=None, help=profile_help)
+    p.add_argument("--input-shape", type=shape, default=None, help="one input sample's shape, e.g. 3,224,224")
+
+
+def batching_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch-size", type=positive(int), default=8,
+                   help="TorchServe's batch size B; the plan is made for it (default: 8)")
+    p.add_argument("--max-batch-delay", type=positive(int), default=50, metavar="MS",
+                   help="how long TorchServe waits to fill a batch (default: 50 ms)")
+    p.add_argument("--plan", choices=("auto", "fat"), default="auto",
+                   help="auto: the planner's instances; fat: one instance with every core (default: auto)")
+    p.add_argument("--no-reconfigure", dest="reconfigure", action="store_false",
+                   help="keep the plan for --batch-size instead of following the observed batch sizes")
+    ios_cache_arg(p, "a profile taken with --ios is served by IOS-compiled instances; their schedules come "
+                     "from here")
+
+
+def request_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", type=tokenizer_path, default=None, metavar="DIR",
+                   help="a directory holding a Hugging Face tokenizer.json (or the file): token models then "
+                        "also take text/plain requests")
+    p.add_argument("--labels", type=labels_path, default=None, metavar="FILE",
+                   help='class names for classifier answers: TorchServe\'s index_to_name.json '
+                        '({"0": "tench", ...})')
+    p.add_argument("--max-body-mb", type=positive(float), default=16.0, metavar="MB",
+                   help="largest request body accepted; larger ones get 413 (default: 16)")
+    p.add_argument("--truncate-text", action="store_true",
+                   help="cut text longer than the model takes to its length (default: answer it 413)")
+
+
+def recovery_args(p: argparse.ArgumentParser) -> None:
+    """How the pool recovers requests; left out, a setting is not written and the pool's default applies."""
+    p.add_argument("--request-timeout", type=positive(float), default=None, metavar="S",
+                   help="how long a request may wait and run before it is answered 504; in line with "
+                        "TorchServe's default_response_timeout (default: the pool's, 120 s)")
+    p.add_argument("--max-queue", type=positive(int), default=None, metavar="N",
+                   help="requests waiting beyond this are answered 503 at once (default: the pool's, 1000)")
+    p.add_argument("--batch-timeout", type=positive(float), default=None, metavar="S",
+                   help="a batch running longer than this marks its instance hung: it is killed, its requests "
+                        "re-run elsewhere, and it is respawned (default: 10 × the profile's latency for the batch, "
+                        "at least 5 s)")
+
+
+def run_dir_arg(p: argparse.ArgumentParser, what: str = f"default: {DEFAULT_RUN_DIR}") -> None:
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR, help=what)
+
+
+# ---- profile ----------------------------------------------------------------------------------
+
+def add_profile_parser(sub) -> None:
+    p = sub.add_parser("profile", help="measure L(t, b) for a model, one fresh pinned process per point",
+                       description="Measure the latency of one model instance for every thread count t and batch "
+                                   "size b of a grid. Each point runs in a fresh process pinned to t physical cores "
+                                   "of one socket (torch.set_num_threads(t), one inter-op thread). With "
+                                   f"--contention{' (the default)' if profiler.DEFAULT_CONTENTION else ''} each "
+                                   "point is also measured while ⌊T/t⌋ copies of it run side by side on the T "
+                                   "cores this process may use, as a plan of that point runs them. Points "
+                                   "already in --out are skipped, so an interrupted run resumes where it stopped.",
+                       epilog="example: packrat profile --model resnet50 --threads 1-2 --batches 1,2,4,8,16 "
+                              "--min-time 2 --out profiles/resnet50.csv")
+    p.add_argument("--model", default="resnet50",
+                   help="zoo name (tiny, resnet50, inception_v3, bert_base, gpt2, squeezenet, randwire, nasnet), "
+                        "a TorchScript file, "
+                        "or package.module:factory (default: resnet50)")
+    p.add_argument("--input-shape", type=shape, default=None,
+                   help="shape of one input sample, e.g. 3,224,224 (needed for TorchScript files and factories)")
+    p.add_argument("--threads", type=int_list, default=None,
+                   help="thread counts, e.g. 1-4 or 1,2,4 (default: 1..the cores this process may use)")
+    p.add_argument("--batches", type=int_list, default=None,
+                   help=f"batch sizes (default: {DEFAULT_BATCHES}, or the replayed profile's)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed runs before measuring (default: 10)")
+    timing = p.add_mutually_exclusive_group()
+    timing.add_argument("--iters", type=positive(int), default=100,
+                        help="timed runs per point (default: 100)")
+    timing.add_argument("--min-time", type=positive(float), default=None, metavar="S",
+                        help="instead of --iters: time runs for at least S seconds per point (≥ 3 runs)")
+    p.add_argument("--eager", action="store_true", help="measure eager mode even if TorchScript works")
+    p.add_argument("--ios", action="store_true",
+                   help="profile IOS-compiled instances: each point runs the model by the IOS schedule for its "
+                        "threads and batch (searched once, then cached in --ios-cache)")
+    ios_cache_arg(p)
+    contention_args(p)
+    adaptive_args(p)
+    p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_profile)
+
 
 def profile_settings(args: argparse.Namespace) -> profiler.Settings:
     return profiler.Settings(model=args.model, warmup=args.warmup, iters=None if args.min_time else args.iters,
@@ -176,6 +280,75 @@ def print_adaptive(done: profiler.AdaptiveResult, out: Path, as_json: bool) -> N
           f"full grid ({done.saved:.0%} saved)")
 
 
+def contention_args(p: argparse.ArgumentParser) -> None:
+    """--contention / --isolated; the default lives in profiler.DEFAULT_CONTENTION."""
+
+    def default(contention: bool) -> str:
+        return " (the default)" if contention == profiler.DEFAULT_CONTENTION else ""
+
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--contention", dest="contention", action="store_true",
+                      default=profiler.DEFAULT_CONTENTION,
+                      help="measure each ⟨t, b⟩ alone and again while ⌊T/t⌋ copies of it, each pinned to its own "
+                           "t cores, run side by side, as a plan of that point runs them; the profile's latency_ms "
+                           "is then the loaded mean, isolated_ms the lone one. Costs about twice the time of "
+                           "--isolated for every t ≤ T/2" + default(True))
+    kind.add_argument("--isolated", dest="contention", action="store_false",
+                      help="measure each ⟨t, b⟩ alone, with the rest of the machine idle: cheaper, but blind to "
+                           "the memory bandwidth and caches that instances share, so it over-predicts what many "
+                           "small instances gain" + default(False))
+
+
+def adaptive_args(p: argparse.ArgumentParser) -> None:
+    from .adaptive import DEFAULT_SLACK
+
+    p.add_argument("--adaptive", action="store_true",
+                   help="measure only the points that can change a plan for some T ≤ the largest --threads and "
+                        "B ≤ the largest batch size: starting from 1 thread at every batch size, bound the "
+                        "unmeasured points from the measured ones (latency grows with the batch, scaling is at "
+                        "most linear and its returns diminish; see packrat/adaptive.py) and stop when no "
+                        "bound can beat a plan")
+    p.add_argument("--replay", type=Path, default=None, metavar="FILE",
+                   help="with --adaptive (implied): look points up in FILE, a full profile (also the published "
+                        "Packrat layout), instead of measuring them; --out is rewritten with the points looked up, "
+                        "to check the method against the full table")
+    p.add_argument("--slack", type=positive(float, zero=True), default=None, metavar="S",
+                   help=f"with --adaptive: noise allowed in the bounds' assumptions, as a fraction "
+                        f"(default: {DEFAULT_SLACK})")
+    p.add_argument("--tolerance", type=positive(float, zero=True), default=0.0, metavar="F",
+                   help="with --adaptive: stop when no point can improve a plan by more than this fraction "
+                        "(default: 0, every plan as the full grid's)")
+    p.add_argument("--json", action="store_true",
+                   help='with --adaptive: print {"points", "grid", "fraction", "measure_s", "full_grid_s", '
+                        '"saved_s", "saved", "out"} (times are estimates)')
+
+
+# ---- plan -------------------------------------------------------------------------------------
+
+def add_plan_parser(sub) -> None:
+    p = sub.add_parser("plan", help="the latency-optimal instances for T threads and batch B",
+                       description="Choose instances ⟨threads, batch⟩ (they may differ) whose threads sum to at "
+                                   "most T and whose batches sum to B, minimising the slowest instance's "
+                                   "profiled latency (exact dynamic program). Ties go to fewer instances, then "
+                                   "fewer threads. The profile may come from another machine: T may exceed this "
+                                   "machine's cores (cores are then numbered 0..T-1). Exit status 2 when no plan "
+                                   "is possible.",
+                       epilog="example: packrat plan --profile profiles/resnet50.csv --threads 16 --batch 32 --json")
+    p.add_argument("--profile", type=Path, required=True, help="profile CSV written by `packrat profile`")
+    p.add_argument("--threads", type=positive(int), default=None,
+                   help="T, the cores to plan for (default: the cores this process may use)")
+    p.add_argument("--batch", type=positive(int), default=None,
+                   help="B, the batch to serve (default: every profiled batch size, as a table)")
+    p.add_argument("--latency", choices=LATENCIES, default=None,
+                   help="which profiled figure to plan with: loaded (measured beside copies of itself, from "
+                        "`packrat profile --contention`) or isolated (measured alone) (default: the profile's "
+                        "primary figure, loaded where it has one)")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: {threads, batch, expected_latency_ms, fat_latency_ms, instances: "
+                        "[{threads, batch, cores}], latency: loaded|isolated} (a list of them without --batch)")
+    p.set_defaults(func=cmd_plan)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     profile = load(args.profile)
     threads = args.threads or local_cores()
@@ -203,7 +376,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- plot -------------------------------------------------------------------------------------
+
+def add_plot_parser(sub) -> None:
+    p = sub.add_parser("plot", help="PNG heat-map of L(t, b) and planned vs fat latency per batch",
+                       epilog="example: packrat plot --profile profiles/resnet50.csv --threads 2 --out plots")
+    p.add_argument("--profile", type=Path, required=True, help="profile CSV")
+    p.add_argument("--threads", type=positive(int), default=None,
+                   help="T for the planned-vs-fat plot (default: the largest profiled thread count)")
+    p.add_argument("--out", type=Path, default=Path("plots"), help="output directory (default: plots)")
+    p.set_defaults(func=cmd_plot)
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
+    from . import plots
+
     profile = load(args.profile)
     threads = args.threads or max(profile.threads)
     for path in plots.write_all(profile, threads, args.out):
@@ -283,29 +470,77 @@ def resolve_profile(model: str, given: Path | None, *, batch_sizes=(),
     return path
 
 
+# ---- archive, serve ---------------------------------------------------------------------------
+
 def archive_extras(args: argparse.Namespace) -> dict:
-    """serving.archive's request settings from --tokenizer, --labels, --max-body-mb, --truncate-text."""
+    """serving.archive's request settings from --tokenizer, --labels, --max-body-mb, --truncate-text, and its
+    recovery settings from --request-timeout, --max-queue, --batch-timeout (None: the pool's default)."""
     return {"tokenizer": args.tokenizer, "labels": args.labels, "max_body_bytes": int(args.max_body_mb * 2**20),
-            "truncate_text": args.truncate_text}
+            "truncate_text": args.truncate_text, "request_timeout_s": args.request_timeout,
+            "max_queue": args.max_queue, "batch_timeout_s": args.batch_timeout}
+
+
+def archive_from_args(args: argparse.Namespace, out_dir: Path, handler: str = "packrat") -> Path:
+    """serving.archive from the model, batching, request and recovery arguments; the packrat handler's
+    profile is resolved (measured when missing) first."""
+    profile = (resolve_profile(args.model, args.profile, batch_sizes=[args.batch_size], input_shape=args.input_shape)
+               if handler == "packrat" else None)
+    return serving.archive(args.model, profile, out_dir, batch_size=args.batch_size,
+                           max_batch_delay_ms=args.max_batch_delay, plan=args.plan, handler=handler,
+                           input_shape=args.input_shape, reconfigure=args.reconfigure, ios_cache=args.ios_cache,
+                           **archive_extras(args))
+
+
+def archive_args(p: argparse.ArgumentParser) -> None:
+    """What archive and serve share: the model, batching, request and recovery arguments."""
+    model_args(p)
+    batching_args(p)
+    request_args(p)
+    recovery_args(p)
+
+
+def add_archive_parser(sub) -> None:
+    p = sub.add_parser("archive", help="build the model archive (.mar) for TorchServe",
+                       description="Build NAME.mar with torch-model-archiver: the packrat handler, the profile "
+                                   "and a model-config.yaml (batch size, delay, one worker, packrat settings). "
+                                   "The worker plans for the batch size and the cores it may use.",
+                       epilog="example: packrat archive --model resnet50 --batch-size 8 --export-path model_store")
+    archive_args(p)
+    p.add_argument("--handler", choices=("packrat", "stock"), default="packrat",
+                   help="packrat (default) or stock: the in-process baseline handler, TorchServe's default workers")
+    p.add_argument("--export-path", type=Path, default=Path("model_store"), help="default: model_store")
+    p.set_defaults(func=cmd_archive)
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
-    profile = (resolve_profile(args.model, args.profile, batch_sizes=[args.batch_size], input_shape=args.input_shape)
-               if args.handler == "packrat" else None)
-    mar = serving.archive(args.model, profile, args.export_path, batch_size=args.batch_size,
-                          max_batch_delay_ms=args.max_batch_delay, plan=args.plan, handler=args.handler,
-                          input_shape=args.input_shape, reconfigure=args.reconfigure, ios_cache=args.ios_cache,
-                          **archive_extras(args))
+    mar = archive_from_args(args, args.export_path, args.handler)
     print(f"wrote {mar}")
     return 0
 
 
+def add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="start TorchServe with the packrat handler and wait until it is READY",
+                       description="Archive the model, write a TorchServe config (loopback addresses, every "
+                                   "port set, token authorisation on unless disabled, quiet logs), run "
+                                   "`torchserve --start`, and wait until the management API shows every "
+                                   "worker READY. The model is served as /predictions/NAME.",
+                       epilog="example: packrat serve --model resnet50 --batch-size 8 --max-batch-delay 50")
+    archive_args(p)
+    p.add_argument("--inference-port", type=positive(int), default=8080)
+    p.add_argument("--management-port", type=positive(int), default=8081)
+    p.add_argument("--metrics-port", type=positive(int), default=8082)
+    p.add_argument("--grpc-inference-port", type=positive(int), default=7070)
+    p.add_argument("--grpc-management-port", type=positive(int), default=7071)
+    p.add_argument("--disable-token-auth", action="store_true",
+                   help="turn TorchServe's token authorisation off (it is on by default)")
+    run_dir_arg(p, f"config, logs, key file and TorchServe's TEMP (default: {DEFAULT_RUN_DIR})")
+    p.add_argument("--timeout", type=positive(float), default=300.0, help="seconds to wait for READY")
+    p.set_defaults(func=cmd_serve)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    profile = resolve_profile(args.model, args.profile, batch_sizes=[args.batch_size], input_shape=args.input_shape)
     run_dir = args.run_dir.resolve()
-    mar = serving.archive(args.model, profile, run_dir / "model_store", batch_size=args.batch_size,
-                          max_batch_delay_ms=args.max_batch_delay, plan=args.plan, input_shape=args.input_shape,
-                          reconfigure=args.reconfigure, ios_cache=args.ios_cache, **archive_extras(args))
+    mar = archive_from_args(args, run_dir / "model_store")
     name = mar.stem
     ports = serving.Ports(args.inference_port, args.management_port, args.metrics_port,
                           args.grpc_inference_port, args.grpc_management_port)
@@ -321,11 +556,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- stop, status, reconfigure: the server a run dir records -----------------------------------
+
+def add_stop_parser(sub) -> None:
+    p = sub.add_parser("stop", help="stop the TorchServe started by `packrat serve` and wait for it to exit")
+    run_dir_arg(p)
+    p.set_defaults(func=cmd_stop)
+
+
 def cmd_stop(args: argparse.Namespace) -> int:
     server = serving.Server.load(args.run_dir.resolve())
     serving.stop(server)
     print("stopped" if not serving.java_running(server) else "TorchServe is still running")
     return 0 if not serving.java_running(server) else 1
+
+
+def add_status_parser(sub) -> None:
+    p = sub.add_parser("status", help="the served plan and the last reconfigurations",
+                       description="Ask the running packrat handler (through TorchServe's management API) for "
+                                   "its current plan, how its instances run the model (script, eager or ios) "
+                                   "and its recent reconfigurations.")
+    run_dir_arg(p)
+    p.add_argument("--last", type=positive(int), default=10, help="reconfigurations to list (default: 10)")
+    p.add_argument("--json", action="store_true",
+                   help='print {"plan": <as packrat plan --json>, "mode": "script"|"eager"|"ios", "health": {"instances", '
+                        '"ready", "respawning", "respawn_failures", "unavailable", "queued", "answered", "refused"}, '
+                        '"reconfigurations": [{"from_batch", "to_batch", '
+                        '"reason", "seconds", "failed_requests", ...}]}')
+    p.set_defaults(func=cmd_status)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -352,6 +610,78 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  B {r['from_batch']:>3} → {r['to_batch']:<3} {r['seconds']:6.2f} s  failed requests "
               f"{r['failed_requests']}  {r['reason']}  {outcome}")
     return 0
+
+
+def add_reconfigure_parser(sub) -> None:
+    p = sub.add_parser("reconfigure", help="switch the running server's plan to the one for batch size N now",
+                       description="Ask the running packrat handler to switch to the plan for batch size N now "
+                                   "(through a request file in RUN_DIR/control/ that it polls); the controller may "
+                                   "move again as the load changes. See the outcome with `packrat status`.",
+                       epilog="example: packrat reconfigure --run-dir .packrat/serve --batch 16")
+    run_dir_arg(p)
+    p.add_argument("--batch", type=positive(int), required=True, metavar="N",
+                   help="the batch size whose plan to serve")
+    p.add_argument("--json", action="store_true", help='print {"batch": N, "file": the request file}')
+    p.set_defaults(func=cmd_reconfigure)
+
+
+def cmd_reconfigure(args: argparse.Namespace) -> int:
+    server = serving.Server.load(args.run_dir.resolve())
+    if not serving.java_running(server):
+        raise serving.ServeError(f"TorchServe is not running in {args.run_dir}: start it with `packrat serve`")
+    path = serving.request_reconfigure(server, args.batch)
+    if args.json:
+        print(json.dumps({"batch": args.batch, "file": str(path)}))
+    else:
+        print(f"asked {server.model} to switch to the plan for batch size {args.batch} ({path}); "
+              f"see `packrat status --run-dir {args.run_dir}`")
+    return 0
+
+
+# ---- bench ------------------------------------------------------------------------------------
+
+def add_bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="load-test stock TorchServe, the fat plan and the packrat plan with locust",
+                       description="For each batch size, one after another: (a) stock TorchServe (in-process "
+                                   "handler, default workers), (b) the packrat handler with the fat plan, (c) the "
+                                   "packrat handler with the planned instances; each server started once, warmed up, "
+                                   "then loaded by locust headless once per --users pattern (optionally killing "
+                                   "pool instances, --kill-every). Prints p50/p95/p99, throughput, failures and "
+                                   "kills, and writes a "
+                                   "PNG of the latency distributions and the JSON results. --pool-only measures "
+                                   "the pool without TorchServe or Java.",
+                       epilog="example: packrat bench --model resnet50 --batch-size 2,4,8 --duration 30")
+    model_args(p)
+    p.add_argument("--batch-size", type=int_list, default=[8], help="batch sizes, e.g. 2,4,8 (default: 8)")
+    p.add_argument("--duration", type=positive(float), default=30.0, help="seconds of load per run (default: 30)")
+    p.add_argument("--users", type=users_list, default=[bench.BATCH_USERS], metavar="PATTERNS",
+                   help="locust users per run, relative to the batch size B: e.g. B,2B or 4,2B (integers, B, kB); "
+                        "each is run against every configuration (default: B)")
+    p.add_argument("--payload", choices=("jpeg", "text", "raw", "json"), default=None,
+                   help="request body: jpeg (a 500x375 photo), text (an English paragraph), raw (tensor bytes), "
+                        "json (nested lists) (default: the model's natural one: jpeg for image models, text for "
+                        "token models, raw otherwise)")
+    tok = p.add_mutually_exclusive_group()
+    tok.add_argument("--tokenizer", type=tokenizer_path, default=None, metavar="DIR",
+                     help="directory holding the tokenizer.json the servers use (needed for the text payload)")
+    tok.add_argument("--demo-tokenizer", action="store_true",
+                     help="build a small offline tokenizer into OUT/tokenizer/ and use it (BERT: WordPiece, "
+                          "GPT-2: byte-level BPE)")
+    p.add_argument("--kill-every", type=positive(float), default=None, metavar="S",
+                   help="during each measured run of the packrat configurations, kill -9 one pool instance every "
+                        "S seconds (round robin); the kills are counted in the table and JSON")
+    p.add_argument("--pool-only", action="store_true",
+                   help="no TorchServe: in-process model vs fat pool vs handler path vs planned pool")
+    p.add_argument("--rounds", type=positive(int), default=20, help="with --pool-only: timed rounds (default: 20)")
+    p.add_argument("--shape", choices=("steady", "step"), default="steady",
+                   help="step: a 1 ↔ B users step load against the packrat handler with reconfiguration on, "
+                        "and with the plan fixed for B and for 1; draws timelines with the plan changes")
+    p.add_argument("--cycles", type=positive(int), default=10, help="with --shape step: low/high cycles (default: 10)")
+    p.add_argument("--step-seconds", type=positive(float), default=12.0,
+                   help="with --shape step: seconds per step (default: 12)")
+    p.add_argument("--out", type=Path, default=Path("out/bench"), help="results directory (default: out/bench)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=cmd_bench)
 
 
 def bench_tokenizer(model: str, payload: str, given: Path | None, demo: bool, out: Path) -> Path | None:
@@ -441,8 +771,31 @@ def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, d
     return 0
 
 
+# ---- demo -------------------------------------------------------------------------------------
+
+def add_demo_parser(sub) -> None:
+    p = sub.add_parser("demo", help="profile, plan, plot, then serve and load-test (the README's main job)",
+                       description="The main job on a small grid: profile (cached), plan for every profiled "
+                                   "batch on this machine's cores, print the plans, write the plots, then serve "
+                                   "in TorchServe (stock, fat, plan) under a short locust load and print the table.")
+    p.add_argument("--model", default="resnet50", help="zoo model (default: resnet50)")
+    p.add_argument("--batches", type=int_list, default=[1, 2, 4, 8],
+                   help="batch sizes (default: 1,2,4,8)")
+    p.add_argument("--min-time", type=positive(float), default=2.0, metavar="S",
+                   help="seconds of timed runs per point (default: 2)")
+    p.add_argument("--out-dir", type=Path, default=Path("out"),
+                   help="where plots/ and bench/ go (default: out); the profile is profiles/MODEL.csv, as for "
+                        "serve, archive and bench")
+    p.add_argument("--serve-batch", type=positive(int), default=4, help="batch size served (default: 4)")
+    p.add_argument("--duration", type=positive(float), default=15.0, help="seconds of load per run (default: 15)")
+    p.add_argument("--no-serve", action="store_true", help="stop after the plots")
+    p.set_defaults(func=cmd_demo)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from loadtest.payload import natural_payload
+
+    from . import plots
 
     cores = local_cores()
     out = Path(args.out_dir)
@@ -472,54 +825,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
                             payload=payload, tokenizer=tokenizer)
 
 
-# ---- parser -------------------------------------------------------------------------------
+# ---- the top parser -----------------------------------------------------------------------------
 
-def ios_cache_arg(p: argparse.ArgumentParser, why: str = "where IOS schedules are kept") -> None:
-    p.add_argument("--ios-cache", type=Path, default=serving.DEFAULT_IOS_CACHE,
-                   help=f"{why} (default: {serving.DEFAULT_IOS_CACHE})")
-
-
-def contention_args(p: argparse.ArgumentParser) -> None:
-    """--contention / --isolated; the default lives in profiler.DEFAULT_CONTENTION."""
-
-    def default(contention: bool) -> str:
-        return " (the default)" if contention == profiler.DEFAULT_CONTENTION else ""
-
-    kind = p.add_mutually_exclusive_group()
-    kind.add_argument("--contention", dest="contention", action="store_true",
-                      default=profiler.DEFAULT_CONTENTION,
-                      help="measure each ⟨t, b⟩ alone and again while ⌊T/t⌋ copies of it, each pinned to its own "
-                           "t cores, run side by side, as a plan of that point runs them; the profile's latency_ms "
-                           "is then the loaded mean, isolated_ms the lone one. Costs about twice the time of "
-                           "--isolated for every t ≤ T/2" + default(True))
-    kind.add_argument("--isolated", dest="contention", action="store_false",
-                      help="measure each ⟨t, b⟩ alone, with the rest of the machine idle: cheaper, but blind to "
-                           "the memory bandwidth and caches that instances share, so it over-predicts what many "
-                           "small instances gain" + default(False))
-
-
-def adaptive_args(p: argparse.ArgumentParser) -> None:
-    from .adaptive import DEFAULT_SLACK
-
-    p.add_argument("--adaptive", action="store_true",
-                   help="measure only the points that can change a plan for some T ≤ the largest --threads and "
-                        "B ≤ the largest batch size: starting from 1 thread at every batch size, bound the "
-                        "unmeasured points from the measured ones (latency grows with the batch, scaling is at "
-                        "most linear and its returns diminish; see packrat/adaptive.py) and stop when no "
-                        "bound can beat a plan")
-    p.add_argument("--replay", type=Path, default=None, metavar="FILE",
-                   help="with --adaptive (implied): look points up in FILE, a full profile (also the published "
-                        "Packrat layout), instead of measuring them; --out is rewritten with the points looked up, "
-                        "to check the method against the full table")
-    p.add_argument("--slack", type=positive(float, zero=True), default=None, metavar="S",
-                   help=f"with --adaptive: noise allowed in the bounds' assumptions, as a fraction "
-                        f"(default: {DEFAULT_SLACK})")
-    p.add_argument("--tolerance", type=positive(float, zero=True), default=0.0, metavar="F",
-                   help="with --adaptive: stop when no point can improve a plan by more than this fraction "
-                        "(default: 0, every plan as the full grid's)")
-    p.add_argument("--json", action="store_true",
-                   help='with --adaptive: print {"points", "grid", "fraction", "measure_s", "full_grid_s", '
-                        '"saved_s", "saved", "out"} (times are estimates)')
+COMMANDS = (add_profile_parser, add_plan_parser, add_plot_parser, add_archive_parser, add_serve_parser,
+            add_stop_parser, add_status_parser, add_reconfigure_parser, add_bench_parser, add_demo_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -528,214 +837,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Latency-optimal CPU inference serving: profile a model's latency L(t, b) for t threads "
                     "and batch b, then plan the instances ⟨i, t, b⟩ that serve a batch fastest on T cores.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("profile", help="measure L(t, b) for a model, one fresh pinned process per point",
-                       description="Measure the latency of one model instance for every thread count t and batch "
-                                   "size b of a grid. Each point runs in a fresh process pinned to t physical cores "
-                                   "of one socket (torch.set_num_threads(t), one inter-op thread). With "
-                                   f"--contention{' (the default)' if profiler.DEFAULT_CONTENTION else ''} each "
-                                   "point is also measured while ⌊T/t⌋ copies of it run side by side on the T "
-                                   "cores this process may use, as a plan of that point runs them. Points "
-                                   "already in --out are skipped, so an interrupted run resumes where it stopped.",
-                       epilog="example: packrat profile --model resnet50 --threads 1-2 --batches 1,2,4,8,16 "
-                              "--min-time 2 --out profiles/resnet50.csv")
-    p.add_argument("--model", default="resnet50",
-                   help="zoo name (tiny, resnet50, inception_v3, bert_base, gpt2, squeezenet, randwire, nasnet), "
-                        "a TorchScript file, "
-                        "or package.module:factory (default: resnet50)")
-    p.add_argument("--input-shape", type=shape, default=None,
-                   help="shape of one input sample, e.g. 3,224,224 (needed for TorchScript files and factories)")
-    p.add_argument("--threads", type=int_list, default=None,
-                   help="thread counts, e.g. 1-4 or 1,2,4 (default: 1..the cores this process may use)")
-    p.add_argument("--batches", type=int_list, default=None,
-                   help=f"batch sizes (default: {DEFAULT_BATCHES}, or the replayed profile's)")
-    p.add_argument("--warmup", type=int, default=10, help="untimed runs before measuring (default: 10)")
-    timing = p.add_mutually_exclusive_group()
-    timing.add_argument("--iters", type=positive(int), default=100,
-                        help="timed runs per point (default: 100)")
-    timing.add_argument("--min-time", type=positive(float), default=None, metavar="S",
-                        help="instead of --iters: time runs for at least S seconds per point (≥ 3 runs)")
-    p.add_argument("--eager", action="store_true", help="measure eager mode even if TorchScript works")
-    p.add_argument("--ios", action="store_true",
-                   help="profile IOS-compiled instances: each point runs the model by the IOS schedule for its "
-                        "threads and batch (searched once, then cached in --ios-cache)")
-    ios_cache_arg(p)
-    contention_args(p)
-    adaptive_args(p)
-    p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_profile)
-
-    p = sub.add_parser("plan", help="the latency-optimal instances for T threads and batch B",
-                       description="Choose instances ⟨threads, batch⟩ (they may differ) whose threads sum to at "
-                                   "most T and whose batches sum to B, minimising the slowest instance's "
-                                   "profiled latency (exact dynamic program). Ties go to fewer instances, then "
-                                   "fewer threads. The profile may come from another machine: T may exceed this "
-                                   "machine's cores (cores are then numbered 0..T-1). Exit status 2 when no plan "
-                                   "is possible.",
-                       epilog="example: packrat plan --profile profiles/resnet50.csv --threads 16 --batch 32 --json")
-    p.add_argument("--profile", type=Path, required=True, help="profile CSV written by `packrat profile`")
-    p.add_argument("--threads", type=positive(int), default=None,
-                   help="T, the cores to plan for (default: the cores this process may use)")
-    p.add_argument("--batch", type=positive(int), default=None,
-                   help="B, the batch to serve (default: every profiled batch size, as a table)")
-    p.add_argument("--latency", choices=LATENCIES, default=None,
-                   help="which profiled figure to plan with: loaded (measured beside copies of itself, from "
-                        "`packrat profile --contention`) or isolated (measured alone) (default: the profile's "
-                        "primary figure, loaded where it has one)")
-    p.add_argument("--json", action="store_true",
-                   help="print JSON: {threads, batch, expected_latency_ms, fat_latency_ms, instances: "
-                        "[{threads, batch, cores}], latency: loaded|isolated} (a list of them without --batch)")
-    p.set_defaults(func=cmd_plan)
-
-    p = sub.add_parser("plot", help="PNG heat-map of L(t, b) and planned vs fat latency per batch",
-                       epilog="example: packrat plot --profile profiles/resnet50.csv --threads 2 --out plots")
-    p.add_argument("--profile", type=Path, required=True, help="profile CSV")
-    p.add_argument("--threads", type=positive(int), default=None,
-                   help="T for the planned-vs-fat plot (default: the largest profiled thread count)")
-    p.add_argument("--out", type=Path, default=Path("plots"), help="output directory (default: plots)")
-    p.set_defaults(func=cmd_plot)
-
-    def model_args(p, profile_help: str = "profile CSV (default: profiles/MODEL.csv; when that is missing, one is "
-                                          "measured there first on a small grid and reused next time)"):
-        p.add_argument("--model", default="resnet50",
-                       help="zoo name, TorchScript file or package.module:factory (default: resnet50)")
-        p.add_argument("--profile", type=Path, default=None, help=profile_help)
-        p.add_argument("--input-shape", type=shape, default=None, help="one input sample's shape, e.g. 3,224,224")
-
-    def batching_args(p):
-        p.add_argument("--batch-size", type=positive(int), default=8,
-                       help="TorchServe's batch size B; the plan is made for it (default: 8)")
-        p.add_argument("--max-batch-delay", type=positive(int), default=50, metavar="MS",
-                       help="how long TorchServe waits to fill a batch (default: 50 ms)")
-        p.add_argument("--plan", choices=("auto", "fat"), default="auto",
-                       help="auto: the planner's instances; fat: one instance with every core (default: auto)")
-        p.add_argument("--no-reconfigure", dest="reconfigure", action="store_false",
-                       help="keep the plan for --batch-size instead of following the observed batch sizes")
-        ios_cache_arg(p, "a profile taken with --ios is served by IOS-compiled instances; their schedules come "
-                         "from here")
-
-    def request_args(p):
-        p.add_argument("--tokenizer", type=tokenizer_path, default=None, metavar="DIR",
-                       help="a directory holding a Hugging Face tokenizer.json (or the file): token models then "
-                            "also take text/plain requests")
-        p.add_argument("--labels", type=labels_path, default=None, metavar="FILE",
-                       help='class names for classifier answers: TorchServe\'s index_to_name.json '
-                            '({"0": "tench", ...})')
-        p.add_argument("--max-body-mb", type=positive(float), default=16.0, metavar="MB",
-                       help="largest request body accepted; larger ones get 413 (default: 16)")
-        p.add_argument("--truncate-text", action="store_true",
-                       help="cut text longer than the model takes to its length (default: answer it 413)")
-
-    p = sub.add_parser("archive", help="build the model archive (.mar) for TorchServe",
-                       description="Build NAME.mar with torch-model-archiver: the packrat handler, the profile "
-                                   "and a model-config.yaml (batch size, delay, one worker, packrat settings). "
-                                   "The worker plans for the batch size and the cores it may use.",
-                       epilog="example: packrat archive --model resnet50 --batch-size 8 --export-path model_store")
-    model_args(p)
-    batching_args(p)
-    request_args(p)
-    p.add_argument("--handler", choices=("packrat", "stock"), default="packrat",
-                   help="packrat (default) or stock: the in-process baseline handler, TorchServe's default workers")
-    p.add_argument("--export-path", type=Path, default=Path("model_store"), help="default: model_store")
-    p.set_defaults(func=cmd_archive)
-
-    p = sub.add_parser("serve", help="start TorchServe with the packrat handler and wait until it is READY",
-                       description="Archive the model, write a TorchServe config (loopback addresses, every "
-                                   "port set, token authorisation on unless disabled, quiet logs), run "
-                                   "`torchserve --start`, and wait until the management API shows every "
-                                   "worker READY. The model is served as /predictions/NAME.",
-                       epilog="example: packrat serve --model resnet50 --batch-size 8 --max-batch-delay 50")
-    model_args(p)
-    batching_args(p)
-    request_args(p)
-    p.add_argument("--inference-port", type=positive(int), default=8080)
-    p.add_argument("--management-port", type=positive(int), default=8081)
-    p.add_argument("--metrics-port", type=positive(int), default=8082)
-    p.add_argument("--grpc-inference-port", type=positive(int), default=7070)
-    p.add_argument("--grpc-management-port", type=positive(int), default=7071)
-    p.add_argument("--disable-token-auth", action="store_true",
-                   help="turn TorchServe's token authorisation off (it is on by default)")
-    p.add_argument("--run-dir", type=Path, default=Path(".packrat/serve"),
-                   help="config, logs, key file and TorchServe's TEMP (default: .packrat/serve)")
-    p.add_argument("--timeout", type=positive(float), default=300.0, help="seconds to wait for READY")
-    p.set_defaults(func=cmd_serve)
-
-    p = sub.add_parser("stop", help="stop the TorchServe started by `packrat serve` and wait for it to exit")
-    p.add_argument("--run-dir", type=Path, default=Path(".packrat/serve"), help="default: .packrat/serve")
-    p.set_defaults(func=cmd_stop)
-
-    p = sub.add_parser("status", help="the served plan and the last reconfigurations",
-                       description="Ask the running packrat handler (through TorchServe's management API) for "
-                                   "its current plan, how its instances run the model (script, eager or ios) "
-                                   "and its recent reconfigurations.")
-    p.add_argument("--run-dir", type=Path, default=Path(".packrat/serve"), help="default: .packrat/serve")
-    p.add_argument("--last", type=positive(int), default=10, help="reconfigurations to list (default: 10)")
-    p.add_argument("--json", action="store_true",
-                   help='print {"plan": <as packrat plan --json>, "mode": "script"|"eager"|"ios", "health": {"instances", '
-                        '"ready", "respawning", "respawn_failures", "unavailable", "queued", "answered", "refused"}, '
-                        '"reconfigurations": [{"from_batch", "to_batch", '
-                        '"reason", "seconds", "failed_requests", ...}]}')
-    p.set_defaults(func=cmd_status)
-
-    p = sub.add_parser("bench", help="load-test stock TorchServe, the fat plan and the packrat plan with locust",
-                       description="For each batch size, one after another: (a) stock TorchServe (in-process "
-                                   "handler, default workers), (b) the packrat handler with the fat plan, (c) the "
-                                   "packrat handler with the planned instances; each server started once, warmed up, "
-                                   "then loaded by locust headless once per --users pattern (optionally killing "
-                                   "pool instances, --kill-every). Prints p50/p95/p99, throughput, failures and "
-                                   "kills, and writes a "
-                                   "PNG of the latency distributions and the JSON results. --pool-only measures "
-                                   "the pool without TorchServe or Java.",
-                       epilog="example: packrat bench --model resnet50 --batch-size 2,4,8 --duration 30")
-    model_args(p)
-    p.add_argument("--batch-size", type=int_list, default=[8], help="batch sizes, e.g. 2,4,8 (default: 8)")
-    p.add_argument("--duration", type=positive(float), default=30.0, help="seconds of load per run (default: 30)")
-    p.add_argument("--users", type=users_list, default=[bench.BATCH_USERS], metavar="PATTERNS",
-                   help="locust users per run, relative to the batch size B: e.g. B,2B or 4,2B (integers, B, kB); "
-                        "each is run against every configuration (default: B)")
-    p.add_argument("--payload", choices=("jpeg", "text", "raw", "json"), default=None,
-                   help="request body: jpeg (a 500x375 photo), text (an English paragraph), raw (tensor bytes), "
-                        "json (nested lists) (default: the model's natural one: jpeg for image models, text for "
-                        "token models, raw otherwise)")
-    tok = p.add_mutually_exclusive_group()
-    tok.add_argument("--tokenizer", type=tokenizer_path, default=None, metavar="DIR",
-                     help="directory holding the tokenizer.json the servers use (needed for the text payload)")
-    tok.add_argument("--demo-tokenizer", action="store_true",
-                     help="build a small offline tokenizer into OUT/tokenizer/ and use it (BERT: WordPiece, "
-                          "GPT-2: byte-level BPE)")
-    p.add_argument("--kill-every", type=positive(float), default=None, metavar="S",
-                   help="during each measured run of the packrat configurations, kill -9 one pool instance every "
-                        "S seconds (round robin); the kills are counted in the table and JSON")
-    p.add_argument("--pool-only", action="store_true",
-                   help="no TorchServe: in-process model vs fat pool vs handler path vs planned pool")
-    p.add_argument("--rounds", type=positive(int), default=20, help="with --pool-only: timed rounds (default: 20)")
-    p.add_argument("--shape", choices=("steady", "step"), default="steady",
-                   help="step: a 1 ↔ B users step load against the packrat handler with reconfiguration on, "
-                        "and with the plan fixed for B and for 1; draws timelines with the plan changes")
-    p.add_argument("--cycles", type=positive(int), default=10, help="with --shape step: low/high cycles (default: 10)")
-    p.add_argument("--step-seconds", type=positive(float), default=12.0,
-                   help="with --shape step: seconds per step (default: 12)")
-    p.add_argument("--out", type=Path, default=Path("out/bench"), help="results directory (default: out/bench)")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.set_defaults(func=cmd_bench)
-
-    p = sub.add_parser("demo", help="profile, plan, plot, then serve and load-test (the README's main job)",
-                       description="The main job on a small grid: profile (cached), plan for every profiled "
-                                   "batch on this machine's cores, print the plans, write the plots, then serve "
-                                   "in TorchServe (stock, fat, plan) under a short locust load and print the table.")
-    p.add_argument("--model", default="resnet50", help="zoo model (default: resnet50)")
-    p.add_argument("--batches", type=int_list, default=[1, 2, 4, 8],
-                   help="batch sizes (default: 1,2,4,8)")
-    p.add_argument("--min-time", type=positive(float), default=2.0, metavar="S",
-                   help="seconds of timed runs per point (default: 2)")
-    p.add_argument("--out-dir", type=Path, default=Path("out"),
-                   help="where plots/ and bench/ go (default: out); the profile is profiles/MODEL.csv, as for "
-                        "serve, archive and bench")
-    p.add_argument("--serve-batch", type=positive(int), default=4, help="batch size served (default: 4)")
-    p.add_argument("--duration", type=positive(float), default=15.0, help="seconds of load per run (default: 15)")
-    p.add_argument("--no-serve", action="store_true", help="stop after the plots")
-    p.set_defaults(func=cmd_demo)
+    for add_parser in COMMANDS:
+        add_parser(sub)
     return parser
 
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import REASON_CHARS, RequestError, first_line  # noqa: F401 (re-exported)
+
 TOP_K = 5
 TASKS = ("classification", "embedding", "language-model")
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
@@ -36,18 +38,6 @@ V2_DTYPES = {"FP32": torch.float32, "FP64": torch.float64, "FP16": torch.float16
              "INT64": torch.int64, "INT32": torch.int32, "INT16": torch.int16, "INT8": torch.int8,
              "UINT8": torch.uint8, "BOOL": torch.bool}
 V2_INPUTS = ("FP32", "FP64", "FP16", "INT64", "INT32", "INT16", "INT8", "UINT8")
-REASON_CHARS = 200  # a reason quotes at most this much of an exception message
-
-
-class RequestError(Exception):
-    def __init__(self, status: int, reason: str):
-        super().__init__(reason)
-        self.status, self.reason = status, reason
-
-
-def first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:REASON_CHARS] if lines else type(exc).__name__
 
 
 @dataclass(frozen=True)

@@ -94,11 +94,25 @@ class Controller:
             if now < self._retry_at:  # failed recently: ask again at a later check
                 self.estimator.current = self.plan.batch
                 return
-            self._building = target
-            reason = f"estimated batch size {target} (moving average {self.estimator.average:.1f})"
-            self._switching = threading.Thread(target=self.switch, args=(target, reason), daemon=True,
-                                               name="packrat-reconfigure")
-            self._switching.start()
+            self._start_switch(target, f"estimated batch size {target} "
+                                       f"(moving average {self.estimator.average:.1f})")
+
+    def request(self, target: int, reason: str) -> bool:
+        """Switch to the plan for `target` now (an operator's request); False while a switch is
+        under way. The estimator then judges later load against the new plan."""
+        with self._lock:
+            if self._switching is not None:
+                return False
+            self.estimator.current = target
+            self._start_switch(target, reason)
+            return True
+
+    def _start_switch(self, target: int, reason: str) -> None:
+        """Caller holds the lock and has checked no switch is under way."""
+        self._building = target
+        self._switching = threading.Thread(target=self.switch, args=(target, reason), daemon=True,
+                                           name="packrat-reconfigure")
+        self._switching.start()
 
     # ---- switching ----------------------------------------------------------------------------
 

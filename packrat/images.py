@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from .codec import RequestError, first_line
+from .errors import RequestError, first_line
 
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")  # what Pillow may open: no obscure decoders
 CROP_FRACTION = 0.875  # 224 of 256, 299 of 342

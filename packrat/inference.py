@@ -10,7 +10,8 @@ import json
 
 import torch
 
-from .codec import Codec, RequestError, first_line
+from .codec import Codec
+from .errors import RequestError, first_line
 
 Reply = tuple[int, bytes, str]  # status, JSON body, one-line reason ("" when 200); pool.Answer wraps it
 

@@ -26,6 +26,8 @@ import handlers
 HANDLERS = Path(handlers.__file__).parent
 LOG_CONFIG = Path(__file__).parent / "log4j2.xml"
 STATE_FILE = "server.json"
+CONTROL_DIR = "control"  # in the run dir: requests to the running handler, one JSON file per model
+CONTROL_ENV = "PACKRAT_CONTROL_DIR"  # tells the handler where to look
 DEFAULT_IOS_CACHE = Path("profiles/ios-schedules")  # where `packrat profile --ios` keeps schedules
 
 
@@ -76,6 +78,10 @@ class Server:
     def key_file(self) -> Path:
         return self.run_dir / "key_file.json"
 
+    @property
+    def control_dir(self) -> Path:
+        return self.run_dir / CONTROL_DIR
+
     def key(self, api: str) -> str | None:
         """The bearer token for 'inference' or 'management' (None without token auth)."""
         if not self.token_auth:
@@ -86,6 +92,7 @@ class Server:
         env = dict(os.environ)
         env.update(TEMP=str(self.run_dir / "tmp"), LOG_LOCATION=str(self.run_dir / "logs"),
                    METRICS_LOCATION=str(self.run_dir / "logs"))
+        env[CONTROL_ENV] = str(self.control_dir)
         return env
 
     def save(self) -> None:
@@ -139,11 +146,34 @@ class RequestSettings:
                                  f"  truncate_text: {str(self.truncate_text).lower()}\n")
 
 
+# How the pool recovers requests (the `packrat:` section's keys); each is written only when given,
+# so that the pool's own default applies otherwise.
+RECOVERY_KEYS = (
+    "request_timeout_s",  # a request waiting and running longer is answered 504 (pool default: 120 s)
+    "max_queue",  # requests waiting beyond this are answered 503 at once (pool default: 1000)
+    "batch_timeout_s",  # a batch running longer marks its instance hung (default: derived from the profile)
+    "hang_factor",  # that derivation: hang_factor × the profiled latency of the batch ...
+    "hang_floor_s",  # ... and at least this
+)
+
+
+def recovery_yaml(recovery: dict | None) -> str:
+    """The `packrat:` lines for the recovery settings given (not None), in RECOVERY_KEYS order."""
+    recovery = recovery or {}
+    unknown = set(recovery) - set(RECOVERY_KEYS)
+    if unknown:
+        raise ValueError(f"unknown recovery setting(s) {sorted(unknown)}: expected some of {list(RECOVERY_KEYS)}")
+    return "".join(f"  {key}: {json.dumps(recovery[key])}\n" for key in RECOVERY_KEYS
+                   if recovery.get(key) is not None)
+
+
 def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_delay_ms: int,
                       plan: str, handler: str, input_shape: tuple[int, ...] | None, reconfigure: bool = True,
                       plan_batch: int | None = None, estimator: dict | None = None, ios: bool = False,
-                      requests: str = "", async_worker: bool = True, gather_ms: float | None = None) -> str:
-    """TorchServe's per-model config; packrat's own settings live under `packrat:`.
+                      requests: str = "", async_worker: bool = True, gather_ms: float | None = None,
+                      recovery: dict | None = None) -> str:
+    """TorchServe's per-model config; packrat's own settings live under `packrat:`, the recovery
+    settings (RECOVERY_KEYS) only those given.
 
     The packrat handler gets one worker (the pool uses every core) in TorchServe's asynchronous
     mode with (almost) no batch delay: batches go to the pool as they form and the pool batches for its
@@ -164,7 +194,8 @@ def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_
             f"packrat:\n  model: {json.dumps(model)}\n  profile: {json.dumps(profile_name)}\n"
             f"  plan: {plan}\n  input_shape: {shape}\n  reconfigure: {str(reconfigure).lower()}\n"
             f"  plan_batch: {plan_batch or batch_size}\n  max_batch: {batch_size}\n  ios: {str(ios).lower()}\n"
-            + requests + (f"  gather_ms: {gather_ms}\n" if gather_ms is not None else "")
+            + requests + recovery_yaml(recovery)
+            + (f"  gather_ms: {gather_ms}\n" if gather_ms is not None else "")
             + (f"  estimator: {json.dumps(estimator)}\n" if estimator else ""))
 
 
@@ -174,18 +205,23 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
             plan_batch: int | None = None, estimator: dict | None = None,
             ios_cache: Path = DEFAULT_IOS_CACHE, tokenizer: Path | None = None, labels: Path | None = None,
             max_body_bytes: int = RequestSettings.max_body_bytes, truncate_text: bool = False,
-            async_worker: bool = True, gather_ms: float | None = None) -> Path:
+            async_worker: bool = True, gather_ms: float | None = None, request_timeout_s: float | None = None,
+            max_queue: int | None = None, batch_timeout_s: float | None = None, hang_factor: float | None = None,
+            hang_floor_s: float | None = None) -> Path:
     """Build NAME.mar with torch-model-archiver: handler, profile, settings, the tokenizer and
     labels the requests are read and answered with (and the model file for a TorchScript model).
     Zoo models are rebuilt from code in the worker. A profile taken with IOS-compiled instances is
     served by them: the archive carries the model's cached schedules from `ios_cache` (the pool
-    searches any that are missing)."""
+    searches any that are missing). The recovery settings (request_timeout_s ... hang_floor_s, see
+    RECOVERY_KEYS) are written only when given: the pool's defaults apply to the others."""
     from .models import resolve
     from .profile import load
 
     spec = resolve(model, input_shape)  # fail here on an unknown model, not in a worker
     name = name or Path(model).stem.replace(":", "_").replace(".", "_")
     requests = RequestSettings(tokenizer, labels, max_body_bytes, truncate_text)
+    recovery = {"request_timeout_s": request_timeout_s, "max_queue": max_queue, "batch_timeout_s": batch_timeout_s,
+                "hang_factor": hang_factor, "hang_floor_s": hang_floor_s}
     shipped = requests.files()
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as staging:
@@ -208,7 +244,7 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
         config = staging / "model-config.yaml"
         config.write_text(model_config_yaml(model_ref, profile_name, batch_size, max_batch_delay_ms, plan,
                                             handler, input_shape, reconfigure, plan_batch, estimator, ios,
-                                            requests.yaml(shipped), async_worker, gather_ms))
+                                            requests.yaml(shipped), async_worker, gather_ms, recovery))
         cmd = ["torch-model-archiver", "--model-name", name, "--version", "1.0",
                "--handler", str(HANDLERS / f"{handler}_handler.py"), "--config-file", str(config),
                "--extra-files", ",".join(map(str, extra)), "--export-path", str(out_dir), "--force"]
@@ -260,8 +296,10 @@ def config_properties(ports: Ports, model_store: Path, token_auth: bool, extra: 
 def start(server: Server, mar: Path, *, timeout: float = 300.0) -> Server:
     """torchserve --start in server.run_dir, then wait until every worker is READY."""
     run_dir = server.run_dir
-    for sub in ("tmp", "logs", "model_store"):
+    for sub in ("tmp", "logs", "model_store", CONTROL_DIR):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    for left in (control_file(server.control_dir, server.model), worker_file(server.control_dir, server.model)):
+        left.unlink(missing_ok=True)  # left by an earlier run
     store = run_dir / "model_store"
     if mar.resolve().parent != store.resolve():
         shutil.copy(mar, store / mar.name)
@@ -296,6 +334,44 @@ def _get(server: Server, path: str, timeout: float = 5.0):
         request.add_header("Authorization", f"Bearer {server.key('management')}")
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
+
+
+def _put(server: Server, path: str, timeout: float = 120.0) -> None:
+    request = urllib.request.Request(server.management_url + path, method="PUT")
+    if server.token_auth and server.key_file.exists():
+        request.add_header("Authorization", f"Bearer {server.key('management')}")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        response.read()
+
+
+def restart_worker(server: Server) -> None:
+    """Scale the model to no worker and back to one: a fresh worker thread on TorchServe's side.
+
+    TorchServe 0.12 restarts a Python worker that died, but in its asynchronous mode the restarted
+    worker is never put back in service (its AsyncWorkerThread keeps `loadingFinished` from the first
+    load, so the new load's answer never marks the worker loaded, and it waits forever for work meant
+    for it alone). Scaling through the management API replaces the thread, which does load right."""
+    _put(server, f"/models/{server.model}?min_worker=0&max_worker=0&synchronous=true")
+    _put(server, f"/models/{server.model}?min_worker=1&max_worker=1&synchronous=false")
+
+
+def worker_file(control_dir: str | Path, model: str) -> Path:
+    return Path(control_dir) / f"{model}.worker.json"
+
+
+def note_worker_start(control_dir: str | Path, model: str, pid: int) -> bool:
+    """Record that worker `pid` serves the model; True when it replaces a worker that died (not one
+    that restart_worker stopped on purpose), i.e. when TorchServe restarted a crashed worker."""
+    import psutil
+
+    path = worker_file(control_dir, model)
+    try:
+        previous = json.loads(path.read_text())
+        replaces_dead = not psutil.pid_exists(int(previous["pid"])) and not previous.get("restarting")
+    except (OSError, ValueError, KeyError, TypeError):
+        replaces_dead = False
+    _write_atomically(path, {"pid": pid, "restarting": replaces_dead})
+    return replaces_dead
 
 
 def worker_status(server: Server) -> list[str]:
@@ -359,3 +435,46 @@ def stop(server: Server, timeout: float = 60.0) -> None:
     """torchserve --stop, waiting for Java (and so the workers and their pools) to exit."""
     cmd = [str(Path(sys.executable).parent / "torchserve"), "--stop", "--foreground"]
     subprocess.run(cmd, cwd=server.run_dir, env=server.env(), capture_output=True, text=True, timeout=timeout)
+
+
+# ---- requests to the running handler ------------------------------------------------------------
+
+def control_file(control_dir: str | Path, model: str) -> Path:
+    return Path(control_dir) / f"{model}.json"
+
+
+def request_reconfigure(server: Server, batch: int) -> Path:
+    """Ask the running handler to switch to the plan for `batch` now: writes
+    RUN_DIR/control/MODEL.json = {"batch", "requested_at"} atomically (a temporary file, then
+    os.replace), which the handler polls (read_reconfigure_request). Returns the file."""
+    if not _is_batch(batch):
+        raise ValueError(f"the batch size to reconfigure for must be an integer >= 1, got {batch!r}")
+    path = control_file(server.control_dir, server.model)
+    _write_atomically(path, {"batch": batch, "requested_at": time.time()})
+    return path
+
+
+def _write_atomically(path: Path, content) -> None:
+    """JSON into `path` through a temporary file and os.replace, so a reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+                                     delete=False) as out:
+        json.dump(content, out)
+    os.replace(out.name, path)
+
+
+def read_reconfigure_request(control_dir: str | Path, model: str) -> tuple[int, float] | None:
+    """(batch, requested_at) of the model's reconfiguration request in `control_dir` (the
+    handler's PACKRAT_CONTROL_DIR); None when there is none or it is unreadable."""
+    try:
+        request = json.loads(control_file(control_dir, model).read_text())
+        batch, requested_at = request["batch"], request["requested_at"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not _is_batch(batch) or isinstance(requested_at, bool) or not isinstance(requested_at, (int, float)):
+        return None
+    return batch, float(requested_at)
+
+
+def _is_batch(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from .codec import RequestError, first_line
+from .errors import RequestError, first_line
 
 PAD_TOKENS = ("[PAD]", "<pad>", "<|endoftext|>")  # BERT, T5/RoBERTa-style, GPT-2
 

@@ -389,3 +389,127 @@ def test_profile_replay_prints_points_against_the_grid(tmp_path, capsys):
     assert len(cli.load(out).latency) == body["points"]
     assert main(["profile", "--replay", str(full), "--out", str(out), "--quiet"]) == 0
     assert f"{body['points']} of the grid's 56 points" in capsys.readouterr().out
+
+
+# --- request recovery settings, reconfigure requests --------------------------------------------
+
+RECOVERY_FLAGS = ["--request-timeout", "30", "--max-queue", "50", "--batch-timeout", "7.5"]
+
+
+@pytest.mark.parametrize("command", ["archive", "serve"])
+def test_recovery_flags_parse_and_default_to_the_pools(command):
+    args = cli.build_parser().parse_args([command] + RECOVERY_FLAGS)
+    assert (args.request_timeout, args.max_queue, args.batch_timeout) == (30.0, 50, 7.5)
+    args = cli.build_parser().parse_args([command])
+    assert (args.request_timeout, args.max_queue, args.batch_timeout) == (None, None, None)
+
+
+@pytest.mark.parametrize("flag,value", [("--request-timeout", "0"), ("--request-timeout", "-1"),
+                                        ("--request-timeout", "soon"), ("--max-queue", "0"),
+                                        ("--max-queue", "1.5"), ("--batch-timeout", "0")])
+def test_bad_recovery_flags_name_the_flag(flag, value, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["serve", flag, value])
+    assert info.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+
+
+def test_archive_passes_recovery_settings(tmp_path, monkeypatch, profile):
+    seen = {}
+    monkeypatch.setattr(cli.serving, "archive", lambda model, prof, out, **kw: seen.update(kw) or out / "tiny.mar")
+    assert main(["archive", "--model", "tiny", "--profile", str(profile), "--export-path", str(tmp_path)]) == 0
+    assert (seen["request_timeout_s"], seen["max_queue"], seen["batch_timeout_s"]) == (None, None, None)
+    assert main(["archive", "--model", "tiny", "--profile", str(profile), "--export-path", str(tmp_path)]
+                + RECOVERY_FLAGS) == 0
+    assert (seen["request_timeout_s"], seen["max_queue"], seen["batch_timeout_s"]) == (30.0, 50, 7.5)
+
+
+def packrat_section(text: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(text)["packrat"]
+
+
+def test_model_config_yaml_writes_recovery_keys_only_when_given():
+    from packrat import serving
+
+    base = ("resnet50", "profile.csv", 8, 50, "auto", "packrat", None)
+    assert not set(serving.RECOVERY_KEYS) & set(packrat_section(serving.model_config_yaml(*base)))
+    given = {"request_timeout_s": 30.0, "max_queue": 50, "batch_timeout_s": None, "hang_factor": 4, "hang_floor_s": 2.5}
+    section = packrat_section(serving.model_config_yaml(*base, recovery=given))
+    assert {k: section[k] for k in serving.RECOVERY_KEYS if k in section} == \
+        {"request_timeout_s": 30.0, "max_queue": 50, "hang_factor": 4, "hang_floor_s": 2.5}
+    assert section["max_batch"] == 8  # the rest as before
+    with pytest.raises(ValueError, match="unknown recovery setting"):
+        serving.model_config_yaml(*base, recovery={"request_timeout": 30})
+
+
+def test_archive_writes_the_recovery_settings_given(tmp_path, monkeypatch, profile):
+    from packrat import serving
+
+    configs = []
+
+    def fake_tool(cmd):  # torch-model-archiver: keep the config it would pack
+        configs.append(Path(cmd[cmd.index("--config-file") + 1]).read_text())
+
+    monkeypatch.setattr(serving, "_run_tool", fake_tool)
+    serving.archive("tiny", profile, tmp_path, batch_size=4)
+    serving.archive("tiny", profile, tmp_path, batch_size=4, request_timeout_s=60.0, max_queue=10,
+                    batch_timeout_s=3.0, hang_factor=8.0, hang_floor_s=1.0)
+    assert not set(serving.RECOVERY_KEYS) & set(packrat_section(configs[0]))
+    section = packrat_section(configs[1])
+    assert [section[k] for k in serving.RECOVERY_KEYS] == [60.0, 10, 3.0, 8.0, 1.0]
+
+
+def test_reconfigure_request_round_trip(tmp_path):
+    from packrat import serving
+
+    server = serving.Server(tmp_path / "run", "toy")
+    assert server.env()[serving.CONTROL_ENV] == str(tmp_path / "run" / "control")
+    assert serving.read_reconfigure_request(server.control_dir, "toy") is None  # none asked for
+    before = time.time()
+    path = serving.request_reconfigure(server, 16)
+    assert path == tmp_path / "run" / "control" / "toy.json"
+    assert [p.name for p in path.parent.iterdir()] == ["toy.json"]  # no temporary file left behind
+    batch, requested_at = serving.read_reconfigure_request(str(server.control_dir), "toy")
+    assert batch == 16 and before <= requested_at <= time.time()
+    assert serving.request_reconfigure(server, 2) == path
+    assert serving.read_reconfigure_request(path.parent, "toy")[0] == 2
+    assert serving.read_reconfigure_request(path.parent, "other") is None
+    for text in ("{not json", "[16]", '{"batch": 16}', '{"batch": "16", "requested_at": 1.0}',
+                 '{"batch": 0, "requested_at": 1.0}', '{"batch": true, "requested_at": 1.0}',
+                 '{"batch": 4, "requested_at": "now"}'):
+        path.write_text(text)
+        assert serving.read_reconfigure_request(path.parent, "toy") is None, text
+    with pytest.raises(ValueError):
+        serving.request_reconfigure(server, 0)
+
+
+def test_reconfigure_command_asks_the_recorded_server(tmp_path, monkeypatch, capsys):
+    from packrat import serving
+
+    run_dir = tmp_path / "run"
+    assert main(["reconfigure", "--run-dir", str(run_dir), "--batch", "4"]) == 2  # no server recorded
+    assert "no packrat server recorded" in capsys.readouterr().err
+    run_dir.mkdir()
+    serving.Server(run_dir, "toy", serving.Ports(), token_auth=False).save()
+    running = []
+    monkeypatch.setattr(cli.serving, "java_running", lambda server: bool(running))
+    assert main(["reconfigure", "--run-dir", str(run_dir), "--batch", "4"]) == 2
+    assert "TorchServe is not running" in capsys.readouterr().err
+    running.append(True)
+    assert main(["reconfigure", "--run-dir", str(run_dir), "--batch", "16", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body == {"batch": 16, "file": str(run_dir.resolve() / "control" / "toy.json")}
+    assert serving.read_reconfigure_request(run_dir / "control", "toy")[0] == 16
+    assert main(["reconfigure", "--run-dir", str(run_dir), "--batch", "2"]) == 0
+    assert "plan for batch size 2" in capsys.readouterr().out
+    assert serving.read_reconfigure_request(run_dir / "control", "toy")[0] == 2
+    for argv in (["reconfigure", "--run-dir", str(run_dir)], ["reconfigure", "--batch", "0"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "--batch" in capsys.readouterr().err
+
+
+def test_parser_starts_without_torch():
+    code = "import sys; from packrat import cli; cli.build_parser(); sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -169,3 +169,16 @@ def test_a_step_back_during_a_slow_switch_is_followed_afterwards():
     drive(controller, clock, 1, 3)  # the estimator must still see 1 as a change from 8
     assert controller.plan.batch == 1
     assert [r.to_batch for r in controller.reconfigurations] == [8, 1]
+
+
+def test_an_operators_request_switches_now_and_not_twice_at_once():
+    pool, clock = FakePool(), Clock()
+    controller = make(pool, clock, current=8)
+    pool.gate.clear()  # the first switch blocks while it builds
+    assert controller.request(2, "requested by packrat reconfigure (batch 2)")
+    assert not controller.request(4, "requested again")  # one switch at a time: asked again later
+    pool.gate.set()
+    controller.wait_idle(10)
+    assert controller.plan.batch == 2 and controller.estimator.current == 2
+    (record,) = controller.reconfigurations
+    assert (record.from_batch, record.to_batch) == (8, 2) and "packrat reconfigure" in record.reason
