@@ -28,6 +28,11 @@ imbalance max b/t over B/Σt, distinct shapes, instances) and taken round robin 
 counts (ends of the range first, then its midpoints), so the choice is deterministic and spans
 few to many instances.
 
+--family identical times a smaller, stated family instead, for many cores where even 40 pools per B
+take too long: i identical instances ⟨T/i threads, batch B/i⟩ for every i dividing both T and B
+(identical_configs; on 16 cores at B = 16 or 32: i = 1, 2, 4, 8, 16), plus the planner's two choices
+(the fat ⟨T, B⟩ is i = 1). The "oracle" is then the best of that family and the planner's choices.
+
 The profile (--profile, holding both figures) is measured when not given: profiles/oracle-MODEL.csv,
 t = 1..T and --batches, with contention (resumed when present). The planner needs each ⟨t, b⟩ it
 plans to be in the profile; configurations with other sub-batches are measured by the oracle only.
@@ -147,6 +152,17 @@ def balanced_configs(threads: int, batch: int) -> list[Config]:
     return [c for c in found if feasible(c, threads, batch)]
 
 
+def identical_configs(threads: int, batch: int) -> list[Config]:
+    """The identical-instance family: for every i dividing both T and B, i instances of
+    ⟨T/i threads, batch B/i⟩ (every core used, the batch split evenly), fewest instances first."""
+    return [((threads // i, batch // i),) * i for i in range(1, min(threads, batch) + 1)
+            if threads % i == 0 and batch % i == 0]
+
+
+FAMILIES = ("all", "identical")
+IDENTICAL_TEXT = "i identical instances ⟨T/i, B/i⟩ for every i dividing T and B, plus the planner's choices"
+
+
 def rank_key(config: Config, threads: int, batch: int) -> tuple:
     """Most plausible first: no idle core, then the batch most in proportion to the threads
     (the slowest instance's b/t over B/Σt; 1.0 is perfect), then fewer distinct shapes, fewer
@@ -182,9 +198,10 @@ def spread_order(n: int) -> list[int]:
 
 
 def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFIGS, keep: Iterable[Config] = (),
-                   exhaustive_limit: int = EXHAUSTIVE_LIMIT) -> tuple[list[Config], int | None]:
+                   exhaustive_limit: int = EXHAUSTIVE_LIMIT, family: str = "all") -> tuple[list[Config], int | None]:
     """The configurations to time for T = threads, B = batch, and how many feasible ones exist
-    (None: more than exhaustive_limit, so the candidates were balanced_configs).
+    (None: more than exhaustive_limit, so the candidates were balanced_configs, or family
+    "identical", whose candidates are identical_configs and which counts nothing).
 
     Every configuration in `keep` (e.g. the planner's choices, the fat ⟨T, B⟩) is included; the
     rest, up to max_configs in all (None: no bound), are the candidates ranked by rank_key and
@@ -197,8 +214,11 @@ def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFI
             raise ValueError(f"{label(config)} does not fit T={threads}, B={batch}")
         if config not in kept:
             kept.append(config)
-    everything = all_configs(threads, batch, exhaustive_limit)
-    candidates = everything if everything is not None else balanced_configs(threads, batch)
+    if family == "identical":
+        everything, candidates = None, identical_configs(threads, batch)
+    else:
+        everything = all_configs(threads, batch, exhaustive_limit)
+        candidates = everything if everything is not None else balanced_configs(threads, batch)
     chosen = set(kept)
     room = len(candidates) if max_configs is None else max(0, max_configs - len(kept))
     by_count: dict[int, list[Config]] = {}
@@ -341,7 +361,8 @@ def markdown(report: dict) -> str:
     lines = [f"{meta['model']}, T = {meta['threads']} threads ({meta.get('cpu', '?')}), medians of "
              f"{meta['rounds']} interleaved rounds; ⟨t,b⟩ = an instance with t threads at batch b; "
              "meas/best: measured latency over the oracle's; pred/meas: the planner's predicted latency over "
-             "its measured one.", "",
+             "its measured one." + (f" Configurations: {IDENTICAL_TEXT}; the oracle is the best of them."
+                                    if meta.get("family") == "identical" else ""), "",
              "| B | configs | oracle (best) | best ms | loaded plan | meas/best | pred/meas | isolated plan "
              "| meas/best | pred/meas | fat meas/best |",
              "|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|"]
@@ -463,9 +484,9 @@ def plan_batches(args, profile: Profile | None, topology: Topology) -> list[dict
         choices = {kind: planner_choice(profile, kind, threads, batch, topology) for kind in ("isolated", "loaded")} \
             if profile is not None else {}
         keep = [fat] + [tuple(map(tuple, c["config"])) for c in choices.values() if c.get("config")]
-        configs, feasible_count = select_configs(threads, batch, args.max_configs, keep)
+        configs, feasible_count = select_configs(threads, batch, args.max_configs, keep, family=args.family)
         plans.append({"batch": batch, "configs": configs, "feasible": feasible_count, "planner": choices,
-                      "fat": label(fat)})
+                      "fat": label(fat), "family": args.family})
     return plans
 
 
@@ -478,6 +499,7 @@ def estimate(plans: list[dict], profile: Profile, args) -> list[dict[str, float]
 def print_plans(plans: list[dict], estimates: list[dict] | None, args) -> None:
     for i, p in enumerate(plans):
         feasible_text = (f"of {p['feasible']} feasible" if p["feasible"] is not None
+                         else f"({IDENTICAL_TEXT})" if p.get("family") == "identical"
                          else f"of more than {EXHAUSTIVE_LIMIT} feasible (balanced family)")
         line = f"B={p['batch']}: {len(p['configs'])} configurations {feasible_text}"
         if estimates:
@@ -599,7 +621,8 @@ def _meta(args, topology: Topology, profile_path: Path, profile: Profile) -> dic
     from packrat.profiler import cpu_model
 
     return {"model": args.model, "threads": topology.num_cores, "cores": topology.cores, "rounds": args.rounds,
-            "warmup": args.warmup, "max_configs": args.max_configs, "seed": args.seed, "cpu": cpu_model(),
+            "warmup": args.warmup, "max_configs": args.max_configs, "family": args.family, "seed": args.seed,
+            "cpu": cpu_model(),
             "torch": torch.__version__, "python": platform.python_version(), "profile": str(profile_path),
             "profile_metadata": profile.metadata, "profile_loaded": profile.loaded,
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
@@ -699,6 +722,9 @@ def build_parser() -> argparse.ArgumentParser:
                              f"always among them; the rest by rank, round robin over instance counts (default: "
                              f"{MAX_CONFIGS}). Enumeration is exhaustive up to {EXHAUSTIVE_LIMIT} feasible "
                              "configurations, else from the balanced family (see above)")
+    parser.add_argument("--family", choices=FAMILIES, default="all",
+                        help="which configurations: all (every feasible one up to the bound above, the default) or "
+                             f"identical ({IDENTICAL_TEXT}: a handful per B, for many cores)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="profile CSV with loaded and isolated figures (default: profiles/oracle-MODEL.csv, "
                              "measured first with contention over t = 1..T and --batches when missing or "

@@ -603,6 +603,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"instances: {health['ready']}/{health['instances']} ready, {health['respawning']} respawning, "
               f"{health['respawn_failures']} failed respawn attempt(s); {health['queued']} queued, "
               f"{health['answered']} answered, {health['refused']} refused (503); {state}")
+        print(f"recovery: {health.get('watchdog_kills', 0)} hung instance(s) killed by the watchdog, "
+              f"{health.get('requeued', 0)} request(s) re-run after losing their instance, "
+              f"{health.get('expired', 0)} past their deadline (504)")
     records = status["reconfigurations"]
     print(f"{len(records)} reconfiguration(s){' (newest last)' if records else ''}")
     for r in records[-args.last:]:

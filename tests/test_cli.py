@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -513,3 +514,17 @@ def test_reconfigure_command_asks_the_recorded_server(tmp_path, monkeypatch, cap
 def test_parser_starts_without_torch():
     code = "import sys; from packrat import cli; cli.build_parser(); sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_status_reports_recovery_counts(monkeypatch, capsys, tmp_path):
+    health = {"instances": 2, "ready": 1, "respawning": 1, "respawn_failures": 0, "unavailable": None, "queued": 3,
+              "answered": 40, "refused": 0, "watchdog_kills": 2, "expired": 1, "requeued": 5}
+    plan = {"batch": 4, "threads": 2, "instances": [{"threads": 1, "batch": 2, "cores": [0]},
+                                                    {"threads": 1, "batch": 2, "cores": [1]}]}
+    monkeypatch.setattr(cli.serving.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny")))
+    monkeypatch.setattr(cli.serving, "handler_status", lambda server: {"plan": plan, "mode": "script",
+                                                                      "health": health, "reconfigurations": []})
+    assert cli.main(["status", "--run-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1/2 ready, 1 respawning" in out
+    assert "2 hung instance(s) killed by the watchdog, 5 request(s) re-run" in out and "1 past their deadline" in out

@@ -121,6 +121,29 @@ def test_balanced_family():
     assert oracle.canonical([(22, 22), (21, 21), (21, 21)]) in configs
 
 
+def test_identical_family():
+    assert oracle.identical_configs(16, 32) == [((16, 32),), ((8, 16),) * 2, ((4, 8),) * 4, ((2, 4),) * 8,
+                                                ((1, 2),) * 16]
+    assert oracle.identical_configs(12, 16) == [((12, 16),), ((6, 8),) * 2, ((3, 4),) * 4]
+    assert oracle.identical_configs(2, 1) == [((2, 1),)]
+    planned = oracle.canonical([(3, 4), (3, 4), (2, 4), (2, 2), (2, 2)])  # a planner's mixed choice
+    configs, feasible = oracle.select_configs(16, 16, keep=[((16, 16),), planned], family="identical")
+    assert feasible is None  # the family counts nothing: no enumeration of 237,034 multisets
+    assert set(configs) == set(oracle.identical_configs(16, 16)) | {planned}
+    assert configs == sorted(configs, key=lambda c: oracle.rank_key(c, 16, 16))
+    default, _ = oracle.select_configs(16, 16, keep=[planned])
+    assert len(default) > 2 * len(configs)  # the default family is unchanged: balanced, up to the cap
+
+
+def test_identical_family_is_stated():
+    parser = oracle.build_parser()
+    assert parser.parse_args([]).family == "all"
+    assert parser.parse_args(["--family", "identical"]).family == "identical"
+    report = oracle.build_report({**META, "family": "identical"}, [])
+    assert "identical instances" in oracle.markdown(report)
+    assert "identical" not in oracle.markdown(oracle.build_report(META, []))
+
+
 def test_rank_key_prefers_no_idle_then_balance():
     key = lambda c: oracle.rank_key(oracle.canonical(c), 2, 8)
     assert key([(2, 8)]) < key([(1, 8)])  # an idle core ranks last

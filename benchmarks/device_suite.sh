@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# The many-core suite: one command for a machine with many CPU cores (e.g. 16), torch installed,
+# no Java (nothing here starts TorchServe or locust). Everything it writes goes under OUT_DIR;
+# progress goes to stderr, and OUT_DIR/SUMMARY.md holds the tables for BENCHMARKS.md, each under
+# the exact command that produced it (rewritten after every step).
+#
+#   bash benchmarks/device_suite.sh OUT_DIR
+#
+# Steps, in order, with their default time budgets (about 7.5 minutes expected on 16 cores,
+# at most 9.5 with every budget spent):
+#   profile  (280 s) `packrat profile --adaptive` of MODEL on threads 1..T, batches 1,2,4,...,64,
+#                    isolated, 1 warm-up run and >= 0.5 s per point -> MODEL.csv, the --json summary
+#                    MODEL-adaptive.json, and the plan for every profiled batch MODEL-plans.json
+#   bench    (110 s) `packrat bench --pool-only`: fat vs planned pool at B = 8,16,32,64, 8
+#                    interleaved rounds, plans from MODEL.csv -> pool-bench/pool-bench.json
+#   oracle   (100 s) benchmarks/oracle.py --family identical at B = 16,32, 10 rounds: the planner's
+#                    loaded and isolated choices against i identical instances <T/i, B/i> -> oracle.json
+#   ios       (60 s) benchmarks/ios_networks.py, squeezenet, batch 1, 8 and 16 threads -> ios-networks/
+# A command that outlives its step's budget is interrupted (profiles resume; the oracle keeps each
+# finished B; IOS keeps each finished case), the suite goes on, and it exits with status 3 at the
+# end naming the step. Any other failure stops it at once.
+#
+# Settings (environment variables; defaults in brackets):
+#   SUITE_MODEL [resnet50]            zoo model for profile, bench and oracle
+#   SUITE_THREADS [every core]        T: the first T of the cores packrat sees (taskset pins every
+#                                     command to them when T is fewer); capped at what there is
+#   SUITE_PROFILE_BATCHES [1,2,4,8,16,32,64]
+#   SUITE_PROFILE_KIND [isolated]     or contention: each point also measured beside copies of itself
+#                                     (the loaded figures, which the oracle's loaded choice needs);
+#                                     about 2x the profile's time, budget 480 s: run it as a second
+#                                     command, SUITE_STEPS=profile,oracle, into another OUT_DIR
+#   SUITE_PROFILE_WARMUP [1]  SUITE_PROFILE_MIN_TIME [0.5]
+#   SUITE_BENCH_BATCHES [8,16,32,64]  SUITE_BENCH_ROUNDS [8]
+#   SUITE_ORACLE_BATCHES [16,32]      SUITE_ORACLE_ROUNDS [10]
+#   SUITE_IOS_MODELS [squeezenet]     SUITE_IOS_THREADS [8,16] (those above T dropped; T if none is
+#   SUITE_IOS_BATCHES [1]             left)
+#   SUITE_STEPS [profile,bench,oracle,ios]  e.g. profile,bench,oracle skips IOS
+#   SUITE_BUDGET_PROFILE, SUITE_BUDGET_BENCH, SUITE_BUDGET_ORACLE, SUITE_BUDGET_IOS  seconds
+# Python: .venv/bin/python when there is one, else python3. Re-running into the same OUT_DIR
+# resumes the profile and keeps finished IOS cases.
+
+set -euo pipefail
+
+usage() { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; }
+if [[ $# -ne 1 || $1 == -h || $1 == --help ]]; then
+    usage
+    [[ $# -eq 1 ]] && exit 0 || exit 2
+fi
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+mkdir -p "$1"
+OUT=$(cd "$1" && pwd)
+cd "$REPO"
+if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+# OUT as the commands show it: relative to the repository when inside it
+SHOWN_OUT=$(realpath -m --relative-to="$REPO" "$OUT")
+[[ $SHOWN_OUT == ..* ]] && SHOWN_OUT=$OUT
+
+MODEL=${SUITE_MODEL:-resnet50}
+PROFILE_BATCHES=${SUITE_PROFILE_BATCHES:-1,2,4,8,16,32,64}
+PROFILE_KIND=${SUITE_PROFILE_KIND:-isolated}
+PROFILE_WARMUP=${SUITE_PROFILE_WARMUP:-1}
+PROFILE_MIN_TIME=${SUITE_PROFILE_MIN_TIME:-0.5}
+BENCH_BATCHES=${SUITE_BENCH_BATCHES:-8,16,32,64}
+BENCH_ROUNDS=${SUITE_BENCH_ROUNDS:-8}
+ORACLE_BATCHES=${SUITE_ORACLE_BATCHES:-16,32}
+ORACLE_ROUNDS=${SUITE_ORACLE_ROUNDS:-10}
+IOS_MODELS=${SUITE_IOS_MODELS:-squeezenet}
+IOS_THREADS=${SUITE_IOS_THREADS:-8,16}
+IOS_BATCHES=${SUITE_IOS_BATCHES:-1}
+STEPS=",${SUITE_STEPS:-profile,bench,oracle,ios},"
+case $PROFILE_KIND in
+    isolated) default_profile_budget=280 ;;
+    contention) default_profile_budget=480 ;;
+    *) echo "device_suite: SUITE_PROFILE_KIND must be isolated or contention, not '$PROFILE_KIND'" >&2; exit 2 ;;
+esac
+declare -A BUDGET=([profile]=${SUITE_BUDGET_PROFILE:-$default_profile_budget} [bench]=${SUITE_BUDGET_BENCH:-110}
+                   [oracle]=${SUITE_BUDGET_ORACLE:-100} [ios]=${SUITE_BUDGET_IOS:-60})
+
+say() { echo "[suite $(date +%H:%M:%S)] $*" >&2; }
+die() { say "FAILED: $*"; exit 1; }
+wants() { [[ $STEPS == *",$1,"* ]]; }
+shell_words() {  # the arguments as one command line, quoting only where the shell needs it
+    local word line=""
+    for word in "$@"; do
+        [[ $word =~ ^[][A-Za-z0-9_./=:,+@%-]+$ ]] || word=$(printf '%q' "$word")
+        line+=" $word"
+    done
+    echo "${line# }"
+}
+
+# ---- preflight: python, torch, the cores -------------------------------------------------------
+
+"$PY" -c 'import torch, numpy, tqdm' 2>/dev/null \
+    || die "$PY cannot import torch, numpy and tqdm (run bash scripts/setup.sh, or install them)"
+read -r ALL_CORES T CPUS < <("$PY" - "${SUITE_THREADS:-0}" <<'EOF'
+import sys
+from packrat.topology import detect
+cores = detect().cores
+wanted = int(sys.argv[1]) or len(cores)
+chosen = cores[:max(1, min(wanted, len(cores)))]
+print(len(cores), len(chosen), ",".join(map(str, chosen)))
+EOF
+)
+[[ -n ${CPUS:-} ]] || die "could not read the cores with packrat.topology (SUITE_THREADS, if set, must be a number)"
+if [[ -n ${SUITE_THREADS:-} && $SUITE_THREADS -gt $ALL_CORES ]]; then
+    say "SUITE_THREADS=$SUITE_THREADS: packrat sees only $ALL_CORES cores; using T=$T"
+fi
+PIN=()
+if (( T < ALL_CORES )); then
+    command -v taskset >/dev/null || die "SUITE_THREADS=$T needs taskset to keep the commands on $T cores"
+    PIN=(taskset -c "$CPUS")
+fi
+ios_threads=$(tr ',' '\n' <<<"$IOS_THREADS" | awk -v t="$T" '$1 != "" && $1 <= t' | paste -sd, -)
+if wants ios && [[ $ios_threads != "$IOS_THREADS" ]]; then
+    say "IOS threads $IOS_THREADS capped to the $T cores: ${ios_threads:-$T}"
+fi
+IOS_THREADS=${ios_threads:-$T}
+
+STEPS_TSV=$OUT/steps.tsv
+: >"$STEPS_TSV"
+"$PY" - "$OUT/machine.json" "$T" "$CPUS" "$PY" <<'EOF'
+import datetime, json, os, platform, sys
+import torch
+from packrat.profiler import cpu_model
+path, threads, cpus, python = sys.argv[1:]
+settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SUITE_")}
+json.dump({"cpu": cpu_model(), "threads": int(threads), "cores": [int(c) for c in cpus.split(",")],
+           "logical_cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+           "python_path": python, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+           "settings": settings}, open(path, "w"), indent=2)
+EOF
+say "$MODEL on T=$T cores ($CPUS), python $PY, results in $OUT"
+
+# ---- steps ----------------------------------------------------------------------------------
+
+OVER=()  # steps that ran out of budget
+begin() {  # begin KEY TITLE
+    STEP=$1 STEP_TITLE=$2 STEP_START=$SECONDS STEP_STATUS=ok
+    say "($STEP) $STEP_TITLE: budget ${BUDGET[$STEP]} s"
+}
+run() {  # run LOG CMD...: CMD's stdout to LOG and stderr; returns 124 when the step's budget ran out
+    local log=$1 rc=0
+    shift
+    local shown
+    shown=$(shell_words "${PIN[@]}" "$@")
+    shown=${shown//"$OUT"/$SHOWN_OUT}
+    printf 'cmd\t%s\t%s\n' "$STEP" "$shown" >>"$STEPS_TSV"
+    local left=$(( BUDGET[$STEP] - (SECONDS - STEP_START) ))
+    if (( left <= 0 )); then
+        STEP_STATUS="budget spent: not run: $shown"
+        return 124
+    fi
+    say "\$ $shown"
+    timeout --signal=INT --kill-after=20 "$left" "${PIN[@]}" "$@" | tee "$log" >&2 || rc=$?
+    if (( rc == 124 || rc == 137 )); then
+        STEP_STATUS="stopped at its budget of ${BUDGET[$STEP]} s (SUITE_BUDGET_${STEP^^})"
+        say "($STEP) $STEP_STATUS"
+        return 124
+    fi
+    (( rc == 0 )) || die "($STEP) exit status $rc: $shown"
+}
+end() {
+    local took=$(( SECONDS - STEP_START ))
+    printf 'step\t%s\t%s\t%s\t%s\t%s\n' "$STEP" "$STEP_TITLE" "$took" "${BUDGET[$STEP]}" "$STEP_STATUS" >>"$STEPS_TSV"
+    [[ $STEP_STATUS == ok ]] || OVER+=("$STEP")
+    say "($STEP) took $took s (budget ${BUDGET[$STEP]} s)"
+    "$PY" benchmarks/device_suite_summary.py "$OUT"
+}
+
+PROFILE=$OUT/$MODEL.csv
+PROFILE_CMD=("$PY" -m packrat.cli profile --model "$MODEL" --adaptive --threads "1-$T" --batches "$PROFILE_BATCHES"
+             --warmup "$PROFILE_WARMUP" --min-time "$PROFILE_MIN_TIME" "--$PROFILE_KIND" --out "$PROFILE")
+if wants profile; then
+    begin profile "adaptive profile of $MODEL, threads 1-$T, batches $PROFILE_BATCHES, $PROFILE_KIND"
+    # the same command again with --json measures nothing (the run is complete) and prints the summary
+    if run "$OUT/$MODEL-profile.log" "${PROFILE_CMD[@]}" \
+        && run "$OUT/$MODEL-adaptive.json" "${PROFILE_CMD[@]}" --json; then
+        run "$OUT/$MODEL-plans.json" "$PY" -m packrat.cli plan --profile "$PROFILE" --threads "$T" --json || true
+    fi
+    end
+fi
+if [[ ! -s $PROFILE ]] && { wants bench || wants oracle; }; then
+    die "no profile at $PROFILE: the bench and oracle steps plan from it (add profile to SUITE_STEPS)"
+fi
+
+if wants bench; then
+    begin bench "pool-only bench, fat vs plan, B = $BENCH_BATCHES, $BENCH_ROUNDS rounds"
+    run "$OUT/pool-bench.txt" "$PY" -m packrat.cli bench --pool-only --model "$MODEL" --profile "$PROFILE" \
+        --batch-size "$BENCH_BATCHES" --rounds "$BENCH_ROUNDS" --out "$OUT/pool-bench" || true
+    end
+fi
+
+if wants oracle; then
+    begin oracle "planner vs the identical-instance family, B = $ORACLE_BATCHES, $ORACLE_ROUNDS rounds"
+    run "$OUT/oracle.txt" "$PY" benchmarks/oracle.py --model "$MODEL" --profile "$PROFILE" --threads "$T" \
+        --batches "$ORACLE_BATCHES" --rounds "$ORACLE_ROUNDS" --family identical --json "$OUT/oracle.json" || true
+    end
+fi
+
+if wants ios; then
+    begin ios "IOS on $IOS_MODELS, batch $IOS_BATCHES, threads $IOS_THREADS"
+    run "$OUT/ios-networks.md" "$PY" benchmarks/ios_networks.py --models "$IOS_MODELS" --batches "$IOS_BATCHES" \
+        --threads "$IOS_THREADS" --out "$OUT/ios-networks" || true
+    end
+fi
+
+say "done in $SECONDS s: $OUT/SUMMARY.md"
+if (( ${#OVER[@]} )); then
+    say "OVER BUDGET: ${OVER[*]} (their results are partial; raise SUITE_BUDGET_* or shrink their settings)"
+    exit 3
+fi
+echo "$OUT/SUMMARY.md"

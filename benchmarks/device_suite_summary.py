@@ -1,0 +1,201 @@
+"""SUMMARY.md for benchmarks/device_suite.sh, from what its steps left in OUT_DIR.
+
+    python benchmarks/device_suite_summary.py OUT_DIR
+
+Reads OUT_DIR/machine.json and OUT_DIR/steps.tsv (the suite's log: one `cmd` row per command, one
+`step` row per finished step) and each step's files; writes OUT_DIR/SUMMARY.md: the machine, the
+time each step took against its budget, then per step its commands and its tables, in the layout
+of BENCHMARKS.md. A step not run yet, or stopped at its budget, says so; the suite calls this after
+every step, so an interrupted run still has a summary of what finished.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+from packrat.profile import load
+
+HERE = Path(__file__).resolve().parent
+STEPS = {"profile": "(a) Adaptive profile", "bench": "(b) Pool-only bench: fat vs plan",
+         "oracle": "(c) Planner vs the identical-instance family", "ios": "(d) IOS on many cores"}
+LETTER = {key: title.split()[0] for key, title in STEPS.items()}
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(f"device_suite_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ms(value) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.1f}"
+
+
+def _ratio(top, bottom) -> str:
+    ok = all(v is not None and math.isfinite(v) for v in (top, bottom)) and bottom
+    return f"{top / bottom:.2f}×" if ok else "-"
+
+
+def read_log(out: Path) -> tuple[dict[str, list[str]], dict[str, dict]]:
+    """(commands per step, finished steps {key: {title, seconds, budget, status}}) from steps.tsv."""
+    commands: dict[str, list[str]] = {}
+    steps: dict[str, dict] = {}
+    path = out / "steps.tsv"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        kind, key, *rest = line.split("\t")
+        if kind == "cmd":
+            commands.setdefault(key, []).append(rest[0])
+        elif kind == "step":
+            title, seconds, budget, status = rest
+            steps[key] = {"title": title, "seconds": int(seconds), "budget": int(budget), "status": status}
+    return commands, steps
+
+
+def header(machine: dict, steps: dict[str, dict]) -> list[str]:
+    lines = ["# Many-core suite (benchmarks/device_suite.sh)", "",
+             f"Machine: {machine.get('cpu', '?')}, T = {machine.get('threads', '?')} core(s) "
+             f"({machine.get('logical_cpus', '?')} logical CPUs), torch {machine.get('torch', '?')}, "
+             f"Python {machine.get('python', '?')}, {machine.get('date', '?')}.",
+             "Settings: " + (", ".join(f"{k}={v}" for k, v in machine.get("settings", {}).items()) or "the defaults")
+             + ".", "", "| step | took | budget | status |", "|---|---:|---:|---|"]
+    for key, title in STEPS.items():
+        step = steps.get(key)
+        if step:
+            lines.append(f"| {LETTER[key]} {step['title']} | {step['seconds']} s | {step['budget']} s | "
+                         f"{step['status']} |")
+    total = sum(s["seconds"] for s in steps.values())
+    return lines + [f"| total | {total} s | | |", ""]
+
+
+def grouped(instances: list[dict]) -> str:
+    """'8×⟨2, 4⟩ + ⟨4, 8⟩' from a plan's instances (⟨threads, batch⟩)."""
+    counts = Counter((i["threads"], i["batch"]) for i in instances)
+    return " + ".join(f"{n}×⟨{t}, {b}⟩" if n > 1 else f"⟨{t}, {b}⟩"
+                      for (t, b), n in sorted(counts.items(), reverse=True))
+
+
+def profile_tables(out: Path, machine: dict) -> list[str]:
+    settings = machine.get("settings", {})
+    model = settings.get("SUITE_MODEL", "resnet50")
+    lines: list[str] = []
+    summary = out / f"{model}-adaptive.json"
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        lines += ["| points measured | grid | fraction | est. measuring time | est. full grid | saved |",
+                  "|---:|---:|---:|---:|---:|---:|",
+                  f"| {s['points']} | {s['grid']} | {s['fraction']:.0%} | {s['measure_s']:.0f} s | "
+                  f"{s['full_grid_s']:.0f} s | {s['saved']:.0%} |", ""]
+    path = out / f"{model}.csv"
+    if path.exists():
+        profile = load(path)
+        batches, loaded = profile.batches, profile.loaded
+        lines += [f"{'Loaded mean (isolated mean)' if loaded else 'Isolated mean'} latency in ms; "
+                  "· = not measured (the adaptive profiler showed it cannot change a plan).", "",
+                  "| t \\ b | " + " | ".join(map(str, batches)) + " |", "|---" * (len(batches) + 1) + "|"]
+        for t in profile.threads:
+            cells = [(_ms(profile.latency[t, b]) + (f" ({_ms(profile.isolated[t, b])})" if loaded else ""))
+                     if (t, b) in profile.latency else "·" for b in batches]
+            lines.append(f"| {t} | " + " | ".join(cells) + " |")
+        lines.append("")
+    plans = out / f"{model}-plans.json"
+    if plans.exists():
+        rows = json.loads(plans.read_text())
+        rows = rows if isinstance(rows, list) else [rows]
+        lines += ["| B | plan ⟨threads, batch⟩ | expected ms | fat ⟨T, B⟩ ms | speedup (predicted) |",
+                  "|---:|---|---:|---:|---:|"]
+        for p in rows:
+            fat, expected = p.get("fat_latency_ms"), p["expected_latency_ms"]
+            lines.append(f"| {p['batch']} | {grouped(p['instances'])} | {_ms(expected)} | {_ms(fat)} | "
+                         f"{_ratio(fat, expected)} |")
+        lines.append("")
+    return lines
+
+
+def bench_tables(out: Path) -> list[str]:
+    path = out / "pool-bench" / "pool-bench.json"
+    if not path.exists():
+        return []
+    results = json.loads(path.read_text())
+    lines = [f"Medians of {results[0]['rounds'] if results else '?'} interleaved rounds in ms (in-process model, "
+             "fat pool, planned pool, each answering B raw-tensor requests); transport: the fat pool's wall time "
+             "minus its instance's own model time.", "",
+             "| B | in-process | pool, fat ⟨T, B⟩ | pool, plan | plan vs fat | predicted plan vs fat | "
+             "plan: predicted / measured | transport ms | plan |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        m = r["median_ms"]
+        plan = r["plan"] + (f" ({r['fallback']})" if r.get("fallback") else "")
+        lines.append(f"| {r['batch']} | {_ms(m['in-process'])} | {_ms(m['pool-fat'])} | {_ms(m['pool-plan'])} | "
+                     f"{_ratio(m['pool-fat'], m['pool-plan'])} | "
+                     f"{_ratio(r.get('predicted_fat_ms'), r.get('predicted_plan_ms'))} | "
+                     f"{_ratio(r.get('predicted_plan_ms'), m['pool-plan'])} | {r['transport_overhead_ms']:.2f} | "
+                     f"{plan} |")
+    return lines + [""]
+
+
+def oracle_tables(out: Path) -> list[str]:
+    path = out / "oracle.json"
+    if not path.exists():
+        return []
+    oracle = _module("oracle")
+    report = json.loads(path.read_text())
+    lines = [oracle.markdown(report), ""]
+    lines += [f"- {line}" for line in report["verdicts"]["loaded"]]
+    lines += [f"- (for comparison) {line}" for line in report["verdicts"]["isolated"]]
+    lines += ["", "Every configuration timed (median ms over the rounds):", "",
+              "| B | configuration | median ms | vs best | planner's choice |", "|---:|---|---:|---:|---|"]
+    for entry in report["batches"]:
+        timed = [c["median_ms"] for c in entry["configs"] if c.get("median_ms") is not None]
+        best = min(timed) if timed else None
+        for c in entry["configs"]:
+            chosen = [kind for kind in ("loaded", "isolated")
+                      if (entry["planner"].get(kind) or {}).get("label") == c["label"]]
+            chosen += ["fat"] if entry.get("fat") == c["label"] else []
+            note = c.get("error") or ", ".join(chosen)
+            lines.append(f"| {entry['batch']} | {c['label']} | {_ms(c.get('median_ms'))} | "
+                         f"{_ratio(c.get('median_ms'), best)} | {note} |")
+    return lines + [""]
+
+
+def ios_tables(out: Path) -> list[str]:
+    path = out / "ios-networks.md"
+    rows = [line for line in path.read_text().splitlines() if line.startswith("|")] if path.exists() else []
+    return rows + [""] if len(rows) > 2 else []
+
+
+def summary(out: Path) -> str:
+    machine = json.loads((out / "machine.json").read_text()) if (out / "machine.json").exists() else {}
+    commands, steps = read_log(out)
+    tables = {"profile": lambda: profile_tables(out, machine), "bench": lambda: bench_tables(out),
+              "oracle": lambda: oracle_tables(out), "ios": lambda: ios_tables(out)}
+    lines = header(machine, steps)
+    for key, title in STEPS.items():
+        lines += [f"## {title}", ""]
+        step = steps.get(key)
+        if step is None:
+            lines += ["Not run." if key not in commands else "Running, or stopped before its end.", ""]
+            continue
+        lines += [f"Command: `{command}`" for command in commands.get(key, [])]
+        lines += ["", f"Took {step['seconds']} s (budget {step['budget']} s): {step['status']}.", ""]
+        lines += tables[key]()
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    (out / "SUMMARY.md").write_text(summary(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,122 @@
+"""benchmarks/device_suite.sh end to end with tiny settings: every step's files exist and parse,
+and SUMMARY.md has every step's command and tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from packrat.profile import load
+from packrat.topology import detect
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "benchmarks" / "device_suite.sh"
+T = min(2, detect().num_cores)
+CLEAN = {k: v for k, v in os.environ.items() if not k.startswith("SUITE_")}
+TINY = {"SUITE_MODEL": "tiny", "SUITE_THREADS": str(T), "SUITE_PROFILE_BATCHES": "1,2", "SUITE_PROFILE_MIN_TIME": "0.1",
+        "SUITE_BENCH_BATCHES": "2", "SUITE_BENCH_ROUNDS": "2", "SUITE_ORACLE_BATCHES": "2",
+        "SUITE_ORACLE_ROUNDS": "2", "SUITE_IOS_MODELS": "tiny", "SUITE_IOS_THREADS": "2", "SUITE_IOS_BATCHES": "1"}
+
+
+def missing_tools() -> list[str]:
+    tools = ["bash", "timeout", "realpath"] + (["taskset"] if T < detect().num_cores else [])
+    return [tool for tool in tools if shutil.which(tool) is None]
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    if missing_tools():
+        pytest.skip(f"the suite needs {', '.join(missing_tools())}")
+    out = tmp_path_factory.mktemp("suite") / "out"
+    env = {**CLEAN, **TINY}
+    done = subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out, done
+
+
+def test_runs_every_step_within_budget(suite):
+    out, done = suite
+    assert done.stdout.strip() == str(out / "SUMMARY.md")  # stdout: only the summary's path
+    rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
+    steps = {row[1]: row for row in rows if row[0] == "step"}
+    assert list(steps) == ["profile", "bench", "oracle", "ios"]
+    assert all(row[5] == "ok" and int(row[3]) <= int(row[4]) for row in steps.values())
+    for key in steps:  # progress and each step's time on stderr
+        assert f"({key}) took " in done.stderr
+    machine = json.loads((out / "machine.json").read_text())
+    assert machine["threads"] == T and len(machine["cores"]) == T and machine["settings"]["SUITE_MODEL"] == "tiny"
+
+
+def test_profile(suite):
+    out, _ = suite
+    profile = load(out / "tiny.csv")
+    assert profile.metadata["model"] == "tiny" and not profile.loaded  # isolated, the default
+    assert set(profile.threads) <= set(range(1, T + 1)) and profile.batches == [1, 2]
+    assert {(1, 1), (1, 2)} <= set(profile.latency) and all(v > 0 for v in profile.latency.values())
+    adaptive = json.loads((out / "tiny-adaptive.json").read_text())
+    assert adaptive["points"] == len(profile.latency) and adaptive["grid"] == 2 * T
+    plans = json.loads((out / "tiny-plans.json").read_text())
+    assert [p["batch"] for p in plans] == [1, 2]
+    for p in plans:
+        assert sum(i["batch"] for i in p["instances"]) == p["batch"]
+        assert sum(i["threads"] for i in p["instances"]) <= T and p["expected_latency_ms"] > 0
+
+
+def test_pool_bench(suite):
+    out, _ = suite
+    [result] = json.loads((out / "pool-bench" / "pool-bench.json").read_text())
+    assert (result["batch"], result["threads"], result["rounds"]) == (2, T, 2)
+    assert all(result["median_ms"][k] > 0 for k in ("in-process", "pool-fat", "pool-plan"))
+
+
+def test_oracle(suite):
+    out, _ = suite
+    report = json.loads((out / "oracle.json").read_text())
+    assert report["meta"]["family"] == "identical" and report["meta"]["threads"] == T
+    [entry] = report["batches"]
+    labels = {c["label"] for c in entry["configs"]}
+    assert f"⟨{T},2⟩" in labels and (T == 1 or "2×⟨1,1⟩" in labels)
+    assert all(c["median_ms"] > 0 and len(c["samples_ms"]) == 2 for c in entry["configs"])
+    assert entry["planner"]["isolated"]["label"] in labels
+    assert report["summaries"][0]["best"] in labels
+
+
+def test_ios(suite):
+    out, _ = suite
+    report = json.loads((out / "ios-networks" / f"tiny-b1-t{min(2, T)}.json").read_text())
+    assert (report["model"], report["batch"]) == ("tiny", 1)
+    assert all(report[k] > 0 for k in ("compare_sequential_ms", "compare_greedy_ms", "compare_ios_ms"))
+
+
+def test_summary(suite):
+    out, _ = suite
+    text = (out / "SUMMARY.md").read_text()
+    sections = text.split("\n## ")[1:]
+    assert [s.split("\n")[0] for s in sections] == [
+        "(a) Adaptive profile", "(b) Pool-only bench: fat vs plan", "(c) Planner vs the identical-instance family",
+        "(d) IOS on many cores"]
+    tables = ["| t \\ b | 1 | 2 |", "| B | in-process |", "| B | configs | oracle (best) |", "| model | batch |"]
+    commands = ["-m packrat.cli profile --model tiny --adaptive", "-m packrat.cli bench --pool-only",
+                " benchmarks/oracle.py --model tiny", " benchmarks/ios_networks.py --models tiny"]
+    for section, table, command in zip(sections, tables, commands):
+        assert "\nCommand: `" in section and command in section  # .venv/bin/python, or python3 without one
+        assert table in section and "ok." in section
+    assert "| B | plan ⟨threads, batch⟩ |" in sections[0] and "--json`" in sections[0]
+    assert "| 2 | " in sections[1] and "| 2 | " in sections[2]  # a row for B = 2
+
+
+def test_help_and_bad_settings(tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "SUITE_PROFILE_KIND" in done.stdout
+    assert subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True).returncode == 2
+    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "x")], capture_output=True, text=True,
+                          env={**CLEAN, "SUITE_PROFILE_KIND": "loud"})
+    assert done.returncode == 2 and "isolated or contention" in done.stderr
+    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "y")], capture_output=True, text=True,
+                          env={**CLEAN, "SUITE_STEPS": "bench"})
+    assert done.returncode == 1 and "no profile at" in done.stderr
