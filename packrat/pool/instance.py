@@ -75,7 +75,10 @@ class Instance:
         self.process = subprocess.Popen([sys.executable, "-m", "packrat.pool", str(child_fd)], pass_fds=(child_fd,),
                                         env=env)
         os.close(child_fd)  # our copy: the socket must close when the child exits
-        self.conn.send((model, config, codec, nice))
+        try:
+            self.conn.send((model, config, codec, nice))
+        except OSError:  # it died before it could be told what to load: wait_ready says how
+            pass
 
     @property
     def pid(self) -> int:

@@ -114,7 +114,7 @@ class Supervisor:
     def lost(self, dead: Instance) -> None:
         """A dead instance: its requests handed back, a respawn started (unless a switch had retired it)."""
         dead.ready = False
-        why = "hung: killed by the watchdog" if dead.hung else f"died with exit code {dead.process.poll()}"
+        why = "hung: killed by the watchdog" if dead.hung else f"died with exit code {exit_code(dead)}"
         jobs, dead.jobs = dead.jobs, []
         self._requeue(jobs, f"instance {dead.index} {why}")
         if dead in self.parked:
@@ -139,8 +139,16 @@ class Supervisor:
                     self.respawning -= 1
                     return
                 attempt += 1
-                fresh = self.spawn(dead.config, dead.index, slot=current.slot)
-                self.instances[self.instances.index(current)] = current = fresh
+                try:
+                    fresh = self.spawn(dead.config, dead.index, slot=current.slot)
+                except OSError as exc:  # no process at all (out of memory, too many files): try again later
+                    fresh = None
+                    log.error("respawning instance %d failed (attempt %d): %s", dead.index, attempt, exc)
+                else:
+                    self.instances[self.instances.index(current)] = current = fresh
+            if fresh is None:
+                delay = self._back_off(delay)
+                continue
             try:
                 fresh.wait_ready(self.start_timeout)
             except (StartFailed, OSError) as exc:
@@ -153,8 +161,7 @@ class Supervisor:
                 log.error("respawning instance %d failed (attempt %d): %s; retrying in %.0f s",
                           dead.index, attempt, exc, delay)
                 self._wake()  # queued requests may now have to be refused
-                self._closed.wait(delay)
-                delay = min(delay * 2, BACKOFF_S[1])
+                delay = self._back_off(delay)
                 continue
             with self._lock:
                 self.respawning -= 1
@@ -162,6 +169,11 @@ class Supervisor:
             log.info("instance %d respawned (attempt %d)", dead.index, attempt)
             self._wake()
             return
+
+    def _back_off(self, delay: float) -> float:
+        """Wait `delay` (less if the pool closes); the next, doubled up to BACKOFF_S[1]."""
+        self._closed.wait(delay)
+        return min(delay * 2, BACKOFF_S[1])
 
     def unavailable(self) -> str | None:
         """Why no request can be run now, or None: the model cannot be loaded (every instance's
@@ -233,6 +245,14 @@ class Supervisor:
         for inst in instances:
             inst.close()
         return jobs
+
+
+def exit_code(inst: Instance) -> int | None:
+    """Its exit code, waiting a moment for it to be reaped (its socket closes just before)."""
+    try:
+        return inst.process.wait(1)
+    except Exception:  # still running (a stopped process being killed): say so
+        return None
 
 
 def match(configs: Sequence[InstanceConfig], candidates: list[Instance]) -> dict[int, Instance]:
