@@ -14,6 +14,7 @@ Environment:
   PACKRAT_STEP_USERS    with step: users per step, e.g. "1,8,1,8"
   PACKRAT_STEP_SECONDS  with step: seconds per step, e.g. 15
   PACKRAT_TIMEOUT_S     client-side timeout per request in seconds (default 60)
+  PACKRAT_REQUEST_LOG   a file to append one line per request to (loadtest.requestlog; optional)
 
 Any answer but 200 counts as a failure. Latencies go into a 3-significant-digit histogram;
 the per-second history (--csv-full-history) gets percentiles over about the last second.
@@ -28,6 +29,7 @@ from locust import FastHttpUser, constant, task
 
 from loadtest.histogram import bucket_ms
 from loadtest.payload import build_payload, natural_payload
+from loadtest.requestlog import RequestRecord, format_record
 
 MODEL = os.environ.get("PACKRAT_MODEL", "resnet50")
 PAYLOAD = os.environ.get("PACKRAT_PAYLOAD") or natural_payload(MODEL)
@@ -54,6 +56,23 @@ HEADERS = {"Content-Type": CONTENT_TYPE}
 if TOKEN:
     HEADERS["Authorization"] = f"Bearer {TOKEN}"
 PATH = f"/predictions/{MODEL}"
+
+REQUEST_LOG = os.environ.get("PACKRAT_REQUEST_LOG", "")
+if REQUEST_LOG:
+    _request_log = open(REQUEST_LOG, "a", buffering=1)  # a line each: readable while the run goes on
+
+    @locust.events.request.add_listener
+    def _log_request(start_time, response_time, response, exception, **_) -> None:
+        status = getattr(response, "status_code", 0) or 0
+        reason = ""
+        if exception is not None:
+            try:
+                reason = response.text or ""
+            except Exception:  # no body to read: refused, reset or timed out
+                reason = ""
+            reason = reason or str(getattr(response, "error", None) or exception)
+        _request_log.write(format_record(RequestRecord(start_time, response_time, status, exception is not None,
+                                                       reason)))
 
 # Locust arms its --run-time timer on gevent's cached loop clock, which stood still while this
 # file imported torch and built the payload: without a refresh, runs end that much too early.

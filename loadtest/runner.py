@@ -57,7 +57,7 @@ class LoadResult:
 def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Path, *,
                spawn_rate: float | None = None, token: str | None = None, payload: str | None = None,
                shape: str = "steady", csv_prefix: str = "locust", timeout_s: float | None = None,
-               env: Mapping[str, str] | None = None) -> LoadResult:
+               env: Mapping[str, str] | None = None, request_log: Path | None = None) -> LoadResult:
     """Load host's /predictions/{model} with closed-loop users and return the exact results.
 
     steady: `users` users (started at `spawn_rate`/s, default all at once) for `duration_s`
@@ -67,16 +67,20 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
     payload: raw, json, jpeg or text (loadtest.payload); None: the model's natural payload.
     timeout_s is the client-side timeout per request (the locustfile's default is 60 s);
     the whole run is killed after its expected length + 60 s.
+    request_log: a file for one line per request (loadtest.requestlog), replaced if present.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prefix = out_dir / csv_prefix
     json_path, history_path = Path(f"{prefix}.json"), Path(f"{prefix}_stats_history.csv")
-    for stale in (json_path, history_path):  # never read a previous run's numbers
-        stale.unlink(missing_ok=True)
+    stale = [json_path, history_path] + ([Path(request_log)] if request_log is not None else [])
+    for path in stale:  # never read a previous run's numbers
+        path.unlink(missing_ok=True)
 
     child_env = _child_env(model, token, payload, shape, timeout_s)
     child_env.update(PACKRAT_STEP_USERS=f"1,{users},1,{users}", PACKRAT_STEP_SECONDS=str(duration_s / 4))
+    # An inherited log must not leak into the run either.
+    child_env["PACKRAT_REQUEST_LOG"] = str(Path(request_log).resolve()) if request_log is not None else ""
     child_env.update(env or {})
     steps = parse_steps(child_env["PACKRAT_STEP_USERS"], child_env["PACKRAT_STEP_SECONDS"]) \
         if shape == "step" else []

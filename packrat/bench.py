@@ -232,7 +232,31 @@ def kill_one(root_pid: int, marker: str = POOL_MARKER, skip: Collection[int] = (
     return None
 
 
-class InstanceKiller:
+class Periodic:
+    """While active (a with block), calls self.tick() every `every_s` seconds in a daemon thread."""
+
+    def __init__(self, every_s: float, name: str):
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.tick()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class InstanceKiller(Periodic):
     """While active, kills one pool instance under the root process every `every_s` seconds.
 
     `root_pid` is a pid or a function returning one (None: nothing to kill this time)."""
@@ -240,34 +264,23 @@ class InstanceKiller:
     def __init__(self, root_pid: int | Callable[[], int | None], every_s: float, marker: str = POOL_MARKER):
         if every_s <= 0:
             raise ValueError(f"kill interval must be > 0 s, got {every_s}")
+        super().__init__(every_s, "instance-killer")
         self._root = root_pid if callable(root_pid) else (lambda: root_pid)
-        self.every_s = every_s
         self.marker = marker
         self.killed: list[tuple[float, int]] = []  # (unix time, pid)
         self.misses = 0  # ticks that found no instance to kill
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="instance-killer", daemon=True)
 
     @property
     def kills(self) -> int:
         return len(self.killed)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            root = self._root()
-            pid = kill_one(root, self.marker, {pid for _, pid in self.killed}) if root is not None else None
-            if pid is None:
-                self.misses += 1
-            else:
-                self.killed.append((time.time(), pid))
-
-    def __enter__(self) -> "InstanceKiller":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+    def tick(self) -> None:
+        root = self._root()
+        pid = kill_one(root, self.marker, {pid for _, pid in self.killed}) if root is not None else None
+        if pid is None:
+            self.misses += 1
+        else:
+            self.killed.append((time.time(), pid))
 
 
 # ---- through TorchServe ---------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 from loadtest import LoadResult, format_table, percentile, plot_latency_distributions, plot_timeline, run_locust
 from loadtest.histogram import bucket_ms
 from loadtest.payload import TEXT, build_payload, check_payload, natural_payload, synthetic_jpeg
+from loadtest.requestlog import read_request_log
 from loadtest.runner import HistoryRow, parse_history, parse_json_stats
 from loadtest.steps import parse_steps, step_markers
 from loadtest.tokenizer import build_demo_tokenizer, demo_tokenizer_kind
@@ -285,8 +286,14 @@ def stub():
 
 def test_steady_run_counts_every_request(stub, tmp_path):
     host, seen = stub
-    r = run_locust(host, "tiny", users=2, duration_s=3, out_dir=tmp_path, token=TOKEN, payload="raw")
+    log = tmp_path / "requests.tsv"
+    log.write_text("stale line\n")  # a previous run's log is replaced, not appended to
+    r = run_locust(host, "tiny", users=2, duration_s=3, out_dir=tmp_path, token=TOKEN, payload="raw", request_log=log)
     assert r.requests > 0 and r.failures == 0
+    records = read_request_log(log)
+    assert len(records) == r.requests and "stale" not in log.read_text()
+    assert all(x.status == 200 and not x.failed and not x.reason and x.response_ms > 0 for x in records)
+    assert r.start_time - 5 < min(x.start for x in records) <= max(x.end for x in records) < time.time()
     assert r.duration_s > 2.5  # ran the full 3 s, not cut short by a stale gevent clock
     assert r.requests <= len(seen) <= r.requests + 2  # at most one request in flight per user at the end
     assert set(seen) == {(TINY_BYTES, f"Bearer {TOKEN}", "application/octet-stream")}
@@ -298,8 +305,12 @@ def test_steady_run_counts_every_request(stub, tmp_path):
 def test_wrong_token_fails_every_request(stub, tmp_path, monkeypatch):
     host, seen = stub
     monkeypatch.setenv("PACKRAT_PAYLOAD", "raw")  # must not leak: no payload given means the natural one
-    r = run_locust(host, "tiny", users=1, duration_s=2, out_dir=tmp_path, token="wrong")
+    r = run_locust(host, "tiny", users=1, duration_s=2, out_dir=tmp_path, token="wrong",
+                   request_log=tmp_path / "requests.tsv")
     assert r.requests > 0 and r.failures == r.requests
+    records = read_request_log(tmp_path / "requests.tsv")
+    assert len(records) == r.requests
+    assert {(x.status, x.failed, x.reason) for x in records} == {(401, True, '{"ok": true}')}  # the answer's body
     assert {(length, kind) for length, _, kind in seen} == {(len(synthetic_jpeg()), "image/jpeg")}
 
 

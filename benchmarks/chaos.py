@@ -1,0 +1,857 @@
+"""Chaos and soak benchmark (issue 16): faults injected into packrat-served TorchServe under load.
+
+    .venv/bin/python benchmarks/chaos.py [--model resnet50] [--batch-size 4] [--duration 300] [--every 15]
+                                         [--faults kill,double-kill,stop,worker,reconfigure] [--json OUT]
+    .venv/bin/python benchmarks/chaos.py --handler stock --faults worker      # what stock TorchServe loses
+    .venv/bin/python benchmarks/chaos.py --soak --duration 600                 # no faults: leaks over time
+    .venv/bin/python benchmarks/chaos.py --model tiny --duration 20 --every 5 --faults kill   # smoke run
+
+Chaos mode (default). The model is archived and served in real TorchServe as `packrat bench`
+does (serving.archive + serving.start: the packrat handler with the planned instances for batch
+size B, or TorchServe's stock handler with --handler stock), warmed up by locust, then loaded by
+a closed loop of --users (default 2B) locust users sending --payload (default the synthetic JPEG)
+for --duration seconds. Every --every seconds, counted from the first request, the next fault of
+--faults is injected (the list is cycled):
+
+  kill         kill -9 of a random pool instance (the processes running `-m packrat.pool` under
+               TorchServe's Java process; a parked one after a reconfiguration counts too)
+  double-kill  kill -9 of an instance, then of its replacement as soon as it appears (polled every
+               20 ms, at most --replace-wait s): the pool must survive a respawn that fails while loading
+  stop         SIGSTOP of an instance for --stop-s seconds, then SIGCONT (unless it is gone by then:
+               the pool's watchdog should have killed it)
+  worker       kill -9 of a TorchServe Python worker (`model_service_worker`, a child of Java; the
+               packrat handler has one, stock TorchServe several: one of them is killed)
+  reconfigure  a forced switch through serving.request_reconfigure to the plan for B//2 (at least
+               1), B, B//2, ... in turn (the archive has the estimator off, so nothing else switches)
+
+For every fault: the time, the pids hit and recovery_s, from the fault until the server served at
+full strength again, polled every 0.25 s and bounded by the next fault (the last one by --every):
+the processes hit are gone from the process table (a zombie is not gone: its parent has not noticed
+yet; a stopped instance may be resumed instead), a killed worker has a successor, a forced switch
+runs the plan for its batch, TorchServe lists every worker READY (as many as after warm-up) and the
+handler's pool health (serving.handler_status) says ready == instances, respawning == 0; a failing
+management API counts as not recovered. With the stock handler only the worker checks apply.
+
+Every request's start, latency, status and, for failures, the answer's body (or the client's error)
+is logged by the locustfile (loadtest.requestlog); each failure is attributed to the fault window it
+ended in (after fault n and before fault n + 1; before the first fault: window "before faults").
+The locust client waits --request-timeout + 60 s for an answer, so that the server's own deadline
+(--request-timeout, passed to the archive as request_timeout_s: 504 after it) is what shows.
+
+Resources: every --sample-every seconds, right after warm-up and after the run (once the server is
+at full strength again, or 60 s later) the RSS and open file descriptors summed over the TorchServe
+worker(s) and their instances; the /dev/shm entries named like the pool's segments (multiprocessing's
+psm_*, the pool's packrat-<pid>-*: these counts include every process on the machine) and, by name,
+this server's own (those its processes map, or packrat-<their pid>-*). After the run the server is
+stopped (serving.stop) and, after up to --grace s, any process of this server (a pool instance or
+worker whose TEMP is this server's, or a pid seen during the run) and any segment it mapped or owns
+(its workers' pids also from TorchServe's model log) still there is a leftover.
+
+Soak mode (--soak): the same server and load (default 2B users) for --duration (600 s for the real
+run) with no faults, sampling every --sample-every s: RSS, open fds, /dev/shm segments, requests
+and failures so far, then the same leftover check.
+
+Output (printed, and under "markdown" in the --json file with every figure behind it):
+  per fault kind: count, requests failed in its windows by HTTP status (0 = no answer), median and
+    max recovery_s over the faults that recovered within their window, and how many did not;
+  per fault: when (s after the first request), the pids hit, recovery_s, the failures and the answers
+    in its window (few answers and few failures: requests hung), notes (a double-kill's replacement
+    killed while loading or already serving, and its age; a stop resumed or gone; the pool's counters
+    that moved between just before the fault and its recovery: requeued, respawn_failures,
+    watchdog_kills, refused, expired);
+  overall: requests, failures by status and the commonest failure reasons, p50/p99 (locust's
+    histogram) and max latency, requests answered later than the deadline, the RSS after the run
+    over the RSS after warm-up, leftovers after stop;
+  soak: one row per sample.
+Locust runs on the same cores as the server. Progress goes to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import math
+import random
+import re
+import signal
+import statistics
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import psutil
+
+from loadtest import run_locust
+from loadtest.payload import PAYLOAD_KINDS
+from loadtest.requestlog import RequestRecord, read_request_log
+from packrat import bench, serving
+from packrat.cli import positive, resolve_profile, users_list
+
+FAULT_KINDS = ("kill", "double-kill", "stop", "worker", "reconfigure")
+STOCK_FAULTS = ("worker",)  # stock TorchServe has no pool
+WORKER_MARKER = "model_service_worker"  # TorchServe's Python worker: python .../ts/model_service_worker.py
+SHM_DIR = Path("/dev/shm")
+# multiprocessing.shared_memory's random names (the pool's before issue 16) and the pool's own
+# packrat-<owner pid>-<n>.
+SHM_PREFIXES = ("psm_", "packrat-")
+POLL_S = 0.25  # recovery polling
+STATUS_WAIT_S = 5.0  # the longest wait for the handler's status while polling
+PRE_FAULT_STATUS_WAIT_S = 2.0  # ... and right before a fault (its counters), which it delays
+REPLACE_POLL_S = 0.02  # double-kill: how often to look for the replacement
+CLIENT_TIMEOUT_SLACK_S = 60.0  # the client waits this much longer than the server's deadline
+FINAL_WAIT_S = 60.0  # after warm-up and after the load, the longest wait for full strength before sampling
+FIRST_REQUEST_TIMEOUT_S = 180.0  # locust imports torch and builds the payload before the first request
+BEFORE_FAULTS = "before faults"
+
+
+# ---- pure: schedule, attribution, summaries, tables ---------------------------------------------
+
+def parse_faults(text: str) -> list[str]:
+    """argparse type: "kill,stop" -> ["kill", "stop"]: known kinds, in the order given, duplicates dropped."""
+    kinds: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part not in FAULT_KINDS:
+            raise argparse.ArgumentTypeError(f"unknown fault {part!r}: expected some of {', '.join(FAULT_KINDS)}")
+        if part not in kinds:
+            kinds.append(part)
+    if not kinds:
+        raise argparse.ArgumentTypeError("no fault given")
+    return kinds
+
+
+def fault_schedule(kinds: Sequence[str], every_s: float, duration_s: float) -> list[tuple[float, str]]:
+    """(seconds after the load started, kind) for each fault: at every_s, 2·every_s, ... before
+    duration_s, cycling through kinds."""
+    if every_s <= 0:
+        raise ValueError(f"the fault interval must be > 0 s, got {every_s}")
+    count = max(0, math.ceil(duration_s / every_s) - 1)
+    return [((i + 1) * every_s, kinds[i % len(kinds)]) for i in range(count)] if kinds else []
+
+
+def reconfigure_target(n: int, batch: int) -> int:
+    """The batch the n-th forced reconfiguration (0-based) switches to: B//2 (at least 1), B, B//2, ..."""
+    return max(1, batch // 2) if n % 2 == 0 else batch
+
+
+def window_index(t: float, fault_times: Sequence[float]) -> int:
+    """Which fault window t falls in: the index of the last fault at or before t; -1 before the first.
+    fault_times must be sorted."""
+    return bisect.bisect_right(fault_times, t) - 1
+
+
+def by_window(records: Iterable[RequestRecord], fault_times: Sequence[float]) -> dict[int, list[RequestRecord]]:
+    """Records grouped by the fault window their answer (or error) arrived in (-1: before the first fault)."""
+    groups: dict[int, list[RequestRecord]] = {}
+    for record in records:
+        groups.setdefault(window_index(record.end, fault_times), []).append(record)
+    return groups
+
+
+def status_counts(records: Iterable[RequestRecord]) -> dict[str, int]:
+    """Failed requests by HTTP status ("0": no answer), commonest first."""
+    return dict(Counter(str(r.status) for r in records if r.failed).most_common())
+
+
+def reason_counts(records: Iterable[RequestRecord], top: int = 5) -> dict[str, int]:
+    """The `top` commonest failure reasons ("STATUS: reason"), commonest first."""
+    return dict(Counter(f"{r.status}: {r.reason}" for r in records if r.failed).most_common(top))
+
+
+def late_count(records: Iterable[RequestRecord], deadline_s: float) -> int:
+    """Requests whose answer (of any status) came later than the deadline after they were sent."""
+    return sum(r.response_ms > deadline_s * 1e3 for r in records)
+
+
+def add_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    total: Counter = Counter()
+    for c in counts:
+        total.update(c)
+    return dict(total.most_common())
+
+
+def summarise_kinds(faults: Sequence[Mapping], kinds: Sequence[str]) -> list[dict]:
+    """Per fault kind (in `kinds` order, kinds that never fired left out): count, the failures in
+    their windows by status, median and max recovery_s of those that recovered, and how many did not."""
+    rows = []
+    for kind in kinds:
+        mine = [f for f in faults if f["kind"] == kind]
+        if not mine:
+            continue
+        recovered = [f["recovery_s"] for f in mine if f.get("recovery_s") is not None]
+        rows.append({
+            "kind": kind, "count": len(mine),
+            "failed": add_counts(f.get("window_failures", {}) for f in mine),
+            "recovery_s_median": statistics.median(recovered) if recovered else None,
+            "recovery_s_max": max(recovered) if recovered else None,
+            "not_recovered": len(mine) - len(recovered),
+        })
+    return rows
+
+
+def rss_ratio(after_mb: float | None, warm_mb: float | None) -> float | None:
+    return after_mb / warm_mb if after_mb is not None and warm_mb else None
+
+
+def segment_owner(name: str) -> int | None:
+    """The owner pid in a pool segment name packrat-<pid>-<n>; None for any other name."""
+    match = re.fullmatch(r"packrat-(\d+)-.*", name)
+    return int(match[1]) if match else None
+
+
+def logged_worker_pids(model_log: str) -> set[int]:
+    """Every Python worker TorchServe started, from the "[PID]1234" line each writes to model_log.log."""
+    return {int(pid) for pid in re.findall(r"\[PID\](\d+)", model_log)}
+
+
+def soak_rows(samples: Sequence[Mapping], records: Sequence[RequestRecord], t0: float) -> list[dict]:
+    """Each resource sample with the requests and failures answered by its time."""
+    ends = sorted(r.end for r in records)
+    failed_ends = sorted(r.end for r in records if r.failed)
+    return [{**s, "t_s": s["time"] - t0, "requests_so_far": bisect.bisect_right(ends, s["time"]),
+             "failures_so_far": bisect.bisect_right(failed_ends, s["time"])} for s in samples]
+
+
+def fmt_counts(counts: Mapping[str, int]) -> str:
+    """{"503": 4, "0": 1} -> "4 (503: 4, no answer: 1)"; {} -> "0"."""
+    total = sum(counts.values())
+    if not total:
+        return "0"
+    parts = ", ".join(f"{'no answer' if status == '0' else status}: {n}" for status, n in counts.items())
+    return f"{total} ({parts})"
+
+
+def fmt_num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def markdown(header: Sequence[str], rows: Iterable[Sequence]) -> str:
+    """A markdown table; cells are str()-ed, pipes escaped."""
+    def line(cells):
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(header), "|" + "---|" * len(header)] + [line(r) for r in rows])
+
+
+def format_leftovers(left: Mapping) -> str:
+    processes, segments = left.get("processes", []), left.get("segments", [])
+    if not processes and not segments:
+        return "none"
+    parts = []
+    if processes:
+        parts.append(f"{len(processes)} process(es): " + ", ".join(f"{p['pid']} {p['what']}" for p in processes))
+    if segments:
+        parts.append(f"{len(segments)} segment(s): " + ", ".join(segments))
+    return "; ".join(parts)
+
+
+def format_report(report: Mapping) -> str:
+    """The markdown tables of a chaos or soak report (see the module docstring)."""
+    load, res = report["load"], report["resources"]
+    out = [f"### {report['mode']}: {report['model']}, {report['handler']} handler, B = {report['batch']}, "
+           f"{report['users']} users, {report['duration_s']:g} s, payload {report['payload']}"
+           + (f", a fault every {report['every_s']:g} s" if report["mode"] == "chaos" else "")
+           + f" (locust on the same {report['cores']} cores)", ""]
+    if report["mode"] == "chaos":
+        out += [markdown(["fault", "count", "requests failed (by status)", "recovery s median", "recovery s max",
+                          "not recovered"],
+                         [[k["kind"], k["count"], fmt_counts(k["failed"]), fmt_num(k["recovery_s_median"]),
+                           fmt_num(k["recovery_s_max"]), k["not_recovered"]] for k in report["by_kind"]]), ""]
+        rows = [["-", "0.0", BEFORE_FAULTS, "", "", fmt_counts(report["before_faults"]["failed"]),
+                 report["before_faults"]["requests"], ""]]
+        rows += [[f["n"], fmt_num(f["offset_s"]), f["kind"], " ".join(map(str, f["pids"])),
+                  fmt_num(f["recovery_s"]), fmt_counts(f["window_failures"]), f["window_requests"],
+                  "; ".join(f["notes"] + [f"{k} {v:+d}" for k, v in f.get("health_delta", {}).items() if v])]
+                 for f in report["faults"]]
+        out += [markdown(["#", "at s", "fault", "pids hit", "recovery s", "failed in its window", "answered in it",
+                          "notes"], rows), ""]
+    out += [markdown(["requests", "failed (by status)", "p50 ms", "p99 ms", "max ms",
+                      f"later than {report['request_timeout_s']:g} s", "RSS after / after warm-up",
+                      "leftovers after stop"],
+                     [[load["requests"], fmt_counts(load["failures_by_status"]), fmt_num(load["p50_ms"]),
+                       fmt_num(load["p99_ms"]), fmt_num(load["max_ms"]), load["late"],
+                       fmt_num(res["rss_ratio"], 3), format_leftovers(report["leftovers"])]])]
+    if load["failure_reasons"]:
+        out += ["", "failure reasons: " + "; ".join(f"{n}× {reason}" for reason, n in load["failure_reasons"].items())]
+    if res["samples"]:
+        out += ["", markdown(["t s", "RSS MB", "open fds", "workers", "instances", "/dev/shm psm_",
+                              "/dev/shm packrat-", "its segments", "requests so far", "failures so far"],
+                             [[fmt_num(s["t_s"], 0), fmt_num(s["rss_mb"]), fmt_num(s["fds"], 0), s["workers"],
+                               s["instances"], s["shm"]["psm_"], s["shm"]["packrat-"], len(s["segments"]),
+                               s["requests_so_far"], s["failures_so_far"]] for s in res["samples"]])]
+    for note in report.get("notes", []):
+        out += ["", f"note: {note}"]
+    return "\n".join(out)
+
+
+# ---- processes, memory, segments ---------------------------------------------------------------
+
+def reaped(proc: psutil.Process) -> bool:
+    """Gone from the process table (or its pid reused). A zombie is not: its parent has not noticed yet."""
+    return not proc.is_running()
+
+
+def shm_segments(prefixes: Sequence[str] = SHM_PREFIXES) -> set[str]:
+    try:
+        return {p.name for p in SHM_DIR.iterdir() if p.name.startswith(tuple(prefixes))}
+    except OSError:
+        return set()
+
+
+def mapped_segments(pids: Iterable[int], prefixes: Sequence[str] = SHM_PREFIXES) -> set[str]:
+    """/dev/shm segments named like the pool's that these processes have mapped (/proc/PID/maps)."""
+    found = set()
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            path = line.split(maxsplit=5)[5:]
+            if path and path[0].startswith(str(SHM_DIR) + "/"):
+                name = path[0][len(str(SHM_DIR)) + 1:].removesuffix(" (deleted)")
+                if name.startswith(tuple(prefixes)):
+                    found.add(name)
+    return found
+
+
+class Tracker:
+    """Every worker and instance process, and every segment, seen under the server during the run."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.processes: dict[int, psutil.Process] = {}
+        self.segments: set[str] = set()
+        self._lock = threading.Lock()
+
+    def java(self) -> int | None:
+        return bench.torchserve_pid(self.run_dir)
+
+    def served(self) -> tuple[list[psutil.Process], list[psutil.Process]]:
+        """(TorchServe's Python workers, the pool instances under them), both remembered."""
+        java = self.java()
+        if java is None:
+            return [], []
+        workers, instances = bench.pool_instances(java, WORKER_MARKER), bench.pool_instances(java)
+        with self._lock:
+            self.processes.update((p.pid, p) for p in workers + instances)
+        return workers, instances
+
+    def logged_workers(self) -> set[int]:
+        """Workers too short-lived to be seen (e.g. TorchServe's restarts after a worker kill)."""
+        try:
+            return logged_worker_pids((self.run_dir / "logs" / "model_log.log").read_text(errors="replace"))
+        except OSError:
+            return set()
+
+    def sample(self) -> dict:
+        workers, instances = self.served()
+        rss = fds = 0
+        for proc in workers + instances:
+            try:
+                rss += proc.memory_info().rss
+                fds += proc.num_fds()
+            except psutil.Error:
+                continue
+        pids = {p.pid for p in workers + instances}
+        present = shm_segments()
+        ours = mapped_segments(pids) | {n for n in present if segment_owner(n) in pids}
+        with self._lock:
+            self.segments |= ours
+        found = bool(workers or instances)  # none: the server is down, not lean
+        return {"time": time.time(), "workers": len(workers), "instances": len(instances),
+                "worker_pids": sorted(w.pid for w in workers),
+                "rss_mb": rss / 2**20 if found else None, "fds": fds if found else None,
+                "shm": {prefix: sum(n.startswith(prefix) for n in present) for prefix in SHM_PREFIXES},
+                "segments": sorted(ours)}
+
+    def leftovers(self, grace_s: float, shm_before: set[str]) -> dict:
+        """What of this server is still there after its stop, waiting up to grace_s for it to go."""
+        temp = str(self.run_dir / "tmp")
+        start = time.monotonic()
+        while True:
+            processes = self._our_processes(temp)
+            with self._lock:
+                pids = set(self.processes) | {p["pid"] for p in processes} | self.logged_workers()
+                ours = self.segments | {n for n in shm_segments() if segment_owner(n) in pids}
+            segments = sorted(ours & shm_segments())
+            if (not processes and not segments) or time.monotonic() - start >= grace_s:
+                break
+            time.sleep(0.5)
+        return {"processes": processes, "segments": segments, "waited_s": time.monotonic() - start,
+                "new_shm_any_owner": sorted(shm_segments() - shm_before)}
+
+    def _our_processes(self, temp: str) -> list[dict]:
+        with self._lock:
+            seen = dict(self.processes)
+        found = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            what = "instance" if bench.POOL_MARKER in cmdline else "worker" if WORKER_MARKER in cmdline else None
+            if what is None:
+                continue
+            try:
+                ours = proc.environ().get("TEMP") == temp
+            except psutil.Error:
+                ours = False
+            if ours or (proc.pid in seen and seen[proc.pid].is_running()):
+                found.append({"pid": proc.pid, "what": what})
+        return found
+
+
+class Sampler(bench.Periodic):
+    """Resource samples every every_s seconds in a thread, plus those taken by hand."""
+
+    def __init__(self, tracker: Tracker, every_s: float, log: Callable[[str], None]):
+        super().__init__(every_s, "chaos-sampler")
+        self.tracker, self.log = tracker, log
+        self.samples: list[dict] = []
+
+    def take(self, label: str) -> dict:
+        sample = {**self.tracker.sample(), "label": label}
+        self.samples.append(sample)
+        self.log(f"sample ({label}): RSS {fmt_num(sample['rss_mb'], 0)} MB, {fmt_num(sample['fds'], 0)} fds, "
+                 f"{sample['workers']} worker(s), {sample['instances']} instance(s), /dev/shm {sample['shm']}")
+        return sample
+
+    def tick(self) -> None:
+        self.take("periodic")
+
+
+# ---- faults ------------------------------------------------------------------------------------
+
+@dataclass
+class Fault:
+    n: int
+    kind: str
+    at: float  # unix time of the fault (the first kill of a double-kill)
+    offset_s: float  # seconds after the first request
+    pids: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    recovery_s: float | None = None  # None: not back at full strength before the next fault
+    target_batch: int | None = None  # reconfigure
+    caught_loading: bool | None = None  # double-kill: the replacement died while loading (a respawn failure)
+    replacement_age_s: float | None = None  # double-kill: its age when killed
+    continued_at: float | None = None  # stop: when SIGCONT was sent (None: never, e.g. gone before)
+    health_delta: dict = field(default_factory=dict)  # pool counters from before the fault to its recovery
+    victims: list = field(default_factory=list, repr=False)  # psutil.Process
+    pre_pids: set = field(default_factory=set, repr=False)  # worker: the workers before it
+    health_before: dict | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict:
+        """The public fields (psutil handles and bookkeeping left out), lists copied."""
+        return {f.name: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
+                for f in fields(self) if f.repr for v in [getattr(self, f.name)]}
+
+
+HEALTH_COUNTERS = ("respawn_failures", "watchdog_kills", "refused", "expired", "requeued")
+
+
+class Injector:
+    """Injects faults into one server and measures how long it takes to serve at full strength again."""
+
+    def __init__(self, server: serving.Server, handler: str, batch: int, tracker: Tracker, rng: random.Random, *,
+                 stop_s: float, replace_wait_s: float, log: Callable[[str], None]):
+        self.server, self.handler, self.batch, self.tracker, self.rng = server, handler, batch, tracker, rng
+        self.stop_s, self.replace_wait_s, self.log = stop_s, replace_wait_s, log
+        self.expected_workers = len(tracker.served()[0])
+        self.reconfigures = 0
+        self._timers: list[threading.Timer] = []
+        self._stopped: list[tuple[Fault, psutil.Process]] = []
+        self._lock = threading.Lock()
+
+    # -- full strength --
+
+    def status(self, timeout_s: float = STATUS_WAIT_S) -> dict | None:
+        """The packrat handler's status, None when unreachable, slower than timeout_s (the management
+        API holds a describe for up to 30 s while the worker is gone) or with the stock handler."""
+        if self.handler != "packrat":
+            return None
+        return bounded(lambda: serving.handler_status(self.server), timeout_s)
+
+    def full_strength(self) -> tuple[bool, dict | None]:
+        """(Every worker READY and, with the packrat handler, every pool instance ready, the status seen)."""
+        statuses = serving.worker_status(self.server)
+        if len(statuses) < max(1, self.expected_workers) or any(s != "READY" for s in statuses):
+            return False, None
+        if self.handler != "packrat":
+            return True, None
+        status = self.status()
+        if status is None:
+            return False, None
+        health = status["health"]
+        return health["instances"] > 0 and health["ready"] == health["instances"] and health["respawning"] == 0, status
+
+    def settled(self, fault: Fault) -> bool:
+        """The fault's own part of recovery: its processes gone (or resumed), a killed worker succeeded."""
+        if fault.kind == "stop":
+            return all(reaped(v) for v in fault.victims) or fault.continued_at is not None
+        if not all(reaped(v) for v in fault.victims):
+            return False
+        if fault.kind == "worker":
+            return any(w.pid not in fault.pre_pids for w in self.tracker.served()[0])
+        return True
+
+    def recovered(self, fault: Fault) -> tuple[bool, dict | None]:
+        if not self.settled(fault):
+            return False, None
+        full, status = self.full_strength()
+        switched = fault.target_batch is None or status is None or status["plan"]["batch"] == fault.target_batch
+        return full and switched, status
+
+    def wait(self, check: Callable[[], tuple[bool, dict | None]], deadline: float) -> tuple[float | None, dict | None]:
+        """Poll check() until it holds or `deadline` (unix time) passes: (when it held, None if not in time;
+        the last handler status seen)."""
+        last = None
+        while time.time() < deadline:
+            ok, status = check()
+            last = status or last
+            if ok:
+                done = time.time()
+                return (done if done <= deadline else None), last
+            time.sleep(POLL_S)
+        return None, last
+
+    def wait_recovered(self, fault: Fault, deadline: float) -> None:
+        """Poll until the server is at full strength after `fault`, or until `deadline` (unix time)."""
+        done, last_status = self.wait(lambda: self.recovered(fault), deadline)
+        if done is not None:
+            fault.recovery_s = done - fault.at
+        if fault.kind == "stop" and fault.victims:
+            fault.notes.append(f"resumed by SIGCONT after {fault.continued_at - fault.at:.1f} s"
+                               if fault.continued_at is not None else
+                               "gone before SIGCONT" if reaped(fault.victims[0]) else
+                               "still stopped when its window ended")
+        self._health_delta(fault, last_status)
+
+    def _health_delta(self, fault: Fault, status: dict | None) -> None:
+        if fault.kind == "worker" or fault.health_before is None:
+            return  # a new worker starts a new pool: its counters start again
+        status = status or self.status()
+        if status is None:
+            return
+        after = status["health"]
+        fault.health_delta = {k: after[k] - fault.health_before[k] for k in HEALTH_COUNTERS
+                              if k in after and k in fault.health_before}
+        if fault.kind == "double-kill" and len(fault.pids) == 2 and "respawn_failures" in fault.health_delta:
+            fault.caught_loading = fault.health_delta["respawn_failures"] > 0
+
+    # -- injection --
+
+    def inject(self, n: int, kind: str, t0: float) -> Fault:
+        before = self.status(PRE_FAULT_STATUS_WAIT_S)
+        now = time.time()
+        fault = Fault(n, kind, now, now - t0, health_before=before["health"] if before else None)
+        try:
+            getattr(self, "_" + kind.replace("-", "_"))(fault)
+        except (psutil.Error, OSError, ValueError) as exc:
+            fault.notes.append(f"injection failed: {exc}")
+        fault.offset_s = fault.at - t0  # the first process hit, after finding it
+        return fault
+
+    def _instances(self) -> list[psutil.Process]:
+        return self.tracker.served()[1]
+
+    def _victim(self, fault: Fault, candidates: list[psutil.Process], what: str) -> psutil.Process | None:
+        if not candidates:
+            fault.notes.append(f"no {what} to hit")
+            return None
+        victim = self.rng.choice(candidates)
+        fault.victims.append(victim)
+        fault.pids.append(victim.pid)
+        return victim
+
+    def _kill(self, fault: Fault) -> None:
+        victim = self._victim(fault, self._instances(), "pool instance")
+        if victim is not None:
+            victim.kill()
+            fault.at = time.time()
+
+    def _double_kill(self, fault: Fault) -> None:
+        before = {p.pid for p in self._instances()}
+        self._kill(fault)
+        if not fault.victims:
+            return
+        deadline = fault.at + self.replace_wait_s
+        while time.time() < deadline:
+            fresh = [p for p in self._instances() if p.pid not in before]
+            if fresh:
+                victim = fresh[0]
+                try:
+                    age = time.time() - victim.create_time()
+                    victim.kill()
+                except psutil.Error:
+                    continue
+                fault.victims.append(victim)
+                fault.pids.append(victim.pid)
+                fault.replacement_age_s = age
+                return
+            time.sleep(REPLACE_POLL_S)
+        fault.notes.append(f"no replacement appeared within {self.replace_wait_s:g} s")
+
+    def _stop(self, fault: Fault) -> None:
+        victim = self._victim(fault, self._instances(), "pool instance")
+        if victim is None:
+            return
+        victim.suspend()
+        fault.at = time.time()
+        timer = threading.Timer(self.stop_s, self._resume, args=(fault, victim))
+        timer.daemon = True
+        with self._lock:
+            self._stopped.append((fault, victim))
+            self._timers.append(timer)
+        timer.start()
+
+    def _resume(self, fault: Fault, victim: psutil.Process) -> None:
+        with self._lock:
+            if (fault, victim) not in self._stopped:
+                return
+            self._stopped.remove((fault, victim))
+        try:
+            if victim.is_running() and victim.status() != psutil.STATUS_ZOMBIE:
+                victim.resume()
+                fault.continued_at = time.time()
+        except psutil.Error:
+            pass  # gone meanwhile: the watchdog (or a later kill) took it
+
+    def _worker(self, fault: Fault) -> None:
+        workers = self.tracker.served()[0]
+        fault.pre_pids = {w.pid for w in workers}
+        victim = self._victim(fault, workers, "TorchServe worker")
+        if victim is not None:
+            victim.kill()
+            fault.at = time.time()
+
+    def _reconfigure(self, fault: Fault) -> None:
+        fault.target_batch = reconfigure_target(self.reconfigures, self.batch)
+        self.reconfigures += 1
+        serving.request_reconfigure(self.server, fault.target_batch)
+        fault.at = time.time()
+        fault.notes.append(f"to B={fault.target_batch}")
+
+    def close(self) -> None:
+        """Resume whatever is still stopped (a stopped process would not even die of SIGTERM)."""
+        with self._lock:
+            timers, stopped = list(self._timers), list(self._stopped)
+        for timer in timers:
+            timer.cancel()
+        for fault, victim in stopped:
+            self._resume(fault, victim)
+
+
+# ---- the runs ------------------------------------------------------------------------------------
+
+def bounded(fn: Callable[[], object], timeout_s: float, default=None):
+    """fn()'s result, or `default` when it raises or takes longer than timeout_s (it then runs on in
+    a daemon thread, its result dropped)."""
+    box: list = []
+
+    def call() -> None:
+        try:
+            box.append(fn())
+        except Exception:  # noqa: BLE001 - any failure means "no answer"
+            pass
+
+    thread = threading.Thread(target=call, daemon=True, name="chaos-bounded")
+    thread.start()
+    thread.join(timeout_s)
+    return box[0] if box else default
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def first_request_time(request_log: Path, load: Future, since: float,
+                       timeout_s: float = FIRST_REQUEST_TIMEOUT_S) -> float:
+    """When the load's first logged request (sent after `since`) was sent, waiting for it to be answered."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        starts = [r.start for r in read_request_log(request_log) if r.start >= since]
+        if starts:
+            return min(starts)
+        if load.done():
+            load.result()  # raises locust's error
+            raise RuntimeError("locust ended before any request was answered")
+        time.sleep(0.2)
+    raise RuntimeError(f"no request answered within {timeout_s:.0f} s of starting locust")
+
+
+def archive(args, run_dir: Path) -> Path:
+    profile = None
+    if args.handler == "packrat":
+        profile = resolve_profile(args.model, args.profile,
+                                  batch_sizes=[args.batch_size, reconfigure_target(0, args.batch_size)])
+    return serving.archive(args.model, profile, run_dir / "model_store", name=args.model, batch_size=args.batch_size,
+                           max_batch_delay_ms=args.max_batch_delay, plan=args.plan, handler=args.handler,
+                           reconfigure=False, request_timeout_s=args.request_timeout)
+
+
+def run(args) -> dict:
+    """Serve, warm up, load (with faults unless --soak), sample, stop, check leftovers: the report."""
+    mode = "soak" if args.soak else "chaos"
+    users = args.users.users(args.batch_size)
+    run_dir = Path(args.out) / f"{mode}-{args.handler}"
+    request_log = run_dir / "requests.tsv"
+    rng = random.Random(args.seed)
+    mar = archive(args, run_dir)
+    (run_dir / "logs" / "model_log.log").unlink(missing_ok=True)  # its worker pids must be this run's
+    shm_before = shm_segments()
+    tracker = Tracker(run_dir.resolve())  # as serving.Server keeps it
+    sampler = Sampler(tracker, args.sample_every, log)
+    faults: list[Fault] = []
+    notes: list[str] = []
+    schedule = [] if args.soak else fault_schedule(args.faults, args.every, args.duration)
+    with bench.warmed_server(f"{mode}/{args.handler}", args.model, mar, run_dir, users, args.warmup, log,
+                             payload=args.payload) as (server, token):
+        injector = Injector(server, args.handler, args.batch_size, tracker, rng, stop_s=args.stop_s,
+                            replace_wait_s=min(args.replace_wait, args.every), log=log)
+        if injector.wait(injector.full_strength, time.time() + FINAL_WAIT_S)[0] is None:
+            notes.append(f"not at full strength after warm-up (waited {FINAL_WAIT_S:g} s): see {run_dir / 'logs'}")
+            log(f"warning: {notes[-1]}")
+        warm = sampler.take("after warm-up")
+        log(f"load: {users} users for {args.duration:g} s, payload {args.payload}"
+            + (f", faults {','.join(args.faults)} every {args.every:g} s ({len(schedule)} in all)" if schedule else ""))
+        with ThreadPoolExecutor(1) as pool, sampler:
+            request_log.unlink(missing_ok=True)  # run_locust does too, but maybe after the first look below
+            started = time.time()
+            load = pool.submit(run_locust, server.inference_url, args.model, users, args.duration,
+                               run_dir / "load", token=token, payload=args.payload,
+                               timeout_s=args.request_timeout + CLIENT_TIMEOUT_SLACK_S, request_log=request_log)
+            t0 = first_request_time(request_log, load, started)
+            try:
+                for i, (offset, kind) in enumerate(schedule):
+                    time.sleep(max(0.0, t0 + offset - time.time()))
+                    if load.done():
+                        notes.append(f"the load ended before fault {i + 1}")
+                        break
+                    fault = injector.inject(i + 1, kind, t0)
+                    faults.append(fault)
+                    log(f"fault {fault.n} at {fault.offset_s:.1f} s: {kind} {fault.pids} {' '.join(fault.notes)}")
+                    window_end = t0 + (schedule[i + 1][0] if i + 1 < len(schedule) else offset + args.every)
+                    injector.wait_recovered(fault, window_end)
+                    log(f"fault {fault.n} ({kind}): " + (f"recovered in {fault.recovery_s:.2f} s"
+                                                        if fault.recovery_s is not None else
+                                                        "not back at full strength within its window"))
+            finally:
+                injector.close()
+            result = load.result()
+        if injector.wait(injector.full_strength, time.time() + FINAL_WAIT_S)[0] is None:
+            notes.append(f"not at full strength {FINAL_WAIT_S:g} s after the run, when the last sample was taken")
+        after = sampler.take("after the run")
+        log("stopping TorchServe")
+    left = tracker.leftovers(args.grace, shm_before)
+    log(f"leftovers after stop: {format_leftovers(left)}")
+    return build_report(args, mode, users, result, read_request_log(request_log), t0, faults, sampler.samples,
+                        warm, after, left, notes)
+
+
+def build_report(args, mode: str, users: int, result, records: list[RequestRecord], t0: float,
+                 faults: list[Fault], samples: list[dict], warm: dict, after: dict, left: dict,
+                 notes: list[str]) -> dict:
+    fault_times = [f.at for f in faults]
+    windows = by_window(records, fault_times)
+    fault_rows = []
+    for i, fault in enumerate(faults):
+        row = fault.to_json()
+        row.update(window_failures=status_counts(windows.get(i, [])), window_requests=len(windows.get(i, [])))
+        if fault.caught_loading is not None:
+            row["notes"] = row["notes"] + [("replacement killed while loading" if fault.caught_loading else
+                                            "replacement was already serving") +
+                                           f" (age {fault.replacement_age_s:.2f} s)"]
+        fault_rows.append(row)
+    if warm["worker_pids"] != after["worker_pids"]:
+        notes.append(f"TorchServe's worker(s) {warm['worker_pids']} were replaced by {after['worker_pids']} during "
+                     "the run: the RSS ratio compares different processes")
+    others = sorted(set(left["new_shm_any_owner"]) - set(left["segments"]))
+    if others:
+        notes.append(f"{len(others)} /dev/shm segment(s) appeared during the run and outlived it that no process "
+                     f"of this server owned or mapped (other processes on this machine?): {', '.join(others[:5])}")
+    if len(records) != result.requests:
+        notes.append(f"the request log holds {len(records)} requests, locust counted {result.requests}")
+    return {
+        "mode": mode, "model": args.model, "handler": args.handler, "batch": args.batch_size, "users": users,
+        "duration_s": args.duration, "every_s": args.every, "faults_asked": args.faults, "payload": args.payload,
+        "request_timeout_s": args.request_timeout, "stop_s": args.stop_s, "seed": args.seed,
+        "cores": psutil.cpu_count(), "first_request_at": t0,
+        "load": {
+            "requests": result.requests, "failures": result.failures,
+            "failures_by_status": status_counts(records), "failure_reasons": reason_counts(records),
+            "p50_ms": result.p50_ms, "p99_ms": result.p99_ms,
+            "max_ms": max((r.response_ms for r in records), default=None),
+            "late": late_count(records, args.request_timeout), "throughput_rps": result.throughput_rps,
+        },
+        "faults": fault_rows,
+        "before_faults": {"failed": status_counts(windows.get(-1, [])), "requests": len(windows.get(-1, []))},
+        "by_kind": summarise_kinds(fault_rows, FAULT_KINDS),
+        "resources": {"samples": soak_rows(samples, records, t0), "rss_after_warmup_mb": warm["rss_mb"],
+                      "rss_after_mb": after["rss_mb"], "rss_ratio": rss_ratio(after["rss_mb"], warm["rss_mb"])},
+        "leftovers": left,
+        "notes": notes,
+    }
+
+
+# ---- command line --------------------------------------------------------------------------------
+
+def one_users_pattern(text: str):
+    patterns = users_list(text)
+    if len(patterns) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one users pattern, like 8 or 2B")
+    return patterns[0]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    number, count = positive(float), positive(int)
+    p.add_argument("--model", default="resnet50", help="zoo model (default resnet50; tiny for a smoke run)")
+    p.add_argument("--batch-size", type=count, default=4, help="TorchServe's batch size B, planned for (default 4)")
+    p.add_argument("--users", type=one_users_pattern, default="2B",
+                   help="locust users: a count, or a multiple of B like 2B (default 2B)")
+    p.add_argument("--duration", type=number, default=300.0, help="seconds of load after the warm-up (default 300)")
+    p.add_argument("--warmup", type=number, default=10.0, help="seconds of locust warm-up (default 10)")
+    p.add_argument("--every", type=number, default=15.0, help="seconds between faults (default 15)")
+    p.add_argument("--faults", type=parse_faults, default=list(FAULT_KINDS),
+                   help=f"comma list, cycled (default all: {','.join(FAULT_KINDS)})")
+    p.add_argument("--stop-s", type=number, default=20.0, help="how long a stop fault keeps SIGSTOP (default 20)")
+    p.add_argument("--replace-wait", type=number, default=10.0,
+                   help="double-kill: the longest wait for the replacement to appear (default 10, at most --every)")
+    p.add_argument("--request-timeout", type=number, default=120.0,
+                   help="the server's deadline per request (archive request_timeout_s; default 120)")
+    p.add_argument("--handler", choices=("packrat", "stock"), default="packrat",
+                   help="packrat (default) or TorchServe's stock handler (only the worker fault applies)")
+    p.add_argument("--plan", choices=("auto", "fat"), default="auto", help="packrat plan (default auto)")
+    p.add_argument("--profile", type=Path, help="profile CSV (default profiles/MODEL.csv, measured when missing)")
+    p.add_argument("--payload", choices=PAYLOAD_KINDS, default="jpeg", help="request body (default jpeg)")
+    p.add_argument("--max-batch-delay", type=count, default=100, help="TorchServe maxBatchDelay ms (default 100)")
+    p.add_argument("--soak", action="store_true", help="soak mode: steady load, no faults, samples over time")
+    p.add_argument("--sample-every", type=number, default=30.0,
+                   help="seconds between resource samples (default 30)")
+    p.add_argument("--grace", type=number, default=15.0,
+                   help="after stop, how long leftovers may take to go before they count (default 15)")
+    p.add_argument("--seed", type=int, default=0, help="seed for choosing victims (default 0)")
+    p.add_argument("--out", type=Path, default=Path("out/chaos"), help="run directories (default out/chaos)")
+    p.add_argument("--json", type=Path, metavar="OUT", help="write the report (figures and markdown) here")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.handler == "stock" and not args.soak and set(args.faults) - set(STOCK_FAULTS):
+        raise SystemExit(f"--handler stock has no pool: only --faults {','.join(STOCK_FAULTS)} applies")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop the server
+    report = run(args)
+    report["markdown"] = format_report(report)
+    print(report["markdown"])
+    if args.json:
+        bench.save_json(args.json, report)
+        log(f"report written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
