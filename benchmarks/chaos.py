@@ -36,7 +36,10 @@ Every request's start, latency, status and, for failures, the answer's body (or 
 is logged by the locustfile (loadtest.requestlog); each failure is attributed to the fault window it
 ended in (after fault n and before fault n + 1; before the first fault: window "before faults").
 The locust client waits --request-timeout + 60 s for an answer, so that the server's own deadline
-(--request-timeout, passed to the archive as request_timeout_s: 504 after it) is what shows.
+(--request-timeout, passed to the archive as request_timeout_s: 504 after it) is what shows, unless
+--client-timeout says otherwise. TorchServe 0.12 never answers the requests its asynchronous worker
+held when it was killed: with the worker fault, a shorter --client-timeout (e.g. 20 s) counts them
+as failures (status 0) instead of stalling every user for minutes.
 
 Resources: every --sample-every seconds, right after warm-up and after the run (once the server is
 at full strength again, or 60 s later) the RSS and open file descriptors summed over the TorchServe
@@ -720,7 +723,8 @@ def run(args) -> dict:
             started = time.time()
             load = pool.submit(run_locust, server.inference_url, args.model, users, args.duration,
                                run_dir / "load", token=token, payload=args.payload,
-                               timeout_s=args.request_timeout + CLIENT_TIMEOUT_SLACK_S, request_log=request_log)
+                               timeout_s=args.client_timeout or args.request_timeout + CLIENT_TIMEOUT_SLACK_S,
+                               request_log=request_log)
             t0 = first_request_time(request_log, load, started)
             try:
                 for i, (offset, kind) in enumerate(schedule):
@@ -775,7 +779,7 @@ def build_report(args, mode: str, users: int, result, records: list[RequestRecor
     return {
         "mode": mode, "model": args.model, "handler": args.handler, "batch": args.batch_size, "users": users,
         "duration_s": args.duration, "every_s": args.every, "faults_asked": args.faults, "payload": args.payload,
-        "request_timeout_s": args.request_timeout, "stop_s": args.stop_s, "seed": args.seed,
+        "request_timeout_s": args.request_timeout, "client_timeout_s": args.client_timeout, "stop_s": args.stop_s, "seed": args.seed,
         "cores": psutil.cpu_count(), "first_request_at": t0,
         "load": {
             "requests": result.requests, "failures": result.failures,
@@ -822,6 +826,8 @@ def parser() -> argparse.ArgumentParser:
                    help="double-kill: the longest wait for the replacement to appear (default 10, at most --every)")
     p.add_argument("--request-timeout", type=number, default=120.0,
                    help="the server's deadline per request (archive request_timeout_s; default 120)")
+    p.add_argument("--client-timeout", type=number, default=None,
+                   help="how long a locust user waits for an answer (default: --request-timeout + 60 s)")
     p.add_argument("--handler", choices=("packrat", "stock"), default="packrat",
                    help="packrat (default) or TorchServe's stock handler (only the worker fault applies)")
     p.add_argument("--plan", choices=("auto", "fat"), default="auto", help="packrat plan (default auto)")
