@@ -15,6 +15,11 @@ one the plan is made for, is the archive's `max_batch`. In TorchServe's ordinary
 mode handle() simply blocks until its batch is answered. The management API's
 `GET /models/NAME?customized=true` returns the controller's status (plan, pool health,
 reconfigurations).
+
+Recovery (the archive's `request_timeout_s`, `max_queue`, `batch_timeout_s`, `hang_factor`,
+`hang_floor_s`) is the pool's: see packrat/pool/supervisor.py. Under `packrat serve` the handler also
+follows `packrat reconfigure` (a control file it polls) and, when it replaces a worker that died,
+asks TorchServe for a fresh worker, because TorchServe 0.12 never serves a restarted asynchronous one.
 """
 
 from __future__ import annotations

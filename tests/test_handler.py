@@ -116,3 +116,14 @@ def test_archive_without_packrat_settings_is_a_clear_error(tmp_path):
     context = Context("tiny", str(tmp_path), {}, 4, None, "0.12", model_yaml_config={})
     with pytest.raises(ValueError, match="packrat archive"):
         PackratHandler().initialize(context)
+
+
+def test_recovery_settings_from_the_archive_reach_the_pool():
+    from handlers.common import pool_settings
+    from packrat.pool import Watchdog
+
+    assert pool_settings({}) == {}
+    assert pool_settings({"request_timeout_s": 30, "max_queue": "50", "gather_ms": 10, "hang_floor_s": 2,
+                          "hang_factor": 4, "batch_timeout_s": None}) == {
+        "request_timeout_s": 30.0, "max_queue": 50, "gather_ms": 10.0, "watchdog": Watchdog(factor=4.0, floor_s=2.0)}
+    assert pool_settings({"batch_timeout_s": 9})["watchdog"].allowance_s(None, 0.0, 1) == 9
