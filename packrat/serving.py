@@ -344,15 +344,36 @@ def _put(server: Server, path: str, timeout: float = 120.0) -> None:
         response.read()
 
 
-def restart_worker(server: Server) -> None:
+def restart_worker(server: Server, timeout: float = 600.0) -> None:
     """Scale the model to no worker and back to one: a fresh worker thread on TorchServe's side.
 
     TorchServe 0.12 restarts a Python worker that died, but in its asynchronous mode the restarted
     worker is never put back in service (its AsyncWorkerThread keeps `loadingFinished` from the first
     load, so the new load's answer never marks the worker loaded, and it waits forever for work meant
-    for it alone). Scaling through the management API replaces the thread, which does load right."""
-    _put(server, f"/models/{server.model}?min_worker=0&max_worker=0&synchronous=true")
-    _put(server, f"/models/{server.model}?min_worker=1&max_worker=1&synchronous=false")
+    for it alone). Scaling through the management API replaces the thread, which does load right.
+    TorchServe may fail the scale-down itself after stopping the worker (IllegalStateException
+    "Deque full" while it re-queues the dead worker's jobs), so both steps are retried until one
+    worker is READY or `timeout` runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for workers in (0, 1):
+            try:
+                _put(server, f"/models/{server.model}?min_worker={workers}&max_worker={workers}&synchronous=true")
+            except (urllib.error.URLError, OSError) as exc:  # HTTPError included
+                print(f"scaling {server.model} to {workers} worker(s) failed: {exc}", file=sys.stderr)
+        if _wait_for(lambda: worker_status(server) == ["READY"], min(60.0, max(0.0, deadline - time.monotonic()))):
+            return
+        if time.monotonic() > deadline:
+            raise ServeError(f"no READY worker for {server.model} after restarting it for {timeout:.0f} s")
+
+
+def _wait_for(condition, timeout: float, every: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
 
 
 def worker_file(control_dir: str | Path, model: str) -> Path:
