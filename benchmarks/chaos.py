@@ -34,7 +34,8 @@ management API counts as not recovered. With the stock handler only the worker c
 
 Every request's start, latency, status and, for failures, the answer's body (or the client's error)
 is logged by the locustfile (loadtest.requestlog); each failure is attributed to the fault window it
-ended in (after fault n and before fault n + 1; before the first fault: window "before faults").
+was in flight when a fault struck goes to that fault's window (the first such fault), any other to the
+window it ended in (after fault n and before fault n + 1; before the first fault: "before faults").
 The locust client waits --request-timeout + 60 s for an answer, so that the server's own deadline
 (--request-timeout, passed to the archive as request_timeout_s: 504 after it) is what shows, unless
 --client-timeout says otherwise. TorchServe 0.12 never answers the requests its asynchronous worker
@@ -147,10 +148,13 @@ def window_index(t: float, fault_times: Sequence[float]) -> int:
 
 
 def by_window(records: Iterable[RequestRecord], fault_times: Sequence[float]) -> dict[int, list[RequestRecord]]:
-    """Records grouped by the fault window their answer (or error) arrived in (-1: before the first fault)."""
+    """Records grouped by fault window (-1: before the first fault): the window of the first fault that
+    struck while the request was in flight, else the one its answer (or error) arrived in. A request
+    stranded by a fault and given up on by the client much later is thus the fault's, not a later one's."""
     groups: dict[int, list[RequestRecord]] = {}
     for record in records:
-        groups.setdefault(window_index(record.end, fault_times), []).append(record)
+        sent, ended = window_index(record.start, fault_times), window_index(record.end, fault_times)
+        groups.setdefault(sent + 1 if ended > sent else ended, []).append(record)
     return groups
 
 

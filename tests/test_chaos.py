@@ -89,6 +89,11 @@ def test_failures_go_to_the_window_their_answer_arrived_in():
     assert chaos.status_counts(records) == {"503": 2, "0": 1, "504": 1}  # commonest first
 
 
+def test_a_request_stranded_by_a_fault_is_that_faults_even_when_it_ends_windows_later():
+    stranded = rec(9.5, 25_000, 0, "timed out")  # in flight at fault 0 (t=10), given up on after fault 1
+    assert [r.start for r in chaos.by_window([stranded], [10.0, 20.0])[0]] == [9.5]
+
+
 def test_reason_counts_and_late_count():
     records = [rec(0, 10, 503, "a"), rec(0, 10, 503, "a"), rec(0, 10, 504, "late"), rec(0, 10)]
     assert chaos.reason_counts(records) == {"503: a": 2, "504: late": 1}
