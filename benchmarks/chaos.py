@@ -33,14 +33,13 @@ handler's pool health (serving.handler_status) says ready == instances, respawni
 management API counts as not recovered. With the stock handler only the worker checks apply.
 
 Every request's start, latency, status and, for failures, the answer's body (or the client's error)
-is logged by the locustfile (loadtest.requestlog); each failure is attributed to the fault window it
-was in flight when a fault struck goes to that fault's window (the first such fault), any other to the
-window it ended in (after fault n and before fault n + 1; before the first fault: "before faults").
+is logged by the locustfile (loadtest.requestlog). A failed request that was in flight when a fault
+struck goes to that fault's window (the first such fault), any other to the window it ended in (after fault n and before fault n + 1; before the first fault: "before faults").
 The locust client waits --request-timeout + 60 s for an answer, so that the server's own deadline
 (--request-timeout, passed to the archive as request_timeout_s: 504 after it) is what shows, unless
---client-timeout says otherwise. TorchServe 0.12 never answers the requests its asynchronous worker
-held when it was killed: with the worker fault, a shorter --client-timeout (e.g. 20 s) counts them
-as failures (status 0) instead of stalling every user for minutes.
+--client-timeout says otherwise. With --worker-mode async, TorchServe 0.12 never answers the
+requests its asynchronous worker held when it was killed: a shorter --client-timeout (e.g. 20 s)
+counts them as failures (status 0) instead of stalling every user for minutes.
 
 Resources: every --sample-every seconds, right after warm-up and after the run (once the server is
 at full strength again, or 60 s later) the RSS and open file descriptors summed over the TorchServe
@@ -694,7 +693,8 @@ def archive(args, run_dir: Path) -> Path:
                                   batch_sizes=[args.batch_size, reconfigure_target(0, args.batch_size)])
     return serving.archive(args.model, profile, run_dir / "model_store", name=args.model, batch_size=args.batch_size,
                            max_batch_delay_ms=args.max_batch_delay, plan=args.plan, handler=args.handler,
-                           reconfigure=False, request_timeout_s=args.request_timeout)
+                           reconfigure=False, request_timeout_s=args.request_timeout,
+                           async_worker=args.worker_mode == "async")
 
 
 def run(args) -> dict:
@@ -834,6 +834,9 @@ def parser() -> argparse.ArgumentParser:
                    help="how long a locust user waits for an answer (default: --request-timeout + 60 s)")
     p.add_argument("--handler", choices=("packrat", "stock"), default="packrat",
                    help="packrat (default) or TorchServe's stock handler (only the worker fault applies)")
+    p.add_argument("--worker-mode", choices=("ordinary", "async"), default="ordinary",
+                   help="TorchServe worker mode for the packrat handler: ordinary (default; TorchServe "
+                        "hands over whole batches) or async (asyncCommunication: each request as it arrives)")
     p.add_argument("--plan", choices=("auto", "fat"), default="auto", help="packrat plan (default auto)")
     p.add_argument("--profile", type=Path, help="profile CSV (default profiles/MODEL.csv, measured when missing)")
     p.add_argument("--payload", choices=PAYLOAD_KINDS, default="jpeg", help="request body (default jpeg)")

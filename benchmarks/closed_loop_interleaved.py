@@ -28,7 +28,7 @@ out = Path(sys.argv[5] if len(sys.argv) > 5 else "out/interleaved")
 profile = Path("profiles") / f"{model}.csv"
 payload = natural_payload(model)
 configs = (("stock", "stock", "auto", {}), ("packrat-plan", "packrat", "auto", {}),
-           ("packrat-plan-whole-batches", "packrat", "auto", {"async_worker": False}))
+           ("packrat-plan-async", "packrat", "auto", {"async_worker": True}))
 report = {}
 for batch in batches:
     samples: dict[str, list] = {name: [] for name, *_ in configs}

@@ -6,20 +6,25 @@ that re-plans when the load changes (`reconfigure: false` in the archive turns t
 handle() only moves bytes: each request's body goes to the pool as it is, and its answer
 (decoded, run and encoded inside an instance) comes back with its own status.
 
-The archive runs this worker in TorchServe's asynchronous mode (`asyncCommunication: true`):
-TorchServe hands over each request as soon as it arrives, without waiting for the previous ones
-to be answered, and handle() returns a coroutine, so many requests are in the pool at once and
-the pool's dispatcher keeps every instance busy (see packrat/pool.py). TorchServe's own batch
-size is 1 there (its asynchronous aggregator breaks on larger batches); the pool's batch, the
-one the plan is made for, is the archive's `max_batch`. In TorchServe's ordinary
-mode handle() simply blocks until its batch is answered. The management API's
-`GET /models/NAME?customized=true` returns the controller's status (plan, pool health,
-reconfigurations).
+TorchServe runs this worker in its ordinary mode: it gathers up to the archive's batch size
+within maxBatchDelay, hands the batch over, and sends the next one once this one is answered.
+handle() submits the batch's requests to the pool, whose dispatcher splits them among the
+instances, and returns their answers in order. Each call is one observation of the load for the
+controller: the batch plus whatever the pool still holds.
+
+TorchServe's asynchronous mode (`asyncCommunication: true`, serving.archive(async_worker=True)) is
+still supported, for comparison only: each request is handed over as it arrives and handle() returns
+a coroutine. TorchServe 0.12's Java side keeps the requests the worker holds in a map that two
+threads change without a lock; under a few hundred requests a second it loses one within
+seconds, closes the connection and strands every request in flight (BENCHMARKS.md, issue 16).
+The management API's `GET /models/NAME?customized=true` returns the controller's status (plan,
+pool health, reconfigurations).
 
 Recovery (the archive's `request_timeout_s`, `max_queue`, `batch_timeout_s`, `hang_factor`,
 `hang_floor_s`) is the pool's: see packrat/pool/supervisor.py. Under `packrat serve` the handler also
 follows `packrat reconfigure` (a control file it polls) and, when it replaces a worker that died,
-asks TorchServe for a fresh worker, because TorchServe 0.12 never serves a restarted asynchronous one.
+in asynchronous mode asks TorchServe for a fresh worker, because TorchServe 0.12 never serves a
+restarted asynchronous one.
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ class PackratHandler(BaseHandler):
         properties = context.system_properties
         section = common.settings(context)
         control_dir = os.environ.get(CONTROL_ENV)  # set by `packrat serve`
-        if control_dir and (getattr(context, "model_yaml_config", None) or {}).get("asyncCommunication"):
+        asynchronous = bool((getattr(context, "model_yaml_config", None) or {}).get("asyncCommunication"))
+        if control_dir and asynchronous:
             _restart_if_replacing_a_dead_worker(control_dir, context.model_name)
         model_dir = properties["model_dir"]
         model, spec = common.model_config(section, model_dir)
@@ -73,8 +79,10 @@ class PackratHandler(BaseHandler):
         start_batch = min(int(section.get("plan_batch") or self.max_batch), self.max_batch)
         plan = plan_for(start_batch)
         common.log.info("packrat plan for T=%d, B=%d: %s", plan.threads, plan.batch, plan.describe())
-        self.pool = InstancePool.from_plan(model, plan, capacity=self.max_batch, codec=codec,
-                                           **common.pool_settings(section))
+        settings = common.pool_settings(section)
+        if not asynchronous:  # the whole batch is here: nothing more comes until it is answered
+            settings.setdefault("gather_ms", 0.0)
+        self.pool = InstancePool.from_plan(model, plan, capacity=self.max_batch, codec=codec, **settings)
         exit_with_parent(self.pool.close)  # TorchServe's async worker would outlive Java otherwise
         estimator = BatchSizeEstimator(start_batch, self.max_batch,
                                        EstimatorSettings(**section.get("estimator", {})))
@@ -105,10 +113,12 @@ class PackratHandler(BaseHandler):
 
     def handle(self, data, context):
         """One answer per request, in order. Never raises: in TorchServe's asynchronous mode an
-        exception would fail every request in flight, not just this batch's."""
+        exception would fail every request in flight, not just this batch's; in its ordinary mode,
+        every request of the batch."""
         if _describing(context):
             answers = [self.controller.status()]
         else:
+            self._observe_load(len(data))
             futures = [self._submit(row, context, index) for index, row in enumerate(data)]
             answers = None
         try:
@@ -116,6 +126,14 @@ class PackratHandler(BaseHandler):
         except RuntimeError:  # TorchServe's ordinary worker: answer this batch, then the next
             return answers or self._respond([future.result() for future in futures], context)
         return self._gather(futures, context) if answers is None else _ready(answers)  # awaited by the worker
+
+    def _observe_load(self, arrived: int) -> None:
+        if not self.reconfigure:
+            return
+        try:
+            self.controller.arrive(arrived)
+        except Exception as exc:  # a failed switch decision must never cost a request
+            common.log.warning("packrat load estimate not updated: %s", exc)
 
     def _submit(self, row, context, index: int):
         submit = self.controller.submit if self.reconfigure else self.pool.submit

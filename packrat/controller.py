@@ -66,12 +66,16 @@ class Controller:
 
     # ---- serving ------------------------------------------------------------------------------
 
-    def submit(self, request):
-        """Queue one request on the live pool (a future of its answer); may start a switch in the
-        background. The load is measured as the requests in the pool when one arrives: with U
-        users in a closed loop that is about U, the batch the plan should be made for."""
-        self.estimator.observe(self.pool.outstanding + 1)
+    def arrive(self, count: int = 1) -> None:
+        """`count` requests arrived together (TorchServe's batch; one by one in its asynchronous
+        mode); may start a switch in the background. The load is them plus the requests already in
+        the pool: with U users in a closed loop that is about U, the batch the plan should be made for."""
+        self.estimator.observe(self.pool.outstanding + count)
         self._maybe_switch()
+
+    def submit(self, request):
+        """Queue one request on the live pool: a future of its answer (counted if it fails while a
+        switch is under way). arrive() says how many came together."""
         future = self.pool.submit(request)
         future.add_done_callback(self._count_failure)
         return future

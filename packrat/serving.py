@@ -170,14 +170,16 @@ def recovery_yaml(recovery: dict | None) -> str:
 def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_delay_ms: int,
                       plan: str, handler: str, input_shape: tuple[int, ...] | None, reconfigure: bool = True,
                       plan_batch: int | None = None, estimator: dict | None = None, ios: bool = False,
-                      requests: str = "", async_worker: bool = True, gather_ms: float | None = None,
+                      requests: str = "", async_worker: bool = False, gather_ms: float | None = None,
                       recovery: dict | None = None) -> str:
     """TorchServe's per-model config; packrat's own settings live under `packrat:`, the recovery
     settings (RECOVERY_KEYS) only those given.
 
-    The packrat handler gets one worker (the pool uses every core) in TorchServe's asynchronous
-    mode with (almost) no batch delay: batches go to the pool as they form and the pool batches for its
-    instances as they free up (see handlers/packrat_handler.py)."""
+    The packrat handler gets one worker (the pool uses every core) in TorchServe's ordinary mode:
+    TorchServe gathers batches of up to batch_size within max_batch_delay_ms and the pool splits
+    each among its instances. With async_worker (for comparison only: TorchServe 0.12's
+    asynchronous mode strands requests under load, see handlers/packrat_handler.py) batches go to
+    the pool one request at a time, as they arrive, and the pool batches for its instances."""
     workers, torchserve_batch = "", batch_size
     if handler == "packrat":
         workers = "minWorkers: 1\nmaxWorkers: 1\n"
@@ -205,7 +207,7 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
             plan_batch: int | None = None, estimator: dict | None = None,
             ios_cache: Path = DEFAULT_IOS_CACHE, tokenizer: Path | None = None, labels: Path | None = None,
             max_body_bytes: int = RequestSettings.max_body_bytes, truncate_text: bool = False,
-            async_worker: bool = True, gather_ms: float | None = None, request_timeout_s: float | None = None,
+            async_worker: bool = False, gather_ms: float | None = None, request_timeout_s: float | None = None,
             max_queue: int | None = None, batch_timeout_s: float | None = None, hang_factor: float | None = None,
             hang_floor_s: float | None = None) -> Path:
     """Build NAME.mar with torch-model-archiver: handler, profile, settings, the tokenizer and

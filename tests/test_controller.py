@@ -69,6 +69,7 @@ def make(pool, clock, current=1, window=1):
 def arrive(controller, load):
     """One request arrives while `load` - 1 others are in the pool."""
     controller.pool.outstanding = load - 1
+    controller.arrive()
     return controller.submit("request")
 
 
@@ -93,6 +94,20 @@ def test_switches_to_the_plan_for_the_new_batch_and_records_it():
     status = controller.status()
     assert status["plan"] == PLANNER.plan(4, 8).to_json() and status["mode"] == "eager"
     assert status["reconfigurations"][0]["to_batch"] == 8
+
+
+def test_a_whole_batch_arriving_at_once_is_the_load():
+    """TorchServe's ordinary mode hands over a batch of 8 into an empty pool: the load is 8, not
+    the 1..8 the pool held as its requests were queued one by one."""
+    pool, clock = FakePool(), Clock()
+    controller = make(pool, clock)
+    for _ in range(3):
+        controller.arrive(8)
+        for _ in range(8):
+            controller.submit("request")
+        clock.now += 1.0
+        controller.wait_idle(10)
+    assert controller.plan.batch == 8 and controller.reconfigurations[0].to_batch == 8
 
 
 def test_batches_keep_flowing_to_the_old_pool_while_the_new_one_builds():

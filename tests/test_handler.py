@@ -112,6 +112,23 @@ def test_packrat_handler_plans_for_the_worker_cores(tmp_path):
         fat.pool.close()
 
 
+def test_instances_gather_only_when_requests_arrive_one_by_one(tmp_path):
+    """TorchServe's ordinary mode hands over whole batches, so an idle instance never waits for the
+    rest of its share (gather 0 ms); in its asynchronous mode it waits the default 30 ms."""
+    gathers = {}
+    for asynchronous in (False, True):
+        context = make_context(tmp_path)
+        if asynchronous:
+            context.model_yaml_config["asyncCommunication"] = True
+        handler = PackratHandler()
+        handler.initialize(context)
+        try:
+            gathers[asynchronous] = handler.pool.dispatcher.gather_s
+        finally:
+            handler.pool.close()
+    assert gathers == {False: 0.0, True: 0.03}
+
+
 def test_archive_without_packrat_settings_is_a_clear_error(tmp_path):
     context = Context("tiny", str(tmp_path), {}, 4, None, "0.12", model_yaml_config={})
     with pytest.raises(ValueError, match="packrat archive"):

@@ -12,10 +12,10 @@ One dispatch thread runs the loop: hand queued requests to idle instances, wait 
 instance's socket, collect answers, notice deaths (a socket that closes), kill instances whose
 batch ran past the watchdog's allowance, and answer requests past their deadline.
 
-Requests come from TorchServe's asynchronous worker mode: TorchServe hands the handler each request
-as it arrives and the handler submits it here (handlers/packrat_handler.py). The other way, a
-second TorchServe worker sharing these instances, was not built: workers are separate processes,
-so the queue and the instances would have to move into a third process, adding a hop per request.
+Requests come from the TorchServe handler (handlers/packrat_handler.py): a whole batch at a time in
+TorchServe's ordinary worker mode, one by one as they arrive in its asynchronous mode. A second
+TorchServe worker sharing these instances was not built: workers are separate processes, so the
+queue and the instances would have to move into a third process, adding a hop per request.
 """
 
 from __future__ import annotations
