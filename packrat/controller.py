@@ -25,6 +25,7 @@ from .estimator import BatchSizeEstimator
 from .planner import Plan
 
 log = logging.getLogger("packrat.controller")
+REQUEST_ATTEMPTS = 3  # an operator's switch is tried this many times before it is given up
 
 
 class Pool(Protocol):
@@ -52,10 +53,12 @@ class Reconfiguration:
 class Controller:
     def __init__(self, pool: Pool, plan: Plan, plan_for: Callable[[int], Plan],
                  configs_for: Callable[[Plan], list], estimator: BatchSizeEstimator, *,
-                 retry_s: float = 10.0, clock: Callable[[], float] = time.monotonic, history: int = 100):
+                 retry_s: float = 10.0, clock: Callable[[], float] = time.monotonic, history: int = 100,
+                 request_attempts: int = REQUEST_ATTEMPTS, sleep: Callable[[float], None] = time.sleep):
         self.pool, self.plan = pool, plan
         self.plan_for, self.configs_for, self.estimator = plan_for, configs_for, estimator
-        self.retry_s, self.clock = retry_s, clock
+        self.retry_s, self.clock, self.sleep = retry_s, clock, sleep
+        self.request_attempts = request_attempts
         self.reconfigurations: list[Reconfiguration] = []
         self._history = history
         self._switching: threading.Thread | None = None
@@ -102,26 +105,40 @@ class Controller:
                                        f"(moving average {self.estimator.average:.1f})")
 
     def request(self, target: int, reason: str) -> bool:
-        """Switch to the plan for `target` now (an operator's request); False while a switch is
-        under way. The estimator then judges later load against the new plan."""
+        """Switch to the plan for `target` now (an operator's request), in the background; False
+        while a switch is under way. A failed attempt (say, a new instance killed while it loads) is
+        tried again retry_s later, up to request_attempts in all, each one recorded. The estimator
+        then judges later load against the new plan."""
         with self._lock:
             if self._switching is not None:
                 return False
             self.estimator.current = target
-            self._start_switch(target, reason)
+            self._start_switch(target, reason, self.request_attempts)
             return True
 
-    def _start_switch(self, target: int, reason: str) -> None:
+    def _start_switch(self, target: int, reason: str, attempts: int = 1) -> None:
         """Caller holds the lock and has checked no switch is under way."""
         self._building = target
-        self._switching = threading.Thread(target=self.switch, args=(target, reason), daemon=True,
-                                           name="packrat-reconfigure")
+        self._switching = threading.Thread(target=self._switch_in_background, args=(target, reason, attempts),
+                                           daemon=True, name="packrat-reconfigure")
         self._switching.start()
+
+    def _switch_in_background(self, target: int, reason: str, attempts: int) -> None:
+        try:
+            for attempt in range(1, attempts + 1):
+                record = self.switch(target, reason if attempt == 1 else f"{reason}, attempt {attempt}")
+                if record.error is None or attempt == attempts:
+                    return
+                self.sleep(self.retry_s)
+                self.estimator.current = target  # switch() put back the old batch when it failed
+        finally:
+            with self._lock:
+                self._switching = None
 
     # ---- switching ----------------------------------------------------------------------------
 
     def switch(self, target: int, reason: str) -> Reconfiguration:
-        """Serve the plan for `target` from now on (runs in the background thread)."""
+        """Serve the plan for `target` from now on (one attempt; runs in the background thread)."""
         started, wall = self.clock(), time.time()
         old = self.plan
         record = Reconfiguration(old.batch, target, reason, 0.0, 0, wall)
@@ -136,13 +153,12 @@ class Controller:
             record.error = f"{type(exc).__name__}: {exc}"
             self.estimator.current = old.batch
             self._retry_at = self.clock() + self.retry_s
-            log.error("reconfiguration B=%d → B=%d failed, old plan keeps serving, retry in %.0f s: %s",
+            log.error("reconfiguration B=%d → B=%d failed, old plan keeps serving, may retry in %.0f s: %s",
                       old.batch, target, self.retry_s, record.error)
         with self._lock:
             record.seconds = self.clock() - started
             record.failed_requests, self._failed_during_switch = self._failed_during_switch, 0
             self.reconfigurations = (self.reconfigurations + [record])[-self._history:]
-            self._switching = None
         return record
 
     def wait_idle(self, timeout: float | None = None) -> None:

@@ -197,3 +197,31 @@ def test_an_operators_request_switches_now_and_not_twice_at_once():
     assert controller.plan.batch == 2 and controller.estimator.current == 2
     (record,) = controller.reconfigurations
     assert (record.from_batch, record.to_batch) == (8, 2) and "packrat reconfigure" in record.reason
+
+
+def test_an_operators_request_that_fails_is_tried_again():
+    """A new instance killed while it loads fails the switch; a requested one is tried again
+    retry_s later (each attempt recorded), where an estimated one waits for the next estimate."""
+    pool, clock = FakePool(), Clock()
+    naps: list[float] = []
+    controller = make(pool, clock, current=8)
+    controller.sleep = naps.append
+    pool.fail_next = True
+    assert controller.request(2, "requested by packrat reconfigure (batch 2)")
+    controller.wait_idle(10)
+    assert controller.plan.batch == 2 and naps == [5.0]
+    failed, done = controller.reconfigurations
+    assert failed.error and done.error is None and done.reason.endswith("attempt 2")
+
+
+def test_an_operators_request_is_given_up_after_its_attempts():
+    pool, clock = FakePool(), Clock()
+    controller = make(pool, clock, current=8)
+    controller.sleep = lambda s: setattr(pool, "fail_next", True)  # every attempt fails
+    pool.fail_next = True
+    assert controller.request(2, "requested")
+    controller.wait_idle(10)
+    assert controller.plan.batch == 8 and controller.estimator.current == 8
+    assert len(controller.reconfigurations) == 3 and all(r.error for r in controller.reconfigurations)
+    assert controller.request(4, "requested again")  # free for the next one
+    controller.wait_idle(10)

@@ -341,3 +341,21 @@ def test_an_instance_exits_when_its_pool_process_dies_while_it_loads():
         parent.wait()
     wait_until(lambda: not instance.is_running() or instance.status() == psutil.STATUS_ZOMBIE,
                "the instance outlived its pool's process", timeout=10)
+
+
+def test_warm_up_time_leaves_out_waiting_for_a_core():
+    """The watchdog's yardstick: a warm-up that waits (here it sleeps, as one at low priority
+    beside busy instances waits for a core) counts only the time it computed."""
+    from packrat.pool.child import warm_up
+
+    def computing(batch):
+        until = time.process_time() + 0.02
+        while time.process_time() < until:
+            pass
+
+    def waiting(batch):
+        time.sleep(0.05)
+
+    example = torch.zeros(4, 1)
+    assert 15 < warm_up(computing, example, threads=1) < 200
+    assert warm_up(waiting, example, threads=1) < 10

@@ -35,8 +35,9 @@ HANG_FLOOR_S = 5.0  # ... and at least this long, before its instance counts as 
 @dataclass(frozen=True)
 class Watchdog:
     """When a running batch marks its instance hung. Its yardstick is the larger of the profile's
-    L(t, b) (InstanceConfig.expected_ms) and the instance's own warm-up time for its planned batch,
-    scaled up for a batch above the plan; `batch_timeout_s` replaces the whole rule."""
+    L(t, b) (InstanceConfig.expected_ms) and the instance's own warm-up time for its planned batch
+    (child.warm_up: without the time it waited for a core), scaled up for a batch above the plan;
+    `batch_timeout_s` replaces the whole rule."""
 
     factor: float = HANG_FACTOR
     floor_s: float = HANG_FLOOR_S
