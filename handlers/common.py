@@ -24,8 +24,9 @@ def settings(context) -> dict:
     return section
 
 
-def model_config(section: dict, model_dir: str) -> tuple[ModelConfig, ModelSpec]:
-    """What the pool loads, and the model's description (input shape, dtype, task)."""
+def model_config(section: dict, model_dir: str, profiled_mode: str | None = None) -> tuple[ModelConfig, ModelSpec]:
+    """What the pool loads, and the model's description (input shape, dtype, task). Instances run
+    the model as its profile measured it (`profiled_mode`): an eager profile gets eager instances."""
     model = section["model"]
     if (Path(model_dir) / model).is_file():  # a TorchScript file shipped inside the archive
         model = str(Path(model_dir) / model)
@@ -33,8 +34,17 @@ def model_config(section: dict, model_dir: str) -> tuple[ModelConfig, ModelSpec]
     spec = resolve(model, shape)
     # IOS-compiled instances: schedules shipped in the archive; missing ones are searched and kept there
     ios_cache = model_dir if section.get("ios") else None
-    return ModelConfig(model, tuple(spec.input_shape), graph_mode=section.get("graph_mode", True),
-                       ios_cache=ios_cache), spec
+    graph_mode = section.get("graph_mode", profiled_mode != "eager")
+    return ModelConfig(model, tuple(spec.input_shape), graph_mode=graph_mode, ios_cache=ios_cache), spec
+
+
+def mode_mismatch(profiled_mode: str | None, running_mode: str) -> str | None:
+    """Why the plan may not hold, when the instances run the model otherwise than its profile
+    measured it (say, tracing failed in the worker and they fell back to eager); None if they match."""
+    if not profiled_mode or profiled_mode == running_mode:
+        return None
+    return (f"the profile was measured in {profiled_mode} mode but the instances run in {running_mode} mode: "
+            f"the plan rests on latencies they may not have; profile the model as it is served")
 
 
 def codec_config(section: dict, spec: ModelSpec, model_name: str, model_dir: str) -> CodecConfig:

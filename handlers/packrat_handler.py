@@ -63,12 +63,13 @@ class PackratHandler(BaseHandler):
         if control_dir and asynchronous:
             _restart_if_replacing_a_dead_worker(control_dir, context.model_name)
         model_dir = properties["model_dir"]
-        model, spec = common.model_config(section, model_dir)
+        profile = load(f"{model_dir}/{section['profile']}")
+        model, spec = common.model_config(section, model_dir, profile.metadata.get("mode"))
         codec = common.codec_config(section, spec, context.model_name, model_dir)
         # The batch the plan is for; in TorchServe's asynchronous mode its own batch size is 1
         # (requests are handed over one by one) and this comes from the archive.
         self.max_batch = int(section.get("max_batch") or properties.get("batch_size") or 1)
-        items, topology, mode = load(f"{model_dir}/{section['profile']}").items(), detect(), section.get("plan", "auto")
+        items, topology, mode = profile.items(), detect(), section.get("plan", "auto")
 
         def plan_for(batch: int):
             plan, fallback = serving_plan(items, topology.num_cores, batch, topology, mode)
@@ -84,6 +85,9 @@ class PackratHandler(BaseHandler):
             settings.setdefault("gather_ms", 0.0)
         self.pool = InstancePool.from_plan(model, plan, capacity=self.max_batch, codec=codec, **settings)
         exit_with_parent(self.pool.close)  # TorchServe's async worker would outlive Java otherwise
+        mismatch = common.mode_mismatch(profile.metadata.get("mode"), self.pool.mode)
+        if mismatch:
+            common.log.warning(mismatch)
         estimator = BatchSizeEstimator(start_batch, self.max_batch,
                                        EstimatorSettings(**section.get("estimator", {})))
         self.controller = Controller(self.pool, plan, plan_for, lambda p: configs_for(p, self.max_batch), estimator)

@@ -129,6 +129,31 @@ def test_instances_gather_only_when_requests_arrive_one_by_one(tmp_path):
     assert gathers == {False: 0.0, True: 0.03}
 
 
+def test_instances_run_the_model_as_its_profile_measured_it(tmp_path):
+    """An eager profile gets eager instances; one taken in script mode, script ones; a mismatch
+    (instances that fell back to eager under a script profile) is said."""
+    from handlers.common import mode_mismatch, model_config
+
+    section = {"model": "tiny", "input_shape": None}
+    assert model_config(section, str(tmp_path), "eager")[0].graph_mode is False
+    assert model_config(section, str(tmp_path), "script")[0].graph_mode is True
+    assert model_config(section, str(tmp_path), None)[0].graph_mode is True  # no mode recorded: as before
+    assert model_config({**section, "graph_mode": False}, str(tmp_path), "script")[0].graph_mode is False
+    assert mode_mismatch("script", "script") is None and mode_mismatch(None, "eager") is None
+    assert "measured in script mode but the instances run in eager mode" in mode_mismatch("script", "eager")
+
+
+def test_an_eager_profile_is_served_eager(tmp_path):
+    context = make_context(tmp_path)
+    (tmp_path / "profile.csv").write_text("# mode: eager\n" + PROFILE)
+    handler = PackratHandler()
+    handler.initialize(context)
+    try:
+        assert handler.pool.mode == "eager"
+    finally:
+        handler.pool.close()
+
+
 def test_archive_without_packrat_settings_is_a_clear_error(tmp_path):
     context = Context("tiny", str(tmp_path), {}, 4, None, "0.12", model_yaml_config={})
     with pytest.raises(ValueError, match="packrat archive"):
