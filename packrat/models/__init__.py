@@ -8,13 +8,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from packrat.graph import mode_name, quiet_jit, to_mode
+from packrat.inputs import InputSpec, describe, reshaped, token_inputs
 from packrat.models.inception import inception_v3
 from packrat.models.nasnet import nasnet
 from packrat.models.randwire import randwire
@@ -27,37 +27,72 @@ __all__ = ["ModelSpec", "ZOO", "DEFAULT_MODEL", "resolve", "prepare"]
 
 SEED = 0
 SCRIPT_SUFFIXES = (".pt", ".pth", ".ts")
+EXPORT_SUFFIX = ".pt2"  # torch.export.save
+HF_PREFIX = "hf:"  # a Hugging Face save_pretrained directory
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
     build: Callable[[], torch.nn.Module]  # fresh module, seeded random weights, in eval mode
-    input_shape: tuple[int, ...]  # one sample, without the batch dimension
-    input_dtype: torch.dtype
-    scriptable: bool  # trace + freeze + optimize_for_inference is expected to work
+    inputs: tuple[InputSpec, ...]  # the module's positional arguments, in order
+    scriptable: bool  # a graph mode (compile, trace) is expected to work
     task: str  # "classification" | "embedding" | "language-model"
     description: str = ""
-    vocab_size: int | None = None  # upper bound (exclusive) for integer token ids
     # The module defines example_input(batch) itself (user factories); use it instead of random data.
     own_example: bool = False
+    labels: str | None = None  # index_to_name.json that comes with the model (a Hugging Face config's id2label)
+    tokenizer: str | None = None  # tokenizer.json that comes with the model (a save_pretrained directory)
 
-    def example_input(self, batch: int) -> torch.Tensor:
-        """Deterministic input of shape (batch, *input_shape); sample i is the same for any batch."""
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The first input's shape: the image, or the token ids."""
+        return self.inputs[0].shape
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        return getattr(torch, self.inputs[0].dtype)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.inputs[0].vocab_size
+
+    def example_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
+        """Deterministic inputs, each of shape (batch, *shape); sample i is the same for any batch."""
         if self.own_example:
             # Costs a build; prepare() avoids it by asking the module it already built.
-            return self.build().example_input(batch)
+            return _as_tuple(self.build().example_input(batch))
         gen = torch.Generator().manual_seed(SEED)
-        # One draw per sample: a single big randn fills large tensors in a size-dependent
-        # order, which would make sample 0 differ between batch sizes.
-        if self.input_dtype.is_floating_point:
-            samples = [torch.randn(self.input_shape, generator=gen, dtype=self.input_dtype)
-                       for _ in range(batch)]
-        else:
-            high = self.vocab_size or 2  # token ids must stay inside the embedding table
-            samples = [torch.randint(0, high, self.input_shape, generator=gen, dtype=self.input_dtype)
-                       for _ in range(batch)]
-        return torch.stack(samples)
+        return tuple(_example(spec, batch, gen) for spec in self.inputs)
+
+    def example_input(self, batch: int) -> torch.Tensor:
+        """The one input of a single-input model (images, tensors)."""
+        if len(self.inputs) != 1:
+            raise ValueError(f"model {self.name!r} takes {len(self.inputs)} inputs ({describe(self.inputs)}): "
+                             f"use example_inputs")
+        return self.example_inputs(batch)[0]
+
+
+def _example(spec: InputSpec, batch: int, gen: torch.Generator) -> torch.Tensor:
+    dtype = getattr(torch, spec.dtype)
+    if spec.fill is not None:  # a mask of no padding, one segment: what a real request mostly is
+        return (torch.ones if spec.fill == "ones" else torch.zeros)((batch, *spec.shape), dtype=dtype)
+    # One draw per sample: a single big randn fills large tensors in a size-dependent
+    # order, which would make sample 0 differ between batch sizes.
+    if spec.is_float:
+        samples = [torch.randn(spec.shape, generator=gen, dtype=dtype) for _ in range(batch)]
+    else:
+        high = spec.vocab_size or 2  # token ids must stay inside the embedding table
+        samples = [torch.randint(0, high, spec.shape, generator=gen, dtype=dtype) for _ in range(batch)]
+    return torch.stack(samples)
+
+
+def _as_tuple(value) -> tuple[torch.Tensor, ...]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _image(shape: tuple[int, ...]) -> tuple[InputSpec, ...]:
+    return (InputSpec("input", shape, "float32"),)
 
 
 def _seeded(factory: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
@@ -73,24 +108,24 @@ def _seeded(factory: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Mod
 ZOO: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
-        ModelSpec("tiny", _seeded(tiny), (3, 32, 32), torch.float32, True, "classification",
+        ModelSpec("tiny", _seeded(tiny), _image((3, 32, 32)), True, "classification",
                   "small 3-conv CNN, 10 classes; fast enough for tests"),
-        ModelSpec("tiny_text", _seeded(tiny_text), (TINY_TEXT_LENGTH,), torch.int64, True, "embedding",
-                  "16 tokens -> 32-dim embedding; the text path's test model", vocab_size=TINY_TEXT_VOCAB),
-        ModelSpec("resnet50", _seeded(resnet50), (3, 224, 224), torch.float32, True, "classification",
+        ModelSpec("tiny_text", _seeded(tiny_text), token_inputs(TINY_TEXT_LENGTH, TINY_TEXT_VOCAB), True,
+                  "embedding", "16 tokens and their mask -> 32-dim embedding; the text path's test model"),
+        ModelSpec("resnet50", _seeded(resnet50), _image((3, 224, 224)), True, "classification",
                   "ResNet-50 (bottleneck [3,4,6,3]), 1000 classes"),
-        ModelSpec("inception_v3", _seeded(inception_v3), (3, 299, 299), torch.float32, True,
+        ModelSpec("inception_v3", _seeded(inception_v3), _image((3, 299, 299)), True,
                   "classification", "Inception-v3, 1000 classes, multi-branch blocks"),
-        ModelSpec("bert_base", _seeded(bert_base), (128,), torch.int64, True, "embedding",
-                  "BERT-base encoder, 128 tokens, pooled CLS output (768)", vocab_size=BERT_VOCAB),
-        ModelSpec("gpt2", _seeded(gpt2), (128,), torch.int64, True, "language-model",
-                  "GPT-2 small, 128-token prompt, next-token logits", vocab_size=GPT2_VOCAB),
+        ModelSpec("bert_base", _seeded(bert_base), token_inputs(128, BERT_VOCAB, token_types=True), True,
+                  "embedding", "BERT-base encoder, 128 tokens with mask and type ids, pooled CLS output (768)"),
+        ModelSpec("gpt2", _seeded(gpt2), token_inputs(128, GPT2_VOCAB), True, "language-model",
+                  "GPT-2 small, 128-token prompt with its mask (left-padded), next-token logits"),
         # The IOS paper's networks: many small parallel operators per block.
-        ModelSpec("squeezenet", _seeded(squeezenet), (3, 224, 224), torch.float32, True, "classification",
+        ModelSpec("squeezenet", _seeded(squeezenet), _image((3, 224, 224)), True, "classification",
                   "SqueezeNet 1.1, 1000 classes, fire modules with two expand branches"),
-        ModelSpec("randwire", _seeded(randwire), (3, 224, 224), torch.float32, True, "classification",
+        ModelSpec("randwire", _seeded(randwire), _image((3, 224, 224)), True, "classification",
                   "RandWire-WS small regime (C=78, 3 random 32-node graphs), 1000 classes"),
-        ModelSpec("nasnet", _seeded(nasnet), (3, 224, 224), torch.float32, True, "classification",
+        ModelSpec("nasnet", _seeded(nasnet), _image((3, 224, 224)), True, "classification",
                   "NASNet-A Mobile 4@1056, 1000 classes, cells of parallel separable convs"),
     )
 }
@@ -101,16 +136,9 @@ def _unknown(spec: str) -> ValueError:
     names = ", ".join(ZOO)
     return ValueError(
         f"unknown model {spec!r}: choose one of {names}, a TorchScript file "
-        f"({'/'.join(SCRIPT_SUFFIXES)}), or package.module:factory"
+        f"({'/'.join(SCRIPT_SUFFIXES)}), a torch.export program ({EXPORT_SUFFIX}), "
+        f"{HF_PREFIX}DIR (a Hugging Face save_pretrained directory), or package.module:factory"
     )
-
-
-@contextmanager
-def _quiet_jit():
-    """Hide TorchScript's deprecation notices: graph mode is a deliberate choice here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
-        yield
 
 
 def _from_file(path: str, input_shape: tuple[int, ...] | None) -> ModelSpec:
@@ -120,12 +148,11 @@ def _from_file(path: str, input_shape: tuple[int, ...] | None) -> ModelSpec:
         raise ValueError(f"TorchScript model {path} needs an input shape (one sample, e.g. 3,224,224)")
 
     def build() -> torch.nn.Module:
-        with _quiet_jit():
+        with quiet_jit():
             return torch.jit.load(path, map_location="cpu").eval()
 
     name = os.path.splitext(os.path.basename(path))[0]
-    return ModelSpec(name, build, tuple(input_shape), torch.float32, True, "classification",
-                     f"TorchScript file {path}")
+    return ModelSpec(name, build, _image(tuple(input_shape)), True, "classification", f"TorchScript file {path}")
 
 
 def _from_factory(spec: str, input_shape: tuple[int, ...] | None) -> ModelSpec:
@@ -138,17 +165,19 @@ def _from_factory(spec: str, input_shape: tuple[int, ...] | None) -> ModelSpec:
         raise ValueError(f"model factory {spec!r} is not callable")
     build = _seeded(factory)
 
-    dtype, own_example = torch.float32, False
-    if input_shape is None:
+    if input_shape is not None:
+        inputs, own_example = _image(tuple(input_shape)), False
+    else:
         # Only a module that knows its own input can go without an explicit shape.
         probe = build()
         if not callable(getattr(probe, "example_input", None)):
             raise ValueError(f"model factory {spec!r} needs an input shape: its module has no example_input(batch)")
-        sample = probe.example_input(1)
-        input_shape, dtype, own_example = tuple(sample.shape[1:]), sample.dtype, True
+        samples = _as_tuple(probe.example_input(1))
+        inputs = tuple(InputSpec(f"input{i}" if len(samples) > 1 else "input", tuple(x.shape[1:]),
+                                 str(x.dtype).removeprefix("torch.")) for i, x in enumerate(samples))
+        own_example = True
     # Scriptability is unknown up front: prepare() tries and falls back to eager.
-    return ModelSpec(attr, build, tuple(input_shape), dtype, True, "classification",
-                     f"factory {spec}", own_example=own_example)
+    return ModelSpec(attr, build, inputs, True, "classification", f"factory {spec}", own_example=own_example)
 
 
 def resolve(spec: str, input_shape: tuple[int, ...] | None = None) -> ModelSpec:
@@ -161,8 +190,16 @@ def resolve(spec: str, input_shape: tuple[int, ...] | None = None) -> ModelSpec:
     if spec in ZOO:
         found = ZOO[spec]
         if input_shape is not None and tuple(input_shape) != found.input_shape:
-            found = dataclasses.replace(found, input_shape=tuple(input_shape))
+            found = dataclasses.replace(found, inputs=reshaped(found.inputs, tuple(input_shape)))
         return found
+    if spec.startswith(HF_PREFIX):
+        from packrat.models.hf import from_pretrained_dir  # needs the optional transformers
+
+        return from_pretrained_dir(spec[len(HF_PREFIX):], input_shape)
+    if spec.lower().endswith(EXPORT_SUFFIX):
+        from packrat.models.exported import from_program
+
+        return from_program(spec, input_shape)
     if spec.lower().endswith(SCRIPT_SUFFIXES) or os.sep in spec:
         return _from_file(spec, input_shape)
     if ":" in spec:
@@ -170,31 +207,17 @@ def resolve(spec: str, input_shape: tuple[int, ...] | None = None) -> ModelSpec:
     raise _unknown(spec)
 
 
-def _to_graph(module: torch.nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
-    with torch.no_grad(), _quiet_jit():
-        if isinstance(module, torch.jit.ScriptModule):
-            graph = module  # already TorchScript (loaded from a file)
-        else:
-            graph = torch.jit.trace(module, example, check_trace=False)
-        graph = torch.jit.optimize_for_inference(torch.jit.freeze(graph.eval()))
-        graph(example)  # fail here, not in the serving path, if an optimization broke something
-    return graph
+def prepare(spec: ModelSpec, batch: int, graph_mode: str | bool | None = None
+            ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
+    """Build the model and its example inputs, and put it in its graph mode (packrat.graph;
+    None or True: the default, torch.compile; False: eager).
 
-
-def prepare(spec: ModelSpec, batch: int, graph_mode: bool = True
-            ) -> tuple[torch.nn.Module | torch.jit.ScriptModule, torch.Tensor, str]:
-    """Build the model and its example input; in graph mode, trace + freeze + optimize it.
-
-    Returns (module, example_input, mode) with mode "script" or "eager".
+    Returns (module, example inputs, mode actually used). Call it as module(*inputs).
     """
+    mode = mode_name(graph_mode)
     module = spec.build()
-    example = module.example_input(batch) if spec.own_example else spec.example_input(batch)
-    if graph_mode and spec.scriptable:
-        try:
-            return _to_graph(module, example), example, "script"
-        except Exception as exc:  # any tracing/freezing failure: serving eager still works
-            first_line = (str(exc).splitlines() or [""])[0]
-            warnings.warn(f"graph mode failed for model {spec.name!r}, running eager: "
-                          f"{type(exc).__name__}: {first_line}", stacklevel=2)
-    mode = "script" if isinstance(module, torch.jit.ScriptModule) else "eager"
-    return module, example, mode
+    examples = _as_tuple(module.example_input(batch)) if spec.own_example else spec.example_inputs(batch)
+    if not spec.scriptable and mode != "eager":
+        return module, examples, "script" if isinstance(module, torch.jit.ScriptModule) else "eager"
+    runnable, used = to_mode(module, examples, mode, spec.name)
+    return runnable, examples, used
