@@ -7,8 +7,9 @@ import json
 import logging
 from pathlib import Path
 
+from packrat import graph
 from packrat.codec import CodecConfig, request_body
-from packrat.models import ModelSpec, resolve
+from packrat.models import HF_PREFIX, ModelSpec, resolve
 from packrat.pool import Answer, ModelConfig, Request, Watchdog
 
 log = logging.getLogger("packrat.handler")
@@ -28,14 +29,26 @@ def model_config(section: dict, model_dir: str, profiled_mode: str | None = None
     """What the pool loads, and the model's description (input shape, dtype, task). Instances run
     the model as its profile measured it (`profiled_mode`): an eager profile gets eager instances."""
     model = section["model"]
-    if (Path(model_dir) / model).is_file():  # a TorchScript file shipped inside the archive
+    if (Path(model_dir) / model).is_file():  # a TorchScript or torch.export file shipped inside the archive
         model = str(Path(model_dir) / model)
+    elif model.startswith(HF_PREFIX) and (Path(model_dir) / model[len(HF_PREFIX):]).is_dir():
+        model = HF_PREFIX + str(Path(model_dir) / model[len(HF_PREFIX):])  # a save_pretrained directory shipped
     shape = tuple(section["input_shape"]) if section.get("input_shape") else None
     spec = resolve(model, shape)
     # IOS-compiled instances: schedules shipped in the archive; missing ones are searched and kept there
     ios_cache = model_dir if section.get("ios") else None
-    graph_mode = section.get("graph_mode", profiled_mode != "eager")
-    return ModelConfig(model, tuple(spec.input_shape), graph_mode=graph_mode, ios_cache=ios_cache), spec
+    # Compiled packages shipped in the archive sit in model_dir; one built here is kept there too.
+    return ModelConfig(model, tuple(spec.input_shape), graph_mode=served_mode(section, profiled_mode),
+                       ios_cache=ios_cache, compile_cache=model_dir), spec
+
+
+def served_mode(section: dict, profiled_mode: str | None) -> str:
+    """The graph mode the instances run: the archive's `graph_mode` if it sets one, else the mode
+    the profile was measured in (its plan rests on those latencies), else the default."""
+    mode = section.get("graph_mode")
+    if mode is not None:
+        return graph.mode_name(mode)  # also reads true/false from archives built before the modes
+    return profiled_mode if profiled_mode in graph.MODES else graph.DEFAULT_MODE
 
 
 def mode_mismatch(profiled_mode: str | None, running_mode: str) -> str | None:

@@ -21,9 +21,9 @@ class StockHandler(BaseHandler):
         model, spec = common.model_config(section, model_dir)
         self.codec = Codec(common.codec_config(section, spec, context.model_name, model_dir))
         batch = int(context.system_properties.get("batch_size") or 1)
-        self.model, example, _ = prepare(spec, batch, graph_mode=model.graph_mode)
+        self.model, examples, _ = prepare(spec, batch, graph_mode=model.graph_mode, compile_cache=model.compile_cache)
         with torch.inference_mode():
-            self.model(example)  # warm-up, as the pool does
+            self.model(*examples)  # warm-up, as the pool does
         self.initialized = True
 
     def handle(self, data, context):

@@ -39,15 +39,15 @@ def nearest_costs(cache_dir: str | Path, model: str, threads: int, batch: int) -
     return min(tables, key=lambda t: abs(math.log(t.batch / batch)), default=None)
 
 
-def cached_schedule(module: torch.nn.Module, example: torch.Tensor, model: str, threads: int,
+def cached_schedule(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], model: str, threads: int,
                     cache_dir: str | Path) -> Schedule:
     """The cached schedule for (model, threads, batch), searching and saving it if missing."""
-    batch = example.shape[0]
+    batch = examples[0].shape[0]
     path = schedule_path(cache_dir, model, threads, batch)
     if path.exists():
         return Schedule.from_json(path.read_text())
     bounds = nearest_costs(cache_dir, model, threads, batch)
-    schedule = optimize(module, (example,), threads=threads, progress=False, name=model, bounds=bounds)
+    schedule = optimize(module, examples, threads=threads, progress=False, name=model, bounds=bounds)
     costs = costs_path(cache_dir, model, threads, batch)
     costs.parent.mkdir(parents=True, exist_ok=True)
     costs.write_text(schedule.costs.to_json())
@@ -56,8 +56,8 @@ def cached_schedule(module: torch.nn.Module, example: torch.Tensor, model: str, 
 
 
 def prepare_ios(spec, batch: int, threads: int, cache_dir: str | Path):
-    """Like packrat.models.prepare, with the model run by its IOS schedule: (module, example, "ios")."""
+    """Like packrat.models.prepare, with the model run by its IOS schedule: (module, examples, "ios")."""
     module = spec.build()
-    example = spec.example_input(batch)
-    schedule = cached_schedule(module, example, spec.name, threads, cache_dir)
-    return compile(module, schedule), example, "ios"
+    examples = spec.example_inputs(batch)
+    schedule = cached_schedule(module, examples, spec.name, threads, cache_dir)
+    return compile(module, schedule), examples, "ios"

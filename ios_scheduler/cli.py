@@ -63,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
-    module, example = spec.build(), spec.example_input(args.batch)
+    module, examples = spec.build(), spec.example_inputs(args.batch)
     kwargs = {"max_part_size": args.max_part_size} if args.max_part_size else {}
     try:
         bounds = CostTable.load(args.bounds) if args.bounds else None
-        schedule = api.optimize(module, (example,), threads, args.max_group_size, args.max_num_groups,
+        schedule = api.optimize(module, examples, threads, args.max_group_size, args.max_num_groups,
                                 repeats=args.repeats, progress=not (args.quiet or args.json), name=args.model,
                                 bounds=bounds, **kwargs)
     except (OSError, ValueError) as exc:
@@ -83,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
               "parallel_stages": sum(1 for s in schedule.stages if len(s.groups) > 1 or s.kind == "merge")}
     if args.compare:
         gm = fx.symbolic_trace(module.eval())
-        graph = api.capture(module, (example,))
+        graph = api.capture(module, examples)
         greedy = api.greedy_schedule(graph, threads, args.batch, args.model)
         sequential = api.sequential_schedule(graph, threads, args.batch, args.model)
-        seq_ms, greedy_ms, ios_ms = api.compare(gm, [sequential, greedy, schedule], (example,))
+        seq_ms, greedy_ms, ios_ms = api.compare(gm, [sequential, greedy, schedule], examples)
         report.update(compare_sequential_ms=seq_ms, compare_greedy_ms=greedy_ms, compare_ios_ms=ios_ms)
     if args.json:
         print(json.dumps(report, indent=2))

@@ -16,6 +16,7 @@ import json
 
 import numpy as np
 
+from packrat.codec import sample_request
 from packrat.models import resolve
 
 CONTENT_TYPES = {
@@ -128,10 +129,10 @@ def build_payload(model: str, kind: str | None = None,
         return synthetic_jpeg(), CONTENT_TYPES[kind]
     if kind == "text":
         return TEXT.encode("utf-8"), CONTENT_TYPES[kind]
-    sample = resolve(model, input_shape).example_input(1)[0].numpy()
-    if kind == "json":
-        body = json.dumps({"inputs": sample.tolist()}).encode()
-    else:
-        # The handler reads little-endian whatever machine this client runs on.
-        body = sample.astype(sample.dtype.newbyteorder("<"), copy=False).tobytes()
-    return body, CONTENT_TYPES[kind]
+    spec = resolve(model, input_shape)
+    sample = tuple(x[0] for x in spec.example_inputs(1))
+    if kind == "json":  # one input: {"inputs": numbers}; several: each by name
+        named = {s.name: x.tolist() for s, x in zip(spec.inputs, sample)}
+        return json.dumps({"inputs": sample[0].tolist()} if len(sample) == 1 else named).encode(), CONTENT_TYPES[kind]
+    # Raw little-endian bytes (whatever machine this client runs on), or for several inputs KServe v2.
+    return sample_request(spec.inputs, sample)

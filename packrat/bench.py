@@ -53,13 +53,13 @@ def _timed(fn) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def _codec_path(codec, module, bodies: list[bytes]) -> None:
+def _codec_path(codec, module, bodies: list[tuple[bytes, str]]) -> None:
     """The work the packrat path adds to the model, done in this process: decode each request,
     run the batch, encode each answer."""
-    import torch
+    from .inference import batched
 
-    decoded = [codec.decode(body, "application/octet-stream") for body in bodies]
-    outputs = module(torch.cat([d.samples for d in decoded]))
+    decoded = [codec.decode(body, kind) for body, kind in bodies]
+    outputs = module(*batched([d.samples for d in decoded]))
     [codec.encode(row.unsqueeze(0), d) for row, d in zip(outputs, decoded)]
 
 
@@ -76,7 +76,7 @@ def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, pro
     pool (both answering `batch` raw-tensor requests, codec inside the instances)."""
     import torch
 
-    from .codec import Codec, CodecConfig
+    from .codec import Codec, CodecConfig, sample_request
     from .models import prepare, resolve
     from .pool import InstancePool, ModelConfig, Request
 
@@ -86,10 +86,9 @@ def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, pro
     fat_plan, _ = serving_plan(items, threads, batch, topology, "fat")
     plan, fallback = serving_plan(items, threads, batch, topology, "auto")
     spec = resolve(model)
-    inputs = spec.example_input(batch)
-    bodies = [sample.numpy().astype(sample.numpy().dtype.newbyteorder("<"), copy=False).tobytes()
-              for sample in inputs]
-    requests = [Request(body, "application/octet-stream") for body in bodies]
+    inputs = spec.example_inputs(batch)
+    bodies = [sample_request(spec.inputs, sample) for sample in zip(*inputs)]
+    requests = [Request(body, kind) for body, kind in bodies]
     torch.set_num_threads(threads)
     module, _, _ = prepare(spec, batch)
     codec = Codec(CodecConfig.for_model(spec))
@@ -99,7 +98,7 @@ def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, pro
     with InstancePool.from_plan(config, fat_plan) as fat, InstancePool.from_plan(config, plan) as planned:
         with torch.inference_mode():
             runs = {
-                "in-process": lambda: module(inputs),
+                "in-process": lambda: module(*inputs),
                 "in-process-codec": lambda: _codec_path(codec, module, bodies),
                 "pool-fat": lambda: _answered(fat, requests),
                 "pool-plan": lambda: _answered(planned, requests),

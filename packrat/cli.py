@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import bench, profiler, serving
+from . import bench, graph, profiler, serving
 from .planner import NoPlanError, Plan, Planner
 from .profile import LATENCIES, ProfileError, load
 from .topology import Topology, detect
@@ -139,6 +139,16 @@ def print_plan_table(plans: list[Plan], skipped: list[str]) -> None:
 
 # ---- argument groups shared by several commands ----------------------------------------------
 
+def graph_mode_args(p: argparse.ArgumentParser) -> None:
+    modes = p.add_mutually_exclusive_group()
+    modes.add_argument("--graph-mode", choices=graph.MODES, default=graph.DEFAULT_MODE,
+                       help="how the model runs: compile (torch.compile, inductor with frozen weights; the default), "
+                            "script (TorchScript trace + freeze, the old default) or eager. The profile records it "
+                            "and the server runs its instances the same way")
+    modes.add_argument("--eager", dest="graph_mode", action="store_const", const="eager",
+                       help="the same as --graph-mode eager")
+
+
 def ios_cache_arg(p: argparse.ArgumentParser, why: str = "where IOS schedules are kept") -> None:
     p.add_argument("--ios-cache", type=Path, default=serving.DEFAULT_IOS_CACHE,
                    help=f"{why} (default: {serving.DEFAULT_IOS_CACHE})")
@@ -225,7 +235,7 @@ def add_profile_parser(sub) -> None:
                         help="timed runs per point (default: 100)")
     timing.add_argument("--min-time", type=positive(float), default=None, metavar="S",
                         help="instead of --iters: time runs for at least S seconds per point (≥ 3 runs)")
-    p.add_argument("--eager", action="store_true", help="measure eager mode even if TorchScript works")
+    graph_mode_args(p)
     p.add_argument("--ios", action="store_true",
                    help="profile IOS-compiled instances: each point runs the model by the IOS schedule for its "
                         "threads and batch (searched once, then cached in --ios-cache)")
@@ -239,7 +249,7 @@ def add_profile_parser(sub) -> None:
 
 def profile_settings(args: argparse.Namespace) -> profiler.Settings:
     return profiler.Settings(model=args.model, warmup=args.warmup, iters=None if args.min_time else args.iters,
-                             min_time=args.min_time, graph_mode=not args.eager, input_shape=args.input_shape,
+                             min_time=args.min_time, graph_mode=args.graph_mode, input_shape=args.input_shape,
                              ios_cache=str(args.ios_cache) if args.ios else None, contention=args.contention)
 
 

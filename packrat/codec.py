@@ -3,14 +3,21 @@
 Accepted bodies (one sample each unless a KServe form carries several):
 - images, for models taking float (3, H, W): JPEG, PNG, WebP, GIF or BMP bytes, recognised by
   their magic bytes or an image/* content type; pre-processed as TorchServe's image classifier;
-- text, for models taking int64 (L,) with a tokenizer: a text/* body, any UTF-8 body that is
-  not JSON, or JSON {"text": ...} / {"data": ...}; tokenised and padded to L;
+- text, for models taking int64 (L,) token ids with a tokenizer: a text/* body, any UTF-8 body
+  that is not JSON, or JSON {"text": ...} / {"data": ...}; tokenised and padded to L, with the
+  attention mask and token type ids of the padded row where the model takes them;
 - JSON {"data" | "body": base64 image or text}, legacy {"inputs": nested numbers};
-- KServe v1 {"instances": [sample, ...]}, each a base64 image, text, {"data" | "b64" | "text": ...}
-  or nested numbers, answered {"predictions": [...]};
-- KServe v2 {"id"?, "inputs": [{"name", "shape", "datatype", "data"}]}: numbers of shape
-  input_shape or [k, *input_shape], or BYTES (images in base64, or text), answered in kind;
+- KServe v1 {"instances": [sample, ...]}, each a base64 image, text, {"data" | "b64" | "text": ...},
+  nested numbers, or an object of named inputs {"input_ids": [...], "attention_mask": [...]},
+  answered {"predictions": [...]};
+- KServe v2 {"id"?, "inputs": [{"name", "shape", "datatype", "data"}, ...]}: one entry per model
+  input, by name (a single-input model takes any name), numbers of the input's shape or [k, *shape],
+  or BYTES (images in base64, or text) for the first input; answered in kind;
+- a JSON object of named inputs (one sample each);
 - raw little-endian bytes of one sample, or torch.save bytes of it (read with weights_only).
+A model may take several named inputs (packrat.inputs); the single-sample forms above give its
+first input (the image, or the token ids), and an input a request leaves out is filled as its
+spec says (an attention mask of ones: no padding; token types of zeros), or refused.
 Anything else gets a RequestError with an HTTP status and a one-line reason, so the rest of
 its batch can still be answered; decode raises nothing else.
 """
@@ -28,6 +35,8 @@ from dataclasses import dataclass
 import torch
 
 from .errors import REASON_CHARS, RequestError, first_line  # noqa: F401 (re-exported)
+from .inputs import InputSpec
+from .inputs import describe as describe_inputs
 
 TOP_K = 5
 TASKS = ("classification", "embedding", "language-model")
@@ -42,7 +51,7 @@ V2_INPUTS = ("FP32", "FP64", "FP16", "INT64", "INT32", "INT16", "INT8", "UINT8")
 
 @dataclass(frozen=True)
 class CodecConfig:
-    input_shape: tuple[int, ...]  # one sample
+    input_shape: tuple[int, ...]  # one sample of the model's (first) input
     input_dtype: str  # torch dtype name without "torch."
     task: str  # "classification" | "embedding" | "language-model"
     model_name: str = "model"  # for KServe v2 answers
@@ -53,18 +62,28 @@ class CodecConfig:
     max_pixels: int = 50_000_000  # decompression bombs: checked from the header, before decoding
     max_samples: int = 64  # samples one (KServe) request may carry
     truncate_text: bool = False  # text longer than the model takes: truncated instead of 413
+    inputs: tuple[InputSpec, ...] | None = None  # every named input; None: one, of the shape above
+
+    def input_specs(self) -> tuple[InputSpec, ...]:
+        if self.inputs:
+            return tuple(self.inputs)
+        return (InputSpec("input", tuple(self.input_shape), self.input_dtype, self.vocab_size),)
 
     @classmethod
     def for_model(cls, spec, **overrides) -> CodecConfig:
-        """From a packrat.models.ModelSpec; overrides win."""
-        fields = dict(input_shape=tuple(spec.input_shape), input_dtype=str(spec.input_dtype).removeprefix("torch."),
-                      task=spec.task, model_name=spec.name, vocab_size=spec.vocab_size)
+        """From a packrat.models.ModelSpec (with the tokenizer and labels it comes with);
+        overrides win, but a tokenizer or labels of None keep the model's own."""
+        first = spec.inputs[0]
+        fields = dict(input_shape=tuple(first.shape), input_dtype=first.dtype, task=spec.task, model_name=spec.name,
+                      vocab_size=first.vocab_size, inputs=tuple(spec.inputs),
+                      tokenizer=getattr(spec, "tokenizer", None), labels=getattr(spec, "labels", None))
+        overrides = {k: v for k, v in overrides.items() if v is not None or k not in ("tokenizer", "labels")}
         return cls(**{**fields, **overrides})
 
 
 @dataclass
 class Decoded:
-    samples: torch.Tensor  # (k, *input_shape), k >= 1
+    samples: tuple[torch.Tensor, ...]  # one per model input, each (k, *its shape), k >= 1
     form: str  # "plain" | "kserve-v1" | "kserve-v2": how to answer
     request_id: str | None = None  # KServe v2 "id", echoed back
 
@@ -77,10 +96,11 @@ def request_body(row: dict):
 
 class Codec:
     def __init__(self, config: CodecConfig):
-        self.config, self.shape = config, tuple(config.input_shape)
-        self.dtype = getattr(torch, config.input_dtype, None)
-        if not isinstance(self.dtype, torch.dtype):
-            raise ValueError(f"unknown input dtype {config.input_dtype!r}: use a torch dtype name such as float32")
+        self.config, self.inputs = config, config.input_specs()
+        self.first = self.inputs[0]
+        self.names = [spec.name for spec in self.inputs]
+        self.dtypes = {spec.name: _dtype(spec) for spec in self.inputs}
+        self.shape, self.dtype = tuple(self.first.shape), self.dtypes[self.first.name]
         if config.task not in TASKS:
             raise ValueError(f"unknown task {config.task!r}: use one of {', '.join(TASKS)}")
         self.takes_tokens = self.dtype == torch.int64 and len(self.shape) == 1
@@ -101,8 +121,11 @@ class Codec:
             return "image"
         return "text" if self.text is not None else "tensor"
 
-    def describe(self) -> str:
-        return f"{self.config.input_dtype} of shape {'x'.join(map(str, self.shape))}"
+    def describe(self, spec: InputSpec | None = None) -> str:
+        if spec is None and len(self.inputs) > 1:
+            return f"inputs {describe_inputs(self.inputs)}"
+        spec = spec or self.first
+        return f"{spec.dtype} of shape {'x'.join(map(str, spec.shape))}"
 
     # ---- decoding ---------------------------------------------------------------------------
 
@@ -139,9 +162,9 @@ class Codec:
         if not body:
             raise RequestError(400, "empty request: send one input sample as the body")
         if body[:4] == ZIP_MAGIC:
-            return self._plain(self._one(self._load_tensor(bytes(body))))
+            return self._plain(self._first(self._one(self._load_tensor(bytes(body)))))
         if kind.startswith("image/") or (self.input_kind == "image" and _is_image(body)):
-            return self._plain(self._image(bytes(body)))
+            return self._plain(self._first(self._image(bytes(body))))
         if "json" in kind:
             return self._from_json(_parse_json(body))
         json_error = None
@@ -159,7 +182,7 @@ class Codec:
             return self._plain(self._text(text))
         if json_error is not None and len(body) != self._raw_size():
             raise json_error
-        return self._plain(self._raw(body))
+        return self._plain(self._first(self._raw(body)))
 
     def _from_json(self, body) -> Decoded:
         if isinstance(body, dict):
@@ -169,69 +192,109 @@ class Codec:
             if isinstance(inputs, list) and inputs and isinstance(inputs[0], dict):
                 return self._v2(body)
             if "inputs" in body:  # legacy: nested numbers of one sample
-                return self._plain(self._one(self._numbers(inputs)))
-            if any(key in body for key in SAMPLE_KEYS):
+                return self._plain(self._first(self._one(self._numbers(inputs))))
+            if any(key in body for key in SAMPLE_KEYS) or self._named(body):
                 return self._plain(self._sample(body))
-        raise RequestError(400, 'JSON body must be an object with "data", "text", "inputs" or "instances"')
+        names = f", or the model's inputs by name ({', '.join(self.names)})" if len(self.inputs) > 1 else ""
+        raise RequestError(400, f'JSON body must be an object with "data", "text", "inputs" or "instances"{names}')
 
     def _v1(self, instances) -> Decoded:
         if not isinstance(instances, list) or not instances:
             raise RequestError(400, '"instances" must be a non-empty list of samples')
         self._count(len(instances))
-        return Decoded(self._finish(torch.stack([self._sample(item) for item in instances])), "kserve-v1")
+        return Decoded(self._finish(_stack([self._sample(item) for item in instances])), "kserve-v1")
 
     def _v2(self, body: dict) -> Decoded:
         request_id = body.get("id")
         if request_id is not None and not isinstance(request_id, str):
             raise RequestError(400, '"id" must be a string')
-        tensor = body["inputs"][0]  # one input: the model takes one tensor
-        datatype, data = tensor.get("datatype"), tensor.get("data")
-        if datatype == "BYTES":
-            samples = self._v2_bytes(data)
-        else:
-            samples = self._v2_numbers(datatype, tensor.get("shape"), data)
-        return Decoded(self._finish(samples), "kserve-v2", request_id)
+        parts: dict[str, torch.Tensor] = {}
+        for entry in body["inputs"]:
+            if not isinstance(entry, dict):
+                raise RequestError(400, 'each of "inputs" must be an object {"name", "shape", "datatype", "data"}')
+            spec = self._v2_input(entry.get("name"))
+            if spec.name in parts:
+                raise RequestError(400, f"input {spec.name!r} given twice")
+            datatype, data = entry.get("datatype"), entry.get("data")
+            if datatype == "BYTES":
+                if spec is not self.first:
+                    raise RequestError(400, f"BYTES (images or text) go to the first input, {self.first.name!r}, "
+                                            f"not {spec.name!r}")
+                parts.update(self._v2_bytes(data))
+            else:
+                parts[spec.name] = self._v2_numbers(spec, datatype, entry.get("shape"), data)
+        return Decoded(self._finish(parts), "kserve-v2", request_id)
 
-    def _v2_bytes(self, data) -> torch.Tensor:
+    def _v2_input(self, name) -> InputSpec:
+        """The input a v2 entry is for: by name; a single-input model takes any name."""
+        if len(self.inputs) == 1:
+            return self.first
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        raise RequestError(400, f"unknown input {str(name)[:40]!r}: this model takes {', '.join(self.names)}")
+
+    def _v2_bytes(self, data) -> dict[str, torch.Tensor]:
         """One sample per element (base64 image or text); shape [k] or [k, 1]."""
         rows = data if isinstance(data, list) else [data]
         items = [x for row in rows for x in (row if isinstance(row, list) else [row])]
         if not items:
             raise RequestError(400, "KServe v2 input has no data")
         self._count(len(items))
-        return torch.stack([self._sample(item) for item in items])
+        return _stack([self._sample(item) for item in items])
 
-    def _v2_numbers(self, datatype, shape, data) -> torch.Tensor:
+    def _v2_numbers(self, spec: InputSpec, datatype, shape, data) -> torch.Tensor:
         if datatype not in V2_INPUTS:
             raise RequestError(400, f"unsupported datatype {str(datatype)[:20]!r}: use BYTES or one of "
                                     f"{', '.join(V2_INPUTS)}")
-        if datatype.startswith("FP") and not self.dtype.is_floating_point:
-            raise RequestError(400, f"wrong dtype: got {datatype}, expected {self.describe()}")
+        if datatype.startswith("FP") and not spec.is_float:
+            raise RequestError(400, f"wrong dtype{self._for(spec)}: got {datatype}, expected {self.describe(spec)}")
         if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
             raise RequestError(400, '"shape" must be a list of non-negative integers')
-        values = self._numbers(data).flatten()
+        values = self._numbers(data, spec).flatten()
         if math.prod(shape) != values.numel():
             raise RequestError(400, f"shape {shape} does not match the {values.numel()} values in data")
         values = values.view(shape)
-        if tuple(shape) == self.shape:
+        if tuple(shape) == spec.shape:
             return values[None]
-        if tuple(shape[1:]) != self.shape:
-            raise RequestError(400, f"wrong shape: got {shape}, expected {list(self.shape)} or "
-                                    f"[k, {', '.join(map(str, self.shape))}] ({self.describe()})")
+        if tuple(shape[1:]) != spec.shape:
+            raise RequestError(400, f"wrong shape{self._for(spec)}: got {shape}, expected {list(spec.shape)} or "
+                                    f"[k, {', '.join(map(str, spec.shape))}] ({self.describe(spec)})")
         return values
 
-    def _sample(self, value) -> torch.Tensor:
-        """One sample from a JSON value: base64 image or text, an object holding one, or numbers."""
+    def _for(self, spec: InputSpec) -> str:
+        """" for NAME" in a reason, where the model has several inputs to tell apart."""
+        return f" for {spec.name}" if len(self.inputs) > 1 else ""
+
+    def _named(self, value: dict) -> bool:
+        """Whether a JSON object holds the model's inputs by name (a multi-input model's sample)."""
+        return len(self.inputs) > 1 and any(name in value for name in self.names)
+
+    def _sample(self, value) -> dict[str, torch.Tensor]:
+        """One sample from a JSON value: base64 image or text, an object holding one, an object of
+        named inputs, or numbers (the first input); each input without a batch dimension."""
         if isinstance(value, str):
-            return self._image(_b64(value)) if self.input_kind == "image" else self._text(value)
+            return self._first(self._image(_b64(value))) if self.input_kind == "image" else self._text(value)
         if isinstance(value, dict):
+            if self._named(value):
+                return self._named_sample(value)
             for key in SAMPLE_KEYS:
                 if key in value:
                     return self._sample(value[key])
             raise RequestError(400, 'a sample object must be {"data": ...}, {"b64": ...} or {"text": ...}')
         if isinstance(value, list):
-            return self._one(self._numbers(value))
+            return self._first(self._one(self._numbers(value)))
         raise RequestError(400, f"cannot read a sample from a JSON {type(value).__name__}")
+
+    def _named_sample(self, value: dict) -> dict[str, torch.Tensor]:
+        unknown = [key for key in value if key not in self.names]
+        if unknown:
+            raise RequestError(400, f"unknown input {str(unknown[0])[:40]!r}: this model takes {', '.join(self.names)}")
+        return {spec.name: self._one(self._numbers(value[spec.name], spec), spec)
+                for spec in self.inputs if spec.name in value}
+
+    def _first(self, sample: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {self.first.name: sample}
 
     def _image(self, data: bytes) -> torch.Tensor:
         if self.input_kind != "image":
@@ -240,25 +303,29 @@ class Codec:
 
         return to_sample(data, self.shape, self.config.max_pixels)
 
-    def _text(self, text: str) -> torch.Tensor:
+    def _text(self, text: str) -> dict[str, torch.Tensor]:
         if self.text is not None:
-            return self.text.encode(text)
+            row = self.text.encode(text)  # ids, and the mask and type ids of the padded row
+            ids = {self.first.name: row.pop("input_ids")}
+            return ids | {name: tensor for name, tensor in row.items() if name in self.dtypes}
         if self.takes_tokens:
             raise RequestError(400, "this model was archived without a tokenizer: send token ids, "
                                     "or archive with --tokenizer DIR")
         raise RequestError(400, f"this model takes {self.describe()}, not text")
 
-    def _numbers(self, value) -> torch.Tensor:
-        """Nested JSON numbers as a tensor of the model's dtype."""
+    def _numbers(self, value, spec: InputSpec | None = None) -> torch.Tensor:
+        """Nested JSON numbers as a tensor of the input's dtype (the first input's by default)."""
+        spec = spec or self.first
+        dtype = self.dtypes[spec.name]
         try:
             tensor = torch.tensor(value)
         except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
             raise RequestError(400, f"inputs must be a nested list of numbers ({first_line(exc)})") from None
         if tensor.dtype == torch.bool or tensor.is_complex():
             raise RequestError(400, f"inputs must be numbers, got {str(tensor.dtype).removeprefix('torch.')}")
-        if tensor.is_floating_point() and not self.dtype.is_floating_point:
-            raise RequestError(400, f"wrong dtype: got floating-point numbers, expected {self.describe()}")
-        return tensor.to(self.dtype)
+        if tensor.is_floating_point() and not dtype.is_floating_point:
+            raise RequestError(400, f"wrong dtype: got floating-point numbers, expected {self.describe(spec)}")
+        return tensor.to(dtype)
 
     def _raw_size(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
@@ -290,34 +357,51 @@ class Codec:
             raise RequestError(400, f"wrong dtype: got {got}, expected {self.describe()}")
         return value.detach()
 
-    def _one(self, value: torch.Tensor) -> torch.Tensor:
+    def _one(self, value: torch.Tensor, spec: InputSpec | None = None) -> torch.Tensor:
         """A tensor of one sample; a batch of one counts as one sample."""
-        if tuple(value.shape) == (1, *self.shape):
+        spec = spec or self.first
+        if tuple(value.shape) == (1, *spec.shape):
             value = value[0]
-        if tuple(value.shape) != self.shape:
+        if tuple(value.shape) != spec.shape:
             shape = "x".join(map(str, value.shape)) or "scalar"
-            raise RequestError(400, f"wrong shape: got {shape}, expected {self.describe()}")
+            raise RequestError(400, f"wrong shape{self._for(spec)}: got {shape}, expected {self.describe(spec)}")
         return value
 
-    def _plain(self, sample: torch.Tensor) -> Decoded:
-        return Decoded(self._finish(sample[None]), "plain")
+    def _plain(self, sample: dict[str, torch.Tensor]) -> Decoded:
+        return Decoded(self._finish({name: tensor[None] for name, tensor in sample.items()}), "plain")
 
     def _count(self, k: int) -> None:
         if k > self.config.max_samples:
             raise RequestError(413, f"too many samples: {k} (limit {self.config.max_samples})")
 
-    def _finish(self, samples: torch.Tensor) -> torch.Tensor:
-        """Checks every path shares: sample count, finite numbers, token ids in the vocabulary."""
-        if samples.shape[0] == 0:
+    def _finish(self, parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Every input, in the model's order, after the checks every path shares: inputs left out
+        filled (or refused), one sample count, finite numbers, integers in their range."""
+        count = next(iter(parts.values())).shape[0]
+        if count == 0:
             raise RequestError(400, "no samples in the request")
-        self._count(samples.shape[0])
-        if self.dtype.is_floating_point and not torch.isfinite(samples).all():
+        self._count(count)
+        return tuple(self._checked(spec, parts, count) for spec in self.inputs)
+
+    def _checked(self, spec: InputSpec, parts: dict[str, torch.Tensor], count: int) -> torch.Tensor:
+        dtype = self.dtypes[spec.name]
+        if spec.name not in parts:
+            if spec.fill is None:
+                raise RequestError(400, f"missing input {spec.name!r}: this model takes {self.describe()}")
+            return (torch.ones if spec.fill == "ones" else torch.zeros)((count, *spec.shape), dtype=dtype)
+        samples = parts[spec.name]
+        if samples.shape[0] != count:
+            raise RequestError(400, f"inputs disagree on the number of samples: {samples.shape[0]} for "
+                                    f"{spec.name!r}, {count} for another")
+        if dtype.is_floating_point and not torch.isfinite(samples).all():
             raise RequestError(400, "inputs must be finite numbers: got NaN or infinity")
-        vocab = self.config.vocab_size
-        if vocab and not self.dtype.is_floating_point:
+        vocab = spec.vocab_size
+        if vocab and not dtype.is_floating_point:
             bad = samples[(samples < 0) | (samples >= vocab)]
             if bad.numel():
-                raise RequestError(400, f"token id {int(bad[0])} is outside the model's vocabulary [0, {vocab})")
+                what = "token id" if spec is self.first else f"{spec.name} value"
+                raise RequestError(400, f"{what} {int(bad[0])} is outside the model's "
+                                        f"{'vocabulary' if spec is self.first else 'range'} [0, {vocab})")
         return samples.contiguous()
 
     # ---- encoding ---------------------------------------------------------------------------
@@ -361,6 +445,35 @@ class Codec:
     def _next_token(self, token: int, logit: float) -> dict:
         text = {"text": self.text.token_text(token)} if self.text is not None else {}
         return {"token": token, **text, "logit": logit}
+
+
+def sample_request(inputs: tuple[InputSpec, ...], sample: tuple[torch.Tensor, ...]) -> tuple[bytes, str]:
+    """(body, content type) of a request for one sample (each input without its batch dimension)
+    that Codec reads back exactly: raw little-endian bytes for a single-input model, a KServe v2
+    JSON body with one entry per input otherwise (benchmarks and load tests send these)."""
+    if len(inputs) == 1:
+        array = sample[0].contiguous().numpy()
+        return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes(), "application/octet-stream"
+    entries = [{"name": spec.name, "shape": list(tensor.shape), "data": tensor.flatten().tolist(),
+                "datatype": next(name for name, dtype in V2_DTYPES.items() if dtype == tensor.dtype)}
+               for spec, tensor in zip(inputs, sample)]
+    return json.dumps({"inputs": entries}, separators=(",", ":")).encode(), "application/json"
+
+
+def _dtype(spec: InputSpec) -> torch.dtype:
+    dtype = getattr(torch, spec.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown input dtype {spec.dtype!r}: use a torch dtype name such as float32")
+    return dtype
+
+
+def _stack(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Samples (each its inputs without a batch dimension) as a batch per input; an input that
+    only some samples give is refused, since filling it for the others would mix two meanings."""
+    names = set(samples[0])
+    if any(set(sample) != names for sample in samples):
+        raise RequestError(400, "every sample of a request must give the same inputs")
+    return {name: torch.stack([sample[name] for sample in samples]) for name in samples[0]}
 
 
 def _is_image(body: bytes | bytearray) -> bool:

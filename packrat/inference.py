@@ -40,13 +40,16 @@ def answer_batch(module, codec: Codec, bodies: list[tuple[bytes, str | None]]) -
 
 def run_each(module, samples: dict) -> dict:
     """Each key's outputs from one batched call; if that call fails, each key alone, so only
-    the inputs the model really fails on get the failure (a one-line reason instead of outputs)."""
+    the inputs the model really fails on get the failure (a one-line reason instead of outputs).
+    A key's samples are one tensor per model input, each (k, ...): the call concatenates them
+    input by input and passes the inputs in order."""
     if not samples:
         return {}
     with torch.inference_mode():
         try:
-            outputs = module(torch.cat(list(samples.values())))
-            return dict(zip(samples, (o.clone() for o in torch.split(outputs, [len(s) for s in samples.values()]))))
+            outputs = module(*batched(list(samples.values())))
+            sizes = [len(s[0]) for s in samples.values()]
+            return dict(zip(samples, (o.clone() for o in torch.split(outputs, sizes))))
         except Exception as exc:
             if len(samples) == 1:
                 return {next(iter(samples)): f"the model failed on this input: {type(exc).__name__}: {first_line(exc)}"}
@@ -54,6 +57,11 @@ def run_each(module, samples: dict) -> dict:
     for key, value in samples.items():
         result.update(run_each(module, {key: value}))
     return result
+
+
+def batched(samples: list[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
+    """Several requests' inputs as one batch: each input's samples concatenated."""
+    return [torch.cat(parts) for parts in zip(*samples)]
 
 
 def error(status: int, reason: str) -> Reply:

@@ -22,6 +22,8 @@ import statistics
 import sys
 import time
 
+from .graph import DEFAULT_MODE, MODES
+
 
 def _pin(cores: list[int], threads: int) -> None:
     os.sched_setaffinity(0, cores)
@@ -29,25 +31,25 @@ def _pin(cores: list[int], threads: int) -> None:
     os.environ["MKL_NUM_THREADS"] = str(threads)
 
 
-def warm_up(module, example, runs: int) -> None:
+def warm_up(module, examples: tuple, runs: int) -> None:
     import torch
 
     with torch.inference_mode():
         for _ in range(runs):
-            module(example)
+            module(*examples)
 
 
-def time_model(module, example, warmup: int, iters: int | None, min_time: float | None) -> list[float]:
+def time_model(module, examples: tuple, warmup: int, iters: int | None, min_time: float | None) -> list[float]:
     """Latencies in ms of `iters` calls, or of as many calls as fit in `min_time` s (≥ 3)."""
     import torch
 
-    warm_up(module, example, warmup)
+    warm_up(module, examples, warmup)
     with torch.inference_mode():
         samples: list[float] = []
         start = time.perf_counter()
         while True:
             t0 = time.perf_counter()
-            module(example)
+            module(*examples)
             samples.append((time.perf_counter() - t0) * 1e3)
             if iters is not None and len(samples) >= iters:
                 break
@@ -56,7 +58,7 @@ def time_model(module, example, warmup: int, iters: int | None, min_time: float 
     return samples
 
 
-def serve_runs(module, example, actual: dict) -> None:
+def serve_runs(module, examples: tuple, actual: dict) -> None:
     """The --loaded protocol: say ready (with `actual`), then one timed run per `run` line until stdin closes."""
     import torch
 
@@ -66,7 +68,7 @@ def serve_runs(module, example, actual: dict) -> None:
             if line.strip() != "run":
                 return
             t0 = time.perf_counter()
-            module(example)
+            module(*examples)
             print(f"{(time.perf_counter() - t0) * 1e3:.4f}", flush=True)
 
 
@@ -92,8 +94,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--min-time", type=float, default=None)
-    parser.add_argument("--eager", action="store_true")
+    parser.add_argument("--graph-mode", default=DEFAULT_MODE, choices=MODES)
     parser.add_argument("--ios-cache", default=None, help="run the model by its IOS schedule (cached here)")
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="build the model in its graph mode (compile: its package, cached) and exit")
     parser.add_argument("--loaded", action="store_true",
                         help="one of several copies measured together: say ready, then run once per "
                              "'run' line on stdin, printing the time, until stdin closes")
@@ -101,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _prepare(args: argparse.Namespace):
-    """(module, example input, mode) for the point, built after torch's thread settings."""
+    """(module, example inputs, mode) for the point, built after torch's thread settings."""
     import torch
 
     from .models import prepare, resolve
@@ -114,7 +118,7 @@ def _prepare(args: argparse.Namespace):
         from ios_scheduler.cache import prepare_ios
 
         return prepare_ios(spec, args.batch, args.threads, args.ios_cache)
-    return prepare(spec, args.batch, graph_mode=not args.eager)
+    return prepare(spec, args.batch, graph_mode=args.graph_mode)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,14 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     _pin([int(c) for c in args.cores.split(",")], args.threads)
     import torch
 
-    module, example, mode = _prepare(args)
+    module, examples, mode = _prepare(args)
+    if args.prepare_only:
+        return 0
     # What the process really runs with, so callers can check the pinning took.
     actual = {"mode": mode, "cores": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}
     if args.loaded:
-        warm_up(module, example, args.warmup)
-        serve_runs(module, example, actual)
+        warm_up(module, examples, args.warmup)
+        serve_runs(module, examples, actual)
         return 0
-    samples = time_model(module, example, args.warmup, args.iters, args.min_time)
+    samples = time_model(module, examples, args.warmup, args.iters, args.min_time)
     print(json.dumps({**summarize(samples), **actual}), flush=True)
     return 0
 

@@ -141,6 +141,9 @@ def load(path: str | Path) -> Profile:
         profile.rows.append({k: v for k, v in row.items() if k is not None})
     if not profile.latency:
         raise ProfileError(f"{path}: no data rows")
+    # Profiles from before torch.compile became the default were all taken in TorchScript (or
+    # eager, which they say): one without a mode reads as TorchScript, so it is served that way.
+    profile.metadata.setdefault("mode", "script")
     if columns is _PUBLISHED:
         profile.metadata.setdefault("model", _published_model(profile.rows[0]))
         profile.metadata.setdefault("source", "published Packrat measurements (TorchScript, sequential pinning)")

@@ -27,6 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import profile as profile_io
+from .graph import DEFAULT_MODE
 from .measure import summarize
 from .topology import Topology, detect
 
@@ -52,7 +53,7 @@ class Settings:
     warmup: int = 10
     iters: int | None = 100
     min_time: float | None = None
-    graph_mode: bool = True
+    graph_mode: str = DEFAULT_MODE  # packrat.graph.MODES
     input_shape: tuple[int, ...] | None = None
     ios_cache: str | None = None  # profile IOS-compiled instances; schedules cached here
     contention: bool = DEFAULT_CONTENTION  # also measure each point loaded by copies of itself
@@ -76,7 +77,7 @@ def metadata(settings: Settings, topology: Topology) -> dict[str, str]:
     spec = resolve(settings.model, settings.input_shape)
     return {
         "model": settings.model,
-        "mode": "ios" if settings.ios_cache else ("script" if settings.graph_mode and spec.scriptable else "eager"),
+        "mode": "ios" if settings.ios_cache else (settings.graph_mode if spec.scriptable else "eager"),
         "torch": torch.__version__,
         "cpu": cpu_model(),
         "latency": "loaded" if settings.contention else "isolated",
@@ -96,8 +97,7 @@ def _command(settings: Settings, threads: int, batch: int, cores: list[int]) -> 
         cmd += ["--min-time", str(settings.min_time)]
     if settings.input_shape:
         cmd += ["--input-shape", ",".join(map(str, settings.input_shape))]
-    if not settings.graph_mode:
-        cmd.append("--eager")
+    cmd += ["--graph-mode", settings.graph_mode]
     if not settings.ios_cache:
         return cmd, None
     from ios_scheduler.runtime import openmp_env
@@ -117,6 +117,20 @@ def measure_point(settings: Settings, threads: int, batch: int, cores: list[int]
         reason = _last_line(done.stderr, f"exit status {done.returncode}")
         raise ProfilingError(f"measuring threads={threads} batch={batch} failed: {reason}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compile_once(settings: Settings, topology: Topology, progress: bool) -> None:
+    """In compile mode, build the model's compiled package before the points, on every core
+    (each point, pinned to its t cores, then only loads it); a no-op when it is cached."""
+    if settings.graph_mode != "compile" or settings.ios_cache:
+        return
+    if progress:
+        print(f"compiling {settings.model} once for every point (cached in packrat.compiled's directory)",
+              file=sys.stderr, flush=True)
+    cmd, env = _command(settings, topology.num_cores, 1, topology.cores_for(topology.num_cores))
+    done = subprocess.run(cmd + ["--prepare-only"], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise ProfilingError(f"compiling {settings.model} failed: {_last_line(done.stderr, str(done.returncode))}")
 
 
 def copies_for(threads: int, topology: Topology) -> int:
@@ -292,6 +306,8 @@ def run(settings: Settings, threads: list[int], batches: list[int], out: str | P
     todo = [(t, b) for t in sorted(threads) for b in sorted(batches) if (t, b) not in done]
     # Progress is weighted by expected cost so the time-left estimate is useful.
     costs = {(t, b): _cost(settings, t, b, topology) for t, b in todo}
+    if todo:
+        compile_once(settings, topology, progress)
     bar = tqdm(total=sum(costs.values()), disable=not progress or not todo, unit="",
                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     with bar, profile_io.ProfileWriter(out, meta) as writer:
@@ -374,6 +390,7 @@ def run_adaptive(settings: Settings, threads: list[int], batches: list[int], out
         if out.exists() and out.stat().st_size:
             adaptive.resume(grid, profile_io.load(out).items())
         take = lambda t, b: measure(settings, t, b, topology)  # noqa: E731
+        compile_once(settings, topology, progress)
     bar = tqdm(total=grid.grid_size, initial=len(grid.measured), disable=not progress, unit="point",
                bar_format="{desc}: {n_fmt}/{total_fmt} points of the grid [{elapsed}]")
     with bar, profile_io.ProfileWriter(out, meta) as writer:

@@ -23,12 +23,15 @@ from pathlib import Path
 
 import handlers
 
+from .graph import DEFAULT_MODE
+
 HANDLERS = Path(handlers.__file__).parent
 LOG_CONFIG = Path(__file__).parent / "log4j2.xml"
 STATE_FILE = "server.json"
 CONTROL_DIR = "control"  # in the run dir: requests to the running handler, one JSON file per model
 CONTROL_ENV = "PACKRAT_CONTROL_DIR"  # tells the handler where to look
 DEFAULT_IOS_CACHE = Path("profiles/ios-schedules")  # where `packrat profile --ios` keeps schedules
+HF_ARCHIVE_DIR = "hf-model"  # where an archive keeps a Hugging Face model's directory
 
 
 class ServeError(RuntimeError):
@@ -211,16 +214,18 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
             max_queue: int | None = None, batch_timeout_s: float | None = None, hang_factor: float | None = None,
             hang_floor_s: float | None = None) -> Path:
     """Build NAME.mar with torch-model-archiver: handler, profile, settings, the tokenizer and
-    labels the requests are read and answered with (and the model file for a TorchScript model).
-    Zoo models are rebuilt from code in the worker. A profile taken with IOS-compiled instances is
+    labels the requests are read and answered with (and the model file for a TorchScript or
+    torch.export model, the directory of a Hugging Face one). Zoo models are rebuilt from code in
+    the worker. A model served compiled (the profile's mode, or the stock handler's default) gets
+    its compiled package built here, once per machine type, and shipped (see compiled_files). A profile taken with IOS-compiled instances is
     served by them: the archive carries the model's cached schedules from `ios_cache` (the pool
     searches any that are missing). The recovery settings (request_timeout_s ... hang_floor_s, see
     RECOVERY_KEYS) are written only when given: the pool's defaults apply to the others."""
-    from .models import resolve
+    from .models import HF_PREFIX, resolve
     from .profile import load
 
     spec = resolve(model, input_shape)  # fail here on an unknown model, not in a worker
-    name = name or Path(model).stem.replace(":", "_").replace(".", "_")
+    name = name or Path(model.removeprefix(HF_PREFIX).rstrip("/")).stem.replace(":", "_").replace(".", "_")
     requests = RequestSettings(tokenizer, labels, max_body_bytes, truncate_text)
     recovery = {"request_timeout_s": request_timeout_s, "max_queue": max_queue, "batch_timeout_s": batch_timeout_s,
                 "hang_factor": hang_factor, "hang_floor_s": hang_floor_s}
@@ -233,16 +238,24 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
         if Path(model).is_file():
             model_ref = Path(model).name
             extra.append(Path(model))
-        profile_name, ios = "", False
+        elif model.startswith(HF_PREFIX):  # the archiver copies a folder's contents: wrap the directory in one
+            bundle = staging / "bundle"
+            shutil.copytree(model[len(HF_PREFIX):], bundle / HF_ARCHIVE_DIR)
+            model_ref = HF_PREFIX + HF_ARCHIVE_DIR
+            extra.append(bundle)
+        profile_name, ios, mode = "", False, DEFAULT_MODE
         if handler == "packrat":
             if profile is None:
                 raise ServeError("the packrat handler needs a profile: run `packrat profile` first or pass --profile")
-            ios = load(profile).metadata.get("mode") == "ios"  # also rejects a bad profile, with its own message
+            mode = load(profile).metadata["mode"]  # also rejects a bad profile, with its own message
+            ios = mode == "ios"
             profile_name = "profile.csv"
             shutil.copy(profile, staging / profile_name)
             extra.append(staging / profile_name)
         if ios:  # the archiver flattens folders: schedules sit beside the profile, named by model
             extra += cached_schedules(spec.name, Path(ios_cache))
+        if mode == "compile":
+            extra += compiled_files(spec)
         config = staging / "model-config.yaml"
         config.write_text(model_config_yaml(model_ref, profile_name, batch_size, max_batch_delay_ms, plan,
                                             handler, input_shape, reconfigure, plan_batch, estimator, ios,
@@ -252,6 +265,20 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
                "--extra-files", ",".join(map(str, extra)), "--export-path", str(out_dir), "--force"]
         _run_tool(cmd)
     return out_dir / f"{name}.mar"
+
+
+def compiled_files(spec) -> list[Path]:
+    """The model's compiled package from this machine's cache, built first if missing (instances
+    load it from the archive instead of compiling; on a machine of another CPU type or torch
+    version its key differs, and the first instance there builds one beside it). None when the
+    model cannot be compiled: its instances then run eager and say so in their log."""
+    from .models import compiled_package, prepare
+
+    path = compiled_package(spec)
+    if not path.exists():
+        print(f"archive: compiling {spec.name} once (kept in {path.parent})", file=sys.stderr, flush=True)
+        prepare(spec, 1, "compile")
+    return [path] if path.exists() else []
 
 
 def cached_schedules(model: str, cache: Path) -> list[Path]:

@@ -1,4 +1,5 @@
-"""Text to the fixed-length row of token ids a text model reads, with a Hugging Face tokenizer."""
+"""Text to the fixed-length row a text model reads (token ids, attention mask, token type ids),
+with a Hugging Face tokenizer."""
 
 from __future__ import annotations
 
@@ -34,17 +35,28 @@ class TextEncoder:
         else:
             self.tokenizer.no_truncation()
 
-    def encode(self, text: str) -> torch.Tensor:
+    def encode(self, text: str) -> dict[str, torch.Tensor]:
+        """input_ids, attention_mask (1 on the text's tokens, 0 on the padding) and token_type_ids
+        (the tokenizer's, 0 on the padding), each of the model's length."""
         if not text.strip():
             raise RequestError(400, "empty text: send the text to run the model on")
-        ids = self.tokenizer.encode(text).ids
+        encoding = self.tokenizer.encode(text)
+        ids = encoding.ids
         if len(ids) > self.length:
             raise RequestError(413, f"text too long: {len(ids)} tokens, the model takes at most {self.length}")
-        pad = [self.pad_id] * (self.length - len(ids))
-        return torch.tensor(pad + ids if self.pad_left else ids + pad, dtype=torch.int64)
+        padding = self.length - len(ids)
+        rows = {"input_ids": ids, "attention_mask": [1] * len(ids), "token_type_ids": list(encoding.type_ids)}
+        fill = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0}
+        return {name: torch.tensor(_padded(row, fill[name], padding, self.pad_left), dtype=torch.int64)
+                for name, row in rows.items()}
 
     def token_text(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)
+
+
+def _padded(row: list[int], value: int, count: int, left: bool) -> list[int]:
+    pad = [value] * count
+    return pad + row if left else row + pad
 
 
 def _pad_id(tokenizer) -> int:

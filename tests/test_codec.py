@@ -153,9 +153,9 @@ def test_unreadable_tokenizer_and_labels(tmp_path, bert_json):
 
 def test_solid_colour_image_becomes_the_normalised_colour():
     decoded = Codec(IMAGE).decode(image_bytes(Image.new("RGB", (30, 20), (10, 200, 90))), None)
-    assert decoded.form == "plain" and decoded.samples.shape == (1, 3, 8, 8)
-    assert decoded.samples.dtype == torch.float32
-    assert torch.allclose(decoded.samples[0], normalised((10, 200, 90)).expand(3, 8, 8), atol=1e-6)
+    assert decoded.form == "plain" and decoded.samples[0].shape == (1, 3, 8, 8)
+    assert decoded.samples[0].dtype == torch.float32
+    assert torch.allclose(decoded.samples[0][0], normalised((10, 200, 90)).expand(3, 8, 8), atol=1e-6)
 
 
 def test_preprocessing_matches_a_reference_computation():
@@ -165,14 +165,14 @@ def test_preprocessing_matches_a_reference_computation():
     expected = image.resize((24, 18), Image.Resampling.BILINEAR).crop((4, 1, 20, 17))
     pixels = torch.tensor(list(expected.tobytes()), dtype=torch.float32).view(16, 16, 3).permute(2, 0, 1)
     got = Codec(CodecConfig((3, 16, 16), "float32", "classification")).decode(image_bytes(image), None)
-    assert torch.allclose(got.samples[0], (pixels / 255 - MEAN) / STD, atol=1e-6)
+    assert torch.allclose(got.samples[0][0], (pixels / 255 - MEAN) / STD, atol=1e-6)
 
 
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "GIF", "BMP"])
 @pytest.mark.parametrize("content_type", [None, "application/octet-stream", "image/whatever"])
 def test_image_formats_by_magic_or_content_type(fmt, content_type):
     body = image_bytes(Image.new("RGB", (16, 16), (255, 0, 0)), fmt)
-    sample = Codec(IMAGE).decode(body, content_type).samples[0]
+    sample = Codec(IMAGE).decode(body, content_type).samples[0][0]
     assert torch.allclose(sample, normalised((255, 0, 0)).expand(3, 8, 8), atol=0.05)  # JPEG is lossy
 
 
@@ -182,7 +182,7 @@ def test_exif_orientation_is_applied():
     image.paste((255, 0, 0), (0, 0, 20, 20))
     exif = Image.Exif()
     exif[0x0112] = 6
-    red = Codec(IMAGE).decode(image_bytes(image, exif=exif), None).samples[0, 0]
+    red = Codec(IMAGE).decode(image_bytes(image, exif=exif), None).samples[0][0, 0]
     assert red[0].mean() > red[-1].mean() + 1  # red went to the top ...
     assert torch.allclose(red[:, 0], red[:, -1])  # ... not the left
 
@@ -194,12 +194,12 @@ def test_base64_images_in_every_json_form():
              json.dumps({"data": b64(body)}).encode()]
     for request in plain:
         decoded = codec.decode(request, None)
-        assert decoded.form == "plain" and torch.allclose(decoded.samples[0], colour, atol=1e-6)
+        assert decoded.form == "plain" and torch.allclose(decoded.samples[0][0], colour, atol=1e-6)
     v1 = codec.decode({"instances": [{"data": b64(body)}, {"b64": b64(body)}, b64(body)]}, None)
-    assert v1.form == "kserve-v1" and v1.samples.shape == (3, 3, 8, 8)
+    assert v1.form == "kserve-v1" and v1.samples[0].shape == (3, 3, 8, 8)
     v2 = codec.decode({"id": "r1", "inputs": [{"name": "in", "shape": [2], "datatype": "BYTES",
                                                "data": [b64(body), b64(body)]}]}, None)
-    assert (v2.form, v2.request_id, v2.samples.shape) == ("kserve-v2", "r1", (2, 3, 8, 8))
+    assert (v2.form, v2.request_id, v2.samples[0].shape) == ("kserve-v2", "r1", (2, 3, 8, 8))
 
 
 def test_pixel_limit_is_checked_from_the_header():
@@ -245,30 +245,30 @@ def test_text_is_tokenised_and_padded_on_the_right_for_encoders(bert):
                                ({"text": "Hello world"}, None), ({"data": "Hello world"}, None),
                                (b'{"text": "Hello world"}', "application/json"), (b"Hello world", "text/x-foo")]:
         decoded = bert.decode(body, content_type)
-        assert decoded.form == "plain" and torch.equal(decoded.samples, expected), body
+        assert decoded.form == "plain" and torch.equal(decoded.samples[0], expected), body
 
 
 def test_language_models_are_padded_on_the_left(gpt):
-    assert torch.equal(gpt.decode("the cat sat", None).samples, torch.tensor([[5, 5, 5, 2, 3, 4]]))
+    assert torch.equal(gpt.decode("the cat sat", None).samples[0], torch.tensor([[5, 5, 5, 2, 3, 4]]))
 
 
 def test_pad_token_from_the_tokenizers_padding_section(tmp_path):
     path = word_level(tmp_path / "tokenizer.json", pad_section=True)
     codec = Codec(CodecConfig((4,), "int64", "embedding", tokenizer=path))
-    assert codec.decode("cat", None).samples.tolist() == [[3, 6, 6, 6]]
+    assert codec.decode("cat", None).samples[0].tolist() == [[3, 6, 6, 6]]
 
 
 def test_text_in_kserve_forms(bert):
     v1 = bert.decode({"instances": ["hello", {"text": "the cat"}, {"data": "world"}]}, None)
-    assert v1.form == "kserve-v1" and v1.samples[:, 1].tolist() == [4, 6, 5]
+    assert v1.form == "kserve-v1" and v1.samples[0][:, 1].tolist() == [4, 6, 5]
     v2 = bert.decode({"inputs": [{"name": "t", "shape": [2, 1], "datatype": "BYTES",
                                   "data": [["cats"], ["sat."]]}]}, None)
-    assert v2.samples[:, :5].tolist() == [[2, 7, 9, 3, 0], [2, 8, 10, 3, 0]]
+    assert v2.samples[0][:, :5].tolist() == [[2, 7, 9, 3, 0], [2, 8, 10, 3, 0]]
 
 
 def test_text_that_starts_like_json_is_still_text(bert):
-    assert bert.decode(b"[hello] world", "text/plain").samples[0, 1].item() == 1  # "[" is [UNK]
-    assert bert.decode(b"{hello", None).samples.shape == (1, 8)  # not JSON, so text
+    assert bert.decode(b"[hello] world", "text/plain").samples[0][0, 1].item() == 1  # "[" is [UNK]
+    assert bert.decode(b"{hello", None).samples[0].shape == (1, 8)  # not JSON, so text
 
 
 def test_text_too_long_is_refused_or_truncated(bert_json, gpt_json):
@@ -276,9 +276,9 @@ def test_text_too_long_is_refused_or_truncated(bert_json, gpt_json):
     error = refusal(Codec(CodecConfig((8,), "int64", "embedding", tokenizer=bert_json)), long)
     assert (error.status, error.reason) == (413, "text too long: 14 tokens, the model takes at most 8")
     cut = Codec(CodecConfig((8,), "int64", "embedding", tokenizer=bert_json, truncate_text=True))
-    assert cut.decode(long, None).samples.tolist() == [[2, 6, 7, 8, 6, 7, 8, 3]]  # [SEP] kept
+    assert cut.decode(long, None).samples[0].tolist() == [[2, 6, 7, 8, 6, 7, 8, 3]]  # [SEP] kept
     lm = Codec(CodecConfig((4,), "int64", "language-model", tokenizer=gpt_json, truncate_text=True))
-    assert lm.decode(long + "hello", None).samples.tolist() == [[2, 3, 4, 0]]  # the end kept
+    assert lm.decode(long + "hello", None).samples[0].tolist() == [[2, 3, 4, 0]]  # the end kept
 
 
 def test_text_refusals(bert):
@@ -294,36 +294,36 @@ def test_text_refusals(bert):
 def test_raw_token_ids_are_not_mistaken_for_text(bert):
     ids = torch.tensor([2, 4, 5, 3, 0, 0, 0, 0])
     for content_type in (None, "application/octet-stream"):
-        assert torch.equal(bert.decode(ids.numpy().tobytes(), content_type).samples[0], ids)
+        assert torch.equal(bert.decode(ids.numpy().tobytes(), content_type).samples[0][0], ids)
 
 
 # ---- tensors ----------------------------------------------------------------------------------
 
 def test_raw_bytes_and_torch_save():
     x = torch.randn(3, 8, 8)
-    assert torch.equal(Codec(IMAGE).decode(bytearray(x.numpy().tobytes()), "application/octet-stream").samples[0], x)
-    assert torch.equal(Codec(IMAGE).decode(memoryview(x.numpy().tobytes()), None).samples[0], x)
+    assert torch.equal(Codec(IMAGE).decode(bytearray(x.numpy().tobytes()), "application/octet-stream").samples[0][0], x)
+    assert torch.equal(Codec(IMAGE).decode(memoryview(x.numpy().tobytes()), None).samples[0][0], x)
     tokens = torch.arange(8)
-    assert torch.equal(Codec(TOKENS).decode(saved(tokens), None).samples[0], tokens)
-    assert torch.equal(Codec(TOKENS).decode(saved(tokens[None]), None).samples[0], tokens)
+    assert torch.equal(Codec(TOKENS).decode(saved(tokens), None).samples[0][0], tokens)
+    assert torch.equal(Codec(TOKENS).decode(saved(tokens[None]), None).samples[0][0], tokens)
 
 
 def test_raw_floats_that_start_like_json_are_still_raw():
     x = torch.tensor([struct.unpack("<f", b"{\x00\x00\x3f")[0], 1.0, 2.0, 3.0])
-    assert torch.equal(Codec(VECTOR).decode(x.numpy().tobytes(), "application/octet-stream").samples[0], x)
+    assert torch.equal(Codec(VECTOR).decode(x.numpy().tobytes(), "application/octet-stream").samples[0][0], x)
 
 
 def test_json_numbers_in_every_form():
     codec, x = Codec(VECTOR), [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]]
-    assert codec.decode({"inputs": x[0]}, None).samples.tolist() == [x[0]]  # legacy
-    assert codec.decode(json.dumps({"inputs": [x[0]]}).encode(), None).samples.tolist() == [x[0]]  # batch of one
+    assert codec.decode({"inputs": x[0]}, None).samples[0].tolist() == [x[0]]  # legacy
+    assert codec.decode(json.dumps({"inputs": [x[0]]}).encode(), None).samples[0].tolist() == [x[0]]  # batch of one
     v1 = codec.decode({"instances": x}, None)
-    assert (v1.form, v1.samples.tolist()) == ("kserve-v1", x)
+    assert (v1.form, v1.samples[0].tolist()) == ("kserve-v1", x)
     for data in (x, sum(x, [])):  # nested or flat
         v2 = codec.decode({"inputs": [{"name": "in", "shape": [2, 4], "datatype": "FP32", "data": data}]}, None)
-        assert (v2.form, v2.request_id, v2.samples.tolist()) == ("kserve-v2", None, x)
+        assert (v2.form, v2.request_id, v2.samples[0].tolist()) == ("kserve-v2", None, x)
     ints = codec.decode({"inputs": [{"name": "in", "shape": [4], "datatype": "INT32", "data": [1, 2, 3, 4]}]}, None)
-    assert ints.samples.dtype == torch.float32 and ints.samples.tolist() == [[1, 2, 3, 4]]
+    assert ints.samples[0].dtype == torch.float32 and ints.samples[0].tolist() == [[1, 2, 3, 4]]
 
 
 # ---- refusals ---------------------------------------------------------------------------------
@@ -490,5 +490,97 @@ def test_decode_raises_nothing_but_request_error(bert, body, content_type):
         except RequestError as exc:
             assert 400 <= exc.status < 500 and "\n" not in exc.reason
             continue
-        assert decoded.samples.shape[1:] == codec.shape and decoded.samples.shape[0] >= 1
-        assert decoded.samples.dtype == codec.dtype
+        assert decoded.samples[0].shape[1:] == codec.shape and decoded.samples[0].shape[0] >= 1
+        assert decoded.samples[0].dtype == codec.dtype
+
+
+# ---- several named inputs (text models: ids, mask, token types) ---------------------------------
+
+from packrat.codec import sample_request  # noqa: E402
+from packrat.inputs import InputSpec, token_inputs  # noqa: E402
+
+
+def text_config(length: int = 8, task: str = "embedding", tokenizer: str | None = None, **more) -> CodecConfig:
+    inputs = token_inputs(length, 11, token_types=True)
+    return CodecConfig((length,), "int64", task, vocab_size=11, tokenizer=tokenizer, inputs=inputs, **more)
+
+
+def ids_entry(name: str, rows: list[list[int]]) -> dict:
+    return {"name": name, "shape": [len(rows), len(rows[0])], "datatype": "INT64",
+            "data": [x for row in rows for x in row]}
+
+
+def test_text_gives_the_mask_and_token_types_of_its_padded_row(bert_json, gpt_json):
+    ids, mask, types = Codec(text_config(tokenizer=bert_json)).decode("the cat", None).samples
+    assert ids.tolist() == [[2, 6, 7, 3, 0, 0, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1, 1, 0, 0, 0, 0]] and types.tolist() == [[0] * 8]
+    lm = Codec(CodecConfig((6,), "int64", "language-model", vocab_size=7, tokenizer=gpt_json,
+                           inputs=token_inputs(6, 7)))
+    ids, mask = lm.decode("the cat sat", None).samples
+    assert ids.tolist() == [[5, 5, 5, 2, 3, 4]] and mask.tolist() == [[0, 0, 0, 1, 1, 1]]
+
+
+def test_v2_takes_each_input_by_name_and_fills_what_is_left_out():
+    codec = Codec(text_config())
+    body = {"inputs": [ids_entry("attention_mask", [[1, 1, 0, 0, 0, 0, 0, 0]] * 2),
+                       ids_entry("input_ids", [[2, 5, 0, 0, 0, 0, 0, 0], [2, 6, 0, 0, 0, 0, 0, 0]])]}
+    ids, mask, types = codec.decode(body, None).samples
+    assert ids[:, 1].tolist() == [5, 6] and mask.sum().item() == 4 and types.shape == (2, 8) and not types.any()
+    ids, mask, types = codec.decode({"inputs": [ids_entry("input_ids", [[2, 5, 3, 0, 0, 0, 0, 0]])]}, None).samples
+    assert mask.tolist() == [[1] * 8] and types.tolist() == [[0] * 8]  # ids alone: no padding, one segment
+
+
+def test_named_inputs_in_plain_json_and_v1_instances():
+    codec = Codec(text_config())
+    sample = {"input_ids": [2, 5, 3, 0, 0, 0, 0, 0], "attention_mask": [1, 1, 1, 0, 0, 0, 0, 0]}
+    plain = codec.decode(sample, None)
+    assert plain.form == "plain" and plain.samples[1].tolist() == [[1, 1, 1, 0, 0, 0, 0, 0]]
+    v1 = codec.decode({"instances": [sample, sample]}, None)
+    assert v1.form == "kserve-v1" and [x.shape for x in v1.samples] == [(2, 8)] * 3
+
+
+def test_raw_ids_of_a_text_model_get_a_mask_of_ones():
+    ids = torch.arange(8)
+    decoded = Codec(text_config()).decode(ids.numpy().tobytes(), "application/octet-stream")
+    assert decoded.samples[0].tolist() == [list(range(8))] and decoded.samples[1].tolist() == [[1] * 8]
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    ({"inputs": [ids_entry("input_ids", [[1] * 8]), ids_entry("input_ids", [[1] * 8])]}, "input 'input_ids' given twice"),
+    ({"inputs": [ids_entry("input_ids", [[1] * 8]), ids_entry("mask", [[1] * 8])]},
+     "unknown input 'mask': this model takes input_ids, attention_mask, token_type_ids"),
+    ({"inputs": [ids_entry("input_ids", [[1] * 8]), ids_entry("attention_mask", [[1] * 8] * 2)]},
+     "inputs disagree on the number of samples"),
+    ({"inputs": [ids_entry("input_ids", [[1] * 8]), ids_entry("attention_mask", [[2] * 8])]},
+     "attention_mask value 2 is outside the model's range [0, 2)"),
+    ({"inputs": [ids_entry("input_ids", [[1] * 7])]}, "wrong shape for input_ids: got [1, 7]"),
+    ({"inputs": [ids_entry("attention_mask", [[1] * 8])]}, "missing input 'input_ids'"),
+    ({"inputs": [ids_entry("input_ids", [[1] * 8]), "x"]}, 'each of "inputs" must be an object'),
+    ({"input_ids": [1] * 8, "extra": [1]}, "unknown input 'extra'"),
+    ({"instances": [{"input_ids": [1] * 8}, {"input_ids": [1] * 8, "attention_mask": [1] * 8}]},
+     "every sample of a request must give the same inputs"),
+    ({"inputs": [{"name": "attention_mask", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]},
+     "BYTES (images or text) go to the first input, 'input_ids'"),
+])
+def test_named_input_refusals(body, reason):
+    error = refusal(Codec(text_config()), body)
+    assert error.status == 400 and reason in error.reason, error.reason
+
+
+def test_sample_requests_decode_back_to_the_same_inputs():
+    spec = resolve("bert_base", (8,))
+    sample = tuple(x[0] for x in spec.example_inputs(1))
+    body, kind = sample_request(spec.inputs, sample)
+    decoded = Codec(CodecConfig.for_model(spec)).decode(body, kind)
+    assert all(torch.equal(a[0], b) for a, b in zip(decoded.samples, sample))
+    image = resolve("tiny")
+    body, kind = sample_request(image.inputs, (image.example_input(1)[0],))
+    assert kind == "application/octet-stream"
+    assert torch.equal(Codec(CodecConfig.for_model(image)).decode(body, kind).samples[0], image.example_input(1))
+
+
+def test_an_input_without_a_fill_must_be_sent():
+    inputs = (InputSpec("image", (2,), "float32"), InputSpec("scale", (1,), "float32"))
+    codec = Codec(CodecConfig((2,), "float32", "embedding", inputs=inputs))
+    error = refusal(codec, {"inputs": [{"name": "image", "shape": [2], "datatype": "FP32", "data": [1, 2]}]})
+    assert error.status == 400 and "missing input 'scale'" in error.reason

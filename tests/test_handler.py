@@ -130,15 +130,19 @@ def test_instances_gather_only_when_requests_arrive_one_by_one(tmp_path):
 
 
 def test_instances_run_the_model_as_its_profile_measured_it(tmp_path):
-    """An eager profile gets eager instances; one taken in script mode, script ones; a mismatch
-    (instances that fell back to eager under a script profile) is said."""
+    """Instances run in the profile's mode (compile, script or eager); the archive's own setting
+    wins; no profile means the default; a mismatch (instances that fell back to eager) is said."""
     from handlers.common import mode_mismatch, model_config
 
     section = {"model": "tiny", "input_shape": None}
-    assert model_config(section, str(tmp_path), "eager")[0].graph_mode is False
-    assert model_config(section, str(tmp_path), "script")[0].graph_mode is True
-    assert model_config(section, str(tmp_path), None)[0].graph_mode is True  # no mode recorded: as before
-    assert model_config({**section, "graph_mode": False}, str(tmp_path), "script")[0].graph_mode is False
+    for mode in ("eager", "script", "compile"):
+        assert model_config(section, str(tmp_path), mode)[0].graph_mode == mode
+    assert model_config(section, str(tmp_path), None)[0].graph_mode == "compile"
+    assert model_config(section, str(tmp_path), "ios")[0].graph_mode == "compile"  # ios_cache decides those
+    assert model_config({**section, "graph_mode": "eager"}, str(tmp_path), "script")[0].graph_mode == "eager"
+    assert model_config({**section, "graph_mode": False}, str(tmp_path), "script")[0].graph_mode == "eager"
+    assert model_config({**section, "graph_mode": True}, str(tmp_path), "script")[0].graph_mode == "compile"
+    assert model_config(section, str(tmp_path), "script")[0].compile_cache == str(tmp_path)
     assert mode_mismatch("script", "script") is None and mode_mismatch(None, "eager") is None
     assert "measured in script mode but the instances run in eager mode" in mode_mismatch("script", "eager")
 

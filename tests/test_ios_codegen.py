@@ -49,13 +49,13 @@ def test_consecutive_full_width_stages_fuse_and_others_do_not():
 @pytest.mark.parametrize("name", list(ZOO))
 def test_generated_groups_equal_the_original_on_every_zoo_network(name, fuse):
     spec = resolve(name)
-    module, x = spec.build().eval(), spec.example_input(1)
-    graph = capture(module, (x,))
+    module, x = spec.build().eval(), spec.example_inputs(1)
+    graph = capture(module, x)
     compiled = ScheduledModule(fx.symbolic_trace(module), sequential_schedule(graph, torch.get_num_threads(), 1, name),
                                 fuse=fuse)
     compiled._plain = False  # through the executor, not the plain-graph shortcut
     with torch.inference_mode():
-        want, got = module(x), compiled(x)
+        want, got = module(*x), compiled(*x)
     compiled.close()
     for a, b in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

@@ -28,16 +28,17 @@ def block():
     return InceptionE(32).eval(), torch.randn(1, 32, 8, 8)
 
 
-def expected(module, x):
+def expected(module, *x):
     with torch.inference_mode():
-        return module(x)
+        return module(*x)
 
 
 def assert_runs_like(compiled, module, x, rtol=1e-4, atol=1e-5):
     """The compiled module gives the original's outputs; its workers are stopped afterwards."""
     try:
         with torch.inference_mode():
-            torch.testing.assert_close(compiled(x), expected(module, x), rtol=rtol, atol=atol)
+            inputs = x if isinstance(x, tuple) else (x,)
+            torch.testing.assert_close(compiled(*inputs), expected(module, *inputs), rtol=rtol, atol=atol)
     finally:
         compiled.close()
 
@@ -142,8 +143,8 @@ def test_a_schedule_must_cover_the_graph(block):
 @pytest.mark.parametrize("name", list(ZOO))
 def test_zoo_networks_run_by_a_greedy_schedule_equal_the_original(name):
     spec = resolve(name)
-    module, x = spec.build(), spec.example_input(1)
-    graph = capture(module, (x,))
+    module, x = spec.build(), spec.example_inputs(1)
+    graph = capture(module, x)
     compiled = ScheduledModule(fx.symbolic_trace(module), greedy_schedule(graph, len(CORES), 1, name))
     assert_runs_like(compiled, module, x, rtol=1e-3, atol=1e-4)
 

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from packrat.models import DEFAULT_MODEL, ZOO, ModelSpec, prepare, resolve
+from packrat.models import compiled_package, DEFAULT_MODEL, ZOO, ModelSpec, prepare, resolve
 from packrat.models.tiny import TinyNet
 from model_checks import close, two_threads  # noqa: F401 (autouse fixture)
 
@@ -68,13 +68,20 @@ def test_zoo_contents():
 @pytest.mark.parametrize("name", list(OUTPUT_DIM))
 def test_example_input(name):
     spec = ZOO[name]
-    x = spec.example_input(3)
-    assert x.shape == (3, *spec.input_shape) and x.dtype == spec.input_dtype
-    assert torch.equal(x, spec.example_input(3))
+    inputs = spec.example_inputs(3)
+    assert len(inputs) == len(spec.inputs)
+    for x, input_spec in zip(inputs, spec.inputs):
+        assert x.shape == (3, *input_spec.shape) and x.dtype == getattr(torch, input_spec.dtype)
+        if input_spec.vocab_size:
+            assert 0 <= x.min() and x.max() < input_spec.vocab_size
+    assert all(torch.equal(a, b) for a, b in zip(inputs, spec.example_inputs(3)))
     # Sample 0 is the same whatever the batch size, so outputs can be compared across batches.
-    assert torch.equal(x[:1], spec.example_input(1))
-    if not spec.input_dtype.is_floating_point:
-        assert 0 <= x.min() and x.max() < spec.vocab_size
+    assert all(torch.equal(a[:1], b) for a, b in zip(inputs, spec.example_inputs(1)))
+    if len(spec.inputs) == 1:
+        assert torch.equal(spec.example_input(3), inputs[0])
+    else:
+        with pytest.raises(ValueError, match="use example_inputs"):
+            spec.example_input(3)
 
 
 @pytest.mark.parametrize("name", list(OUTPUT_DIM))
@@ -83,13 +90,13 @@ def test_build_shapes_and_determinism(name):
     model = spec.build()
     assert not model.training
     with torch.no_grad():
-        one = model(spec.example_input(1))
-        two = model(spec.example_input(2))
+        one = model(*spec.example_inputs(1))
+        two = model(*spec.example_inputs(2))
         assert one.shape == (1, OUTPUT_DIM[name]) and two.shape == (2, OUTPUT_DIM[name])
         assert torch.isfinite(two).all()
         assert close(two[:1], one)
         del model
-        again = spec.build()(spec.example_input(1))
+        again = spec.build()(*spec.example_inputs(1))
     assert torch.equal(again, one)
 
 
@@ -101,36 +108,76 @@ def test_tiny_is_tiny():
 # --- graph mode ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["tiny", "resnet50", "bert_base"])
-def test_graph_mode_matches_eager(name):
-    spec = ZOO[name]
-    graph, x, mode = prepare(spec, batch=1)
-    assert mode == "script" and isinstance(graph, torch.jit.ScriptModule)
-    assert torch.equal(x, spec.example_input(1))
+# Compiling takes 10-60 s a model on 2 cores: the big networks are checked in script mode here and
+# compiled in the benchmarks (graph_modes.py, peers.py check outputs against eager).
+@pytest.mark.parametrize(("name", "mode"), [("tiny", "compile"), ("tiny_text", "compile"), ("tiny", "script"),
+                                            ("resnet50", "script"), ("bert_base", "script"), ("gpt2", "script")])
+def test_graph_mode_matches_eager(name, mode, tmp_path):
+    spec = resolve(name, (16,)) if spec_is_text(name) else ZOO[name]
+    graph, x, used = prepare(spec, batch=1, graph_mode=mode, compile_cache=str(tmp_path))
+    assert used == mode and isinstance(graph, torch.jit.ScriptModule) == (mode == "script")
+    assert all(torch.equal(a, b) for a, b in zip(x, spec.example_inputs(1)))
     eager, _, eager_mode = prepare(spec, batch=1, graph_mode=False)
     assert eager_mode == "eager" and not isinstance(eager, torch.jit.ScriptModule)
     with torch.no_grad():
-        expected = eager(x)
-        assert close(graph(x), expected)
-        # Traced at batch 1, must still run (and agree) at another batch size.
-        other = graph(spec.example_input(2))
-    assert other.shape == (2, OUTPUT_DIM[name])
-    assert close(other[:1], expected)
+        expected = eager(*x)
+        assert close(graph(*x), expected)
+        # Traced or exported at batch 1, must still run (and agree) at other batch sizes.
+        for batch in (2, 3):
+            other = graph(*spec.example_inputs(batch))
+            assert other.shape == (batch, OUTPUT_DIM[name])
+            assert close(other[:1], expected)
 
 
-def test_graph_mode_fallback_warns():
+def spec_is_text(name: str) -> bool:
+    return len(ZOO[name].inputs) > 1
+
+
+def test_compiled_package_is_built_once_and_reused(tmp_path):
+    """A second start loads the package the first one built: the cache holds one package, which
+    the second start does not touch, and its answers are the same."""
+    from packrat import compiled
+
+    spec = ZOO["tiny"]
+    first, x, _ = prepare(spec, batch=2, graph_mode="compile", compile_cache=str(tmp_path))
+    packages = list(tmp_path.glob(f"*{compiled.SUFFIX}"))
+    assert packages == [compiled_package(spec, str(tmp_path))]
+    built = packages[0].stat().st_mtime_ns
+    second, _, used = prepare(spec, batch=4, graph_mode="compile", compile_cache=str(tmp_path))
+    assert used == "compile" and list(tmp_path.glob(f"*{compiled.SUFFIX}")) == packages
+    assert packages[0].stat().st_mtime_ns == built
+    with torch.no_grad():
+        assert torch.equal(first(*x), second(*x))
+
+
+def test_compiled_package_key_follows_the_model():
+    """Another length, or other weights (another source file), is another package."""
+    assert compiled_package(ZOO["tiny_text"]) != compiled_package(resolve("tiny_text", (8,)))
+    assert compiled_package(ZOO["tiny"]) != compiled_package(ZOO["tiny_text"])
+    assert compiled_package(ZOO["bert_base"]).name.startswith("bert_base-")
+
+
+@pytest.mark.parametrize("mode", ["compile", "script"])
+def test_graph_mode_fallback_warns(mode, tmp_path):
     spec = resolve(f"{THIS}:dict_output", input_shape=(4,))
     assert spec.scriptable  # unknown until tried
     with pytest.warns(UserWarning, match="dict_output"):
-        model, x, mode = prepare(spec, batch=2)
-    assert mode == "eager"
-    assert model(x)["out"].shape == (2, 2)
+        model, x, used = prepare(spec, batch=2, graph_mode=mode, compile_cache=str(tmp_path))
+    assert used == "eager"
+    assert model(*x)["out"].shape == (2, 2)
 
 
-def test_graph_mode_hides_jit_deprecation_noise():
+def test_script_mode_shows_torch_deprecation_but_a_users_file_does_not(tmp_path):
+    with pytest.warns(DeprecationWarning, match="torch.jit"):
+        prepare(ZOO["tiny"], batch=1, graph_mode="script")
+    path = tmp_path / "users.pt"
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        prepare(ZOO["tiny"], batch=1)
+        warnings.simplefilter("ignore")
+        torch.jit.save(torch.jit.script(ZOO["tiny"].build()), str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        _, _, used = prepare(resolve(str(path), (3, 32, 32)), batch=1)
+    assert used == "script"
 
 
 def test_inception_blocks_are_fx_traceable():
@@ -147,8 +194,9 @@ def test_resolve_zoo_name_and_shape_override():
     assert resolve("tiny") is ZOO["tiny"]
     short = resolve("bert_base", input_shape=(16,))
     assert short.input_shape == (16,) and ZOO["bert_base"].input_shape == (128,)
+    assert [spec.shape for spec in short.inputs] == [(16,)] * 3  # ids, mask and type ids alike
     with torch.no_grad():
-        assert short.build()(short.example_input(1)).shape == (1, 768)
+        assert short.build()(*short.example_inputs(1)).shape == (1, 768)
 
 
 def test_resolve_torchscript_file(tmp_path):
@@ -162,7 +210,7 @@ def test_resolve_torchscript_file(tmp_path):
         expected = ZOO["tiny"].build()(x)
         assert close(spec.build()(x), expected)
         graph, x2, mode = prepare(spec, batch=2)
-        assert mode == "script" and close(graph(x2), expected)
+        assert mode == "script" and close(graph(*x2), expected)
 
 
 def test_resolve_factory_with_shape():
@@ -170,16 +218,16 @@ def test_resolve_factory_with_shape():
     assert spec.input_shape == (3, 32, 32) and spec.input_dtype == torch.float32
     with torch.no_grad():
         assert torch.equal(spec.build()(spec.example_input(2)), ZOO["tiny"].build()(spec.example_input(2)))
-    graph, x, mode = prepare(spec, batch=2)
-    assert mode == "script" and graph(x).shape == (2, 10)
+    graph, x, mode = prepare(spec, batch=2, graph_mode="script")
+    assert mode == "script" and graph(*x).shape == (2, 10)
 
 
 def test_resolve_factory_with_own_example_input():
     spec = resolve(f"{THIS}:tiny_with_example")
     assert spec.input_shape == (3, 32, 32) and spec.input_dtype == torch.float32
     assert torch.equal(spec.example_input(4), torch.ones(4, 3, 32, 32))
-    _, x, mode = prepare(spec, batch=4)
-    assert mode == "script" and x.shape == (4, 3, 32, 32)
+    _, x, mode = prepare(spec, batch=4, graph_mode="script")
+    assert mode == "script" and x[0].shape == (4, 3, 32, 32)
 
 
 @pytest.mark.parametrize(
@@ -206,3 +254,24 @@ def test_resolve_file_needs_shape(tmp_path):
     with pytest.raises(ValueError, match="input shape"):
         resolve(str(path))
 
+
+
+@pytest.mark.parametrize("name", ["tiny_text", "bert_base", "gpt2"])
+def test_a_padded_sample_gets_the_answer_it_gets_alone(name):
+    """Text of n tokens, run alone unpadded, and padded to the model's length beside another
+    sample (on the right for encoders, on the left for GPT-2, masked), gives the same answer."""
+    spec = resolve(name, (12,))
+    model = spec.build()
+    ids = spec.example_inputs(2)[0]
+    n, left = 7, spec.task == "language-model"
+    real = slice(12 - n, 12) if left else slice(0, n)
+    alone_ids = ids[:1, real]
+    alone = [alone_ids, torch.ones_like(alone_ids)] + [torch.zeros_like(alone_ids)] * (len(spec.inputs) - 2)
+    mask = torch.ones_like(ids)
+    mask[0] = 0
+    mask[0, real] = 1
+    padded_ids = torch.where(mask.bool(), ids, torch.zeros_like(ids))
+    padded = [padded_ids, mask] + [torch.zeros_like(ids)] * (len(spec.inputs) - 2)
+    with torch.no_grad():
+        assert close(model(*padded)[:1], model(*alone))
+        assert not close(model(padded_ids, torch.ones_like(ids), *padded[2:])[:1], model(*alone))  # the mask matters

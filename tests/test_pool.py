@@ -97,7 +97,7 @@ def two_instances(batches=(4, 2)) -> list[InstanceConfig]:
 def test_answers_equal_the_models_in_order(configs, reference):
     requests, expected = reference
     with InstancePool(TINY, configs) as pool:
-        assert pool.mode == "script"
+        assert pool.mode == "compile"
         for n in (1, 2, 5, 6, 13, 20):  # smaller, equal and larger than the plan's batch
             assert_same(pool.infer(requests[:n]), expected[:n])
 
@@ -356,6 +356,6 @@ def test_warm_up_time_leaves_out_waiting_for_a_core():
     def waiting(batch):
         time.sleep(0.05)
 
-    example = torch.zeros(4, 1)
-    assert 15 < warm_up(computing, example, threads=1) < 200
-    assert warm_up(waiting, example, threads=1) < 10
+    examples = (torch.zeros(4, 1),)
+    assert 15 < warm_up(computing, examples, threads=1) < 200
+    assert warm_up(waiting, examples, threads=1) < 10

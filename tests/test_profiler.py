@@ -54,7 +54,7 @@ def test_one_real_point_runs_pinned_with_its_threads():
     stats = profiler.measure_point(FAST, 1, 2, [core])
     assert stats["cores"] == [core]
     assert stats["torch_threads"] == 1
-    assert stats["mode"] == "script"
+    assert stats["mode"] == "compile"
     assert stats["iterations"] == 5
     assert 0 < stats["p50_ms"] <= stats["p99_ms"]
 
@@ -132,7 +132,7 @@ def test_resume_refuses_the_other_kind(tmp_path, monkeypatch, first, then, flag)
 
 def test_older_isolated_profile_refuses_loaded_points(tmp_path, monkeypatch):
     out = tmp_path / "tiny.csv"
-    out.write_text("# model: tiny\n# mode: script\nthreads,batch,latency_ms,p50_ms,p99_ms,std_ms,iterations\n"
+    out.write_text("# model: tiny\n# mode: compile\nthreads,batch,latency_ms,p50_ms,p99_ms,std_ms,iterations\n"
                    "1,1,3,3,3,0,5\n")
     with pytest.raises(ProfileError, match="latency 'isolated', not 'loaded'"):
         profiler.run(dataclasses.replace(FAST, contention=True), [1], [2], out, topology=Topology(((0,),)),
@@ -146,7 +146,7 @@ def test_loaded_point_runs_copies_on_disjoint_pinned_cores(started):
     assert sorted(map(tuple, row["copy_cores"])) == [(c,) for c in topo.cores]  # each copy on its own core
     assert row["iterations"] == FAST.iters  # lockstep rounds, each as slow as the slowest copy
     assert row["latency_ms"] >= row["copy_ms"] > 0
-    assert row["latency_ms"] > 0 and row["isolated_ms"] > 0 and row["mode"] == "script"
+    assert row["latency_ms"] > 0 and row["isolated_ms"] > 0 and row["mode"] == "compile"
     assert set(COLUMNS) <= set(row)
     assert len(started) == 2 and all(copy.proc.returncode == 0 for copy in started)  # stopped by closing stdin
 

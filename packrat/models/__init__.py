@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import os
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
 
@@ -43,6 +45,7 @@ class ModelSpec:
     own_example: bool = False
     labels: str | None = None  # index_to_name.json that comes with the model (a Hugging Face config's id2label)
     tokenizer: str | None = None  # tokenizer.json that comes with the model (a save_pretrained directory)
+    sources: tuple[str, ...] = ()  # files (or directories) whose contents define the model: code and weights
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -91,8 +94,19 @@ def _as_tuple(value) -> tuple[torch.Tensor, ...]:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
+def _zoo(name: str, factory: Callable[[], torch.nn.Module], inputs: tuple[InputSpec, ...], scriptable: bool,
+         task: str, description: str) -> ModelSpec:
+    return ModelSpec(name, _seeded(factory), inputs, scriptable, task, description, sources=_sources(factory))
+
+
 def _image(shape: tuple[int, ...]) -> tuple[InputSpec, ...]:
     return (InputSpec("input", shape, "float32"),)
+
+
+def _sources(factory: Callable) -> tuple[str, ...]:
+    """The file that defines a factory's module: its code, and with the seed its weights."""
+    path = inspect.getsourcefile(factory)
+    return (path,) if path else ()
 
 
 def _seeded(factory: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
@@ -108,24 +122,24 @@ def _seeded(factory: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Mod
 ZOO: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
-        ModelSpec("tiny", _seeded(tiny), _image((3, 32, 32)), True, "classification",
+        _zoo("tiny", tiny, _image((3, 32, 32)), True, "classification",
                   "small 3-conv CNN, 10 classes; fast enough for tests"),
-        ModelSpec("tiny_text", _seeded(tiny_text), token_inputs(TINY_TEXT_LENGTH, TINY_TEXT_VOCAB), True,
+        _zoo("tiny_text", tiny_text, token_inputs(TINY_TEXT_LENGTH, TINY_TEXT_VOCAB), True,
                   "embedding", "16 tokens and their mask -> 32-dim embedding; the text path's test model"),
-        ModelSpec("resnet50", _seeded(resnet50), _image((3, 224, 224)), True, "classification",
+        _zoo("resnet50", resnet50, _image((3, 224, 224)), True, "classification",
                   "ResNet-50 (bottleneck [3,4,6,3]), 1000 classes"),
-        ModelSpec("inception_v3", _seeded(inception_v3), _image((3, 299, 299)), True,
+        _zoo("inception_v3", inception_v3, _image((3, 299, 299)), True,
                   "classification", "Inception-v3, 1000 classes, multi-branch blocks"),
-        ModelSpec("bert_base", _seeded(bert_base), token_inputs(128, BERT_VOCAB, token_types=True), True,
+        _zoo("bert_base", bert_base, token_inputs(128, BERT_VOCAB, token_types=True), True,
                   "embedding", "BERT-base encoder, 128 tokens with mask and type ids, pooled CLS output (768)"),
-        ModelSpec("gpt2", _seeded(gpt2), token_inputs(128, GPT2_VOCAB), True, "language-model",
+        _zoo("gpt2", gpt2, token_inputs(128, GPT2_VOCAB), True, "language-model",
                   "GPT-2 small, 128-token prompt with its mask (left-padded), next-token logits"),
         # The IOS paper's networks: many small parallel operators per block.
-        ModelSpec("squeezenet", _seeded(squeezenet), _image((3, 224, 224)), True, "classification",
+        _zoo("squeezenet", squeezenet, _image((3, 224, 224)), True, "classification",
                   "SqueezeNet 1.1, 1000 classes, fire modules with two expand branches"),
-        ModelSpec("randwire", _seeded(randwire), _image((3, 224, 224)), True, "classification",
+        _zoo("randwire", randwire, _image((3, 224, 224)), True, "classification",
                   "RandWire-WS small regime (C=78, 3 random 32-node graphs), 1000 classes"),
-        ModelSpec("nasnet", _seeded(nasnet), _image((3, 224, 224)), True, "classification",
+        _zoo("nasnet", nasnet, _image((3, 224, 224)), True, "classification",
                   "NASNet-A Mobile 4@1056, 1000 classes, cells of parallel separable convs"),
     )
 }
@@ -152,7 +166,8 @@ def _from_file(path: str, input_shape: tuple[int, ...] | None) -> ModelSpec:
             return torch.jit.load(path, map_location="cpu").eval()
 
     name = os.path.splitext(os.path.basename(path))[0]
-    return ModelSpec(name, build, _image(tuple(input_shape)), True, "classification", f"TorchScript file {path}")
+    return ModelSpec(name, build, _image(tuple(input_shape)), True, "classification", f"TorchScript file {path}",
+                     sources=(path,))
 
 
 def _from_factory(spec: str, input_shape: tuple[int, ...] | None) -> ModelSpec:
@@ -177,7 +192,8 @@ def _from_factory(spec: str, input_shape: tuple[int, ...] | None) -> ModelSpec:
                                  str(x.dtype).removeprefix("torch.")) for i, x in enumerate(samples))
         own_example = True
     # Scriptability is unknown up front: prepare() tries and falls back to eager.
-    return ModelSpec(attr, build, inputs, True, "classification", f"factory {spec}", own_example=own_example)
+    return ModelSpec(attr, build, inputs, True, "classification", f"factory {spec}", own_example=own_example,
+                     sources=_sources(factory))
 
 
 def resolve(spec: str, input_shape: tuple[int, ...] | None = None) -> ModelSpec:
@@ -207,10 +223,11 @@ def resolve(spec: str, input_shape: tuple[int, ...] | None = None) -> ModelSpec:
     raise _unknown(spec)
 
 
-def prepare(spec: ModelSpec, batch: int, graph_mode: str | bool | None = None
+def prepare(spec: ModelSpec, batch: int, graph_mode: str | bool | None = None, compile_cache: str | None = None
             ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
     """Build the model and its example inputs, and put it in its graph mode (packrat.graph;
-    None or True: the default, torch.compile; False: eager).
+    None or True: the default, compile; False: eager). Compiled packages are kept in
+    `compile_cache` (default: packrat.compiled.default_cache_dir()).
 
     Returns (module, example inputs, mode actually used). Call it as module(*inputs).
     """
@@ -219,5 +236,14 @@ def prepare(spec: ModelSpec, batch: int, graph_mode: str | bool | None = None
     examples = _as_tuple(module.example_input(batch)) if spec.own_example else spec.example_inputs(batch)
     if not spec.scriptable and mode != "eager":
         return module, examples, "script" if isinstance(module, torch.jit.ScriptModule) else "eager"
-    runnable, used = to_mode(module, examples, mode, spec.name)
+    package = compiled_package(spec, compile_cache) if mode == "compile" else None
+    runnable, used = to_mode(module, examples, mode, spec.name, package)
     return runnable, examples, used
+
+
+def compiled_package(spec: ModelSpec, cache_dir: str | None = None) -> Path:
+    """Where the model's compiled package is kept (see packrat.compiled)."""
+    from packrat import compiled
+
+    key = compiled.package_key(f"{spec.name}:{SEED}", spec.sources, spec.inputs)
+    return compiled.package_path(cache_dir or compiled.default_cache_dir(), spec.name, key)

@@ -42,16 +42,18 @@ TINY_TEXT_LENGTH = 16
 
 
 class TinyTextNet(nn.Module):
-    """16 token ids -> a 32-dim embedding (mean of token embeddings through a tanh layer):
-    the text counterpart of TinyNet, for tests of the text path."""
+    """16 token ids and their attention mask -> a 32-dim embedding (mean of the real tokens'
+    embeddings through a tanh layer): the text counterpart of TinyNet, for tests of the text path."""
 
     def __init__(self, vocab: int = TINY_TEXT_VOCAB, dim: int = 32) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.proj(self.embed(tokens).mean(dim=1)))
+    def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        mask = attention_mask.unsqueeze(-1).to(torch.float32)
+        mean = (self.embed(tokens) * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+        return torch.tanh(self.proj(mean))
 
 
 def tiny_text() -> TinyTextNet:

@@ -48,18 +48,20 @@ def attach(name: str, size: int) -> mmap.mmap:
         return mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ)
 
 
-def warm_up(module, example, threads: int) -> float:
-    """Run every batch size the instance will see soon (halving down to 1), so TorchScript's shape
-    specialisation happens here, not on a live request. Returns the full batch's second run in ms
+def warm_up(module, examples: tuple, threads: int) -> float:
+    """Run every batch size the instance will see soon (halving down to 1), so a graph mode's
+    compilation or specialisation per shape happens here, not on a live request. Returns the full batch's second run in ms
     as it would take with its `threads` cores to itself: the wall time, or the CPU time per thread
     when that is less. A warm-up beside busy instances (at low priority during a reconfiguration)
     mostly waits for a core, and the watchdog's allowance for this instance rests on this figure."""
-    size, full_ms = example.shape[0], 0.0
+    size = full = examples[0].shape[0]
+    full_ms = 0.0
     while size >= 1:
-        module(example[:size])
+        inputs = [example[:size] for example in examples]
+        module(*inputs)
         started, cpu_started = time.perf_counter(), time.process_time()
-        module(example[:size])
-        if size == example.shape[0]:
+        module(*inputs)
+        if size == full:
             wall_ms = (time.perf_counter() - started) * 1e3
             cpu_ms = (time.process_time() - cpu_started) * 1e3
             full_ms = min(wall_ms, cpu_ms / threads)
@@ -75,7 +77,7 @@ def load(model: ModelConfig, config: InstanceConfig):
         from ios_scheduler.cache import prepare_ios
 
         return prepare_ios(spec, config.batch, config.threads, model.ios_cache)
-    return prepare(spec, config.batch, graph_mode=model.graph_mode)
+    return prepare(spec, config.batch, graph_mode=model.graph_mode, compile_cache=model.compile_cache)
 
 
 def main(conn: Connection) -> None:
@@ -93,9 +95,9 @@ def main(conn: Connection) -> None:
 
     try:
         codec = Codec(codec_config)
-        module, example, mode = load(model, config)
+        module, examples, mode = load(model, config)
         with torch.inference_mode():
-            warm_ms = warm_up(module, example, config.threads)
+            warm_ms = warm_up(module, examples, config.threads)
         conn.send(("ready", mode, warm_ms))
     except Exception as exc:  # report why, then exit: the parent decides what to do
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))

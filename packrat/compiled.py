@@ -1,0 +1,132 @@
+"""Compiled models as AOTInductor packages: built once per model, loaded in milliseconds.
+
+`torch.compile` compiles in every process that runs it (17–19 s for ResNet-50 here; still
+several seconds with inductor's caches warm, since dynamo traces again), so an instance that is
+respawned or started by a reconfiguration would wait for it. Instead a model is exported once
+(``torch.export``, the batch dimension dynamic) and compiled ahead of time by inductor with
+frozen weights and thread-count-independent kernels (``cpp.dynamic_threads``) into one package
+that serves every batch size and thread count. Instances then only load the package's shared
+library: the start of a TorchScript instance or less.
+
+A package is named by a key over everything its code depends on: the model's source (the code
+files that define it and its weights), its inputs, the torch version and the CPU's instruction
+set (inductor compiles for the CPU it runs on). A package that is missing is built under a file
+lock, so instances starting together build it once and the others wait and load it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+from pathlib import Path
+
+CACHE_ENV = "PACKRAT_COMPILE_CACHE"
+SUFFIX = ".aoti.pt2"
+MAX_BATCH = 4096  # the dynamic batch dimension's bound, far above any plan's batch
+KEY_CHARS = 16
+
+
+def default_cache_dir() -> Path:
+    """$PACKRAT_COMPILE_CACHE, else ~/.cache/packrat/compiled."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "packrat" / "compiled")
+
+
+def package_key(name: str, sources: tuple[str, ...], inputs: tuple) -> str:
+    """What the package's generated code depends on, hashed: the model's source files (their
+    contents, so a copy in an archive keeps its key), its inputs, torch and the CPU."""
+    import torch
+
+    digest = hashlib.sha256()
+    for part in (name, repr(inputs), torch.__version__, _cpu_flags()):
+        digest.update(part.encode() + b"\0")
+    for source in sources:
+        _hash_path(digest, Path(source))
+    return digest.hexdigest()[:KEY_CHARS]
+
+
+def package_path(cache_dir: str | os.PathLike, name: str, key: str) -> Path:
+    return Path(cache_dir) / f"{name}-{key}{SUFFIX}"
+
+
+def load_or_build(module, examples: tuple, path: Path):
+    """The package at `path` loaded, built first from `module` if it is not there yet."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path):
+        if not path.exists():
+            build(module, examples, path)
+    return load(path)
+
+
+def build(module, examples: tuple, path: Path) -> None:
+    """Export `module` with a dynamic batch dimension and compile it ahead of time into `path`."""
+    import torch
+
+    examples = tuple(torch.cat([x, x]) if x.shape[0] == 1 else x for x in examples)  # batch 1 specialises
+    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+    with torch.no_grad():
+        program = torch.export.export(module, examples, dynamic_shapes=tuple({0: batch} for _ in examples))
+        if not program.call_spec.out_spec.is_leaf():  # a package's outputs come back flattened
+            raise ValueError("compile mode serves models that return one tensor")
+        partial = path.with_name(f".partial-{os.getpid()}-{path.name}")  # the packager wants .pt2
+        try:
+            torch._inductor.aoti_compile_and_package(
+                program, package_path=str(partial),
+                inductor_configs={"freezing": True, "cpp.dynamic_threads": True})
+            os.replace(partial, path)  # whole or absent: a reader never sees half a package
+        finally:
+            partial.unlink(missing_ok=True)
+
+
+class Package:
+    """A loaded package, called like the module: positional tensors in, one tensor out."""
+
+    def __init__(self, path: Path):
+        import torch
+
+        self.path = path
+        # The C++ loader itself: torch._inductor.aoti_load_package wraps it for pytree inputs, but
+        # importing that wrapper costs about a second of inductor imports, the start we save here.
+        self._loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+
+    def __call__(self, *inputs):
+        outputs = self._loader.boxed_run([x.contiguous() for x in inputs])
+        return outputs[0]
+
+
+def load(path: Path) -> Package:
+    return Package(path)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _hash_path(digest, path: Path) -> None:
+    """A file's contents, or a directory's files (names and contents) in sorted order."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode() + b"\0")
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+
+
+def _cpu_flags() -> str:
+    """The CPU's instruction-set flags: a package built for AVX-512 must not run on AVX2."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.machine()

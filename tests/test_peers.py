@@ -1,0 +1,140 @@
+"""benchmarks/peers.py: its summary, ratios and tables from made-up runs, and one smoke run on `tiny`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "peers.py"
+_SPEC = importlib.util.spec_from_file_location("benchmarks_peers", _PATH)
+peers = importlib.util.module_from_spec(_SPEC)
+sys.modules[_SPEC.name] = peers
+_SPEC.loader.exec_module(peers)
+
+
+def entry(ms: float, diff: float = 0.0, rel: float | None = None, note: str = "", setup: float = 1.0) -> dict:
+    return {"latency_ms": ms, "samples_ms": [ms], "setup_s": setup, "note": note, "max_abs_diff": diff,
+            "relative_diff": diff if rel is None else rel, "differs": (diff if rel is None else rel) > 1e-3}
+
+
+def test_ratio_is_peer_over_packrat():
+    assert peers.ratio(20.0, 10.0) == 2.0
+    assert peers.ratio(5.0, 10.0) == 0.5
+    assert peers.ratio(None, 10.0) is None and peers.ratio(5.0, None) is None and peers.ratio(5.0, 0.0) is None
+
+
+def test_summary_medians_over_rounds_ratios_and_failures():
+    runs = {
+        "packrat": [{"batches": {"1": entry(10.0), "4": {"skipped": "no plan for B=4"}}},
+                    {"batches": {"1": entry(12.0), "4": {"skipped": "no plan for B=4"}}},
+                    {"batches": {"1": entry(11.0), "4": {"skipped": "no plan for B=4"}}}],
+        "eager": [{"batches": {"1": entry(30.0, setup=0.5), "4": entry(80.0)}},
+                  {"error": "exit 1: boom"},
+                  {"batches": {"1": entry(20.0, setup=1.5), "4": entry(60.0)}}],
+        "openvino-latency": [{"batches": {"1": entry(5.0, 2e-2, 5e-3, note="1 stream(s)"), "4": {"error": "E: bad"}}}],
+    }
+    summary = peers.summarise(runs, [1, 4], skipped={"onnxruntime": "not installed (pip install onnxruntime)"})
+    one, four = summary[1], summary[4]
+    assert list(one) == ["packrat", "eager", "openvino-latency", "onnxruntime"]  # the declared order
+    assert one["packrat"]["latency_ms"] == 11.0 and one["packrat"]["vs_packrat"] == 1.0
+    assert one["eager"]["latency_ms"] == 25.0 and one["eager"]["rounds"] == 2 and one["eager"]["failed_rounds"] == 1
+    assert one["eager"]["setup_s"] == 1.0
+    assert one["eager"]["vs_packrat"] == pytest.approx(25.0 / 11.0)
+    assert one["openvino-latency"]["differs"] and one["openvino-latency"]["max_abs_diff"] == 2e-2
+    assert one["openvino-latency"]["note"] == "1 stream(s)"
+    assert one["onnxruntime"] == {"error": "not installed (pip install onnxruntime)", "skipped": True}
+    assert four["packrat"] == {"error": "no plan for B=4", "skipped": True}
+    assert four["eager"]["latency_ms"] == 70.0 and four["eager"]["vs_packrat"] is None  # no packrat to compare
+    assert four["openvino-latency"] == {"error": "E: bad"}
+
+
+def test_markdown_rows():
+    runs = {"packrat": [{"batches": {"2": entry(10.0)}}],
+            "fat": [{"batches": {"2": entry(15.0, note="⟨2 threads | batch 2⟩")}}],
+            "openvino-throughput": [{"batches": {"2": entry(9.0, 0.5, 0.01)}}]}
+    summary = peers.summarise(runs, [2], skipped={"onnxruntime-parallel": "not installed (pip install onnxruntime)"})
+    table = peers.markdown(summary, "tiny, T = 2", {2: "packrat plan: 2×⟨1 threads, batch 1⟩"})
+    assert table.startswith("tiny, T = 2\n")
+    assert "### B = 2" in table and "packrat plan: 2×⟨1 threads, batch 1⟩" in table
+    assert "| packrat | 10.00 | 1.00 | 0.0e+00 | 1.0 |  |" in table
+    assert "| fat | 15.00 | 1.50 | 0.0e+00 | 1.0 | ⟨2 threads \\| batch 2⟩ |" in table
+    assert "| openvino-throughput | 9.00 | 0.90 | 5.0e-01 DIFFERS | 1.0 |  |" in table
+    assert "| onnxruntime-parallel | - | - | - | - | not installed (pip install onnxruntime) |" in table
+
+
+def test_diff_stats():
+    reference = np.array([[1.0, -4.0], [2.0, 0.5]])
+    close = peers.diff_stats(reference + 1e-4, reference)
+    assert close["max_abs_diff"] == pytest.approx(1e-4) and close["relative_diff"] == pytest.approx(2.5e-5)
+    assert not close["differs"]
+    far = peers.diff_stats(reference + np.array([[0.0, 0.01], [0.0, 0.0]]), reference)
+    assert far["differs"] and far["relative_diff"] == pytest.approx(0.0025)
+    assert peers.diff_stats(reference[:1], reference)["differs"]
+    assert peers.diff_stats(reference * np.nan, reference)["why"] == "non-finite outputs"
+
+
+def test_missing_packages_and_parsing():
+    assert peers.missing_packages("openvino-latency", installed=lambda name: False) == \
+        "not installed (pip install openvino)"
+    assert peers.missing_packages("onnxruntime", installed=lambda name: True) is None
+    assert peers.missing_packages("eager", installed=lambda name: False) is None
+    assert peers.parse_peers("eager,fat,eager") == ["eager", "fat"]
+    with pytest.raises(SystemExit):
+        peers.parse_peers("eager,tensorrt")
+    assert peers.parse_ratio("T:1", 8) == (8, 1) and peers.parse_ratio("2:4", 8) == (2, 4)
+    with pytest.raises(SystemExit):
+        peers.parse_ratio("0:1", 8)
+    assert peers.parse_cores(None, [0, 2, 4]) == [0, 2, 4] and peers.parse_cores(2, [0, 2, 4]) == [0, 2]
+    with pytest.raises(SystemExit):
+        peers.parse_cores(4, [0, 1])
+
+
+def test_v2_body_and_answer():
+    ids = np.arange(6, dtype=np.int64).reshape(2, 3)
+    mask = np.ones((2, 3), dtype=np.int64)
+    body = json.loads(peers.v2_body(["input_ids", "attention_mask"], [ids, mask], 1))
+    assert body == {"inputs": [{"name": "input_ids", "shape": [1, 3], "datatype": "INT64", "data": [3, 4, 5]},
+                               {"name": "attention_mask", "shape": [1, 3], "datatype": "INT64", "data": [1, 1, 1]}]}
+    answer = json.dumps({"model_name": "m", "outputs": [{"name": "output0", "shape": [1, 2], "datatype": "FP32",
+                                                         "data": [0.5, -1.0]}]}).encode()
+    assert peers.v2_output(answer).tolist() == [[0.5, -1.0]]
+
+
+def _installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def test_smoke_run_on_tiny(tmp_path):
+    """One real run: tiny, B = 1 and 2, one round of two timed batches, against a made-up profile."""
+    from packrat.profile import ProfileWriter
+
+    profile = tmp_path / "tiny.csv"
+    with ProfileWriter(profile, {"model": "tiny", "mode": "eager", "latency": "isolated"}) as writer:
+        for threads in (1, 2):
+            for batch in (1, 2):
+                writer.write({"threads": threads, "batch": batch, "latency_ms": 0.2 + batch / threads})
+    chosen = ["eager", "script", "packrat", "fat"]
+    chosen += ["openvino-latency"] if _installed("openvino") else []
+    chosen += ["onnxruntime"] if _installed("onnxruntime") else []
+    out = tmp_path / "peers.json"
+    done = subprocess.run([sys.executable, str(_PATH), "--model", "tiny", "--batches", "1,2", "--rounds", "1",
+                           "--iters", "2", "--warmup", "1", "--cores", "1", "--peers", ",".join(chosen),
+                           "--profile", str(profile), "--onnx-exporter", "legacy", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["meta"]["threads"] == 1 and report["meta"]["peers"] == chosen
+    for batch in ("1", "2"):
+        rows = report["summary"][batch]
+        assert set(rows) == set(chosen)
+        for peer in chosen:
+            assert rows[peer].get("latency_ms") is not None, (peer, batch, rows[peer])
+            assert rows[peer]["max_abs_diff"] is not None and not rows[peer]["differs"], (peer, rows[peer])
+        assert rows["packrat"]["vs_packrat"] == 1.0
+    assert "### B = 2" in report["markdown"] and "packrat plan:" in report["markdown"]
