@@ -749,17 +749,9 @@ def _physical_cores() -> list[int]:
     return list(detect().cores)
 
 
-def int_list(text: str) -> list[int]:
-    try:
-        values = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 1,4,8") from None
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must name integers >= 1")
-    return values
-
-
 def parser() -> argparse.ArgumentParser:
+    from packrat.cli import int_list  # the CLI's own list type ("1,4,8", "1-4")
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet50", help="zoo model (default resnet50; e.g. bert_base, tiny)")

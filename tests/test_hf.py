@@ -170,30 +170,20 @@ def test_output_and_padding_invariance(hf_dir, name):
     torch.testing.assert_close(padded[1], alone[1], atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["bert-cls", "distilbert", "roberta", "gpt2"])
-def test_script_matches_eager(hf_dir, name):
+# Compiling costs ~15 s a model on 2 cores: one model (token types) compiles here, into this
+# machine's cache (the saved directories are the same bytes every run, so later runs load it).
+@pytest.mark.parametrize(("name", "mode"), [("bert-cls", "script"), ("distilbert", "script"), ("roberta", "script"),
+                                            ("gpt2", "script"), ("bert-cls", "compile")])
+def test_graph_modes_match_eager(hf_dir, name, mode):
     spec = resolve(f"hf:{hf_dir[name]}", (16,))
     eager, examples, _ = prepare(spec, 2, "eager")
-    traced, _, used = prepare(spec, 2, "script")
-    assert used == "script"
-    # traced on unpadded examples: a padded batch must still take its mask
+    graph, _, used = prepare(spec, 2, mode)
+    assert used == mode
+    # traced or exported on unpadded examples: a padded batch must still take its mask
     padded = _batch(name, _rows(2, 7, 16), 16, spec)
     with torch.no_grad():
         for inputs in (examples, padded):
-            torch.testing.assert_close(traced(*inputs), eager(*inputs), atol=ATOL, rtol=0)
-
-
-@pytest.mark.parametrize("name", ["bert-cls", "gpt2"])
-def test_compile_matches_eager(hf_dir, name, tmp_path, monkeypatch):
-    monkeypatch.setenv("PACKRAT_COMPILE_CACHE", str(tmp_path))  # build the compiled package afresh
-    spec = resolve(f"hf:{hf_dir[name]}", (16,))
-    eager, examples, _ = prepare(spec, 2, "eager")
-    compiled, _, used = prepare(spec, 2, "compile")
-    assert used == "compile"
-    padded = _batch(name, _rows(3, 4, 11), 16, spec)
-    with torch.no_grad():
-        for inputs in (examples, padded):
-            torch.testing.assert_close(compiled(*inputs), eager(*inputs), atol=ATOL, rtol=0)
+            torch.testing.assert_close(graph(*inputs), eager(*inputs), atol=ATOL, rtol=0)
 
 
 @pytest.mark.skipif(__import__("shutil").which("java") is None, reason="TorchServe needs Java 11+")
@@ -218,7 +208,9 @@ def test_served_through_torchserve_with_text_and_named_inputs(hf_dir, tmp_path):
         module, _, _ = prepare(spec, 1, "eager")
         ((_, want, _),) = answer_batch(module, Codec(CodecConfig.for_model(spec)), [(b"the quick brown fox", "text/plain")])
         assert status == 200 and {p["label"] for p in body["predictions"]} == {"neg", "pos"}
-        assert body == pytest.approx(json.loads(want), abs=1e-5)
+        want = json.loads(want)["predictions"]
+        assert [p["label"] for p in body["predictions"]] == [p["label"] for p in want]
+        assert [p["score"] for p in body["predictions"]] == pytest.approx([p["score"] for p in want], abs=1e-5)
         ids = [2, 4, 5, 6, 3] + [0] * 11
         mask = [1] * 5 + [0] * 11
         entries = [{"name": "input_ids", "shape": [1, 16], "datatype": "INT64", "data": ids},

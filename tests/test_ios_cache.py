@@ -18,12 +18,12 @@ def test_each_search_keeps_its_costs_and_the_next_batch_size_is_bounded_by_the_n
 
     monkeypatch.setattr(cache, "optimize", recording)
     for batch in (1, 8, 2):
-        cache.cached_schedule(spec.build(), spec.example_input(batch), "tiny", 2, tmp_path)
+        cache.cached_schedule(spec.build(), spec.example_inputs(batch), "tiny", 2, tmp_path)
     assert seen[0] is None and seen[1].batch == 1 and seen[2].batch == 1  # 2 is nearer 1 than 8
     for batch in (1, 8, 2):
         table = CostTable.load(cache.costs_path(tmp_path, "tiny", 2, batch))
         assert (table.model, table.batch, table.threads) == ("tiny", batch, 2) and table.costs
-    cache.cached_schedule(spec.build(), spec.example_input(2), "tiny", 2, tmp_path)
+    cache.cached_schedule(spec.build(), spec.example_inputs(2), "tiny", 2, tmp_path)
     assert len(seen) == 3  # found in the cache, not searched again
 
 

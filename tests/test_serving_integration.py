@@ -137,7 +137,7 @@ def test_a_profile_of_ios_instances_is_served_by_them(tmp_path):
     cache = tmp_path / "schedules"
     for threads in (1, 2):
         for batch in (1, 2):
-            cached_schedule(spec.build(), spec.example_input(batch), "tiny", threads, cache)
+            cached_schedule(spec.build(), spec.example_inputs(batch), "tiny", threads, cache)
     profile = tmp_path / "tiny-ios.csv"
     profile.write_text("# model: tiny\n# mode: ios\nthreads,batch,latency_ms\n"
                        + "".join(f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in (1, 2) for b in (1, 2)))
