@@ -61,11 +61,11 @@ def child(model: str, mode: str, threads: int, batches: list[int], iters: int) -
         for batch in batches:
             example = spec.example_inputs(batch)
             for _ in range(2):
-                outputs[batch] = runners[batch](example)
+                outputs[batch] = runners[batch](*example)
             times = []
             for _ in range(iters):
                 begin = time.perf_counter()
-                runners[batch](example)
+                runners[batch](*example)
                 times.append((time.perf_counter() - begin) * 1e3)
             latency_ms[batch] = statistics.median(times)
         reference = prepare(spec, batches[-1], graph_mode=False)[0](*spec.example_inputs(batches[-1]))

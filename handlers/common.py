@@ -37,7 +37,8 @@ def model_config(section: dict, model_dir: str, profiled_mode: str | None = None
     spec = resolve(model, shape)
     # IOS-compiled instances: schedules shipped in the archive; missing ones are searched and kept there
     ios_cache = model_dir if section.get("ios") else None
-    # Compiled packages shipped in the archive sit in model_dir; one built here is kept there too.
+    # Compiled packages shipped in the archive sit in model_dir; missing ones come from (or are
+    # built into) this machine's cache.
     return ModelConfig(model, tuple(spec.input_shape), graph_mode=served_mode(section, profiled_mode),
                        ios_cache=ios_cache, compile_cache=model_dir), spec
 

@@ -584,12 +584,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def add_status_parser(sub) -> None:
     p = sub.add_parser("status", help="the served plan and the last reconfigurations",
                        description="Ask the running packrat handler (through TorchServe's management API) for "
-                                   "its current plan, how its instances run the model (script, eager or ios) "
+                                   "its current plan, how its instances run the model (compile, script, eager or ios) "
                                    "and its recent reconfigurations.")
     run_dir_arg(p)
     p.add_argument("--last", type=positive(int), default=10, help="reconfigurations to list (default: 10)")
     p.add_argument("--json", action="store_true",
-                   help='print {"plan": <as packrat plan --json>, "mode": "script"|"eager"|"ios", "health": {"instances", '
+                   help='print {"plan": <as packrat plan --json>, "mode": "compile"|"script"|"eager"|"ios", "health": {"instances", '
                         '"ready", "respawning", "respawn_failures", "unavailable", "queued", "answered", "refused"}, '
                         '"reconfigurations": [{"from_batch", "to_batch", '
                         '"reason", "seconds", "failed_requests", ...}]}')

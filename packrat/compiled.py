@@ -1,17 +1,23 @@
-"""Compiled models as AOTInductor packages: built once per model, loaded in milliseconds.
+"""Compiled models as AOTInductor packages: built once per model and batch size, loaded in milliseconds.
 
-`torch.compile` compiles in every process that runs it (17–19 s for ResNet-50 here; still
-several seconds with inductor's caches warm, since dynamo traces again), so an instance that is
-respawned or started by a reconfiguration would wait for it. Instead a model is exported once
-(``torch.export``, the batch dimension dynamic) and compiled ahead of time by inductor with
-frozen weights and thread-count-independent kernels (``cpp.dynamic_threads``) into one package
-that serves every batch size and thread count. Instances then only load the package's shared
-library: the start of a TorchScript instance or less.
+`torch.compile` compiles in every process that runs it (20–30 s for ResNet-50 here, and still
+as long with inductor's caches warm, since dynamo traces again), so an instance that is respawned
+or started by a reconfiguration would wait for it. Instead the model is exported
+(``torch.export``) and compiled ahead of time by inductor, with frozen weights and
+thread-count-independent kernels (``cpp.dynamic_threads``), into one package per batch size;
+later processes only load the packages' shared libraries, faster than tracing TorchScript.
+
+Shapes are static: a dynamic batch dimension measured 1.45× slower at batch 1 (ResNet-50, 2
+threads: 65 vs 44 ms; BENCHMARKS.md), while thread-independent kernels cost nothing measurable.
+An instance of batch b therefore loads the packages of its halving ladder b, b/2, …, 1 (the sizes
+its warm-up runs) and runs k samples on the smallest size ≥ k, the extra rows filled with copies
+of the last sample and their outputs dropped (more than b: in chunks of b). A plan hands each
+instance its b samples, so padding happens only below full load.
 
 A package is named by a key over everything its code depends on: the model's source (the code
 files that define it and its weights), its inputs, the torch version and the CPU's instruction
-set (inductor compiles for the CPU it runs on). A package that is missing is built under a file
-lock, so instances starting together build it once and the others wait and load it.
+set (inductor compiles for the CPU it runs on), and by its batch size. A package that is missing
+is built under a file lock, so instances starting together build it once and the others wait.
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ from pathlib import Path
 
 CACHE_ENV = "PACKRAT_COMPILE_CACHE"
 SUFFIX = ".aoti.pt2"
-MAX_BATCH = 4096  # the dynamic batch dimension's bound, far above any plan's batch
 KEY_CHARS = 16
 
 
@@ -46,27 +51,35 @@ def package_key(name: str, sources: tuple[str, ...], inputs: tuple) -> str:
     return digest.hexdigest()[:KEY_CHARS]
 
 
-def package_path(cache_dir: str | os.PathLike, name: str, key: str) -> Path:
-    return Path(cache_dir) / f"{name}-{key}{SUFFIX}"
+def package_path(cache_dir: str | os.PathLike, name: str, key: str, batch: int) -> Path:
+    return Path(cache_dir) / f"{name}-{key}-b{batch}{SUFFIX}"
 
 
-def load_or_build(module, examples: tuple, path: Path):
-    """The package at `path` loaded, built first from `module` if it is not there yet."""
+def ladder(batch: int) -> list[int]:
+    """The batch sizes an instance of `batch` keeps packages for: batch, batch // 2, ..., 1."""
+    sizes = []
+    while batch >= 1:
+        sizes.append(batch)
+        batch //= 2
+    return sizes
+
+
+def load_or_build(module, examples: tuple, path: Path) -> Package:
+    """The package at `path` loaded, built first from `module` (at the batch size of `examples`)
+    if it is not there yet."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
         if not path.exists():
             build(module, examples, path)
-    return load(path)
+    return Package(path)
 
 
 def build(module, examples: tuple, path: Path) -> None:
-    """Export `module` with a dynamic batch dimension and compile it ahead of time into `path`."""
+    """Export `module` at the shapes of `examples` and compile it ahead of time into `path`."""
     import torch
 
-    examples = tuple(torch.cat([x, x]) if x.shape[0] == 1 else x for x in examples)  # batch 1 specialises
-    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     with torch.no_grad():
-        program = torch.export.export(module, examples, dynamic_shapes=tuple({0: batch} for _ in examples))
+        program = torch.export.export(module, examples)
         if not program.call_spec.out_spec.is_leaf():  # a package's outputs come back flattened
             raise ValueError("compile mode serves models that return one tensor")
         partial = path.with_name(f".partial-{os.getpid()}-{path.name}")  # the packager wants .pt2
@@ -80,7 +93,7 @@ def build(module, examples: tuple, path: Path) -> None:
 
 
 class Package:
-    """A loaded package, called like the module: positional tensors in, one tensor out."""
+    """A loaded package, called like the module at its batch size: positional tensors in, one tensor out."""
 
     def __init__(self, path: Path):
         import torch
@@ -91,12 +104,28 @@ class Package:
         self._loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
 
     def __call__(self, *inputs):
-        outputs = self._loader.boxed_run([x.contiguous() for x in inputs])
-        return outputs[0]
+        # boxed_run takes its list's tensors (and empties it): a fresh list every call
+        return self._loader.boxed_run([x.contiguous() for x in inputs])[0]
 
 
-def load(path: Path) -> Package:
-    return Package(path)
+class Ladder:
+    """Packages for several batch sizes, called like the module with any number of samples."""
+
+    def __init__(self, packages: dict[int, Package]):
+        self.packages = dict(sorted(packages.items()))
+        self.largest = max(self.packages)
+
+    def __call__(self, *inputs):
+        import torch
+
+        count = inputs[0].shape[0]
+        if count > self.largest:
+            chunks = [self(*(x[i:i + self.largest] for x in inputs)) for i in range(0, count, self.largest)]
+            return torch.cat(chunks)
+        size = next(size for size in self.packages if size >= count)
+        if size > count:  # copies of the last sample: real inputs, whose outputs are dropped
+            inputs = [torch.cat([x, x[-1:].expand(size - count, *x.shape[1:])]) for x in inputs]
+        return self.packages[size](*inputs)[:count]
 
 
 @contextlib.contextmanager

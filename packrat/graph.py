@@ -1,8 +1,9 @@
 """Graph modes: how an instance runs its model.
 
 - ``compile`` (the default): torch's inductor compiler with frozen weights (conv+BN folded,
-  constant layouts), ahead of time: an AOTInductor package per model, built once and loaded by
-  every instance (packrat/compiled.py), so a respawn or a reconfiguration does not wait for it.
+  constant layouts), ahead of time: AOTInductor packages per model and batch size, built once
+  and loaded by every instance (packrat/compiled.py), so a respawn or a reconfiguration does not
+  wait for them.
 - ``script``: TorchScript, trace + freeze + ``optimize_for_inference``: the path before torch
   deprecated TorchScript, kept for old profiles and for users' own TorchScript files.
 - ``eager``: the module as it is.
@@ -16,7 +17,6 @@ from __future__ import annotations
 # torch is imported where it is used: CLIs read MODES without paying for it.
 
 import contextlib
-import os
 import warnings
 from contextlib import contextmanager
 
@@ -44,10 +44,11 @@ def quiet_jit():
         yield
 
 
-def to_mode(module, examples: tuple, mode: str, name: str = "model", package: os.PathLike | None = None):
+def to_mode(module, examples: tuple, mode: str, name: str = "model", package_for=None):
     """(runnable, mode used): the module in `mode`, already run once on `examples` so a failure
     shows here, not on a live request. Falls back to eager (with a warning) when `mode` fails.
-    `package`: where the compiled package is kept (compile mode), built there if missing."""
+    `package_for(batch)`: where compile mode keeps the package for a batch size, built there if
+    missing (None: built in a scratch directory for this process alone)."""
     import torch
 
     if isinstance(module, torch.jit.ScriptModule) and mode != "eager":
@@ -55,7 +56,7 @@ def to_mode(module, examples: tuple, mode: str, name: str = "model", package: os
     elif mode == "eager":
         return module, "eager"
     try:
-        runnable = _script(module, examples) if mode == "script" else _compile(module, examples, package)
+        runnable = _script(module, examples) if mode == "script" else _compile(module, examples, package_for)
     except Exception as exc:  # any tracing/compiling failure: serving eager still works
         first = (str(exc).splitlines() or [""])[0]
         warnings.warn(f"{mode} mode failed for model {name!r}, running eager: {type(exc).__name__}: {first}",
@@ -78,7 +79,8 @@ def _script(module, examples: tuple):
     return graph
 
 
-def _compile(module, examples: tuple, package: os.PathLike | None):
+def _compile(module, examples: tuple, package_for):
+    """The packages of the examples' batch size and its halving ladder, as one callable."""
     import tempfile
     from pathlib import Path
 
@@ -86,11 +88,10 @@ def _compile(module, examples: tuple, package: os.PathLike | None):
 
     from . import compiled
 
-    if package is None:  # nowhere to keep it: built for this process alone (the loader unpacks it)
-        with tempfile.TemporaryDirectory(prefix="packrat-compiled-") as scratch:
-            runnable = compiled.load_or_build(module, examples, Path(scratch) / f"model{compiled.SUFFIX}")
-    else:
-        runnable = compiled.load_or_build(module, examples, Path(package))
+    with tempfile.TemporaryDirectory(prefix="packrat-compiled-") as scratch:  # the loader unpacks what it loads
+        where = package_for or (lambda size: Path(scratch) / f"model-b{size}{compiled.SUFFIX}")
+        runnable = compiled.Ladder({size: compiled.load_or_build(module, tuple(x[:size] for x in examples), where(size))
+                                    for size in compiled.ladder(examples[0].shape[0])})
     with torch.no_grad():
         runnable(*examples)
     return runnable

@@ -255,7 +255,7 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
         if ios:  # the archiver flattens folders: schedules sit beside the profile, named by model
             extra += cached_schedules(spec.name, Path(ios_cache))
         if mode == "compile":
-            extra += compiled_files(spec)
+            extra += compiled_files(spec, batch_size)
         config = staging / "model-config.yaml"
         config.write_text(model_config_yaml(model_ref, profile_name, batch_size, max_batch_delay_ms, plan,
                                             handler, input_shape, reconfigure, plan_batch, estimator, ios,
@@ -267,18 +267,22 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
     return out_dir / f"{name}.mar"
 
 
-def compiled_files(spec) -> list[Path]:
-    """The model's compiled package from this machine's cache, built first if missing (instances
-    load it from the archive instead of compiling; on a machine of another CPU type or torch
-    version its key differs, and the first instance there builds one beside it). None when the
-    model cannot be compiled: its instances then run eager and say so in their log."""
+def compiled_files(spec, batch_size: int) -> list[Path]:
+    """The model's compiled packages for batch sizes up to `batch_size` from this machine's cache
+    (those its profile built), or, if there are none, those of batch_size's ladder, built here
+    (instances load them from the archive instead of compiling; one whose batch size the archive
+    lacks, or on a machine of another CPU type or torch version, builds its own on first start,
+    beside them). None when the model cannot be compiled: its instances then run eager and say so."""
     from .models import compiled_package, prepare
 
-    path = compiled_package(spec)
-    if not path.exists():
-        print(f"archive: compiling {spec.name} once (kept in {path.parent})", file=sys.stderr, flush=True)
-        prepare(spec, 1, "compile")
-    return [path] if path.exists() else []
+    cached = [compiled_package(spec, size) for size in range(1, batch_size + 1)]
+    found = [path for path in cached if path.exists()]
+    if not found:
+        print(f"archive: compiling {spec.name} once for batch {batch_size} (kept in {cached[0].parent})",
+              file=sys.stderr, flush=True)
+        prepare(spec, batch_size, "compile")
+        found = [path for path in cached if path.exists()]
+    return found
 
 
 def cached_schedules(model: str, cache: Path) -> list[Path]:

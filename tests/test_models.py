@@ -139,23 +139,35 @@ def test_compiled_package_is_built_once_and_reused():
     from packrat import compiled
 
     spec = ZOO["tiny"]
-    first, x, _ = prepare(spec, batch=2, graph_mode="compile")  # builds it if this machine lacks it
-    package = compiled_package(spec)
-    cache = sorted(package.parent.glob(f"{spec.name}-*{compiled.SUFFIX}"))
-    assert package in cache
-    built = package.stat().st_mtime_ns
+    first, x, _ = prepare(spec, batch=4, graph_mode="compile")  # builds 4, 2 and 1 if this machine lacks them
+    packages = [compiled_package(spec, size) for size in (4, 2, 1)]
+    cache = sorted(packages[0].parent.glob(f"{spec.name}-*{compiled.SUFFIX}"))
+    assert set(packages) <= set(cache)
+    built = [package.stat().st_mtime_ns for package in packages]
     second, _, used = prepare(spec, batch=4, graph_mode="compile")
-    assert used == "compile" and sorted(package.parent.glob(f"{spec.name}-*{compiled.SUFFIX}")) == cache
-    assert package.stat().st_mtime_ns == built
+    assert used == "compile" and sorted(packages[0].parent.glob(f"{spec.name}-*{compiled.SUFFIX}")) == cache
+    assert [package.stat().st_mtime_ns for package in packages] == built
     with torch.no_grad():
         assert torch.equal(first(*x), second(*x))
+        for count in (3, 5, 9):  # padded to a package's size, or run in chunks of 4
+            assert close(first(*spec.example_inputs(count)), ZOO["tiny"].build()(*spec.example_inputs(count)))
+
+
+def test_a_shipped_package_is_used_before_the_machines(tmp_path):
+    spec = ZOO["tiny"]
+    prepare(spec, batch=1, graph_mode="compile")
+    own = compiled_package(spec, 1)
+    assert compiled_package(spec, 1, str(tmp_path)) == own  # nothing shipped: the machine's cache
+    (tmp_path / own.name).write_bytes(own.read_bytes())
+    assert compiled_package(spec, 1, str(tmp_path)) == tmp_path / own.name
 
 
 def test_compiled_package_key_follows_the_model():
     """Another length, or other weights (another source file), is another package."""
-    assert compiled_package(ZOO["tiny_text"]) != compiled_package(resolve("tiny_text", (8,)))
-    assert compiled_package(ZOO["tiny"]) != compiled_package(ZOO["tiny_text"])
-    assert compiled_package(ZOO["bert_base"]).name.startswith("bert_base-")
+    assert compiled_package(ZOO["tiny_text"], 1) != compiled_package(resolve("tiny_text", (8,)), 1)
+    assert compiled_package(ZOO["tiny"], 1) != compiled_package(ZOO["tiny_text"], 1)
+    assert compiled_package(ZOO["tiny"], 1) != compiled_package(ZOO["tiny"], 2)
+    assert compiled_package(ZOO["bert_base"], 8).name.startswith("bert_base-")
 
 
 @pytest.mark.parametrize("mode", ["compile", "script"])

@@ -24,7 +24,7 @@ from packrat.models import prepare, resolve
 from packrat.pool import InstanceConfig, InstancePool, ModelConfig, PoolError, Request, Watchdog, split_sizes
 from packrat.topology import detect
 
-TINY = ModelConfig("tiny")
+TINY = ModelConfig("tiny", graph_mode="script")  # pool logic: the quickest graph mode to start
 CORES = detect().cores
 RAW = "application/octet-stream"
 
@@ -97,8 +97,18 @@ def two_instances(batches=(4, 2)) -> list[InstanceConfig]:
 def test_answers_equal_the_models_in_order(configs, reference):
     requests, expected = reference
     with InstancePool(TINY, configs) as pool:
-        assert pool.mode == "compile"
+        assert pool.mode == "script"
         for n in (1, 2, 5, 6, 13, 20):  # smaller, equal and larger than the plan's batch
+            assert_same(pool.infer(requests[:n]), expected[:n])
+
+
+def test_compiled_instances_answer_like_the_model_at_every_count(reference):
+    """Instances in compile mode (the default) load the packages of their batch ladder (4, 2, 1)
+    and answer any number of requests: padded to a package's size, or in chunks."""
+    requests, expected = reference
+    with InstancePool(ModelConfig("tiny"), [InstanceConfig(len(CORES), 4, tuple(CORES))]) as pool:
+        assert pool.mode == "compile"
+        for n in (1, 3, 4, 9):
             assert_same(pool.infer(requests[:n]), expected[:n])
 
 
@@ -331,7 +341,7 @@ def test_batches_above_the_plan_use_the_capacity_in_one_round():
 
 def test_an_instance_exits_when_its_pool_process_dies_while_it_loads():
     code = ("from packrat.pool import InstancePool, InstanceConfig, ModelConfig; "
-            f"InstancePool(ModelConfig('resnet50'), [InstanceConfig(1, 1, ({CORES[0]},))])")
+            f"InstancePool(ModelConfig('resnet50', graph_mode='script'), [InstanceConfig(1, 1, ({CORES[0]},))])")
     parent = subprocess.Popen([sys.executable, "-c", code])
     try:
         wait_until(lambda: psutil.Process(parent.pid).children(), "no instance was started", timeout=30)

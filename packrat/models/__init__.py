@@ -226,8 +226,9 @@ def resolve(spec: str, input_shape: tuple[int, ...] | None = None) -> ModelSpec:
 def prepare(spec: ModelSpec, batch: int, graph_mode: str | bool | None = None, compile_cache: str | None = None
             ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
     """Build the model and its example inputs, and put it in its graph mode (packrat.graph;
-    None or True: the default, compile; False: eager). Compiled packages are kept in
-    `compile_cache` (default: packrat.compiled.default_cache_dir()).
+    None or True: the default, compile; False: eager). Compile mode loads the packages it finds
+    in `compile_cache` (an archive's), else those of this machine's cache
+    (packrat.compiled.default_cache_dir()), where it builds the missing ones.
 
     Returns (module, example inputs, mode actually used). Call it as module(*inputs).
     """
@@ -236,14 +237,18 @@ def prepare(spec: ModelSpec, batch: int, graph_mode: str | bool | None = None, c
     examples = _as_tuple(module.example_input(batch)) if spec.own_example else spec.example_inputs(batch)
     if not spec.scriptable and mode != "eager":
         return module, examples, "script" if isinstance(module, torch.jit.ScriptModule) else "eager"
-    package = compiled_package(spec, compile_cache) if mode == "compile" else None
-    runnable, used = to_mode(module, examples, mode, spec.name, package)
+    package_for = (lambda size: compiled_package(spec, size, compile_cache)) if mode == "compile" else None
+    runnable, used = to_mode(module, examples, mode, spec.name, package_for)
     return runnable, examples, used
 
 
-def compiled_package(spec: ModelSpec, cache_dir: str | None = None) -> Path:
-    """Where the model's compiled package is kept (see packrat.compiled)."""
+def compiled_package(spec: ModelSpec, batch: int, shipped: str | None = None) -> Path:
+    """The model's compiled package for `batch` (see packrat.compiled): in `shipped` if it is
+    there, else in this machine's cache (where it is built if missing). An archive's directory
+    vanishes when TorchServe stops, so what an instance builds goes to the machine's cache."""
     from packrat import compiled
 
     key = compiled.package_key(f"{spec.name}:{SEED}", spec.sources, spec.inputs)
-    return compiled.package_path(cache_dir or compiled.default_cache_dir(), spec.name, key)
+    if shipped is not None and compiled.package_path(shipped, spec.name, key, batch).exists():
+        return compiled.package_path(shipped, spec.name, key, batch)
+    return compiled.package_path(compiled.default_cache_dir(), spec.name, key, batch)

@@ -28,7 +28,7 @@ class ModelConfig:
     model: str  # zoo name, TorchScript file or package.module:factory (packrat.models.resolve)
     input_shape: tuple[int, ...] | None = None
     graph_mode: str = "compile"  # packrat.graph.MODES
-    compile_cache: str | None = None  # where compiled packages are kept (default: packrat.compiled's)
+    compile_cache: str | None = None  # compiled packages shipped here are used first (an archive's directory)
     ios_cache: str | None = None  # run each instance by its IOS schedule, cached in this directory
 
 
