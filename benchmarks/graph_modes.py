@@ -7,9 +7,10 @@
 Modes, all from the same zoo module with its seeded weights:
   eager          the nn.Module as it is
   script         TorchScript, trace + freeze + optimize_for_inference (packrat's default before 2.13)
-  compile        packrat's default: models.prepare(..., "compile"), an AOTInductor package (batch
-                 dimension dynamic, frozen weights, thread-count-independent kernels) built by the
-                 first process that needs it and loaded by every later one
+  compile        packrat's default: models.prepare(..., "compile") at the largest batch size: static
+                 AOTInductor packages for it and its halving ladder (frozen weights,
+                 thread-count-independent kernels), built by the first process that needs them
+                 and loaded by every later one; a batch size off the ladder is padded
   torch-compile  torch.compile with inductor and freezing on, one static graph per batch size,
                  compiled in every process (inductor's on-disk caches warm after round 1)
 
@@ -51,10 +52,11 @@ def child(model: str, mode: str, threads: int, batches: list[int], iters: int) -
     spec = resolve(model)
     runners = {}
     with torch.inference_mode():
+        # torch.compile: a graph per batch size; the others one module for every batch size
+        # (compile: prepared at the largest, it loads the packages of its halving ladder too)
+        shared = None if mode == "torch-compile" else runner_for(mode, spec, max(batches))
         for batch in batches:
-            # packrat's compile mode and the others serve every batch size with one module
-            runners[batch] = runner_for(mode, spec, batch) if mode == "torch-compile" or not runners \
-                else next(iter(runners.values()))
+            runners[batch] = shared or runner_for(mode, spec, batch)
             runners[batch](*spec.example_inputs(batch))
         start_s = time.perf_counter() - started
         latency_ms, outputs = {}, {}
