@@ -158,7 +158,8 @@ def model_args(p: argparse.ArgumentParser,
                profile_help: str = "profile CSV (default: profiles/MODEL.csv; when that is missing, one is "
                                    "measured there first on a small grid and reused next time)") -> None:
     p.add_argument("--model", default="resnet50",
-                   help="zoo name, TorchScript file or package.module:factory (default: resnet50)")
+                   help="zoo name, hf:DIR (a Hugging Face save_pretrained directory), a torch.export program "
+                        "(.pt2), a TorchScript file or package.module:factory (default: resnet50)")
     p.add_argument("--profile", type=Path, default=None, help=profile_help)
     p.add_argument("--input-shape", type=shape, default=None, help="one input sample's shape, e.g. 3,224,224")
 
@@ -220,11 +221,12 @@ def add_profile_parser(sub) -> None:
                        epilog="example: packrat profile --model resnet50 --threads 1-2 --batches 1,2,4,8,16 "
                               "--min-time 2 --out profiles/resnet50.csv")
     p.add_argument("--model", default="resnet50",
-                   help="zoo name (tiny, resnet50, inception_v3, bert_base, gpt2, squeezenet, randwire, nasnet), "
-                        "a TorchScript file, "
-                        "or package.module:factory (default: resnet50)")
+                   help="zoo name (tiny, tiny_text, resnet50, inception_v3, bert_base, gpt2, squeezenet, randwire, "
+                        "nasnet), hf:DIR (a Hugging Face save_pretrained directory), a torch.export program (.pt2), "
+                        "a TorchScript file, or package.module:factory (default: resnet50)")
     p.add_argument("--input-shape", type=shape, default=None,
-                   help="shape of one input sample, e.g. 3,224,224 (needed for TorchScript files and factories)")
+                   help="shape of one input sample, e.g. 3,224,224 (needed for TorchScript files and factories; "
+                        "for text models the sequence length, e.g. 64)")
     p.add_argument("--threads", type=int_list, default=None,
                    help="thread counts, e.g. 1-4 or 1,2,4 (default: 1..the cores this process may use)")
     p.add_argument("--batches", type=int_list, default=None,

@@ -1,14 +1,17 @@
-"""Compiled models as AOTInductor packages: built once per model and batch size, loaded in milliseconds.
+"""Compiled models as AOTInductor packages: built once per model, thread count and batch size, loaded in milliseconds.
 
 `torch.compile` compiles in every process that runs it (20–30 s for ResNet-50 here, and still
 as long with inductor's caches warm, since dynamo traces again), so an instance that is respawned
 or started by a reconfiguration would wait for it. Instead the model is exported
 (``torch.export``) and compiled ahead of time by inductor, with frozen weights and
-thread-count-independent kernels (``cpp.dynamic_threads``), into one package per batch size;
-later processes only load the packages' shared libraries, faster than tracing TorchScript.
+kernels that read the thread count at run time (``cpp.dynamic_threads``), into one package per
+thread count and batch size; later processes only load the packages' shared libraries, faster
+than tracing TorchScript.
 
-Shapes are static: a dynamic batch dimension measured 1.45× slower at batch 1 (ResNet-50, 2
-threads: 65 vs 44 ms; BENCHMARKS.md), while thread-independent kernels cost nothing measurable.
+Shapes are static: a dynamic batch dimension measured 1.34–1.47× slower at batch 1 (ResNet-50,
+2 threads: 63–69 vs 47 ms; benchmarks/aoti_shapes.py). The thread count the package is built with
+matters too, run-time threads or not: a ResNet-50 package built with 2 threads ran 161 ms at 1
+thread, one built with 1 thread 88 ms (TorchScript 102 ms). So the key holds the thread count.
 An instance of batch b therefore loads the packages of its halving ladder b, b/2, …, 1 (the sizes
 its warm-up runs) and runs k samples on the smallest size ≥ k, the extra rows filled with copies
 of the last sample and their outputs dropped (more than b: in chunks of b). A plan hands each
@@ -16,7 +19,7 @@ instance its b samples, so padding happens only below full load.
 
 A package is named by a key over everything its code depends on: the model's source (the code
 files that define it and its weights), its inputs, the torch version and the CPU's instruction
-set (inductor compiles for the CPU it runs on), and by its batch size. A package that is missing
+set (inductor compiles for the CPU it runs on), and by its thread count and batch size. A package that is missing
 is built under a file lock, so instances starting together build it once and the others wait.
 """
 
@@ -51,8 +54,8 @@ def package_key(name: str, sources: tuple[str, ...], inputs: tuple) -> str:
     return digest.hexdigest()[:KEY_CHARS]
 
 
-def package_path(cache_dir: str | os.PathLike, name: str, key: str, batch: int) -> Path:
-    return Path(cache_dir) / f"{name}-{key}-b{batch}{SUFFIX}"
+def package_path(cache_dir: str | os.PathLike, name: str, key: str, threads: int, batch: int) -> Path:
+    return Path(cache_dir) / f"{name}-{key}-t{threads}-b{batch}{SUFFIX}"
 
 
 def ladder(batch: int) -> list[int]:

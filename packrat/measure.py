@@ -96,8 +96,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-time", type=float, default=None)
     parser.add_argument("--graph-mode", default=DEFAULT_MODE, choices=MODES)
     parser.add_argument("--ios-cache", default=None, help="run the model by its IOS schedule (cached here)")
-    parser.add_argument("--prepare-only", action="store_true",
-                        help="build the model in its graph mode (compile: its package, cached) and exit")
     parser.add_argument("--loaded", action="store_true",
                         help="one of several copies measured together: say ready, then run once per "
                              "'run' line on stdin, printing the time, until stdin closes")
@@ -127,8 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     module, examples, mode = _prepare(args)
-    if args.prepare_only:
-        return 0
     # What the process really runs with, so callers can check the pinning took.
     actual = {"mode": mode, "cores": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}
     if args.loaded:

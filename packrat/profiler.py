@@ -119,21 +119,6 @@ def measure_point(settings: Settings, threads: int, batch: int, cores: list[int]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def compile_once(settings: Settings, batches: list[int], topology: Topology, progress: bool) -> None:
-    """In compile mode, build the model's compiled packages for `batches` before the points, on
-    every core (each point, pinned to its t cores, then only loads them); a no-op when cached."""
-    if settings.graph_mode != "compile" or settings.ios_cache or not batches:
-        return
-    if progress:
-        print(f"compiling {settings.model} for batches {','.join(map(str, batches))} once "
-              f"(cached: later points and instances load it)", file=sys.stderr, flush=True)
-    for batch in sorted(batches):
-        cmd, env = _command(settings, topology.num_cores, batch, topology.cores_for(topology.num_cores))
-        done = subprocess.run(cmd + ["--prepare-only"], capture_output=True, text=True, env=env)
-        if done.returncode != 0:
-            raise ProfilingError(f"compiling {settings.model} failed: {_last_line(done.stderr, str(done.returncode))}")
-
-
 def copies_for(threads: int, topology: Topology) -> int:
     """How many copies of a t-thread point a homogeneous plan runs side by side: ⌊T/t⌋."""
     return topology.num_cores // threads
@@ -307,7 +292,6 @@ def run(settings: Settings, threads: list[int], batches: list[int], out: str | P
     todo = [(t, b) for t in sorted(threads) for b in sorted(batches) if (t, b) not in done]
     # Progress is weighted by expected cost so the time-left estimate is useful.
     costs = {(t, b): _cost(settings, t, b, topology) for t, b in todo}
-    compile_once(settings, sorted({b for _, b in todo}), topology, progress)
     bar = tqdm(total=sum(costs.values()), disable=not progress or not todo, unit="",
                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     with bar, profile_io.ProfileWriter(out, meta) as writer:
@@ -390,7 +374,6 @@ def run_adaptive(settings: Settings, threads: list[int], batches: list[int], out
         if out.exists() and out.stat().st_size:
             adaptive.resume(grid, profile_io.load(out).items())
         take = lambda t, b: measure(settings, t, b, topology)  # noqa: E731
-        compile_once(settings, batches, topology, progress)
     bar = tqdm(total=grid.grid_size, initial=len(grid.measured), disable=not progress, unit="point",
                bar_format="{desc}: {n_fmt}/{total_fmt} points of the grid [{elapsed}]")
     with bar, profile_io.ProfileWriter(out, meta) as writer:

@@ -268,20 +268,16 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
 
 
 def compiled_files(spec, batch_size: int) -> list[Path]:
-    """The model's compiled packages for batch sizes up to `batch_size` from this machine's cache
-    (those its profile built), or, if there are none, those of batch_size's ladder, built here
-    (instances load them from the archive instead of compiling; one whose batch size the archive
-    lacks, or on a machine of another CPU type or torch version, builds its own on first start,
-    beside them). None when the model cannot be compiled: its instances then run eager and say so."""
-    from .models import compiled_package, prepare
+    """The model's compiled packages in this machine's cache (those its profile built: every
+    thread count, batch sizes up to `batch_size`), for the archive to ship: its instances load
+    them instead of compiling. An instance whose package is missing (a thread count or batch size
+    its profile lacked, another CPU type or torch version) builds it on first start, once per machine."""
+    from .models import compiled_packages
 
-    cached = [compiled_package(spec, size) for size in range(1, batch_size + 1)]
-    found = [path for path in cached if path.exists()]
+    found = compiled_packages(spec, batch_size)
     if not found:
-        print(f"archive: compiling {spec.name} once for batch {batch_size} (kept in {cached[0].parent})",
-              file=sys.stderr, flush=True)
-        prepare(spec, batch_size, "compile")
-        found = [path for path in cached if path.exists()]
+        print(f"archive: no compiled packages of {spec.name} in this machine's cache (profile it first): "
+              f"the first instances will compile them", file=sys.stderr, flush=True)
     return found
 
 

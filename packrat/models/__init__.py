@@ -242,13 +242,22 @@ def prepare(spec: ModelSpec, batch: int, graph_mode: str | bool | None = None, c
     return runnable, examples, used
 
 
-def compiled_package(spec: ModelSpec, batch: int, shipped: str | None = None) -> Path:
-    """The model's compiled package for `batch` (see packrat.compiled): in `shipped` if it is
-    there, else in this machine's cache (where it is built if missing). An archive's directory
-    vanishes when TorchServe stops, so what an instance builds goes to the machine's cache."""
+def compiled_package(spec: ModelSpec, batch: int, shipped: str | None = None, threads: int | None = None) -> Path:
+    """The model's compiled package for `batch` at `threads` (default: this process's torch
+    threads; see packrat.compiled): in `shipped` if it is there, else in this machine's cache
+    (where it is built if missing). An archive's directory vanishes when TorchServe stops, so what
+    an instance builds goes to the machine's cache."""
     from packrat import compiled
 
+    threads = threads or torch.get_num_threads()
     key = compiled.package_key(f"{spec.name}:{SEED}", spec.sources, spec.inputs)
-    if shipped is not None and compiled.package_path(shipped, spec.name, key, batch).exists():
-        return compiled.package_path(shipped, spec.name, key, batch)
-    return compiled.package_path(compiled.default_cache_dir(), spec.name, key, batch)
+    if shipped is not None and compiled.package_path(shipped, spec.name, key, threads, batch).exists():
+        return compiled.package_path(shipped, spec.name, key, threads, batch)
+    return compiled.package_path(compiled.default_cache_dir(), spec.name, key, threads, batch)
+
+
+def compiled_packages(spec: ModelSpec, largest_batch: int) -> list[Path]:
+    """The model's packages in this machine's cache, any thread count, batch sizes up to `largest_batch`."""
+    pattern = compiled_package(spec, 1, threads=1).name.replace("-t1-b1", "-t*-b*")
+    found = compiled_package(spec, 1, threads=1).parent.glob(pattern)
+    return sorted(path for path in found if int(path.name.split("-b")[-1].split(".")[0]) <= largest_batch)
