@@ -2,11 +2,13 @@
 ways, timed side by side (issue 17).
 
     .venv/bin/python benchmarks/aoti_shapes.py [--model resnet50] [--batch 1] [--threads 2] [--rounds 2]
-                                               [--iters 15] [--json OUT]
+                                               [--iters 15] [--build-threads N] [--json OUT]
 
 Variants: the batch dimension dynamic (torch.export.Dim) or static, and the kernels' thread count
 fixed at build time or taken at run time (inductor's cpp.dynamic_threads); all with frozen
-weights. Each package is built once, then each round times every variant in a fresh process
+weights. Each package is built once (with --build-threads torch threads, default --threads: the
+thread count a package is built with shapes its code even when its kernels read the count at run
+time), then each round times every variant in a fresh process
 pinned to the first --threads cores (shuffled order; median of --iters runs after 3 warm ones at
 --batch); the table gives the median over rounds and the ratio to the static, run-time-threads
 variant, the one packrat builds.
@@ -63,10 +65,11 @@ def time_package(model: str, path: Path, batch: int, iters: int) -> float:
 
 
 def child(args) -> None:
-    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.threads])
+    threads = args.build_threads if args.build else args.threads
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])
     import torch
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     if args.build:
         print(json.dumps({"build_s": build(args.model, args.variant, args.batch, Path(args.path))}))
     else:
@@ -75,7 +78,8 @@ def child(args) -> None:
 
 def run(args, variant: str, path: Path, building: bool) -> dict:
     command = [sys.executable, __file__, "--child", "--variant", variant, "--path", str(path), "--model", args.model,
-               "--batch", str(args.batch), "--threads", str(args.threads), "--iters", str(args.iters)]
+               "--batch", str(args.batch), "--threads", str(args.threads), "--iters", str(args.iters),
+               "--build-threads", str(args.build_threads)]
     done = subprocess.run(command + (["--build"] if building else []), capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -88,6 +92,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="cores and threads (default 2)")
     p.add_argument("--rounds", type=int, default=2, help="rounds of every variant (default 2)")
     p.add_argument("--iters", type=int, default=15, help="timed runs per variant and round (default 15)")
+    p.add_argument("--build-threads", type=int, default=None, help="torch threads the packages are built with "
+                                                                    "(default: --threads)")
     p.add_argument("--seed", type=int, default=0, help="seed for the round orders (default 0)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write every figure here")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -99,6 +105,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    args.build_threads = args.build_threads or args.threads
     if args.child:
         child(args)
         return 0
@@ -111,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             for variant in rng.sample(VARIANTS, len(VARIANTS)):
                 times[variant].append(run(args, variant, paths[variant], False)["ms"])
     medians = {v: statistics.median(t) for v, t in times.items()}
-    lines = [f"{args.model}, batch {args.batch}, {args.threads} threads, medians over {args.rounds} rounds", "",
+    lines = [f"{args.model}, batch {args.batch}, {args.threads} threads (built with {args.build_threads}), "
+             f"medians over {args.rounds} rounds", "",
              "| variant | build s | ms | vs packrat's (static, run-time threads) |", "|---|---|---|---|"]
     lines += [f"| {v} | {built[v]:.0f} | {medians[v]:.1f} | {medians[v] / medians[PACKRAT]:.2f}× |" for v in VARIANTS]
     print("\n".join(lines))

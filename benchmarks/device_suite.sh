@@ -30,6 +30,10 @@
 #                                     about 2x the profile's time, budget 480 s: run it as a second
 #                                     command, SUITE_STEPS=profile,oracle, into another OUT_DIR
 #   SUITE_PROFILE_WARMUP [1]  SUITE_PROFILE_MIN_TIME [0.5]
+#   SUITE_GRAPH_MODE [script]         the profile's (and so the pools') graph mode; compile, the
+#                                     product's default, builds a package per <t, b> (10-35 s each
+#                                     for ResNet-50), far beyond the profile's budget on a fresh
+#                                     machine: run it as its own command with a larger budget
 #   SUITE_BENCH_BATCHES [8,16,32,64]  SUITE_BENCH_ROUNDS [8]
 #   SUITE_ORACLE_BATCHES [16,32]      SUITE_ORACLE_ROUNDS [10]
 #   SUITE_IOS_MODELS [squeezenet]     SUITE_IOS_THREADS [8,16] (those above T dropped; T if none is
@@ -62,6 +66,7 @@ PROFILE_BATCHES=${SUITE_PROFILE_BATCHES:-1,2,4,8,16,32,64}
 PROFILE_KIND=${SUITE_PROFILE_KIND:-isolated}
 PROFILE_WARMUP=${SUITE_PROFILE_WARMUP:-1}
 PROFILE_MIN_TIME=${SUITE_PROFILE_MIN_TIME:-0.5}
+GRAPH_MODE=${SUITE_GRAPH_MODE:-script}
 BENCH_BATCHES=${SUITE_BENCH_BATCHES:-8,16,32,64}
 BENCH_ROUNDS=${SUITE_BENCH_ROUNDS:-8}
 ORACLE_BATCHES=${SUITE_ORACLE_BATCHES:-16,32}
@@ -171,7 +176,8 @@ end() {
 
 PROFILE=$OUT/$MODEL.csv
 PROFILE_CMD=("$PY" -m packrat.cli profile --model "$MODEL" --adaptive --threads "1-$T" --batches "$PROFILE_BATCHES"
-             --warmup "$PROFILE_WARMUP" --min-time "$PROFILE_MIN_TIME" "--$PROFILE_KIND" --out "$PROFILE")
+             --warmup "$PROFILE_WARMUP" --min-time "$PROFILE_MIN_TIME" "--$PROFILE_KIND" --graph-mode "$GRAPH_MODE"
+             --out "$PROFILE")
 if wants profile; then
     begin profile "adaptive profile of $MODEL, threads 1-$T, batches $PROFILE_BATCHES, $PROFILE_KIND"
     # the same command again with --json measures nothing (the run is complete) and prints the summary

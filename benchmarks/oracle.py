@@ -60,6 +60,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from packrat.planner import NoPlanError, Planner
+from packrat.graph import served
 from packrat.profile import Profile, load
 from packrat.topology import Topology, detect
 
@@ -580,7 +581,8 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict | None, bar) ->
             results[config]["cores"] = cores
             try:
                 instances = [InstanceConfig(t, b, tuple(c)) for (t, b), c in zip(config, cores)]
-                pools[config] = stack.enter_context(InstancePool(ModelConfig(args.model), instances))
+                model = ModelConfig(args.model, graph_mode=args.graph_mode)
+                pools[config] = stack.enter_context(InstancePool(model, instances))
             except Exception as exc:  # reported, not fatal
                 results[config]["error"] = f"pool did not start: {type(exc).__name__}: {exc}"
             advance(costs["start"][config] if costs else 0)
@@ -636,6 +638,8 @@ def _save(path: Path, report: dict) -> None:
 def run(args) -> int:
     topology = topology_for(args.threads)
     profile_path, profile = get_profile(args, topology, measure=not args.dry_run)
+    # the pools run the model as the profile measured it, as the server does
+    args.graph_mode = served(profile.metadata.get("mode") if profile is not None else None)
     if profile is not None and not profile.loaded:
         print(f"note: {profile_path} has no loaded figures; the loaded planner is not evaluated", file=sys.stderr)
     plans = plan_batches(args, profile, topology)

@@ -49,7 +49,7 @@ def served_mode(section: dict, profiled_mode: str | None) -> str:
     mode = section.get("graph_mode")
     if mode is not None:
         return graph.mode_name(mode)  # also reads true/false from archives built before the modes
-    return profiled_mode if profiled_mode in graph.MODES else graph.DEFAULT_MODE
+    return graph.served(profiled_mode)
 
 
 def mode_mismatch(profiled_mode: str | None, running_mode: str) -> str | None:

@@ -77,12 +77,14 @@ def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, pro
     import torch
 
     from .codec import Codec, CodecConfig, sample_request
+    from .graph import served
     from .models import prepare, resolve
     from .pool import InstancePool, ModelConfig, Request
 
     topology = detect()
     threads = topology.num_cores
-    items = load(profile_path).items()
+    profile = load(profile_path)
+    items, mode = profile.items(), served(profile.metadata.get("mode"))
     fat_plan, _ = serving_plan(items, threads, batch, topology, "fat")
     plan, fallback = serving_plan(items, threads, batch, topology, "auto")
     spec = resolve(model)
@@ -90,9 +92,9 @@ def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, pro
     bodies = [sample_request(spec.inputs, sample) for sample in zip(*inputs)]
     requests = [Request(body, kind) for body, kind in bodies]
     torch.set_num_threads(threads)
-    module, _, _ = prepare(spec, batch)
+    module, _, _ = prepare(spec, batch, mode)
     codec = Codec(CodecConfig.for_model(spec))
-    config = ModelConfig(model)
+    config = ModelConfig(model, graph_mode=mode)  # as the profile measured it, like the server
     samples: dict[str, list[float]] = {"in-process": [], "in-process-codec": [], "pool-fat": [], "pool-plan": []}
     overhead: list[float] = []
     with InstancePool.from_plan(config, fat_plan) as fat, InstancePool.from_plan(config, plan) as planned:

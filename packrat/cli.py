@@ -383,7 +383,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print_plan(plans[0], latency)
     else:
         print(f"Plans for T={threads} threads, model {profile.metadata.get('model', '?')} ({args.profile}), "
-              f"{latency} latencies")
+              f"{latency} latencies, {profile.metadata['mode']} mode")
         print_plan_table(plans, skipped)
     return 0
 

@@ -24,6 +24,12 @@ MODES = ("compile", "script", "eager")
 DEFAULT_MODE = "compile"
 
 
+def served(profile_mode: str | None) -> str:
+    """The graph mode instances run in for a profile taken in `profile_mode` (its plan rests on
+    those latencies): that mode, or the default for a profile of IOS instances or none."""
+    return profile_mode if profile_mode in MODES else DEFAULT_MODE
+
+
 def mode_name(mode: str | bool | None) -> str:
     """A mode from a setting: True/None mean the default, False eager, a name itself."""
     if mode is None or mode is True:

@@ -165,3 +165,19 @@ def test_append_refuses_the_other_kind(tmp_path, existing, new):
                                            f"{existing.replace('legacy', 'isolated')} ones"):
         ProfileWriter(path, {"latency": new})
     assert path.read_text() == before
+
+
+def test_a_profile_from_before_graph_modes_reads_as_torchscript(tmp_path):
+    """Profiles taken before compile became the default say no mode (or script): they are served
+    in TorchScript, the mode their latencies were measured in; a profile's own mode is kept."""
+    from packrat.graph import served
+
+    old = tmp_path / "old.csv"
+    old.write_text("# model: resnet50\nthreads,batch,latency_ms\n1,1,100\n")
+    assert load(old).metadata["mode"] == "script" and served(load(old).metadata["mode"]) == "script"
+    new = tmp_path / "new.csv"
+    new.write_text("# model: resnet50\n# mode: compile\nthreads,batch,latency_ms\n1,1,80\n")
+    assert served(load(new).metadata["mode"]) == "compile"
+    ios = tmp_path / "ios.csv"
+    ios.write_text("# model: resnet50\n# mode: ios\nthreads,batch,latency_ms\n1,1,80\n")
+    assert served(load(ios).metadata["mode"]) == "compile"  # IOS instances: their schedules decide
