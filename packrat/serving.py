@@ -255,7 +255,7 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
         if ios:  # the archiver flattens folders: schedules sit beside the profile, named by model
             extra += cached_schedules(spec.name, Path(ios_cache))
         if mode == "compile":
-            extra += compiled_files(spec, batch_size)
+            extra += compiled_files(spec, batch_size, planned_instances(profile, batch_size, handler))
         config = staging / "model-config.yaml"
         config.write_text(model_config_yaml(model_ref, profile_name, batch_size, max_batch_delay_ms, plan,
                                             handler, input_shape, reconfigure, plan_batch, estimator, ios,
@@ -267,18 +267,48 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
     return out_dir / f"{name}.mar"
 
 
-def compiled_files(spec, batch_size: int) -> list[Path]:
-    """The model's compiled packages in this machine's cache (those its profile built: every
-    thread count, batch sizes up to `batch_size`), for the archive to ship: its instances load
-    them instead of compiling. An instance whose package is missing (a thread count or batch size
-    its profile lacked, another CPU type or torch version) builds it on first start, once per machine."""
+def planned_instances(profile: Path | None, batch_size: int, handler: str) -> set[tuple[int, int]] | None:
+    """The ⟨threads, batch⟩ of the instances the server will start first on a machine like this
+    one: the plan for its batch size and the fat instance (the stock handler: the fat one alone);
+    None when the profile cannot plan it (then every size up to the batch is shipped)."""
+    from .planner import NoPlanError, plan
+    from .profile import load
+    from .topology import detect
+
+    cores = detect().num_cores
+    if handler != "packrat":
+        return {(cores, batch_size)}
+    try:
+        chosen = plan(load(profile).items(), cores, batch_size)
+    except (NoPlanError, ValueError):
+        return None
+    return {(i.threads, i.batch) for i in chosen.instances} | {(cores, batch_size)}
+
+
+def compiled_files(spec, batch_size: int, instances: set[tuple[int, int]] | None = None) -> list[Path]:
+    """The model's compiled packages in this machine's cache (those its profile built) for the
+    archive to ship: those of `instances` (⟨threads, batch⟩, each with its batch ladder), or if
+    None every one up to `batch_size`. The instances load them instead of compiling; one whose
+    package is missing (a plan the archive did not foresee, another CPU type or torch version)
+    builds it on first start, once per machine. A package holds the model's weights, so shipping
+    only what the first plan needs keeps a many-core archive small."""
+    from .compiled import ladder
     from .models import compiled_packages
 
     found = compiled_packages(spec, batch_size)
+    if instances is not None:
+        wanted = {(threads, size) for threads, batch in instances for size in ladder(batch)}
+        found = [path for path in found if package_shape(path) in wanted]
     if not found:
         print(f"archive: no compiled packages of {spec.name} in this machine's cache (profile it first): "
               f"the first instances will compile them", file=sys.stderr, flush=True)
     return found
+
+
+def package_shape(path: Path) -> tuple[int, int]:
+    """⟨threads, batch⟩ of a compiled package, from its name (NAME-KEY-tT-bB.aoti.pt2)."""
+    threads, batch = path.name.split(".")[0].rsplit("-", 2)[1:]
+    return int(threads[1:]), int(batch[1:])
 
 
 def cached_schedules(model: str, cache: Path) -> list[Path]:

@@ -288,3 +288,18 @@ def test_a_padded_sample_gets_the_answer_it_gets_alone(name):
     with torch.no_grad():
         assert close(model(*padded)[:1], model(*alone))
         assert not close(model(padded_ids, torch.ones_like(ids), *padded[2:])[:1], model(*alone))  # the mask matters
+
+
+def test_an_archive_ships_the_packages_of_its_first_plan(tmp_path, monkeypatch):
+    """Of the cached packages, those of the planned instances' ladders (a package holds the
+    weights: a many-core profile's every ⟨t, b⟩ would make a huge archive); all without a plan."""
+    from packrat import serving
+
+    monkeypatch.setenv("PACKRAT_COMPILE_CACHE", str(tmp_path))
+    spec = ZOO["tiny"]
+    for threads, batch in [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (2, 8), (4, 8)]:
+        compiled_package(spec, batch, threads=threads).write_bytes(b"")
+    shapes = lambda paths: sorted(serving.package_shape(p) for p in paths)  # noqa: E731
+    assert shapes(serving.compiled_files(spec, 8, {(1, 4)})) == [(1, 1), (1, 2), (1, 4)]
+    assert shapes(serving.compiled_files(spec, 4, None)) == [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]
+    assert shapes(serving.compiled_files(spec, 8, {(2, 8)})) == [(2, 1), (2, 2), (2, 4), (2, 8)]
