@@ -10,8 +10,8 @@ than tracing TorchScript.
 
 Shapes are static: a dynamic batch dimension measured 1.34–1.47× slower at batch 1 (ResNet-50,
 2 threads: 63–69 vs 47 ms; benchmarks/aoti_shapes.py). The thread count the package is built with
-matters too, run-time threads or not: a ResNet-50 package built with 2 threads ran 161 ms at 1
-thread, one built with 1 thread 88 ms (TorchScript 102 ms). So the key holds the thread count.
+matters too, run-time threads or not: a ResNet-50 package built with 2 threads ran 161–181 ms at
+1 thread, one built with 1 thread 88 ms (TorchScript 102 ms). So the key holds the thread count.
 An instance of batch b therefore loads the packages of its halving ladder b, b/2, …, 1 (the sizes
 its warm-up runs) and runs k samples on the smallest size ≥ k, the extra rows filled with copies
 of the last sample and their outputs dropped (more than b: in chunks of b). A plan hands each
