@@ -9,8 +9,8 @@ import dataclasses
 import importlib
 import inspect
 import os
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
