@@ -153,12 +153,8 @@ def _hash_path(digest, path: Path) -> None:
 
 def _cpu_flags() -> str:
     """The CPU's instruction-set flags: a package built for AVX-512 must not run on AVX2."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     import platform
 
-    return platform.machine()
+    from .topology import cpuinfo
+
+    return cpuinfo("flags") or platform.machine()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from contextlib import contextmanager
 
 MODES = ("compile", "script", "eager")
 DEFAULT_MODE = "compile"
@@ -41,7 +40,7 @@ def mode_name(mode: str | bool | None) -> str:
     return mode
 
 
-@contextmanager
+@contextlib.contextmanager
 def quiet_jit():
     """Hide TorchScript's deprecation notice where the TorchScript is the user's own (a file they
     serve); our own tracing in script mode lets it show."""

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from . import profile as profile_io
 from .graph import DEFAULT_MODE
 from .measure import summarize
-from .topology import Topology, detect
+from .topology import Topology, cpuinfo, detect
 
 # Whether `packrat profile` measures loaded figures unless told otherwise: only if they predict
 # served latency better, which the oracle benchmark decides (BENCHMARKS.md, issue 10). On the
@@ -60,13 +60,7 @@ class Settings:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return cpuinfo("model name") or platform.processor() or "unknown"
 
 
 def metadata(settings: Settings, topology: Topology) -> dict[str, str]:

@@ -10,6 +10,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+
+def cpuinfo(field: str) -> str | None:
+    """The first /proc/cpuinfo value of `field` ("model name", "flags"), or None where there is none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":", 1)[0].strip() == field:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
 SYSFS_CPU = Path("/sys/devices/system/cpu")
 
 
