@@ -35,6 +35,7 @@ class FakePool:
         self.fail_next = False
         self.gate = threading.Event()
         self.gate.set()
+        self.building = threading.Event()  # set once a build has begun (it runs on another thread)
 
     outstanding = 0  # requests in the pool: the load the estimator sees
     status = 200
@@ -50,6 +51,7 @@ class FakePool:
 
     def reconfigure(self, configs):
         self.events.append("build")
+        self.building.set()
         self.gate.wait(10)
         if self.fail_next:
             self.fail_next = False
@@ -120,7 +122,8 @@ def test_batches_keep_flowing_to_the_old_pool_while_the_new_one_builds():
     clock.now += 1
     arrive(controller, 8)
     arrive(controller, 8)
-    assert pool.events.count("submit at 8") == 3 and "build" in pool.events
+    assert pool.building.wait(10)  # the background build has begun, without holding batches up
+    assert pool.events.count("submit at 8") == 3
     assert "switch" not in pool.events  # all three ran on the old pool
     pool.gate.set()
     controller.wait_idle(10)
