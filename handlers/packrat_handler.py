@@ -42,13 +42,9 @@ from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import common
-from packrat.controller import Controller
-from packrat.estimator import BatchSizeEstimator, EstimatorSettings
-from packrat.planner import serving_plan
-from packrat.pool import Answer, InstancePool, PoolError, configs_for, exit_with_parent
-from packrat.profile import load
+from packrat.engine import Engine
+from packrat.pool import Answer, exit_with_parent
 from packrat.serving import CONTROL_ENV, note_worker_start, read_reconfigure_request
-from packrat.topology import detect
 
 METRICS_PERIOD_S = 1.0
 CONTROL_POLL_S = 0.5
@@ -62,36 +58,13 @@ class PackratHandler(BaseHandler):
         asynchronous = bool((getattr(context, "model_yaml_config", None) or {}).get("asyncCommunication"))
         if control_dir and asynchronous:
             _restart_if_replacing_a_dead_worker(control_dir, context.model_name)
-        model_dir = properties["model_dir"]
-        profile = load(f"{model_dir}/{section['profile']}")
-        model, spec = common.model_config(section, model_dir, profile.metadata.get("mode"))
-        codec = common.codec_config(section, spec, context.model_name, model_dir)
         # The batch the plan is for; in TorchServe's asynchronous mode its own batch size is 1
         # (requests are handed over one by one) and this comes from the archive.
         self.max_batch = int(section.get("max_batch") or properties.get("batch_size") or 1)
-        items, topology, mode = profile.items(), detect(), section.get("plan", "auto")
-
-        def plan_for(batch: int):
-            plan, fallback = serving_plan(items, topology.num_cores, batch, topology, mode)
-            if fallback:
-                common.log.warning(fallback)
-            return plan
-
-        start_batch = min(int(section.get("plan_batch") or self.max_batch), self.max_batch)
-        plan = plan_for(start_batch)
-        common.log.info("packrat plan for T=%d, B=%d: %s", plan.threads, plan.batch, plan.describe())
-        settings = common.pool_settings(section)
-        if not asynchronous:  # the whole batch is here: nothing more comes until it is answered
-            settings.setdefault("gather_ms", 0.0)
-        self.pool = InstancePool.from_plan(model, plan, capacity=self.max_batch, codec=codec, **settings)
-        exit_with_parent(self.pool.close)  # TorchServe's async worker would outlive Java otherwise
-        mismatch = common.mode_mismatch(profile.metadata.get("mode"), self.pool.mode)
-        if mismatch:
-            common.log.warning(mismatch)
-        estimator = BatchSizeEstimator(start_batch, self.max_batch,
-                                       EstimatorSettings(**section.get("estimator", {})))
-        self.controller = Controller(self.pool, plan, plan_for, lambda p: configs_for(p, self.max_batch), estimator)
-        self.reconfigure = bool(section.get("reconfigure", True))
+        self.engine = Engine(section, properties["model_dir"], context.model_name, max_batch=self.max_batch,
+                             asynchronous=asynchronous)
+        self.pool, self.controller = self.engine.pool, self.engine.controller
+        exit_with_parent(self.engine.close)  # TorchServe's async worker would outlive Java otherwise
         if control_dir:
             threading.Thread(target=self._follow_requests, args=(control_dir, context.model_name), daemon=True,
                              name="packrat-control").start()
@@ -120,9 +93,9 @@ class PackratHandler(BaseHandler):
         exception would fail every request in flight, not just this batch's; in its ordinary mode,
         every request of the batch."""
         if _describing(context):
-            answers = [self.controller.status()]
+            answers = [self.engine.status()]
         else:
-            self._observe_load(len(data))
+            self.engine.arrive(len(data))
             futures = [self._submit(row, context, index) for index, row in enumerate(data)]
             answers = None
         try:
@@ -131,22 +104,14 @@ class PackratHandler(BaseHandler):
             return answers or self._respond([future.result() for future in futures], context)
         return self._gather(futures, context) if answers is None else _ready(answers)  # awaited by the worker
 
-    def _observe_load(self, arrived: int) -> None:
-        if not self.reconfigure:
-            return
+    def _submit(self, row, context, index: int) -> Future:
         try:
-            self.controller.arrive(arrived)
-        except Exception as exc:  # a failed switch decision must never cost a request
-            common.log.warning("packrat load estimate not updated: %s", exc)
-
-    def _submit(self, row, context, index: int):
-        submit = self.controller.submit if self.reconfigure else self.pool.submit
-        try:
-            return submit(common.to_request(row, context, index))
-        except Exception as exc:  # our failure (e.g. the pool is closing): this request's alone
+            request = common.to_request(row, context, index)
+        except Exception as exc:  # a body TorchServe decoded into something we cannot re-encode: its own failure
             future = Future()
-            future.set_result(Answer.error(503 if isinstance(exc, PoolError) else 500, f"{type(exc).__name__}: {exc}"))
+            future.set_result(Answer.error(400, f"undecodable request: {type(exc).__name__}: {exc}"))
             return future
+        return self.engine.submit(request)
 
     async def _gather(self, futures, context):
         return self._respond(await asyncio.gather(*map(asyncio.wrap_future, futures)), context)
@@ -159,7 +124,7 @@ class PackratHandler(BaseHandler):
         return common.respond(answers, context)
 
     def describe_handle(self):
-        return self.controller.status()
+        return self.engine.status()
 
     def _report_metrics(self, context) -> None:
         """Pool health at most once a second (each metric is a line TorchServe's Java side reads and

@@ -9,6 +9,7 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import common
 from packrat.codec import Codec
+from packrat.engine import codec_config, model_config
 from packrat.inference import answer_batch
 from packrat.models import prepare
 from packrat.pool import Answer
@@ -18,8 +19,8 @@ class StockHandler(BaseHandler):
     def initialize(self, context):
         section = common.settings(context)
         model_dir = context.system_properties["model_dir"]
-        model, spec = common.model_config(section, model_dir)
-        self.codec = Codec(common.codec_config(section, spec, context.model_name, model_dir))
+        model, spec = model_config(section, model_dir)
+        self.codec = Codec(codec_config(section, spec, context.model_name, model_dir))
         batch = int(context.system_properties.get("batch_size") or 1)
         self.model, examples, _ = prepare(spec, batch, graph_mode=model.graph_mode, compile_cache=model.compile_cache)
         with torch.inference_mode():
@@ -28,5 +29,5 @@ class StockHandler(BaseHandler):
 
     def handle(self, data, context):
         requests = [common.to_request(row, context, i) for i, row in enumerate(data)]
-        answers = answer_batch(self.model, self.codec, [(r.body, r.content_type) for r in requests])
+        answers = answer_batch(self.model, self.codec, [(r.body, r.content_type, r.header_length) for r in requests])
         return common.respond([Answer(*a) for a in answers], context)

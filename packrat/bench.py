@@ -31,7 +31,7 @@ import psutil
 from . import serving
 from .planner import Plan, serving_plan
 from .profile import load
-from .topology import detect
+from .budget import cpu_budget
 
 if TYPE_CHECKING:
     from loadtest import LoadResult
@@ -81,7 +81,7 @@ def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, pro
     from .models import prepare, resolve
     from .pool import InstancePool, ModelConfig, Request
 
-    topology = detect()
+    topology = cpu_budget().topology
     threads = topology.num_cores
     profile = load(profile_path)
     items, mode = profile.items(), served(profile.metadata.get("mode"))

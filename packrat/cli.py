@@ -18,7 +18,8 @@ from pathlib import Path
 from . import bench, graph, profiler, serving
 from .planner import NoPlanError, Plan, Planner
 from .profile import LATENCIES, ProfileError, load
-from .topology import Topology, detect
+from .budget import cpu_budget
+from .topology import Topology
 
 DEFAULT_BATCHES = "1,2,4,8,16,32,64"
 DEFAULT_RUN_DIR = Path(".packrat/serve")
@@ -95,12 +96,13 @@ def labels_path(text: str) -> Path:
 
 
 def local_cores() -> int:
-    return detect().num_cores
+    """The cores this process may use: its CPU budget (affinity, CFS quota, $PACKRAT_CORES)."""
+    return cpu_budget().cores
 
 
 def topology_for(threads: int) -> Topology:
-    """This machine's cores when the plan fits on them, else a made-up T-core machine."""
-    local = detect()
+    """The budget's cores when the plan fits on them, else a made-up T-core machine."""
+    local = cpu_budget().topology
     return local if threads <= local.num_cores else Topology.virtual(threads)
 
 
@@ -156,11 +158,18 @@ def ios_cache_arg(p: argparse.ArgumentParser, why: str = "where IOS schedules ar
 
 def model_args(p: argparse.ArgumentParser,
                profile_help: str = "profile CSV (default: profiles/MODEL.csv; when that is missing, one is "
-                                   "measured there first on a small grid and reused next time)") -> None:
+                                   "measured there first on a small grid and reused next time)",
+               several_profiles: bool = False) -> None:
     p.add_argument("--model", default="resnet50",
                    help="zoo name, hf:DIR (a Hugging Face save_pretrained directory), a torch.export program "
                         "(.pt2), a TorchScript file or package.module:factory (default: resnet50)")
-    p.add_argument("--profile", type=Path, default=None, help=profile_help)
+    if several_profiles:
+        p.add_argument("--profile", type=Path, action="append", default=None,
+                       help=profile_help + "; give it once per machine type (say, one profile taken on 4 "
+                                           "cores and one on 16): each server plans with the one taken on its "
+                                           "CPU model with the closest core count")
+    else:
+        p.add_argument("--profile", type=Path, default=None, help=profile_help)
     p.add_argument("--input-shape", type=shape, default=None, help="one input sample's shape, e.g. 3,224,224")
 
 
@@ -493,19 +502,23 @@ def archive_extras(args: argparse.Namespace) -> dict:
 
 
 def archive_from_args(args: argparse.Namespace, out_dir: Path, handler: str = "packrat") -> Path:
-    """serving.archive from the model, batching, request and recovery arguments; the packrat handler's
-    profile is resolved (measured when missing) first."""
-    profile = (resolve_profile(args.model, args.profile, batch_sizes=[args.batch_size], input_shape=args.input_shape)
-               if handler == "packrat" else None)
-    return serving.archive(args.model, profile, out_dir, batch_size=args.batch_size,
+    """serving.archive from the model, batching, request, recovery and --cores arguments; the packrat
+    handler's profiles are resolved (the default one measured when missing) first."""
+    profiles = ([resolve_profile(args.model, given, batch_sizes=[args.batch_size], input_shape=args.input_shape)
+                 for given in args.profile or [None]] if handler == "packrat" else None)
+    return serving.archive(args.model, profiles, out_dir, batch_size=args.batch_size,
                            max_batch_delay_ms=args.max_batch_delay, plan=args.plan, handler=handler,
                            input_shape=args.input_shape, reconfigure=args.reconfigure, ios_cache=args.ios_cache,
-                           **archive_extras(args))
+                           cores=args.cores, **archive_extras(args))
 
 
 def archive_args(p: argparse.ArgumentParser) -> None:
-    """What archive and serve share: the model, batching, request and recovery arguments."""
-    model_args(p)
+    """What archive and serve share: the model, batching, request and recovery arguments, and --cores."""
+    model_args(p, several_profiles=True)
+    p.add_argument("--cores", type=positive(int), default=None, metavar="N",
+                   help="plan for at most N cores, written into the archive (default: every core this "
+                        "process may use: its CPU affinity, cut to its cgroup's CPU quota, or $PACKRAT_CORES). "
+                        "More than the machine gives is cut to what it gives")
     batching_args(p)
     request_args(p)
     recovery_args(p)
@@ -545,21 +558,44 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--grpc-management-port", type=positive(int), default=7071)
     p.add_argument("--disable-token-auth", action="store_true",
                    help="turn TorchServe's token authorisation off (it is on by default)")
+    p.add_argument("--oip", action="store_true",
+                   help="also serve the KServe v2 / Open Inference Protocol (POST /v2/models/NAME/infer, "
+                        "tritonclient's binary tensors included): TS_OPEN_INFERENCE_PROTOCOL=oip")
     run_dir_arg(p, f"config, logs, key file and TorchServe's TEMP (default: {DEFAULT_RUN_DIR})")
     p.add_argument("--timeout", type=positive(float), default=300.0, help="seconds to wait for READY")
+    ray = p.add_argument_group("--engine ray", "serve on a running Ray cluster (`ray start --head` on one "
+                                               "node, `ray start --address HEAD:6379` on the others) instead of "
+                                               "TorchServe; needs `pip install packrat[ray]`")
+    ray.add_argument("--engine", choices=("torchserve", "ray"), default="torchserve",
+                     help="torchserve (default): this machine, TorchServe's frontend; ray: one packrat engine "
+                          "per node of the Ray cluster, each planned for its node's CPU budget and profile")
+    ray.add_argument("--ray-address", default="auto", help="the cluster to deploy on (default: auto, the local one)")
+    ray.add_argument("--replicas", type=positive(int), default=None,
+                     help="replicas, at most one per node (default: the cluster's alive nodes)")
+    ray.add_argument("--http-host", default="127.0.0.1",
+                     help="the address Ray Serve's proxy listens on (default: 127.0.0.1, loopback)")
+    ray.add_argument("--http-port", type=positive(int), default=8000, help="default: 8000")
     p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.engine == "ray":
+        return serve_on_ray(args)
     run_dir = args.run_dir.resolve()
     mar = archive_from_args(args, run_dir / "model_store")
     name = mar.stem
     ports = serving.Ports(args.inference_port, args.management_port, args.metrics_port,
                           args.grpc_inference_port, args.grpc_management_port)
     print(f"starting TorchServe for {name} (batch size {args.batch_size}); waiting for every worker READY ...")
-    server = serving.start(serving.Server(run_dir, name, ports, token_auth=not args.disable_token_auth), mar,
-                           timeout=args.timeout)
+    server = serving.start(serving.Server(run_dir, name, ports, token_auth=not args.disable_token_auth,
+                                          oip=args.oip), mar, timeout=args.timeout)
     print(f"ready: POST {server.inference_url}/predictions/{name}")
+    try:
+        print_budget_and_profile(serving.handler_status(server))
+    except serving.ServeError as exc:  # serving goes on; only the report is missing
+        print(f"(the handler did not report its CPU budget: {exc})")
+    if server.oip:
+        print(f"Open Inference Protocol: POST {server.inference_url}/v2/models/{name}/infer")
     print(f"management: {server.management_url}   metrics: http://127.0.0.1:{ports.metrics}/metrics")
     if server.token_auth:
         print(f"token authorisation is on: keys in {server.key_file} "
@@ -568,15 +604,64 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def ray_app_args(args: argparse.Namespace) -> dict:
+    """packrat.ray_serve.app's arguments: the settings an archive's packrat section would hold, with
+    files as absolute paths (profiles are sent to the replicas; models, tokenizers and labels must
+    be on every node at the same path)."""
+    profiles = [resolve_profile(args.model, given, batch_sizes=[args.batch_size], input_shape=args.input_shape)
+                for given in args.profile or [None]]
+    model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
+    settings = {key: value for key, value in archive_extras(args).items() if value is not None}
+    for key in ("tokenizer", "labels"):
+        if key in settings:
+            settings[key] = str(Path(settings[key]).resolve())
+    return {"model": model, "profiles": [str(Path(p).resolve()) for p in profiles], "max_batch": args.batch_size,
+            "plan": args.plan, "reconfigure": args.reconfigure, "cores": args.cores,
+            "input_shape": list(args.input_shape) if args.input_shape else None,
+            **({"replicas": args.replicas} if args.replicas else {}), **settings}
+
+
+def serve_on_ray(args: argparse.Namespace) -> int:
+    try:
+        from . import ray_serve
+    except ImportError as exc:
+        raise serving.ServeError(f"--engine ray needs Ray Serve: pip install 'packrat[ray]' ({exc})") from exc
+    app_args = ray_app_args(args)
+    print(f"deploying {args.model} on the Ray cluster at {args.ray_address}, one engine per node ...")
+    url, name = ray_serve.deploy(app_args, address=args.ray_address, host=args.http_host, port=args.http_port,
+                                 timeout_s=args.timeout)
+    print(f"ready: POST {url}/predictions/{name} (or {url}/v2/models/{name}/infer); GET {url}/v2/models/{name}/ready")
+    print(f"each replica's plan and CPU budget: GET {url}/status; stop with: packrat stop --engine ray")
+    return 0
+
+
+def print_budget_and_profile(status: dict) -> None:
+    """The cores the handler plans for and why, and the profile it chose (see packrat/engine.py)."""
+    budget = status.get("cpu_budget")
+    if budget:
+        print(f"CPU budget: {budget['cores']} cores ({budget['source']}: {budget['detail']})")
+    if status.get("profile"):
+        print(f"profile: {status['profile']}")
+
+
 # ---- stop, status, reconfigure: the server a run dir records -----------------------------------
 
 def add_stop_parser(sub) -> None:
     p = sub.add_parser("stop", help="stop the TorchServe started by `packrat serve` and wait for it to exit")
     run_dir_arg(p)
+    p.add_argument("--engine", choices=("torchserve", "ray"), default="torchserve",
+                   help="ray: remove what `packrat serve --engine ray` deployed from the Ray cluster")
+    p.add_argument("--ray-address", default="auto", help="with --engine ray: the cluster (default: auto)")
     p.set_defaults(func=cmd_stop)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    if args.engine == "ray":
+        from . import ray_serve
+
+        ray_serve.shutdown(args.ray_address)
+        print("Ray Serve applications removed (the Ray cluster keeps running: `ray stop` on each node stops it)")
+        return 0
     server = serving.Server.load(args.run_dir.resolve())
     serving.stop(server)
     print("stopped" if not serving.java_running(server) else "TorchServe is still running")
@@ -594,7 +679,8 @@ def add_status_parser(sub) -> None:
                    help='print {"plan": <as packrat plan --json>, "mode": "compile"|"script"|"eager"|"ios", "health": {"instances", '
                         '"ready", "respawning", "respawn_failures", "unavailable", "queued", "answered", "refused"}, '
                         '"reconfigurations": [{"from_batch", "to_batch", '
-                        '"reason", "seconds", "failed_requests", ...}]}')
+                        '"reason", "seconds", "failed_requests", ...}], "cpu_budget": {"cores", "source", '
+                        '"detail"}, "profile": "NAME: why it was chosen"}')
     p.set_defaults(func=cmd_status)
 
 
@@ -609,6 +695,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                        for i in plan["instances"])
     print(f"model {server.model} ({status.get('mode', '?')}): serving B={plan['batch']} on T={plan['threads']} "
           f"threads: {shapes}")
+    print_budget_and_profile(status)
     health = status.get("health")
     if health:
         state = f"UNAVAILABLE: {health['unavailable']}" if health.get("unavailable") else "serving"  # null dropped
@@ -840,10 +927,97 @@ def cmd_demo(args: argparse.Namespace) -> int:
                             payload=payload, tokenizer=tokenizer)
 
 
+# ---- ready, export: running in a container ------------------------------------------------------
+
+def add_ready_parser(sub) -> None:
+    p = sub.add_parser("ready", help="exit 0 when some worker of the model is READY (a readiness probe)",
+                       description="Ask TorchServe's management API (GET /models/NAME) whether some worker of the "
+                                   "model is READY; exit 0 if so, 1 if not. Not /ping: it says Healthy while workers "
+                                   "crash. With token authorisation the management key is read from RUN_DIR/"
+                                   "key_file.json (TorchServe writes it into the directory it starts in) and renewed "
+                                   "through the token API when TorchServe refuses it as expired. Without --model, the "
+                                   "model and port come from the server `packrat serve` recorded in the run dir.",
+                       epilog="example (in a pod): packrat ready --model resnet50 --run-dir /home/packrat/run")
+    run_dir_arg(p, f"where key_file.json is (default: {DEFAULT_RUN_DIR})")
+    p.add_argument("--model", help="the model name TorchServe serves (default: the run dir's server)")
+    p.add_argument("--management-port", type=positive(int), default=serving.Ports().management,
+                   help="the management API's port on 127.0.0.1 (default: 8081; with --model only)")
+    p.set_defaults(func=cmd_ready)
+
+
+def cmd_ready(args: argparse.Namespace) -> int:
+    if args.model:
+        ports = dataclasses.replace(serving.Ports(), management=args.management_port)
+        server = serving.Server(args.run_dir, args.model, ports)
+    else:
+        server = serving.Server.load(args.run_dir)
+    ready = serving.model_ready(server)
+    print(f"{server.model}: {'ready' if ready else 'not ready'} (workers: {serving.worker_status(server)})")
+    return 0 if ready else 1
+
+
+def add_export_parser(sub) -> None:
+    p = sub.add_parser("export", help="write deployment files for an archive (Kubernetes manifests)",
+                       description="Write the files that deploy a packrat archive elsewhere. TARGET k8s: "
+                                   "Kubernetes manifests.")
+    targets = p.add_subparsers(dest="target", required=True, metavar="TARGET")
+    k = targets.add_parser(
+        "k8s", help="Kubernetes manifests: TorchServe Deployment, KubeRay RayService, KServe InferenceService",
+        description="Write into --out: torchserve.yaml (ConfigMap, PVC, Deployment and Service of TorchServe with "
+                    "the packrat handler), rayservice.yaml (a KubeRay RayService running packrat.ray_serve:app, "
+                    "one replica per worker pod), kserve.yaml (our own KServe ServingRuntime and an "
+                    "InferenceService reading the archive from the PVC) and copy-models.yaml (the PVC and a pod "
+                    "to `kubectl cp` the archive onto it). Every pod is Guaranteed QoS with whole CPUs "
+                    "(requests == limits), so the kubelet's static CPU manager gives it cores of its own, and "
+                    "PACKRAT_CORES tells packrat how many. Readiness is `packrat ready` (a worker READY), not "
+                    "/ping. Each file starts with a comment on how to apply it and reach the model.",
+        epilog="example: packrat export k8s --archive model_store/resnet50.mar --cores 8 --memory 16Gi "
+               "--image registry.example.com/packrat:1 --out k8s")
+    k.add_argument("--archive", type=Path, required=True, help="the .mar built by `packrat archive` (packrat handler)")
+    k.add_argument("--cores", type=positive(int), required=True, metavar="N",
+                   help="whole CPUs per serving pod: requests, limits, Ray's num-cpus and PACKRAT_CORES")
+    k.add_argument("--memory", default="8Gi", help="memory per serving pod, a Kubernetes quantity (default: 8Gi)")
+    k.add_argument("--name", help="the model's and the objects' name (default: the archive's, made DNS-safe)")
+    k.add_argument("--image", default="packrat:latest",
+                   help="an image built from deploy/Dockerfile (default: packrat:latest)")
+    k.add_argument("--replicas", type=positive(int), default=1,
+                   help="serving pods (Ray: worker pods); more than 1 needs --no-token-auth (default: 1)")
+    k.add_argument("--head-cores", type=positive(int), default=2, help="whole CPUs of the Ray head pod (default: 2)")
+    k.add_argument("--head-memory", default="4Gi", help="memory of the Ray head pod (default: 4Gi)")
+    k.add_argument("--storage", default="10Gi", help="size of the PVC that holds the archive (default: 10Gi)")
+    k.add_argument("--no-token-auth", dest="token_auth", action="store_false",
+                   help="turn TorchServe's token authorisation off (on by default: one pod's random keys)")
+    k.add_argument("--token-expiration-min", type=positive(int), default=None, metavar="MIN",
+                   help="minutes TorchServe's keys stay valid (TorchServe's default: 60)")
+    k.add_argument("--ray-version", default=None,
+                   help="the image's Ray version, for KubeRay (default: the one installed here)")
+    k.add_argument("--out", type=Path, default=Path("k8s"), help="output directory (default: k8s)")
+    k.add_argument("--json", action="store_true", help='print {"name", "files": [paths written]}')
+    k.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from . import k8s
+
+    archive = k8s.read_archive(args.archive)
+    archive = dataclasses.replace(archive, name=args.name or k8s.dns_name(archive.name))
+    settings = k8s.Settings(archive, args.cores, memory=args.memory, image=args.image, replicas=args.replicas,
+                            head_cores=args.head_cores, head_memory=args.head_memory, storage=args.storage,
+                            token_auth=args.token_auth, token_expiration_min=args.token_expiration_min,
+                            ray_version=args.ray_version or k8s.installed_ray_version())
+    files = k8s.write(settings, args.out)
+    if args.json:
+        print(json.dumps({"name": settings.name, "files": [str(f) for f in files]}))
+    else:
+        print(f"wrote {', '.join(str(f) for f in files)} for {settings.name}; each file says how to apply it")
+    return 0
+
+
 # ---- the top parser -----------------------------------------------------------------------------
 
 COMMANDS = (add_profile_parser, add_plan_parser, add_plot_parser, add_archive_parser, add_serve_parser,
-            add_stop_parser, add_status_parser, add_reconfigure_parser, add_bench_parser, add_demo_parser)
+            add_stop_parser, add_status_parser, add_reconfigure_parser, add_bench_parser, add_demo_parser,
+            add_ready_parser, add_export_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

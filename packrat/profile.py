@@ -226,3 +226,56 @@ def _appendable_columns(path: Path, kind: str) -> tuple[str, ...]:
     if existing != kind:
         raise ProfileError(f"{path}: cannot append {kind} measurements to a profile of {existing} ones")
     return header
+
+
+def choose(metadatas: list[dict], cpu_model: str | None, cores: int) -> tuple[int, str]:
+    """Which of an archive's profiles to plan with on a machine with `cpu_model` and a budget of
+    `cores` cores (the index, and one line saying why), from each profile's `cpu` and `cores` metadata.
+
+    A profile holds points for at most its own cores, and latencies differ by CPU model, so: one taken
+    on this CPU model with at least `cores` cores (the fewest such, the closest machine); else one on
+    this CPU model with the most cores; else, on another CPU (or one its profile does not name), the
+    one whose cores are nearest `cores` (ties: the larger)."""
+    if not metadatas:
+        raise ValueError("no profile to choose from")
+    index, rule = _choice(metadatas, cpu_model, cores)
+    return index, (f"taken on {_machine(metadatas[index])}; this machine: {cpu_model or 'unknown CPU'}, "
+                   f"{cores} cores budgeted; {rule}")
+
+
+def chosen(paths: list[Path], cores: int) -> tuple[Profile, int, str]:
+    """The profile among `paths` a server on this machine, with `cores` cores budgeted, plans with:
+    the profile, its index and why (every one is loaded, so a bad one is refused)."""
+    from .profiler import cpu_model
+
+    profiles = [load(path) for path in paths]
+    index, why = choose([p.metadata for p in profiles], cpu_model(), cores)
+    return profiles[index], index, why
+
+
+def _choice(metadatas: list[dict], cpu_model: str | None, cores: int) -> tuple[int, str]:
+    if len(metadatas) == 1:
+        return 0, "the only profile"
+    count = [_cores(m) for m in metadatas]
+    same = [i for i, m in enumerate(metadatas) if cpu_model and (m.get("cpu") or "").strip() == cpu_model.strip()]
+    enough = [i for i in same if (count[i] or 0) >= cores]
+    if enough:
+        return min(enough, key=lambda i: count[i]), "same CPU, the fewest cores of those with enough"
+    if same:
+        return max(same, key=lambda i: count[i] or 0), "same CPU, the most cores (none has enough)"
+    known = [i for i in range(len(metadatas)) if count[i] is not None] or list(range(len(metadatas)))
+    nearest = min(known, key=lambda i: (abs((count[i] or 0) - cores), -(count[i] or 0)))
+    return nearest, f"no profile of {len(metadatas)} was taken on this CPU: the nearest core count"
+
+
+def _cores(metadata: dict) -> int | None:
+    try:
+        return int(metadata["cores"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _machine(metadata: dict) -> str:
+    """"CPU MODEL, N cores" from a profile's metadata, naming what it lacks."""
+    cores = _cores(metadata)
+    return f"{metadata.get('cpu') or 'unknown CPU'}, {cores if cores is not None else '?'} cores"

@@ -29,7 +29,8 @@ from tqdm import tqdm
 from . import profile as profile_io
 from .graph import DEFAULT_MODE
 from .measure import summarize
-from .topology import Topology, cpuinfo, detect
+from .budget import cpu_budget
+from .topology import Topology, cpuinfo
 
 # Whether `packrat profile` measures loaded figures unless told otherwise: only if they predict
 # served latency better, which the oracle benchmark decides (BENCHMARKS.md, issue 10). On the
@@ -277,7 +278,7 @@ def run(settings: Settings, threads: list[int], batches: list[int], out: str | P
         topology: Topology | None = None, progress: bool = True) -> profile_io.Profile:
     """Measure every missing ⟨t, b⟩ of the grid into `out`; return the whole profile."""
     out = Path(out)
-    topology = topology or detect()
+    topology = topology or cpu_budget().topology
     too_many = [t for t in threads if t > topology.num_cores]
     if too_many:
         raise ValueError(f"--threads: {max(too_many)} exceeds the {topology.num_cores} cores this process may use")
@@ -351,7 +352,7 @@ def run_adaptive(settings: Settings, threads: list[int], batches: list[int], out
     from . import adaptive
 
     out = Path(out)
-    topology = topology or (Topology.virtual(max(threads)) if replay else detect())
+    topology = topology or (Topology.virtual(max(threads)) if replay else cpu_budget().topology)
     grid = adaptive.AdaptiveGrid(threads, batches, tolerance=tolerance,
                                  slack=adaptive.DEFAULT_SLACK if slack is None else slack)
     source = profile_io.load(replay) if replay else None

@@ -30,6 +30,7 @@ LOG_CONFIG = Path(__file__).parent / "log4j2.xml"
 STATE_FILE = "server.json"
 CONTROL_DIR = "control"  # in the run dir: requests to the running handler, one JSON file per model
 CONTROL_ENV = "PACKRAT_CONTROL_DIR"  # tells the handler where to look
+OIP_ENV = "TS_OPEN_INFERENCE_PROTOCOL"  # "oip": TorchServe serves the KServe v2 / Open Inference Protocol paths
 DEFAULT_IOS_CACHE = Path("profiles/ios-schedules")  # where `packrat profile --ios` keeps schedules
 HF_ARCHIVE_DIR = "hf-model"  # where an archive keeps a Hugging Face model's directory
 
@@ -65,6 +66,7 @@ class Server:
     model: str
     ports: Ports = field(default_factory=Ports)
     token_auth: bool = True
+    oip: bool = False  # the Open Inference Protocol (KServe v2: /v2/..., tritonclient) on as well
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir).resolve()  # TorchServe rejects a relative TEMP
@@ -96,10 +98,12 @@ class Server:
         env.update(TEMP=str(self.run_dir / "tmp"), LOG_LOCATION=str(self.run_dir / "logs"),
                    METRICS_LOCATION=str(self.run_dir / "logs"))
         env[CONTROL_ENV] = str(self.control_dir)
+        if self.oip:
+            env[OIP_ENV] = "oip"
         return env
 
     def save(self) -> None:
-        state = {"model": self.model, "ports": asdict(self.ports), "token_auth": self.token_auth}
+        state = {"model": self.model, "ports": asdict(self.ports), "token_auth": self.token_auth, "oip": self.oip}
         (self.run_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
 
     @classmethod
@@ -109,7 +113,7 @@ class Server:
             state = json.loads(path.read_text())
         except (OSError, ValueError):
             raise ServeError(f"no packrat server recorded in {run_dir} ({path} missing or unreadable)") from None
-        return cls(Path(run_dir), state["model"], Ports(**state["ports"]), state["token_auth"])
+        return cls(Path(run_dir), state["model"], Ports(**state["ports"]), state["token_auth"], state.get("oip", False))
 
 
 # ---- archive -------------------------------------------------------------------------------
@@ -170,13 +174,22 @@ def recovery_yaml(recovery: dict | None) -> str:
                    if recovery.get(key) is not None)
 
 
-def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_delay_ms: int,
+def profiles_yaml(names: str | list[str]) -> str:
+    """`profile: NAME` for one profile (or none: the stock handler), `profiles: [NAME, ...]` for several."""
+    names = [names] if isinstance(names, str) else list(names)
+    if len(names) > 1:
+        return f"  profiles: {json.dumps(names)}\n"
+    return f"  profile: {json.dumps(names[0] if names else '')}\n"
+
+
+def model_config_yaml(model: str, profile_name: str | list[str], batch_size: int, max_batch_delay_ms: int,
                       plan: str, handler: str, input_shape: tuple[int, ...] | None, reconfigure: bool = True,
                       plan_batch: int | None = None, estimator: dict | None = None, ios: bool = False,
                       requests: str = "", async_worker: bool = False, gather_ms: float | None = None,
-                      recovery: dict | None = None) -> str:
+                      recovery: dict | None = None, cores: int | None = None) -> str:
     """TorchServe's per-model config; packrat's own settings live under `packrat:`, the recovery
-    settings (RECOVERY_KEYS) only those given.
+    settings (RECOVERY_KEYS) only those given. Several profile names (one per machine type) are
+    written as `profiles:`, one as `profile:`; `cores`, the CPU budget asked for, only when given.
 
     The packrat handler gets one worker (the pool uses every core) in TorchServe's ordinary mode:
     TorchServe gathers batches of up to batch_size within max_batch_delay_ms and the pool splits
@@ -196,7 +209,8 @@ def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_
     shape = f"[{', '.join(map(str, input_shape))}]" if input_shape else "null"
     return (f"batchSize: {torchserve_batch}\nmaxBatchDelay: {max_batch_delay_ms}\nresponseTimeout: 300\n"
             f"startupTimeout: 600\n{workers}"
-            f"packrat:\n  model: {json.dumps(model)}\n  profile: {json.dumps(profile_name)}\n"
+            f"packrat:\n  model: {json.dumps(model)}\n{profiles_yaml(profile_name)}"
+            + (f"  cores: {cores}\n" if cores is not None else "") +
             f"  plan: {plan}\n  input_shape: {shape}\n  reconfigure: {str(reconfigure).lower()}\n"
             f"  plan_batch: {plan_batch or batch_size}\n  max_batch: {batch_size}\n  ios: {str(ios).lower()}\n"
             + requests + recovery_yaml(recovery)
@@ -204,25 +218,30 @@ def model_config_yaml(model: str, profile_name: str, batch_size: int, max_batch_
             + (f"  estimator: {json.dumps(estimator)}\n" if estimator else ""))
 
 
-def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None = None, batch_size: int = 8,
-            max_batch_delay_ms: int = 50, plan: str = "auto", handler: str = "packrat",
+def archive(model: str, profile: Path | list[Path] | None, out_dir: Path, *, name: str | None = None,
+            batch_size: int = 8, max_batch_delay_ms: int = 50, plan: str = "auto", handler: str = "packrat",
             input_shape: tuple[int, ...] | None = None, reconfigure: bool = True,
             plan_batch: int | None = None, estimator: dict | None = None,
             ios_cache: Path = DEFAULT_IOS_CACHE, tokenizer: Path | None = None, labels: Path | None = None,
             max_body_bytes: int = RequestSettings.max_body_bytes, truncate_text: bool = False,
             async_worker: bool = False, gather_ms: float | None = None, request_timeout_s: float | None = None,
             max_queue: int | None = None, batch_timeout_s: float | None = None, hang_factor: float | None = None,
-            hang_floor_s: float | None = None) -> Path:
-    """Build NAME.mar with torch-model-archiver: handler, profile, settings, the tokenizer and
+            hang_floor_s: float | None = None, cores: int | None = None) -> Path:
+    """Build NAME.mar with torch-model-archiver: handler, profile(s), settings, the tokenizer and
     labels the requests are read and answered with (and the model file for a TorchScript or
     torch.export model, the directory of a Hugging Face one). Zoo models are rebuilt from code in
     the worker. A model served compiled (the profile's mode, or the stock handler's default) gets
     its compiled package built here, once per machine type, and shipped (see compiled_files). A profile taken with IOS-compiled instances is
     served by them: the archive carries the model's cached schedules from `ios_cache` (the pool
     searches any that are missing). The recovery settings (request_timeout_s ... hang_floor_s, see
-    RECOVERY_KEYS) are written only when given: the pool's defaults apply to the others."""
+    RECOVERY_KEYS) are written only when given: the pool's defaults apply to the others.
+
+    `profile` may be several profiles, one per machine type (shipped as profile-0.csv, ...): each
+    server plans with the one chosen for its CPU and budget (profile.choose), and what is built here
+    (compiled packages, IOS schedules) follows the one chosen for this machine. `cores` caps the
+    servers' CPU budget (packrat/budget.py) and is written only when given."""
+    from .budget import cpu_budget
     from .models import HF_PREFIX, resolve
-    from .profile import load
 
     spec = resolve(model, input_shape)  # fail here on an unknown model, not in a worker
     name = name or Path(model.removeprefix(HF_PREFIX).rstrip("/")).stem.replace(":", "_").replace(".", "_")
@@ -243,23 +262,27 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
             shutil.copytree(model[len(HF_PREFIX):], bundle / HF_ARCHIVE_DIR)
             model_ref = HF_PREFIX + HF_ARCHIVE_DIR
             extra.append(bundle)
-        profile_name, ios, mode = "", False, DEFAULT_MODE
+        budget = cpu_budget(cores, "--cores")
+        profile_names, chosen, mode = [], None, DEFAULT_MODE
         if handler == "packrat":
-            if profile is None:
+            paths = [profile] if isinstance(profile, (str, Path)) else list(profile or [])
+            if not paths:
                 raise ServeError("the packrat handler needs a profile: run `packrat profile` first or pass --profile")
-            mode = load(profile).metadata["mode"]  # also rejects a bad profile, with its own message
-            ios = mode == "ios"
-            profile_name = "profile.csv"
-            shutil.copy(profile, staging / profile_name)
-            extra.append(staging / profile_name)
+            chosen = chosen_profile(paths, budget.cores)  # also rejects a bad profile, with its own message
+            mode = chosen.metadata["mode"]
+            profile_names = ["profile.csv"] if len(paths) == 1 else [f"profile-{i}.csv" for i in range(len(paths))]
+            for path, shipped_name in zip(paths, profile_names):
+                shutil.copy(path, staging / shipped_name)
+                extra.append(staging / shipped_name)
+        ios = mode == "ios"
         if ios:  # the archiver flattens folders: schedules sit beside the profile, named by model
             extra += cached_schedules(spec.name, Path(ios_cache))
         if mode == "compile":
-            extra += compiled_files(spec, batch_size, planned_instances(profile, batch_size, handler))
+            extra += compiled_files(spec, batch_size, planned_instances(chosen, batch_size, handler, budget.cores))
         config = staging / "model-config.yaml"
-        config.write_text(model_config_yaml(model_ref, profile_name, batch_size, max_batch_delay_ms, plan,
+        config.write_text(model_config_yaml(model_ref, profile_names, batch_size, max_batch_delay_ms, plan,
                                             handler, input_shape, reconfigure, plan_batch, estimator, ios,
-                                            requests.yaml(shipped), async_worker, gather_ms, recovery))
+                                            requests.yaml(shipped), async_worker, gather_ms, recovery, cores))
         cmd = ["torch-model-archiver", "--model-name", name, "--version", "1.0",
                "--handler", str(HANDLERS / f"{handler}_handler.py"), "--config-file", str(config),
                "--extra-files", ",".join(map(str, extra)), "--export-path", str(out_dir), "--force"]
@@ -267,19 +290,24 @@ def archive(model: str, profile: Path | None, out_dir: Path, *, name: str | None
     return out_dir / f"{name}.mar"
 
 
-def planned_instances(profile: Path | None, batch_size: int, handler: str) -> set[tuple[int, int]] | None:
-    """The ⟨threads, batch⟩ of the instances the server will start first on a machine like this
-    one: the plan for its batch size and the fat instance (the stock handler: the fat one alone);
-    None when the profile cannot plan it (then every size up to the batch is shipped)."""
-    from .planner import NoPlanError, plan
-    from .profile import load
-    from .topology import detect
+def chosen_profile(paths: list[Path], cores: int):
+    """The profile among `paths` that a server on this machine, with `cores` cores budgeted, plans with."""
+    from .profile import chosen
 
-    cores = detect().num_cores
+    return chosen(paths, cores)[0]
+
+
+def planned_instances(profile, batch_size: int, handler: str, cores: int) -> set[tuple[int, int]] | None:
+    """The ⟨threads, batch⟩ of the instances the server will start first on a machine like this
+    one, with `cores` cores budgeted: the plan of `profile` (a loaded Profile) for its batch size and
+    the fat instance (the stock handler: the fat one alone); None when the profile cannot plan it
+    (then every size up to the batch is shipped)."""
+    from .planner import NoPlanError, plan
+
     if handler != "packrat":
         return {(cores, batch_size)}
     try:
-        chosen = plan(load(profile).items(), cores, batch_size)
+        chosen = plan(profile.items(), cores, batch_size)
     except (NoPlanError, ValueError):
         return None
     return {(i.threads, i.batch) for i in chosen.instances} | {(cores, batch_size)}
@@ -457,10 +485,45 @@ def note_worker_start(control_dir: str | Path, model: str, pid: int) -> bool:
 def worker_status(server: Server) -> list[str]:
     """Status of each worker of the model ([] while it is not registered yet)."""
     try:
-        described = _get(server, f"/models/{server.model}")
+        return _worker_statuses(server)
     except (urllib.error.URLError, OSError, ValueError):
         return []
+
+
+def _worker_statuses(server: Server) -> list[str]:
+    described = _get(server, f"/models/{server.model}")
     return [w.get("status", "?") for entry in described for w in entry.get("workers", [])]
+
+
+def model_ready(server: Server) -> bool:
+    """Some worker of the model READY (the readiness check of `packrat ready`, a pod's probe).
+
+    TorchServe 0.12's keys expire (`token_expiration_min`, 60 minutes by default) and it answers an
+    expired or wrong key with 400 InvalidKeyException: then the management key is renewed through
+    the token API (which rewrites key_file.json) and the question asked once more."""
+    try:
+        statuses = _worker_statuses(server)
+    except urllib.error.HTTPError as exc:  # before URLError: it is one
+        if exc.code != 400 or not server.token_auth:
+            return False
+        try:
+            renew_key(server, "management")
+        except (urllib.error.URLError, OSError, ValueError, KeyError):
+            return False
+        statuses = worker_status(server)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    return "READY" in statuses
+
+
+def renew_key(server: Server, api: str) -> None:
+    """Have TorchServe replace the key of `api` ('management' or 'inference') in key_file.json,
+    through its token API on the management address, authorised by the file's "API" key (which
+    never expires). Renewing the inference key invalidates the one clients hold."""
+    request = urllib.request.Request(f"{server.management_url}/token?type={api}")
+    request.add_header("Authorization", f"Bearer {server.key('API')}")
+    with urllib.request.urlopen(request, timeout=5.0) as response:
+        response.read()
 
 
 def handler_status(server: Server) -> dict:

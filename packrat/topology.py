@@ -49,6 +49,15 @@ class Topology:
             start += size
         return cls(tuple(s for s in layout if s))
 
+    def limited(self, cores: int) -> "Topology":
+        """At most `cores` of these cores, for a budget below the machine's: the largest sockets
+        first, whole, so that instances which fit in one socket still find one, then part of the
+        next."""
+        left, kept = cores, {}
+        for index in sorted(range(len(self.sockets)), key=lambda i: -len(self.sockets[i])):
+            kept[index], left = self.sockets[index][:left], left - min(left, len(self.sockets[index]))
+        return Topology(tuple(kept[i] for i in range(len(self.sockets)) if kept[i]))
+
     def cores_for(self, threads: int) -> list[int]:
         """`threads` cores for one instance: within one socket when one is big enough."""
         if threads > self.num_cores:

@@ -365,9 +365,12 @@ def test_archive_passes_tokenizer_labels_and_body_limit(tmp_path, monkeypatch, p
     assert main(["archive", "--model", "tiny", "--profile", str(profile), "--tokenizer", "tok",
                  "--labels", str(labels), "--max-body-mb", "1.5", "--truncate-text"]) == 0
     assert seen["tokenizer"] == Path("tok/tokenizer.json") and seen["labels"] == labels and seen["truncate_text"]
-    assert seen["max_body_bytes"] == int(1.5 * 2**20) and seen["profile"] == profile
+    assert seen["max_body_bytes"] == int(1.5 * 2**20) and seen["profile"] == [profile] and seen["cores"] is None
     assert main(["archive", "--model", "tiny"]) == 0  # no profile: measured at the default, then used
-    assert seen["profile"] == Path("profiles/tiny.csv") and (tmp_path / "profiles/tiny.csv").exists()
+    assert seen["profile"] == [Path("profiles/tiny.csv")] and (tmp_path / "profiles/tiny.csv").exists()
+    assert main(["archive", "--model", "tiny", "--profile", str(profile), "--profile", "profiles/tiny.csv",
+                 "--cores", "3"]) == 0  # one profile per machine type, and a CPU budget
+    assert seen["profile"] == [profile, Path("profiles/tiny.csv")] and seen["cores"] == 3
     assert (seen["tokenizer"], seen["labels"], seen["max_body_bytes"], seen["truncate_text"]) == \
         (None, None, 16 * 2**20, False)
     assert main(["archive", "--model", "tiny", "--profile", "missing.csv"]) == 2
@@ -461,6 +464,46 @@ def test_archive_writes_the_recovery_settings_given(tmp_path, monkeypatch, profi
     assert [section[k] for k in serving.RECOVERY_KEYS] == [60.0, 10, 3.0, 8.0, 1.0]
 
 
+def test_archive_ships_every_profile_and_builds_for_the_one_chosen_here(tmp_path, monkeypatch):
+    """Several profiles (one per machine type) ship as profile-0.csv, ...; what the archive builds here
+    (compiled packages for the first plan) follows the profile this machine would choose, planned for --cores."""
+    from packrat import profiler, serving
+
+    configs, compiled = [], []
+
+    def fake_tool(cmd):
+        configs.append((Path(cmd[cmd.index("--config-file") + 1]).read_text(), cmd[cmd.index("--extra-files") + 1]))
+
+    monkeypatch.setattr(serving, "_run_tool", fake_tool)
+    monkeypatch.setattr(serving, "compiled_files", lambda spec, batch, instances: compiled.append(instances) or [])
+    monkeypatch.delenv("PACKRAT_CORES", raising=False)
+    profiles = []
+    for index, (cpu, mode) in enumerate((("Other CPU", "compile"), ("This CPU", "eager"))):
+        profiles.append(tmp_path / f"p{index}.csv")
+        profiles[-1].write_text(f"# cpu: {cpu}\n# cores: 2\n# mode: {mode}\n" + PROFILE)
+    monkeypatch.setattr(profiler, "cpu_model", lambda: "This CPU")
+    serving.archive("tiny", profiles, tmp_path, batch_size=4, cores=1)
+    section = packrat_section(configs[-1][0])
+    assert section["profiles"] == ["profile-0.csv", "profile-1.csv"] and "profile" not in section
+    assert section["cores"] == 1
+    assert [Path(f).name for f in configs[-1][1].split(",") if "profile" in f] == ["profile-0.csv", "profile-1.csv"]
+    assert compiled == []  # this CPU's profile was measured eager: nothing to compile
+    monkeypatch.setattr(profiler, "cpu_model", lambda: "Other CPU")
+    serving.archive("tiny", profiles, tmp_path, batch_size=4, cores=1)
+    assert compiled == [{(1, 4)}]  # the compile profile, planned for the 1 core asked for
+    serving.archive("tiny", profiles[0], tmp_path, batch_size=4)  # one profile: as before, on both cores
+    section = packrat_section(configs[-1][0])
+    assert section["profile"] == "profile.csv" and "cores" not in section and compiled[-1] == {(1, 2), (2, 4)}
+
+
+@pytest.mark.parametrize("command", ["archive", "serve"])
+def test_cores_flag(command, capsys):
+    assert cli.build_parser().parse_args([command, "--cores", "4"]).cores == 4
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args([command, "--cores", "0"])
+    assert "argument --cores" in capsys.readouterr().err
+
+
 def test_reconfigure_request_round_trip(tmp_path):
     from packrat import serving
 
@@ -528,3 +571,19 @@ def test_status_reports_recovery_counts(monkeypatch, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "1/2 ready, 1 respawning" in out
     assert "2 hung instance(s) killed by the watchdog, 5 request(s) re-run" in out and "1 past their deadline" in out
+
+
+def test_status_reports_the_cpu_budget_and_profile(monkeypatch, capsys, tmp_path):
+    budget = {"cores": 4, "source": "cgroup v2 cpu.max",
+              "detail": "cpu.max 400000 100000 at /sys/fs/cgroup → 4 of 16 cores"}
+    status = {"plan": {"batch": 4, "threads": 4, "instances": [{"threads": 4, "batch": 4, "cores": [0, 1, 2, 3]}]},
+              "mode": "compile", "reconfigurations": [], "cpu_budget": budget,
+              "profile": "profile-1.csv: taken on This CPU, 4 cores; ..."}
+    monkeypatch.setattr(cli.serving.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny")))
+    monkeypatch.setattr(cli.serving, "handler_status", lambda server: status)
+    assert cli.main(["status", "--run-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"CPU budget: 4 cores (cgroup v2 cpu.max: {budget['detail']})" in out
+    assert "profile: profile-1.csv: taken on This CPU" in out
+    assert cli.main(["status", "--run-dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == status  # complete

@@ -132,7 +132,7 @@ def test_instances_gather_only_when_requests_arrive_one_by_one(tmp_path):
 def test_instances_run_the_model_as_its_profile_measured_it(tmp_path):
     """Instances run in the profile's mode (compile, script or eager); the archive's own setting
     wins; no profile means the default; a mismatch (instances that fell back to eager) is said."""
-    from handlers.common import mode_mismatch, model_config
+    from packrat.engine import mode_mismatch, model_config
 
     section = {"model": "tiny", "input_shape": None}
     for mode in ("eager", "script", "compile"):
@@ -165,7 +165,7 @@ def test_archive_without_packrat_settings_is_a_clear_error(tmp_path):
 
 
 def test_recovery_settings_from_the_archive_reach_the_pool():
-    from handlers.common import pool_settings
+    from packrat.engine import pool_settings
     from packrat.pool import Watchdog
 
     assert pool_settings({}) == {}

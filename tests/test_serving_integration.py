@@ -101,7 +101,7 @@ def test_every_worker_ready_and_on_loopback(server):
     assert "0.0.0.0" not in config and "http://127.0.0.1:" in config
 
 
-def test_cli_serve_and_stop(tmp_path):
+def test_cli_serve_and_stop(tmp_path, capsys):
     from packrat.cli import main
 
     profile = tmp_path / "tiny.csv"
@@ -110,9 +110,14 @@ def test_cli_serve_and_stop(tmp_path):
     ports = [str(serving.free_port()) for _ in range(5)]
     argv = ["serve", "--model", "tiny", "--profile", str(profile), "--batch-size", "2", "--run-dir", str(run_dir),
             "--inference-port", ports[0], "--management-port", ports[1], "--metrics-port", ports[2],
-            "--grpc-inference-port", ports[3], "--grpc-management-port", ports[4], "--disable-token-auth"]
+            "--grpc-inference-port", ports[3], "--grpc-management-port", ports[4], "--disable-token-auth",
+            "--cores", "1"]
     try:
         assert main(argv) == 0
+        out = capsys.readouterr().out  # the handler's budget, from the archive's `cores`, and its profile
+        assert "CPU budget: 1 cores (the archive's `cores` setting: 1 of the " in out
+        assert "profile: profile.csv: taken on unknown CPU" in out
+        assert "packrat CPU budget: 1 cores" in (run_dir / "logs" / "model_log.log").read_text()
         server = serving.Server.load(run_dir)
         assert server.ports.inference == int(ports[0]) and not server.token_auth
         body = torch.zeros(3, 32, 32).numpy().tobytes()

@@ -1,0 +1,94 @@
+"""One Ray node against two on the same cores: packrat's Ray Serve front end under locust.
+
+Layouts, on this machine's cores 0 and 1 (packrat/ray_local.py pins each node with taskset):
+  one node:  a single node on cores 0-1; its one replica plans for 2 cores;
+  two nodes: a node on core 0 and one on core 1; a replica on each plans for 1 core.
+Each replica's batch is B (`max_batch`, Ray Serve's max_ongoing_requests), and locust runs 2B
+closed-loop users against /predictions/MODEL for --duration seconds: p50, p99, throughput and
+failures. Rounds alternate the layouts (each starts a fresh cluster); the summary gives medians.
+
+    python benchmarks/ray_nodes.py --model resnet50 --profile out/bench17/resnet50-compile.csv \
+        --batch 4 --duration 60 --rounds 2 --out out/ray_nodes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+LAYOUTS = {"one node (cores 0-1)": [[0, 1]], "two nodes (core 0, core 1)": [[0], [1]]}
+WARMUP_S = 10
+
+
+def run_layout(name: str, nodes: list[list[int]], args: argparse.Namespace, out: Path) -> dict:
+    import ray
+    from ray import serve
+
+    from loadtest.runner import run_locust
+    from packrat import ray_serve
+    from packrat.ray_local import LocalCluster
+    from packrat.serving import free_port
+
+    cluster = LocalCluster(nodes, port=free_port()).start()
+    try:
+        started = time.monotonic()
+        url, model = ray_serve.deploy({"model": args.model, "profiles": [str(args.profile.resolve())],
+                                       "max_batch": args.batch}, address=cluster.address, port=free_port())
+        deploy_s = time.monotonic() - started
+        users = 2 * args.batch
+        run_locust(url, model, users, WARMUP_S, out / "warmup")
+        result = run_locust(url, model, users, args.duration, out, csv_prefix=name.split(" (")[0].replace(" ", "_"))
+        return {"layout": name, "nodes": nodes, "users": users, "deploy_s": round(deploy_s, 1),
+                "requests": result.requests, "failures": result.failures, "p50_ms": result.p50_ms,
+                "p99_ms": result.p99_ms, "throughput_rps": round(result.throughput_rps, 2)}
+    finally:
+        try:
+            serve.shutdown()
+            ray.shutdown()
+        finally:
+            cluster.stop()
+
+
+def summary(rows: list[dict]) -> str:
+    lines = ["| layout | users | p50 ms | p99 ms | throughput req/s | failures | rounds |",
+             "|---|---|---|---|---|---|---|"]
+    for layout in LAYOUTS:
+        mine = [r for r in rows if r["layout"] == layout]
+        if not mine:
+            continue
+        median = {key: statistics.median(r[key] for r in mine) for key in ("p50_ms", "p99_ms", "throughput_rps")}
+        lines.append(f"| {layout} | {mine[0]['users']} | {median['p50_ms']:.0f} | {median['p99_ms']:.0f} | "
+                     f"{median['throughput_rps']:.2f} | {sum(r['failures'] for r in mine)} | {len(mine)} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--profile", type=Path, required=True, help="a profile with 1- and 2-thread points")
+    parser.add_argument("--batch", type=int, default=4, help="B, each replica's batch; 2B users (default: 4)")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of load per layout and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("out/ray_nodes"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for round_index in range(args.rounds):
+        for name, nodes in LAYOUTS.items():
+            row = {**run_layout(name, nodes, args, args.out / f"round{round_index}"), "round": round_index}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    (args.out / "ray_nodes.json").write_text(json.dumps(rows, indent=2))
+    print(summary(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,196 @@
+"""The Ray Serve front end: one packrat engine per node of a Ray cluster.
+
+Each replica is an Engine (packrat/engine.py) planned for its own node: the CPU budget it sees
+(affinity, CFS quota, `cores`) and the profile taken on the machine most like it. Replicas are
+placed one per node (`max_replicas_per_node=1`), so a cluster of N nodes runs N engines, and
+Ray Serve's proxy spreads the requests over them. Requests and answers are those of the
+TorchServe handler (the shared codec): raw tensors, images, text, JSON, KServe v1 and the whole v2
+(Open Inference) protocol, including the model ready and metadata routes TorchServe 404s.
+
+    app = packrat.ray_serve.app({"model": "resnet50", "profiles": ["profiles/resnet50.csv"]})
+    serve.run(app, route_prefix="/")
+
+`packrat serve --engine ray` does that against a running cluster. KubeRay's RayService names
+`packrat.ray_serve:app` with the same arguments (`packrat export k8s`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+from pathlib import Path
+
+import ray
+from ray import serve
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+
+from .codec import V2_DTYPES
+from .engine import Engine
+from .pool import Answer, Request
+
+log = logging.getLogger("packrat.ray_serve")
+INFER_PATHS = ("/predictions/", "/v1/models/", "/v2/models/")
+BINARY_HEADER = "inference-header-content-length"  # KServe v2's binary tensor extension
+
+
+class PackratReplica:
+    """One node's engine behind Ray Serve's HTTP proxy."""
+
+    def __init__(self, name: str, section: dict, profile_texts: dict[str, str], max_batch: int):
+        # Profiles travel as text: a replica may land on a node that has none of the driver's files.
+        self._profile_dir = tempfile.TemporaryDirectory(prefix="packrat-ray-")
+        for file_name, text in profile_texts.items():
+            (Path(self._profile_dir.name) / file_name).write_text(text)
+        self.name = name
+        self.engine = Engine({**section, "profiles": list(profile_texts)}, self._profile_dir.name, name,
+                             max_batch=max_batch, asynchronous=True)
+        self.node = ray.get_runtime_context().get_node_id()
+        # Which engine answered: the node, and the cores it plans for (its CPU budget).
+        self.headers = {"X-Packrat-Node": self.node,
+                        "X-Packrat-Cores": ",".join(map(str, self.engine.budget.topology.cores))}
+        log.info("packrat replica on node %s: %s", self.node, self.engine.budget.describe())
+
+    async def __call__(self, request: HttpRequest) -> Response:
+        path = request.url.path.rstrip("/")
+        if request.method == "POST" and path.startswith(INFER_PATHS):
+            return await self._infer(request)
+        if request.method == "GET":
+            return self._get(path)
+        return _error(405 if path.startswith(INFER_PATHS) else 404, f"no route for {request.method} {path}")
+
+    async def _infer(self, request: HttpRequest) -> Response:
+        body = await request.body()
+        self.engine.arrive()
+        future = self.engine.submit(Request(body, request.headers.get("content-type")))
+        answer: Answer = await asyncio.wrap_future(future)
+        if answer.status != 200:
+            return _error(answer.status, answer.reason)
+        return Response(answer.body, media_type="application/json", headers=self.headers)
+
+    def _get(self, path: str) -> Response:
+        model = f"/v2/models/{self.name}"
+        if path in ("/ready", "/v2/health/ready", f"{model}/ready", "/ping"):
+            ready = self.engine.pool.health().ready > 0
+            return JSONResponse({"ready": ready, "node": self.node}, status_code=200 if ready else 503)
+        if path == "/v2/health/live":
+            return JSONResponse({"live": True})
+        if path == "/v2":
+            return JSONResponse({"name": "packrat", "version": _version(), "extensions": []})
+        if path in (model, f"{model}/versions/1"):
+            return JSONResponse(v2_metadata(self.name, self.engine.spec.inputs))
+        if path == "/status":
+            return JSONResponse({**self.engine.status(), "node": self.node})
+        return _error(404, f"no route for GET {path}")
+
+    def check_health(self) -> None:
+        """Ray Serve's periodic check: a pool that can no longer serve gets its replica replaced."""
+        unavailable = self.engine.pool.health().unavailable
+        if unavailable:
+            raise RuntimeError(f"packrat pool unavailable: {unavailable}")
+
+    def __del__(self):
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
+
+
+def v2_metadata(name: str, inputs) -> dict:
+    """KServe v2 model metadata: the model's named inputs (batch dimension -1) and its output."""
+    def datatype(dtype: str) -> str:
+        return next(v2 for v2, torch_dtype in V2_DTYPES.items() if str(torch_dtype) == f"torch.{dtype}")
+
+    return {"name": name, "versions": ["1"], "platform": "pytorch",
+            "inputs": [{"name": spec.name, "datatype": datatype(spec.dtype), "shape": [-1, *spec.shape]}
+                       for spec in inputs],
+            "outputs": [{"name": "output0", "datatype": "FP32", "shape": [-1, -1]}]}
+
+
+def _error(status: int, reason: str) -> Response:
+    return JSONResponse({"code": status, "type": "error", "message": reason}, status_code=status)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("packrat")
+    except PackageNotFoundError:
+        return "0"
+
+
+def app(args: dict) -> "serve.Application":
+    """A Ray Serve application (an application builder: `serve run packrat.ray_serve:app
+    model=resnet50 profiles=...`, or KubeRay's import_path). Arguments: `model`, `profiles` (paths,
+    or one `profile`), `name` (default: the model's), `max_batch` (8), `replicas` (1: one per node,
+    up to this many), `cores`, `num_cpus` (Ray CPUs each replica reserves, 1), and any other
+    setting of the archive's packrat section (`plan`, `request_timeout_s`, ...)."""
+    args = dict(args)
+    model = args.pop("model")
+    profiles = args.pop("profiles", None) or [args.pop("profile")]
+    if isinstance(profiles, str):  # `serve run ... profiles=a.csv,b.csv`
+        profiles = profiles.split(",")
+    name = app_name({"model": model, "name": args.pop("name", None)})
+    max_batch, replicas = int(args.pop("max_batch", 8)), int(args.pop("replicas", 1))
+    num_cpus = float(args.pop("num_cpus", 1))
+    texts = {f"profile-{i}.csv": Path(path).read_text() for i, path in enumerate(profiles)}
+    deployment = serve.deployment(
+        PackratReplica, name=name, num_replicas=replicas, max_replicas_per_node=1,
+        # A replica holds at most the batch its plan is for: Ray Serve's proxy prefers the replica on its own
+        # node while that has room, so more would pile the load onto the head node's engine.
+        max_ongoing_requests=max_batch, ray_actor_options={"num_cpus": num_cpus},
+        health_check_period_s=5.0)
+    return deployment.bind(name, {"model": model, **args}, texts, max_batch)
+
+
+def deploy(args: dict, *, address: str = "auto", host: str = "127.0.0.1", port: int = 8000,
+           timeout_s: float = 600.0) -> tuple[str, str]:
+    """Deploy app(args) on the running Ray cluster at `address` (HTTP on host:port, loopback unless
+    told otherwise; one proxy, on the head node) and wait until every replica is ready; its URL and name.
+    `replicas` defaults to the cluster's alive nodes: one engine per node."""
+    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    args = dict(args)
+    args.setdefault("replicas", sum(1 for node in ray.nodes() if node["Alive"]))
+    serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly")
+    name = app_name(args)
+    serve.run(app(args), name=name, route_prefix="/", blocking=False)
+    _wait_running(name, timeout_s)
+    return _proxy_url(host, port), name
+
+
+def _proxy_url(host: str, port: int) -> str:
+    """Where the proxy listens: a cluster whose Serve was started earlier keeps its own address."""
+    from ray.serve.context import _get_global_client
+
+    try:
+        config = _get_global_client().http_config
+    except Exception:  # a Ray version without it: assume ours took
+        return f"http://{host}:{port}"
+    if (config.host, config.port) != (host, port):
+        log.warning("Ray Serve already listens on %s:%s; its HTTP options stay as they are", config.host, config.port)
+    return f"http://{config.host}:{config.port}"
+
+
+def app_name(args: dict) -> str:
+    """The served model's name: `name`, else the model's (a zoo name, or a file's or folder's stem)."""
+    return args.get("name") or Path(str(args["model"]).split(":")[-1]).stem
+
+
+def _wait_running(name: str, timeout_s: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while (status := serve.status().applications.get(name)) is None or status.status != "RUNNING":
+        if status is not None and status.status in ("DEPLOY_FAILED", "UNHEALTHY"):
+            raise RuntimeError(f"Ray Serve could not deploy {name}: {status.message}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} was not running on Ray Serve after {timeout_s:.0f} s "
+                               f"({status.status if status else 'not deployed'})")
+        time.sleep(0.5)
+
+
+def shutdown(address: str = "auto") -> None:
+    """Remove every Ray Serve application and proxy from the cluster (the cluster keeps running)."""
+    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    serve.shutdown()

@@ -1,0 +1,131 @@
+"""The Ray Serve front end on a real two-node Ray cluster on this machine: one node pinned to
+core 0, one to core 1, so each replica plans for one core. Both serve, the load is spread over
+them, a node whose raylet is killed -9 costs at most the requests it held, and its replica comes
+back with the node."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytest.importorskip("ray.serve", reason="Ray Serve is an optional extra: pip install 'packrat[ray]'")
+
+from packrat.ray_local import LocalCluster, wait_for  # noqa: E402
+from packrat.serving import free_port  # noqa: E402
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or shutil.which("taskset") is None,
+                                reason="two pinned nodes need two cores and taskset")
+
+PROFILE = "# model: tiny\n# mode: script\nthreads,batch,latency_ms\n" + "".join(
+    f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in (1, 2) for b in (1, 2, 4))
+BODY = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32",
+                               "data": [0.25] * 3072}]}).encode()
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    from ray import serve
+
+    import ray
+    from packrat import ray_serve
+
+    profile = tmp_path_factory.mktemp("ray") / "tiny.csv"
+    profile.write_text(PROFILE)
+    cluster = LocalCluster([[0], [1]], port=free_port()).start()
+    try:
+        url, name = ray_serve.deploy({"model": "tiny", "profiles": [str(profile)], "max_batch": 2},
+                                     address=cluster.address, port=free_port(), timeout_s=180)
+        yield cluster, url, name
+    finally:
+        try:
+            serve.shutdown()
+            ray.shutdown()
+        finally:
+            cluster.stop()
+
+
+def post(url: str, timeout: float = 30.0) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=BODY, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read()
+            return response.status, dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, {"reason": exc.read().decode(errors="replace")[:200]}
+    except OSError as exc:
+        return 0, {"reason": str(exc)}
+
+
+class Load:
+    """Closed-loop users posting until stopped; every answer recorded as (time, status, headers)."""
+
+    def __init__(self, url: str, users: int):
+        self.url, self.answers, self._stop = url, [], threading.Event()
+        self._threads = [threading.Thread(target=self._user, daemon=True) for _ in range(users)]
+        for thread in self._threads:
+            thread.start()
+
+    def _user(self) -> None:
+        while not self._stop.is_set():
+            status, headers = post(self.url)
+            self.answers.append((time.monotonic(), status, headers))
+
+    def stop(self) -> list:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+        return self.answers
+
+    def nodes_since(self, since: float) -> dict[str, str]:
+        """node → its cores, for the engines that answered since `since`."""
+        return {h["x-packrat-node"]: h["x-packrat-cores"] for t, status, h in list(self.answers)
+                if t >= since and status == 200}
+
+
+def test_metadata_ready_and_both_nodes_serve_their_own_core(deployed):
+    _, url, name = deployed
+    with urllib.request.urlopen(f"{url}/v2/models/{name}/ready", timeout=30) as response:
+        assert response.status == 200 and json.loads(response.read())["ready"] is True
+    with urllib.request.urlopen(f"{url}/v2/models/{name}", timeout=30) as response:
+        metadata = json.loads(response.read())
+    assert metadata["name"] == name and metadata["inputs"][0]["shape"] == [-1, 3, 32, 32]
+    load = Load(f"{url}/v2/models/{name}/infer", users=6)
+    try:
+        start = time.monotonic()
+        nodes = wait_for(lambda: (n := load.nodes_since(start)) and len(n) == 2 and n, 60, "both replicas answering")
+    finally:
+        answers = load.stop()
+    assert sorted(nodes.values()) == ["0", "1"]  # each engine planned for its own node's one core
+    assert all(status == 200 for _, status, _ in answers), [a for a in answers if a[1] != 200][:3]
+
+
+def test_a_killed_node_costs_at_most_its_requests_and_its_replica_comes_back(deployed):
+    cluster, url, name = deployed
+    load = Load(f"{url}/v2/models/{name}/infer", users=6)
+    try:
+        start = time.monotonic()
+        wait_for(lambda: len(load.nodes_since(start)) == 2, 60, "both replicas answering")
+        killed_at = time.monotonic()
+        cluster.kill_node([1])
+        time.sleep(15)  # the load goes on
+        after_kill = [a for a in load.answers if a[0] > killed_at]
+        failed = [a for a in after_kill if a[1] != 200]
+        print(f"after kill -9 of node [1]'s raylet: {len(after_kill)} answers, {len(failed)} failed: "
+              f"{[a[2].get('reason') for a in failed][:3]}")
+        assert len(failed) <= 2  # at most what the dead replica held (max_ongoing_requests = max_batch)
+        settled = killed_at + 10  # the head's engine alone, once Ray Serve has noticed
+        assert set(load.nodes_since(settled).values()) == {"0"}
+        assert all(status == 200 for t, status, _ in load.answers if t > settled)
+        cluster.add_node([1])
+        back = time.monotonic()
+        nodes = wait_for(lambda: (n := load.nodes_since(back)) and len(n) == 2 and n, 120, "the replica coming back")
+        assert sorted(nodes.values()) == ["0", "1"]
+    finally:
+        load.stop()
