@@ -28,32 +28,22 @@ WARMUP_S = 10
 
 
 def run_layout(name: str, nodes: list[list[int]], args: argparse.Namespace, out: Path) -> dict:
-    import ray
-    from ray import serve
-
     from loadtest.runner import run_locust
     from packrat import ray_serve
     from packrat.ray_local import LocalCluster
     from packrat.serving import free_port
 
-    cluster = LocalCluster(nodes, port=free_port()).start()
-    try:
-        started = time.monotonic()
-        url, model = ray_serve.deploy({"model": args.model, "profiles": [str(args.profile.resolve())],
-                                       "max_batch": args.batch}, address=cluster.address, port=free_port())
+    started = time.monotonic()
+    with LocalCluster(nodes, port=free_port()).start() as cluster, \
+            ray_serve.deployed({"model": args.model, "profiles": [str(args.profile.resolve())], "max_batch": args.batch},
+                               address=cluster.address, port=free_port()) as (url, model):
         deploy_s = time.monotonic() - started
         users = 2 * args.batch
         run_locust(url, model, users, WARMUP_S, out / "warmup")
         result = run_locust(url, model, users, args.duration, out, csv_prefix=name.split(" (")[0].replace(" ", "_"))
-        return {"layout": name, "nodes": nodes, "users": users, "deploy_s": round(deploy_s, 1),
-                "requests": result.requests, "failures": result.failures, "p50_ms": result.p50_ms,
-                "p99_ms": result.p99_ms, "throughput_rps": round(result.throughput_rps, 2)}
-    finally:
-        try:
-            serve.shutdown()
-            ray.shutdown()
-        finally:
-            cluster.stop()
+    return {"layout": name, "nodes": nodes, "users": users, "start_s": round(deploy_s, 1),
+            "requests": result.requests, "failures": result.failures, "p50_ms": result.p50_ms,
+            "p99_ms": result.p99_ms, "throughput_rps": round(result.throughput_rps, 2)}
 
 
 def summary(rows: list[dict]) -> str:

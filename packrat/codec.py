@@ -12,7 +12,9 @@ Accepted bodies (one sample each unless a KServe form carries several):
   answered {"predictions": [...]};
 - KServe v2 {"id"?, "inputs": [{"name", "shape", "datatype", "data"}, ...]}: one entry per model
   input, by name (a single-input model takes any name), numbers of the input's shape or [k, *shape],
-  or BYTES (images in base64, or text) for the first input; answered in kind;
+  or BYTES (images in base64, or text) for the first input; answered in kind; also with the binary
+  tensor extension (packrat.oip: a JSON header, then raw tensors; BYTES elements are then raw image
+  bytes or UTF-8 text), answered with binary outputs when the request asks for them;
 - a JSON object of named inputs (one sample each);
 - raw little-endian bytes of one sample, or torch.save bytes of it (read with weights_only).
 A model may take several named inputs (packrat.inputs); the single-sample forms above give its
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import oip
 from .errors import REASON_CHARS, RequestError, first_line  # noqa: F401 (re-exported)
 from .inputs import InputSpec
 from .inputs import describe as describe_inputs
@@ -43,9 +46,8 @@ TASKS = ("classification", "embedding", "language-model")
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
 SAMPLE_KEYS = ("data", "b64", "body", "text")  # where a JSON object keeps its one sample
 SNIFFED_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")  # say nothing
-V2_DTYPES = {"FP32": torch.float32, "FP64": torch.float64, "FP16": torch.float16, "BF16": torch.bfloat16,
-             "INT64": torch.int64, "INT32": torch.int32, "INT16": torch.int16, "INT8": torch.int8,
-             "UINT8": torch.uint8, "BOOL": torch.bool}
+V2_DTYPES = oip.DTYPES
+V2_OUTPUT = "output0"  # the name of a KServe v2 answer's one output
 V2_INPUTS = ("FP32", "FP64", "FP16", "INT64", "INT32", "INT16", "INT8", "UINT8")
 
 
@@ -86,6 +88,14 @@ class Decoded:
     samples: tuple[torch.Tensor, ...]  # one per model input, each (k, *its shape), k >= 1
     form: str  # "plain" | "kserve-v1" | "kserve-v2": how to answer
     request_id: str | None = None  # KServe v2 "id", echoed back
+    binary_output: bool = False  # KServe v2: answer with the binary tensor extension
+
+
+@dataclass(frozen=True)
+class Encoded:
+    body: bytes
+    content_type: str = "application/json"
+    header_length: int | None = None  # binary KServe v2 answers: the JSON header's length (packrat.oip)
 
 
 def request_body(row: dict):
@@ -129,29 +139,31 @@ class Codec:
 
     # ---- decoding ---------------------------------------------------------------------------
 
-    def decode(self, body, content_type: str | None) -> Decoded:
-        """The request's samples and how to answer it; RequestError and nothing else."""
+    def decode(self, body, content_type: str | None, header_length: int | str | None = None) -> Decoded:
+        """The request's samples and how to answer it; RequestError and nothing else.
+        `header_length`: the KServe v2 binary extension's Inference-Header-Content-Length (as sent)."""
         try:
-            return self._decode(body, (content_type or "").split(";")[0].strip().lower())
+            kind = (content_type or "").split(";")[0].strip().lower()
+            return self._decode(body, kind, oip.header_length(header_length))
         except RequestError:
             raise
         except Exception as exc:  # a bug or a body nobody foresaw: still only this request's failure
             raise RequestError(400, f"cannot decode request: {type(exc).__name__}: {first_line(exc)}") from None
 
-    def _decode(self, body, kind: str) -> Decoded:
+    def _decode(self, body, kind: str, header_length: int | None) -> Decoded:
         if isinstance(body, str):  # TorchServe decodes text/* bodies
             body, kind = body.encode("utf-8"), kind or "text/plain"
         if isinstance(body, memoryview):
             body = body.tobytes()
         if isinstance(body, (bytes, bytearray)):
-            return self._from_bytes(body, kind)
+            return self._from_bytes(bytes(body), kind, header_length)
         if body is None:
             raise RequestError(400, "empty request: send one input sample as the body")
         if isinstance(body, (dict, list)):  # TorchServe decodes JSON bodies
             return self._from_json(body)
         raise RequestError(400, f"unsupported request body: {type(body).__name__}")
 
-    def _from_bytes(self, body: bytes | bytearray, kind: str) -> Decoded:
+    def _from_bytes(self, body: bytes, kind: str, header_length: int | None) -> Decoded:
         limit = self.config.max_body_bytes
         if len(body) > limit:
             raise RequestError(413, f"request too large: {len(body)} bytes (limit {limit})")
@@ -161,22 +173,22 @@ class Codec:
                                     "body's type), or use curl -T FILE")
         if not body:
             raise RequestError(400, "empty request: send one input sample as the body")
+        if header_length is not None:  # the KServe v2 binary extension says where its JSON ends
+            return self._v2(*oip.split(body, header_length))
         if body[:4] == ZIP_MAGIC:
             return self._plain(self._first(self._one(self._load_tensor(bytes(body)))))
         if kind.startswith("image/") or (self.input_kind == "image" and _is_image(body)):
             return self._plain(self._first(self._image(bytes(body))))
         if "json" in kind:
-            return self._from_json(_parse_json(body))
+            return self._json_bytes(body)
         json_error = None
         # text/plain text for a text model may well start with "[" or "{"
         sniffed = kind in SNIFFED_TYPES or (kind.startswith("text/") and not self.takes_tokens)
         if sniffed and body[:64].lstrip()[:1] in (b"{", b"["):
             try:
-                value = _parse_json(body)
+                return self._json_bytes(body)
             except RequestError as exc:  # or raw bytes / text that merely start like JSON
                 json_error = exc
-            else:
-                return self._from_json(value)
         text = _as_text(body) if self.takes_tokens or kind.startswith("text/") else None
         if text is not None:
             return self._plain(self._text(text))
@@ -184,13 +196,25 @@ class Codec:
             raise json_error
         return self._plain(self._first(self._raw(body)))
 
+    def _json_bytes(self, body: bytes) -> Decoded:
+        """A JSON body, or a KServe v2 binary one that came without its header length (found by
+        parsing: JSON followed by bytes)."""
+        try:
+            value = _parse_json(body)
+        except RequestError:
+            binary = oip.split(body, None)
+            if binary is None or not _is_v2(binary[0]):
+                raise
+            return self._v2(*binary)
+        return self._from_json(value)
+
     def _from_json(self, body) -> Decoded:
         if isinstance(body, dict):
             if "instances" in body:
                 return self._v1(body["instances"])
-            inputs = body.get("inputs")
-            if isinstance(inputs, list) and inputs and isinstance(inputs[0], dict):
+            if _is_v2(body):
                 return self._v2(body)
+            inputs = body.get("inputs")
             if "inputs" in body:  # legacy: nested numbers of one sample
                 return self._plain(self._first(self._one(self._numbers(inputs))))
             if any(key in body for key in SAMPLE_KEYS) or self._named(body):
@@ -204,12 +228,16 @@ class Codec:
         self._count(len(instances))
         return Decoded(self._finish(_stack([self._sample(item) for item in instances])), "kserve-v1")
 
-    def _v2(self, body: dict) -> Decoded:
+    def _v2(self, body: dict, binary: bytes = b"") -> Decoded:
+        """A KServe v2 body; `binary`: the bytes after its JSON (binary tensor extension)."""
         request_id = body.get("id")
         if request_id is not None and not isinstance(request_id, str):
             raise RequestError(400, '"id" must be a string')
+        inputs = body.get("inputs")
+        if not isinstance(inputs, list) or not inputs:
+            raise RequestError(400, '"inputs" must be a non-empty list of objects {"name", "shape", "datatype", ...}')
         parts: dict[str, torch.Tensor] = {}
-        for entry in body["inputs"]:
+        for entry, chunk in zip(inputs, oip.chunks(inputs, binary)):
             if not isinstance(entry, dict):
                 raise RequestError(400, 'each of "inputs" must be an object {"name", "shape", "datatype", "data"}')
             spec = self._v2_input(entry.get("name"))
@@ -220,10 +248,11 @@ class Codec:
                 if spec is not self.first:
                     raise RequestError(400, f"BYTES (images or text) go to the first input, {self.first.name!r}, "
                                             f"not {spec.name!r}")
-                parts.update(self._v2_bytes(data))
+                parts.update(self._v2_bytes(data) if chunk is None else self._v2_raw_bytes(oip.elements(chunk)))
             else:
-                parts[spec.name] = self._v2_numbers(spec, datatype, entry.get("shape"), data)
-        return Decoded(self._finish(parts), "kserve-v2", request_id)
+                parts[spec.name] = self._v2_numbers(spec, datatype, entry.get("shape"), data, chunk)
+        binary_output = oip.binary_output(body, V2_OUTPUT)
+        return Decoded(self._finish(parts), "kserve-v2", request_id, binary_output)
 
     def _v2_input(self, name) -> InputSpec:
         """The input a v2 entry is for: by name; a single-input model takes any name."""
@@ -243,7 +272,20 @@ class Codec:
         self._count(len(items))
         return _stack([self._sample(item) for item in items])
 
-    def _v2_numbers(self, spec: InputSpec, datatype, shape, data) -> torch.Tensor:
+    def _v2_raw_bytes(self, items: list[bytes]) -> dict[str, torch.Tensor]:
+        """One sample per binary BYTES element: raw image bytes, or UTF-8 text."""
+        if not items:
+            raise RequestError(400, "KServe v2 input has no data")
+        self._count(len(items))
+        if self.input_kind == "image":
+            return _stack([self._first(self._image(item)) for item in items])
+        texts = [_as_text(item) for item in items]
+        if None in texts:
+            raise RequestError(400, "a BYTES element is neither an image nor UTF-8 text")
+        return _stack([self._text(text) for text in texts])
+
+    def _v2_numbers(self, spec: InputSpec, datatype, shape, data, chunk: bytes | None = None) -> torch.Tensor:
+        """An input's numbers: JSON "data", or its binary `chunk`, of `shape` ([k, *the input's] or its own)."""
         if datatype not in V2_INPUTS:
             raise RequestError(400, f"unsupported datatype {str(datatype)[:20]!r}: use BYTES or one of "
                                     f"{', '.join(V2_INPUTS)}")
@@ -251,7 +293,10 @@ class Codec:
             raise RequestError(400, f"wrong dtype{self._for(spec)}: got {datatype}, expected {self.describe(spec)}")
         if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
             raise RequestError(400, '"shape" must be a list of non-negative integers')
-        values = self._numbers(data, spec).flatten()
+        if chunk is None:
+            values = self._numbers(data, spec).flatten()
+        else:
+            values = oip.tensor(chunk, datatype).to(self.dtypes[spec.name])
         if math.prod(shape) != values.numel():
             raise RequestError(400, f"shape {shape} does not match the {values.numel()} values in data")
         values = values.view(shape)
@@ -407,24 +452,33 @@ class Codec:
     # ---- encoding ---------------------------------------------------------------------------
 
     def encode(self, outputs: torch.Tensor, decoded: Decoded) -> bytes:
-        """Compact UTF-8 JSON answering the request that `decoded` came from."""
+        """The body answering the request that `decoded` came from (see encoded())."""
+        return self.encoded(outputs, decoded).body
+
+    def encoded(self, outputs: torch.Tensor, decoded: Decoded) -> Encoded:
+        """Compact UTF-8 JSON answering the request that `decoded` came from; a KServe v2 request
+        asking for binary outputs gets a JSON header and the raw outputs (packrat.oip)."""
         outputs = outputs.detach().cpu()
         if decoded.form == "kserve-v2":
-            body = self._v2_answer(outputs, decoded.request_id)
+            outputs, head = self._v2_answer(outputs, decoded.request_id)
+            if decoded.binary_output:
+                body, length = oip.encode(head, [outputs])
+                return Encoded(body, "application/octet-stream", length)
+            body = {**head, "outputs": [{**head["outputs"][0], "data": outputs.flatten().tolist()}]}
         elif decoded.form == "kserve-v1":
             body = {"predictions": [self._answer(row) for row in outputs]}
         else:
             body = self._answer(outputs[0])
-        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        return Encoded(json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8"))
 
-    def _v2_answer(self, outputs: torch.Tensor, request_id: str | None) -> dict:
+    def _v2_answer(self, outputs: torch.Tensor, request_id: str | None) -> tuple[torch.Tensor, dict]:
+        """The outputs as a v2 datatype can carry them, and the answer without their data."""
         datatype = next((name for name, dtype in V2_DTYPES.items() if dtype == outputs.dtype), None)
         if datatype is None:  # e.g. complex: answer what JSON can carry
             outputs, datatype = outputs.float(), "FP32"
-        output = {"name": "output0", "shape": list(outputs.shape), "datatype": datatype,
-                  "data": outputs.flatten().tolist()}
+        output = {"name": V2_OUTPUT, "shape": list(outputs.shape), "datatype": datatype}
         head = {"model_name": self.config.model_name} | ({"id": request_id} if request_id is not None else {})
-        return {**head, "outputs": [output]}
+        return outputs, {**head, "outputs": [output]}
 
     def _answer(self, output: torch.Tensor) -> dict:
         """One sample's plain answer."""
@@ -474,6 +528,12 @@ def _stack(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     if any(set(sample) != names for sample in samples):
         raise RequestError(400, "every sample of a request must give the same inputs")
     return {name: torch.stack([sample[name] for sample in samples]) for name in samples[0]}
+
+
+def _is_v2(body) -> bool:
+    """A KServe v2 inference request: {"inputs": [{...}, ...]} (legacy bodies hold numbers there)."""
+    inputs = body.get("inputs") if isinstance(body, dict) else None
+    return isinstance(inputs, list) and bool(inputs) and isinstance(inputs[0], dict)
 
 
 def _is_image(body: bytes | bytearray) -> bool:

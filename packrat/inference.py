@@ -7,22 +7,31 @@ handler, so both answer alike. A request's own failure is answered alone: 4xx fo
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 import torch
 
 from .codec import Codec
 from .errors import RequestError, first_line
 
-Reply = tuple[int, bytes, str]  # status, JSON body, one-line reason ("" when 200); pool.Answer wraps it
+
+class Reply(NamedTuple):
+    """One request's answer; pool.Answer(*reply) wraps it. A tuple, so it crosses from an instance
+    process to the parent as plain pickled data."""
+    status: int
+    body: bytes  # JSON, or a binary KServe v2 answer
+    reason: str = ""  # one line ("" when 200)
+    content_type: str = "application/json"
+    header_length: int | None = None  # binary KServe v2 answers: Inference-Header-Content-Length
 
 
-def answer_batch(module, codec: Codec, bodies: list[tuple[bytes, str | None]]) -> list[Reply]:
-    """(status, body, reason) for each (body, content type), in order."""
+def answer_batch(module, codec: Codec, bodies: list[tuple]) -> list[Reply]:
+    """A reply for each (body, content type[, KServe v2 header length]), in order."""
     answers: list = [None] * len(bodies)
     decoded = {}
-    for index, (body, content_type) in enumerate(bodies):
+    for index, request in enumerate(bodies):
         try:
-            decoded[index] = codec.decode(body, content_type)
+            decoded[index] = codec.decode(*request)
         except RequestError as exc:
             answers[index] = error(exc.status, exc.reason)
     outputs = run_each(module, {i: d.samples for i, d in decoded.items()})
@@ -32,7 +41,8 @@ def answer_batch(module, codec: Codec, bodies: list[tuple[bytes, str | None]]) -
             answers[index] = error(500, output)
             continue
         try:
-            answers[index] = (200, codec.encode(output, item), "")
+            encoded = codec.encoded(output, item)
+            answers[index] = Reply(200, encoded.body, "", encoded.content_type, encoded.header_length)
         except Exception as exc:  # our failure, this request's alone
             answers[index] = error(500, f"cannot encode the answer: {type(exc).__name__}: {first_line(exc)}")
     return answers
@@ -65,4 +75,4 @@ def batched(samples: list[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
 
 
 def error(status: int, reason: str) -> Reply:
-    return status, json.dumps({"error": reason}).encode(), reason
+    return Reply(status, json.dumps({"error": reason}).encode(), reason)

@@ -46,6 +46,12 @@ class LocalCluster:
             self.add_node(cores)
         return self
 
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def add_node(self, cores: list[int]) -> None:
         """Start (or restart) a worker node pinned to `cores`."""
         self._ray(cores, "--address", self.address)

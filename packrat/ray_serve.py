@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import ray
@@ -26,13 +27,13 @@ from ray import serve
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
+from . import oip
 from .codec import V2_DTYPES
 from .engine import Engine
 from .pool import Answer, Request
 
 log = logging.getLogger("packrat.ray_serve")
 INFER_PATHS = ("/predictions/", "/v1/models/", "/v2/models/")
-BINARY_HEADER = "inference-header-content-length"  # KServe v2's binary tensor extension
 
 
 class PackratReplica:
@@ -63,11 +64,12 @@ class PackratReplica:
     async def _infer(self, request: HttpRequest) -> Response:
         body = await request.body()
         self.engine.arrive()
-        future = self.engine.submit(Request(body, request.headers.get("content-type")))
+        future = self.engine.submit(Request(body, request.headers.get("content-type"), request.headers.get(oip.HEADER)))
         answer: Answer = await asyncio.wrap_future(future)
         if answer.status != 200:
             return _error(answer.status, answer.reason)
-        return Response(answer.body, media_type="application/json", headers=self.headers)
+        binary = {oip.HEADER: str(answer.header_length)} if answer.header_length is not None else {}
+        return Response(answer.body, media_type=answer.content_type, headers={**self.headers, **binary})
 
     def _get(self, path: str) -> Response:
         model = f"/v2/models/{self.name}"
@@ -77,7 +79,7 @@ class PackratReplica:
         if path == "/v2/health/live":
             return JSONResponse({"live": True})
         if path == "/v2":
-            return JSONResponse({"name": "packrat", "version": _version(), "extensions": []})
+            return JSONResponse({"name": "packrat", "version": _version(), "extensions": ["binary_tensor_data"]})
         if path in (model, f"{model}/versions/1"):
             return JSONResponse(v2_metadata(self.name, self.engine.spec.inputs))
         if path == "/status":
@@ -157,6 +159,19 @@ def deploy(args: dict, *, address: str = "auto", host: str = "127.0.0.1", port: 
     serve.run(app(args), name=name, route_prefix="/", blocking=False)
     _wait_running(name, timeout_s)
     return _proxy_url(host, port), name
+
+
+@contextmanager
+def deployed(args: dict, **kwargs):
+    """deploy(args, **kwargs) for the length of a `with` block: (url, name); then Ray Serve is shut
+    down and this process leaves the cluster."""
+    try:
+        yield deploy(args, **kwargs)
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
 
 
 def _proxy_url(host: str, port: int) -> str:

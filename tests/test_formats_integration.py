@@ -1,6 +1,7 @@
 """What TorchServe users send, end to end through real TorchServe (Java) with token auth on:
-images, base64 JSON, KServe v1/v2, text with a shipped tokenizer, labels; bad requests answered
-alone in shared batches; size limits; an instance killed twice and the worker killed, losing no request."""
+images, base64 JSON, KServe v1/v2, tritonclient over the Open Inference Protocol (binary tensors),
+text with a shipped tokenizer, labels; bad requests answered alone in shared batches; size limits;
+an instance killed twice and the worker killed, losing no request."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -60,19 +62,20 @@ def huge_png() -> bytes:
     return bytes(png)
 
 
-def start(tmp_path_factory, model: str, **archive) -> serving.Server:
+def start(tmp_path_factory, model: str, oip: bool = False, **archive) -> serving.Server:
     run_dir = tmp_path_factory.mktemp(model)
     profile = run_dir / "profile.csv"
     profile.write_text(PROFILE)
     mar = serving.archive(model, profile, run_dir / "model_store", batch_size=4, **archive)
-    return serving.start(serving.Server(run_dir, model, serving.Ports.free(), token_auth=True), mar, timeout=180)
+    server = serving.Server(run_dir, model, serving.Ports.free(), token_auth=True, oip=oip)
+    return serving.start(server, mar, timeout=180)
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
     labels = tmp_path_factory.mktemp("labels") / "index_to_name.json"
     labels.write_text(json.dumps(LABELS))
-    srv = start(tmp_path_factory, "tiny", labels=labels, max_body_bytes=MAX_BODY)
+    srv = start(tmp_path_factory, "tiny", oip=True, labels=labels, max_body_bytes=MAX_BODY)
     yield srv
     serving.stop(srv)
 
@@ -110,9 +113,9 @@ def expected_classes(body: bytes, content_type: str | None) -> list[int]:
     """What the model says about this body in this process (same codec, same model)."""
     spec = resolve("tiny")
     module, _, _ = prepare(spec, 1)
-    (status, answer, _), = answer_batch(module, Codec(CodecConfig.for_model(spec)), [(body, content_type)])
-    assert status == 200
-    return [p["class"] for p in json.loads(answer)["predictions"]]
+    (reply,) = answer_batch(module, Codec(CodecConfig.for_model(spec)), [(body, content_type)])
+    assert reply.status == 200
+    return [p["class"] for p in json.loads(reply.body)["predictions"]]
 
 
 def test_image_formats(images):
@@ -188,11 +191,71 @@ def test_body_over_torchserve_limit_is_413_not_a_reset(images):
     assert status == 413
 
 
+def test_tritonclient_over_the_open_inference_protocol(images, text_server):
+    """tritonclient.http as it comes: binary tensors both ways by default, JSON when asked; several
+    named inputs; a malformed binary body answered 400 alone beside good ones in shared batches."""
+    http = pytest.importorskip("tritonclient.http")
+    client = http.InferenceServerClient(f"127.0.0.1:{images.ports.inference}", network_timeout=120)
+    auth = {"Authorization": f"Bearer {images.key('inference')}"}
+    assert client.is_server_live(headers=auth) and client.is_server_ready(headers=auth)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    module, _, _ = prepare(resolve("tiny"), 2)
+    with torch.inference_mode():
+        want = module(x).numpy()
+    for binary in (True, False):
+        given = http.InferInput("input0", [2, 3, 32, 32], "FP32")
+        given.set_data_from_numpy(x.numpy(), binary_data=binary)
+        result = client.infer("tiny", [given], outputs=[http.InferRequestedOutput("output0", binary_data=binary)],
+                              request_id="r1", headers=dict(auth))  # infer() adds its header length to it
+        assert ("data" in result.get_output("output0")) is not binary and result.get_response()["id"] == "r1"
+        np.testing.assert_allclose(result.as_numpy("output0"), want, rtol=1e-4, atol=1e-4)
+
+    header = json.dumps({"inputs": [{"name": "x", "shape": [1, 3, 32, 32], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 3 * 32 * 32 * 4}}]}).encode()
+    good = (header + x[0].numpy().tobytes(), str(len(header)))
+    bad = {"cut short": (good[0][:-4], good[1]), "header length beyond the body": (good[0], str(len(good[0]) + 1)),
+           "header length not a number": (good[0], "twelve")}
+    requests = [("good", *good)] * 6 + [(name, *case) for name, case in bad.items()]
+
+    def send(request):
+        name, body, length = request
+        posted = urllib.request.Request(f"{images.inference_url}/v2/models/tiny/infer", data=body, method="POST",
+                                        headers={**auth, "Content-Type": "application/octet-stream",
+                                                 "inference-header-content-length": length})  # any case
+        try:
+            with urllib.request.urlopen(posted, timeout=60) as response:
+                return response.status, dict(response.headers), response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read()
+
+    with ThreadPoolExecutor(len(requests)) as threads:
+        answers = list(threads.map(send, requests))  # at once: they share TorchServe's batches
+    for (name, _, _), (status, headers, body) in zip(requests, answers):
+        if name == "good":  # no outputs named and no binary_data_output: JSON
+            assert status == 200 and headers["content-type"].startswith("application/json"), (status, body)
+            np.testing.assert_allclose(json.loads(body)["outputs"][0]["data"], want[0].flatten(), rtol=1e-4, atol=1e-4)
+        else:
+            reason = json.loads(body)["error"]
+            assert status == 400 and reason and "\n" not in reason, (name, status, body)
+
+    srv, _ = text_server  # several named inputs, binary, as INT64 token ids and mask
+    ids = torch.tensor([[2, 7, 9, 11, 3] + [0] * 11])
+    mask = (ids != 0).long()
+    given = [http.InferInput("input_ids", [1, 16], "INT64"), http.InferInput("attention_mask", [1, 16], "INT64")]
+    for tensor, value in zip(given, (ids, mask)):
+        tensor.set_data_from_numpy(value.numpy())
+    text = http.InferenceServerClient(f"127.0.0.1:{srv.ports.inference}", network_timeout=120)
+    result = text.infer("tiny_text", given, headers={"Authorization": f"Bearer {srv.key('inference')}"})
+    module, _, _ = prepare(resolve("tiny_text"), 1)
+    with torch.inference_mode():
+        np.testing.assert_allclose(result.as_numpy("output0"), module(ids, mask).numpy(), rtol=1e-4, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def text_server(tmp_path_factory):
     tokenizer = build_demo_tokenizer(tmp_path_factory.mktemp("tokenizer"), "wordpiece",
                                      text="the quick brown fox jumps over the lazy dog")
-    srv = start(tmp_path_factory, "tiny_text", tokenizer=tokenizer)
+    srv = start(tmp_path_factory, "tiny_text", oip=True, tokenizer=tokenizer)
     yield srv, tokenizer
     serving.stop(srv)
 
@@ -202,9 +265,9 @@ def test_text_with_the_shipped_tokenizer(text_server):
     spec = resolve("tiny_text")
     module, _, _ = prepare(spec, 1)
     codec = Codec(CodecConfig.for_model(spec, tokenizer=str(tokenizer)))
-    ((_, want, _),) = answer_batch(module, codec, [(b"the quick brown fox", "text/plain")])
+    (want,) = answer_batch(module, codec, [(b"the quick brown fox", "text/plain")])
     status, body = post(srv, b"the quick brown fox", "text/plain; charset=utf-8")
-    assert status == 200 and body["embedding"] == pytest.approx(json.loads(want)["embedding"], abs=1e-5)
+    assert status == 200 and body["embedding"] == pytest.approx(json.loads(want.body)["embedding"], abs=1e-5)
     status, again = post(srv, json.dumps({"text": "the quick brown fox"}).encode(), "application/json")
     assert status == 200 and again["embedding"] == pytest.approx(body["embedding"], abs=1e-5)
     status, body = post(srv, " ".join(["dog"] * 40).encode(), "text/plain")

@@ -45,7 +45,7 @@ def reference():
     requests = [raw(x) for x in inputs]
     codec = Codec(CodecConfig.for_model(resolve("tiny")))
     answers = answer_batch(module, codec, [(r.body, r.content_type) for r in requests])
-    return requests, [json.loads(body) for _, body, _ in answers]
+    return requests, [json.loads(answer.body) for answer in answers]
 
 
 def assert_same(answers, expected) -> None:

@@ -31,24 +31,14 @@ BODY = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "dataty
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
-    from ray import serve
-
-    import ray
     from packrat import ray_serve
 
     profile = tmp_path_factory.mktemp("ray") / "tiny.csv"
     profile.write_text(PROFILE)
-    cluster = LocalCluster([[0], [1]], port=free_port()).start()
-    try:
-        url, name = ray_serve.deploy({"model": "tiny", "profiles": [str(profile)], "max_batch": 2},
-                                     address=cluster.address, port=free_port(), timeout_s=180)
+    with LocalCluster([[0], [1]], port=free_port()).start() as cluster, \
+            ray_serve.deployed({"model": "tiny", "profiles": [str(profile)], "max_batch": 2},
+                               address=cluster.address, port=free_port(), timeout_s=180) as (url, name):
         yield cluster, url, name
-    finally:
-        try:
-            serve.shutdown()
-            ray.shutdown()
-        finally:
-            cluster.stop()
 
 
 def post(url: str, timeout: float = 30.0) -> tuple[int, dict]:
@@ -104,6 +94,29 @@ def test_metadata_ready_and_both_nodes_serve_their_own_core(deployed):
         answers = load.stop()
     assert sorted(nodes.values()) == ["0", "1"]  # each engine planned for its own node's one core
     assert all(status == 200 for _, status, _ in answers), [a for a in answers if a[1] != 200][:3]
+
+
+def test_a_v2_client_in_its_default_binary_mode(deployed):
+    """tritonclient against the Ray front end: the v2 routes TorchServe 404s, and binary tensors."""
+    http = pytest.importorskip("tritonclient.http")
+    import numpy as np
+    import torch
+
+    from packrat.models import prepare, resolve
+
+    _, url, name = deployed
+    client = http.InferenceServerClient(url.removeprefix("http://"))
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(name)
+    metadata = client.get_model_metadata(name)
+    assert metadata["inputs"][0]["shape"] == [-1, 3, 32, 32]
+    x = torch.rand(2, 3, 32, 32)
+    module, _, _ = prepare(resolve("tiny"), 2, graph_mode="eager")
+    with torch.inference_mode():
+        want = module(x).numpy()
+    given = http.InferInput(metadata["inputs"][0]["name"], [2, 3, 32, 32], "FP32")
+    given.set_data_from_numpy(x.numpy())  # binary by default
+    result = client.infer(name, [given], outputs=[http.InferRequestedOutput("output0")])
+    np.testing.assert_allclose(result.as_numpy("output0"), want, rtol=1e-4, atol=1e-4)
 
 
 def test_a_killed_node_costs_at_most_its_requests_and_its_replica_comes_back(deployed):

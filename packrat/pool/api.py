@@ -36,13 +36,16 @@ class ModelConfig:
 class Request:
     body: bytes
     content_type: str | None = None
+    header_length: int | str | None = None  # KServe v2 binary extension: Inference-Header-Content-Length, as sent
 
 
 @dataclass(frozen=True)
 class Answer:
     status: int
-    body: bytes  # JSON
+    body: bytes  # JSON, or a binary KServe v2 answer (JSON header, then raw outputs)
     reason: str = ""  # one line, for errors
+    content_type: str = "application/json"
+    header_length: int | None = None  # binary KServe v2 answers: the response's Inference-Header-Content-Length
 
     @classmethod
     def error(cls, status: int, reason: str) -> "Answer":

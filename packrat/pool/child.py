@@ -114,5 +114,5 @@ def main(conn: Connection) -> None:
         if new_segment:
             segment = attach(*new_segment)
         started = time.perf_counter()
-        answers = answer_batch(module, codec, [(segment[o:o + n], ct) for o, n, ct in items])
+        answers = answer_batch(module, codec, [(segment[o:o + n], ct, hl) for o, n, ct, hl in items])
         conn.send(("answers", answers, (time.perf_counter() - started) * 1e3))

@@ -124,7 +124,7 @@ class Instance:
         for job in jobs:
             body = job.request.body
             self.segment.buf[offset:offset + len(body)] = body
-            items.append((offset, len(body), job.request.content_type))
+            items.append((offset, len(body), job.request.content_type, job.request.header_length))
             offset += len(body)
         self.jobs, self.busy_since = jobs, time.monotonic()
         self.conn.send(("infer", items, new_segment))

@@ -1,0 +1,214 @@
+"""The KServe v2 binary tensor extension (packrat.oip) through the codec, without a server:
+requests as tritonclient builds them, answers as tritonclient reads them, and every refusal."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+from ts.context import Context, RequestProcessor
+
+from handlers import common
+from packrat.codec import Codec, CodecConfig, RequestError
+from packrat.inference import answer_batch
+from packrat.inputs import InputSpec
+from packrat.models import prepare, resolve
+from packrat.pool import Answer
+
+IMAGE = CodecConfig((3, 8, 8), "float32", "classification", model_name="img")
+TEXT = CodecConfig((4,), "int64", "embedding", model_name="txt",
+                   inputs=(InputSpec("input_ids", (4,), "int64", 100), InputSpec("attention_mask", (4,), "int64", 2,
+                                                                                 fill="ones")))
+
+
+@pytest.fixture(scope="module")
+def triton():
+    return pytest.importorskip("tritonclient.http")
+
+
+def binary(head: dict, *chunks: bytes) -> tuple[bytes, int]:
+    """(body, header length) of a request: the JSON header, then the raw chunks."""
+    header = json.dumps(head).encode()
+    return header + b"".join(chunks), len(header)
+
+
+def entry(name: str, tensor: torch.Tensor, datatype: str = "FP32", size: int | None = None) -> dict:
+    raw = tensor.numpy().tobytes()
+    return {"name": name, "shape": list(tensor.shape), "datatype": datatype,
+            "parameters": {"binary_data_size": len(raw) if size is None else size}}
+
+
+def decode(codec: Codec, request: tuple[bytes, int]):
+    return codec.decode(request[0], "application/octet-stream", request[1])
+
+
+def refusal(codec: Codec, body: bytes, header_length) -> str:
+    with pytest.raises(RequestError) as info:
+        codec.decode(body, "application/octet-stream", header_length)
+    assert info.value.status == 400 and "\n" not in info.value.reason
+    return info.value.reason
+
+
+def test_tritonclient_requests_decode_like_json(triton):
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    given = triton.InferInput("input0", [2, 3, 8, 8], "FP32")
+    given.set_data_from_numpy(x.numpy())  # binary_data=True: tritonclient's default
+    body, length = triton.InferenceServerClient.generate_request_body(
+        [given], outputs=[triton.InferRequestedOutput("output0")], request_id="r7")
+    codec = Codec(IMAGE)
+    decoded = codec.decode(body, None, str(length))  # headers arrive as text
+    assert torch.equal(decoded.samples[0], x) and decoded.request_id == "r7" and decoded.binary_output
+    # the same body without its header length: the JSON's end is found by parsing
+    assert torch.equal(codec.decode(body, "application/json", None).samples[0], x)
+    assert codec.decode(bytearray(body), None).binary_output
+    given.set_data_from_numpy(x.numpy(), binary_data=False)
+    body, length = triton.InferenceServerClient.generate_request_body(
+        [given], outputs=[triton.InferRequestedOutput("output0", binary_data=False)])
+    assert length is None
+    decoded = codec.decode(body, None)
+    assert torch.equal(decoded.samples[0], x) and not decoded.binary_output
+
+
+def test_several_named_inputs_binary_and_json_mixed():
+    ids, mask = torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1, 1, 1, 0]])
+    head = {"inputs": [entry("attention_mask", mask, "INT64"),
+                       {"name": "input_ids", "shape": [1, 4], "datatype": "INT32", "data": ids.flatten().tolist()}]}
+    decoded = decode(Codec(TEXT), binary(head, mask.numpy().tobytes()))
+    assert [t.tolist() for t in decoded.samples] == [ids.tolist(), mask.tolist()]
+    # INT32 bytes for an int64 input are widened; a left-out mask is filled with ones
+    head = {"inputs": [entry("input_ids", ids.int(), "INT32")]}
+    got_ids, got_mask = decode(Codec(TEXT), binary(head, ids.int().numpy().tobytes())).samples
+    assert got_ids.dtype == torch.int64 and got_ids.tolist() == ids.tolist() and got_mask.tolist() == [[1] * 4]
+
+
+def test_bytes_elements_are_raw_images():
+    pictures = []
+    for colour in ((255, 0, 0), (0, 0, 255)):
+        buffer = io.BytesIO()
+        Image.new("RGB", (8, 8), colour).save(buffer, "PNG")
+        pictures.append(buffer.getvalue())
+    chunk = b"".join(struct.pack("<I", len(p)) + p for p in pictures)
+    head = {"inputs": [{"name": "img", "shape": [2], "datatype": "BYTES",
+                        "parameters": {"binary_data_size": len(chunk)}}]}
+    (samples,) = decode(Codec(IMAGE), binary(head, chunk)).samples
+    assert samples.shape == (2, 3, 8, 8) and samples[0, 0, 0, 0] > samples[1, 0, 0, 0]  # red, then blue
+
+
+def test_binary_answers_read_back_by_tritonclient(triton):
+    codec = Codec(IMAGE)
+    x = torch.zeros(1, 3, 8, 8)
+    outputs = torch.arange(20, dtype=torch.float32).view(2, 10)
+    for asked in ({"outputs": [{"name": "output0", "parameters": {"binary_data": True}}]},
+                  {"parameters": {"binary_data_output": True}}):
+        decoded = decode(codec, binary({"id": "a", "inputs": [entry("x", x)], **asked}, x.numpy().tobytes()))
+        encoded = codec.encoded(outputs, decoded)
+        assert encoded.content_type == "application/octet-stream"
+        result = triton.InferenceServerClient.parse_response_body(encoded.body, header_length=encoded.header_length)
+        assert np.array_equal(result.as_numpy("output0"), outputs.numpy())
+        assert result.get_response()["id"] == "a" and "data" not in result.get_response()["outputs"][0]
+    # an output asked for in JSON wins over the request-wide binary_data_output
+    head = {"inputs": [entry("x", x)], "parameters": {"binary_data_output": True},
+            "outputs": [{"name": "output0", "parameters": {"binary_data": False}}]}
+    encoded = codec.encoded(outputs, decode(codec, binary(head, x.numpy().tobytes())))
+    assert encoded.header_length is None and encoded.content_type == "application/json"
+    assert json.loads(encoded.body)["outputs"][0]["data"] == list(range(20))
+
+
+@pytest.mark.parametrize("case, want", [
+    ("length beyond body", "but the body has only"),
+    ("length not a number", "must be a byte count"),
+    ("header not JSON", "not valid JSON"),
+    ("too few bytes", "ends at byte"),
+    ("too many bytes", "bytes after the inputs' binary data"),
+    ("partial value", "not a whole number of 4-byte values"),
+    ("shape disagrees", "does not match the"),
+    ("unknown datatype", "unsupported datatype"),
+    ("bad size", "must be a non-negative integer"),
+    ("bytes element cut", "runs past its binary_data_size"),
+    ("unknown output", "unknown output"),
+])
+def test_malformed_binary_requests_are_400_with_a_reason(case, want):
+    x = torch.zeros(1, 3, 8, 8)
+    raw = x.numpy().tobytes()
+    body, length = binary({"inputs": [entry("x", x)]}, raw)
+    bodies = {
+        "length beyond body": (body, len(body) + 1),
+        "length not a number": (body, "12a"),
+        "header not JSON": (body, length - 1),
+        "too few bytes": (body[:-4], length),
+        "too many bytes": (body + b"\0" * 4, length),
+        "partial value": binary({"inputs": [entry("x", x, size=len(raw) - 2)]}, raw[:-2]),
+        "shape disagrees": binary({"inputs": [entry("x", x, size=len(raw) - 4)]}, raw[:-4]),
+        "unknown datatype": binary({"inputs": [entry("x", x, "FP8")]}, raw),
+        "bad size": binary({"inputs": [entry("x", x, size="many")]}, raw),
+        "bytes element cut": binary({"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES",
+                                                 "parameters": {"binary_data_size": 8}}]},
+                                    struct.pack("<I", 9) + b"abcd"),
+        "unknown output": binary({"inputs": [entry("x", x)], "outputs": [{"name": "logits"}]}, raw),
+    }
+    assert want in refusal(Codec(IMAGE), *bodies[case])
+
+
+HEADS = st.fixed_dictionaries({"inputs": st.lists(st.fixed_dictionaries({
+    "name": st.sampled_from(["input_ids", "attention_mask", "x"]),
+    "shape": st.lists(st.integers(-1, 5), max_size=3),
+    "datatype": st.sampled_from(["INT64", "INT32", "FP32", "BYTES", "BOOL", "FP8"]),
+    "parameters": st.fixed_dictionaries({"binary_data_size": st.integers(-2, 40) | st.text(max_size=3)})}),
+    max_size=3)})
+
+
+@settings(max_examples=300, deadline=None)
+@given(head=HEADS, tail=st.binary(max_size=64), shift=st.integers(-3, 3), keep_header=st.booleans())
+def test_binary_decode_raises_nothing_but_request_error(head, tail, shift, keep_header):
+    body, length = binary(head, tail)
+    try:
+        decoded = Codec(TEXT).decode(body, None, length + shift if keep_header else None)
+    except RequestError as exc:
+        assert 400 <= exc.status < 500 and "\n" not in exc.reason
+    else:
+        assert [t.shape[1:] for t in decoded.samples] == [(4,), (4,)]
+
+
+def test_bad_binary_request_fails_alone_in_its_batch():
+    spec = resolve("tiny")
+    module, _, _ = prepare(spec, 4)
+    codec = Codec(CodecConfig.for_model(spec))
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    good = binary({"inputs": [entry("input", x)], "parameters": {"binary_data_output": True}}, x.numpy().tobytes())
+    bad = (good[0][:-1], good[1])
+    replies = answer_batch(module, codec, [(good[0], None, good[1]), (bad[0], None, bad[1]),
+                                           (good[0], "application/octet-stream", str(good[1]))])
+    assert [r.status for r in replies] == [200, 400, 200]
+    assert replies[1].content_type == "application/json" and "ends at byte" in json.loads(replies[1].body)["error"]
+    with torch.inference_mode():
+        want = module(x)
+    for reply in replies[::2]:
+        assert reply.content_type == "application/octet-stream"
+        data = np.frombuffer(reply.body[reply.header_length:], dtype=np.float32).reshape(1, 10)
+        torch.testing.assert_close(torch.from_numpy(data.copy()), want, rtol=1e-4, atol=1e-4)
+
+
+def test_torchserve_rows_carry_the_header_length_and_answers_set_it():
+    context = Context("tiny", "/tmp", {}, 2, None, "0.12")
+    context.request_processor = [  # TorchServe passes header names as the client sent them
+        RequestProcessor({"body": {"content-type": "application/octet-stream"},
+                          "inference-header-content-length": "9"}),
+        RequestProcessor({"body": {"content-type": "application/json"}, "Inference-Header-Content-Length": "9"})]
+    raw = common.to_request({"body": bytearray(b'{"a":1}xy')}, context, 0)
+    assert (raw.body, raw.header_length) == (b'{"a":1}xy', "9")
+    # a body TorchServe decoded as JSON was JSON and nothing else: re-encoded, its length is no longer right
+    assert common.to_request({"body": {"a": 1}}, context, 1).header_length is None
+    answers = [Answer(200, b"{}xy", "", "application/octet-stream", 2), Answer(400, b'{"error":"no"}', "no")]
+    assert common.respond(answers, context) == [b"{}xy", b'{"error":"no"}']
+    assert context.get_response_content_type(0) == "application/octet-stream"
+    assert context.get_response_headers(0)["Inference-Header-Content-Length"] == "2"
+    assert context.get_response_content_type(1) == "application/json"
+    assert "Inference-Header-Content-Length" not in context.get_response_headers(1)
+    assert context.get_response_status(1) == (400, "no")
