@@ -1,14 +1,21 @@
 """One Ray node against two on the same cores: packrat's Ray Serve front end under locust.
 
 Layouts, on this machine's cores 0 and 1 (packrat/ray_local.py pins each node with taskset):
-  one node:  a single node on cores 0-1; its one replica plans for 2 cores;
-  two nodes: a node on core 0 and one on core 1; a replica on each plans for 1 core.
-Each replica's batch is B (`max_batch`, Ray Serve's max_ongoing_requests), and locust runs 2B
+  one node, batch B:  a single node on cores 0-1; its replica plans batch B for 2 cores;
+  one node, batch 2B: the same node, its replica planning batch 2B (it holds every user);
+  two nodes:          a node on core 0 and one on core 1; a replica on each plans batch B for 1 core.
+A replica's batch is its `max_batch` (and Ray Serve's max_ongoing_requests). Locust runs 2B
 closed-loop users against /predictions/MODEL for --duration seconds: p50, p99, throughput and
 failures. Rounds alternate the layouts (each starts a fresh cluster); the summary gives medians.
 
     python benchmarks/ray_nodes.py --model resnet50 --profile out/bench17/resnet50-compile.csv \
         --batch 4 --duration 60 --rounds 2 --out out/ray_nodes
+
+--kill instead runs the two nodes under the same load, kills node [1]'s raylet (kill -9) a third
+of the way in and starts the node again at two thirds: failures, and throughput per phase.
+
+    python benchmarks/ray_nodes.py --kill --model resnet50 --profile out/bench17/resnet50-compile.csv \
+        --batch 4 --duration 90 --out out/ray_kill
 """
 
 from __future__ import annotations
@@ -23,11 +30,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-LAYOUTS = {"one node (cores 0-1)": [[0, 1]], "two nodes (core 0, core 1)": [[0], [1]]}
+# layout → (nodes' cores, each replica's batch as a multiple of B)
+LAYOUTS = {"one node (cores 0-1), batch B": ([[0, 1]], 1),
+           "one node (cores 0-1), batch 2B": ([[0, 1]], 2),
+           "two nodes (core 0, core 1), batch B each": ([[0], [1]], 1)}
 WARMUP_S = 10
 
 
-def run_layout(name: str, nodes: list[list[int]], args: argparse.Namespace, out: Path) -> dict:
+def run_layout(name: str, nodes: list[list[int]], batch: int, args: argparse.Namespace, out: Path) -> dict:
     from loadtest.runner import run_locust
     from packrat import ray_serve
     from packrat.ray_local import LocalCluster
@@ -35,15 +45,57 @@ def run_layout(name: str, nodes: list[list[int]], args: argparse.Namespace, out:
 
     started = time.monotonic()
     with LocalCluster(nodes, port=free_port()).start() as cluster, \
-            ray_serve.deployed({"model": args.model, "profiles": [str(args.profile.resolve())], "max_batch": args.batch},
+            ray_serve.deployed({"model": args.model, "profiles": [str(args.profile.resolve())], "max_batch": batch},
                                address=cluster.address, port=free_port()) as (url, model):
         deploy_s = time.monotonic() - started
         users = 2 * args.batch
         run_locust(url, model, users, WARMUP_S, out / "warmup")
-        result = run_locust(url, model, users, args.duration, out, csv_prefix=name.split(" (")[0].replace(" ", "_"))
-    return {"layout": name, "nodes": nodes, "users": users, "start_s": round(deploy_s, 1),
+        result = run_locust(url, model, users, args.duration, out, csv_prefix=f"{len(nodes)}nodes_b{batch}")
+    return {"layout": name, "nodes": nodes, "replica_batch": batch, "users": users, "start_s": round(deploy_s, 1),
             "requests": result.requests, "failures": result.failures, "p50_ms": result.p50_ms,
             "p99_ms": result.p99_ms, "throughput_rps": round(result.throughput_rps, 2)}
+
+
+def kill_run(args: argparse.Namespace, out: Path) -> dict:
+    """The two-node layout under 2B users for --duration seconds: node [1]'s raylet is killed -9 at
+    a third of it and started again at two thirds. Failures, and throughput in each third."""
+    import threading
+
+    from loadtest.runner import run_locust
+    from packrat import ray_serve
+    from packrat.ray_local import LocalCluster
+    from packrat.serving import free_port
+
+    third = args.duration / 3
+    with LocalCluster([[0], [1]], port=free_port()).start() as cluster, \
+            ray_serve.deployed({"model": args.model, "profiles": [str(args.profile.resolve())], "max_batch": args.batch},
+                               address=cluster.address, port=free_port()) as (url, model):
+        run_locust(url, model, 2 * args.batch, WARMUP_S, out / "warmup")
+        events = {}
+
+        def chaos() -> None:
+            time.sleep(third)
+            events["killed"] = time.time()
+            cluster.kill_node([1])
+            time.sleep(third)
+            events["restarted"] = time.time()
+            cluster.add_node([1])
+
+        thread = threading.Thread(target=chaos)
+        thread.start()
+        result = run_locust(url, model, 2 * args.batch, args.duration, out, csv_prefix="kill")
+        thread.join()
+    phases = {"before": (0, events["killed"]), "one node": (events["killed"], events["restarted"]),
+              "after restart": (events["restarted"], float("inf"))}
+    throughput = {name: _mean(r.rps for r in result.history if lo <= r.timestamp < hi) for name, (lo, hi) in phases.items()}
+    failures_at = [round(r.timestamp - events["killed"]) for r in result.history if r.failures_per_s > 0]
+    return {"requests": result.requests, "failures": result.failures, "seconds_after_kill_with_failures": failures_at,
+            "throughput_rps": throughput, "p50_ms": result.p50_ms, "p99_ms": result.p99_ms}
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return round(statistics.mean(values), 2) if values else float("nan")
 
 
 def summary(rows: list[dict]) -> str:
@@ -67,12 +119,21 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load per layout and round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("out/ray_nodes"))
+    parser.add_argument("--kill", action="store_true",
+                        help="instead: two nodes under load, node [1]'s raylet killed -9 at a third of --duration "
+                             "and restarted at two thirds; failures and throughput per phase")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.kill:
+        result = kill_run(args, args.out)
+        (args.out / "ray_kill.json").write_text(json.dumps(result, indent=2))
+        print(json.dumps(result))
+        return 0
     rows = []
     for round_index in range(args.rounds):
-        for name, nodes in LAYOUTS.items():
-            row = {**run_layout(name, nodes, args, args.out / f"round{round_index}"), "round": round_index}
+        for name, (nodes, multiple) in LAYOUTS.items():
+            row = {**run_layout(name, nodes, multiple * args.batch, args, args.out / f"round{round_index}"),
+                   "round": round_index}
             print(json.dumps(row), flush=True)
             rows.append(row)
     (args.out / "ray_nodes.json").write_text(json.dumps(rows, indent=2))

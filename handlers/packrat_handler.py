@@ -1,8 +1,9 @@
-"""The packrat TorchServe handler: adapts TorchServe's requests to an instance pool.
+"""The packrat TorchServe handler: adapts TorchServe's requests to packrat's engine.
 
-initialize() reads the archive's packrat settings and profile, plans for the batch size
-TorchServe was given and the cores this worker may use, and starts the pool under a controller
-that re-plans when the load changes (`reconfigure: false` in the archive turns that off).
+initialize() builds the Engine (packrat/engine.py) from the archive's packrat settings: the CPU
+budget of this worker, the archive's profile for this machine, the plan for the batch size
+TorchServe was given, and the pool under a controller that re-plans when the load changes
+(`reconfigure: false` in the archive turns that off). The Ray Serve front end wraps the same engine.
 handle() only moves bytes: each request's body goes to the pool as it is, and its answer
 (decoded, run and encoded inside an instance) comes back with its own status.
 

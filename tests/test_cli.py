@@ -587,3 +587,18 @@ def test_status_reports_the_cpu_budget_and_profile(monkeypatch, capsys, tmp_path
     assert "profile: profile-1.csv: taken on This CPU" in out
     assert cli.main(["status", "--run-dir", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == status  # complete
+
+
+def test_serve_on_ray_sends_the_archive_settings_with_absolute_paths(tmp_path, monkeypatch):
+    """`packrat serve --engine ray` deploys packrat.ray_serve.app with what an archive would hold."""
+    profile = tmp_path / "tiny.csv"
+    profile.write_text("# model: tiny\nthreads,batch,latency_ms\n1,1,1.0\n")
+    monkeypatch.chdir(tmp_path)
+    args = cli.build_parser().parse_args(["serve", "--engine", "ray", "--model", "tiny", "--profile", "tiny.csv",
+                                          "--batch-size", "4", "--cores", "1", "--replicas", "2",
+                                          "--request-timeout", "30", "--no-reconfigure"])
+    app_args = cli.ray_app_args(args)
+    assert app_args["profiles"] == [str(profile)] and app_args["model"] == "tiny"
+    assert (app_args["max_batch"], app_args["cores"], app_args["replicas"]) == (4, 1, 2)
+    assert app_args["request_timeout_s"] == 30 and app_args["reconfigure"] is False
+    assert cli.build_parser().parse_args(["stop", "--engine", "ray"]).engine == "ray"

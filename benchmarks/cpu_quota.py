@@ -1,0 +1,122 @@
+"""What planning for the CPU quota buys: a plan for the affinity's cores against a plan for the
+budget, both run under a real CFS quota.
+
+As root on a cgroup v1 machine (this one), it makes /sys/fs/cgroup/cpu/packrat-bench-quota with a
+quota of --quota cores and runs itself inside it (`--inside`). There it plans twice from the same
+profile: for the cores the affinity shows (what packrat did before it read quotas, and what a
+container with `docker --cpus` or a pod's `limits.cpu` shows) and for the CPU budget
+(packrat/budget.py, cut to the quota). Both pools answer batches of B raw-tensor requests in
+alternating rounds, one pool at a time, each answering batches back to back for --seconds (a
+burst shorter than the quota's period is not throttled; a sustained load is); it prints each
+plan's median batch latency and throughput, and the latency ratio.
+
+    python benchmarks/cpu_quota.py --model resnet50 --profile out/bench17/resnet50-compile.csv \
+        --batch 4 --quota 1 --rounds 2 --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CGROUP = Path("/sys/fs/cgroup/cpu/packrat-bench-quota")
+PERIOD_US = 100_000
+
+
+def inside(args: argparse.Namespace) -> dict:
+    """Run in the cgroup: both plans' pools, interleaved; their medians."""
+    from packrat.bench import _answered, _timed
+    from packrat.budget import cpu_budget
+    from packrat.codec import sample_request
+    from packrat.graph import served
+    from packrat.models import resolve
+    from packrat.planner import serving_plan
+    from packrat.pool import InstancePool, ModelConfig, Request
+    from packrat.profile import load
+    from packrat.topology import detect
+
+    profile = load(args.profile)
+    items, mode = profile.items(), served(profile.metadata.get("mode"))
+    budget, affinity = cpu_budget(), detect()
+    plans = {"affinity": serving_plan(items, affinity.num_cores, args.batch, affinity, "auto")[0],
+             "budget": serving_plan(items, budget.cores, args.batch, budget.topology, "auto")[0]}
+    spec = resolve(args.model)
+    requests = [Request(*sample_request(spec.inputs, sample)) for sample in zip(*spec.example_inputs(args.batch))]
+    config = ModelConfig(args.model, graph_mode=mode)
+    latencies: dict[str, list[float]] = {name: [] for name in plans}
+    served = {name: 0.0 for name in plans}  # requests per second, summed over rounds
+    for _ in range(args.rounds):
+        for name, plan in plans.items():
+            # One pool at a time: an idle pool's OpenMP threads spin, and that would eat the quota.
+            with InstancePool.from_plan(config, plan) as pool:
+                _answered(pool, requests)  # warm-up
+                started, count = time.monotonic(), 0
+                while time.monotonic() - started < args.seconds:
+                    latencies[name].append(_timed(lambda: _answered(pool, requests)))
+                    count += 1
+                served[name] += count * len(requests) / (time.monotonic() - started)
+    medians = {name: statistics.median(values) for name, values in latencies.items()}
+    throughput = {name: total / args.rounds for name, total in served.items()}
+    return {"model": args.model, "batch": args.batch, "quota_cores": args.quota, "budget": budget.describe(),
+            "plans": {name: plan.describe() for name, plan in plans.items()}, "median_ms": medians,
+            "throughput_rps": throughput, "affinity_over_budget": medians["affinity"] / medians["budget"],
+            "rounds": args.rounds, "seconds": args.seconds}
+
+
+def run_in_cgroup(args: argparse.Namespace) -> dict:
+    CGROUP.mkdir(exist_ok=True)
+    try:
+        (CGROUP / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (CGROUP / "cpu.cfs_quota_us").write_text(str(int(args.quota * PERIOD_US)))
+        tasks = CGROUP / "tasks"
+        cmd = [sys.executable, __file__, "--inside", *sys.argv[1:]]
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                              preexec_fn=lambda: tasks.write_text(str(os.getpid())))
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.strip().splitlines()[-5:])
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        time.sleep(0.5)  # the child's instances have exited; the cgroup must be empty to go
+        CGROUP.rmdir()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--profile", type=Path, required=True)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--quota", type=float, default=1.0, help="the CFS quota, in cores (default: 1)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of both plans, alternating (default: 2)")
+    parser.add_argument("--seconds", type=float, default=20.0,
+                        help="seconds of back-to-back batches per plan and round: long enough for the quota to bind")
+    parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here too")
+    parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.inside:
+        print(json.dumps(inside(args)))
+        return 0
+    if os.geteuid() != 0 or not CGROUP.parent.is_dir():
+        print("needs root and a cgroup v1 cpu controller at /sys/fs/cgroup/cpu", file=sys.stderr)
+        return 2
+    result = run_in_cgroup(args)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+    m = result["median_ms"]
+    print(f"{args.model} B={args.batch} under a {args.quota:g}-core quota; {result['budget']}")
+    for name in ("affinity", "budget"):
+        print(f"  plan for the {name:<8}  {result['plans'][name]:<28} {m[name]:8.1f} ms  "
+              f"{result['throughput_rps'][name]:6.2f} req/s")
+    print(f"  affinity / budget: {result['affinity_over_budget']:.2f}×")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
