@@ -31,10 +31,16 @@ class CpuBudget:
     topology: Topology  # the cores to pin to, cut to `cores`
 
     def describe(self) -> str:
-        return f"{self.cores} core{'' if self.cores == 1 else 's'} ({self.source}: {self.detail})"
+        return describe(self.to_json())
 
     def to_json(self) -> dict:
         return {"cores": self.cores, "source": self.source, "detail": self.detail}
+
+
+def describe(budget: dict) -> str:
+    """One line from CpuBudget.to_json() (as `packrat status` gets it): the cores, then why."""
+    cores = budget["cores"]
+    return f"{cores} core{'' if cores == 1 else 's'} ({budget['source']}: {budget['detail']})"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from . import bench, graph, profiler, serving
 from .planner import NoPlanError, Plan, Planner
 from .profile import LATENCIES, ProfileError, load
 from .budget import cpu_budget
+from .budget import describe as describe_budget
 from .topology import Topology
 
 DEFAULT_BATCHES = "1,2,4,8,16,32,64"
@@ -639,7 +640,7 @@ def print_budget_and_profile(status: dict) -> None:
     """The cores the handler plans for and why, and the profile it chose (see packrat/engine.py)."""
     budget = status.get("cpu_budget")
     if budget:
-        print(f"CPU budget: {budget['cores']} cores ({budget['source']}: {budget['detail']})")
+        print(f"CPU budget: {describe_budget(budget)}")
     if status.get("profile"):
         print(f"profile: {status['profile']}")
 

@@ -115,9 +115,9 @@ def test_cli_serve_and_stop(tmp_path, capsys):
     try:
         assert main(argv) == 0
         out = capsys.readouterr().out  # the handler's budget, from the archive's `cores`, and its profile
-        assert "CPU budget: 1 cores (the archive's `cores` setting: 1 of the " in out
+        assert "CPU budget: 1 core (the archive's `cores` setting: 1 of the " in out
         assert "profile: profile.csv: taken on unknown CPU" in out
-        assert "packrat CPU budget: 1 cores" in (run_dir / "logs" / "model_log.log").read_text()
+        assert "packrat CPU budget: 1 core (" in (run_dir / "logs" / "model_log.log").read_text()
         server = serving.Server.load(run_dir)
         assert server.ports.inference == int(ports[0]) and not server.token_auth
         body = torch.zeros(3, 32, 32).numpy().tobytes()
