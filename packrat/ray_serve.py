@@ -33,7 +33,6 @@ from .engine import Engine
 from .pool import Answer, Request
 
 log = logging.getLogger("packrat.ray_serve")
-INFER_PATHS = ("/predictions/", "/v1/models/", "/v2/models/")
 
 
 class PackratReplica:
@@ -55,14 +54,23 @@ class PackratReplica:
 
     async def __call__(self, request: HttpRequest) -> Response:
         path = request.url.path.rstrip("/")
-        if request.method == "POST" and path.startswith(INFER_PATHS):
+        if request.method == "POST" and path in self.infer_paths:
             return await self._infer(request)
         if request.method == "GET":
             return self._get(path)
-        return _error(405 if path.startswith(INFER_PATHS) else 404, f"no route for {request.method} {path}")
+        return _error(405 if path in self.infer_paths else 404, f"no route for {request.method} {path}")
+
+    @property
+    def infer_paths(self) -> tuple[str, ...]:
+        """Where this model answers predictions: TorchServe's, KServe v1's and v2's paths."""
+        name = self.name
+        return (f"/predictions/{name}", f"/v1/models/{name}:predict", f"/v2/models/{name}/infer",
+                f"/v2/models/{name}/versions/1/infer")
 
     async def _infer(self, request: HttpRequest) -> Response:
-        body = await request.body()
+        body = await self._body(request)
+        if body is None:
+            return _error(413, f"request body over {self.engine.codec.max_body_bytes} bytes")
         self.engine.arrive()
         future = self.engine.submit(Request(body, request.headers.get("content-type"), request.headers.get(oip.HEADER)))
         answer: Answer = await asyncio.wrap_future(future)
@@ -70,6 +78,17 @@ class PackratReplica:
             return _error(answer.status, answer.reason)
         binary = {oip.HEADER: str(answer.header_length)} if answer.header_length is not None else {}
         return Response(answer.body, media_type=answer.content_type, headers={**self.headers, **binary})
+
+    async def _body(self, request: HttpRequest) -> bytes | None:
+        """The body; None when it is over the codec's limit. An oversized body is still read to its
+        end, keeping none of it past the limit: refusing it unread resets the connection, and the
+        client would never see the 413."""
+        limit, kept, size = self.engine.codec.max_body_bytes, [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size <= limit:
+                kept.append(chunk)
+        return b"".join(kept) if size <= limit else None
 
     def _get(self, path: str) -> Response:
         model = f"/v2/models/{self.name}"

@@ -119,6 +119,17 @@ def test_a_v2_client_in_its_default_binary_mode(deployed):
     np.testing.assert_allclose(result.as_numpy("output0"), want, rtol=1e-4, atol=1e-4)
 
 
+def test_unknown_routes_and_oversized_bodies_are_refused_with_a_reason(deployed):
+    _, url, name = deployed
+    assert post(f"{url}/predictions/other")[0] == 404
+    huge = urllib.request.Request(f"{url}/predictions/{name}", data=b"\0" * (17 * 2**20),
+                                  headers={"Content-Type": "application/octet-stream"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(huge, timeout=60)
+    assert refused.value.code == 413 and "over" in json.loads(refused.value.read())["message"]
+    assert post(f"{url}/predictions/{name}")[0] == 200  # the replica serves on
+
+
 def test_a_killed_node_costs_at_most_its_requests_and_its_replica_comes_back(deployed):
     cluster, url, name = deployed
     load = Load(f"{url}/v2/models/{name}/infer", users=6)
