@@ -51,6 +51,9 @@ V2_OUTPUT = "output0"  # the name of a KServe v2 answer's one output
 V2_INPUTS = ("FP32", "FP64", "FP16", "INT64", "INT32", "INT16", "INT8", "UINT8")
 
 
+MAX_BODY_BYTES = 16 * 2**20  # a request body's default limit (413 above it)
+
+
 @dataclass(frozen=True)
 class CodecConfig:
     input_shape: tuple[int, ...]  # one sample of the model's (first) input
@@ -60,7 +63,7 @@ class CodecConfig:
     vocab_size: int | None = None  # token ids must be in [0, vocab_size)
     tokenizer: str | None = None  # a Hugging Face tokenizer.json (text models)
     labels: str | None = None  # TorchServe's index_to_name.json
-    max_body_bytes: int = 16 * 2**20
+    max_body_bytes: int = MAX_BODY_BYTES
     max_pixels: int = 50_000_000  # decompression bombs: checked from the header, before decoding
     max_samples: int = 64  # samples one (KServe) request may carry
     truncate_text: bool = False  # text longer than the model takes: truncated instead of 413

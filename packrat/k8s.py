@@ -266,10 +266,10 @@ def serve_config(s: Settings) -> dict:
     """Ray Serve's config: one application, one replica per worker node, each owning its node's CPUs."""
     args = {"model": s.archive.model, "profiles": [f"{CONFIG_DIR}/{n}" for n in s.archive.profiles],
             "max_batch": s.archive.max_batch, "name": s.name, "replicas": s.replicas, "num_cpus": s.cores}
-    deployment = {"name": s.name, "num_replicas": s.replicas, "max_replicas_per_node": 1,
-                  "ray_actor_options": {"num_cpus": s.cores}}
+    engines = {"name": f"{s.name}-engine", "num_replicas": s.replicas, "max_replicas_per_node": 1,
+               "ray_actor_options": {"num_cpus": s.cores}}  # the ingress (deployment NAME) keeps its own
     return {"applications": [{"name": s.name, "import_path": "packrat.ray_serve:app", "route_prefix": "/",
-                              "args": args, "deployments": [deployment]}]}
+                              "args": args, "deployments": [engines]}]}
 
 
 def ray_pod(s: Settings, name: str, cores: int, memory: str, ports: list[dict]) -> dict:

@@ -212,7 +212,8 @@ def test_rayservice_runs_one_packrat_replica_per_worker(rendered):
     assert app["import_path"] == "packrat.ray_serve:app"
     assert app["args"]["model"] == "resnet50" and app["args"]["max_batch"] == 4
     assert app["args"]["profiles"] == [f"/etc/packrat/{n}" for n in settings.archive.profiles]
-    deployment, = app["deployments"]
+    deployment, = app["deployments"]  # the engines (packrat.ray_serve.app names them NAME-engine)
+    assert deployment["name"] == f"{app['name']}-engine" == f"{app['args']['name']}-engine"
     assert deployment["max_replicas_per_node"] == 1 and deployment["num_replicas"] == settings.replicas
     assert deployment["ray_actor_options"]["num_cpus"] == settings.cores
     cluster = ray["spec"]["rayClusterConfig"]
