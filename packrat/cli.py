@@ -572,7 +572,7 @@ def add_serve_parser(sub) -> None:
                           "per node of the Ray cluster, each planned for its node's CPU budget and profile")
     ray.add_argument("--ray-address", default="auto", help="the cluster to deploy on (default: auto, the local one)")
     ray.add_argument("--replicas", type=positive(int), default=None,
-                     help="replicas, at most one per node (default: the cluster's alive nodes)")
+                     help="engines (Ray Serve replicas), at most one per node (default: the cluster's alive nodes)")
     ray.add_argument("--http-host", default="127.0.0.1",
                      help="the address Ray Serve's proxy listens on (default: 127.0.0.1, loopback)")
     ray.add_argument("--http-port", type=positive(int), default=8000, help="default: 8000")
