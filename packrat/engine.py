@@ -40,16 +40,9 @@ class Engine:
         model, spec = model_config(section, str(model_dir), profile.metadata.get("mode"))
         self.spec, self.codec = spec, codec_config(section, spec, model_name, str(model_dir))
         self.max_batch = max_batch
-        items, topology, mode = profile.items(), self.budget.topology, section.get("plan", "auto")
-
-        def plan_for(batch: int):
-            plan, fallback = serving_plan(items, topology.num_cores, batch, topology, mode)
-            if fallback:
-                log.warning(fallback)
-            return plan
-
+        self._items, self._plan_mode = profile.items(), section.get("plan", "auto")
         start_batch = min(int(section.get("plan_batch") or max_batch), max_batch)
-        plan = plan_for(start_batch)
+        plan = self.plan_for(start_batch)
         log.info("packrat plan for T=%d, B=%d: %s", plan.threads, plan.batch, plan.describe())
         settings = pool_settings(section)
         if not asynchronous:  # the whole batch is here: nothing more comes until it is answered
@@ -59,8 +52,16 @@ class Engine:
         if mismatch:
             log.warning(mismatch)
         estimator = BatchSizeEstimator(start_batch, max_batch, EstimatorSettings(**section.get("estimator", {})))
-        self.controller = Controller(self.pool, plan, plan_for, lambda p: configs_for(p, max_batch), estimator)
+        self.controller = Controller(self.pool, plan, self.plan_for, lambda p: configs_for(p, max_batch), estimator)
         self.reconfigure = bool(section.get("reconfigure", True))  # follow the load, unless told not to
+
+    def plan_for(self, batch: int):
+        """The plan for `batch` on this machine's budget (the fat one where the archive says so)."""
+        topology = self.budget.topology
+        plan, fallback = serving_plan(self._items, topology.num_cores, batch, topology, self._plan_mode)
+        if fallback:
+            log.warning(fallback)
+        return plan
 
     def arrive(self, count: int = 1) -> None:
         """`count` requests arrived together: one observation of the load for the controller."""
