@@ -70,11 +70,7 @@ def _unescape(field: str) -> str:
 def cgroup_mounts(root: Path) -> dict[str, Mount]:
     """The cgroup2 mount ("v2") and the v1 mount holding the cpu controller ("v1"), from mountinfo."""
     mounts: dict[str, Mount] = {}
-    try:
-        lines = (root / "proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return mounts
-    for line in lines:
+    for line in (_read(root / "proc/self/mountinfo") or "").splitlines():
         fields, _, tail = line.partition(" - ")
         fields, tail = fields.split(), tail.split()
         if len(fields) < 5 or len(tail) < 3:
@@ -90,11 +86,7 @@ def cgroup_mounts(root: Path) -> dict[str, Mount]:
 def cgroup_paths(root: Path) -> dict[str, str]:
     """This process's cgroup in the v2 hierarchy ("v2") and in the v1 cpu hierarchy ("v1")."""
     paths: dict[str, str] = {}
-    try:
-        lines = (root / "proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return paths
-    for line in lines:
+    for line in (_read(root / "proc/self/cgroup") or "").splitlines():
         number, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if number == "0" and controllers == "":

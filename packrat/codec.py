@@ -46,7 +46,6 @@ TASKS = ("classification", "embedding", "language-model")
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
 SAMPLE_KEYS = ("data", "b64", "body", "text")  # where a JSON object keeps its one sample
 SNIFFED_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")  # say nothing
-V2_DTYPES = oip.DTYPES
 V2_OUTPUT = "output0"  # the name of a KServe v2 answer's one output
 V2_INPUTS = ("FP32", "FP64", "FP16", "INT64", "INT32", "INT16", "INT8", "UINT8")
 
@@ -476,7 +475,7 @@ class Codec:
 
     def _v2_answer(self, outputs: torch.Tensor, request_id: str | None) -> tuple[torch.Tensor, dict]:
         """The outputs as a v2 datatype can carry them, and the answer without their data."""
-        datatype = next((name for name, dtype in V2_DTYPES.items() if dtype == outputs.dtype), None)
+        datatype = oip.datatype(outputs.dtype)
         if datatype is None:  # e.g. complex: answer what JSON can carry
             outputs, datatype = outputs.float(), "FP32"
         output = {"name": V2_OUTPUT, "shape": list(outputs.shape), "datatype": datatype}
@@ -512,7 +511,7 @@ def sample_request(inputs: tuple[InputSpec, ...], sample: tuple[torch.Tensor, ..
         array = sample[0].contiguous().numpy()
         return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes(), "application/octet-stream"
     entries = [{"name": spec.name, "shape": list(tensor.shape), "data": tensor.flatten().tolist(),
-                "datatype": next(name for name, dtype in V2_DTYPES.items() if dtype == tensor.dtype)}
+                "datatype": oip.datatype(tensor.dtype)}
                for spec, tensor in zip(inputs, sample)]
     return json.dumps({"inputs": entries}, separators=(",", ":")).encode(), "application/json"
 

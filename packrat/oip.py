@@ -24,6 +24,14 @@ DTYPES = {"FP32": torch.float32, "FP64": torch.float64, "FP16": torch.float16, "
           "UINT8": torch.uint8, "BOOL": torch.bool}
 
 
+NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def datatype(dtype: torch.dtype) -> str | None:
+    """The v2 datatype name of a torch dtype ("FP32"), or None where v2 has none (say, complex)."""
+    return NAMES.get(dtype)
+
+
 def header_length(value) -> int | None:
     """The HTTP header's value as a length; None when absent. A value that is no length is refused."""
     if value is None:

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import ray
+import torch
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
@@ -32,7 +33,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from . import oip
-from .codec import MAX_BODY_BYTES, V2_DTYPES
+from .codec import MAX_BODY_BYTES, V2_OUTPUT
 from .engine import Engine
 from .pool import Answer, Request
 
@@ -96,6 +97,9 @@ class PackratIngress:
 
     def __init__(self, name: str, engines: DeploymentHandle, max_body_bytes: int):
         self.name, self.engines, self.max_body_bytes = name, engines, max_body_bytes
+        # Where this model answers predictions: TorchServe's, KServe v1's and v2's paths.
+        self.infer_paths = (f"/predictions/{name}", f"/v1/models/{name}:predict", f"/v2/models/{name}/infer",
+                            f"/v2/models/{name}/versions/1/infer")
 
     async def __call__(self, request: HttpRequest) -> Response:
         path = request.url.path.rstrip("/")
@@ -104,13 +108,6 @@ class PackratIngress:
         if request.method == "GET":
             return await self._get(path)
         return _error(405 if path in self.infer_paths else 404, f"no route for {request.method} {path}")
-
-    @property
-    def infer_paths(self) -> tuple[str, ...]:
-        """Where this model answers predictions: TorchServe's, KServe v1's and v2's paths."""
-        name = self.name
-        return (f"/predictions/{name}", f"/v1/models/{name}:predict", f"/v2/models/{name}/infer",
-                f"/v2/models/{name}/versions/1/infer")
 
     async def _infer(self, request: HttpRequest) -> Response:
         body = await self._body(request)
@@ -163,13 +160,10 @@ class PackratIngress:
 
 def v2_metadata(name: str, inputs) -> dict:
     """KServe v2 model metadata: the model's named inputs (batch dimension -1) and its output."""
-    def datatype(dtype: str) -> str:
-        return next(v2 for v2, torch_dtype in V2_DTYPES.items() if str(torch_dtype) == f"torch.{dtype}")
-
     return {"name": name, "versions": ["1"], "platform": "pytorch",
-            "inputs": [{"name": spec.name, "datatype": datatype(spec.dtype), "shape": [-1, *spec.shape]}
+            "inputs": [{"name": spec.name, "datatype": oip.datatype(getattr(torch, spec.dtype)), "shape": [-1, *spec.shape]}
                        for spec in inputs],
-            "outputs": [{"name": "output0", "datatype": "FP32", "shape": [-1, -1]}]}
+            "outputs": [{"name": V2_OUTPUT, "datatype": "FP32", "shape": [-1, -1]}]}
 
 
 def _error(status: int, reason: str) -> Response:

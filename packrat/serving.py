@@ -242,6 +242,7 @@ def archive(model: str, profile: Path | list[Path] | None, out_dir: Path, *, nam
     servers' CPU budget (packrat/budget.py) and is written only when given."""
     from .budget import cpu_budget
     from .models import HF_PREFIX, resolve
+    from .profile import chosen as profile_for_machine
 
     spec = resolve(model, input_shape)  # fail here on an unknown model, not in a worker
     name = name or Path(model.removeprefix(HF_PREFIX).rstrip("/")).stem.replace(":", "_").replace(".", "_")
@@ -268,7 +269,7 @@ def archive(model: str, profile: Path | list[Path] | None, out_dir: Path, *, nam
             paths = [profile] if isinstance(profile, (str, Path)) else list(profile or [])
             if not paths:
                 raise ServeError("the packrat handler needs a profile: run `packrat profile` first or pass --profile")
-            chosen = chosen_profile(paths, budget.cores)  # also rejects a bad profile, with its own message
+            chosen = profile_for_machine(paths, budget.cores)[0]  # also rejects a bad profile, with its own message
             mode = chosen.metadata["mode"]
             profile_names = ["profile.csv"] if len(paths) == 1 else [f"profile-{i}.csv" for i in range(len(paths))]
             for path, shipped_name in zip(paths, profile_names):
@@ -288,13 +289,6 @@ def archive(model: str, profile: Path | list[Path] | None, out_dir: Path, *, nam
                "--extra-files", ",".join(map(str, extra)), "--export-path", str(out_dir), "--force"]
         _run_tool(cmd)
     return out_dir / f"{name}.mar"
-
-
-def chosen_profile(paths: list[Path], cores: int):
-    """The profile among `paths` that a server on this machine, with `cores` cores budgeted, plans with."""
-    from .profile import chosen
-
-    return chosen(paths, cores)[0]
 
 
 def planned_instances(profile, batch_size: int, handler: str, cores: int) -> set[tuple[int, int]] | None:
