@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from packrat import profiler
-from packrat.planner import Planner
-from packrat.profile import load
+from packrat.profiling import profiler
+from packrat.planning.planner import Planner
+from packrat.profiling.profiles import load
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-profiles"
 

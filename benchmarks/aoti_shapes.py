@@ -33,7 +33,7 @@ PACKRAT = "static,run-threads"
 def build(model: str, variant: str, batch: int, path: Path) -> float:
     import torch
 
-    from packrat.models import resolve
+    from packrat.models.zoo import resolve
 
     spec = resolve(model)
     dynamic = variant.startswith("dynamic")
@@ -50,7 +50,7 @@ def build(model: str, variant: str, batch: int, path: Path) -> float:
 def time_package(model: str, path: Path, batch: int, iters: int) -> float:
     import torch
 
-    from packrat.models import resolve
+    from packrat.models.zoo import resolve
 
     loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
     inputs = resolve(model).example_inputs(batch)

@@ -7,13 +7,13 @@
     .venv/bin/python benchmarks/chaos.py --model tiny --duration 20 --every 5 --faults kill   # smoke run
 
 Chaos mode (default). The model is archived and served in real TorchServe as `packrat bench`
-does (serving.archive + serving.start: the packrat handler with the planned instances for batch
+does (archive.archive + torchserve.start: the packrat handler with the planned instances for batch
 size B, or TorchServe's stock handler with --handler stock), warmed up by locust, then loaded by
 a closed loop of --users (default 2B) locust users sending --payload (default the synthetic JPEG)
 for --duration seconds. Every --every seconds, counted from the first request, the next fault of
 --faults is injected (the list is cycled):
 
-  kill         kill -9 of a random pool instance (the processes running `-m packrat.pool` under
+  kill         kill -9 of a random pool instance (the processes running `-m packrat.serving.pool` under
                TorchServe's Java process; a parked one after a reconfiguration counts too)
   double-kill  kill -9 of an instance, then of its replacement as soon as it appears (polled every
                20 ms, at most --replace-wait s): the pool must survive a respawn that fails while loading
@@ -21,7 +21,7 @@ for --duration seconds. Every --every seconds, counted from the first request, t
                the pool's watchdog should have killed it)
   worker       kill -9 of a TorchServe Python worker (`model_service_worker`, a child of Java; the
                packrat handler has one, stock TorchServe several: one of them is killed)
-  reconfigure  a forced switch through serving.request_reconfigure to the plan for B//2 (at least
+  reconfigure  a forced switch through torchserve_control.request_reconfigure to the plan for B//2 (at least
                1), B, B//2, ... in turn (the archive has the estimator off, so nothing else switches)
 
 For every fault: the time, the pids hit and recovery_s, from the fault until the server served at
@@ -29,7 +29,7 @@ full strength again, polled every 0.25 s and bounded by the next fault (the last
 the processes hit are gone from the process table (a zombie is not gone: its parent has not noticed
 yet; a stopped instance may be resumed instead), a killed worker has a successor, a forced switch
 runs the plan for its batch, TorchServe lists every worker READY (as many as after warm-up) and the
-handler's pool health (serving.handler_status) says ready == instances, respawning == 0; a failing
+handler's pool health (torchserve.handler_status) says ready == instances, respawning == 0; a failing
 management API counts as not recovered. With the stock handler only the worker checks apply.
 
 Every request's start, latency, status and, for failures, the answer's body (or the client's error)
@@ -46,7 +46,7 @@ at full strength again, or 60 s later) the RSS and open file descriptors summed 
 worker(s) and their instances; the /dev/shm entries named like the pool's segments (multiprocessing's
 psm_*, the pool's packrat-<pid>-*: these counts include every process on the machine) and, by name,
 this server's own (those its processes map, or packrat-<their pid>-*). After the run the server is
-stopped (serving.stop) and, after up to --grace s, any process of this server (a pool instance or
+stopped (torchserve.stop) and, after up to --grace s, any process of this server (a pool instance or
 worker whose TEMP is this server's, or a pid seen during the run) and any segment it mapped or owns
 (its workers' pids also from TorchServe's model log) still there is a leftover.
 
@@ -91,8 +91,11 @@ import psutil
 from loadtest import run_locust
 from loadtest.payload import PAYLOAD_KINDS
 from loadtest.requestlog import RequestRecord, read_request_log
-from packrat import bench, serving
-from packrat.cli import positive, resolve_profile, users_list
+from packrat.cli import bench
+from packrat.deploy import torchserve
+from packrat.deploy import archive
+from packrat.frontends import torchserve_control
+from packrat.cli.main import positive, resolve_profile, users_list
 
 FAULT_KINDS = ("kill", "double-kill", "stop", "worker", "reconfigure")
 STOCK_FAULTS = ("worker",)  # stock TorchServe has no pool
@@ -459,7 +462,7 @@ HEALTH_COUNTERS = ("respawn_failures", "watchdog_kills", "refused", "expired", "
 class Injector:
     """Injects faults into one server and measures how long it takes to serve at full strength again."""
 
-    def __init__(self, server: serving.Server, handler: str, batch: int, tracker: Tracker, rng: random.Random, *,
+    def __init__(self, server: torchserve.Server, handler: str, batch: int, tracker: Tracker, rng: random.Random, *,
                  stop_s: float, replace_wait_s: float, log: Callable[[str], None]):
         self.server, self.handler, self.batch, self.tracker, self.rng = server, handler, batch, tracker, rng
         self.stop_s, self.replace_wait_s, self.log = stop_s, replace_wait_s, log
@@ -476,11 +479,11 @@ class Injector:
         API holds a describe for up to 30 s while the worker is gone) or with the stock handler."""
         if self.handler != "packrat":
             return None
-        return bounded(lambda: serving.handler_status(self.server), timeout_s)
+        return bounded(lambda: torchserve.handler_status(self.server), timeout_s)
 
     def full_strength(self) -> tuple[bool, dict | None]:
         """(Every worker READY and, with the packrat handler, every pool instance ready, the status seen)."""
-        statuses = serving.worker_status(self.server)
+        statuses = torchserve.worker_status(self.server)
         if len(statuses) < max(1, self.expected_workers) or any(s != "READY" for s in statuses):
             return False, None
         if self.handler != "packrat":
@@ -634,7 +637,7 @@ class Injector:
     def _reconfigure(self, fault: Fault) -> None:
         fault.target_batch = reconfigure_target(self.reconfigures, self.batch)
         self.reconfigures += 1
-        serving.request_reconfigure(self.server, fault.target_batch)
+        torchserve_control.request_reconfigure(self.server.control_dir, self.server.model, fault.target_batch)
         fault.at = time.time()
         fault.notes.append(f"to B={fault.target_batch}")
 
@@ -686,12 +689,12 @@ def first_request_time(request_log: Path, load: Future, since: float,
     raise RuntimeError(f"no request answered within {timeout_s:.0f} s of starting locust")
 
 
-def archive(args, run_dir: Path) -> Path:
+def build_archive(args, run_dir: Path) -> Path:
     profile = None
     if args.handler == "packrat":
         profile = resolve_profile(args.model, args.profile,
                                   batch_sizes=[args.batch_size, reconfigure_target(0, args.batch_size)])
-    return serving.archive(args.model, profile, run_dir / "model_store", name=args.model, batch_size=args.batch_size,
+    return archive.build(args.model, profile, run_dir / "model_store", name=args.model, batch_size=args.batch_size,
                            max_batch_delay_ms=args.max_batch_delay, plan=args.plan, handler=args.handler,
                            reconfigure=False, request_timeout_s=args.request_timeout,
                            async_worker=args.worker_mode == "async")
@@ -704,10 +707,10 @@ def run(args) -> dict:
     run_dir = Path(args.out) / f"{mode}-{args.handler}"
     request_log = run_dir / "requests.tsv"
     rng = random.Random(args.seed)
-    mar = archive(args, run_dir)
+    mar = build_archive(args, run_dir)
     (run_dir / "logs" / "model_log.log").unlink(missing_ok=True)  # its worker pids must be this run's
     shm_before = shm_segments()
-    tracker = Tracker(run_dir.resolve())  # as serving.Server keeps it
+    tracker = Tracker(run_dir.resolve())  # as torchserve.Server keeps it
     sampler = Sampler(tracker, args.sample_every, log)
     faults: list[Fault] = []
     notes: list[str] = []

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from loadtest import run_locust
 from loadtest.payload import natural_payload
-from packrat import bench, serving
+from packrat.cli import bench
+from packrat.deploy import archive
 
 model = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
 batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "4,8").split(",")]
@@ -36,7 +37,7 @@ for batch in batches:
         servers = {}
         for name, handler, plan, extra in configs:
             run_dir = out / f"B{batch}" / name
-            mar = serving.archive(model, profile if handler == "packrat" else None, run_dir / "model_store",
+            mar = archive.build(model, profile if handler == "packrat" else None, run_dir / "model_store",
                                   name=model, batch_size=batch, max_batch_delay_ms=50, plan=plan, handler=handler,
                                   reconfigure=False, **extra)
             servers[name] = stack.enter_context(bench.warmed_server(name, model, mar, run_dir, batch, 8.0, print,

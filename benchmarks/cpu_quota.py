@@ -33,15 +33,16 @@ PERIOD_US = 100_000
 
 def inside(args: argparse.Namespace) -> dict:
     """Run in the cgroup: both plans' pools, interleaved; their medians."""
-    from packrat.bench import _answered, _timed
-    from packrat.budget import cpu_budget
-    from packrat.codec import sample_request
-    from packrat.graph import served
-    from packrat.models import resolve
-    from packrat.planner import serving_plan
-    from packrat.pool import InstancePool, ModelConfig, Request
-    from packrat.profile import load
-    from packrat.topology import detect
+    from packrat.cli.bench import _answered, _timed
+    from packrat.machine.budget import cpu_budget
+    from packrat.codec.codec import sample_request
+    from packrat.models.modes import served
+    from packrat.models.zoo import resolve
+    from packrat.planning.planner import serving_plan
+    from packrat.serving.pool.instance_pool import InstancePool
+    from packrat.serving.pool.api import ModelConfig, Request
+    from packrat.profiling.profiles import load
+    from packrat.machine.topology import detect
 
     profile = load(args.profile)
     items, mode = profile.items(), served(profile.metadata.get("mode"))

@@ -18,7 +18,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from packrat.profile import load
+from packrat.profiling.profiles import load
 
 HERE = Path(__file__).resolve().parent
 STEPS = {"profile": "(a) Adaptive profile", "bench": "(b) Pool-only bench: fat vs plan",

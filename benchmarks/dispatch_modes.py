@@ -10,7 +10,7 @@ since issue 16), with stock TorchServe beside them. Closed loop, B users, JPEG p
 import sys
 from pathlib import Path
 
-from packrat import bench
+from packrat.cli import bench
 
 model = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
 batch = int(sys.argv[2]) if len(sys.argv) > 2 else 4

@@ -47,7 +47,7 @@ def child(model: str, mode: str, threads: int, batches: list[int], iters: int) -
 
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
-    from packrat.models import prepare, resolve
+    from packrat.models.zoo import prepare, resolve
 
     spec = resolve(model)
     runners = {}
@@ -78,7 +78,7 @@ def child(model: str, mode: str, threads: int, batches: list[int], iters: int) -
 def runner_for(mode: str, spec, batch: int):
     import torch
 
-    from packrat.models import prepare
+    from packrat.models.zoo import prepare
 
     if mode != "torch-compile":
         return prepare(spec, batch, graph_mode=mode)[0]

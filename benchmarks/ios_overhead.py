@@ -23,7 +23,7 @@ import torch
 from ios_scheduler.api import sequential_schedule
 from ios_scheduler.graph import capture
 from ios_scheduler.runtime import ScheduledModule
-from packrat.models import resolve
+from packrat.models.zoo import resolve
 
 
 def measure(model: str, batch: int, threads: int, rounds: int) -> dict:

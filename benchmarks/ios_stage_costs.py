@@ -24,7 +24,7 @@ import torch
 from ios_scheduler.api import optimize, sequential_schedule
 from ios_scheduler.graph import capture
 from ios_scheduler.runtime import ScheduledModule
-from packrat.models import resolve
+from packrat.models.zoo import resolve
 
 
 def step_kind(module: ScheduledModule, step: int) -> str:

@@ -26,7 +26,7 @@ from ios_scheduler.api import _record_values
 from ios_scheduler.codegen import compile_group
 from ios_scheduler.graph import capture
 from ios_scheduler.runtime import WorkerSet
-from packrat.models import resolve
+from packrat.models.zoo import resolve
 
 
 def timed(fn, before=None) -> float:

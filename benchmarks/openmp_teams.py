@@ -28,7 +28,7 @@ def measure(case: str, model: str, batch: int) -> float:
     import torch
 
     from ios_scheduler.runtime import WorkerSet
-    from packrat.models import resolve
+    from packrat.models.zoo import resolve
 
     cores = sorted(os.sched_getaffinity(0))[:2]
     torch.set_num_threads(len(cores))

@@ -59,10 +59,11 @@ from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from packrat.planner import NoPlanError, Planner
-from packrat.graph import served
-from packrat.profile import Profile, load
-from packrat.topology import Topology, detect
+from packrat.errors import NoPlanError
+from packrat.planning.planner import Planner
+from packrat.models.modes import served
+from packrat.profiling.profiles import Profile, load
+from packrat.machine.topology import Topology, detect
 
 Shape = tuple[int, int]  # one instance: (threads, batch)
 Config = tuple[Shape, ...]  # a multiset of instances, canonical: sorted, biggest first
@@ -447,7 +448,7 @@ def get_profile(args, topology: Topology, *, measure: bool) -> tuple[Path, Profi
     path = Path("profiles") / f"oracle-{Path(args.model).stem.replace(':', '_')}.csv"
     threads = list(range(1, topology.num_cores + 1))
     if measure:
-        from packrat import profiler
+        from packrat.profiling import profiler
 
         known = set(load(path).latency) if path.exists() else set()
         missing = [(t, b) for t in threads for b in args.batches if (t, b) not in known]
@@ -540,8 +541,8 @@ def trim_hint(plans: list[dict], estimates: list[dict], rounds: int, warmup: int
 
 
 def _requests(model: str, batch: int):
-    from packrat.models import resolve
-    from packrat.pool import Request
+    from packrat.models.zoo import resolve
+    from packrat.serving.pool.api import Request
 
     samples = resolve(model).example_input(batch)
     return [Request(s.numpy().astype(s.numpy().dtype.newbyteorder("<"), copy=False).tobytes(),
@@ -560,7 +561,8 @@ def _call(pool, requests) -> float:
 
 def time_batch(plan: dict, args, topology: Topology, costs: dict | None, bar) -> dict:
     """Start every configuration's pool for this B, warm them up, time them in interleaved rounds."""
-    from packrat.pool import InstanceConfig, InstancePool, ModelConfig
+    from packrat.serving.pool.api import InstanceConfig, ModelConfig
+    from packrat.serving.pool.instance_pool import InstancePool
 
     batch = plan["batch"]
     requests = _requests(args.model, batch)
@@ -620,7 +622,7 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict | None, bar) ->
 def _meta(args, topology: Topology, profile_path: Path, profile: Profile) -> dict:
     import torch
 
-    from packrat.profiler import cpu_model
+    from packrat.machine.topology import cpu_model
 
     return {"model": args.model, "threads": topology.num_cores, "cores": topology.cores, "rounds": args.rounds,
             "warmup": args.warmup, "max_configs": args.max_configs, "family": args.family, "seed": args.seed,

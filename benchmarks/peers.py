@@ -266,7 +266,7 @@ class TorchRunner:
     def __init__(self, spec, batch: int, mode: str):
         import warnings
 
-        from packrat.models import prepare
+        from packrat.models.zoo import prepare
 
         if mode == "torch-compile":  # the user's own: torch.compile, inductor, frozen weights, static shapes
             import torch
@@ -399,7 +399,8 @@ class PoolRunner:
     """packrat, fat: an InstancePool of the given instances; a run is B requests, all answered."""
 
     def __init__(self, spec, model: str, instances: list[dict], mode: str, batch: int):
-        from packrat.pool import InstanceConfig, InstancePool, ModelConfig, Request
+        from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
+        from packrat.serving.pool.instance_pool import InstancePool
 
         configs = [InstanceConfig(i["threads"], i["batch"], tuple(i["cores"]), 0, i.get("expected_ms"))
                    for i in instances]
@@ -444,7 +445,7 @@ def child(peer: str, config: dict, round_index: int) -> dict:
 
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
-    from packrat.models import resolve
+    from packrat.models.zoo import resolve
 
     spec = resolve(config["model"])
     batches = list(config["batches"])
@@ -523,7 +524,7 @@ def build_onnx(config: dict, exporter: str) -> dict:
     import torch
 
     torch.set_num_threads(len(config["cores"]))
-    from packrat.models import resolve
+    from packrat.models.zoo import resolve
 
     spec = resolve(config["model"])
     names = [s.name for s in spec.inputs]
@@ -569,10 +570,12 @@ def versions() -> dict[str, str]:
 
 def pool_plans(args, cores: list[int]) -> dict:
     """packrat's plan and the fat instance per B, and the pools' graph mode, for the children."""
-    from packrat.graph import MODES
-    from packrat.planner import NoPlanError, Planner
-    from packrat.profile import ProfileError, load
-    from packrat.topology import detect
+    from packrat.models.modes import MODES
+    from packrat.errors import NoPlanError
+    from packrat.planning.planner import Planner
+    from packrat.errors import ProfileError
+    from packrat.profiling.profiles import load
+    from packrat.machine.topology import detect
 
     threads, topology = len(cores), detect(set(cores))
     path = args.profile or Path("profiles") / f"{Path(args.model).stem.replace(':', '_')}.csv"
@@ -744,13 +747,13 @@ def run(args) -> int:
 
 
 def _physical_cores() -> list[int]:
-    from packrat.topology import detect
+    from packrat.machine.topology import detect
 
     return list(detect().cores)
 
 
 def parser() -> argparse.ArgumentParser:
-    from packrat.cli import int_list  # the CLI's own list type ("1,4,8", "1-4")
+    from packrat.cli.main import int_list  # the CLI's own list type ("1,4,8", "1-4")
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

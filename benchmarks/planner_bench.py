@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from packrat.planner import Planner
+from packrat.planning.planner import Planner
 
 
 def synthetic_items(threads: int, batch: int) -> list[tuple[int, int, float]]:

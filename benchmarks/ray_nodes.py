@@ -39,9 +39,9 @@ WARMUP_S = 10
 
 def run_layout(name: str, nodes: list[list[int]], batch: int, args: argparse.Namespace, out: Path) -> dict:
     from loadtest.runner import run_locust
-    from packrat import ray_serve
-    from packrat.ray_local import LocalCluster
-    from packrat.serving import free_port
+    from packrat.frontends import ray_serve
+    from packrat.deploy.ray_local import LocalCluster
+    from packrat.deploy.torchserve import free_port
 
     started = time.monotonic()
     with LocalCluster(nodes, port=free_port()).start() as cluster, \
@@ -62,9 +62,9 @@ def kill_run(args: argparse.Namespace, out: Path) -> dict:
     import threading
 
     from loadtest.runner import run_locust
-    from packrat import ray_serve
-    from packrat.ray_local import LocalCluster
-    from packrat.serving import free_port
+    from packrat.frontends import ray_serve
+    from packrat.deploy.ray_local import LocalCluster
+    from packrat.deploy.torchserve import free_port
 
     third = args.duration / 3
     with LocalCluster([[0], [1]], port=free_port()).start() as cluster, \

@@ -7,12 +7,13 @@ this machine's cache lacks it).
     .venv/bin/python benchmarks/switch_bench.py [MODEL] [WARMUP_NICE] [GRAPH_MODE]
                                                 (defaults: resnet50 10 compile; needs 2 cores)
 """
-import time, threading, torch, logging, sys
-from packrat.pool import InstancePool, InstanceConfig, ModelConfig, Request
+import time, threading, sys
+from packrat.serving.pool.instance_pool import InstancePool
+from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
 model = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
 fat = [InstanceConfig(2, 8, (0, 1), 8)]
 split = [InstanceConfig(1, 4, (0,), 8), InstanceConfig(1, 4, (1,), 8)]
-from packrat.models import resolve
+from packrat.models.zoo import resolve
 x = [Request(s.numpy().tobytes(), "application/octet-stream") for s in resolve(model).example_input(8)]
 mode = sys.argv[3] if len(sys.argv) > 3 else "compile"
 t0 = time.time(); pool = InstancePool(ModelConfig(model, graph_mode=mode), fat); print("start", round(time.time() - t0, 2))

@@ -23,10 +23,11 @@ import torch
 
 from loadtest import run_locust
 from loadtest.payload import build_payload
-from packrat import serving
-from packrat.bench import torchserve_pid
-from packrat.codec import Codec, CodecConfig
-from packrat.models import resolve
+from packrat.deploy import torchserve
+from packrat.deploy import archive
+from packrat.cli.bench import torchserve_pid
+from packrat.codec.codec import Codec, CodecConfig
+from packrat.models.zoo import resolve
 
 model = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
 batch = int(sys.argv[2]) if len(sys.argv) > 2 else 8
@@ -54,8 +55,8 @@ def worker(java_pid: int) -> psutil.Process:
 
 with tempfile.TemporaryDirectory() as tmp:
     run_dir = Path(tmp)
-    mar = serving.archive(model, profile, run_dir / "model_store", batch_size=batch, reconfigure=False)
-    server = serving.start(serving.Server(run_dir, model, serving.Ports.free(), token_auth=True), mar)
+    mar = archive.build(model, profile, run_dir / "model_store", batch_size=batch, reconfigure=False)
+    server = torchserve.start(torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True), mar)
     try:
         token = server.key("inference")
         run_locust(server.inference_url, model, batch, 8, run_dir / "warmup", token=token, payload="jpeg")
@@ -65,7 +66,7 @@ with tempfile.TemporaryDirectory() as tmp:
                             payload="jpeg")
         after = process.cpu_times()
     finally:
-        serving.stop(server)
+        torchserve.stop(server)
 worker_ms = ((after.user - before.user) + (after.system - before.system)) * 1e3 / max(result.requests, 1)
 codec_ms = codec_cpu_ms()
 print(json.dumps({"model": model, "batch": batch, "users": batch, "payload_bytes": len(body),

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import logging
 
-from packrat.codec import request_body
-from packrat.oip import HEADER
-from packrat.pool import Answer, Request
+from packrat.codec.codec import request_body
+from packrat.codec.oip import HEADER
+from packrat.serving.pool.api import Answer, Request
 
 log = logging.getLogger("packrat.handler")
 

@@ -8,11 +8,11 @@ import torch
 from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import common
-from packrat.codec import Codec
-from packrat.engine import codec_config, model_config
-from packrat.inference import answer_batch
-from packrat.models import prepare
-from packrat.pool import Answer
+from packrat.codec.codec import Codec
+from packrat.serving.engine import codec_config, model_config
+from packrat.serving.inference import answer_batch
+from packrat.models.zoo import prepare
+from packrat.serving.pool.api import Answer
 
 
 class StockHandler(BaseHandler):

@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 from torch import fx
 
-from .codegen import CompiledGroup, compile_group
-from .graph import Graph
-from .runtime import MergeStage, WorkerSet, time_call
+from ios_scheduler.codegen import CompiledGroup, compile_group
+from ios_scheduler.graph import Graph
+from ios_scheduler.runtime import MergeStage, WorkerSet, time_call
 
 INF = float("inf")
 BOUND_SLACK = 0.1  # a bound from another batch size is lowered by this share (timings are noisy)

@@ -16,8 +16,8 @@ import json
 
 import numpy as np
 
-from packrat.codec import sample_request
-from packrat.models import resolve
+from packrat.codec.codec import sample_request
+from packrat.models.zoo import resolve
 
 CONTENT_TYPES = {
     "raw": "application/octet-stream",

@@ -27,7 +27,7 @@ BPE_VOCAB_SIZE = 1024  # an upper bound: training stops when the paragraph has n
 
 def demo_tokenizer_kind(model: str) -> str:
     """wordpiece for BERT-like encoders, bpe for GPT-2-like language models."""
-    from packrat.models import resolve
+    from packrat.models.zoo import resolve
 
     return "bpe" if resolve(model).task == "language-model" else "wordpiece"
 

@@ -1,4 +1,5 @@
-"""A refused request: an HTTP status and a one-line reason (shared by the codec and its readers)."""
+"""The errors the layers share: a refused request (an HTTP status and a one-line reason), and each
+stage's failure (a profile file, a measurement, a plan, the pool, TorchServe). Imports nothing of packrat."""
 
 from __future__ import annotations
 
@@ -15,3 +16,23 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (at most REASON_CHARS), else its type's name."""
     lines = str(exc).strip().splitlines()
     return lines[0][:REASON_CHARS] if lines else type(exc).__name__
+
+
+class ServeError(RuntimeError):
+    """TorchServe could not be started, or did not become ready."""
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used; the message names the file and the problem."""
+
+
+class NoPlanError(ValueError):
+    """No multiset of profiled points covers the batch within the threads."""
+
+
+class PoolError(RuntimeError):
+    """An instance could not start, or the pool is closed."""
+
+
+class ProfilingError(RuntimeError):
+    """A measurement process failed; the message says which point and why."""

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packrat import adaptive
-from packrat.adaptive import AdaptiveGrid
-from packrat.planner import Planner
-from packrat.profile import load
+from packrat.profiling import adaptive
+from packrat.profiling.adaptive import AdaptiveGrid
+from packrat.planning.planner import Planner
+from packrat.profiling.profiles import load
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-profiles"
 REFERENCE = sorted(SHARED.glob("*_large-batches*.csv")) if SHARED.exists() else []

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from packrat.budget import cgroup_quota, cpu_budget
-from packrat.topology import Topology
+from packrat.machine.budget import cgroup_quota, cpu_budget
+from packrat.machine.topology import Topology
 
 SIXTEEN = Topology.virtual(16)
 V2_MOUNT = "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate"
@@ -180,7 +180,7 @@ def test_limited_keeps_whole_sockets_largest_first():
 # ---- a real CFS quota (cgroup v1, as on this machine) --------------------------------------------
 
 V1_CPU = Path("/sys/fs/cgroup/cpu")
-CHILD = "import json, sys; sys.stdin.readline(); from packrat.budget import cpu_budget; " \
+CHILD = "import json, sys; sys.stdin.readline(); from packrat.machine.budget import cpu_budget; " \
         "print(json.dumps(cpu_budget().to_json()))"
 
 

@@ -13,9 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from packrat import bench, cli
-from packrat.bench import UsersPattern
-from packrat.cli import main
+from packrat.cli import bench
+from packrat.cli import main as cli
+from packrat.cli.bench import UsersPattern
+from packrat.cli.main import main
 
 PROFILE = """# model: toy
 threads,batch,latency_ms
@@ -247,11 +248,11 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
     from loadtest import LoadResult
 
     events = []
-    monkeypatch.setattr(bench.serving, "archive", lambda *a, **kw: events.append(("archive", kw)) or tmp_path / "m.mar")
-    monkeypatch.setattr(bench.serving, "Server", FakeServer)
-    monkeypatch.setattr(bench.serving.Ports, "free", classmethod(lambda cls: None))
-    monkeypatch.setattr(bench.serving, "start", lambda server, mar: events.append(("start",)) or server)
-    monkeypatch.setattr(bench.serving, "stop", lambda server: events.append(("stop",)))
+    monkeypatch.setattr(bench.archive, "build", lambda *a, **kw: events.append(("archive", kw)) or tmp_path / "m.mar")
+    monkeypatch.setattr(bench.torchserve, "Server", FakeServer)
+    monkeypatch.setattr(bench.torchserve.Ports, "free", classmethod(lambda cls: None))
+    monkeypatch.setattr(bench.torchserve, "start", lambda server, mar: events.append(("start",)) or server)
+    monkeypatch.setattr(bench.torchserve, "stop", lambda server: events.append(("stop",)))
 
     def fake_locust(host, model, users, duration_s, out_dir, **kw):
         events.append(("locust", out_dir.name, users, kw["payload"]))
@@ -355,7 +356,7 @@ def test_measure_profile_renames_a_complete_measurement(tmp_path, monkeypatch):
 def test_archive_passes_tokenizer_labels_and_body_limit(tmp_path, monkeypatch, profile, capsys):
     monkeypatch.chdir(tmp_path)
     seen = {}
-    monkeypatch.setattr(cli.serving, "archive", lambda model, prof, out, **kw: seen.update(kw, profile=prof)
+    monkeypatch.setattr(cli.archive, "build", lambda model, prof, out, **kw: seen.update(kw, profile=prof)
                         or out / "tiny.mar")
     monkeypatch.setattr(cli, "measure_profile", lambda model, path, batches, **kw: path.write_text(PROFILE))
     (tmp_path / "tok").mkdir()
@@ -419,7 +420,7 @@ def test_bad_recovery_flags_name_the_flag(flag, value, capsys):
 
 def test_archive_passes_recovery_settings(tmp_path, monkeypatch, profile):
     seen = {}
-    monkeypatch.setattr(cli.serving, "archive", lambda model, prof, out, **kw: seen.update(kw) or out / "tiny.mar")
+    monkeypatch.setattr(cli.archive, "build", lambda model, prof, out, **kw: seen.update(kw) or out / "tiny.mar")
     assert main(["archive", "--model", "tiny", "--profile", str(profile), "--export-path", str(tmp_path)]) == 0
     assert (seen["request_timeout_s"], seen["max_queue"], seen["batch_timeout_s"]) == (None, None, None)
     assert main(["archive", "--model", "tiny", "--profile", str(profile), "--export-path", str(tmp_path)]
@@ -434,64 +435,65 @@ def packrat_section(text: str) -> dict:
 
 
 def test_model_config_yaml_writes_recovery_keys_only_when_given():
-    from packrat import serving
+    from packrat.deploy import archive
 
     base = ("resnet50", "profile.csv", 8, 50, "auto", "packrat", None)
-    assert not set(serving.RECOVERY_KEYS) & set(packrat_section(serving.model_config_yaml(*base)))
+    assert not set(archive.RECOVERY_KEYS) & set(packrat_section(archive.model_config_yaml(*base)))
     given = {"request_timeout_s": 30.0, "max_queue": 50, "batch_timeout_s": None, "hang_factor": 4, "hang_floor_s": 2.5}
-    section = packrat_section(serving.model_config_yaml(*base, recovery=given))
-    assert {k: section[k] for k in serving.RECOVERY_KEYS if k in section} == \
+    section = packrat_section(archive.model_config_yaml(*base, recovery=given))
+    assert {k: section[k] for k in archive.RECOVERY_KEYS if k in section} == \
         {"request_timeout_s": 30.0, "max_queue": 50, "hang_factor": 4, "hang_floor_s": 2.5}
     assert section["max_batch"] == 8  # the rest as before
     with pytest.raises(ValueError, match="unknown recovery setting"):
-        serving.model_config_yaml(*base, recovery={"request_timeout": 30})
+        archive.model_config_yaml(*base, recovery={"request_timeout": 30})
 
 
 def test_archive_writes_the_recovery_settings_given(tmp_path, monkeypatch, profile):
-    from packrat import serving
+    from packrat.deploy import archive
 
     configs = []
 
     def fake_tool(cmd):  # torch-model-archiver: keep the config it would pack
         configs.append(Path(cmd[cmd.index("--config-file") + 1]).read_text())
 
-    monkeypatch.setattr(serving, "_run_tool", fake_tool)
-    serving.archive("tiny", profile, tmp_path, batch_size=4)
-    serving.archive("tiny", profile, tmp_path, batch_size=4, request_timeout_s=60.0, max_queue=10,
+    monkeypatch.setattr(archive, "_run_tool", fake_tool)
+    archive.build("tiny", profile, tmp_path, batch_size=4)
+    archive.build("tiny", profile, tmp_path, batch_size=4, request_timeout_s=60.0, max_queue=10,
                     batch_timeout_s=3.0, hang_factor=8.0, hang_floor_s=1.0)
-    assert not set(serving.RECOVERY_KEYS) & set(packrat_section(configs[0]))
+    assert not set(archive.RECOVERY_KEYS) & set(packrat_section(configs[0]))
     section = packrat_section(configs[1])
-    assert [section[k] for k in serving.RECOVERY_KEYS] == [60.0, 10, 3.0, 8.0, 1.0]
+    assert [section[k] for k in archive.RECOVERY_KEYS] == [60.0, 10, 3.0, 8.0, 1.0]
 
 
 def test_archive_ships_every_profile_and_builds_for_the_one_chosen_here(tmp_path, monkeypatch):
     """Several profiles (one per machine type) ship as profile-0.csv, ...; what the archive builds here
     (compiled packages for the first plan) follows the profile this machine would choose, planned for --cores."""
-    from packrat import profiler, serving
+    from packrat.machine import topology
+    from packrat.deploy import archive
 
     configs, compiled = [], []
 
     def fake_tool(cmd):
         configs.append((Path(cmd[cmd.index("--config-file") + 1]).read_text(), cmd[cmd.index("--extra-files") + 1]))
 
-    monkeypatch.setattr(serving, "_run_tool", fake_tool)
-    monkeypatch.setattr(serving, "compiled_files", lambda spec, batch, instances: compiled.append(instances) or [])
+    monkeypatch.setattr(archive, "_run_tool", fake_tool)
+    monkeypatch.setattr(archive, "compiled_files", lambda spec, batch, instances: compiled.append(instances) or [])
     monkeypatch.delenv("PACKRAT_CORES", raising=False)
     profiles = []
     for index, (cpu, mode) in enumerate((("Other CPU", "compile"), ("This CPU", "eager"))):
         profiles.append(tmp_path / f"p{index}.csv")
         profiles[-1].write_text(f"# cpu: {cpu}\n# cores: 2\n# mode: {mode}\n" + PROFILE)
-    monkeypatch.setattr(profiler, "cpu_model", lambda: "This CPU")
-    serving.archive("tiny", profiles, tmp_path, batch_size=4, cores=1)
+    monkeypatch.setattr(topology, "cpu_model", lambda: "This CPU")
+    archive.build("tiny", profiles, tmp_path, batch_size=4, cores=1)
     section = packrat_section(configs[-1][0])
     assert section["profiles"] == ["profile-0.csv", "profile-1.csv"] and "profile" not in section
     assert section["cores"] == 1
     assert [Path(f).name for f in configs[-1][1].split(",") if "profile" in f] == ["profile-0.csv", "profile-1.csv"]
     assert compiled == []  # this CPU's profile was measured eager: nothing to compile
-    monkeypatch.setattr(profiler, "cpu_model", lambda: "Other CPU")
-    serving.archive("tiny", profiles, tmp_path, batch_size=4, cores=1)
+    monkeypatch.setattr(topology, "cpu_model", lambda: "Other CPU")
+    archive.build("tiny", profiles, tmp_path, batch_size=4, cores=1)
     assert compiled == [{(1, 4)}]  # the compile profile, planned for the 1 core asked for
-    serving.archive("tiny", profiles[0], tmp_path, batch_size=4)  # one profile: as before, on both cores
+    archive.build("tiny", profiles[0], tmp_path, batch_size=4)  # one profile: as before, on both cores
     section = packrat_section(configs[-1][0])
     assert section["profile"] == "profile.csv" and "cores" not in section and compiled[-1] == {(1, 2), (2, 4)}
 
@@ -505,49 +507,51 @@ def test_cores_flag(command, capsys):
 
 
 def test_reconfigure_request_round_trip(tmp_path):
-    from packrat import serving
+    from packrat.deploy import torchserve
+    from packrat.frontends import torchserve_control
 
-    server = serving.Server(tmp_path / "run", "toy")
-    assert server.env()[serving.CONTROL_ENV] == str(tmp_path / "run" / "control")
-    assert serving.read_reconfigure_request(server.control_dir, "toy") is None  # none asked for
+    server = torchserve.Server(tmp_path / "run", "toy")
+    assert server.env()[torchserve_control.CONTROL_ENV] == str(tmp_path / "run" / "control")
+    assert torchserve_control.read_reconfigure_request(server.control_dir, "toy") is None  # none asked for
     before = time.time()
-    path = serving.request_reconfigure(server, 16)
+    path = torchserve_control.request_reconfigure(server.control_dir, server.model, 16)
     assert path == tmp_path / "run" / "control" / "toy.json"
     assert [p.name for p in path.parent.iterdir()] == ["toy.json"]  # no temporary file left behind
-    batch, requested_at = serving.read_reconfigure_request(str(server.control_dir), "toy")
+    batch, requested_at = torchserve_control.read_reconfigure_request(str(server.control_dir), "toy")
     assert batch == 16 and before <= requested_at <= time.time()
-    assert serving.request_reconfigure(server, 2) == path
-    assert serving.read_reconfigure_request(path.parent, "toy")[0] == 2
-    assert serving.read_reconfigure_request(path.parent, "other") is None
+    assert torchserve_control.request_reconfigure(server.control_dir, server.model, 2) == path
+    assert torchserve_control.read_reconfigure_request(path.parent, "toy")[0] == 2
+    assert torchserve_control.read_reconfigure_request(path.parent, "other") is None
     for text in ("{not json", "[16]", '{"batch": 16}', '{"batch": "16", "requested_at": 1.0}',
                  '{"batch": 0, "requested_at": 1.0}', '{"batch": true, "requested_at": 1.0}',
                  '{"batch": 4, "requested_at": "now"}'):
         path.write_text(text)
-        assert serving.read_reconfigure_request(path.parent, "toy") is None, text
+        assert torchserve_control.read_reconfigure_request(path.parent, "toy") is None, text
     with pytest.raises(ValueError):
-        serving.request_reconfigure(server, 0)
+        torchserve_control.request_reconfigure(server.control_dir, server.model, 0)
 
 
 def test_reconfigure_command_asks_the_recorded_server(tmp_path, monkeypatch, capsys):
-    from packrat import serving
+    from packrat.deploy import torchserve
+    from packrat.frontends import torchserve_control
 
     run_dir = tmp_path / "run"
     assert main(["reconfigure", "--run-dir", str(run_dir), "--batch", "4"]) == 2  # no server recorded
     assert "no packrat server recorded" in capsys.readouterr().err
     run_dir.mkdir()
-    serving.Server(run_dir, "toy", serving.Ports(), token_auth=False).save()
+    torchserve.Server(run_dir, "toy", torchserve.Ports(), token_auth=False).save()
     running = []
-    monkeypatch.setattr(cli.serving, "java_running", lambda server: bool(running))
+    monkeypatch.setattr(cli.torchserve, "java_running", lambda server: bool(running))
     assert main(["reconfigure", "--run-dir", str(run_dir), "--batch", "4"]) == 2
     assert "TorchServe is not running" in capsys.readouterr().err
     running.append(True)
     assert main(["reconfigure", "--run-dir", str(run_dir), "--batch", "16", "--json"]) == 0
     body = json.loads(capsys.readouterr().out)
     assert body == {"batch": 16, "file": str(run_dir.resolve() / "control" / "toy.json")}
-    assert serving.read_reconfigure_request(run_dir / "control", "toy")[0] == 16
+    assert torchserve_control.read_reconfigure_request(run_dir / "control", "toy")[0] == 16
     assert main(["reconfigure", "--run-dir", str(run_dir), "--batch", "2"]) == 0
     assert "plan for batch size 2" in capsys.readouterr().out
-    assert serving.read_reconfigure_request(run_dir / "control", "toy")[0] == 2
+    assert torchserve_control.read_reconfigure_request(run_dir / "control", "toy")[0] == 2
     for argv in (["reconfigure", "--run-dir", str(run_dir)], ["reconfigure", "--batch", "0"]):
         with pytest.raises(SystemExit):
             main(argv)
@@ -555,7 +559,7 @@ def test_reconfigure_command_asks_the_recorded_server(tmp_path, monkeypatch, cap
 
 
 def test_parser_starts_without_torch():
-    code = "import sys; from packrat import cli; cli.build_parser(); sys.exit('torch' in sys.modules)"
+    code = "import sys; from packrat.cli import main; main.build_parser(); sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -564,8 +568,8 @@ def test_status_reports_recovery_counts(monkeypatch, capsys, tmp_path):
               "answered": 40, "refused": 0, "watchdog_kills": 2, "expired": 1, "requeued": 5}
     plan = {"batch": 4, "threads": 2, "instances": [{"threads": 1, "batch": 2, "cores": [0]},
                                                     {"threads": 1, "batch": 2, "cores": [1]}]}
-    monkeypatch.setattr(cli.serving.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny")))
-    monkeypatch.setattr(cli.serving, "handler_status", lambda server: {"plan": plan, "mode": "script",
+    monkeypatch.setattr(cli.torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny")))
+    monkeypatch.setattr(cli.torchserve, "handler_status", lambda server: {"plan": plan, "mode": "script",
                                                                       "health": health, "reconfigurations": []})
     assert cli.main(["status", "--run-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -579,8 +583,8 @@ def test_status_reports_the_cpu_budget_and_profile(monkeypatch, capsys, tmp_path
     status = {"plan": {"batch": 4, "threads": 4, "instances": [{"threads": 4, "batch": 4, "cores": [0, 1, 2, 3]}]},
               "mode": "compile", "reconfigurations": [], "cpu_budget": budget,
               "profile": "profile-1.csv: taken on This CPU, 4 cores; ..."}
-    monkeypatch.setattr(cli.serving.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny")))
-    monkeypatch.setattr(cli.serving, "handler_status", lambda server: status)
+    monkeypatch.setattr(cli.torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny")))
+    monkeypatch.setattr(cli.torchserve, "handler_status", lambda server: status)
     assert cli.main(["status", "--run-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"CPU budget: 4 cores (cgroup v2 cpu.max: {budget['detail']})" in out

@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile
 
-from packrat.codec import Codec, CodecConfig, Decoded, RequestError, request_body
-from packrat.images import MEAN, STD
-from packrat.models import resolve
+from packrat.codec.codec import Codec, CodecConfig, Decoded, request_body
+from packrat.errors import RequestError
+from packrat.codec.images import MEAN, STD
+from packrat.models.zoo import resolve
 
 IMAGE = CodecConfig((3, 8, 8), "float32", "classification")
 VECTOR = CodecConfig((4,), "float32", "embedding")
@@ -496,8 +497,8 @@ def test_decode_raises_nothing_but_request_error(bert, body, content_type):
 
 # ---- several named inputs (text models: ids, mask, token types) ---------------------------------
 
-from packrat.codec import sample_request  # noqa: E402
-from packrat.inputs import InputSpec, token_inputs  # noqa: E402
+from packrat.codec.codec import sample_request  # noqa: E402
+from packrat.models.spec import InputSpec, token_inputs  # noqa: E402
 
 
 def text_config(length: int = 8, task: str = "embedding", tokenizer: str | None = None, **more) -> CodecConfig:

@@ -6,12 +6,11 @@ import threading
 from concurrent.futures import Future
 from types import SimpleNamespace
 
-import pytest
 
-from packrat.controller import Controller
-from packrat.pool import Health
-from packrat.estimator import BatchSizeEstimator, EstimatorSettings
-from packrat.planner import Planner
+from packrat.serving.controller import Controller
+from packrat.serving.pool.api import Health
+from packrat.serving.estimator import BatchSizeEstimator, EstimatorSettings
+from packrat.planning.planner import Planner
 
 ITEMS = [(t, b, b * 10.0 / t ** 0.5) for t in (1, 2, 4) for b in (1, 2, 4, 8)]
 PLANNER = Planner(ITEMS, 4, 8)

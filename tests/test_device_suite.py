@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from packrat.profile import load
-from packrat.topology import detect
+from packrat.profiling.profiles import load
+from packrat.machine.topology import detect
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "device_suite.sh"

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from packrat.pool import InstanceConfig, Request, Watchdog
-from packrat.pool.dispatch import Dispatcher
-from packrat.pool.instance import StartFailed
-from packrat.pool.supervisor import Slot
+from packrat.serving.pool.api import InstanceConfig, Request
+from packrat.serving.pool.supervisor import Watchdog
+from packrat.serving.pool.dispatch import Dispatcher
+from packrat.serving.pool.instance import StartFailed
+from packrat.serving.pool.supervisor import Slot
 
 
 class Clock:

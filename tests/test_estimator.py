@@ -7,7 +7,7 @@ import random
 import pytest
 from hypothesis import given, strategies as st
 
-from packrat.estimator import BatchSizeEstimator, EstimatorSettings, floor_power_of_two, nearest_power_of_two
+from packrat.serving.estimator import BatchSizeEstimator, EstimatorSettings, floor_power_of_two, nearest_power_of_two
 
 
 def feed(estimator: BatchSizeEstimator, sizes_per_second: list[list[int]], start: float = 0.0) -> list[tuple[int, int]]:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from model_checks import close, two_threads  # noqa: F401 (autouse fixture)
-from packrat.inputs import MASK
-from packrat.models import prepare, resolve
+from packrat.models.spec import MASK
+from packrat.models.zoo import prepare, resolve
 
 # AOTInductor (compile mode) goes through TorchScript internals; their deprecation notices are noise here.
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.:DeprecationWarning")

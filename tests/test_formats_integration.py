@@ -27,12 +27,13 @@ import torch
 from PIL import Image
 
 from loadtest.tokenizer import build_demo_tokenizer
-from packrat import serving
-from packrat.bench import pool_instances, torchserve_pid
-from packrat.codec import Codec, CodecConfig
-from packrat.inference import answer_batch
-from packrat.models import prepare, resolve
-from packrat.topology import detect
+from packrat.deploy import torchserve
+from packrat.deploy import archive
+from packrat.cli.bench import pool_instances, torchserve_pid
+from packrat.codec.codec import Codec, CodecConfig
+from packrat.serving.inference import answer_batch
+from packrat.models.zoo import prepare, resolve
+from packrat.machine.topology import detect
 
 pytestmark = [pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+"),
               pytest.mark.skipif(shutil.which("curl") is None, reason="sends what curl sends, with curl")]
@@ -62,13 +63,13 @@ def huge_png() -> bytes:
     return bytes(png)
 
 
-def start(tmp_path_factory, model: str, oip: bool = False, **archive) -> serving.Server:
+def start(tmp_path_factory, model: str, oip: bool = False, **settings) -> torchserve.Server:
     run_dir = tmp_path_factory.mktemp(model)
     profile = run_dir / "profile.csv"
     profile.write_text(PROFILE)
-    mar = serving.archive(model, profile, run_dir / "model_store", batch_size=4, **archive)
-    server = serving.Server(run_dir, model, serving.Ports.free(), token_auth=True, oip=oip)
-    return serving.start(server, mar, timeout=180)
+    mar = archive.build(model, profile, run_dir / "model_store", batch_size=4, **settings)
+    server = torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True, oip=oip)
+    return torchserve.start(server, mar, timeout=180)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def images(tmp_path_factory):
     labels.write_text(json.dumps(LABELS))
     srv = start(tmp_path_factory, "tiny", oip=True, labels=labels, max_body_bytes=MAX_BODY)
     yield srv
-    serving.stop(srv)
+    torchserve.stop(srv)
 
 
 def post(srv, body: bytes, content_type: str | None, model: str | None = None, method: str = "POST",
@@ -186,7 +187,7 @@ def test_body_over_torchserve_limit_is_413_not_a_reset(images):
     """Above the handler's own limit it answers 413 with the reason (see the batch test); above
     TorchServe's max_request_size TorchServe answers 413 itself (to a client that sends
     Expect: 100-continue, as curl does, before the body is sent)."""
-    status, _ = curl(images, b"\0" * (serving.MAX_REQUEST_SIZE + 1024), "--data-binary",
+    status, _ = curl(images, b"\0" * (torchserve.MAX_REQUEST_SIZE + 1024), "--data-binary",
                      "Content-Type: application/octet-stream")
     assert status == 413
 
@@ -257,7 +258,7 @@ def text_server(tmp_path_factory):
                                      text="the quick brown fox jumps over the lazy dog")
     srv = start(tmp_path_factory, "tiny_text", oip=True, tokenizer=tokenizer)
     yield srv, tokenizer
-    serving.stop(srv)
+    torchserve.stop(srv)
 
 
 def test_text_with_the_shipped_tokenizer(text_server):
@@ -297,7 +298,7 @@ def test_instance_killed_twice_and_the_worker_killed_lose_no_request(tmp_path_fa
         with ThreadPoolExecutor(4) as clients:
             statuses = list(clients.map(lambda _: post(srv, jpeg, "image/jpeg")[0], range(8)))
         assert statuses == [200] * 8
-        health = serving.handler_status(srv)["health"]
+        health = torchserve.handler_status(srv)["health"]
         assert health["ready"] == 1 and not health.get("unavailable") and health["respawn_failures"] >= 1
         assert health["refused"] == 0
 
@@ -312,8 +313,8 @@ def test_instance_killed_twice_and_the_worker_killed_lose_no_request(tmp_path_fa
                     break
             assert time.monotonic() < deadline, "the restarted worker did not serve"
             time.sleep(0.5)
-        serving.wait_ready(srv, 60)
+        torchserve.wait_ready(srv, 60)
         assert not set(old_instances) & set(instances()), "the dead worker's instances outlived it"
         assert not [p for p in Path("/dev/shm").glob(f"packrat-{worker.pid}-*")], "stale segments"
     finally:
-        serving.stop(srv)
+        torchserve.stop(srv)

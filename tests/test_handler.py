@@ -11,8 +11,8 @@ from ts.context import Context, RequestProcessor
 
 from handlers.packrat_handler import PackratHandler
 from handlers.stock_handler import StockHandler
-from packrat.models import prepare, resolve
-from packrat.topology import detect
+from packrat.models.zoo import prepare, resolve
+from packrat.machine.topology import detect
 
 PROFILE = "threads,batch,latency_ms\n" + "".join(
     f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in range(1, detect().num_cores + 1) for b in (1, 2, 4))
@@ -132,7 +132,7 @@ def test_instances_gather_only_when_requests_arrive_one_by_one(tmp_path):
 def test_instances_run_the_model_as_its_profile_measured_it(tmp_path):
     """Instances run in the profile's mode (compile, script or eager); the archive's own setting
     wins; no profile means the default; a mismatch (instances that fell back to eager) is said."""
-    from packrat.engine import mode_mismatch, model_config
+    from packrat.serving.engine import mode_mismatch, model_config
 
     section = {"model": "tiny", "input_shape": None}
     for mode in ("eager", "script", "compile"):
@@ -165,8 +165,8 @@ def test_archive_without_packrat_settings_is_a_clear_error(tmp_path):
 
 
 def test_recovery_settings_from_the_archive_reach_the_pool():
-    from packrat.engine import pool_settings
-    from packrat.pool import Watchdog
+    from packrat.serving.engine import pool_settings
+    from packrat.serving.pool.supervisor import Watchdog
 
     assert pool_settings({}) == {}
     assert pool_settings({"request_timeout_s": 30, "max_queue": "50", "gather_ms": 10, "hang_floor_s": 2,

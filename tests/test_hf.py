@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
               pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing`:FutureWarning")]
 
 from model_checks import two_threads  # noqa: E402,F401 (autouse fixture)
-from packrat.models import prepare, resolve  # noqa: E402
+from packrat.models.zoo import prepare, resolve  # noqa: E402
 from packrat.models.hf import LABELS_DIR  # noqa: E402
 
 VOCAB = 100
@@ -191,17 +191,18 @@ def test_served_through_torchserve_with_text_and_named_inputs(hf_dir, tmp_path):
     """`packrat archive` ships the directory; text is tokenised with its tokenizer.json and
     answered with id2label's names; KServe v2 with named inputs gives the same logits as the
     model in this process, and a padded sample the answer it gets alone."""
-    from packrat import serving
-    from packrat.codec import Codec, CodecConfig
-    from packrat.inference import answer_batch
+    from packrat.deploy import torchserve
+    from packrat.deploy import archive
+    from packrat.codec.codec import Codec, CodecConfig
+    from packrat.serving.inference import answer_batch
     from test_formats_integration import post
 
     model = f"hf:{hf_dir['bert-cls']}"
     spec = resolve(model, (16,))
     profile = tmp_path / "profile.csv"
     profile.write_text("# mode: eager\nthreads,batch,latency_ms\n1,1,1.0\n1,2,2.0\n1,4,4.0\n")
-    mar = serving.archive(model, profile, tmp_path / "store", batch_size=4, input_shape=(16,), plan="fat")
-    srv = serving.start(serving.Server(tmp_path / "run", "bert-cls", serving.Ports.free(), token_auth=True), mar,
+    mar = archive.build(model, profile, tmp_path / "store", batch_size=4, input_shape=(16,), plan="fat")
+    srv = torchserve.start(torchserve.Server(tmp_path / "run", "bert-cls", torchserve.Ports.free(), token_auth=True), mar,
                         timeout=180)
     try:
         status, body = post(srv, b"the quick brown fox", "text/plain")
@@ -221,4 +222,4 @@ def test_served_through_torchserve_with_text_and_named_inputs(hf_dir, tmp_path):
             alone = module(torch.tensor([ids[:5]]), torch.ones(1, 5, dtype=torch.int64), torch.zeros(1, 5, dtype=torch.int64))
         assert v2["outputs"][0]["data"] == pytest.approx(alone.flatten().tolist(), abs=1e-4)
     finally:
-        serving.stop(srv)
+        torchserve.stop(srv)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ios_scheduler import cache
 from ios_scheduler.timing import CostTable
-from packrat.models import resolve
+from packrat.models.zoo import resolve
 
 
 def test_each_search_keeps_its_costs_and_the_next_batch_size_is_bounded_by_the_nearest(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import sys
 from ios_scheduler.graph import capture
 from ios_scheduler.runtime import ScheduledModule
 from ios_scheduler.schedule import Schedule
-from packrat.models import resolve
+from packrat.models.zoo import resolve
 
 
 def ios_schedule(*args: str) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ from ios_scheduler.api import sequential_schedule
 from ios_scheduler.codegen import compile_group
 from ios_scheduler.graph import capture
 from ios_scheduler.runtime import ScheduledModule, _fuse_full_width
-from packrat.models import ZOO, resolve
+from packrat.models.zoo import ZOO, resolve
 
 
 class Diamond(nn.Module):

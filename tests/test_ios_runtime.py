@@ -16,7 +16,7 @@ from ios_scheduler.api import greedy_schedule, sequential_schedule
 from ios_scheduler.graph import capture
 from ios_scheduler.runtime import MergedConv, ScheduledModule, WorkerSet, caller_threads, mergeable
 from ios_scheduler.schedule import Schedule, StagePlan
-from packrat.models import ZOO, resolve
+from packrat.models.zoo import ZOO, resolve
 from packrat.models.inception import InceptionA, InceptionE
 
 CORES = sorted(os.sched_getaffinity(0))
@@ -176,9 +176,11 @@ def test_optimize_over_several_parts_measures_the_right_operators():
 
 
 def test_ios_compiled_instances_in_the_profiler_and_the_pool(tmp_path):
-    from packrat import profiler
-    from packrat.pool import InstanceConfig, InstancePool, ModelConfig, Request
-    from packrat.profile import ProfileError, load
+    from packrat.profiling import profiler
+    from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
+    from packrat.serving.pool.instance_pool import InstancePool
+    from packrat.errors import ProfileError
+    from packrat.profiling.profiles import load
 
     cache = tmp_path / "schedules"
     settings = profiler.Settings(model="tiny", warmup=1, iters=3, ios_cache=str(cache))

@@ -11,7 +11,7 @@ from ios_scheduler.api import _record_values
 from ios_scheduler.graph import capture
 from ios_scheduler.runtime import WorkerSet
 from ios_scheduler.timing import BOUND_SLACK, CostTable, StageTimer
-from packrat.models import resolve
+from packrat.models.zoo import resolve
 
 KEY = ("parallel", (("conv_a", "relu_a"), ("conv_b",)), (1, 1))
 

@@ -15,7 +15,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from packrat import cli, k8s, serving
+from packrat.cli import main as cli
+from packrat.deploy import k8s
+from packrat.deploy import torchserve
+from packrat.deploy import archive
 
 K8S_VERSION = kubernetes_validate.latest_version()  # the newest schemas the package ships (1.37 here)
 CORE_KINDS = {"Deployment", "Service", "ConfigMap", "PersistentVolumeClaim", "Pod"}
@@ -27,7 +30,7 @@ def make_archive(directory: Path, name: str = "resnet50", model: str = "resnet50
     """A .mar as `packrat archive` lays it out (its model-config.yaml from serving's own writer),
     without the handler's code, which export does not read."""
     names = list(profiles) if handler == "packrat" else []
-    config = serving.model_config_yaml(model, names if len(names) > 1 else (names or [""])[0], 4, 50, "auto",
+    config = archive.model_config_yaml(model, names if len(names) > 1 else (names or [""])[0], 4, 50, "auto",
                                        handler, None, cores=cores)
     manifest = {"model": {"modelName": name, "handler": f"{handler}_handler.py", "modelVersion": "1.0",
                           "configFile": "model-config.yaml"}, "runtime": "python", "archiverVersion": "0.12.0"}
@@ -194,7 +197,7 @@ def test_kserve_reads_the_pvc_directly(rendered):
     claims = [d["metadata"]["name"] for d in files["kserve.yaml"] if d["kind"] == "PersistentVolumeClaim"]
     assert isvc["spec"]["predictor"]["model"]["storageUri"] == f"pvc://{claims[0]}/model-store"
     assert isvc["spec"]["predictor"]["model"]["runtime"] == runtime["metadata"]["name"]
-    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    assert isvc["metadata"]["annotations"]["torchserve.kserve.io/deploymentMode"] == "RawDeployment"
     assert runtime["spec"]["protocolVersions"] == ["v1", "v2"]
     container = runtime["spec"]["containers"][0]
     assert container["name"] == "kserve-container"
@@ -367,10 +370,10 @@ def test_a_wrong_api_key_leaves_it_not_ready(fake):
 
 
 def test_nothing_listening_is_not_ready(tmp_path):
-    port = serving.free_port()
+    port = torchserve.free_port()
     assert cli.main(["ready", "--model", "m", "--run-dir", str(tmp_path), "--management-port", str(port)]) == 1
 
 
 def test_ready_reads_the_server_packrat_serve_recorded(fake):
-    serving.Server(fake.run_dir, fake.model, serving.Ports(management=fake.port)).save()
+    torchserve.Server(fake.run_dir, fake.model, torchserve.Ports(management=fake.port)).save()
     assert cli.main(["ready", "--run-dir", str(fake.run_dir)]) == 0

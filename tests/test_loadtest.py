@@ -22,7 +22,7 @@ from loadtest.requestlog import read_request_log
 from loadtest.runner import HistoryRow, parse_history, parse_json_stats
 from loadtest.steps import parse_steps, step_markers
 from loadtest.tokenizer import build_demo_tokenizer, demo_tokenizer_kind
-from packrat import bench
+from packrat.cli import bench
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_BYTES = 3 * 32 * 32 * 4  # one float32 sample of the tiny model
@@ -106,7 +106,7 @@ def test_natural_payload_per_model():
 def test_demo_tokenizer_encodes_the_payload(tmp_path, kind, model, pad):
     from tokenizers import Tokenizer
 
-    from packrat.models import resolve
+    from packrat.models.zoo import resolve
 
     assert demo_tokenizer_kind(model) == kind
     path = build_demo_tokenizer(tmp_path / "tok", kind)
@@ -132,7 +132,7 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(30)"]
 PARENT = textwrap.dedent("""
     import subprocess, sys, time
     sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
-    kids = [subprocess.Popen(sleeper + ["packrat.pool", str(i)]) for i in range(2)]
+    kids = [subprocess.Popen(sleeper + ["packrat.serving.pool", str(i)]) for i in range(2)]
     other = subprocess.Popen(sleeper + ["not-an-instance"])
     print(" ".join(str(p.pid) for p in kids + [other]), flush=True)
     time.sleep(30)  # never reaps: killed children stay zombies
@@ -155,7 +155,7 @@ def test_torchserve_pid_from_run_dir(tmp_path):
 
 
 def test_kills_only_pool_instances_under_the_root():
-    outsider = subprocess.Popen(SLEEPER + ["packrat.pool"])  # an instance, but not under the root
+    outsider = subprocess.Popen(SLEEPER + ["packrat.serving.pool"])  # an instance, but not under the root
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     pids = [int(p) for p in parent.stdout.readline().split()]
     try:

@@ -7,7 +7,8 @@ import warnings
 import pytest
 import torch
 
-from packrat.models import compiled_package, DEFAULT_MODEL, ZOO, ModelSpec, prepare, resolve
+from packrat.models.zoo import compiled_package, DEFAULT_MODEL, ZOO, prepare, resolve
+from packrat.models.spec import ModelSpec
 from packrat.models.tiny import TinyNet
 from model_checks import close, two_threads  # noqa: F401 (autouse fixture)
 
@@ -136,7 +137,7 @@ def spec_is_text(name: str) -> bool:
 def test_compiled_package_is_built_once_and_reused():
     """A later start loads the package an earlier one built: the cache keeps one package for the
     model, which the later start does not touch (nor add to), and the answers are the same."""
-    from packrat import compiled
+    from packrat.models import compiled
 
     spec = ZOO["tiny"]
     first, x, _ = prepare(spec, batch=4, graph_mode="compile")  # builds 4, 2 and 1 if this machine lacks them
@@ -293,13 +294,13 @@ def test_a_padded_sample_gets_the_answer_it_gets_alone(name):
 def test_an_archive_ships_the_packages_of_its_first_plan(tmp_path, monkeypatch):
     """Of the cached packages, those of the planned instances' ladders (a package holds the
     weights: a many-core profile's every ⟨t, b⟩ would make a huge archive); all without a plan."""
-    from packrat import serving
+    from packrat.deploy import archive
 
     monkeypatch.setenv("PACKRAT_COMPILE_CACHE", str(tmp_path))
     spec = ZOO["tiny"]
     for threads, batch in [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (2, 8), (4, 8)]:
         compiled_package(spec, batch, threads=threads).write_bytes(b"")
-    shapes = lambda paths: sorted(serving.package_shape(p) for p in paths)  # noqa: E731
-    assert shapes(serving.compiled_files(spec, 8, {(1, 4)})) == [(1, 1), (1, 2), (1, 4)]
-    assert shapes(serving.compiled_files(spec, 4, None)) == [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]
-    assert shapes(serving.compiled_files(spec, 8, {(2, 8)})) == [(2, 1), (2, 2), (2, 4), (2, 8)]
+    shapes = lambda paths: sorted(archive.package_shape(p) for p in paths)  # noqa: E731
+    assert shapes(archive.compiled_files(spec, 8, {(1, 4)})) == [(1, 1), (1, 2), (1, 4)]
+    assert shapes(archive.compiled_files(spec, 4, None)) == [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]
+    assert shapes(archive.compiled_files(spec, 8, {(2, 8)})) == [(2, 1), (2, 2), (2, 4), (2, 8)]

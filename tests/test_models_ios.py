@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import fx
 
-from packrat.models import ZOO, prepare
+from packrat.models.zoo import ZOO, prepare
 from packrat.models.randwire import DEGREE, NODES, REWIRE_P, dag_predecessors, watts_strogatz
 from model_checks import close, two_threads  # noqa: F401 (autouse fixture)
 

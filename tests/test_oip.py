@@ -16,11 +16,12 @@ from PIL import Image
 from ts.context import Context, RequestProcessor
 
 from handlers import common
-from packrat.codec import Codec, CodecConfig, RequestError
-from packrat.inference import answer_batch
-from packrat.inputs import InputSpec
-from packrat.models import prepare, resolve
-from packrat.pool import Answer
+from packrat.codec.codec import Codec, CodecConfig
+from packrat.errors import RequestError
+from packrat.serving.inference import answer_batch
+from packrat.models.spec import InputSpec
+from packrat.models.zoo import prepare, resolve
+from packrat.serving.pool.api import Answer
 
 IMAGE = CodecConfig((3, 8, 8), "float32", "classification", model_name="img")
 TEXT = CodecConfig((4,), "int64", "embedding", model_name="txt",

@@ -112,7 +112,7 @@ def _installed(name: str) -> bool:
 
 def test_smoke_run_on_tiny(tmp_path):
     """One real run: tiny, B = 1 and 2, one round of two timed batches, against a made-up profile."""
-    from packrat.profile import ProfileWriter
+    from packrat.profiling.profiles import ProfileWriter
 
     profile = tmp_path / "tiny.csv"
     with ProfileWriter(profile, {"model": "tiny", "mode": "eager", "latency": "isolated"}) as writer:

@@ -8,8 +8,9 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from packrat.planner import NoPlanError, Planner, plan
-from packrat.topology import Topology
+from packrat.errors import NoPlanError
+from packrat.planning.planner import Planner, plan
+from packrat.machine.topology import Topology
 
 
 def brute_force(items, threads, batch):

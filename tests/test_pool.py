@@ -18,11 +18,15 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from packrat.codec import Codec, CodecConfig
-from packrat.inference import answer_batch
-from packrat.models import prepare, resolve
-from packrat.pool import InstanceConfig, InstancePool, ModelConfig, PoolError, Request, Watchdog, split_sizes
-from packrat.topology import detect
+from packrat.codec.codec import Codec, CodecConfig
+from packrat.serving.inference import answer_batch
+from packrat.models.zoo import prepare, resolve
+from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
+from packrat.serving.pool.instance_pool import InstancePool
+from packrat.errors import PoolError
+from packrat.serving.pool.supervisor import Watchdog
+from packrat.serving.pool.dispatch import split_sizes
+from packrat.machine.topology import detect
 
 TINY = ModelConfig("tiny", graph_mode="script")  # pool logic: the quickest graph mode to start
 CORES = detect().cores
@@ -239,7 +243,8 @@ def test_model_that_no_longer_loads_fails_fast_with_the_load_error(reference, tm
 def test_pool_process_killed_leaves_no_instance_and_no_segment_behind(reference):
     """The TorchServe worker killed with -9: its instances exit on their own, and the next pool
     (the restarted worker's) starts with no segment of the dead one left in /dev/shm."""
-    code = ("import sys, torch; from packrat.pool import *; from packrat.topology import detect; "
+    code = ("import sys, torch; from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request; "
+            "from packrat.serving.pool.instance_pool import InstancePool; "
             f"pool = InstancePool(ModelConfig('tiny'), [InstanceConfig(1, 2, ({CORES[0]},))]); "
             "pool.infer([Request(torch.zeros(3, 32, 32).numpy().tobytes(), 'application/octet-stream')]); "
             "print(*pool.pids(), flush=True); sys.stdin.read()")
@@ -340,7 +345,8 @@ def test_batches_above_the_plan_use_the_capacity_in_one_round():
 
 
 def test_an_instance_exits_when_its_pool_process_dies_while_it_loads():
-    code = ("from packrat.pool import InstancePool, InstanceConfig, ModelConfig; "
+    code = ("from packrat.serving.pool.instance_pool import InstancePool; "
+            "from packrat.serving.pool.api import InstanceConfig, ModelConfig; "
             f"InstancePool(ModelConfig('resnet50', graph_mode='script'), [InstanceConfig(1, 1, ({CORES[0]},))])")
     parent = subprocess.Popen([sys.executable, "-c", code])
     try:
@@ -356,7 +362,7 @@ def test_an_instance_exits_when_its_pool_process_dies_while_it_loads():
 def test_warm_up_time_leaves_out_waiting_for_a_core():
     """The watchdog's yardstick: a warm-up that waits (here it sleeps, as one at low priority
     beside busy instances waits for a core) counts only the time it computed."""
-    from packrat.pool.child import warm_up
+    from packrat.serving.pool.child import warm_up
 
     def computing(batch):
         until = time.process_time() + 0.02

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from packrat.profile import COLUMNS, LEGACY_COLUMNS, ProfileError, ProfileWriter, load
+from packrat.profiling.profiles import COLUMNS, LEGACY_COLUMNS, ProfileWriter, load
+from packrat.errors import ProfileError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-profiles"
 
@@ -170,7 +171,7 @@ def test_append_refuses_the_other_kind(tmp_path, existing, new):
 def test_a_profile_from_before_graph_modes_reads_as_torchscript(tmp_path):
     """Profiles taken before compile became the default say no mode (or script): they are served
     in TorchScript, the mode their latencies were measured in; a profile's own mode is kept."""
-    from packrat.graph import served
+    from packrat.models.modes import served
 
     old = tmp_path / "old.csv"
     old.write_text("# model: resnet50\nthreads,batch,latency_ms\n1,1,100\n")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from packrat.profile import choose, load
+from packrat.profiling.profiles import choose, load
 
 XEON, EPYC = "Intel(R) Xeon(R) Gold 6142 CPU @ 2.60GHz", "AMD EPYC 7763 64-Core Processor"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-profiles"

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from packrat import profiler
-from packrat.measure import summarize
-from packrat.profile import COLUMNS, ProfileError, load
-from packrat.topology import Topology, detect
+from packrat.profiling import profiler
+from packrat.errors import ProfilingError
+from packrat.profiling.point import summarize
+from packrat.profiling.profiles import COLUMNS, load
+from packrat.errors import ProfileError
+from packrat.machine.topology import Topology, detect
 
 FAST = profiler.Settings(model="tiny", warmup=1, iters=5)
 ISOLATED = dataclasses.replace(FAST, contention=False)
@@ -60,7 +62,7 @@ def test_one_real_point_runs_pinned_with_its_threads():
 
 
 def test_failed_point_names_the_point():
-    with pytest.raises(profiler.ProfilingError, match="threads=1 batch=1 failed: .*unknown model"):
+    with pytest.raises(ProfilingError, match="threads=1 batch=1 failed: .*unknown model"):
         profiler.measure_point(profiler.Settings(model="no_such_model", iters=1), 1, 1, [0])
 
 
@@ -163,14 +165,14 @@ def test_one_copy_fits_so_the_point_is_measured_once(monkeypatch):
 ])
 def test_failed_loaded_point_names_it_and_leaves_no_copy(started, settings, timeout, reason):
     cores = [[c] for c in two_cores().cores]
-    with pytest.raises(profiler.ProfilingError, match=f"threads=1 batch=1 under load \\(2 copies\\) failed: .*{reason}"):
+    with pytest.raises(ProfilingError, match=f"threads=1 batch=1 under load \\(2 copies\\) failed: .*{reason}"):
         profiler.measure_loaded(settings, 1, 1, cores, timeout)
     assert len(started) == 2 and all(copy.proc.returncode is not None for copy in started)
 
 
 def test_loaded_copy_runs_once_per_run_line_until_stdin_closes():
     core = detect().cores[-1]
-    cmd = [sys.executable, "-m", "packrat.measure", "--model", "tiny", "--threads", "1", "--batch", "1",
+    cmd = [sys.executable, "-m", "packrat.profiling.point", "--model", "tiny", "--threads", "1", "--batch", "1",
            "--cores", str(core), "--warmup", "1", "--loaded"]
     with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
         word, _, actual = proc.stdout.readline().partition(" ")  # loaded and warm, waiting
@@ -267,7 +269,7 @@ def test_adaptive_refuses_more_threads_than_cores(tmp_path):
 
 def test_replay_writes_only_the_points_looked_up_with_their_figures(tmp_path):
     full = tmp_path / "full.csv"
-    with profiler.profile_io.ProfileWriter(full, {"model": "toy", "latency": "loaded"}) as writer:
+    with profiler.profiles.ProfileWriter(full, {"model": "toy", "latency": "loaded"}) as writer:
         for t in range(1, 9):
             for b in (1, 2, 4, 8, 16, 32):
                 writer.write({"threads": t, "batch": b, "latency_ms": amdahl(t, b) * 1.1,
@@ -286,5 +288,5 @@ def test_replay_writes_only_the_points_looked_up_with_their_figures(tmp_path):
 def test_replay_of_a_point_outside_the_table_names_it(tmp_path):
     full = tmp_path / "full.csv"
     full.write_text("threads,batch,latency_ms\n1,1,10\n")
-    with pytest.raises(profiler.ProfilingError, match="threads=1 batch=2"):
+    with pytest.raises(ProfilingError, match="threads=1 batch=2"):
         profiler.run_adaptive(FAST, [1], [1, 2], tmp_path / "out.csv", replay=full, progress=False)

@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="Ray Serve is an optional extra: pip install 'packrat[ray]'")
 
-from packrat.ray_local import LocalCluster, wait_for  # noqa: E402
-from packrat.serving import free_port  # noqa: E402
+from packrat.deploy.ray_local import LocalCluster, wait_for  # noqa: E402
+from packrat.deploy.torchserve import free_port  # noqa: E402
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or shutil.which("taskset") is None,
                                 reason="two pinned nodes need two cores and taskset")
@@ -31,7 +31,7 @@ BODY = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "dataty
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
-    from packrat import ray_serve
+    from packrat.frontends import ray_serve
 
     profile = tmp_path_factory.mktemp("ray") / "tiny.csv"
     profile.write_text(PROFILE)
@@ -102,7 +102,7 @@ def test_a_v2_client_in_its_default_binary_mode(deployed):
     import numpy as np
     import torch
 
-    from packrat.models import prepare, resolve
+    from packrat.models.zoo import prepare, resolve
 
     _, url, name = deployed
     client = http.InferenceServerClient(url.removeprefix("http://"))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from packrat.codec import Codec, CodecConfig
-from packrat.models import prepare, resolve
+from packrat.codec.codec import Codec, CodecConfig
+from packrat.models.zoo import prepare, resolve
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

@@ -10,9 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from packrat import serving
-from packrat.cli import main
-from packrat.models import prepare, resolve
+from packrat.deploy import torchserve
+from packrat.deploy import archive
+from packrat.cli.main import main
+from packrat.models.zoo import prepare, resolve
 from test_serving_integration import PROFILE, post
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")
@@ -22,9 +23,9 @@ def test_step_load_reconfigures_without_losing_a_request(tmp_path, capsys):
     profile = tmp_path / "tiny.csv"
     profile.write_text(PROFILE)
     fast = {"alpha": 0.5, "window": 3, "period_s": 0.5}  # react within ~2 s so the test stays short
-    mar = serving.archive("tiny", profile, tmp_path / "model_store", batch_size=8, max_batch_delay_ms=30,
+    mar = archive.build("tiny", profile, tmp_path / "model_store", batch_size=8, max_batch_delay_ms=30,
                           estimator=fast)
-    server = serving.start(serving.Server(tmp_path / "run", "tiny", serving.Ports.free(), token_auth=False), mar,
+    server = torchserve.start(torchserve.Server(tmp_path / "run", "tiny", torchserve.Ports.free(), token_auth=False), mar,
                            timeout=180)
     module, _, _ = prepare(resolve("tiny"), 2)
     samples = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(9))
@@ -49,7 +50,7 @@ def test_step_load_reconfigures_without_losing_a_request(tmp_path, capsys):
             with ThreadPoolExecutor(clients) as pool:
                 sent += sum(pool.map(lambda i: client(i, until), range(clients)))
         assert wrong == []
-        status = serving.handler_status(server)
+        status = torchserve.handler_status(server)
         records = status["reconfigurations"]
         assert len(records) >= 2, records
         assert all(r["failed_requests"] == 0 and not r.get("error") for r in records)  # TorchServe drops nulls
@@ -62,4 +63,4 @@ def test_step_load_reconfigures_without_losing_a_request(tmp_path, capsys):
         assert '"reconfigurations"' in capsys.readouterr().out
         assert sent > 100
     finally:
-        serving.stop(server)
+        torchserve.stop(server)

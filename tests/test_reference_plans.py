@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from packrat.planner import Planner
-from packrat.profile import load
+from packrat.planning.planner import Planner
+from packrat.profiling.profiles import load
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-profiles"
 pytestmark = pytest.mark.skipif(not SHARED.exists(), reason="reference profiles not present")

@@ -15,9 +15,10 @@ import psutil
 import pytest
 import torch
 
-from packrat import serving
-from packrat.models import prepare, resolve
-from packrat.topology import detect
+from packrat.deploy import torchserve
+from packrat.deploy import archive
+from packrat.models.zoo import prepare, resolve
+from packrat.machine.topology import detect
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")
 
@@ -30,16 +31,16 @@ def server(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("serve")
     profile = run_dir / "tiny.csv"
     profile.write_text(PROFILE)
-    mar = serving.archive("tiny", profile, run_dir / "model_store", batch_size=4, max_batch_delay_ms=20)
+    mar = archive.build("tiny", profile, run_dir / "model_store", batch_size=4, max_batch_delay_ms=20)
     started = time.time()
-    srv = serving.start(serving.Server(run_dir, "tiny", serving.Ports.free(), token_auth=True), mar, timeout=180)
+    srv = torchserve.start(torchserve.Server(run_dir, "tiny", torchserve.Ports.free(), token_auth=True), mar, timeout=180)
     yield srv
-    serving.stop(srv)
-    assert not serving.java_running(srv)
+    torchserve.stop(srv)
+    assert not torchserve.java_running(srv)
     deadline = time.monotonic() + 10  # an instance still loading notices within its watch interval
     while leftovers := [p for p in psutil.process_iter(["cmdline", "create_time"])
                         if p.info["create_time"] >= started and
-                        any(marker in " ".join(p.info["cmdline"] or []) for marker in ("packrat.pool", str(run_dir)))]:
+                        any(marker in " ".join(p.info["cmdline"] or []) for marker in ("packrat.serving.pool", str(run_dir)))]:
         assert time.monotonic() < deadline, f"instance processes outlived the server: {leftovers}"
         time.sleep(0.2)
 
@@ -96,18 +97,18 @@ def test_token_is_required(server):
 
 
 def test_every_worker_ready_and_on_loopback(server):
-    assert serving.worker_status(server) == ["READY"]
+    assert torchserve.worker_status(server) == ["READY"]
     config = (server.run_dir / "config.properties").read_text()
     assert "0.0.0.0" not in config and "http://127.0.0.1:" in config
 
 
 def test_cli_serve_and_stop(tmp_path, capsys):
-    from packrat.cli import main
+    from packrat.cli.main import main
 
     profile = tmp_path / "tiny.csv"
     profile.write_text(PROFILE)
     run_dir = tmp_path / "run"
-    ports = [str(serving.free_port()) for _ in range(5)]
+    ports = [str(torchserve.free_port()) for _ in range(5)]
     argv = ["serve", "--model", "tiny", "--profile", str(profile), "--batch-size", "2", "--run-dir", str(run_dir),
             "--inference-port", ports[0], "--management-port", ports[1], "--metrics-port", ports[2],
             "--grpc-inference-port", ports[3], "--grpc-management-port", ports[4], "--disable-token-auth",
@@ -118,17 +119,17 @@ def test_cli_serve_and_stop(tmp_path, capsys):
         assert "CPU budget: 1 core (the archive's `cores` setting: 1 of the " in out
         assert "profile: profile.csv: taken on unknown CPU" in out
         assert "packrat CPU budget: 1 core (" in (run_dir / "logs" / "model_log.log").read_text()
-        server = serving.Server.load(run_dir)
+        server = torchserve.Server.load(run_dir)
         assert server.ports.inference == int(ports[0]) and not server.token_auth
         body = torch.zeros(3, 32, 32).numpy().tobytes()
         assert post(server, body, "application/octet-stream", token=None)[0] == 200
     finally:
         assert main(["stop", "--run-dir", str(run_dir)]) == 0
-    assert not serving.java_running(serving.Server.load(run_dir))
+    assert not torchserve.java_running(torchserve.Server.load(run_dir))
 
 
 def test_cli_serve_without_profile_says_what_to_do(tmp_path, capsys):
-    from packrat.cli import main
+    from packrat.cli.main import main
 
     assert main(["serve", "--model", "tiny", "--profile", str(tmp_path / "none.csv")]) == 2
     assert "run `packrat profile --model tiny" in capsys.readouterr().err
@@ -147,11 +148,11 @@ def test_a_profile_of_ios_instances_is_served_by_them(tmp_path):
     profile.write_text("# model: tiny\n# mode: ios\nthreads,batch,latency_ms\n"
                        + "".join(f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in (1, 2) for b in (1, 2)))
     run_dir = tmp_path / "run"
-    mar = serving.archive("tiny", profile, run_dir / "model_store", batch_size=2, max_batch_delay_ms=20,
+    mar = archive.build("tiny", profile, run_dir / "model_store", batch_size=2, max_batch_delay_ms=20,
                           ios_cache=cache)
     with zipfile.ZipFile(mar) as packed:
         assert {f"tiny-t{t}-b{b}.json" for t in (1, 2) for b in (1, 2)} <= set(packed.namelist())
-    server = serving.start(serving.Server(run_dir, "tiny", serving.Ports.free(), token_auth=False), mar, timeout=180)
+    server = torchserve.start(torchserve.Server(run_dir, "tiny", torchserve.Ports.free(), token_auth=False), mar, timeout=180)
     try:
         x = torch.randn(3, 32, 32)
         module, _, _ = prepare(spec, 1)
@@ -159,8 +160,8 @@ def test_a_profile_of_ios_instances_is_served_by_them(tmp_path):
             top5 = torch.softmax(module(x[None])[0], 0).topk(5).indices.tolist()
         status, body = post(server, x.numpy().tobytes(), "application/octet-stream", token=None)
         assert status == 200 and [p["class"] for p in body["predictions"]] == top5
-        assert serving.handler_status(server)["mode"] == "ios"
+        assert torchserve.handler_status(server)["mode"] == "ios"
         used = list((run_dir / "tmp").rglob("tiny-t*-b*.json"))  # the archive as TorchServe unpacked it
         assert used and all(path.read_text() == (cache / path.name).read_text() for path in used)  # not searched again
     finally:
-        serving.stop(server)
+        torchserve.stop(server)

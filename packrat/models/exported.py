@@ -33,10 +33,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
-from packrat.inputs import MASK, TOKEN_TYPES, InputSpec
+from packrat.models.spec import MASK, TOKEN_TYPES, InputSpec
 
 if TYPE_CHECKING:
-    from packrat.models import ModelSpec
+    from packrat.models.spec import ModelSpec
 
 __all__ = ["ExportedModule", "exported_module", "from_program"]
 
@@ -129,7 +129,7 @@ def from_program(path: str, input_shape: tuple[int, ...] | None = None) -> Model
     symbols). Raises ValueError, with a one-line reason, for a missing or unreadable file, a static
     batch dim, dims left dynamic, non-tensor inputs, or an output that is not a tensor.
     """
-    from packrat.models import ModelSpec  # noqa: F811 (packrat.models imports this module lazily)
+    from packrat.models.spec import ModelSpec  # noqa: F811 (packrat.models imports this module lazily)
 
     program = _load(path)
     inputs, batch_note = _inputs(program, path, input_shape)

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from packrat.errors import first_line
-from packrat.inputs import token_inputs
-from packrat.models import ModelSpec
+from packrat.models.spec import token_inputs
+from packrat.models.spec import ModelSpec
 
 ENCODERS = ("bert", "distilbert", "roberta")
 DECODERS = ("gpt2",)

@@ -1,0 +1,1 @@
+"""The `packrat` command: one module per command; main.py wires them."""

@@ -1,0 +1,147 @@
+"""The KServe v2 / Open Inference Protocol binary tensor extension, as bytes: nothing of models.
+
+A request (or answer) is a JSON header followed by raw tensor bytes. The header's length in bytes
+travels in the HTTP header `Inference-Header-Content-Length`; each tensor with binary data says
+`"parameters": {"binary_data_size": N}` and its N bytes follow in tensor order: little-endian,
+row-major; a BYTES tensor is its elements, each a 4-byte little-endian length and the bytes.
+An answer carries tensors in binary when the request asks (an output's `"binary_data": true`, else
+the request's `"binary_data_output": true`; tritonclient asks by default).
+Malformed data raises RequestError (400) with a one-line reason, so only that request fails.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import torch
+
+from packrat.errors import RequestError, first_line
+
+HEADER = "Inference-Header-Content-Length"
+DTYPES = {"FP32": torch.float32, "FP64": torch.float64, "FP16": torch.float16, "BF16": torch.bfloat16,
+          "INT64": torch.int64, "INT32": torch.int32, "INT16": torch.int16, "INT8": torch.int8,
+          "UINT8": torch.uint8, "BOOL": torch.bool}
+
+
+NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def datatype(dtype: torch.dtype) -> str | None:
+    """The v2 datatype name of a torch dtype ("FP32"), or None where v2 has none (say, complex)."""
+    return NAMES.get(dtype)
+
+
+def header_length(value) -> int | None:
+    """The HTTP header's value as a length; None when absent. A value that is no length is refused."""
+    if value is None:
+        return None
+    try:
+        length = int(str(value).strip())
+    except ValueError:
+        raise RequestError(400, f"{HEADER} must be a byte count, not {str(value)[:20]!r}") from None
+    if length < 0:
+        raise RequestError(400, f"{HEADER} must not be negative: {length}")
+    return length
+
+
+def split(body: bytes, length: int | None):
+    """(JSON header, the bytes after it). Without a header length, the end of the JSON value is found
+    by parsing; returns None then if nothing follows it (a plain JSON body)."""
+    if length is None:
+        try:  # latin-1 maps byte i to character i, so the end index found is a byte offset;
+            # JSON's structure is ASCII, and UTF-8 text in strings only holds bytes >= 0x80
+            _, length = json.JSONDecoder().raw_decode(body.decode("latin-1"))
+        except (ValueError, RecursionError):
+            return None
+        if not body[length:].strip():
+            return None
+    elif length > len(body):
+        raise RequestError(400, f"{HEADER} is {length} but the body has only {len(body)} bytes")
+    try:
+        head = json.loads(body[:length])
+    except (ValueError, RecursionError) as exc:
+        raise RequestError(400, f"the inference header is not valid JSON ({first_line(exc)})") from None
+    if not isinstance(head, dict):
+        raise RequestError(400, "the inference header must be a JSON object")
+    return head, body[length:]
+
+
+def chunks(entries: list, data: bytes) -> list[bytes | None]:
+    """Each input's binary data (None where it has JSON "data" instead); every byte must be one's."""
+    found, offset = [], 0
+    for entry in entries:
+        size = parameters(entry).get("binary_data_size") if isinstance(entry, dict) else None
+        if size is None:
+            found.append(None)
+            continue
+        if type(size) is not int or size < 0:
+            raise RequestError(400, '"binary_data_size" must be a non-negative integer')
+        if offset + size > len(data):
+            raise RequestError(400, f"binary data of {entry.get('name')!r} ends at byte {offset + size}, but only "
+                                    f"{len(data)} bytes follow the inference header")
+        found.append(data[offset:offset + size])
+        offset += size
+    if offset != len(data):
+        raise RequestError(400, f"{len(data) - offset} bytes after the inputs' binary data: "
+                                f"binary_data_size does not match the body")
+    return found
+
+
+def tensor(chunk: bytes, datatype: str) -> torch.Tensor:
+    """One tensor's raw little-endian bytes, flat."""
+    dtype = DTYPES[datatype]
+    if len(chunk) % dtype.itemsize:
+        raise RequestError(400, f"{len(chunk)} bytes of {datatype} data: not a whole number of "
+                                f"{dtype.itemsize}-byte values")
+    return torch.frombuffer(bytearray(chunk), dtype=dtype) if chunk else torch.empty(0, dtype=dtype)
+
+
+def elements(chunk: bytes) -> list[bytes]:
+    """A BYTES tensor's elements: each a 4-byte little-endian length, then that many bytes."""
+    found, offset = [], 0
+    while offset < len(chunk):
+        if offset + 4 > len(chunk):
+            raise RequestError(400, "BYTES data ends inside an element's 4-byte length")
+        (size,) = struct.unpack_from("<I", chunk, offset)
+        offset += 4
+        if offset + size > len(chunk):
+            raise RequestError(400, f"a BYTES element of {size} bytes runs past its binary_data_size")
+        found.append(bytes(chunk[offset:offset + size]))
+        offset += size
+    return found
+
+
+def binary_output(head: dict, name: str) -> bool:
+    """Whether the request asks for output `name` in binary; refuses outputs the model lacks."""
+    outputs = head.get("outputs") or []
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+        raise RequestError(400, '"outputs" must be a list of objects {"name", "parameters"}')
+    unknown = [o.get("name") for o in outputs if o.get("name") != name]
+    if unknown:
+        raise RequestError(400, f"unknown output {str(unknown[0])[:40]!r}: this model answers {name!r}")
+    for output in outputs:
+        asked = parameters(output).get("binary_data")
+        if asked is not None:
+            return asked is True
+    return parameters(head).get("binary_data_output") is True
+
+
+def parameters(entry: dict) -> dict:
+    """An object's "parameters" (absent: none)."""
+    found = entry.get("parameters")
+    if found is None:
+        return {}
+    if not isinstance(found, dict):
+        raise RequestError(400, '"parameters" must be an object')
+    return found
+
+
+def encode(head: dict, tensors: list[torch.Tensor]) -> tuple[bytes, int]:
+    """(body, header length): `head`'s outputs (one per tensor, without "data") marked with their
+    binary_data_size, then each tensor's raw bytes."""
+    raw = [t.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes() for t in tensors]
+    outputs = [{**output, "parameters": {**output.get("parameters", {}), "binary_data_size": len(data)}}
+               for output, data in zip(head["outputs"], raw)]
+    header = json.dumps({**head, "outputs": outputs}, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return header + b"".join(raw), len(header)

@@ -1,0 +1,355 @@
+"""Running real TorchServe with a packrat archive: config, start, readiness, restart, stop.
+
+TorchServe facts this relies on: `torchserve --start` returns at once with Java in the
+background; `/ping` is not readiness, so we wait until the management API lists every
+worker READY; TEMP holds the pid file and worker sockets, so each server gets its own;
+token authorisation writes key_file.json into the directory TorchServe starts in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from packrat.errors import ServeError
+from packrat.frontends.torchserve_control import CONTROL_DIR, CONTROL_ENV, control_file, worker_file
+
+LOG_CONFIG = Path(__file__).parent / "log4j2.xml"
+STATE_FILE = "server.json"
+OIP_ENV = "TS_OPEN_INFERENCE_PROTOCOL"  # "oip": TorchServe serves the KServe v2 / Open Inference Protocol paths
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Ports:
+    inference: int = 8080
+    management: int = 8081
+    metrics: int = 8082
+    grpc_inference: int = 7070
+    grpc_management: int = 7071
+
+    @classmethod
+    def free(cls) -> "Ports":
+        return cls(*(free_port() for _ in range(5)))
+
+
+@dataclass
+class Server:
+    """A running (or stopped) TorchServe started by packrat, as recorded in its run dir."""
+
+    run_dir: Path
+    model: str
+    ports: Ports = field(default_factory=Ports)
+    token_auth: bool = True
+    oip: bool = False  # the Open Inference Protocol (KServe v2: /v2/..., tritonclient) on as well
+
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir).resolve()  # TorchServe rejects a relative TEMP
+
+    @property
+    def inference_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.inference}"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.management}"
+
+    @property
+    def key_file(self) -> Path:
+        return self.run_dir / "key_file.json"
+
+    @property
+    def control_dir(self) -> Path:
+        return self.run_dir / CONTROL_DIR
+
+    def key(self, api: str) -> str | None:
+        """The bearer token for 'inference' or 'management' (None without token auth)."""
+        if not self.token_auth:
+            return None
+        return json.loads(self.key_file.read_text())[api]["key"]
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(TEMP=str(self.run_dir / "tmp"), LOG_LOCATION=str(self.run_dir / "logs"),
+                   METRICS_LOCATION=str(self.run_dir / "logs"))
+        env[CONTROL_ENV] = str(self.control_dir)
+        if self.oip:
+            env[OIP_ENV] = "oip"
+        return env
+
+    def save(self) -> None:
+        state = {"model": self.model, "ports": asdict(self.ports), "token_auth": self.token_auth, "oip": self.oip}
+        (self.run_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "Server":
+        path = Path(run_dir) / STATE_FILE
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            raise ServeError(f"no packrat server recorded in {run_dir} ({path} missing or unreadable)") from None
+        return cls(Path(run_dir), state["model"], Ports(**state["ports"]), state["token_auth"], state.get("oip", False))
+
+
+# ---- archive -------------------------------------------------------------------------------
+
+MAX_REQUEST_SIZE = 100 * 2**20  # TorchServe's own limit: larger bodies never reach the handler
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# ---- config and start/stop ---------------------------------------------------------------------
+
+def config_properties(ports: Ports, model_store: Path, token_auth: bool, extra: dict[str, str] | None = None) -> str:
+    lines = {
+        "inference_address": f"http://127.0.0.1:{ports.inference}",
+        "management_address": f"http://127.0.0.1:{ports.management}",
+        "metrics_address": f"http://127.0.0.1:{ports.metrics}",
+        "grpc_inference_address": "127.0.0.1",
+        "grpc_management_address": "127.0.0.1",
+        "grpc_inference_port": str(ports.grpc_inference),
+        "grpc_management_port": str(ports.grpc_management),
+        "model_store": str(model_store),
+        "disable_token_authorization": "false" if token_auth else "true",
+        "enable_model_api": "false",
+        "default_response_timeout": "300",
+        # Bodies up to this reach the handler, which answers those over its own limit with 413
+        # and the reason (TorchServe's default, 6.5 MB, resets the connection instead).
+        "max_request_size": str(MAX_REQUEST_SIZE),
+        # Hand the handler raw bytes: it ships them to the instances as they are, so parsing
+        # JSON in the worker (which TorchServe otherwise does) would be wasted work.
+        "decode_input_request": "false",
+        **(extra or {}),
+    }
+    return "".join(f"{k}={v}\n" for k, v in lines.items())
+
+
+def start(server: Server, mar: Path, *, timeout: float = 300.0) -> Server:
+    """torchserve --start in server.run_dir, then wait until every worker is READY."""
+    run_dir = server.run_dir
+    for sub in ("tmp", "logs", "model_store", CONTROL_DIR):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    for left in (control_file(server.control_dir, server.model), worker_file(server.control_dir, server.model)):
+        left.unlink(missing_ok=True)  # left by an earlier run
+    store = run_dir / "model_store"
+    if mar.resolve().parent != store.resolve():
+        shutil.copy(mar, store / mar.name)
+    config = run_dir / "config.properties"
+    config.write_text(config_properties(server.ports, store, server.token_auth))
+    server.key_file.unlink(missing_ok=True)
+    cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs", "--ts-config", str(config),
+           "--model-store", str(store), "--models", f"{server.model}={mar.name}",
+           "--log-config", str(LOG_CONFIG)]
+    if not server.token_auth:
+        cmd.append("--disable-token-auth")
+    server.save()
+    # A session of its own: a Ctrl-C meant for the caller must not reach Java.
+    # Output to a file, not a pipe: Java inherits it and would hold a pipe open forever.
+    start_log = run_dir / "logs" / "torchserve-start.log"
+    with start_log.open("w") as out:
+        done = subprocess.run(cmd, cwd=run_dir, env=server.env(), stdout=out, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+    if done.returncode != 0:
+        raise ServeError(f"torchserve --start failed: {start_log.read_text().strip()[-500:]}")
+    try:
+        wait_ready(server, timeout)
+    except BaseException:
+        stop(server)
+        raise
+    return server
+
+
+def _get(server: Server, path: str, timeout: float = 5.0):
+    request = urllib.request.Request(server.management_url + path)
+    if server.token_auth and server.key_file.exists():
+        request.add_header("Authorization", f"Bearer {server.key('management')}")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def _put(server: Server, path: str, timeout: float = 120.0) -> None:
+    request = urllib.request.Request(server.management_url + path, method="PUT")
+    if server.token_auth and server.key_file.exists():
+        request.add_header("Authorization", f"Bearer {server.key('management')}")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        response.read()
+
+
+def restart_worker(server: Server, timeout: float = 600.0) -> None:
+    """Scale the model to no worker and back to one: a fresh worker thread on TorchServe's side.
+
+    TorchServe 0.12 restarts a Python worker that died, but in its asynchronous mode the restarted
+    worker is never put back in service (its AsyncWorkerThread keeps `loadingFinished` from the first
+    load, so the new load's answer never marks the worker loaded, and it waits forever for work meant
+    for it alone). Scaling through the management API replaces the thread, which does load right.
+    TorchServe may fail the scale-down itself after stopping the worker (IllegalStateException
+    "Deque full" while it re-queues the dead worker's jobs), so both steps are retried until one
+    worker is READY or `timeout` runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for workers in (0, 1):
+            try:
+                _put(server, f"/models/{server.model}?min_worker={workers}&max_worker={workers}&synchronous=true")
+            except (urllib.error.URLError, OSError) as exc:  # HTTPError included
+                print(f"scaling {server.model} to {workers} worker(s) failed: {exc}", file=sys.stderr)
+        if _wait_for(lambda: worker_status(server) == ["READY"], min(60.0, max(0.0, deadline - time.monotonic()))):
+            return
+        if time.monotonic() > deadline:
+            raise ServeError(f"no READY worker for {server.model} after restarting it for {timeout:.0f} s")
+
+
+def _wait_for(condition, timeout: float, every: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
+
+
+
+
+def worker_status(server: Server) -> list[str]:
+    """Status of each worker of the model ([] while it is not registered yet)."""
+    try:
+        return _worker_statuses(server)
+    except (urllib.error.URLError, OSError, ValueError):
+        return []
+
+
+def _worker_statuses(server: Server) -> list[str]:
+    described = _get(server, f"/models/{server.model}")
+    return [w.get("status", "?") for entry in described for w in entry.get("workers", [])]
+
+
+def model_ready(server: Server) -> bool:
+    """Some worker of the model READY (the readiness check of `packrat ready`, a pod's probe).
+
+    TorchServe 0.12's keys expire (`token_expiration_min`, 60 minutes by default) and it answers an
+    expired or wrong key with 400 InvalidKeyException: then the management key is renewed through
+    the token API (which rewrites key_file.json) and the question asked once more."""
+    try:
+        statuses = _worker_statuses(server)
+    except urllib.error.HTTPError as exc:  # before URLError: it is one
+        if exc.code != 400 or not server.token_auth:
+            return False
+        try:
+            renew_key(server, "management")
+        except (urllib.error.URLError, OSError, ValueError, KeyError):
+            return False
+        statuses = worker_status(server)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    return "READY" in statuses
+
+
+def renew_key(server: Server, api: str) -> None:
+    """Have TorchServe replace the key of `api` ('management' or 'inference') in key_file.json,
+    through its token API on the management address, authorised by the file's "API" key (which
+    never expires). Renewing the inference key invalidates the one clients hold."""
+    request = urllib.request.Request(f"{server.management_url}/token?type={api}")
+    request.add_header("Authorization", f"Bearer {server.key('API')}")
+    with urllib.request.urlopen(request, timeout=5.0) as response:
+        response.read()
+
+
+def handler_status(server: Server) -> dict:
+    """The packrat handler's own status (plan, reconfigurations) through the management
+    API's customized describe, which TorchServe forwards to the handler."""
+    try:
+        described = _get(server, f"/models/{server.model}?customized=true", timeout=30)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ServeError(f"cannot reach TorchServe's management API at {server.management_url}: {exc}") from None
+    metadata = described[0].get("customizedMetadata") if described else None
+    if metadata is None:
+        raise ServeError(f"model {server.model} gave no packrat status (is it served by the packrat handler?)")
+    return json.loads(metadata) if isinstance(metadata, str) else metadata
+
+
+def wait_ready(server: Server, timeout: float) -> None:
+    """Until the management API shows every worker READY (not /ping: it says Healthy
+    while workers crash in a loop)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        statuses = worker_status(server)
+        if statuses and all(s == "READY" for s in statuses):
+            return
+        if not java_running(server):
+            raise ServeError(f"TorchServe exited while starting; see {server.run_dir / 'logs'}: {log_tail(server)}")
+        time.sleep(0.5)
+    raise ServeError(f"model {server.model} not READY after {timeout:.0f} s (workers: {worker_status(server)}); "
+                     f"see {server.run_dir / 'logs'}: {log_tail(server)}")
+
+
+def java_running(server: Server) -> bool:
+    pid_file = server.run_dir / "tmp" / ".model_server.pid"
+    try:
+        os.kill(int(pid_file.read_text().strip()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def log_tail(server: Server, lines: int = 3) -> str:
+    """The last error lines of the model log, to say why a worker did not come up."""
+    log = server.run_dir / "logs" / "model_log.log"
+    try:
+        text = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no model log)"
+    errors = [line for line in text if "Error" in line or "error" in line]
+    return " | ".join((errors or text)[-lines:])
+
+
+def stop(server: Server, timeout: float = 60.0) -> None:
+    """torchserve --stop, waiting for Java (and so the workers and their pools) to exit."""
+    cmd = [str(Path(sys.executable).parent / "torchserve"), "--stop", "--foreground"]
+    subprocess.run(cmd, cwd=server.run_dir, env=server.env(), capture_output=True, text=True, timeout=timeout)
+
+
+# ---- requests to the running handler ------------------------------------------------------------
+
+
+
+
+
+
+
+
+

@@ -1,0 +1,1 @@
+"""Front ends: adapters from a serving engine's requests to packrat's Engine (Ray Serve; TorchServe's control files)."""

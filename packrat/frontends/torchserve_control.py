@@ -1,0 +1,73 @@
+"""Control files between `packrat` commands and a running packrat handler (TorchServe front end):
+reconfiguration requests, and each worker's start (to tell a crashed worker's restart from ours)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+CONTROL_DIR = "control"  # in the run dir: requests to the running handler, one JSON file per model
+CONTROL_ENV = "PACKRAT_CONTROL_DIR"  # tells the handler where to look
+
+
+def worker_file(control_dir: str | Path, model: str) -> Path:
+    return Path(control_dir) / f"{model}.worker.json"
+
+
+def note_worker_start(control_dir: str | Path, model: str, pid: int) -> bool:
+    """Record that worker `pid` serves the model; True when it replaces a worker that died (not one
+    that restart_worker stopped on purpose), i.e. when TorchServe restarted a crashed worker."""
+    import psutil
+
+    path = worker_file(control_dir, model)
+    try:
+        previous = json.loads(path.read_text())
+        replaces_dead = not psutil.pid_exists(int(previous["pid"])) and not previous.get("restarting")
+    except (OSError, ValueError, KeyError, TypeError):
+        replaces_dead = False
+    _write_atomically(path, {"pid": pid, "restarting": replaces_dead})
+    return replaces_dead
+
+
+def control_file(control_dir: str | Path, model: str) -> Path:
+    return Path(control_dir) / f"{model}.json"
+
+
+def request_reconfigure(control_dir: str | Path, model: str, batch: int) -> Path:
+    """Ask the running handler to switch to the plan for `batch` now: writes
+    CONTROL_DIR/MODEL.json = {"batch", "requested_at"} atomically (a temporary file, then
+    os.replace), which the handler polls (read_reconfigure_request). Returns the file."""
+    if not _is_batch(batch):
+        raise ValueError(f"the batch size to reconfigure for must be an integer >= 1, got {batch!r}")
+    path = control_file(control_dir, model)
+    _write_atomically(path, {"batch": batch, "requested_at": time.time()})
+    return path
+
+
+def _write_atomically(path: Path, content) -> None:
+    """JSON into `path` through a temporary file and os.replace, so a reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+                                     delete=False) as out:
+        json.dump(content, out)
+    os.replace(out.name, path)
+
+
+def read_reconfigure_request(control_dir: str | Path, model: str) -> tuple[int, float] | None:
+    """(batch, requested_at) of the model's reconfiguration request in `control_dir` (the
+    handler's PACKRAT_CONTROL_DIR); None when there is none or it is unreadable."""
+    try:
+        request = json.loads(control_file(control_dir, model).read_text())
+        batch, requested_at = request["batch"], request["requested_at"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not _is_batch(batch) or isinstance(requested_at, bool) or not isinstance(requested_at, (int, float)):
+        return None
+    return batch, float(requested_at)
+
+
+def _is_batch(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -1,0 +1,1 @@
+"""Profiling: L(t, b) measured point by point in pinned processes, the adaptive grid, profile files, plots."""

@@ -1,0 +1,395 @@
+"""Offline profiler: measures L(t, b) over a grid, each point in a fresh pinned process.
+
+Each point is measured alone (the isolated figure) and, with contention on, again
+as ⌊T/t⌋ copies of it on disjoint cores run each batch together, as a homogeneous plan
+of that point runs them (the loaded figure, the profile's latency_ms: the slowest copy
+of each round decides it, as it decides a plan's batch).
+
+Points are appended to the profile file as they finish, so Ctrl-C leaves a valid
+file and a later run with the same arguments measures only what is missing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from packrat.errors import ProfileError, ProfilingError
+from packrat.machine.budget import cpu_budget
+from packrat.machine.topology import Topology, cpu_model
+from packrat.models.modes import DEFAULT_MODE
+from packrat.profiling import profiles
+from packrat.profiling.point import summarize
+
+# Whether `packrat profile` measures loaded figures unless told otherwise: only if they predict
+# served latency better, which the oracle benchmark decides (BENCHMARKS.md, issue 10). On the
+# 2-core VM they did not (mean |predicted/measured - 1| 8.4 % loaded vs 7.6 % isolated over
+# ResNet-50, Inception-v3 and BERT-base at B = 1..16), so isolated stays the default.
+DEFAULT_CONTENTION = False
+# The loaded measurement's handshake: each phase (load and warm up, timed runs, stopping) may
+# take this many times the whole isolated measurement of the point, and never less than the floor.
+LOADED_TIMEOUT_FACTOR = 10.0
+LOADED_TIMEOUT_FLOOR_S = 60.0
+_LATENCY_FLAG = {"loaded": "--contention", "isolated": "--isolated"}  # `packrat profile`'s flags, for hints
+
+
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str
+    warmup: int = 10
+    iters: int | None = 100
+    min_time: float | None = None
+    graph_mode: str = DEFAULT_MODE  # packrat.graph.MODES
+    input_shape: tuple[int, ...] | None = None
+    ios_cache: str | None = None  # profile IOS-compiled instances; schedules cached here
+    contention: bool = DEFAULT_CONTENTION  # also measure each point loaded by copies of itself
+
+
+
+
+def metadata(settings: Settings, topology: Topology) -> dict[str, str]:
+    import torch
+
+    from packrat.models.zoo import resolve
+
+    spec = resolve(settings.model, settings.input_shape)
+    return {
+        "model": settings.model,
+        "mode": "ios" if settings.ios_cache else (settings.graph_mode if spec.scriptable else "eager"),
+        "torch": torch.__version__,
+        "cpu": cpu_model(),
+        "latency": "loaded" if settings.contention else "isolated",
+        "cores": str(topology.num_cores),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+
+
+def _command(settings: Settings, threads: int, batch: int, cores: list[int]) -> tuple[list[str], dict | None]:
+    """The packrat.profiling.point command line for a point pinned to `cores`, and its environment."""
+    cmd = [sys.executable, "-m", "packrat.profiling.point", "--model", settings.model,
+           "--threads", str(threads), "--batch", str(batch), "--cores", ",".join(map(str, cores)),
+           "--warmup", str(settings.warmup)]
+    if settings.iters is not None:
+        cmd += ["--iters", str(settings.iters)]
+    if settings.min_time is not None:
+        cmd += ["--min-time", str(settings.min_time)]
+    if settings.input_shape:
+        cmd += ["--input-shape", ",".join(map(str, settings.input_shape))]
+    cmd += ["--graph-mode", settings.graph_mode]
+    if not settings.ios_cache:
+        return cmd, None
+    from ios_scheduler.runtime import openmp_env
+
+    return cmd + ["--ios-cache", str(settings.ios_cache)], openmp_env()
+
+
+def _last_line(text: str, fallback: str) -> str:
+    return (text.strip().splitlines() or [fallback])[-1]
+
+
+def measure_point(settings: Settings, threads: int, batch: int, cores: list[int]) -> dict:
+    """Run packrat.profiling.point in a fresh process pinned to `cores`; return its statistics."""
+    cmd, env = _command(settings, threads, batch, cores)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        reason = _last_line(done.stderr, f"exit status {done.returncode}")
+        raise ProfilingError(f"measuring threads={threads} batch={batch} failed: {reason}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def copies_for(threads: int, topology: Topology) -> int:
+    """How many copies of a t-thread point a homogeneous plan runs side by side: ⌊T/t⌋."""
+    return topology.num_cores // threads
+
+
+class _CopyFailed(Exception):
+    """One copy of a loaded measurement failed; the message is the reason."""
+
+
+class _Copy:
+    """One `packrat.profiling.point --loaded` process: its stdout read line by line with a deadline,
+    its stderr kept in a file (so it never blocks on a full pipe) for the failure reason."""
+
+    def __init__(self, cmd: list[str], env: dict | None):
+        self._stderr = tempfile.TemporaryFile()
+        self._buffer = b""
+        self.proc = subprocess.Popen(cmd + ["--loaded"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._stderr, env=env)
+
+    def _reason(self) -> str:
+        try:
+            code = self.proc.wait(timeout=5)  # its stdout closed: it is exiting
+        except subprocess.TimeoutExpired:
+            return "a copy closed its output but kept running"
+        self._stderr.seek(0)
+        return _last_line(self._stderr.read().decode(errors="replace"), f"exit status {code}")
+
+    def read_line(self, deadline: float, what: str) -> str:
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                raise _CopyFailed(f"a copy was not {what}")
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                raise _CopyFailed(self._reason())
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode(errors="replace").strip()
+
+    def expect(self, deadline: float, what: str, is_it) -> str:
+        """The first line for which is_it(line) holds; earlier lines (a library's chatter) are skipped."""
+        while True:
+            line = self.read_line(deadline, what)
+            if is_it(line):
+                return line
+
+    def send_run(self) -> None:
+        try:
+            self.proc.stdin.write(b"run\n")
+            self.proc.stdin.flush()
+        except OSError:
+            raise _CopyFailed(self._reason()) from None
+
+    def stop(self, grace: float) -> None:
+        """Close stdin (the copy then exits after its current run); kill it if it takes over `grace` s."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass  # already gone
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self._stderr.close()
+
+
+def measure_loaded(settings: Settings, threads: int, batch: int, core_sets: list[list[int]],
+                   timeout: float = LOADED_TIMEOUT_FLOOR_S) -> dict:
+    """One copy of the point per core set, run in lockstep as a plan's instances run a batch.
+
+    Each copy loads and warms up alone and says ready; then every round tells all copies to run
+    at once and waits for all of them, so a round takes as long as the slowest copy, as a batch
+    split across a homogeneous plan does (the mean over copies would miss that the slowest one
+    decides). One untimed round, then --iters rounds (or rounds for --min-time s, at least 3).
+    latency_ms is the mean round, copy_ms the mean of the copies' own run times. Each phase (ready,
+    a round, stopping) may take `timeout` s; on any failure every copy is killed and ProfilingError
+    names the point and the reason."""
+    copies: list[_Copy] = []
+    ok = False
+    try:
+        for cores in core_sets:
+            copies.append(_Copy(*_command(settings, threads, batch, cores)))
+        deadline = time.monotonic() + timeout
+        ready = [json.loads(copy.expect(deadline, f"ready within {timeout:g} s",
+                                        lambda line: line.startswith("ready "))[6:]) for copy in copies]
+        _round(copies, timeout)  # untimed: the first lockstep run warms the hand-off
+        rounds, own = [], []
+        started = time.monotonic()
+        while not _enough(settings, len(rounds), time.monotonic() - started):
+            wall, times = _round(copies, timeout)
+            rounds.append(wall)
+            own += times
+        ok = True
+    except (_CopyFailed, ValueError) as exc:  # ValueError: a line that is not what the protocol says
+        raise ProfilingError(f"measuring threads={threads} batch={batch} under load "
+                             f"({len(core_sets)} copies) failed: {exc}") from None
+    finally:
+        for copy in copies:
+            copy.stop(timeout if ok else 0)  # on failure (or Ctrl-C) no copy is left running
+    return {**summarize(rounds), "copy_ms": statistics.fmean(own), "mode": ready[0]["mode"],
+            "copy_cores": [r["cores"] for r in ready]}
+
+
+def _round(copies: list[_Copy], timeout: float) -> tuple[float, list[float]]:
+    """Run every copy once, together: the wall time in ms, and each copy's own time."""
+    start = time.perf_counter()
+    for copy in copies:
+        copy.send_run()
+    deadline = time.monotonic() + timeout
+    times = [float(copy.read_line(deadline, f"done within {timeout:g} s")) for copy in copies]
+    return (time.perf_counter() - start) * 1e3, times
+
+
+def _enough(settings: Settings, rounds: int, elapsed_s: float) -> bool:
+    if settings.iters is not None:
+        return rounds >= settings.iters
+    return rounds >= 3 and elapsed_s >= settings.min_time
+
+
+def measure(settings: Settings, threads: int, batch: int, topology: Topology) -> dict:
+    """One profile row for ⟨threads, batch⟩: measured alone and, with settings.contention and room
+    for more than one copy, loaded by ⌊T/t⌋ copies; latency_ms is then the loaded figure."""
+    started = time.monotonic()
+    isolated = measure_point(settings, threads, batch, topology.cores_for(threads))
+    row = {"threads": threads, "batch": batch, **isolated, "isolated_ms": isolated["latency_ms"], "copies": 1}
+    copies = copies_for(threads, topology) if settings.contention else 1
+    if copies > 1:
+        timeout = max(LOADED_TIMEOUT_FLOOR_S, LOADED_TIMEOUT_FACTOR * (time.monotonic() - started))
+        loaded = measure_loaded(settings, threads, batch, topology.assign([threads] * copies), timeout)
+        row.update(loaded, copies=copies)
+    return row
+
+
+def measurements(settings: Settings, threads: int, topology: Topology) -> int:
+    """Timed measurements a point with `threads` takes: 2 when it is also measured loaded, else 1.
+    (The copies of a loaded measurement run at once, so they take about one measurement's time.)"""
+    return 2 if settings.contention and copies_for(threads, topology) > 1 else 1
+
+
+def _cost(settings: Settings, threads: int, batch: int, topology: Topology) -> float:
+    """A point's expected share of the run, for the progress bar: time per run grows ∝ b / t."""
+    return batch / threads * measurements(settings, threads, topology)
+
+
+def _existing(out: Path, meta: dict[str, str]) -> set[tuple[int, int]]:
+    """Points already measured in `out`, which must be of the same model, mode and latency kind."""
+    if not out.exists() or out.stat().st_size == 0:
+        return set()
+    existing = profiles.load(out)
+    found = {**existing.metadata, "latency": "loaded" if existing.loaded else "isolated"}  # older files: isolated
+    for key in ("model", "mode", "latency"):
+        if found.get(key, meta[key]) != meta[key]:
+            hint = f" (or resume it with {_LATENCY_FLAG[found[key]]})" if key == "latency" else ""
+            raise ProfileError(f"{out}: holds a profile with {key} {found[key]!r}, "
+                                          f"not {meta[key]!r}; choose another --out{hint}")
+    return set(existing.latency)
+
+
+def run(settings: Settings, threads: list[int], batches: list[int], out: str | Path,
+        topology: Topology | None = None, progress: bool = True) -> profiles.Profile:
+    """Measure every missing ⟨t, b⟩ of the grid into `out`; return the whole profile."""
+    out = Path(out)
+    topology = topology or cpu_budget().topology
+    too_many = [t for t in threads if t > topology.num_cores]
+    if too_many:
+        raise ValueError(f"--threads: {max(too_many)} exceeds the {topology.num_cores} cores this process may use")
+    meta = metadata(settings, topology)
+    done = _existing(out, meta)
+    todo = [(t, b) for t in sorted(threads) for b in sorted(batches) if (t, b) not in done]
+    # Progress is weighted by expected cost so the time-left estimate is useful.
+    costs = {(t, b): _cost(settings, t, b, topology) for t, b in todo}
+    bar = tqdm(total=sum(costs.values()), disable=not progress or not todo, unit="",
+               bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
+    with bar, profiles.ProfileWriter(out, meta) as writer:
+        for index, (t, b) in enumerate(todo, start=1):
+            bar.set_description(f"point {index}/{len(todo)}: threads={t} batch={b}")
+            writer.write(measure(settings, t, b, topology))  # columns outside the CSV are dropped
+            bar.update(costs[t, b])
+    return profiles.load(out)
+
+
+# ---- adaptive: only the points that can change a plan ----------------------------------------
+
+POINT_OVERHEAD_S = 5.0  # per measurement besides its timed runs: fresh process, model build, trace, warm-up
+
+
+@dataclass(frozen=True)
+class AdaptiveResult:
+    profile: profiles.Profile
+    points: int  # points in the profile (measured or looked up)
+    grid: int  # points of the full grid
+    measure_s: float  # estimated time measuring those points takes
+    full_grid_s: float  # estimated time the full grid takes (a lower bound when not replayed)
+
+    @property
+    def saved(self) -> float:
+        """The share of the full grid's estimated measuring time not spent."""
+        return 1 - self.measure_s / self.full_grid_s if self.full_grid_s else 0.0
+
+    def to_json(self, out: Path) -> dict:
+        return {"points": self.points, "grid": self.grid, "fraction": round(self.points / self.grid, 4),
+                "measure_s": round(self.measure_s, 1), "full_grid_s": round(self.full_grid_s, 1),
+                "saved_s": round(self.full_grid_s - self.measure_s, 1),
+                "saved": round(self.saved, 4),
+                "out": str(out)}
+
+
+def point_seconds(settings: Settings, threads: int, latency_ms: float, topology: Topology) -> float:
+    """Estimated wall time of measuring one point: per measurement, start-up plus warm-up and timed runs."""
+    runs_s = settings.warmup * latency_ms / 1e3
+    runs_s += settings.min_time if settings.iters is None else settings.iters * latency_ms / 1e3
+    return measurements(settings, threads, topology) * (POINT_OVERHEAD_S + runs_s)
+
+
+def _replay_row(source: profiles.Profile, threads: int, batch: int) -> dict:
+    if (threads, batch) not in source.latency:
+        raise ProfilingError(f"the replayed profile has no point threads={threads} batch={batch}")
+    return {"threads": threads, "batch": batch, "latency_ms": source.latency[threads, batch],
+            "isolated_ms": source.isolated[threads, batch]}
+
+
+def _replay_metadata(source: profiles.Profile, path: Path) -> dict[str, str]:
+    return {**source.metadata, "latency": "loaded" if source.loaded else "isolated", "replayed_from": str(path)}
+
+
+def run_adaptive(settings: Settings, threads: list[int], batches: list[int], out: str | Path, *,
+                 topology: Topology | None = None, replay: str | Path | None = None,
+                 slack: float | None = None, tolerance: float = 0.0, progress: bool = True) -> AdaptiveResult:
+    """Measure only the points of threads × batches that can change a plan for some T ≤ max(threads)
+    and B ≤ max(batches) (packrat.adaptive), appending them to `out` (points already there are kept).
+
+    With `replay`, points are looked up in that full profile instead of measured, and `out` is
+    rewritten with just the points looked up: a check of the method against a full table."""
+    from packrat.profiling import adaptive
+
+    out = Path(out)
+    topology = topology or (Topology.virtual(max(threads)) if replay else cpu_budget().topology)
+    grid = adaptive.AdaptiveGrid(threads, batches, tolerance=tolerance,
+                                 slack=adaptive.DEFAULT_SLACK if slack is None else slack)
+    source = profiles.load(replay) if replay else None
+    if source:
+        settings = replace(settings, contention=source.loaded)  # for the time estimates
+        meta = _replay_metadata(source, Path(replay))
+        out.unlink(missing_ok=True)
+        take = lambda t, b: _replay_row(source, t, b)  # noqa: E731
+    else:
+        if max(threads) > topology.num_cores:
+            raise ValueError(f"--threads: {max(threads)} exceeds the {topology.num_cores} cores this process may use")
+        meta = metadata(settings, topology)
+        _existing(out, meta)
+        if out.exists() and out.stat().st_size:
+            adaptive.resume(grid, profiles.load(out).items())
+        take = lambda t, b: measure(settings, t, b, topology)  # noqa: E731
+    bar = tqdm(total=grid.grid_size, initial=len(grid.measured), disable=not progress, unit="point",
+               bar_format="{desc}: {n_fmt}/{total_fmt} points of the grid [{elapsed}]")
+    with bar, profiles.ProfileWriter(out, meta) as writer:
+        def measure_one(t: int, b: int) -> float:
+            bar.set_description_str(f"adaptive, measuring threads={t} batch={b}")
+            row = take(t, b)
+            writer.write(row)
+            bar.update()
+            return row["latency_ms"]
+
+        adaptive.run(grid, measure_one)
+        bar.set_description_str("adaptive, done")
+    return _adaptive_result(settings, grid, profiles.load(out), topology,
+                            source.latency if source else None)
+
+
+def _adaptive_result(settings: Settings, grid, result: profiles.Profile, topology: Topology,
+                     full: dict | None) -> AdaptiveResult:
+    """Time estimates: measured points at their latency; the rest at the full table's, or at their
+    lower bound when there is none (so the full grid's figure is then a lower bound)."""
+    low = grid.lower_bounds()
+    seconds = {}
+    for i, t in enumerate(grid.threads):
+        for j, b in enumerate(grid.batches):
+            latency = full[t, b] if full else float(low[i, j])
+            seconds[t, b] = point_seconds(settings, t, latency, topology)
+    measured = sum(seconds[p] for p in grid.measured)
+    return AdaptiveResult(result, len(grid.measured), grid.grid_size, measured, sum(seconds.values()))

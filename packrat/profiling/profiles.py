@@ -1,0 +1,281 @@
+"""Profile files: L(t, b), the latency of one instance with t threads at batch b.
+
+A profile is a CSV whose required columns are ``threads,batch,latency_ms`` (mean
+latency in ms); any other column (p50_ms, p99_ms, std_ms, iterations, ...) is kept
+but optional. Lines starting with ``#`` before the header carry metadata as
+``# key: value`` (model, mode, latency, torch version, CPU, cores, date).
+
+Two figures per point. A contention profile (``# latency: loaded``) holds in
+``latency_ms`` the loaded mean, measured while ``copies`` copies of the same point
+ran side by side as a homogeneous plan runs them, and in ``isolated_ms`` the same
+point measured alone. An isolated profile (``# latency: isolated``, or no such key:
+every older file, and the published layout) holds only the isolated figure.
+
+``load`` also reads the CSV layout published by the Packrat authors (columns
+``benchmark,topology,...,intraop_threads,batch_size,latency(avg)``), keeping the
+TorchScript (``*_manual_script``), ``sequential`` rows, so their 16-core tables
+can be planned from directly.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packrat.errors import ProfileError
+
+REQUIRED = ("threads", "batch", "latency_ms")
+COLUMNS = ("threads", "batch", "latency_ms", "isolated_ms", "copies", "p50_ms", "p99_ms", "std_ms", "iterations")
+# The layout written before contention profiles; such files are isolated and can still be appended to.
+LEGACY_COLUMNS = ("threads", "batch", "latency_ms", "p50_ms", "p99_ms", "std_ms", "iterations")
+LATENCIES = ("loaded", "isolated")  # values of the `latency` metadata key and of items(latency=...)
+_PUBLISHED = {"threads": "intraop_threads", "batch": "batch_size", "latency_ms": "latency(avg)"}
+
+
+
+
+@dataclass
+class Profile:
+    latency: dict[tuple[int, int], float]  # (threads, batch) -> mean latency in ms: the primary figure
+    metadata: dict[str, str] = field(default_factory=dict)
+    rows: list[dict[str, str]] = field(default_factory=list)
+    isolated: dict[tuple[int, int], float] = field(default_factory=dict)  # measured alone; == latency if isolated
+
+    @property
+    def loaded(self) -> bool:
+        """Whether `latency` holds loaded figures (a contention profile)."""
+        return _kind(self.metadata) == "loaded"
+
+    @property
+    def figures(self) -> tuple[str, ...]:
+        """The figures this profile holds, primary first: ('loaded', 'isolated') or ('isolated',)."""
+        return LATENCIES if self.loaded else ("isolated",)
+
+    @property
+    def threads(self) -> list[int]:
+        return sorted({t for t, _ in self.latency})
+
+    @property
+    def batches(self) -> list[int]:
+        return sorted({b for _, b in self.latency})
+
+    def items(self, latency: str | None = None) -> list[tuple[int, int, float]]:
+        """The profiled points as (threads, batch, ms), sorted: the primary figure (None), or the
+        'loaded' or 'isolated' one."""
+        if latency not in (None, *LATENCIES):
+            raise ValueError(f"latency must be one of {', '.join(LATENCIES)}, not {latency!r}")
+        if latency == "loaded" and not self.loaded:
+            raise ProfileError(f"{self.metadata.get('model', 'this')} profile has no loaded latencies: it was "
+                               f"measured in isolation; re-run `packrat profile --contention`")
+        table = self.isolated if latency == "isolated" else self.latency
+        return [(t, b, table[t, b]) for t, b in sorted(table)]
+
+
+def _parse_number(text: str, kind: type, what: str) -> float:
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} is not {'an integer' if kind is int else 'a number'}: {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise ValueError(f"{what} is not finite: {text!r}")
+    return value
+
+
+def _read_lines(path: Path) -> tuple[dict[str, str], list[tuple[int, str]]]:
+    """Metadata from leading '# key: value' lines, and the rest with 1-based line numbers."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    metadata: dict[str, str] = {}
+    body: list[tuple[int, str]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not body and line.startswith("#"):
+            key, sep, value = line[1:].partition(":")
+            if sep:
+                metadata[key.strip()] = value.strip()
+        elif line.strip():
+            body.append((number, line))
+    return metadata, body
+
+
+def load(path: str | Path) -> Profile:
+    """Read and validate a profile; raise ProfileError naming the file, row and problem."""
+    path = Path(path)
+    metadata, body = _read_lines(path)
+    if not body:
+        raise ProfileError(f"{path}: empty profile (no header)")
+    numbers = [n for n, _ in body]
+    reader = csv.DictReader([line for _, line in body])
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    reader.fieldnames = header
+    columns = {name: name for name in REQUIRED}
+    published = all(c in header for c in _PUBLISHED.values()) and "benchmark" in header
+    if published and not all(c in header for c in REQUIRED):
+        columns = _PUBLISHED
+    missing = [name for name in REQUIRED if columns[name] not in header]
+    if missing:
+        raise ProfileError(f"{path}: missing column {missing[0]!r} (header is: {','.join(header)})")
+    loaded = _is_loaded(path, metadata, header)
+
+    profile = Profile(latency={}, metadata=metadata)
+    for number, row in zip(numbers[1:], reader):
+        if columns is _PUBLISHED and not _is_published_script_row(row):
+            continue
+        where = f"{path}: row {number}"
+        try:
+            threads = _parse_number(row[columns["threads"]], int, "threads")
+            batch = _parse_number(row[columns["batch"]], int, "batch")
+            latency = _parse_latency(row[columns["latency_ms"]], "latency_ms")
+            isolated = _parse_latency(row["isolated_ms"], "isolated_ms") if loaded else latency
+        except ValueError as exc:
+            raise ProfileError(f"{where}: {exc}") from None
+        if threads < 1 or batch < 1:
+            raise ProfileError(f"{where}: threads and batch must be >= 1, got threads={threads} batch={batch}")
+        if (threads, batch) in profile.latency:
+            raise ProfileError(f"{where}: duplicate point threads={threads} batch={batch}")
+        profile.latency[threads, batch] = latency
+        profile.isolated[threads, batch] = isolated
+        profile.rows.append({k: v for k, v in row.items() if k is not None})
+    if not profile.latency:
+        raise ProfileError(f"{path}: no data rows")
+    # Profiles from before torch.compile became the default were all taken in TorchScript (or
+    # eager, which they say): one without a mode reads as TorchScript, so it is served that way.
+    profile.metadata.setdefault("mode", "script")
+    if columns is _PUBLISHED:
+        profile.metadata.setdefault("model", _published_model(profile.rows[0]))
+        profile.metadata.setdefault("source", "published Packrat measurements (TorchScript, sequential pinning)")
+    return profile
+
+
+def _parse_latency(text: str, what: str) -> float:
+    value = _parse_number(text, float, what)
+    if value <= 0:
+        raise ValueError(f"{what} must be > 0, got {value}")
+    return value
+
+
+def _kind(metadata: dict[str, str]) -> str:
+    """'loaded' or 'isolated', from the `latency` key; files from before contention profiles lack it."""
+    return metadata.get("latency", "isolated")
+
+
+def _is_loaded(path: Path, metadata: dict[str, str], header: list[str]) -> bool:
+    kind = _kind(metadata)
+    if kind not in LATENCIES:
+        raise ProfileError(f"{path}: metadata 'latency: {kind}' is neither {' nor '.join(LATENCIES)}")
+    if kind == "loaded" and "isolated_ms" not in header:
+        raise ProfileError(f"{path}: a loaded profile ('# latency: loaded') needs an isolated_ms column "
+                           f"(header is: {','.join(header)})")
+    return kind == "loaded"
+
+
+def _is_published_script_row(row: dict[str, str]) -> bool:
+    return row.get("benchmark", "").endswith("_manual_script") and row.get("topology", "sequential") == "sequential"
+
+
+def _published_model(row: dict[str, str]) -> str:
+    return row["benchmark"].removesuffix("_manual_script")
+
+
+class ProfileWriter:
+    """Appends points to a profile file, one flushed line each, so an interrupted
+    run leaves a valid file that a later run resumes.
+
+    `metadata` heads a new file; its `latency` key (default isolated) says which kind of
+    measurement is written, and appending to a file of the other kind is refused. A file in
+    the legacy layout (no isolated_ms, copies) is appended to in that layout."""
+
+    def __init__(self, path: str | Path, metadata: dict[str, str]):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        columns = COLUMNS if new else _appendable_columns(self.path, _kind(metadata))
+        self._file = self.path.open("a", newline="")
+        self._csv = csv.DictWriter(self._file, fieldnames=columns, extrasaction="ignore")
+        if new:
+            for key, value in metadata.items():
+                self._file.write(f"# {key}: {value}\n")
+            self._csv.writeheader()
+            self._file.flush()
+
+    def write(self, point: dict[str, float | int]) -> None:
+        self._csv.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in point.items()})
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "ProfileWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _appendable_columns(path: Path, kind: str) -> tuple[str, ...]:
+    """The columns to append to `path` with: only a file in one of our layouts, holding
+    measurements of the same kind (loaded or isolated), may be appended to."""
+    metadata, body = _read_lines(path)
+    header = tuple(body[0][1].strip().split(",")) if body else ()
+    if header not in (COLUMNS, LEGACY_COLUMNS):
+        raise ProfileError(f"{path}: cannot append: header is {','.join(header)!r}, expected {','.join(COLUMNS)!r}")
+    existing = _kind(metadata)
+    if existing != kind:
+        raise ProfileError(f"{path}: cannot append {kind} measurements to a profile of {existing} ones")
+    return header
+
+
+def choose(metadatas: list[dict], cpu_model: str | None, cores: int) -> tuple[int, str]:
+    """Which of an archive's profiles to plan with on a machine with `cpu_model` and a budget of
+    `cores` cores (the index, and one line saying why), from each profile's `cpu` and `cores` metadata.
+
+    A profile holds points for at most its own cores, and latencies differ by CPU model, so: one taken
+    on this CPU model with at least `cores` cores (the fewest such, the closest machine); else one on
+    this CPU model with the most cores; else, on another CPU (or one its profile does not name), the
+    one whose cores are nearest `cores` (ties: the larger)."""
+    if not metadatas:
+        raise ValueError("no profile to choose from")
+    index, rule = _choice(metadatas, cpu_model, cores)
+    return index, (f"taken on {_machine(metadatas[index])}; this machine: {cpu_model or 'unknown CPU'}, "
+                   f"{cores} cores budgeted; {rule}")
+
+
+def chosen(paths: list[Path], cores: int) -> tuple[Profile, int, str]:
+    """The profile among `paths` a server on this machine, with `cores` cores budgeted, plans with:
+    the profile, its index and why (every one is loaded, so a bad one is refused)."""
+    from packrat.machine.topology import cpu_model
+
+    profiles = [load(path) for path in paths]
+    index, why = choose([p.metadata for p in profiles], cpu_model(), cores)
+    return profiles[index], index, why
+
+
+def _choice(metadatas: list[dict], cpu_model: str | None, cores: int) -> tuple[int, str]:
+    if len(metadatas) == 1:
+        return 0, "the only profile"
+    count = [_cores(m) for m in metadatas]
+    same = [i for i, m in enumerate(metadatas) if cpu_model and (m.get("cpu") or "").strip() == cpu_model.strip()]
+    enough = [i for i in same if (count[i] or 0) >= cores]
+    if enough:
+        return min(enough, key=lambda i: count[i]), "same CPU, the fewest cores of those with enough"
+    if same:
+        return max(same, key=lambda i: count[i] or 0), "same CPU, the most cores (none has enough)"
+    known = [i for i in range(len(metadatas)) if count[i] is not None] or list(range(len(metadatas)))
+    nearest = min(known, key=lambda i: (abs((count[i] or 0) - cores), -(count[i] or 0)))
+    return nearest, f"no profile of {len(metadatas)} was taken on this CPU: the nearest core count"
+
+
+def _cores(metadata: dict) -> int | None:
+    try:
+        return int(metadata["cores"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _machine(metadata: dict) -> str:
+    """"CPU MODEL, N cores" from a profile's metadata, naming what it lacks."""
+    cores = _cores(metadata)
+    return f"{metadata.get('cpu') or 'unknown CPU'}, {cores if cores is not None else '?'} cores"

@@ -1,0 +1,77 @@
+"""What the pool's users hand it and get back: instance and model settings, requests, answers,
+health, and the pool's error type. Plain data; no processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    threads: int
+    batch: int  # planned sub-batch: the share of a full batch this instance runs
+    cores: tuple[int, ...]
+    capacity: int = 0  # most requests it takes at once when the queue is long; at least `batch`
+    expected_ms: float | None = None  # the profile's L(threads, batch): the watchdog's yardstick
+
+    @property
+    def slots(self) -> int:
+        return max(self.capacity, self.batch)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str  # zoo name, TorchScript file or package.module:factory (packrat.models.resolve)
+    input_shape: tuple[int, ...] | None = None
+    graph_mode: str = "compile"  # packrat.graph.MODES
+    compile_cache: str | None = None  # compiled packages shipped here are used first (an archive's directory)
+    ios_cache: str | None = None  # run each instance by its IOS schedule, cached in this directory
+
+
+@dataclass(frozen=True)
+class Request:
+    body: bytes
+    content_type: str | None = None
+    header_length: int | str | None = None  # KServe v2 binary extension: Inference-Header-Content-Length, as sent
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: bytes  # JSON, or a binary KServe v2 answer (JSON header, then raw outputs)
+    reason: str = ""  # one line, for errors
+    content_type: str = "application/json"
+    header_length: int | None = None  # binary KServe v2 answers: the response's Inference-Header-Content-Length
+
+    @classmethod
+    def error(cls, status: int, reason: str) -> "Answer":
+        from packrat.serving.inference import error
+
+        return cls(*error(status, reason))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+
+@dataclass
+class Health:
+    instances: int
+    ready: int
+    respawning: int
+    respawn_failures: int  # failed respawn attempts since start
+    unavailable: str | None  # why requests are being refused now, or None
+    queued: int
+    answered: int
+    refused: int  # requests answered 503 because no instance could run them, or the queue was full
+    watchdog_kills: int = 0  # instances killed because a batch ran past its deadline
+    expired: int = 0  # requests answered 504: not answered within the request timeout
+    requeued: int = 0  # requests re-run after their instance died or hung
+
+
+def configs_for(plan, capacity: int = 0) -> list[InstanceConfig]:
+    """One instance per planned ⟨threads, batch, cores⟩ of a planner.Plan; `capacity` lets
+    each take up to that many requests (e.g. TorchServe's batch size, when the plan is for less)."""
+    return [InstanceConfig(i.threads, i.batch, tuple(i.cores), capacity, i.latency_ms) for i in plan.instances]

@@ -1,0 +1,118 @@
+"""The instance process: ``python -m packrat.serving.pool FD``, one per planned instance.
+
+It receives its settings over the socket FD, pins itself to its cores, sets its thread counts,
+loads the model and a ``codec.Codec``, warms up, says it is ready (with how long a full planned
+batch took: the watchdog's measured yardstick), and then loops: read its requests' bodies from
+the input segment the parent wrote (POSIX shared memory the parent creates, grows and unlinks),
+answer them with ``inference.answer_batch`` and send the answers back. Decoding and encoding thus
+run on the instance's cores, in parallel across instances; the parent only moves bytes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+from multiprocessing.connection import Connection
+
+from packrat.serving.pool.api import InstanceConfig, ModelConfig
+
+
+def exit_with_parent(cleanup=None, interval_s: float = 0.5) -> None:
+    """Exit this process when its parent is gone, after `cleanup()`. Instances use it to go even
+    while still loading (they notice the parent's death on their socket only once they serve); the
+    handler uses it because TorchServe's asynchronous worker keeps non-daemon threads blocked
+    forever once Java has gone, so the worker, and with it the pool, would outlive `torchserve --stop`
+    (its ordinary worker exits, but the pool must not depend on the mode).
+    (Not PR_SET_PDEATHSIG: it fires when the spawning *thread* ends, and respawns come from
+    short-lived threads.)"""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        try:
+            if cleanup is not None:
+                cleanup()
+        finally:
+            os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="packrat-parent-watch").start()
+
+
+def attach(name: str, size: int) -> mmap.mmap:
+    """Map a parent-owned segment without registering it with a resource tracker
+    (Python < 3.13 would otherwise unlink it when this process exits)."""
+    with open(f"/dev/shm/{name.lstrip('/')}", "r+b") as file:
+        return mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ)
+
+
+def warm_up(module, examples: tuple, threads: int) -> float:
+    """Run every batch size the instance will see soon (halving down to 1), so a graph mode's
+    compilation or specialisation per shape happens here, not on a live request. Returns the full batch's second run in ms
+    as it would take with its `threads` cores to itself: the wall time, or the CPU time per thread
+    when that is less. A warm-up beside busy instances (at low priority during a reconfiguration)
+    mostly waits for a core, and the watchdog's allowance for this instance rests on this figure."""
+    size = full = examples[0].shape[0]
+    full_ms = 0.0
+    while size >= 1:
+        inputs = [example[:size] for example in examples]
+        module(*inputs)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        module(*inputs)
+        if size == full:
+            wall_ms = (time.perf_counter() - started) * 1e3
+            cpu_ms = (time.process_time() - cpu_started) * 1e3
+            full_ms = min(wall_ms, cpu_ms / threads)
+        size //= 2
+    return full_ms
+
+
+def load(model: ModelConfig, config: InstanceConfig):
+    from packrat.models.zoo import prepare, resolve
+
+    spec = resolve(model.model, model.input_shape)
+    if model.ios_cache:
+        from ios_scheduler.cache import prepare_ios
+
+        return prepare_ios(spec, config.batch, config.threads, model.ios_cache)
+    return prepare(spec, config.batch, graph_mode=model.graph_mode, compile_cache=model.compile_cache)
+
+
+def main(conn: Connection) -> None:
+    exit_with_parent()
+    model, config, codec_config, nice = conn.recv()
+    os.sched_setaffinity(0, config.cores)  # before any parallel region starts OpenMP's threads
+    if nice:
+        os.nice(nice)  # warming up beside a live pool: yield its cores to it (threads inherit this)
+    import torch
+
+    torch.set_num_threads(config.threads)
+    torch.set_num_interop_threads(1)
+    from packrat.codec.codec import Codec
+    from packrat.serving.inference import answer_batch
+
+    try:
+        codec = Codec(codec_config)
+        module, examples, mode = load(model, config)
+        with torch.inference_mode():
+            warm_ms = warm_up(module, examples, config.threads)
+        conn.send(("ready", mode, warm_ms))
+    except Exception as exc:  # report why, then exit: the parent decides what to do
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    segment = None
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the parent is gone: nobody to answer
+            return
+        if message[0] == "stop":
+            return
+        _, items, new_segment = message
+        if new_segment:
+            segment = attach(*new_segment)
+        started = time.perf_counter()
+        answers = answer_batch(module, codec, [(segment[o:o + n], ct, hl) for o, n, ct, hl in items])
+        conn.send(("answers", answers, (time.perf_counter() - started) * 1e3))

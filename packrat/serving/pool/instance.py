@@ -1,0 +1,168 @@
+"""The parent's handle on one instance process: starting it, the shared-memory transport of its
+requests' bodies, and stopping or killing it. Knows nothing of queues or policies."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
+
+import psutil
+
+from packrat.codec.codec import CodecConfig
+from packrat.serving.pool.api import InstanceConfig, ModelConfig
+from packrat.errors import PoolError
+
+MIN_SEGMENT_BYTES = 1 << 20
+SEGMENT_PREFIX = "packrat-"  # /dev/shm/packrat-<owner pid>-<n>: sweep_stale_segments can tell whose it is
+SHM_DIR = Path("/dev/shm")
+_segment_numbers = itertools.count()
+
+
+class StartFailed(PoolError):
+    """An instance did not come up. `by_signal`: it was killed from outside while it loaded (not the
+    model's fault, so another attempt has a fair chance)."""
+
+    def __init__(self, message: str, by_signal: bool = False):
+        super().__init__(message)
+        self.by_signal = by_signal
+
+
+def sweep_stale_segments(shm_dir: Path = SHM_DIR) -> list[str]:
+    """Unlink input segments whose owner process is gone (a worker killed with -9 cannot unlink its
+    own); returns their names. Runs when a pool starts, so a restarted worker comes up clean."""
+    swept = []
+    for path in shm_dir.glob(f"{SEGMENT_PREFIX}*"):
+        try:
+            owner = int(path.name[len(SEGMENT_PREFIX):].split("-")[0])
+        except ValueError:
+            continue
+        if owner != os.getpid() and not psutil.pid_exists(owner):
+            path.unlink(missing_ok=True)
+            swept.append(path.name)
+    return swept
+
+
+class Instance:
+    """One instance process, its input segment and the jobs it runs."""
+
+    def __init__(self, index: int, model: ModelConfig, config: InstanceConfig, codec: CodecConfig, nice: int = 0):
+        self.index, self.config = index, config
+        self.ready = False  # set once the instance has loaded its model and takes work
+        self.mode = ""
+        self.warm_ms = 0.0  # a full planned batch, timed in its warm-up
+        self.jobs: list = []  # the dispatcher's jobs it runs now
+        self.busy_since = 0.0  # monotonic time its current jobs were sent
+        self.hung = False  # killed by the watchdog
+        self.slot = None  # the supervisor's memory of this instance's respawn attempts
+        self.segment: SharedMemory | None = None
+        # A fresh interpreter (not fork: that would copy the server's threads and torch
+        # state; not multiprocessing's spawn: that re-imports the caller's __main__).
+        parent_sock, child_sock = socket.socketpair()
+        self.conn = Connection(parent_sock.detach())
+        child_fd = child_sock.detach()
+        env = None
+        if model.ios_cache:
+            from ios_scheduler.runtime import openmp_env
+
+            env = openmp_env()
+        self.process = subprocess.Popen([sys.executable, "-m", "packrat.serving.pool", str(child_fd)], pass_fds=(child_fd,),
+                                        env=env)
+        os.close(child_fd)  # our copy: the socket must close when the child exits
+        try:
+            self.conn.send((model, config, codec, nice))
+        except OSError:  # it died before it could be told what to load: wait_ready says how
+            pass
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait_ready(self, timeout: float) -> str:
+        """Block until the instance has loaded and warmed up its model; returns its mode.
+        Raises StartFailed saying why it did not."""
+        if not self.conn.poll(timeout):
+            raise StartFailed(f"instance {self.index} did not start within {timeout:.0f} s")
+        try:
+            message = self.conn.recv()
+        except (EOFError, OSError):
+            code = self.process.wait()
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            raise StartFailed(f"instance {self.index} exited while starting ({how})", by_signal=code < 0) from None
+        if message[0] == "failed":
+            raise StartFailed(f"instance {self.index} failed to start: {message[1]}")
+        _, self.mode, self.warm_ms = message
+        self.ready = True
+        return self.mode
+
+    def restore_priority(self) -> bool:
+        """Back to normal priority after a low-priority warm-up (every thread: Linux
+        keeps a nice value per thread). Lowering nice needs CAP_SYS_NICE."""
+        try:
+            for thread in psutil.Process(self.pid).threads():
+                os.setpriority(os.PRIO_PROCESS, thread.id, 0)
+            return True
+        except (PermissionError, psutil.Error, ProcessLookupError):
+            return False
+
+    def submit(self, jobs: list) -> None:
+        """Write the bodies into the input segment (grown when they do not fit) and send their places."""
+        needed = sum(len(job.request.body) for job in jobs)
+        new_segment = None
+        if self.segment is None or self.segment.size < needed:
+            self._release_segment()
+            name = f"{SEGMENT_PREFIX}{os.getpid()}-{next(_segment_numbers)}"
+            self.segment = SharedMemory(name, create=True, size=max(MIN_SEGMENT_BYTES, 1 << (needed - 1).bit_length()))
+            new_segment = (self.segment.name, self.segment.size)
+        items, offset = [], 0
+        for job in jobs:
+            body = job.request.body
+            self.segment.buf[offset:offset + len(body)] = body
+            items.append((offset, len(body), job.request.content_type, job.request.header_length))
+            offset += len(body)
+        self.jobs, self.busy_since = jobs, time.monotonic()
+        self.conn.send(("infer", items, new_segment))
+
+    def receive(self) -> tuple[list, float]:
+        """The answers to its current jobs and their compute time (ms); EOFError/OSError once it died."""
+        _, answers, compute_ms = self.conn.recv()
+        return answers, compute_ms
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    @property
+    def idle(self) -> bool:
+        return self.ready and not self.jobs
+
+    def kill(self) -> None:
+        """SIGKILL (works on a stopped process too); its socket then closes and the pool sees it die."""
+        try:
+            self.process.kill()
+        except OSError:
+            pass
+
+    def _release_segment(self) -> None:
+        if self.segment is not None:
+            self.segment.close()
+            self.segment.unlink()
+            self.segment = None
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.ready = False
+        try:
+            self.conn.send(("stop",))
+            self.process.wait(timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            self.process.kill()
+            self.process.wait()
+        self.conn.close()
+        self._release_segment()

@@ -1,0 +1,238 @@
+"""The instance pool: one pinned process per planned instance, fed request bytes through shared memory.
+
+``InstancePool`` is the one thing the handler, the controller and the benchmarks use. It composes:
+- ``child`` — the instance process (``python -m packrat.serving.pool FD``): pinned to its cores, with its
+  thread counts; decodes, runs and encodes its requests;
+- ``instance`` — the parent's handle on one such process and the shared-memory transport;
+- ``dispatch`` — the queue, each instance's share, the gather window, deadlines, re-queueing (pure);
+- ``supervisor`` — lifecycles: start, death, respawn with back-off, the hung-instance watchdog,
+  availability, and reconfiguration.
+
+One dispatch thread runs the loop: hand queued requests to idle instances, wait on every busy
+instance's socket, collect answers, notice deaths (a socket that closes), kill instances whose
+batch ran past the watchdog's allowance, and answer requests past their deadline.
+
+Requests come from the TorchServe handler (handlers/packrat_handler.py): a whole batch at a time in
+TorchServe's ordinary worker mode, one by one as they arrive in its asynchronous mode. A second
+TorchServe worker sharing these instances was not built: workers are separate processes, so the
+queue and the instances would have to move into a third process, adding a hop per request.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from multiprocessing.connection import wait
+from typing import Sequence
+
+from packrat.codec.codec import CodecConfig
+from packrat.serving.pool.api import Answer, Health, InstanceConfig, ModelConfig, Request, configs_for
+from packrat.errors import PoolError
+from packrat.serving.pool.child import exit_with_parent
+from packrat.serving.pool.dispatch import GATHER_MS, MAX_QUEUE, REQUEST_TIMEOUT_S, Dispatcher, split_sizes
+from packrat.serving.pool.instance import Instance, sweep_stale_segments
+from packrat.serving.pool.supervisor import Supervisor, Watchdog
+
+__all__ = ["Answer", "Health", "InstanceConfig", "InstancePool", "ModelConfig", "PoolError", "Request",
+           "Watchdog", "configs_for", "exit_with_parent", "split_sizes"]
+
+log = logging.getLogger("packrat.serving.pool")
+
+LOOK_EVERY_S = 0.2  # the dispatch loop's longest sleep: watchdog and deadlines are checked this often
+
+
+def _answered(answer: Answer) -> Future:
+    future = Future()
+    future.set_result(answer)
+    return future
+
+
+class InstancePool:
+    """Pinned model instances answering requests as fast as the plan allows.
+
+    Use as a context manager, or call close(). submit() and infer() are safe from any thread.
+    """
+
+    def __init__(self, model: ModelConfig, instances: Sequence[InstanceConfig], codec: CodecConfig | None = None,
+                 start_timeout: float = 600.0, gather_ms: float = GATHER_MS,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S, max_queue: int = MAX_QUEUE,
+                 watchdog: Watchdog = Watchdog()):
+        if not instances:
+            raise ValueError("a pool needs at least one instance")
+        check_cores(instances)
+        if codec is None:
+            from packrat.models.zoo import resolve
+
+            codec = CodecConfig.for_model(resolve(model.model, model.input_shape))
+        self.model, self.codec = model, codec
+        self.mode = ""
+        self.last_compute_ms = 0.0  # model + codec time of the last answered sub-batch
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self.dispatcher = Dispatcher(gather_ms, request_timeout_s, max_queue)
+        self.supervisor = Supervisor(model, codec, self._lock, self._closed, self.dispatcher.requeue, self._wake,
+                                     start_timeout=start_timeout, watchdog=watchdog)
+        swept = sweep_stale_segments()
+        if swept:
+            log.warning("removed %d shared-memory segment(s) left by a dead process: %s", len(swept), swept)
+        try:
+            self.mode = self.supervisor.start(instances)
+        except BaseException:
+            self.close()
+            raise
+        self._dispatch_thread = threading.Thread(target=self._dispatch_loop, daemon=True, name="packrat-dispatch")
+        self._dispatch_thread.start()
+        log.info("pool ready: %s (%s mode)", self.describe(), self.mode)
+
+    @classmethod
+    def from_plan(cls, model: ModelConfig, plan, capacity: int = 0, **kwargs) -> "InstancePool":
+        """A pool for a planner.Plan: one instance per planned ⟨threads, batch, cores⟩."""
+        return cls(model, configs_for(plan, capacity), **kwargs)
+
+    @property
+    def configs(self) -> list[InstanceConfig]:
+        with self._lock:
+            return [inst.config for inst in self.supervisor.instances]
+
+    @property
+    def batch(self) -> int:
+        return sum(c.batch for c in self.configs)
+
+    @property
+    def respawns(self) -> int:
+        return self.supervisor.respawns
+
+    @property
+    def outstanding(self) -> int:
+        """Requests queued or running now."""
+        with self._lock:
+            return len(self.dispatcher.queue) + sum(len(inst.jobs) for inst in self._everyone())
+
+    def _everyone(self) -> list[Instance]:
+        return self.supervisor.instances + self.supervisor.parked
+
+    def describe(self) -> str:
+        return ", ".join(f"⟨{c.threads} threads, batch {c.batch}, cores {list(c.cores)}⟩" for c in self.configs)
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [inst.pid for inst in self.supervisor.instances]
+
+    # ---- answering requests -------------------------------------------------------------------
+
+    def submit(self, request: Request) -> Future:
+        """Queue one request; the future gets its Answer (never an exception)."""
+        with self._lock:
+            if self._closed.is_set():
+                raise PoolError("pool is closed")
+            if len(request.body) > self.codec.max_body_bytes:  # refused before it is copied anywhere
+                return _answered(Answer.error(413, f"request too large: {len(request.body)} bytes "
+                                                   f"(limit {self.codec.max_body_bytes})"))
+            reason = self.supervisor.unavailable()
+            if reason:
+                self.dispatcher.counts.refused += 1
+                return _answered(Answer.error(503, reason))
+            job = self.dispatcher.enqueue(request)
+        self._wake()
+        return job.future
+
+    def infer(self, requests: Sequence[Request]) -> list[Answer]:
+        """Answers for `requests`, in order (blocks until all are answered)."""
+        return [future.result() for future in [self.submit(r) for r in requests]]
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except (BlockingIOError, OSError):  # already awake (buffer full) or closing
+            pass
+
+    def _dispatch_loop(self) -> None:
+        while not self._closed.is_set():
+            with self._lock:
+                timeout = self._look()
+                watched = {inst.conn: inst for inst in self.supervisor.serving()}
+            try:
+                readable = wait([self._wake_r, *watched], timeout=timeout)
+            except OSError:  # a connection closed under us: look again
+                continue
+            for handle in readable:
+                if handle is self._wake_r:
+                    try:
+                        self._wake_r.recv(4096)
+                    except OSError:
+                        return
+                else:
+                    self._collect(watched[handle])
+
+    def _look(self) -> float:
+        """One round of the loop's bookkeeping (caller holds the lock); how long to sleep after."""
+        gathering = self.dispatcher.assign(self.supervisor.instances)
+        self.supervisor.kill_overdue(time.monotonic())
+        next_deadline = self.dispatcher.expire(job for inst in self._everyone() for job in inst.jobs)
+        reason = self.supervisor.unavailable()
+        if reason and self.dispatcher.queue:
+            log.error("refusing %d queued request(s): %s", self.dispatcher.refuse_queued(reason), reason)
+        return max(0.0, min(t for t in (LOOK_EVERY_S, gathering, next_deadline) if t is not None))
+
+    def _collect(self, inst: Instance) -> None:
+        try:
+            replies, compute_ms = inst.receive()
+        except (EOFError, OSError):  # its socket closed: the process is gone
+            with self._lock:
+                self.supervisor.lost(inst)
+            return
+        with self._lock:
+            jobs, inst.jobs = inst.jobs, []
+            self.dispatcher.answered(jobs, [Answer(*reply) for reply in replies])
+            self.last_compute_ms = compute_ms
+
+    def health(self) -> Health:
+        with self._lock:
+            s, counts = self.supervisor, self.dispatcher.counts
+            return Health(len(s.instances), sum(inst.ready for inst in s.instances), s.respawning,
+                          s.respawn_failures, s.unavailable(), len(self.dispatcher.queue), counts.answered,
+                          counts.refused, s.watchdog_kills, counts.expired, counts.requeued)
+
+    # ---- reconfiguration ------------------------------------------------------------------------
+
+    def reconfigure(self, configs: Sequence[InstanceConfig], warmup_nice: int = 10) -> dict[str, int]:
+        """Switch to new instances without stopping service (see Supervisor.reconfigure)."""
+        check_cores(configs)
+        counts = self.supervisor.reconfigure(configs, warmup_nice)
+        log.info("pool reconfigured: %s (%s)", self.describe(), ", ".join(f"{v} {k}" for k, v in counts.items()))
+        return counts
+
+    # ---- shutdown -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop every instance process and free the shared memory; idempotent. Requests still
+        queued or running are answered 503."""
+        self._closed.set()
+        self._wake()
+        thread = getattr(self, "_dispatch_thread", None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5)
+        with self._lock:
+            queued = list(self.dispatcher.queue)
+            self.dispatcher.queue.clear()
+        for job in queued + self.supervisor.close():
+            self.dispatcher.refuse(job, "the model is being unloaded")
+        for sock in (self._wake_r, self._wake_w):
+            sock.close()
+
+    def __enter__(self) -> "InstancePool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def check_cores(configs: Sequence[InstanceConfig]) -> None:
+    cores = [c for config in configs for c in config.cores]
+    if len(cores) != len(set(cores)):
+        raise ValueError(f"instances share cores: {[list(c.cores) for c in configs]}")

@@ -1,0 +1,266 @@
+"""Instance lifecycles: starting the pool's instances, noticing a death, respawning with back-off,
+the watchdog that kills a hung instance, whether requests can still be served, and switching to a
+new set of instances (reconfiguration). Queues and answers are the dispatcher's; this module only
+hands a lost instance's requests back through the `requeue` callback.
+
+Recovery policy. A dead instance (killed, out of memory, a crash in a native decoder, or killed by
+the watchdog) is respawned in the background, retried with back-off (1 s doubling to 30 s) for as
+long as the pool lives, each failure logged. While a respawn has a fair chance (its last attempt was
+killed by a signal, or fewer than `load_attempts` attempts in a row failed while loading), requests
+wait in the queue, bounded by their deadline. When every instance's last `load_attempts` attempts
+failed while loading the model, the model cannot be loaded: queued and new requests are answered
+503 at once with the load error, until an instance comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from packrat.codec.codec import CodecConfig
+from packrat.serving.pool.api import InstanceConfig, ModelConfig
+from packrat.serving.pool.instance import Instance, StartFailed
+
+log = logging.getLogger("packrat.serving.pool")
+
+BACKOFF_S = (1.0, 30.0)  # first and longest wait between respawn attempts
+LOAD_ATTEMPTS = 3  # attempts in a row that failed while loading before the model counts as unloadable
+HANG_FACTOR = 10.0  # a batch may take this many times its expected latency ...
+HANG_FLOOR_S = 5.0  # ... and at least this long, before its instance counts as hung
+
+
+@dataclass(frozen=True)
+class Watchdog:
+    """When a running batch marks its instance hung. Its yardstick is the larger of the profile's
+    L(t, b) (InstanceConfig.expected_ms) and the instance's own warm-up time for its planned batch
+    (child.warm_up: without the time it waited for a core), scaled up for a batch above the plan;
+    `batch_timeout_s` replaces the whole rule."""
+
+    factor: float = HANG_FACTOR
+    floor_s: float = HANG_FLOOR_S
+    batch_timeout_s: float | None = None
+
+    def allowance_s(self, config: InstanceConfig, warm_ms: float, requests: int) -> float:
+        if self.batch_timeout_s:
+            return self.batch_timeout_s
+        expected_ms = max(config.expected_ms or 0.0, warm_ms) * max(1.0, requests / config.batch)
+        return max(self.floor_s, self.factor * expected_ms / 1e3)
+
+    def overdue(self, instances: Iterable, now: float) -> list:
+        """Instances whose current batch has run past its allowance."""
+        return [inst for inst in instances if inst.jobs and not inst.hung
+                and now - inst.busy_since > self.allowance_s(inst.config, inst.warm_ms, len(inst.jobs))]
+
+
+class Slot:
+    """What the supervisor remembers of one planned instance across its respawns."""
+
+    def __init__(self) -> None:
+        self.load_failures = 0  # attempts in a row that failed while loading (not killed by a signal)
+        self.last_by_signal = False
+        self.last_error = ""
+
+    def failed(self, exc: StartFailed) -> None:
+        self.last_by_signal, self.last_error = exc.by_signal, str(exc)
+        if not exc.by_signal:
+            self.load_failures += 1
+
+    def hopeless(self, attempts: int) -> bool:
+        return self.load_failures >= attempts and not self.last_by_signal
+
+
+class Supervisor:
+    """The pool's instances and their lifecycles. Shares the pool's lock; `requeue(jobs, why)` hands a
+    lost instance's requests back, `wake()` tells the dispatch loop that something changed."""
+
+    def __init__(self, model: ModelConfig, codec: CodecConfig, lock: threading.RLock, closed: threading.Event,
+                 requeue: Callable[[list, str], None], wake: Callable[[], None], *, start_timeout: float = 600.0,
+                 watchdog: Watchdog = Watchdog(), load_attempts: int = LOAD_ATTEMPTS):
+        self.model, self.codec, self._lock, self._closed = model, codec, lock, closed
+        self._requeue, self._wake = requeue, wake
+        self.start_timeout, self.watchdog, self.load_attempts = start_timeout, watchdog, load_attempts
+        self.instances: list[Instance] = []
+        self.parked: list[Instance] = []  # retired by the last switch; reused if the plan comes back
+        self.respawns = self.respawning = self.respawn_failures = self.watchdog_kills = 0
+
+    def spawn(self, config: InstanceConfig, index: int, nice: int = 0, slot: Slot | None = None) -> Instance:
+        inst = Instance(index, self.model, config, self.codec, nice)
+        inst.slot = slot or Slot()  # carried from one respawn attempt to the next
+        return inst
+
+    def start(self, configs: Sequence[InstanceConfig]) -> str:
+        """Start every instance and wait for all; their mode. PoolError (and nothing left running) if one fails."""
+        self.instances = [self.spawn(config, i) for i, config in enumerate(configs)]
+        return [inst.wait_ready(self.start_timeout) for inst in self.instances][0]
+
+    def serving(self) -> list[Instance]:
+        """Instances that may hold requests: the current ones and those a switch parked."""
+        return [inst for inst in self.instances + self.parked if inst.ready]
+
+    # ---- deaths, respawns, the watchdog (caller holds the lock unless said otherwise) ----------
+
+    def kill_overdue(self, now: float) -> None:
+        for inst in self.watchdog.overdue(self.instances + self.parked, now):
+            allowance = self.watchdog.allowance_s(inst.config, inst.warm_ms, len(inst.jobs))
+            log.error("instance %d (cores %s, pid %d) hung: a batch of %d has run %.1f s (allowance %.1f s); "
+                      "killing it, its requests run again elsewhere", inst.index, list(inst.config.cores),
+                      inst.pid, len(inst.jobs), now - inst.busy_since, allowance)
+            inst.hung = True
+            self.watchdog_kills += 1
+            inst.kill()  # its socket closes: lost() follows from the dispatch loop
+
+    def lost(self, dead: Instance) -> None:
+        """A dead instance: its requests handed back, a respawn started (unless a switch had retired it)."""
+        dead.ready = False
+        why = "hung: killed by the watchdog" if dead.hung else f"died with exit code {exit_code(dead)}"
+        jobs, dead.jobs = dead.jobs, []
+        self._requeue(jobs, f"instance {dead.index} {why}")
+        if dead in self.parked:
+            self.parked.remove(dead)
+            dead.close(timeout=0)
+            return
+        if dead not in self.instances:
+            return
+        log.warning("instance %d (cores %s) %s; respawning", dead.index, list(dead.config.cores), why)
+        self.respawns += 1
+        self.respawning += 1
+        dead.close(timeout=0)
+        threading.Thread(target=self._respawn, args=(dead,), daemon=True, name="packrat-respawn").start()
+
+    def _respawn(self, dead: Instance) -> None:
+        """Start a replacement until one comes up (back-off between attempts) or the pool moves on.
+        Runs in its own thread, without the lock while a replacement loads."""
+        delay, attempt, current = BACKOFF_S[0], 0, dead
+        while True:
+            with self._lock:
+                if self._closed.is_set() or current not in self.instances:  # closed, or retired by a switch
+                    self.respawning -= 1
+                    return
+                attempt += 1
+                try:
+                    fresh = self.spawn(dead.config, dead.index, slot=current.slot)
+                except OSError as exc:  # no process at all (out of memory, too many files): try again later
+                    fresh = None
+                    log.error("respawning instance %d failed (attempt %d): %s", dead.index, attempt, exc)
+                else:
+                    self.instances[self.instances.index(current)] = current = fresh
+            if fresh is None:
+                delay = self._back_off(delay)
+                continue
+            try:
+                fresh.wait_ready(self.start_timeout)
+            except (StartFailed, OSError) as exc:
+                fresh.close(timeout=0)
+                with self._lock:
+                    if self._closed.is_set() or fresh not in self.instances:
+                        continue  # stopped on purpose: not a failure
+                    self.respawn_failures += 1
+                    fresh.slot.failed(exc if isinstance(exc, StartFailed) else StartFailed(str(exc)))
+                log.error("respawning instance %d failed (attempt %d): %s; retrying in %.0f s",
+                          dead.index, attempt, exc, delay)
+                self._wake()  # queued requests may now have to be refused
+                delay = self._back_off(delay)
+                continue
+            with self._lock:
+                self.respawning -= 1
+                fresh.slot = Slot()
+            log.info("instance %d respawned (attempt %d)", dead.index, attempt)
+            self._wake()
+            return
+
+    def _back_off(self, delay: float) -> float:
+        """Wait `delay` (less if the pool closes); the next, doubled up to BACKOFF_S[1]."""
+        self._closed.wait(delay)
+        return min(delay * 2, BACKOFF_S[1])
+
+    def unavailable(self) -> str | None:
+        """Why no request can be run now, or None: the model cannot be loaded (every instance's
+        last attempts failed while loading). A respawn with a fair chance is waited for."""
+        if any(inst.ready for inst in self.instances):
+            return None
+        slots = [inst.slot for inst in self.instances]
+        if slots and all(slot.hopeless(self.load_attempts) for slot in slots):
+            return (f"the model cannot be loaded: the last {self.load_attempts} attempts to start an instance "
+                    f"failed ({slots[-1].last_error}); retrying in the background")
+        return None
+
+    # ---- reconfiguration ------------------------------------------------------------------------
+
+    def reconfigure(self, configs: Sequence[InstanceConfig], warmup_nice: int = 10) -> dict[str, int]:
+        """Switch to new instances without stopping service (called without the lock).
+
+        Instances whose threads and cores stay (and that can take the new share) are kept and
+        only get their new share; so are instances parked by the previous switch, which makes
+        switching back and forth between two plans instant. The others are started beside the
+        live ones at low priority, warmed up, and swapped in: from then on only they get new
+        requests, while retired instances finish the requests they hold and are parked (idle,
+        blocked on their socket: memory but no CPU) until the next switch that retires others.
+        Thread counts of live instances never change. If a new instance fails to start, the pool
+        is left as it was and PoolError raised.
+        """
+        with self._lock:
+            active, parked = list(self.instances), list(self.parked)
+        kept = match(configs, active + parked)
+        fresh: dict[int, Instance] = {}
+        try:
+            for position, config in enumerate(configs):
+                if position not in kept:
+                    fresh[position] = self.spawn(config, position, warmup_nice)
+            for inst in fresh.values():
+                inst.wait_ready(self.start_timeout)
+        except BaseException:
+            for inst in fresh.values():
+                inst.close()
+            raise
+        if fresh and not all(inst.restore_priority() for inst in fresh.values()):
+            log.warning("new instances keep nice %d: lowering it back needs CAP_SYS_NICE", warmup_nice)
+        reused = set(map(id, kept.values()))
+        with self._lock:
+            retired = [inst for inst in self.instances if id(inst) not in reused]
+            still_parked = [inst for inst in self.parked if id(inst) not in reused]
+            for position, inst in kept.items():
+                inst.config = configs[position]
+                inst.index = position
+            self.instances = [kept.get(p) or fresh[p] for p in range(len(configs))]
+            if retired:  # park this switch's leftovers; the older parked ones go
+                self.parked, stopped = [i for i in retired if i.ready], still_parked + [i for i in retired
+                                                                                         if not i.ready]
+            else:
+                self.parked, stopped = still_parked, []
+            for inst in stopped:  # still busy with an earlier switch's requests: they run again elsewhere
+                jobs, inst.jobs = inst.jobs, []
+                self._requeue(jobs, f"instance {inst.index} was stopped by a reconfiguration")
+        self._wake()
+        for inst in stopped:
+            inst.close()
+        return {"kept": len(kept), "started": len(fresh), "parked": len(retired), "stopped": len(stopped)}
+
+    def close(self) -> list:
+        """Stop every instance (caller has stopped dispatch); the jobs they held."""
+        with self._lock:
+            instances, self.instances, self.parked = self.instances + self.parked, [], []
+            jobs = [job for inst in instances for job in inst.jobs]
+        for inst in instances:
+            inst.close()
+        return jobs
+
+
+def exit_code(inst: Instance) -> int | None:
+    """Its exit code, waiting a moment for it to be reaped (its socket closes just before)."""
+    try:
+        return inst.process.wait(1)
+    except Exception:  # still running (a stopped process being killed): say so
+        return None
+
+
+def match(configs: Sequence[InstanceConfig], candidates: list[Instance]) -> dict[int, Instance]:
+    """Position in `configs` -> a ready instance with the same threads and cores."""
+    kept: dict[int, Instance] = {}
+    for position, config in enumerate(configs):
+        found = next((inst for inst in candidates if inst.ready and inst.alive and inst not in kept.values()
+                      and (inst.config.threads, inst.config.cores) == (config.threads, config.cores)), None)
+        if found is not None:
+            kept[position] = found
+    return kept
