@@ -11,7 +11,6 @@ method can skip: points whose removal alone makes some plan slower.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -23,7 +22,10 @@ from packrat.profiling import profiler
 from packrat.planning.planner import Planner
 from packrat.profiling.profiles import load
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-profiles"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import ROOT, doc_parser, markdown_table
+
+REFERENCE = ROOT.parent / "shared" / "reference-profiles"
 
 
 def plan_table(items, threads: int, max_batch: int) -> np.ndarray:
@@ -54,25 +56,26 @@ def replay(path: Path, max_batch: int, tolerance: float) -> dict:
             "time_saved": 1 - done.measure_s / done.full_grid_s}
 
 
+def exact_text(row: dict) -> str:
+    return "yes" if row["worst_plan"] <= 1 + 1e-9 else f"no, worst {row['worst_plan'] - 1:+.1%}"
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("files", nargs="*", type=Path)
+    parser = doc_parser(__doc__)
+    parser.add_argument("files", nargs="*", type=Path, help="profile tables (default: the published ones)")
     parser.add_argument("--max-batch", type=int, default=1024, help="plans for every B up to this (default: 1024)")
-    parser.add_argument("--tolerance", type=float, default=0.0)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--tolerance", type=float, default=0.0, help="the adaptive profiler's tolerance (default: 0)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON instead")
     args = parser.parse_args()
     files = args.files or sorted(REFERENCE.glob("*_large-batches*.csv"))
     rows = [replay(path, args.max_batch, args.tolerance) for path in files]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print("| table | points measured | floor (no exact method measures fewer) | every plan as the full table's | "
-          "est. measuring time saved |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        exact = "yes" if r["worst_plan"] <= 1 + 1e-9 else f"no, worst {r['worst_plan'] - 1:+.1%}"
-        print(f"| {r['table']} | {r['points']}/{r['grid']} ({r['fraction']:.0%}) | {r['floor']:.0%} | {exact} | "
-              f"{r['time_saved']:.0%} |")
+    print(markdown_table(["table", "points measured", "floor (no exact method measures fewer)",
+                          "every plan as the full table's", "est. measuring time saved"],
+                         [[r["table"], f"{r['points']}/{r['grid']} ({r['fraction']:.0%})", f"{r['floor']:.0%}",
+                           exact_text(r), f"{r['time_saved']:.0%}"] for r in rows]))
     return 0
 
 

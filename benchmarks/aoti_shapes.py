@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import arguments, child_json, doc_parser, first_cores, markdown_table, median_ms, pin, \
+    shuffled_rounds, write_json
 
 VARIANTS = ("dynamic-batch,build-threads", "dynamic-batch,run-threads", "static,build-threads", "static,run-threads")
 PACKRAT = "static,run-threads"
@@ -54,22 +56,13 @@ def time_package(model: str, path: Path, batch: int, iters: int) -> float:
 
     loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
     inputs = resolve(model).example_inputs(batch)
-    times = []
     with torch.inference_mode():
-        for index in range(3 + iters):
-            started = time.perf_counter()
-            loader.boxed_run(list(inputs))  # boxed_run empties its list: a fresh one each call
-            if index >= 3:
-                times.append((time.perf_counter() - started) * 1e3)
-    return statistics.median(times)
+        # boxed_run empties its list: a fresh one each call (timed with it: a copy of a few pointers)
+        return median_ms(lambda: loader.boxed_run(list(inputs)), iters, warmup=3)
 
 
 def child(args) -> None:
-    threads = args.build_threads if args.build else args.threads
-    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])
-    import torch
-
-    torch.set_num_threads(threads)
+    pin(first_cores(args.build_threads if args.build else args.threads))
     if args.build:
         print(json.dumps({"build_s": build(args.model, args.variant, args.batch, Path(args.path))}))
     else:
@@ -80,13 +73,11 @@ def run(args, variant: str, path: Path, building: bool) -> dict:
     command = [sys.executable, __file__, "--child", "--variant", variant, "--path", str(path), "--model", args.model,
                "--batch", str(args.batch), "--threads", str(args.threads), "--iters", str(args.iters),
                "--build-threads", str(args.build_threads)]
-    done = subprocess.run(command + (["--build"] if building else []), capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_json(command + (["--build"] if building else []), check=True)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = doc_parser(__doc__)
     p.add_argument("--model", default="resnet50", help="zoo model (default resnet50)")
     p.add_argument("--batch", type=int, default=1, help="batch size timed (default 1)")
     p.add_argument("--threads", type=int, default=2, help="cores and threads (default 2)")
@@ -114,19 +105,16 @@ def main(argv: list[str] | None = None) -> int:
         paths = {v: Path(scratch) / f"{v.replace(',', '-')}.pt2" for v in VARIANTS}
         built = {v: run(args, v, paths[v], True)["build_s"] for v in VARIANTS}
         times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        for _ in range(args.rounds):
-            for variant in rng.sample(VARIANTS, len(VARIANTS)):
-                times[variant].append(run(args, variant, paths[variant], False)["ms"])
+        for _, variant in shuffled_rounds(VARIANTS, args.rounds, rng):
+            times[variant].append(run(args, variant, paths[variant], False)["ms"])
     medians = {v: statistics.median(t) for v, t in times.items()}
-    lines = [f"{args.model}, batch {args.batch}, {args.threads} threads (built with {args.build_threads}), "
-             f"medians over {args.rounds} rounds", "",
-             "| variant | build s | ms | vs packrat's (static, run-time threads) |", "|---|---|---|---|"]
-    lines += [f"| {v} | {built[v]:.0f} | {medians[v]:.1f} | {medians[v] / medians[PACKRAT]:.2f}× |" for v in VARIANTS]
-    print("\n".join(lines))
+    table = markdown_table(["variant", "build s", "ms", "vs packrat's (static, run-time threads)"],
+                           [[v, f"{built[v]:.0f}", f"{medians[v]:.1f}", f"{medians[v] / medians[PACKRAT]:.2f}×"]
+                            for v in VARIANTS])
+    print(f"{args.model}, batch {args.batch}, {args.threads} threads (built with {args.build_threads}), "
+          f"medians over {args.rounds} rounds\n\n{table}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "build_s": built,
-                                         "ms": times, "median_ms": medians}, indent=1))
+        write_json(args.json, {"args": arguments(args), "build_s": built, "ms": times, "median_ms": medians})
     return 0
 
 

@@ -88,12 +88,15 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import doc_parser, fmt_num, markdown_table as markdown
 from loadtest import run_locust
 from loadtest.payload import PAYLOAD_KINDS
 from loadtest.requestlog import RequestRecord, read_request_log
 from packrat.cli import bench
 from packrat.deploy import torchserve
 from packrat.deploy import archive
+from packrat.settings import Settings
 from packrat.frontends import torchserve_control
 from packrat.cli.main import positive, resolve_profile, users_list
 
@@ -231,18 +234,6 @@ def fmt_counts(counts: Mapping[str, int]) -> str:
         return "0"
     parts = ", ".join(f"{'no answer' if status == '0' else status}: {n}" for status, n in counts.items())
     return f"{total} ({parts})"
-
-
-def fmt_num(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
-
-
-def markdown(header: Sequence[str], rows: Iterable[Sequence]) -> str:
-    """A markdown table; cells are str()-ed, pipes escaped."""
-    def line(cells):
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-    return "\n".join([line(header), "|" + "---|" * len(header)] + [line(r) for r in rows])
 
 
 def format_leftovers(left: Mapping) -> str:
@@ -694,10 +685,10 @@ def build_archive(args, run_dir: Path) -> Path:
     if args.handler == "packrat":
         profile = resolve_profile(args.model, args.profile,
                                   batch_sizes=[args.batch_size, reconfigure_target(0, args.batch_size)])
-    return archive.build(args.model, profile, run_dir / "model_store", name=args.model, batch_size=args.batch_size,
-                           max_batch_delay_ms=args.max_batch_delay, plan=args.plan, handler=args.handler,
-                           reconfigure=False, request_timeout_s=args.request_timeout,
-                           async_worker=args.worker_mode == "async")
+    settings = Settings(args.model, profiles=[profile] if profile else [], max_batch=args.batch_size, plan=args.plan,
+                        reconfigure=False, request_timeout_s=args.request_timeout)
+    return archive.build(settings, run_dir / "model_store", name=args.model, handler=args.handler,
+                         max_batch_delay_ms=args.max_batch_delay, async_worker=args.worker_mode == "async")
 
 
 def run(args) -> dict:
@@ -815,9 +806,7 @@ def one_users_pattern(text: str):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = doc_parser(__doc__)
     number, count = positive(float), positive(int)
     p.add_argument("--model", default="resnet50", help="zoo model (default resnet50; tiny for a smoke run)")
     p.add_argument("--batch-size", type=count, default=4, help="TorchServe's batch size B, planned for (default 4)")

@@ -9,24 +9,25 @@ shuffled order; medians over the rounds and the packrat/stock ratios are printed
 """
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import default_profile_path, int_list, positional_args, write_json
+
 from loadtest import run_locust
 from loadtest.payload import natural_payload
 from packrat.cli import bench
 from packrat.deploy import archive
+from packrat.settings import Settings
 
-model = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
-batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "4,8").split(",")]
-rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 5
-seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 15.0
-out = Path(sys.argv[5] if len(sys.argv) > 5 else "out/interleaved")
-profile = Path("profiles") / f"{model}.csv"
+model, batches, rounds, seconds, out = positional_args(
+    __doc__, ("model", str, "resnet50"), ("batches", int_list, [4, 8]), ("rounds", int, 5), ("seconds", float, 15.0),
+    ("out", Path, Path("out/interleaved")))
+profile = default_profile_path(model)
 payload = natural_payload(model)
 configs = (("stock", "stock", "auto", {}), ("packrat-plan", "packrat", "auto", {}),
            ("packrat-plan-async", "packrat", "auto", {"async_worker": True}))
@@ -37,9 +38,10 @@ for batch in batches:
         servers = {}
         for name, handler, plan, extra in configs:
             run_dir = out / f"B{batch}" / name
-            mar = archive.build(model, profile if handler == "packrat" else None, run_dir / "model_store",
-                                  name=model, batch_size=batch, max_batch_delay_ms=50, plan=plan, handler=handler,
-                                  reconfigure=False, **extra)
+            settings = Settings(model, profiles=[profile] if handler == "packrat" else [], max_batch=batch, plan=plan,
+                                reconfigure=False)
+            mar = archive.build(settings, run_dir / "model_store", name=model, handler=handler, max_batch_delay_ms=50,
+                                **extra)
             servers[name] = stack.enter_context(bench.warmed_server(name, model, mar, run_dir, batch, 8.0, print,
                                                                     payload=payload))
         order = list(servers)
@@ -64,5 +66,4 @@ for batch, entry in report.items():
     for name, m in entry["medians"].items():
         print(f"{batch:>3}  {name:<28} {m['p50']:>7.0f} {m['p99']:>7.0f} {m['rps']:>6.1f}  "
               f"{m['p50'] / stock['p50']:>11.2f}x {m['p99'] / stock['p99']:>11.2f}x")
-(out / "interleaved.json").parent.mkdir(parents=True, exist_ok=True)
-(out / "interleaved.json").write_text(json.dumps(report, indent=2))
+write_json(out / "interleaved.json", report)

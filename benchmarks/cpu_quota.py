@@ -20,13 +20,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import ROOT, child_json, doc_parser, pool_requests, write_json
+
 CGROUP = Path("/sys/fs/cgroup/cpu/packrat-bench-quota")
 PERIOD_US = 100_000
 
@@ -35,12 +35,11 @@ def inside(args: argparse.Namespace) -> dict:
     """Run in the cgroup: both plans' pools, interleaved; their medians."""
     from packrat.cli.bench import _answered, _timed
     from packrat.machine.budget import cpu_budget
-    from packrat.codec.codec import sample_request
     from packrat.models.modes import served
     from packrat.models.zoo import resolve
     from packrat.planning.planner import serving_plan
     from packrat.serving.pool.instance_pool import InstancePool
-    from packrat.serving.pool.api import ModelConfig, Request
+    from packrat.serving.pool.api import ModelConfig
     from packrat.profiling.profiles import load
     from packrat.machine.topology import detect
 
@@ -49,8 +48,7 @@ def inside(args: argparse.Namespace) -> dict:
     budget, affinity = cpu_budget(), detect()
     plans = {"affinity": serving_plan(items, affinity.num_cores, args.batch, affinity, "auto")[0],
              "budget": serving_plan(items, budget.cores, args.batch, budget.topology, "auto")[0]}
-    spec = resolve(args.model)
-    requests = [Request(*sample_request(spec.inputs, sample)) for sample in zip(*spec.example_inputs(args.batch))]
+    requests = pool_requests(resolve(args.model), args.batch)
     config = ModelConfig(args.model, graph_mode=mode)
     latencies: dict[str, list[float]] = {name: [] for name in plans}
     served = {name: 0.0 for name in plans}  # requests per second, summed over rounds
@@ -79,21 +77,17 @@ def run_in_cgroup(args: argparse.Namespace) -> dict:
         (CGROUP / "cpu.cfs_quota_us").write_text(str(int(args.quota * PERIOD_US)))
         tasks = CGROUP / "tasks"
         cmd = [sys.executable, __file__, "--inside", *sys.argv[1:]]
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                              preexec_fn=lambda: tasks.write_text(str(os.getpid())))
-        if done.returncode != 0:
-            raise RuntimeError(done.stderr.strip().splitlines()[-5:])
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        return child_json(cmd, check=True, cwd=ROOT, preexec_fn=lambda: tasks.write_text(str(os.getpid())))
     finally:
         time.sleep(0.5)  # the child's instances have exited; the cgroup must be empty to go
         CGROUP.rmdir()
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="resnet50")
-    parser.add_argument("--profile", type=Path, required=True)
-    parser.add_argument("--batch", type=int, default=4)
+    parser = doc_parser(__doc__)
+    parser.add_argument("--model", default="resnet50", help="zoo model (default: resnet50)")
+    parser.add_argument("--profile", type=Path, required=True, help="the profile both plans come from")
+    parser.add_argument("--batch", type=int, default=4, help="B, the requests per batch (default: 4)")
     parser.add_argument("--quota", type=float, default=1.0, help="the CFS quota, in cores (default: 1)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of both plans, alternating (default: 2)")
     parser.add_argument("--seconds", type=float, default=20.0,
@@ -109,7 +103,7 @@ def main() -> int:
         return 2
     result = run_in_cgroup(args)
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
+        write_json(args.out, result)
     m = result["median_ms"]
     print(f"{args.model} B={args.batch} under a {args.quota:g}-core quota; {result['budget']}")
     for name in ("affinity", "budget"):

@@ -101,14 +101,14 @@ shell_words() {  # the arguments as one command line, quoting only where the she
     || die "$PY cannot import torch, numpy and tqdm (run bash scripts/setup.sh, or install them)"
 read -r ALL_CORES T CPUS < <("$PY" - "${SUITE_THREADS:-0}" <<'EOF'
 import sys
-from packrat.topology import detect
+from packrat.machine.topology import detect
 cores = detect().cores
 wanted = int(sys.argv[1]) or len(cores)
 chosen = cores[:max(1, min(wanted, len(cores)))]
 print(len(cores), len(chosen), ",".join(map(str, chosen)))
 EOF
 )
-[[ -n ${CPUS:-} ]] || die "could not read the cores with packrat.topology (SUITE_THREADS, if set, must be a number)"
+[[ -n ${CPUS:-} ]] || die "could not read the cores with packrat.machine.topology (SUITE_THREADS, if set, must be a number)"
 if [[ -n ${SUITE_THREADS:-} && $SUITE_THREADS -gt $ALL_CORES ]]; then
     say "SUITE_THREADS=$SUITE_THREADS: packrat sees only $ALL_CORES cores; using T=$T"
 fi
@@ -128,7 +128,7 @@ STEPS_TSV=$OUT/steps.tsv
 "$PY" - "$OUT/machine.json" "$T" "$CPUS" "$PY" <<'EOF'
 import datetime, json, os, platform, sys
 import torch
-from packrat.profiler import cpu_model
+from packrat.machine.topology import cpu_model
 path, threads, cpus, python = sys.argv[1:]
 settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SUITE_")}
 json.dump({"cpu": cpu_model(), "threads": int(threads), "cores": [int(c) for c in cpus.split(",")],

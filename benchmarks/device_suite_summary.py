@@ -11,7 +11,6 @@ every step, so an interrupted run still has a summary of what finished.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -20,22 +19,13 @@ from pathlib import Path
 
 from packrat.profiling.profiles import load
 
-HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks import oracle
+from benchmarks.common import doc_parser, fmt_num
+
 STEPS = {"profile": "(a) Adaptive profile", "bench": "(b) Pool-only bench: fat vs plan",
          "oracle": "(c) Planner vs the identical-instance family", "ios": "(d) IOS on many cores"}
 LETTER = {key: title.split()[0] for key, title in STEPS.items()}
-
-
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(f"device_suite_{name}", HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _ms(value) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:.1f}"
 
 
 def _ratio(top, bottom) -> str:
@@ -100,7 +90,7 @@ def profile_tables(out: Path, machine: dict) -> list[str]:
                   "· = not measured (the adaptive profiler showed it cannot change a plan).", "",
                   "| t \\ b | " + " | ".join(map(str, batches)) + " |", "|---" * (len(batches) + 1) + "|"]
         for t in profile.threads:
-            cells = [(_ms(profile.latency[t, b]) + (f" ({_ms(profile.isolated[t, b])})" if loaded else ""))
+            cells = [(fmt_num(profile.latency[t, b]) + (f" ({fmt_num(profile.isolated[t, b])})" if loaded else ""))
                      if (t, b) in profile.latency else "·" for b in batches]
             lines.append(f"| {t} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -112,7 +102,7 @@ def profile_tables(out: Path, machine: dict) -> list[str]:
                   "|---:|---|---:|---:|---:|"]
         for p in rows:
             fat, expected = p.get("fat_latency_ms"), p["expected_latency_ms"]
-            lines.append(f"| {p['batch']} | {grouped(p['instances'])} | {_ms(expected)} | {_ms(fat)} | "
+            lines.append(f"| {p['batch']} | {grouped(p['instances'])} | {fmt_num(expected)} | {fmt_num(fat)} | "
                          f"{_ratio(fat, expected)} |")
         lines.append("")
     return lines
@@ -132,7 +122,8 @@ def bench_tables(out: Path) -> list[str]:
     for r in results:
         m = r["median_ms"]
         plan = r["plan"] + (f" ({r['fallback']})" if r.get("fallback") else "")
-        lines.append(f"| {r['batch']} | {_ms(m['in-process'])} | {_ms(m['pool-fat'])} | {_ms(m['pool-plan'])} | "
+        lines.append(f"| {r['batch']} | {fmt_num(m['in-process'])} | {fmt_num(m['pool-fat'])} | "
+                     f"{fmt_num(m['pool-plan'])} | "
                      f"{_ratio(m['pool-fat'], m['pool-plan'])} | "
                      f"{_ratio(r.get('predicted_fat_ms'), r.get('predicted_plan_ms'))} | "
                      f"{_ratio(r.get('predicted_plan_ms'), m['pool-plan'])} | {r['transport_overhead_ms']:.2f} | "
@@ -144,7 +135,6 @@ def oracle_tables(out: Path) -> list[str]:
     path = out / "oracle.json"
     if not path.exists():
         return []
-    oracle = _module("oracle")
     report = json.loads(path.read_text())
     lines = [oracle.markdown(report), ""]
     lines += [f"- {line}" for line in report["verdicts"]["loaded"]]
@@ -159,7 +149,7 @@ def oracle_tables(out: Path) -> list[str]:
                       if (entry["planner"].get(kind) or {}).get("label") == c["label"]]
             chosen += ["fat"] if entry.get("fat") == c["label"] else []
             note = c.get("error") or ", ".join(chosen)
-            lines.append(f"| {entry['batch']} | {c['label']} | {_ms(c.get('median_ms'))} | "
+            lines.append(f"| {entry['batch']} | {c['label']} | {fmt_num(c.get('median_ms'))} | "
                          f"{_ratio(c.get('median_ms'), best)} | {note} |")
     return lines + [""]
 
@@ -189,10 +179,9 @@ def summary(out: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print(__doc__, file=sys.stderr)
-        return 2
-    out = Path(argv[0])
+    parser = doc_parser(__doc__)
+    parser.add_argument("out", type=Path, metavar="OUT_DIR", help="the suite's output folder")
+    out = parser.parse_args(argv).out
     (out / "SUMMARY.md").write_text(summary(out))
     return 0
 

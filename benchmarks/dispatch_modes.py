@@ -12,10 +12,11 @@ from pathlib import Path
 
 from packrat.cli import bench
 
-model = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
-batch = int(sys.argv[2]) if len(sys.argv) > 2 else 4
-duration = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
-out = Path(sys.argv[4] if len(sys.argv) > 4 else "out/dispatch")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import positional_args
+
+model, batch, duration, out = positional_args(__doc__, ("model", str, "resnet50"), ("batch", int, 4),
+                                              ("duration", float, 30.0), ("out", Path, Path("out/dispatch")))
 configs = (("stock", "stock", "auto"),
            ("whole-batches", "packrat", "auto", {"async_worker": False}),
            ("gather-0ms", "packrat", "auto", {"async_worker": True, "gather_ms": 0}),

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import arguments, child_json, doc_parser, first_cores, fresh_compile_caches, int_list, \
+    markdown_table, median_ms, name_list, pin, shuffled_rounds, write_json
 
 MODES = ("eager", "script", "compile", "torch-compile")
 
@@ -42,11 +44,9 @@ MODES = ("eager", "script", "compile", "torch-compile")
 def child(model: str, mode: str, threads: int, batches: list[int], iters: int) -> dict:
     """Runs in the fresh process: start the model in `mode`, time it, return the figures."""
     started = time.perf_counter()
-    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])
+    pin(first_cores(threads))
     import torch
 
-    torch.set_num_threads(threads)
-    torch.set_num_interop_threads(1)
     from packrat.models.zoo import prepare, resolve
 
     spec = resolve(model)
@@ -62,14 +62,8 @@ def child(model: str, mode: str, threads: int, batches: list[int], iters: int) -
         latency_ms, outputs = {}, {}
         for batch in batches:
             example = spec.example_inputs(batch)
-            for _ in range(2):
-                outputs[batch] = runners[batch](*example)
-            times = []
-            for _ in range(iters):
-                begin = time.perf_counter()
-                runners[batch](*example)
-                times.append((time.perf_counter() - begin) * 1e3)
-            latency_ms[batch] = statistics.median(times)
+            outputs[batch] = runners[batch](*example)
+            latency_ms[batch] = median_ms(lambda: runners[batch](*example), iters, warmup=1)
         reference = prepare(spec, batches[-1], graph_mode=False)[0](*spec.example_inputs(batches[-1]))
         error = float((outputs[batches[-1]] - reference).abs().max())
     return {"start_s": start_s, "latency_ms": latency_ms, "max_abs_diff": error}
@@ -91,11 +85,7 @@ def runner_for(mode: str, spec, batch: int):
 def run_child(args, mode: str, env: dict) -> dict:
     command = [sys.executable, __file__, "--child", mode, "--model", args.model, "--threads", str(args.threads),
                "--batches", ",".join(map(str, args.batches)), "--iters", str(args.iters)]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["?"])[-1]
-        return {"error": f"exit {done.returncode}: {tail}"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_json(command, env=env)
 
 
 def summarise(results: dict[str, list[dict]], batches: list[int]) -> dict[str, dict]:
@@ -117,30 +107,28 @@ def summarise(results: dict[str, list[dict]], batches: list[int]) -> dict[str, d
 def markdown(summary: dict[str, dict], batches: list[int]) -> str:
     head = ["mode", "start, round 1 s", "start, later rounds s", *[f"b={b} ms" for b in batches],
             *[f"b={b} vs script" for b in batches], "max |Δ| vs eager"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     script = summary.get("script", {}).get("latency_ms")
+    rows = []
     for mode, row in summary.items():
         if "error" in row:
-            lines.append(f"| {mode} | {row['error']} |")
+            rows.append([mode, row["error"]])
             continue
         ratios = [f"{row['latency_ms'][b] / script[b]:.2f}×" if script else "" for b in batches]
         later = f"{row['later_start_s']:.1f}" if row["later_start_s"] is not None else ""
         first = f"{row['first_start_s']:.1f}" if row["first_start_s"] is not None else ""
-        lines.append(f"| {mode} | {first} | {later} | "
-                     + " | ".join(f"{row['latency_ms'][b]:.1f}" for b in batches) + " | "
-                     + " | ".join(ratios) + f" | {row['max_abs_diff']:.1e} |")
-    return "\n".join(lines)
+        rows.append([mode, first, later, *(f"{row['latency_ms'][b]:.1f}" for b in batches), *ratios,
+                     f"{row['max_abs_diff']:.1e}"])
+    return markdown_table(head, rows)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = doc_parser(__doc__)
     p.add_argument("--model", default="resnet50", help="zoo model (default resnet50)")
     p.add_argument("--threads", type=int, default=2, help="cores and torch threads per process (default 2)")
-    p.add_argument("--batches", default="1,2,4", help="batch sizes (default 1,2,4)")
+    p.add_argument("--batches", type=int_list, default=[1, 2, 4], help="batch sizes (default 1,2,4)")
     p.add_argument("--rounds", type=int, default=3, help="rounds, each running every mode once (default 3)")
     p.add_argument("--iters", type=int, default=10, help="timed runs per batch size (default 10)")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma list (default {','.join(MODES)})")
+    p.add_argument("--modes", type=name_list, default=list(MODES), help=f"comma list (default {','.join(MODES)})")
     p.add_argument("--seed", type=int, default=0, help="seed for the round orders (default 0)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write every figure here")
     p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
@@ -149,33 +137,26 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    args.batches = sorted(int(b) for b in args.batches.split(","))
     if args.child:
         print(json.dumps(child(args.model, args.child, args.threads, args.batches, args.iters)))
         return 0
-    modes = [m for m in args.modes.split(",") if m]
+    modes = args.modes
     unknown = set(modes) - set(MODES)
     if unknown:
         raise SystemExit(f"unknown mode(s) {sorted(unknown)}: choose from {','.join(MODES)}")
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="packrat-graph-modes-") as scratch:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(Path(scratch) / "inductor"),
-               "PACKRAT_COMPILE_CACHE": str(Path(scratch) / "compiled")}
+        env = fresh_compile_caches(Path(scratch))
         results: dict[str, list[dict]] = {mode: [] for mode in modes}
-        for round_index in range(1, args.rounds + 1):
-            order = modes[:]
-            rng.shuffle(order)
-            for mode in order:
-                result = run_child(args, mode, env)
-                results[mode].append(result)
-                print(f"round {round_index} {mode}: {result}", flush=True)
+        for round_index, mode in shuffled_rounds(modes, args.rounds, rng):
+            result = run_child(args, mode, env)
+            results[mode].append(result)
+            print(f"round {round_index} {mode}: {result}", flush=True)
     summary = summarise(results, args.batches)
     table = markdown(summary, args.batches)
     print(f"\n{args.model}, {args.threads} threads, medians over {args.rounds} rounds\n\n{table}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                         "runs": results, "summary": summary, "markdown": table}, indent=1))
+        write_json(args.json, {"args": arguments(args), "runs": results, "summary": summary, "markdown": table})
     return 0
 
 

@@ -15,11 +15,13 @@ takes minutes, during which this VM's speed drifts).
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import doc_parser, int_list, markdown_head, name_list
 
 MODELS = "inception_v3,squeezenet,randwire,nasnet"
 
@@ -29,7 +31,7 @@ def run_case(model: str, batch: int, threads: int, out: Path, bounds: Path | Non
     report = stem.with_suffix(".json")
     if report.exists():  # resumable: a finished case is kept
         return json.loads(report.read_text())
-    cmd = [sys.executable, "-m", "ios_scheduler.cli", "--model", model, "--batch", str(batch), "--threads",
+    cmd = [sys.executable, "-m", "packrat.cli.ios_schedule", "--model", model, "--batch", str(batch), "--threads",
            str(threads), "--out", f"{stem}.schedule.json", "--costs", f"{stem}.costs.json", "--compare", "--json"]
     if bounds:
         cmd += ["--bounds", str(bounds)]
@@ -59,22 +61,23 @@ def row(r: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=MODELS)
-    parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--threads", default="2", help="comma-separated thread counts (e.g. 8,16 on a larger machine)")
+    parser = doc_parser(__doc__)
+    parser.add_argument("--models", type=name_list, default=name_list(MODELS), help=f"zoo models (default {MODELS})")
+    parser.add_argument("--batches", type=int_list, default=[1, 8], help="batch sizes (default 1,8)")
+    parser.add_argument("--threads", type=int_list, default=[2],
+                        help="comma-separated thread counts (default 2; e.g. 8,16 on a larger machine)")
     parser.add_argument("--bounds-from", type=int, default=None, metavar="BATCH",
                         help="bound each search with the stage costs of this batch size's (earlier) search")
     parser.add_argument("--out", type=Path, default=Path("out/ios-networks"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    print("| model | batch | threads | operators | search | stage measurements | sequential | greedy | IOS (kept) "
-          "| searched vs sequential, by stage costs | kept | kept: predicted / measured "
-          "| kept: stages timed again before the check (vs measured) | switch cost |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for threads in map(int, args.threads.split(",")):
-        for model in args.models.split(","):
-            for batch in map(int, args.batches.split(",")):
+    print(markdown_head(["model", "batch", "threads", "operators", "search", "stage measurements", "sequential",
+                         "greedy", "IOS (kept)", "searched vs sequential, by stage costs", "kept",
+                         "kept: predicted / measured", "kept: stages timed again before the check (vs measured)",
+                         "switch cost"]))
+    for threads in args.threads:
+        for model in args.models:
+            for batch in args.batches:
                 bounds = None
                 if args.bounds_from is not None and args.bounds_from != batch:
                     bounds = args.out / f"{model}-b{args.bounds_from}-t{threads}.costs.json"

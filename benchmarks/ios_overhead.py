@@ -13,10 +13,9 @@ Three runs of each network, interleaved in shuffled rounds in one process, media
 
 from __future__ import annotations
 
-import argparse
 import random
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
@@ -25,6 +24,9 @@ from ios_scheduler.graph import capture
 from ios_scheduler.runtime import ScheduledModule
 from packrat.models.zoo import resolve
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import elapsed_ms, interleaved_medians, markdown_head, networks_parser
+
 
 def measure(model: str, batch: int, threads: int, rounds: int) -> dict:
     spec = resolve(model)
@@ -32,40 +34,28 @@ def measure(model: str, batch: int, threads: int, rounds: int) -> dict:
     graph = capture(module, (x,))
     schedule = sequential_schedule(graph, threads, batch, model)
     fused = ScheduledModule(graph.module, schedule)
-    fused._plain = False  # through the executor even though the schedule is plain
+    fused.plain = False  # through the executor even though the schedule is plain
     per_op = ScheduledModule(graph.module, schedule, fuse=False)
     runs = {"plain": graph.module, "sequential": fused, "per-operator": per_op}
-    samples: dict[str, list[float]] = {name: [] for name in runs}
-    order = list(runs)
     with torch.inference_mode():
         for fn in runs.values():
             for _ in range(3):
                 fn(x)
-        for _ in range(rounds):
-            random.shuffle(order)
-            for name in order:
-                start = time.perf_counter()
-                runs[name](x)
-                samples[name].append((time.perf_counter() - start) * 1e3)
+        medians = interleaved_medians({name: lambda fn=fn: elapsed_ms(lambda: fn(x)) for name, fn in runs.items()},
+                                      rounds, random)
     fused.close()
     per_op.close()
-    return {"ops": len(graph.ops), **{name: statistics.median(v) for name, v in samples.items()}}
+    return {"ops": len(graph.ops), **medians}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="inception_v3,randwire")
-    parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=15)
-    args = parser.parse_args()
+    args = networks_parser(__doc__, models="inception_v3,randwire").parse_args()
     torch.set_num_threads(args.threads)
     random.seed(0)
-    print("| model | batch | operators | plain | executor, sequential | vs plain | executor, a stage per operator "
-          "| fixed cost per operator |")
-    print("|---|---|---|---|---|---|---|---|")
-    for model in args.models.split(","):
-        for batch in map(int, args.batches.split(",")):
+    print(markdown_head(["model", "batch", "operators", "plain", "executor, sequential", "vs plain",
+                         "executor, a stage per operator", "fixed cost per operator"]))
+    for model in args.models:
+        for batch in args.batches:
             r = measure(model, batch, args.threads, args.rounds)
             per_op_us = (r["per-operator"] - r["plain"]) / r["ops"] * 1e3
             print(f"| {model} | {batch} | {r['ops']} | {r['plain']:.1f} ms | {r['sequential']:.1f} ms | "

@@ -12,12 +12,13 @@ against the medians measured in the whole run, and the totals.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
@@ -26,14 +27,17 @@ from ios_scheduler.graph import capture
 from ios_scheduler.runtime import ScheduledModule
 from packrat.models.zoo import resolve
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import elapsed_ms, markdown_head, markdown_row, networks_parser, shuffled_rounds
+
 
 def step_kind(module: ScheduledModule, step: int) -> str:
-    kind, groups, split = module._stages[step]
+    kind, split = module.step_kinds[step]
     if kind == "merge":
         return "merged convolutions"
     if split == (module.schedule.threads,):
         return "full-width operators"
-    return f"{len(groups)} groups on {'+'.join(map(str, split))} threads"
+    return f"{len(split)} groups on {'+'.join(map(str, split))} threads"
 
 
 def study(model: str, batch: int, threads: int, rounds: int) -> dict:
@@ -44,25 +48,21 @@ def study(model: str, batch: int, threads: int, rounds: int) -> dict:
     seconds = time.perf_counter() - started
     graph = capture(module, (x,))
     searched = ScheduledModule(graph.module, schedule)
-    searched._plain = False
+    searched.plain = False
     sequential = ScheduledModule(graph.module, sequential_schedule(graph, threads, batch, model))
-    steps: list[list[float]] = [[] for _ in searched._stages]
+    steps: list[list[float]] = [[] for _ in searched.step_stages]
     whole: dict[str, list[float]] = {"searched": [], "sequential": []}
     with torch.inference_mode():
         for _ in range(3):
             searched(x), sequential(x)
-        for _ in range(rounds):  # whole runs and step-timed runs in shuffled order
-            jobs = ["steps", "searched", "sequential"]
-            random.shuffle(jobs)
-            for job in jobs:
-                if job == "steps":
-                    for i, ms in enumerate(searched.step_times(x)):
-                        steps[i].append(ms)
-                else:
-                    run = searched if job == "searched" else sequential
-                    start = time.perf_counter()
-                    run(x)
-                    whole[job].append((time.perf_counter() - start) * 1e3)
+        # whole runs and step-timed runs in shuffled order
+        for _, job in shuffled_rounds(["steps", "searched", "sequential"], rounds, random):
+            if job == "steps":
+                for i, ms in enumerate(searched.step_times(x)):
+                    steps[i].append(ms)
+            else:
+                run = searched if job == "searched" else sequential
+                whole[job].append(elapsed_ms(lambda: run(x)))
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for i, indices in enumerate(searched.step_stages):
         row = by_kind[step_kind(searched, i)]
@@ -77,17 +77,13 @@ def study(model: str, batch: int, threads: int, rounds: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="inception_v3,randwire")
-    parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--json", action="store_true")
+    parser = networks_parser(__doc__, models="inception_v3,randwire")
+    parser.add_argument("--json", action="store_true", help="one JSON line per network and batch instead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     random.seed(0)
-    for model in args.models.split(","):
-        for batch in map(int, args.batches.split(",")):
+    for model in args.models:
+        for batch in args.batches:
             r = study(model, batch, args.threads, args.rounds)
             if args.json:
                 print(json.dumps(r), flush=True)
@@ -95,10 +91,11 @@ def main() -> None:
             print(f"\n{model}, batch {batch}: search {r['search_s']} s; whole run {r['searched_ms']:.2f} ms "
                   f"(sequential {r['sequential_ms']:.2f} ms); stage costs summed {r['predicted_ios_ms']:.2f} ms "
                   f"({r['predicted_ios_ms'] / r['searched_ms']:.2f}× the whole run)")
-            print("| step | steps | stage costs, summed | measured in the whole run (medians) | ratio |")
-            print("|---|---|---|---|---|")
+            print(markdown_head(["step", "steps", "stage costs, summed", "measured in the whole run (medians)",
+                                 "ratio"]))
             for kind, (n, predicted, measured) in sorted(r["kinds"].items()):
-                print(f"| {kind} | {n} | {predicted:.2f} ms | {measured:.2f} ms | {predicted / measured:.2f} |")
+                print(markdown_row([kind, n, f"{predicted:.2f} ms", f"{measured:.2f} ms",
+                                    f"{predicted / measured:.2f}"]))
 
 
 if __name__ == "__main__":

@@ -14,84 +14,70 @@ Two measurements, in interleaved shuffled rounds, medians (2 threads):
 
 from __future__ import annotations
 
-import argparse
-import os
 import random
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
-from ios_scheduler.api import _record_values
-from ios_scheduler.codegen import compile_group
+from ios_scheduler.candidates import StageCandidates, example_values
 from ios_scheduler.graph import capture
 from ios_scheduler.runtime import WorkerSet
 from packrat.models.zoo import resolve
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import doc_parser, elapsed_ms, first_cores, interleaved_medians, markdown_head, \
+    markdown_row, name_list
+
+THREADS = 2
+
 
 def timed(fn, before=None) -> float:
     (before or fn)()  # what runs just before the timed call: the call itself, or the other step
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
-
-
-def interleaved(cases: dict, rounds: int) -> dict:
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    names = list(cases)
-    for _ in range(rounds):
-        random.shuffle(names)
-        for name in names:
-            samples[name].append(cases[name]())
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return elapsed_ms(fn)
 
 
 def handoff(workers: WorkerSet, rounds: int) -> dict:
     nothing = lambda: None  # noqa: E731
-    return interleaved({"calling thread": lambda: timed(lambda: workers.run([nothing], (2,))),
-                        "one 1-thread worker": lambda: timed(lambda: workers.run([nothing], (1,))),
-                        "two 1-thread workers": lambda: timed(lambda: workers.run([nothing, nothing], (1, 1)))},
-                       rounds)
+    return interleaved_medians({
+        "calling thread": lambda: timed(lambda: workers.run([nothing], (THREADS,))),
+        "one 1-thread worker": lambda: timed(lambda: workers.run([nothing], (1,))),
+        "two 1-thread workers": lambda: timed(lambda: workers.run([nothing, nothing], (1, 1)))}, rounds, random)
 
 
 def switch(model: str, workers: WorkerSet, rounds: int) -> dict:
     spec = resolve(model)
     x = spec.example_input(1)
     graph = capture(spec.build().eval(), (x,))
-    env = _record_values(graph, (x,))
-    nodes = {n.name: n for n in graph.module.graph.nodes}
-
-    def group(ops):
-        return compile_group(graph.module, [nodes[name] for op in ops for name in graph.ops[op].nodes])
-
+    candidates = StageCandidates(graph, example_values(graph, (x,)), workers, THREADS)
     middle = len(graph.ops) // 2
-    stretch, a, b = group(range(middle - 30, middle)), group([middle]), group([middle + 1])
-    full = lambda: stretch.run(env)  # noqa: E731
-    stage = lambda: workers.run([lambda: a.run(env), lambda: b.run(env)], (1, 1))  # noqa: E731
-    return interleaved({"S alone": lambda: timed(full), "S after P": lambda: timed(full, stage),
-                        "P alone": lambda: timed(stage), "P after S": lambda: timed(stage, full)}, rounds)
+    full = candidates.group(range(middle - 30, middle))
+    stage = candidates.on_workers([candidates.group([middle]), candidates.group([middle + 1])], (1, 1))
+    return interleaved_medians({"S alone": lambda: timed(full), "S after P": lambda: timed(full, stage),
+                                "P alone": lambda: timed(stage), "P after S": lambda: timed(stage, full)},
+                               rounds, random)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="randwire,inception_v3")
-    parser.add_argument("--rounds", type=int, default=61)
+    parser = doc_parser(__doc__)
+    parser.add_argument("--models", type=name_list, default=["randwire", "inception_v3"],
+                        help="zoo models (default randwire,inception_v3)")
+    parser.add_argument("--rounds", type=int, default=61, help="interleaved rounds (default 61)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     random.seed(0)
-    workers = WorkerSet(sorted(os.sched_getaffinity(0))[:2])
+    workers = WorkerSet(first_cores(THREADS))
     with torch.inference_mode():
-        print("| hand-off of nothing | round trip |\n|---|---|")
+        print(markdown_head(["hand-off of nothing", "round trip"]))
         for name, ms in handoff(workers, args.rounds * 10).items():
-            print(f"| {name} | {ms * 1e3:.1f} µs |")
-        print("\n| model | S alone | S after P | P alone | P after S | switch back | switch in | both |")
-        print("|---|---|---|---|---|---|---|---|")
-        for model in args.models.split(","):
+            print(markdown_row([name, f"{ms * 1e3:.1f} µs"]))
+        print("\n" + markdown_head(["model", "S alone", "S after P", "P alone", "P after S", "switch back",
+                                    "switch in", "both"]))
+        for model in args.models:
             r = switch(model, workers, args.rounds)
             back, into = r["S after P"] - r["S alone"], r["P after S"] - r["P alone"]
-            print(f"| {model} | {r['S alone']:.3f} ms | {r['S after P']:.3f} ms | {r['P alone']:.3f} ms | "
-                  f"{r['P after S']:.3f} ms | {back * 1e3:.0f} µs | {into * 1e3:.0f} µs | {(back + into) * 1e3:.0f} µs |",
-                  flush=True)
+            print(markdown_row([model, *(f"{r[k]:.3f} ms" for k in ("S alone", "S after P", "P alone", "P after S")),
+                                *(f"{ms * 1e3:.0f} µs" for ms in (back, into, back + into))]), flush=True)
     workers.close()
 
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import child_json, doc_parser, first_cores, markdown_head, median_ms
 
 CASES = ("alone", "one-thread workers", "2-thread worker", "worker exited")
 
@@ -30,7 +31,7 @@ def measure(case: str, model: str, batch: int) -> float:
     from ios_scheduler.runtime import WorkerSet
     from packrat.models.zoo import resolve
 
-    cores = sorted(os.sched_getaffinity(0))[:2]
+    cores = first_cores(2)
     torch.set_num_threads(len(cores))
     spec = resolve(model)
     module, x = spec.build().eval(), spec.example_input(batch)
@@ -43,35 +44,29 @@ def measure(case: str, model: str, batch: int) -> float:
             workers.worker(tuple(cores)).submit(lambda: conv(y)).result()  # its own 2-thread team
             if case == "worker exited":
                 workers.close()
-        for _ in range(3):
-            module(x)
-        samples = []
-        for _ in range(15):
-            start = time.perf_counter()
-            module(x)
-            samples.append((time.perf_counter() - start) * 1e3)
+        ms = median_ms(lambda: module(x), 15, warmup=3)
     workers.close()
-    return statistics.median(samples)
+    return ms
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="inception_v3")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = doc_parser(__doc__)
+    parser.add_argument("--model", default="inception_v3", help="zoo model (default inception_v3)")
+    parser.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    parser.add_argument("--rounds", type=int, default=3, help="processes per case (default 3)")
     parser.add_argument("--case", choices=CASES, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:  # the child: one case, one process
-        print(json.dumps(measure(args.case, args.model, args.batch)))
+        print(json.dumps({"ms": measure(args.case, args.model, args.batch)}))
         return
     results: dict[str, list[float]] = {case: [] for case in CASES}
     for _ in range(args.rounds):
         for case in CASES:
             cmd = [sys.executable, __file__, "--case", case, "--model", args.model, "--batch", str(args.batch)]
-            results[case].append(json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout))
+            results[case].append(child_json(cmd, check=True)["ms"])
     alone = statistics.median(results["alone"])
-    print(f"| case | {args.model}, batch {args.batch}, 2 threads (median of {args.rounds} processes) | vs alone |")
-    print("|---|---|---|")
+    print(markdown_head(["case", f"{args.model}, batch {args.batch}, 2 threads (median of {args.rounds} processes)",
+                         "vs alone"]))
     for case, values in results.items():
         value = statistics.median(values)
         print(f"| {case} | {value:.1f} ms ({', '.join(f'{v:.1f}' for v in values)}) | {value / alone:.2f}× |")

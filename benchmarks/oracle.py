@@ -63,7 +63,11 @@ from packrat.errors import NoPlanError
 from packrat.planning.planner import Planner
 from packrat.models.modes import served
 from packrat.profiling.profiles import Profile, load
-from packrat.machine.topology import Topology, detect
+from packrat.machine.topology import Topology
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import answered, default_profile_path, doc_parser, elapsed_ms, error_text, int_list, \
+    pool_requests, topology_for, write_json
 
 Shape = tuple[int, int]  # one instance: (threads, batch)
 Config = tuple[Shape, ...]  # a multiset of instances, canonical: sorted, biggest first
@@ -432,20 +436,11 @@ def rescore(report: dict, profile_path: Path) -> dict:
 
 # ---- the machine side ------------------------------------------------------------------------
 
-def topology_for(threads: int | None) -> Topology:
-    topology = detect()
-    if threads is None:
-        return topology
-    if threads > topology.num_cores:
-        raise SystemExit(f"--threads {threads}: this process may use only {topology.num_cores} cores")
-    return detect(set(topology.cores[:threads]))
-
-
 def get_profile(args, topology: Topology, *, measure: bool) -> tuple[Path, Profile | None]:
     """--profile, else profiles/oracle-MODEL.csv, measured (or completed) first when `measure`."""
     if args.profile is not None:
         return args.profile, load(args.profile)
-    path = Path("profiles") / f"oracle-{Path(args.model).stem.replace(':', '_')}.csv"
+    path = default_profile_path(args.model, prefix="oracle-")
     threads = list(range(1, topology.num_cores + 1))
     if measure:
         from packrat.profiling import profiler
@@ -540,32 +535,14 @@ def trim_hint(plans: list[dict], estimates: list[dict], rounds: int, warmup: int
             f"each, then --merge (per B: {shares})")
 
 
-def _requests(model: str, batch: int):
-    from packrat.models.zoo import resolve
-    from packrat.serving.pool.api import Request
-
-    samples = resolve(model).example_input(batch)
-    return [Request(s.numpy().astype(s.numpy().dtype.newbyteorder("<"), copy=False).tobytes(),
-                    "application/octet-stream") for s in samples]
-
-
-def _call(pool, requests) -> float:
-    start = time.perf_counter()
-    answers = pool.infer(requests)
-    elapsed = (time.perf_counter() - start) * 1e3
-    bad = [a for a in answers if not a.ok]
-    if bad:
-        raise RuntimeError(f"{len(bad)} of {len(answers)} requests answered {bad[0].status}: {bad[0].reason}")
-    return elapsed
-
-
 def time_batch(plan: dict, args, topology: Topology, costs: dict | None, bar) -> dict:
     """Start every configuration's pool for this B, warm them up, time them in interleaved rounds."""
+    from packrat.models.zoo import resolve
     from packrat.serving.pool.api import InstanceConfig, ModelConfig
     from packrat.serving.pool.instance_pool import InstancePool
 
     batch = plan["batch"]
-    requests = _requests(args.model, batch)
+    requests = pool_requests(resolve(args.model), batch)
     results = {c: {"label": label(c), "config": [list(s) for s in c], "cores": None, "samples_ms": [],
                    "median_ms": None, "error": None} for c in plan["configs"]}
 
@@ -586,14 +563,14 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict | None, bar) ->
                 model = ModelConfig(args.model, graph_mode=args.graph_mode)
                 pools[config] = stack.enter_context(InstancePool(model, instances))
             except Exception as exc:  # reported, not fatal
-                results[config]["error"] = f"pool did not start: {type(exc).__name__}: {exc}"
+                results[config]["error"] = f"pool did not start: {error_text(exc)}"
             advance(costs["start"][config] if costs else 0)
         if bar is not None:
             bar.set_description(f"B={batch}: warm-up")
         for config, pool in list(pools.items()):
             try:
                 for _ in range(args.warmup):
-                    _call(pool, requests)
+                    answered(pool, requests)
             except Exception as exc:
                 results[config]["error"] = f"warm-up failed: {exc}"
                 del pools[config]
@@ -607,7 +584,7 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict | None, bar) ->
                 if config not in pools:
                     continue
                 try:
-                    results[config]["samples_ms"].append(_call(pools[config], requests))
+                    results[config]["samples_ms"].append(elapsed_ms(lambda: answered(pools[config], requests)))
                 except Exception as exc:
                     results[config]["error"] = f"round {r + 1} failed: {exc}"
                     del pools[config]
@@ -630,11 +607,6 @@ def _meta(args, topology: Topology, profile_path: Path, profile: Profile) -> dic
             "torch": torch.__version__, "python": platform.python_version(), "profile": str(profile_path),
             "profile_metadata": profile.metadata, "profile_loaded": profile.loaded,
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
-
-
-def _save(path: Path, report: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, ensure_ascii=False))
 
 
 def run(args) -> int:
@@ -666,9 +638,9 @@ def run(args) -> int:
                      "call": {c: config_estimate_ms(c, isolated, loaded) / 1e3 + CALL_OVERHEAD_S
                               for c in plan["configs"]}}
             entries.append(time_batch(plan, args, topology, costs, bar))
-            _save(json_path, build_report(meta, entries))  # after each B, so an interrupted run keeps them
+            write_json(json_path, build_report(meta, entries))  # after each B, so an interrupted run keeps them
     report = build_report(meta, entries)
-    _save(json_path, report)
+    write_json(json_path, report)
     print_report(report)
     print(f"\nall figures (every configuration's samples and median): {json_path}")
     return 0
@@ -692,25 +664,14 @@ def nonnegative_int(text: str) -> int:
     return _integer(text, 0)
 
 
-def int_list(text: str) -> list[int]:
-    try:
-        values = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 1,2,4,8,16") from None
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must name integers >= 1")
-    return values
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n"
-               "  benchmarks/oracle.py --model resnet50 --batches 1,2,4,8,16 --dry-run   # configurations, estimate\n"
-               "  benchmarks/oracle.py --model resnet50 --batches 1,2,4,8,16 --rounds 10\n"
-               "  benchmarks/oracle.py --model bert_base --batches 1,2,4,8 --json out/bert-a.json\n"
-               "  benchmarks/oracle.py --model bert_base --batches 16 --json out/bert-b.json\n"
-               "  benchmarks/oracle.py --merge out/bert-a.json out/bert-b.json")
+    parser = doc_parser(__doc__, examples=(
+        "examples:\n"
+        "  benchmarks/oracle.py --model resnet50 --batches 1,2,4,8,16 --dry-run   # configurations, estimate\n"
+        "  benchmarks/oracle.py --model resnet50 --batches 1,2,4,8,16 --rounds 10\n"
+        "  benchmarks/oracle.py --model bert_base --batches 1,2,4,8 --json out/bert-a.json\n"
+        "  benchmarks/oracle.py --model bert_base --batches 16 --json out/bert-b.json\n"
+        "  benchmarks/oracle.py --merge out/bert-a.json out/bert-b.json"))
     parser.add_argument("--model", default="resnet50", help="zoo name, as for `packrat profile` (default: resnet50)")
     parser.add_argument("--batches", type=int_list, default=[1, 2, 4, 8, 16],
                         help="batch sizes B, e.g. 1,2,4,8,16 (the default); also the profile's batches when it is "
@@ -765,7 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report = rescore(report, args.profile)
         print_report(report)
         if args.json:
-            _save(args.json, report)
+            write_json(args.json, report)
         return 0
     try:
         return run(args)

@@ -66,14 +66,16 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import answered, child_json, default_profile_path, doc_parser, error_text, \
+    fresh_compile_caches, pin, pool_requests, shuffled_rounds, write_json
 
 PEERS = ("packrat", "fat", "eager", "script", "compile", "torch-compile", "openvino-latency", "openvino-throughput",
          "onnxruntime", "onnxruntime-parallel")
@@ -249,10 +251,6 @@ def parse_ratio(text: str, threads: int) -> tuple[int, int]:
 
 # ---- the children: one peer, every B, in a fresh pinned process ---------------------------------
 
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
-
-
 def _first_output(result):
     """A module's (first) output tensor: some return tuples or lists."""
     while isinstance(result, (tuple, list)):
@@ -405,31 +403,21 @@ class PoolRunner:
         configs = [InstanceConfig(i["threads"], i["batch"], tuple(i["cores"]), 0, i.get("expected_ms"))
                    for i in instances]
         self.pool = InstancePool(ModelConfig(model, graph_mode=mode), configs)
+        self.requests = pool_requests(spec, batch)
         arrays = [x.numpy() for x in spec.example_inputs(batch)]
         names = [s.name for s in spec.inputs]
-        if len(arrays) == 1:
-            little = arrays[0].astype(arrays[0].dtype.newbyteorder("<"), copy=False)
-            self.requests = [Request(little[i].tobytes(), "application/octet-stream") for i in range(batch)]
-        else:
-            self.requests = [Request(v2_body(names, arrays, i), "application/json") for i in range(batch)]
+        # v2 JSON whatever the inputs: its answers hold the outputs, to compare with eager's
         self.checks = [Request(v2_body(names, arrays, i), "application/json") for i in range(batch)]
         used = self.pool.mode
         self.note = self.pool.describe() + (f"; {used}" if used == mode else f"; ran {used}, not {mode}")
 
-    def _infer(self, requests):
-        answers = self.pool.infer(requests)
-        bad = [a for a in answers if not a.ok]
-        if bad:
-            raise RuntimeError(f"{len(bad)} of {len(answers)} requests answered {bad[0].status}: {bad[0].reason}")
-        return answers
-
     def run(self):
-        return self._infer(self.requests)
+        return answered(self.pool, self.requests)
 
     def outputs(self, _result):
         import numpy as np
 
-        return np.concatenate([v2_output(a.body) for a in self._infer(self.checks)])
+        return np.concatenate([v2_output(a.body) for a in answered(self.pool, self.checks)])
 
     def close(self) -> None:
         self.pool.close()
@@ -438,13 +426,10 @@ class PoolRunner:
 def child(peer: str, config: dict, round_index: int) -> dict:
     """Runs in the fresh process: every B (shuffled) for one peer; figures and output files."""
     started = time.perf_counter()
-    cores, threads = config["cores"], len(config["cores"])
-    os.sched_setaffinity(0, cores)
+    pin(config["cores"])
     import numpy as np
     import torch
 
-    torch.set_num_threads(threads)
-    torch.set_num_interop_threads(1)
     from packrat.models.zoo import resolve
 
     spec = resolve(config["model"])
@@ -456,7 +441,7 @@ def child(peer: str, config: dict, round_index: int) -> dict:
         try:
             results[str(batch)] = time_batch(peer, spec, batch, config, shared, round_index, np, torch)
         except Exception as exc:  # one B's failure is reported, the others still run
-            results[str(batch)] = {"error": _first_line(exc)}
+            results[str(batch)] = {"error": error_text(exc)}
     return {"peer": peer, "round": round_index, "order": batches, "batches": results,
             "child_s": time.perf_counter() - started}
 
@@ -520,10 +505,9 @@ def time_batch(peer: str, spec, batch: int, config: dict, shared: dict, round_in
 
 def build_onnx(config: dict, exporter: str) -> dict:
     """Export the zoo module to ONNX with a dynamic batch axis (in a pinned child, once)."""
-    os.sched_setaffinity(0, config["cores"])
+    pin(config["cores"])
     import torch
 
-    torch.set_num_threads(len(config["cores"]))
     from packrat.models.zoo import resolve
 
     spec = resolve(config["model"])
@@ -550,7 +534,7 @@ def build_onnx(config: dict, exporter: str) -> dict:
             return {"path": str(path), "exporter": name, "export_s": time.perf_counter() - started,
                     "failures": failures}
         except Exception as exc:
-            failures.append(f"{name}: {_first_line(exc)}")
+            failures.append(f"{name}: {error_text(exc)}")
     if exporter == "auto" and not importlib.util.find_spec("onnxscript"):
         failures.append("dynamo: not tried (pip install onnxscript)")
     return {"error": "ONNX export failed: " + "; ".join(failures)}
@@ -578,7 +562,7 @@ def pool_plans(args, cores: list[int]) -> dict:
     from packrat.machine.topology import detect
 
     threads, topology = len(cores), detect(set(cores))
-    path = args.profile or Path("profiles") / f"{Path(args.model).stem.replace(':', '_')}.csv"
+    path = args.profile or default_profile_path(args.model)
     pools: dict = {"packrat": {}, "fat": {}, "profile": str(path), "lines": {}}
     profile, why = None, None
     if not path.exists():
@@ -624,15 +608,7 @@ def pool_plans(args, cores: list[int]) -> dict:
 
 
 def run_child(args, command: list[str], env: dict) -> dict:
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.timeout} s"}
-    found = [line[len(RESULT):] for line in done.stdout.splitlines() if line.startswith(RESULT)]
-    if done.returncode != 0 or not found:
-        tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["?"])[-1]
-        return {"error": f"exit {done.returncode}: {tail[:300]}"}
-    return json.loads(found[-1])
+    return child_json(command, marker=RESULT, env=env, timeout=args.timeout)
 
 
 def child_command(args, config_path: Path, peer: str, round_index: int) -> list[str]:
@@ -681,8 +657,7 @@ def run(args) -> int:
     found = versions()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="packrat-peers-") as scratch:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(Path(scratch) / "inductor"),
-               "PACKRAT_COMPILE_CACHE": str(Path(scratch) / "compiled")}
+        env = fresh_compile_caches(Path(scratch))
         config = {"model": args.model, "cores": cores, "batches": args.batches, "iters": args.iters,
                   "warmup": args.warmup, "seed": args.seed, "scratch": scratch,
                   "ort_parallel": list(parse_ratio(args.ort_parallel_threads, threads))}
@@ -709,13 +684,10 @@ def run(args) -> int:
         if "eager" not in active and active:  # outputs to compare with: eager's, once, untimed
             reference = run_child(args, child_command(args, config_path, "eager", 0), env)
             runs["_reference"] = [reference]
-        for round_index in range(1, args.rounds + 1):
-            order = active[:]
-            rng.shuffle(order)
-            for peer in order:
-                result = run_child(args, child_command(args, config_path, peer, round_index), env)
-                runs[peer].append(result)
-                print(_progress(round_index, peer, result), flush=True)
+        for round_index, peer in shuffled_rounds(active, args.rounds, rng):
+            result = run_child(args, child_command(args, config_path, peer, round_index), env)
+            runs[peer].append(result)
+            print(_progress(round_index, peer, result), flush=True)
         add_diffs(runs, reference_outputs(runs))
     for peer_runs in runs.values():  # the output files went with the scratch directory
         for run in peer_runs:
@@ -733,15 +705,13 @@ def run(args) -> int:
     table = markdown(summary, header, pools.get("lines"))
     print("\n" + table)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {"model": args.model, "threads": threads, "cores": cores, "batches": args.batches,
                 "rounds": args.rounds, "iters": args.iters, "warmup": args.warmup, "seed": args.seed,
                 "peers": peers, "versions": found, "onnx": config.get("onnx"),
                 "ort_parallel_threads": config["ort_parallel"],
                 "pools": {k: v for k, v in pools.items() if k != "lines"}, "plans": pools.get("lines", {}),
                 "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        args.json.write_text(json.dumps({"meta": meta, "runs": runs, "summary": summary, "markdown": table},
-                                        indent=1, ensure_ascii=False))
+        write_json(args.json, {"meta": meta, "runs": runs, "summary": summary, "markdown": table})
         print(f"all figures: {args.json}")
     return 0
 
@@ -755,8 +725,7 @@ def _physical_cores() -> list[int]:
 def parser() -> argparse.ArgumentParser:
     from packrat.cli.main import int_list  # the CLI's own list type ("1,4,8", "1-4")
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = doc_parser(__doc__)
     p.add_argument("--model", default="resnet50", help="zoo model (default resnet50; e.g. bert_base, tiny)")
     p.add_argument("--batches", type=int_list, default=[1, 4, 8], help="batch sizes B (default 1,4,8)")
     p.add_argument("--cores", type=int, default=None, metavar="N",

@@ -8,13 +8,15 @@ latency. Prints the median time of each and their ratio, and checks the tables a
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
 
 from packrat.planning.planner import Planner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import doc_parser, median_ms
 
 
 def synthetic_items(threads: int, batch: int) -> list[tuple[int, int, float]]:
@@ -45,34 +47,25 @@ def reference_table(items, threads: int, batch: int) -> list[list[float]]:
     return opt
 
 
-def median_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = doc_parser(__doc__)
+    parser.add_argument("--threads", type=int, default=64, help="T (default 64)")
+    parser.add_argument("--batch", type=int, default=1024, help="B (default 1024)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of the numpy table (default 5)")
     args = parser.parse_args()
     items = synthetic_items(args.threads, args.batch)
     planner = Planner(items, args.threads, args.batch)
     reference = np.array(reference_table(items, args.threads, args.batch))
     assert np.array_equal(planner.table, reference), "numpy table differs from the reference"
 
-    numpy_s = median_seconds(lambda: Planner(items, args.threads, args.batch), args.repeats)
-    plan_s = median_seconds(lambda: planner.plan(args.threads, args.batch), args.repeats)
-    reference_s = median_seconds(lambda: reference_table(items, args.threads, args.batch), 1)
+    numpy_ms = median_ms(lambda: Planner(items, args.threads, args.batch), args.repeats)
+    plan_ms = median_ms(lambda: planner.plan(args.threads, args.batch), args.repeats)
+    reference_ms = median_ms(lambda: reference_table(items, args.threads, args.batch), 1)
     print(f"items: {len(items)} (t = 1..{args.threads}, b = powers of two ≤ {args.batch})")
-    print(f"numpy table T={args.threads}, B={args.batch}: {numpy_s * 1e3:.1f} ms (median of {args.repeats})")
-    print(f"one plan (tie-break DP + reconstruction):   {plan_s * 1e3:.1f} ms")
-    print(f"four-loop reference table:                  {reference_s:.2f} s")
-    print(f"speedup of numpy over the reference:        {reference_s / numpy_s:.0f}×")
+    print(f"numpy table T={args.threads}, B={args.batch}: {numpy_ms:.1f} ms (median of {args.repeats})")
+    print(f"one plan (tie-break DP + reconstruction):   {plan_ms:.1f} ms")
+    print(f"four-loop reference table:                  {reference_ms / 1e3:.2f} s")
+    print(f"speedup of numpy over the reference:        {reference_ms / numpy_ms:.0f}×")
 
 
 if __name__ == "__main__":

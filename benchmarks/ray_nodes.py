@@ -27,8 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import doc_parser, markdown_table, write_json
 
 # layout → (nodes' cores, each replica's batch as a multiple of B)
 LAYOUTS = {"one node (cores 0-1), batch B": ([[0, 1]], 1),
@@ -99,26 +99,25 @@ def _mean(values) -> float:
 
 
 def summary(rows: list[dict]) -> str:
-    lines = ["| layout | users | p50 ms | p99 ms | throughput req/s | failures | rounds |",
-             "|---|---|---|---|---|---|---|"]
+    cells = []
     for layout in LAYOUTS:
         mine = [r for r in rows if r["layout"] == layout]
         if not mine:
             continue
         median = {key: statistics.median(r[key] for r in mine) for key in ("p50_ms", "p99_ms", "throughput_rps")}
-        lines.append(f"| {layout} | {mine[0]['users']} | {median['p50_ms']:.0f} | {median['p99_ms']:.0f} | "
-                     f"{median['throughput_rps']:.2f} | {sum(r['failures'] for r in mine)} | {len(mine)} |")
-    return "\n".join(lines)
+        cells.append([layout, mine[0]["users"], f"{median['p50_ms']:.0f}", f"{median['p99_ms']:.0f}",
+                      f"{median['throughput_rps']:.2f}", sum(r["failures"] for r in mine), len(mine)])
+    return markdown_table(["layout", "users", "p50 ms", "p99 ms", "throughput req/s", "failures", "rounds"], cells)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="resnet50")
+    parser = doc_parser(__doc__)
+    parser.add_argument("--model", default="resnet50", help="zoo model (default: resnet50)")
     parser.add_argument("--profile", type=Path, required=True, help="a profile with 1- and 2-thread points")
     parser.add_argument("--batch", type=int, default=4, help="B, each replica's batch; 2B users (default: 4)")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load per layout and round")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("out/ray_nodes"))
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of every layout (default: 2)")
+    parser.add_argument("--out", type=Path, default=Path("out/ray_nodes"), help="output folder (default: out/ray_nodes)")
     parser.add_argument("--kill", action="store_true",
                         help="instead: two nodes under load, node [1]'s raylet killed -9 at a third of --duration "
                              "and restarted at two thirds; failures and throughput per phase")
@@ -126,7 +125,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.kill:
         result = kill_run(args, args.out)
-        (args.out / "ray_kill.json").write_text(json.dumps(result, indent=2))
+        write_json(args.out / "ray_kill.json", result)
         print(json.dumps(result))
         return 0
     rows = []
@@ -136,7 +135,7 @@ def main() -> int:
                    "round": round_index}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    (args.out / "ray_nodes.json").write_text(json.dumps(rows, indent=2))
+    write_json(args.out / "ray_nodes.json", rows)
     print(summary(rows))
     return 0
 

@@ -7,24 +7,45 @@ this machine's cache lacks it).
     .venv/bin/python benchmarks/switch_bench.py [MODEL] [WARMUP_NICE] [GRAPH_MODE]
                                                 (defaults: resnet50 10 compile; needs 2 cores)
 """
-import time, threading, sys
+import sys
+import threading
+import time
+from pathlib import Path
+
+from packrat.models.zoo import resolve
+from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.instance_pool import InstancePool
-from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
-model = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import elapsed_ms, pool_requests, positional_args
+
+model, nice, mode = positional_args(__doc__, ("model", str, "resnet50"), ("warmup_nice", int, 10),
+                                    ("graph_mode", str, "compile"))
 fat = [InstanceConfig(2, 8, (0, 1), 8)]
 split = [InstanceConfig(1, 4, (0,), 8), InstanceConfig(1, 4, (1,), 8)]
-from packrat.models.zoo import resolve
-x = [Request(s.numpy().tobytes(), "application/octet-stream") for s in resolve(model).example_input(8)]
-mode = sys.argv[3] if len(sys.argv) > 3 else "compile"
-t0 = time.time(); pool = InstancePool(ModelConfig(model, graph_mode=mode), fat); print("start", round(time.time() - t0, 2))
-stop = threading.Event(); lat = []
+requests = pool_requests(resolve(model), 8)
+t0 = time.time()
+pool = InstancePool(ModelConfig(model, graph_mode=mode), fat)
+print("start", round(time.time() - t0, 2))
+stop = threading.Event()
+latencies: list[float] = []  # ms per batch
+
+
 def stream():
     while not stop.is_set():
-        t = time.perf_counter(); pool.infer(x); lat.append((time.time(), (time.perf_counter() - t) * 1e3))
-th = threading.Thread(target=stream); th.start()
+        latencies.append(elapsed_ms(lambda: pool.infer(requests)))
+
+
+streamer = threading.Thread(target=stream)
+streamer.start()
 time.sleep(3)
-nice = int(sys.argv[2]) if len(sys.argv) > 2 else 10
 for target in (split, fat, split, fat):
-    t0 = time.time(); r = pool.reconfigure(target, warmup_nice=nice); print("switch", round(time.time() - t0, 2), r); time.sleep(3)
-stop.set(); th.join(); pool.close()
-print("mode", pool.mode, "median batch ms", sorted(l for _, l in lat)[len(lat)//2], "max", max(l for _, l in lat))
+    t0 = time.time()
+    switched = pool.reconfigure(target, warmup_nice=nice)
+    print("switch", round(time.time() - t0, 2), switched)
+    time.sleep(3)
+stop.set()
+streamer.join()
+pool.close()
+latencies.sort()
+print("mode", pool.mode, "median batch ms", latencies[len(latencies) // 2], "max", latencies[-1])

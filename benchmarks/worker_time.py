@@ -21,6 +21,9 @@ from pathlib import Path
 import psutil
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import default_profile_path, positional_args
+
 from loadtest import run_locust
 from loadtest.payload import build_payload
 from packrat.deploy import torchserve
@@ -28,11 +31,11 @@ from packrat.deploy import archive
 from packrat.cli.bench import torchserve_pid
 from packrat.codec.codec import Codec, CodecConfig
 from packrat.models.zoo import resolve
+from packrat.settings import Settings
 
-model = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
-batch = int(sys.argv[2]) if len(sys.argv) > 2 else 8
-duration = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
-profile = Path("profiles") / f"{model}.csv"
+model, batch, duration = positional_args(__doc__, ("model", str, "resnet50"), ("batch", int, 8),
+                                         ("duration", float, 30.0))
+profile = default_profile_path(model)
 body, content_type = build_payload(model, "jpeg")
 
 
@@ -55,7 +58,7 @@ def worker(java_pid: int) -> psutil.Process:
 
 with tempfile.TemporaryDirectory() as tmp:
     run_dir = Path(tmp)
-    mar = archive.build(model, profile, run_dir / "model_store", batch_size=batch, reconfigure=False)
+    mar = archive.build(Settings(model, profiles=[profile], max_batch=batch, reconfigure=False), run_dir / "model_store")
     server = torchserve.start(torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True), mar)
     try:
         token = server.key("inference")

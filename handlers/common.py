@@ -9,18 +9,19 @@ import logging
 from packrat.codec.codec import request_body
 from packrat.codec.oip import HEADER
 from packrat.serving.pool.api import Answer, Request
+from packrat.settings import Settings
 
 log = logging.getLogger("packrat.handler")
 
 
-def settings(context) -> dict:
-    """The `packrat:` section of the archive's model-config.yaml."""
+def settings(context) -> Settings:
+    """The settings in the `packrat:` section of the archive's model-config.yaml."""
     config = getattr(context, "model_yaml_config", None) or {}
     section = config.get("packrat")
     if not section or "model" not in section:
         raise ValueError("model archive has no 'packrat: {model: ...}' section in its model-config.yaml; "
                          "build it with `packrat archive`")
-    return section
+    return Settings.from_section(section)
 
 
 def content_type(context, index: int) -> str | None:

@@ -55,15 +55,15 @@ CONTROL_POLL_S = 0.5
 class PackratHandler(BaseHandler):
     def initialize(self, context):
         properties = context.system_properties
-        section = common.settings(context)
+        settings = common.settings(context)
         control_dir = os.environ.get(CONTROL_ENV)  # set by `packrat serve`
         asynchronous = bool((getattr(context, "model_yaml_config", None) or {}).get("asyncCommunication"))
         if control_dir and asynchronous:
             _restart_if_replacing_a_dead_worker(control_dir, context.model_name)
         # The batch the plan is for; in TorchServe's asynchronous mode its own batch size is 1
         # (requests are handed over one by one) and this comes from the archive.
-        self.max_batch = int(section.get("max_batch") or properties.get("batch_size") or 1)
-        self.engine = Engine(section, properties["model_dir"], context.model_name, max_batch=self.max_batch,
+        self.max_batch = settings.max_batch
+        self.engine = Engine(settings, properties["model_dir"], context.model_name, max_batch=self.max_batch,
                              asynchronous=asynchronous)
         self.pool, self.controller = self.engine.pool, self.engine.controller
         exit_with_parent(self.engine.close)  # TorchServe's async worker would outlive Java otherwise

@@ -17,10 +17,10 @@ from packrat.serving.pool.api import Answer
 
 class StockHandler(BaseHandler):
     def initialize(self, context):
-        section = common.settings(context)
+        settings = common.settings(context)
         model_dir = context.system_properties["model_dir"]
-        model, spec = model_config(section, model_dir)
-        self.codec = Codec(codec_config(section, spec, context.model_name, model_dir))
+        model, spec = model_config(settings, model_dir)
+        self.codec = Codec(codec_config(settings, spec, context.model_name, model_dir))
         batch = int(context.system_properties.get("batch_size") or 1)
         self.model, examples, _ = prepare(spec, batch, graph_mode=model.graph_mode, compile_cache=model.compile_cache)
         with torch.inference_mode():

@@ -11,8 +11,9 @@ import torch
 from torch import fx, nn
 from tqdm import tqdm
 
+from ios_scheduler.candidates import example_values
 from ios_scheduler.graph import Graph, capture  # noqa: F401 (capture is part of the API)
-from ios_scheduler.runtime import ScheduledModule, WorkerSet, caller_threads, run_node, time_call
+from ios_scheduler.runtime import ScheduledModule, WorkerSet, caller_threads, time_call
 from ios_scheduler.schedule import Schedule, StagePlan
 from ios_scheduler.search import IOSSearch, Stage
 from ios_scheduler.timing import CostTable, StageTimer
@@ -27,18 +28,6 @@ PRUNE_MARGIN = 0.05
 # The searched schedule is kept only when it runs clearly faster end to end than plain
 # PyTorch: a tie within the timing noise would buy worker threads and risk for nothing.
 KEEP_MARGIN = 0.02
-
-
-def _record_values(graph: Graph, example_inputs: tuple) -> dict:
-    """Every node's output on the example input: the inputs a stage measurement reads."""
-    env: dict = {}
-    placeholders = [n for n in graph.module.graph.nodes if n.op == "placeholder"]
-    env.update(zip(placeholders, example_inputs))
-    with torch.inference_mode():
-        for node in graph.module.graph.nodes:
-            if node.op not in ("placeholder", "output"):
-                run_node(graph.module, node, env)
-    return env
 
 
 def _stage_plan(graph: Graph, part: range, stage: Stage) -> StagePlan:
@@ -93,7 +82,7 @@ def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.T
     graph = capture(module.eval(), example_inputs)
     with caller_threads(threads):
         workers = WorkerSet(sorted(os.sched_getaffinity(0))[:threads])
-        timer = StageTimer(graph, _record_values(graph, example_inputs), workers, model, threads,
+        timer = StageTimer(graph, example_values(graph, example_inputs), workers, model, threads,
                            example_inputs[0].shape[0], warmup, repeats, bounds)
         try:
             schedule = _search(graph, timer, max_group_size, max_num_groups, max_part_size, progress)
@@ -122,7 +111,7 @@ def _search(graph: Graph, timer: StageTimer, max_group_size: int, max_num_groups
     parts = graph.parts(max_part_size)
     with tqdm(total=len(graph), desc="IOS search", unit="op", disable=not progress) as bar:
         for part in parts:
-            timer.offset = part.start
+            timer.candidates.offset = part.start
             search = IOSSearch(graph.part_succ(part), timer.threads, timer.parallel, timer.merge, max_group_size,
                                max_num_groups, lower_bound=timer.lower_bound, margin=PRUNE_MARGIN, confirm=True)
             result = search.solve()

@@ -255,12 +255,14 @@ class ScheduledModule(nn.Module):
         steps = _fuse_full_width(steps, schedule.threads) if fuse else [(*s, [i]) for i, s in enumerate(steps)]
         self._stages = [self._compile(gm, kind, groups, extra) for kind, groups, extra, _ in steps]
         self.step_stages = [indices for *_, indices in steps]  # the schedule's stages each step runs
+        self.step_kinds = [(kind, split) for kind, _, split, _ in steps]  # each step's kind and thread split
         self._release = self._last_uses([[n for group in groups for n in group] for _, groups, _, _ in steps])
         cores = tuple(cores if cores is not None else sorted(os.sched_getaffinity(0))[:schedule.threads])
         self.workers = WorkerSet(cores)
         self._warned = False
-        # One op per stage with every thread is plain PyTorch: run the graph itself, no hand-offs.
-        self._plain = len(steps) == 1 and steps[0][0] == "parallel" and steps[0][2] == (schedule.threads,)
+        # One op per stage with every thread is plain PyTorch: run the graph itself, no hand-offs
+        # (set it False to time the executor's own path anyway, as benchmarks/ios_overhead.py does).
+        self.plain = len(steps) == 1 and steps[0][0] == "parallel" and steps[0][2] == (schedule.threads,)
 
     @staticmethod
     def _compile(gm: fx.GraphModule, kind: str, groups: list[list[fx.Node]], threads: tuple[int, ...]):
@@ -290,7 +292,7 @@ class ScheduledModule(nn.Module):
             warnings.warn(f"IOS schedule for {self.schedule.threads} threads called from a thread with "
                           f"{torch.get_num_threads()}: its full-width stages run with the caller's threads",
                           stacklevel=2)
-        if self._plain:
+        if self.plain:
             return self.gm(*args)
         return self._run(args, None)
 

@@ -3,6 +3,8 @@ stage's failure (a profile file, a measurement, a plan, the pool, TorchServe). I
 
 from __future__ import annotations
 
+import json
+
 REASON_CHARS = 200  # a reason quotes at most this much of an exception message
 
 
@@ -10,6 +12,11 @@ class RequestError(Exception):
     def __init__(self, status: int, reason: str):
         super().__init__(reason)
         self.status, self.reason = status, reason
+
+
+def error_body(reason: str) -> bytes:
+    """The JSON body every front end answers a refused or failed request with."""
+    return json.dumps({"error": reason}).encode()
 
 
 def first_line(exc: BaseException) -> str:

@@ -34,6 +34,7 @@ from packrat.codec.codec import Codec, CodecConfig
 from packrat.serving.inference import answer_batch
 from packrat.models.zoo import prepare, resolve
 from packrat.machine.topology import detect
+from packrat.settings import Settings
 
 pytestmark = [pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+"),
               pytest.mark.skipif(shutil.which("curl") is None, reason="sends what curl sends, with curl")]
@@ -67,7 +68,7 @@ def start(tmp_path_factory, model: str, oip: bool = False, **settings) -> torchs
     run_dir = tmp_path_factory.mktemp(model)
     profile = run_dir / "profile.csv"
     profile.write_text(PROFILE)
-    mar = archive.build(model, profile, run_dir / "model_store", batch_size=4, **settings)
+    mar = archive.build(Settings(model, profiles=[profile], max_batch=4, **settings), run_dir / "model_store")
     server = torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True, oip=oip)
     return torchserve.start(server, mar, timeout=180)
 

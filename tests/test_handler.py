@@ -13,6 +13,7 @@ from handlers.packrat_handler import PackratHandler
 from handlers.stock_handler import StockHandler
 from packrat.models.zoo import prepare, resolve
 from packrat.machine.topology import detect
+from packrat.settings import Settings
 
 PROFILE = "threads,batch,latency_ms\n" + "".join(
     f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in range(1, detect().num_cores + 1) for b in (1, 2, 4))
@@ -20,7 +21,7 @@ PROFILE = "threads,batch,latency_ms\n" + "".join(
 
 def make_context(tmp_path, batch=4, plan="auto") -> Context:
     (tmp_path / "profile.csv").write_text(PROFILE)
-    config = {"packrat": {"model": "tiny", "profile": "profile.csv", "plan": plan, "input_shape": None}}
+    config = {"packrat": {"model": "tiny", "profiles": ["profile.csv"], "plan": plan, "max_batch": batch}}
     return Context("tiny", str(tmp_path), {}, batch, None, "0.12", model_yaml_config=config)
 
 
@@ -134,15 +135,14 @@ def test_instances_run_the_model_as_its_profile_measured_it(tmp_path):
     wins; no profile means the default; a mismatch (instances that fell back to eager) is said."""
     from packrat.serving.engine import mode_mismatch, model_config
 
-    section = {"model": "tiny", "input_shape": None}
+    settings = Settings("tiny")
     for mode in ("eager", "script", "compile"):
-        assert model_config(section, str(tmp_path), mode)[0].graph_mode == mode
-    assert model_config(section, str(tmp_path), None)[0].graph_mode == "compile"
-    assert model_config(section, str(tmp_path), "ios")[0].graph_mode == "compile"  # ios_cache decides those
-    assert model_config({**section, "graph_mode": "eager"}, str(tmp_path), "script")[0].graph_mode == "eager"
-    assert model_config({**section, "graph_mode": False}, str(tmp_path), "script")[0].graph_mode == "eager"
-    assert model_config({**section, "graph_mode": True}, str(tmp_path), "script")[0].graph_mode == "compile"
-    assert model_config(section, str(tmp_path), "script")[0].compile_cache == str(tmp_path)
+        assert model_config(settings, str(tmp_path), mode)[0].graph_mode == mode
+    assert model_config(settings, str(tmp_path), None)[0].graph_mode == "compile"
+    assert model_config(settings, str(tmp_path), "ios")[0].graph_mode == "compile"  # ios_cache decides those
+    assert model_config(settings.replace(graph_mode="eager"), str(tmp_path), "script")[0].graph_mode == "eager"
+    assert model_config(settings.replace(graph_mode="compile"), str(tmp_path), "eager")[0].graph_mode == "compile"
+    assert model_config(settings, str(tmp_path), "script")[0].compile_cache == str(tmp_path)
     assert mode_mismatch("script", "script") is None and mode_mismatch(None, "eager") is None
     assert "measured in script mode but the instances run in eager mode" in mode_mismatch("script", "eager")
 
@@ -168,8 +168,9 @@ def test_recovery_settings_from_the_archive_reach_the_pool():
     from packrat.serving.engine import pool_settings
     from packrat.serving.pool.supervisor import Watchdog
 
-    assert pool_settings({}) == {}
-    assert pool_settings({"request_timeout_s": 30, "max_queue": "50", "gather_ms": 10, "hang_floor_s": 2,
-                          "hang_factor": 4, "batch_timeout_s": None}) == {
+    assert pool_settings(Settings("tiny")) == {}
+    given = Settings.from_section({"model": "tiny", "request_timeout_s": 30, "max_queue": "50", "gather_ms": 10,
+                                   "hang_floor_s": 2, "hang_factor": 4, "batch_timeout_s": None})
+    assert pool_settings(given) == {
         "request_timeout_s": 30.0, "max_queue": 50, "gather_ms": 10.0, "watchdog": Watchdog(factor=4.0, floor_s=2.0)}
-    assert pool_settings({"batch_timeout_s": 9})["watchdog"].allowance_s(None, 0.0, 1) == 9
+    assert pool_settings(Settings("tiny", batch_timeout_s=9))["watchdog"].allowance_s(None, 0.0, 1) == 9

@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
 from model_checks import two_threads  # noqa: E402,F401 (autouse fixture)
 from packrat.models.zoo import prepare, resolve  # noqa: E402
 from packrat.models.hf import LABELS_DIR  # noqa: E402
+from packrat.settings import Settings  # noqa: E402
 
 VOCAB = 100
 HIDDEN = 32
@@ -201,7 +202,7 @@ def test_served_through_torchserve_with_text_and_named_inputs(hf_dir, tmp_path):
     spec = resolve(model, (16,))
     profile = tmp_path / "profile.csv"
     profile.write_text("# mode: eager\nthreads,batch,latency_ms\n1,1,1.0\n1,2,2.0\n1,4,4.0\n")
-    mar = archive.build(model, profile, tmp_path / "store", batch_size=4, input_shape=(16,), plan="fat")
+    mar = archive.build(Settings(model, profiles=[profile], max_batch=4, input_shape=(16,), plan="fat"), tmp_path / "store")
     srv = torchserve.start(torchserve.Server(tmp_path / "run", "bert-cls", torchserve.Ports.free(), token_auth=True), mar,
                         timeout=180)
     try:

@@ -13,7 +13,7 @@ from packrat.models.zoo import resolve
 
 
 def ios_schedule(*args: str) -> subprocess.CompletedProcess:
-    code = "import sys; from ios_scheduler.cli import main; sys.argv[0] = 'ios-schedule'; sys.exit(main())"
+    code = "import sys; from packrat.cli.ios_schedule import main; sys.argv[0] = 'ios-schedule'; sys.exit(main())"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
 
 

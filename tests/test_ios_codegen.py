@@ -53,7 +53,7 @@ def test_generated_groups_equal_the_original_on_every_zoo_network(name, fuse):
     graph = capture(module, x)
     compiled = ScheduledModule(fx.symbolic_trace(module), sequential_schedule(graph, torch.get_num_threads(), 1, name),
                                 fuse=fuse)
-    compiled._plain = False  # through the executor, not the plain-graph shortcut
+    compiled.plain = False  # through the executor, not the plain-graph shortcut
     with torch.inference_mode():
         want, got = module(*x), compiled(*x)
     compiled.close()

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from ios_scheduler.api import _record_values
+from ios_scheduler.candidates import example_values
 from ios_scheduler.graph import capture
 from ios_scheduler.runtime import WorkerSet
 from ios_scheduler.timing import BOUND_SLACK, CostTable, StageTimer
@@ -40,7 +40,7 @@ def timer_for(batch: int, bounds=None) -> StageTimer:
     x = spec.example_input(batch)
     graph = capture(spec.build().eval(), (x,))
     workers = WorkerSet(sorted(os.sched_getaffinity(0))[:2])
-    return StageTimer(graph, _record_values(graph, (x,)), workers, "tiny", 2, batch, 1, 2, bounds)
+    return StageTimer(graph, example_values(graph, (x,)), workers, "tiny", 2, batch, 1, 2, bounds)
 
 
 def test_candidates_have_the_same_key_at_every_batch_size_and_bound_each_other():
@@ -49,10 +49,10 @@ def test_candidates_have_the_same_key_at_every_batch_size_and_bound_each_other()
         groups, split = ((0,),), (2,)
         with torch.inference_mode():
             small.parallel(groups, split)
-        assert small.key("parallel", groups, split) == large.key("parallel", groups, split)
+        assert small.candidates.key("parallel", groups, split) == large.candidates.key("parallel", groups, split)
         bounded = timer_for(4, small.table)
         assert bounded.lower_bound("parallel", groups, split) == small.table.bound(
-            small.key("parallel", groups, split), 4)
+            small.candidates.key("parallel", groups, split), 4)
         bounded.workers.close()
     finally:
         small.workers.close()

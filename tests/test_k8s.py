@@ -19,6 +19,7 @@ from packrat.cli import main as cli
 from packrat.deploy import k8s
 from packrat.deploy import torchserve
 from packrat.deploy import archive
+from packrat.settings import Settings
 
 K8S_VERSION = kubernetes_validate.latest_version()  # the newest schemas the package ships (1.37 here)
 CORE_KINDS = {"Deployment", "Service", "ConfigMap", "PersistentVolumeClaim", "Pod"}
@@ -27,11 +28,10 @@ PROFILE = "threads,batch,latency_ms\n1,1,20.0\n2,1,12.0\n1,4,70.0\n2,4,40.0\n"
 
 def make_archive(directory: Path, name: str = "resnet50", model: str = "resnet50", profiles=("profile.csv",),
                  cores: int | None = None, handler: str = "packrat") -> Path:
-    """A .mar as `packrat archive` lays it out (its model-config.yaml from serving's own writer),
+    """A .mar as `packrat archive` lays it out (its model-config.yaml from the archive's own writer),
     without the handler's code, which export does not read."""
     names = list(profiles) if handler == "packrat" else []
-    config = archive.model_config_yaml(model, names if len(names) > 1 else (names or [""])[0], 4, 50, "auto",
-                                       handler, None, cores=cores)
+    config = archive.model_config_yaml(Settings(model, profiles=names, max_batch=4, cores=cores), handler=handler)
     manifest = {"model": {"modelName": name, "handler": f"{handler}_handler.py", "modelVersion": "1.0",
                           "configFile": "model-config.yaml"}, "runtime": "python", "archiverVersion": "0.12.0"}
     path = directory / f"{name}.mar"

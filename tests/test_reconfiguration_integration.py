@@ -14,6 +14,7 @@ from packrat.deploy import torchserve
 from packrat.deploy import archive
 from packrat.cli.main import main
 from packrat.models.zoo import prepare, resolve
+from packrat.settings import Settings
 from test_serving_integration import PROFILE, post
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")
@@ -23,8 +24,8 @@ def test_step_load_reconfigures_without_losing_a_request(tmp_path, capsys):
     profile = tmp_path / "tiny.csv"
     profile.write_text(PROFILE)
     fast = {"alpha": 0.5, "window": 3, "period_s": 0.5}  # react within ~2 s so the test stays short
-    mar = archive.build("tiny", profile, tmp_path / "model_store", batch_size=8, max_batch_delay_ms=30,
-                          estimator=fast)
+    mar = archive.build(Settings("tiny", profiles=[profile], max_batch=8, estimator=fast), tmp_path / "model_store",
+                        max_batch_delay_ms=30)
     server = torchserve.start(torchserve.Server(tmp_path / "run", "tiny", torchserve.Ports.free(), token_auth=False), mar,
                            timeout=180)
     module, _, _ = prepare(resolve("tiny"), 2)

@@ -19,6 +19,7 @@ from packrat.deploy import torchserve
 from packrat.deploy import archive
 from packrat.models.zoo import prepare, resolve
 from packrat.machine.topology import detect
+from packrat.settings import Settings
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")
 
@@ -31,7 +32,7 @@ def server(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("serve")
     profile = run_dir / "tiny.csv"
     profile.write_text(PROFILE)
-    mar = archive.build("tiny", profile, run_dir / "model_store", batch_size=4, max_batch_delay_ms=20)
+    mar = archive.build(Settings("tiny", profiles=[profile], max_batch=4), run_dir / "model_store", max_batch_delay_ms=20)
     started = time.time()
     srv = torchserve.start(torchserve.Server(run_dir, "tiny", torchserve.Ports.free(), token_auth=True), mar, timeout=180)
     yield srv
@@ -148,8 +149,8 @@ def test_a_profile_of_ios_instances_is_served_by_them(tmp_path):
     profile.write_text("# model: tiny\n# mode: ios\nthreads,batch,latency_ms\n"
                        + "".join(f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in (1, 2) for b in (1, 2)))
     run_dir = tmp_path / "run"
-    mar = archive.build("tiny", profile, run_dir / "model_store", batch_size=2, max_batch_delay_ms=20,
-                          ios_cache=cache)
+    mar = archive.build(Settings("tiny", profiles=[profile], max_batch=2), run_dir / "model_store",
+                        max_batch_delay_ms=20, ios_cache=cache)
     with zipfile.ZipFile(mar) as packed:
         assert {f"tiny-t{t}-b{b}.json" for t in (1, 2) for b in (1, 2)} <= set(packed.namelist())
     server = torchserve.start(torchserve.Server(run_dir, "tiny", torchserve.Ports.free(), token_auth=False), mar, timeout=180)

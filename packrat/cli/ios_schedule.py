@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if argv is None and any(os.environ.get(key) != value for key, value in OPENMP_ENV.items()):
         # libgomp reads its settings once, when torch loads: restart this command with them
-        os.execve(sys.executable, [sys.executable, "-m", "ios_scheduler.cli", *sys.argv[1:]], openmp_env())
+        os.execve(sys.executable, [sys.executable, "-m", "packrat.cli.ios_schedule", *sys.argv[1:]], openmp_env())
     from packrat.models.zoo import resolve
 
     from ios_scheduler import api

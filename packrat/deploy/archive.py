@@ -2,192 +2,141 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-import handlers
+import yaml
 
+import handlers
 from packrat.errors import ServeError
 from packrat.models.modes import DEFAULT_MODE
+from packrat.settings import Settings
 
 HANDLERS = Path(handlers.__file__).parent
 DEFAULT_IOS_CACHE = Path("profiles/ios-schedules")  # where `packrat profile --ios` keeps schedules
 HF_ARCHIVE_DIR = "hf-model"  # where an archive keeps a Hugging Face model's directory
 
 
-@dataclass(frozen=True)
-class RequestSettings:
-    """How the handler reads requests (the `packrat:` section's codec keys)."""
-
-    tokenizer: Path | None = None  # a Hugging Face tokenizer.json, or a directory holding one
-    labels: Path | None = None  # TorchServe's index_to_name.json
-    max_body_bytes: int = 16 * 2**20  # larger bodies: 413 with the reason
-    truncate_text: bool = False  # text longer than the model takes: truncated instead of 413
-
-    def files(self) -> list[Path]:
-        """The files the archive must carry (their names in it are tokenizer.json and index_to_name.json)."""
-        found = []
-        if self.tokenizer is not None:
-            path = Path(self.tokenizer)
-            path = path / "tokenizer.json" if path.is_dir() else path
-            if not path.is_file():
-                raise ServeError(f"no tokenizer at {path}: pass a directory holding a Hugging Face tokenizer.json")
-            found.append(path)
-        if self.labels is not None:
-            if not Path(self.labels).is_file():
-                raise ServeError(f"no labels file at {self.labels}: pass TorchServe's index_to_name.json")
-            found.append(Path(self.labels))
-        return found
-
-    def yaml(self, shipped: list[Path]) -> str:
-        names = {"tokenizer": self.tokenizer, "labels": self.labels}
-        lines = [f"  {key}: {json.dumps(path.name)}\n" for key, path in zip(
-            [k for k, v in names.items() if v is not None], shipped)]
-        return "".join(lines) + (f"  max_body_bytes: {self.max_body_bytes}\n"
-                                 f"  truncate_text: {str(self.truncate_text).lower()}\n")
-
-
-# How the pool recovers requests (the `packrat:` section's keys); each is written only when given,
-# so that the pool's own default applies otherwise.
-RECOVERY_KEYS = (
-    "request_timeout_s",  # a request waiting and running longer is answered 504 (pool default: 120 s)
-    "max_queue",  # requests waiting beyond this are answered 503 at once (pool default: 1000)
-    "batch_timeout_s",  # a batch running longer marks its instance hung (default: derived from the profile)
-    "hang_factor",  # that derivation: hang_factor × the profiled latency of the batch ...
-    "hang_floor_s",  # ... and at least this
-)
-
-
-def recovery_yaml(recovery: dict | None) -> str:
-    """The `packrat:` lines for the recovery settings given (not None), in RECOVERY_KEYS order."""
-    recovery = recovery or {}
-    unknown = set(recovery) - set(RECOVERY_KEYS)
-    if unknown:
-        raise ValueError(f"unknown recovery setting(s) {sorted(unknown)}: expected some of {list(RECOVERY_KEYS)}")
-    return "".join(f"  {key}: {json.dumps(recovery[key])}\n" for key in RECOVERY_KEYS
-                   if recovery.get(key) is not None)
-
-
-def profiles_yaml(names: str | list[str]) -> str:
-    """`profile: NAME` for one profile (or none: the stock handler), `profiles: [NAME, ...]` for several."""
-    names = [names] if isinstance(names, str) else list(names)
-    if len(names) > 1:
-        return f"  profiles: {json.dumps(names)}\n"
-    return f"  profile: {json.dumps(names[0] if names else '')}\n"
-
-
-def model_config_yaml(model: str, profile_name: str | list[str], batch_size: int, max_batch_delay_ms: int,
-                      plan: str, handler: str, input_shape: tuple[int, ...] | None, reconfigure: bool = True,
-                      plan_batch: int | None = None, estimator: dict | None = None, ios: bool = False,
-                      requests: str = "", async_worker: bool = False, gather_ms: float | None = None,
-                      recovery: dict | None = None, cores: int | None = None) -> str:
-    """TorchServe's per-model config; packrat's own settings live under `packrat:`, the recovery
-    settings (RECOVERY_KEYS) only those given. Several profile names (one per machine type) are
-    written as `profiles:`, one as `profile:`; `cores`, the CPU budget asked for, only when given.
+def model_config_yaml(settings: Settings, *, handler: str = "packrat", max_batch_delay_ms: int = 50,
+                      async_worker: bool = False) -> str:
+    """TorchServe's per-model config: its batching and workers, and packrat's settings under `packrat:`.
 
     The packrat handler gets one worker (the pool uses every core) in TorchServe's ordinary mode:
-    TorchServe gathers batches of up to batch_size within max_batch_delay_ms and the pool splits
+    TorchServe gathers batches of up to max_batch within max_batch_delay_ms and the pool splits
     each among its instances. With async_worker (for comparison only: TorchServe 0.12's
     asynchronous mode strands requests under load, see handlers/packrat_handler.py) batches go to
     the pool one request at a time, as they arrive, and the pool batches for its instances."""
-    workers, torchserve_batch = "", batch_size
+    torchserve = {"batchSize": settings.max_batch, "maxBatchDelay": max_batch_delay_ms, "responseTimeout": 300,
+                  "startupTimeout": 600}
     if handler == "packrat":
-        workers = "minWorkers: 1\nmaxWorkers: 1\n"
+        torchserve.update(minWorkers=1, maxWorkers=1)
         if async_worker:
             # TorchServe 0.12's asynchronous batch aggregator fails on batches of more than one
             # request (ConcurrentModificationException, then a worker restart loop), so TorchServe
             # hands over single requests; the pool batches them (up to max_batch).
-            workers += "asyncCommunication: true\n"
-            torchserve_batch = 1
-            max_batch_delay_ms = 1  # TorchServe reads 0 as "unset" and waits its default 100 ms
-    shape = f"[{', '.join(map(str, input_shape))}]" if input_shape else "null"
-    return (f"batchSize: {torchserve_batch}\nmaxBatchDelay: {max_batch_delay_ms}\nresponseTimeout: 300\n"
-            f"startupTimeout: 600\n{workers}"
-            f"packrat:\n  model: {json.dumps(model)}\n{profiles_yaml(profile_name)}"
-            + (f"  cores: {cores}\n" if cores is not None else "") +
-            f"  plan: {plan}\n  input_shape: {shape}\n  reconfigure: {str(reconfigure).lower()}\n"
-            f"  plan_batch: {plan_batch or batch_size}\n  max_batch: {batch_size}\n  ios: {str(ios).lower()}\n"
-            + requests + recovery_yaml(recovery)
-            + (f"  gather_ms: {gather_ms}\n" if gather_ms is not None else "")
-            + (f"  estimator: {json.dumps(estimator)}\n" if estimator else ""))
+            # maxBatchDelay 1: TorchServe reads 0 as "unset" and waits its default 100 ms.
+            torchserve.update(asyncCommunication=True, batchSize=1, maxBatchDelay=1)
+    return yaml.safe_dump({**torchserve, "packrat": settings.to_section()}, sort_keys=False)
 
 
-def build(model: str, profile: Path | list[Path] | None, out_dir: Path, *, name: str | None = None,
-            batch_size: int = 8, max_batch_delay_ms: int = 50, plan: str = "auto", handler: str = "packrat",
-            input_shape: tuple[int, ...] | None = None, reconfigure: bool = True,
-            plan_batch: int | None = None, estimator: dict | None = None,
-            ios_cache: Path = DEFAULT_IOS_CACHE, tokenizer: Path | None = None, labels: Path | None = None,
-            max_body_bytes: int = RequestSettings.max_body_bytes, truncate_text: bool = False,
-            async_worker: bool = False, gather_ms: float | None = None, request_timeout_s: float | None = None,
-            max_queue: int | None = None, batch_timeout_s: float | None = None, hang_factor: float | None = None,
-            hang_floor_s: float | None = None, cores: int | None = None) -> Path:
-    """Build NAME.mar with torch-model-archiver: handler, profile(s), settings, the tokenizer and
-    labels the requests are read and answered with (and the model file for a TorchScript or
-    torch.export model, the directory of a Hugging Face one). Zoo models are rebuilt from code in
-    the worker. A model served compiled (the profile's mode, or the stock handler's default) gets
-    its compiled package built here, once per machine type, and shipped (see compiled_files). A profile taken with IOS-compiled instances is
-    served by them: the archive carries the model's cached schedules from `ios_cache` (the pool
-    searches any that are missing). The recovery settings (request_timeout_s ... hang_floor_s, see
-    RECOVERY_KEYS) are written only when given: the pool's defaults apply to the others.
+def archive_name(model: str) -> str:
+    """The archive's (and the served model's) default name: the model's, as TorchServe accepts it."""
+    from packrat.models.zoo import HF_PREFIX
 
-    `profile` may be several profiles, one per machine type (shipped as profile-0.csv, ...): each
-    server plans with the one chosen for its CPU and budget (profile.choose), and what is built here
-    (compiled packages, IOS schedules) follows the one chosen for this machine. `cores` caps the
-    servers' CPU budget (packrat/budget.py) and is written only when given."""
+    return Path(model.removeprefix(HF_PREFIX).rstrip("/")).stem.replace(":", "_").replace(".", "_")
+
+
+def request_files(settings: Settings) -> dict[str, Path]:
+    """The tokenizer and labels files the archive must carry, by setting ("tokenizer", "labels")."""
+    found = {}
+    if settings.tokenizer is not None:
+        path = Path(settings.tokenizer)
+        path = path / "tokenizer.json" if path.is_dir() else path
+        if not path.is_file():
+            raise ServeError(f"no tokenizer at {path}: pass a directory holding a Hugging Face tokenizer.json")
+        found["tokenizer"] = path
+    if settings.labels is not None:
+        if not Path(settings.labels).is_file():
+            raise ServeError(f"no labels file at {settings.labels}: pass TorchServe's index_to_name.json")
+        found["labels"] = Path(settings.labels)
+    return found
+
+
+def build(settings: Settings, out_dir: Path, *, name: str | None = None, handler: str = "packrat",
+          max_batch_delay_ms: int = 50, async_worker: bool = False, ios_cache: Path = DEFAULT_IOS_CACHE) -> Path:
+    """Build NAME.mar with torch-model-archiver: the handler, `settings` with the files they name
+    (profiles, tokenizer, labels; the model file of a TorchScript or torch.export model, the
+    directory of a Hugging Face one) shipped inside and renamed there. Zoo models are rebuilt from
+    code in the worker. A model served compiled (the profile's mode, or the stock handler's default)
+    gets its compiled packages built here, once per machine type, and shipped (see compiled_files).
+    A profile taken with IOS-compiled instances is served by them: the archive carries the model's
+    cached schedules from `ios_cache` (the pool searches any that are missing).
+
+    Several profiles (one per machine type) ship as profile-0.csv, ...: each server plans with
+    the one chosen for its CPU and budget (profiles.choose), and what is built here (compiled
+    packages, IOS schedules) follows the one chosen for this machine, with `settings.cores`."""
     from packrat.machine.budget import cpu_budget
-    from packrat.models.zoo import HF_PREFIX, resolve
-    from packrat.profiling.profiles import chosen as profile_for_machine
+    from packrat.models.zoo import resolve
 
-    spec = resolve(model, input_shape)  # fail here on an unknown model, not in a worker
-    name = name or Path(model.removeprefix(HF_PREFIX).rstrip("/")).stem.replace(":", "_").replace(".", "_")
-    requests = RequestSettings(tokenizer, labels, max_body_bytes, truncate_text)
-    recovery = {"request_timeout_s": request_timeout_s, "max_queue": max_queue, "batch_timeout_s": batch_timeout_s,
-                "hang_factor": hang_factor, "hang_floor_s": hang_floor_s}
-    shipped = requests.files()
+    spec = resolve(settings.model, settings.input_shape)  # fail here on an unknown model, not in a worker
+    name = name or archive_name(settings.model)
+    requests = request_files(settings)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as staging:
         staging = Path(staging)
-        extra = [HANDLERS / "common.py", *shipped]
-        model_ref = model
-        if Path(model).is_file():
-            model_ref = Path(model).name
-            extra.append(Path(model))
-        elif model.startswith(HF_PREFIX):  # the archiver copies a folder's contents: wrap the directory in one
-            bundle = staging / "bundle"
-            shutil.copytree(model[len(HF_PREFIX):], bundle / HF_ARCHIVE_DIR)
-            model_ref = HF_PREFIX + HF_ARCHIVE_DIR
-            extra.append(bundle)
-        budget = cpu_budget(cores, "--cores")
-        profile_names, chosen, mode = [], None, DEFAULT_MODE
+        extra = [HANDLERS / "common.py", *requests.values()]
+        model_ref, model_files = shipped_model(settings.model, staging)
+        extra += model_files
+        budget = cpu_budget(settings.cores, "--cores")
+        profile_names, chosen = [], None
         if handler == "packrat":
-            paths = [profile] if isinstance(profile, (str, Path)) else list(profile or [])
-            if not paths:
-                raise ServeError("the packrat handler needs a profile: run `packrat profile` first or pass --profile")
-            chosen = profile_for_machine(paths, budget.cores)[0]  # also rejects a bad profile, with its own message
-            mode = chosen.metadata["mode"]
-            profile_names = ["profile.csv"] if len(paths) == 1 else [f"profile-{i}.csv" for i in range(len(paths))]
-            for path, shipped_name in zip(paths, profile_names):
-                shutil.copy(path, staging / shipped_name)
-                extra.append(staging / shipped_name)
-        ios = mode == "ios"
-        if ios:  # the archiver flattens folders: schedules sit beside the profile, named by model
+            profile_names, chosen = shipped_profiles(settings.profiles, staging, budget.cores)
+            extra += [staging / shipped for shipped in profile_names]
+        mode = chosen.metadata["mode"] if chosen else DEFAULT_MODE
+        if mode == "ios":  # the archiver flattens folders: schedules sit beside the profile, named by model
             extra += cached_schedules(spec.name, Path(ios_cache))
         if mode == "compile":
-            extra += compiled_files(spec, batch_size, planned_instances(chosen, batch_size, handler, budget.cores))
+            extra += compiled_files(spec, settings.max_batch,
+                                    planned_instances(chosen, settings.max_batch, handler, budget.cores))
+        packed = settings.replace(model=model_ref, profiles=tuple(profile_names), ios=mode == "ios",
+                                  **{key: path.name for key, path in requests.items()})
         config = staging / "model-config.yaml"
-        config.write_text(model_config_yaml(model_ref, profile_names, batch_size, max_batch_delay_ms, plan,
-                                            handler, input_shape, reconfigure, plan_batch, estimator, ios,
-                                            requests.yaml(shipped), async_worker, gather_ms, recovery, cores))
-        cmd = ["torch-model-archiver", "--model-name", name, "--version", "1.0",
-               "--handler", str(HANDLERS / f"{handler}_handler.py"), "--config-file", str(config),
-               "--extra-files", ",".join(map(str, extra)), "--export-path", str(out_dir), "--force"]
-        _run_tool(cmd)
+        config.write_text(model_config_yaml(packed, handler=handler, max_batch_delay_ms=max_batch_delay_ms,
+                                            async_worker=async_worker))
+        _run_tool(["torch-model-archiver", "--model-name", name, "--version", "1.0",
+                   "--handler", str(HANDLERS / f"{handler}_handler.py"), "--config-file", str(config),
+                   "--extra-files", ",".join(map(str, extra)), "--export-path", str(out_dir), "--force"])
     return out_dir / f"{name}.mar"
+
+
+def shipped_model(model: str, staging: Path) -> tuple[str, list[Path]]:
+    """How the archive names the model, and the files that carry it (none for a zoo model or factory)."""
+    from packrat.models.zoo import HF_PREFIX
+
+    if Path(model).is_file():
+        return Path(model).name, [Path(model)]
+    if model.startswith(HF_PREFIX):  # the archiver copies a folder's contents: wrap the directory in one
+        bundle = staging / "bundle"
+        shutil.copytree(model[len(HF_PREFIX):], bundle / HF_ARCHIVE_DIR)
+        return HF_PREFIX + HF_ARCHIVE_DIR, [bundle]
+    return model, []
+
+
+def shipped_profiles(paths: tuple[str, ...], staging: Path, cores: int):
+    """The profiles copied into `staging` under the names the archive gives them, and the one this
+    machine (with `cores` budgeted) would choose."""
+    from packrat.profiling.profiles import chosen as profile_for_machine
+
+    if not paths:
+        raise ServeError("the packrat handler needs a profile: run `packrat profile` first or pass --profile")
+    chosen = profile_for_machine([Path(p) for p in paths], cores)[0]  # also rejects a bad profile, with its reason
+    names = ["profile.csv"] if len(paths) == 1 else [f"profile-{i}.csv" for i in range(len(paths))]
+    for path, name in zip(paths, names):
+        shutil.copy(path, staging / name)
+    return names, chosen
 
 
 def planned_instances(profile, batch_size: int, handler: str, cores: int) -> set[tuple[int, int]] | None:

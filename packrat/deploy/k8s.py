@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from packrat.deploy import torchserve
+from packrat.settings import Settings as PackratSettings
 
 IMAGE = "packrat:latest"
 CONFIG_DIR = "/etc/packrat"  # the ConfigMap: config.properties, log4j2.xml, the profiles
@@ -59,10 +60,10 @@ def read_archive(path: Path) -> Archive:
         with zipfile.ZipFile(path) as mar:
             manifest = json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]
             section = yaml.safe_load(mar.read(manifest.get("configFile", "model-config.yaml")))["packrat"]
-            names = [n for n in section.get("profiles") or [section.get("profile")] if n]
-            profiles = {n: mar.read(n).decode() for n in names}
-            archive = Archive(manifest["modelName"], Path(path).name, str(section["model"]),
-                              int(section["max_batch"]), profiles, section.get("cores"))
+            settings = PackratSettings.from_section(section)
+            profiles = {n: mar.read(n).decode() for n in settings.profiles}
+            archive = Archive(manifest["modelName"], Path(path).name, settings.model, settings.max_batch, profiles,
+                              settings.cores)
     except (OSError, zipfile.BadZipFile, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
         raise ValueError(f"{path} is no archive of the packrat handler ({exc!r}): build one with `packrat archive`") from None
     if not profiles:  # the stock handler's
@@ -366,7 +367,7 @@ def _auth_text(s: Settings, workload: str) -> str:
             f"print(json.load(open('{key_file}'))['inference']['key'])\"\n"
             f"Keys expire after token_expiration_min (TorchServe's default: 60) minutes and change with the pod.\n"
             f"Renew the inference key (the old one stops working) through the token API on the pod's loopback:\n"
-            f"  kubectl exec deploy/{workload} -- python -c \"from packrat import serving; "
+            f"  kubectl exec deploy/{workload} -- python -c \"from packrat.deploy import torchserve; "
             f"torchserve.renew_key(torchserve.Server('{RUN_DIR}', '{s.name}'), 'inference')\"\n"
             f"The readiness probe renews the management key by itself.")
 

@@ -110,28 +110,6 @@ class Server:
 MAX_REQUEST_SIZE = 100 * 2**20  # TorchServe's own limit: larger bodies never reach the handler
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # ---- config and start/stop ---------------------------------------------------------------------
 
 def config_properties(ports: Ports, model_store: Path, token_auth: bool, extra: dict[str, str] | None = None) -> str:
@@ -241,10 +219,6 @@ def _wait_for(condition, timeout: float, every: float = 0.5) -> bool:
     return True
 
 
-
-
-
-
 def worker_status(server: Server) -> list[str]:
     """Status of each worker of the model ([] while it is not registered yet)."""
     try:
@@ -344,12 +318,5 @@ def stop(server: Server, timeout: float = 60.0) -> None:
 
 
 # ---- requests to the running handler ------------------------------------------------------------
-
-
-
-
-
-
-
 
 

@@ -1,6 +1,6 @@
 """The Ray Serve front end: one packrat engine per node of a Ray cluster.
 
-Two deployments. `NAME-engine` is an Engine (packrat/engine.py) per node (`max_replicas_per_node=1`):
+Two deployments. `NAME-engine` is an Engine (packrat/serving/engine.py) per node (`max_replicas_per_node=1`):
 each plans for its own node, with the CPU budget it sees (affinity, CFS quota, `cores`) and the
 profile taken on the machine most like it, so a cluster of N nodes runs N engines. `NAME` is the
 ingress beside Ray Serve's HTTP proxy on the head node: it routes HTTP, refuses oversized bodies,
@@ -33,27 +33,30 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from packrat.codec import oip
-from packrat.codec.codec import MAX_BODY_BYTES, V2_OUTPUT
+from packrat.codec.codec import V2_OUTPUT
 from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer, Request
+from packrat.settings import Settings
 
 log = logging.getLogger("packrat.ray_serve")
 ENGINE_ATTEMPTS = 4  # tries of a request whose engine dies under it (each on another engine if one is up)
 RETRY_PAUSE_S = 0.5  # × the attempt: time for Ray Serve to drop a dead engine from its routing
 HEAD_NODE = "node:__internal_head__"  # the resource Ray gives the head node alone
 INGRESS_REQUESTS = 10_000  # requests the ingress holds; the engines' own limit is what queues them
+APP_KEYS = ("name", "replicas", "num_cpus")  # the application's own arguments; the others are Settings
 
 
 class PackratEngine:
     """One node's engine (a Ray Serve deployment placed one replica per node); the ingress calls it."""
 
-    def __init__(self, name: str, section: dict, profile_texts: dict[str, str], max_batch: int):
+    def __init__(self, name: str, section: dict, profile_texts: dict[str, str]):
         # Profiles travel as text: a replica may land on a node that has none of the driver's files.
         self._profile_dir = tempfile.TemporaryDirectory(prefix="packrat-ray-")
         for file_name, text in profile_texts.items():
             (Path(self._profile_dir.name) / file_name).write_text(text)
-        self.engine = Engine({**section, "profiles": list(profile_texts)}, self._profile_dir.name, name,
-                             max_batch=max_batch, asynchronous=True)
+        settings = Settings.from_section(section).replace(profiles=tuple(profile_texts))
+        self.engine = Engine(settings, self._profile_dir.name, name, max_batch=settings.max_batch,
+                             asynchronous=True)
         self.node = ray.get_runtime_context().get_node_id()
         # Which engine answered: the node, and the cores it plans for (its CPU budget).
         self.headers = {"X-Packrat-Node": self.node,
@@ -184,25 +187,25 @@ def app(args: dict) -> "serve.Application":
     model=resnet50 profiles=...`, or KubeRay's import_path). Arguments: `model`, `profiles` (paths,
     or one `profile`), `name` (default: the model's), `max_batch` (8), `replicas` (engines, at most
     one per node; 1), `cores`, `num_cpus` (Ray CPUs each engine reserves, 1), and any other
-    setting of the archive's packrat section (`plan`, `request_timeout_s`, ...)."""
+    packrat setting (packrat/settings.py: `plan`, `request_timeout_s`, ...), checked there."""
     args = dict(args)
-    model = args.pop("model")
-    profiles = args.pop("profiles", None) or [args.pop("profile")]
-    if isinstance(profiles, str):  # `serve run ... profiles=a.csv,b.csv`
-        profiles = profiles.split(",")
-    name = app_name({"model": model, "name": args.pop("name", None)})
-    max_batch, replicas = int(args.pop("max_batch", 8)), int(args.pop("replicas", 1))
-    num_cpus = float(args.pop("num_cpus", 1))
-    texts = {f"profile-{i}.csv": Path(path).read_text() for i, path in enumerate(profiles)}
+    own = {key: args.pop(key) for key in APP_KEYS if key in args}
+    if "profile" in args:  # one profile
+        args["profiles"] = [args.pop("profile")]
+    settings = Settings.from_section(args)  # checks every setting; `serve run` passes strings
+    name = app_name({"model": settings.model, "name": own.get("name")})
+    replicas, num_cpus = int(own.get("replicas", 1)), float(own.get("num_cpus", 1))
+    texts = {f"profile-{i}.csv": Path(path).read_text() for i, path in enumerate(settings.profiles)}
     engines = serve.deployment(
         PackratEngine, name=f"{name}-engine", num_replicas=replicas, max_replicas_per_node=1,
         # An engine holds at most the batch its plan is for; more wait in the ingress's router.
-        max_ongoing_requests=max_batch, ray_actor_options={"num_cpus": num_cpus}, health_check_period_s=5.0,
-    ).bind(name, {"model": model, **args}, texts, max_batch)
+        max_ongoing_requests=settings.max_batch, ray_actor_options={"num_cpus": num_cpus},
+        health_check_period_s=5.0,
+    ).bind(name, settings.to_section(), texts)
     # The ingress sits on the head node with the proxy: losing any other node leaves both up.
     ingress = serve.deployment(PackratIngress, name=name, max_ongoing_requests=INGRESS_REQUESTS,
                                ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}})
-    return ingress.bind(name, engines, int(args.get("max_body_bytes") or MAX_BODY_BYTES))
+    return ingress.bind(name, engines, settings.max_body_bytes)
 
 
 def deploy(args: dict, *, address: str = "auto", host: str = "127.0.0.1", port: int = 8000,

@@ -33,6 +33,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
+from packrat.errors import first_line
 from packrat.models.spec import MASK, TOKEN_TYPES, InputSpec
 
 if TYPE_CHECKING:
@@ -165,10 +166,6 @@ class _DeserializeErrors(logging.Filter):
         return False
 
 
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-
-
 def _load(path: str) -> torch.export.ExportedProgram:
     if not os.path.isfile(path):
         raise ValueError(f"model file not found: {path}")
@@ -194,8 +191,8 @@ def _why(path: str, exc: BaseException, logged: BaseException | None) -> str:
                 "program saved with torch.export.save instead")
     if str(exc).startswith("We ran into an error when deserializing"):
         # the generic message points at the log line we dropped: say what it said
-        return _first_line(logged) if logged is not None else "the archive holds no exported program"
-    return f"{_first_line(exc)} (saved with torch.export.save?)"
+        return first_line(logged) if logged is not None else "the archive holds no exported program"
+    return f"{first_line(exc)} (saved with torch.export.save?)"
 
 
 # --- inputs --------------------------------------------------------------------------------

@@ -28,8 +28,6 @@ from packrat.machine.topology import Topology
 Item = tuple[int, int, float]  # (threads, batch, latency_ms)
 
 
-
-
 @dataclass(frozen=True)
 class Instance:
     threads: int

@@ -44,8 +44,6 @@ LOADED_TIMEOUT_FLOOR_S = 60.0
 _LATENCY_FLAG = {"loaded": "--contention", "isolated": "--isolated"}  # `packrat profile`'s flags, for hints
 
 
-
-
 @dataclass(frozen=True)
 class Settings:
     model: str
@@ -56,8 +54,6 @@ class Settings:
     input_shape: tuple[int, ...] | None = None
     ios_cache: str | None = None  # profile IOS-compiled instances; schedules cached here
     contention: bool = DEFAULT_CONTENTION  # also measure each point loaded by copies of itself
-
-
 
 
 def metadata(settings: Settings, topology: Topology) -> dict[str, str]:

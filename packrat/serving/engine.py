@@ -2,9 +2,8 @@
 plan, the instance pool and the controller that re-plans as the load changes.
 
 Front ends only adapt their requests to it: the TorchServe handler (handlers/packrat_handler.py)
-and the Ray Serve deployment (packrat/ray_serve.py) both build an Engine from the same settings,
-the `packrat:` section of an archive's model-config.yaml (`model`, `profile` or `profiles`,
-`cores`, `plan`, `plan_batch`, recovery and codec limits), with files relative to `model_dir`.
+and the Ray Serve deployment (packrat/frontends/ray_serve.py) both build an Engine from the same
+Settings (packrat/settings.py: an archive's `packrat:` section), with files relative to `model_dir`.
 """
 
 from __future__ import annotations
@@ -13,51 +12,52 @@ import logging
 from concurrent.futures import Future
 from pathlib import Path
 
-from packrat.models import modes
-from packrat.machine.budget import CpuBudget, cpu_budget
 from packrat.codec.codec import CodecConfig
+from packrat.errors import PoolError
+from packrat.machine.budget import CpuBudget, cpu_budget
+from packrat.models import modes
+from packrat.models.spec import ModelSpec
+from packrat.models.zoo import HF_PREFIX, resolve
+from packrat.planning.planner import serving_plan
+from packrat.profiling.profiles import Profile, chosen
 from packrat.serving.controller import Controller
 from packrat.serving.estimator import BatchSizeEstimator, EstimatorSettings
-from packrat.models.zoo import HF_PREFIX, resolve
-from packrat.models.spec import ModelSpec
-from packrat.planning.planner import serving_plan
 from packrat.serving.pool.api import Answer, ModelConfig, configs_for
 from packrat.serving.pool.instance_pool import InstancePool
-from packrat.errors import PoolError
 from packrat.serving.pool.supervisor import Watchdog
-from packrat.profiling.profiles import Profile, chosen
+from packrat.settings import Settings
 
 log = logging.getLogger("packrat.engine")
 
 
 class Engine:
-    """The pool serving `section`'s model, planned for this machine's CPU budget and batch
+    """The pool serving the model of `settings`, planned for this machine's CPU budget and batch
     `max_batch`; `asynchronous` front ends hand requests over one by one (the pool gathers them),
     the others whole batches. submit() returns a future of the request's Answer."""
 
-    def __init__(self, section: dict, model_dir: str | Path, model_name: str, *, max_batch: int,
+    def __init__(self, settings: Settings, model_dir: str | Path, model_name: str, *, max_batch: int,
                  asynchronous: bool):
-        self.budget: CpuBudget = cpu_budget(section.get("cores"), "the archive's `cores` setting")
+        self.budget: CpuBudget = cpu_budget(settings.cores, "the archive's `cores` setting")
         log.info("packrat CPU budget: %s", self.budget.describe())
-        profile, self.profile_choice = chosen_profile(section, model_dir, self.budget)
+        profile, self.profile_choice = chosen_profile(settings, model_dir, self.budget)
         log.info("packrat profile: %s", self.profile_choice)
-        model, spec = model_config(section, str(model_dir), profile.metadata.get("mode"))
-        self.spec, self.codec = spec, codec_config(section, spec, model_name, str(model_dir))
+        model, spec = model_config(settings, str(model_dir), profile.metadata.get("mode"))
+        self.spec, self.codec = spec, codec_config(settings, spec, model_name, str(model_dir))
         self.max_batch = max_batch
-        self._items, self._plan_mode = profile.items(), section.get("plan", "auto")
-        start_batch = min(int(section.get("plan_batch") or max_batch), max_batch)
+        self._items, self._plan_mode = profile.items(), settings.plan
+        start_batch = min(settings.plan_batch or max_batch, max_batch)
         plan = self.plan_for(start_batch)
         log.info("packrat plan for T=%d, B=%d: %s", plan.threads, plan.batch, plan.describe())
-        settings = pool_settings(section)
+        recovery = pool_settings(settings)
         if not asynchronous:  # the whole batch is here: nothing more comes until it is answered
-            settings.setdefault("gather_ms", 0.0)
-        self.pool = InstancePool.from_plan(model, plan, capacity=max_batch, codec=self.codec, **settings)
+            recovery.setdefault("gather_ms", 0.0)
+        self.pool = InstancePool.from_plan(model, plan, capacity=max_batch, codec=self.codec, **recovery)
         mismatch = mode_mismatch(profile.metadata.get("mode"), self.pool.mode)
         if mismatch:
             log.warning(mismatch)
-        estimator = BatchSizeEstimator(start_batch, max_batch, EstimatorSettings(**section.get("estimator", {})))
+        estimator = BatchSizeEstimator(start_batch, max_batch, EstimatorSettings(**(settings.estimator or {})))
         self.controller = Controller(self.pool, plan, self.plan_for, lambda p: configs_for(p, max_batch), estimator)
-        self.reconfigure = bool(section.get("reconfigure", True))  # follow the load, unless told not to
+        self.reconfigure = settings.reconfigure  # follow the load, unless told not to
 
     def plan_for(self, batch: int):
         """The plan for `batch` on this machine's budget (the fat one where the archive says so)."""
@@ -95,45 +95,36 @@ class Engine:
         self.pool.close()
 
 
-def profile_names(section: dict) -> list[str]:
-    """The archive's profiles: `profiles` (one per machine type), else the single `profile`."""
-    names = section.get("profiles") or ([section["profile"]] if section.get("profile") else [])
-    if not names:
-        raise ValueError("the packrat settings name no profile: build the archive with `packrat archive --profile`")
-    return list(names)
-
-
-def chosen_profile(section: dict, model_dir: str | Path, budget: CpuBudget) -> tuple[Profile, str]:
+def chosen_profile(settings: Settings, model_dir: str | Path, budget: CpuBudget) -> tuple[Profile, str]:
     """The profile to plan with on this machine, and a line saying which and why."""
-    names = profile_names(section)
-    profile, index, why = chosen([Path(model_dir) / name for name in names], budget.cores)
-    return profile, f"{names[index]}: {why}"
+    if not settings.profiles:
+        raise ValueError("the packrat settings name no profile: build the archive with `packrat archive --profile`")
+    profile, index, why = chosen([Path(model_dir) / name for name in settings.profiles], budget.cores)
+    return profile, f"{settings.profiles[index]}: {why}"
 
 
-def model_config(section: dict, model_dir: str, profiled_mode: str | None = None) -> tuple[ModelConfig, ModelSpec]:
+def model_config(settings: Settings, model_dir: str, profiled_mode: str | None = None) -> tuple[ModelConfig, ModelSpec]:
     """What the pool loads, and the model's description (input shape, dtype, task). Instances run
     the model as its profile measured it (`profiled_mode`): an eager profile gets eager instances."""
-    model = section["model"]
+    model = settings.model
     if (Path(model_dir) / model).is_file():  # a TorchScript or torch.export file shipped inside the archive
         model = str(Path(model_dir) / model)
     elif model.startswith(HF_PREFIX) and (Path(model_dir) / model[len(HF_PREFIX):]).is_dir():
         model = HF_PREFIX + str(Path(model_dir) / model[len(HF_PREFIX):])  # a save_pretrained directory shipped
-    shape = tuple(section["input_shape"]) if section.get("input_shape") else None
-    spec = resolve(model, shape)
+    spec = resolve(model, settings.input_shape)
     # IOS-compiled instances: schedules shipped in the archive; missing ones are searched and kept there
-    ios_cache = model_dir if section.get("ios") else None
+    ios_cache = model_dir if settings.ios else None
     # Compiled packages shipped in the archive sit in model_dir; missing ones come from (or are
     # built into) this machine's cache.
-    return ModelConfig(model, tuple(spec.input_shape), graph_mode=served_mode(section, profiled_mode),
+    return ModelConfig(model, tuple(spec.input_shape), graph_mode=served_mode(settings, profiled_mode),
                        ios_cache=ios_cache, compile_cache=model_dir), spec
 
 
-def served_mode(section: dict, profiled_mode: str | None) -> str:
-    """The graph mode the instances run: the archive's `graph_mode` if it sets one, else the mode
+def served_mode(settings: Settings, profiled_mode: str | None) -> str:
+    """The graph mode the instances run: the settings' `graph_mode` if they set one, else the mode
     the profile was measured in (its plan rests on those latencies), else the default."""
-    mode = section.get("graph_mode")
-    if mode is not None:
-        return modes.mode_name(mode)  # also reads true/false from archives built before the modes
+    if settings.graph_mode is not None:
+        return modes.mode_name(settings.graph_mode)
     return modes.served(profiled_mode)
 
 
@@ -146,26 +137,24 @@ def mode_mismatch(profiled_mode: str | None, running_mode: str) -> str | None:
             f"the plan rests on latencies they may not have; profile the model as it is served")
 
 
-def codec_config(section: dict, spec: ModelSpec, model_name: str, model_dir: str) -> CodecConfig:
-    """How requests are decoded and answered: the archive's tokenizer, labels and limits."""
-    def shipped(key: str) -> str | None:
-        return str(Path(model_dir) / section[key]) if section.get(key) else None
+def codec_config(settings: Settings, spec: ModelSpec, model_name: str, model_dir: str) -> CodecConfig:
+    """How requests are decoded and answered: the settings' tokenizer, labels and limits."""
+    def shipped(name: str | None) -> str | None:
+        return str(Path(model_dir) / name) if name else None
 
-    limits = {key: section[key] for key in ("max_body_bytes", "max_pixels", "max_samples", "truncate_text")
-              if section.get(key) is not None}
-    return CodecConfig.for_model(spec, model_name=model_name, tokenizer=shipped("tokenizer"),
-                                 labels=shipped("labels"), **limits)
+    return CodecConfig.for_model(spec, model_name=model_name, tokenizer=shipped(settings.tokenizer),
+                                 labels=shipped(settings.labels), **settings.codec_limits())
 
 
-def pool_settings(section: dict) -> dict:
-    """InstancePool keyword arguments from the archive's recovery settings; absent keys keep the
-    pool's defaults (request timeout 120 s, queue 1000, hung after 10 × the expected latency, ≥ 5 s)."""
-    settings = {key: float(section[key]) for key in ("gather_ms", "request_timeout_s") if section.get(key) is not None}
-    if section.get("max_queue") is not None:
-        settings["max_queue"] = int(section["max_queue"])
-    watchdog = {key: float(section[name]) for key, name in (("factor", "hang_factor"), ("floor_s", "hang_floor_s"),
-                                                           ("batch_timeout_s", "batch_timeout_s"))
-                if section.get(name) is not None}
+def pool_settings(settings: Settings) -> dict:
+    """InstancePool keyword arguments from the recovery settings; those not given keep the pool's
+    defaults (request timeout 120 s, queue 1000, hung after 10 × the expected latency, ≥ 5 s)."""
+    given = settings.recovery()
+    pool = {key: given[key] for key in ("request_timeout_s", "max_queue") if key in given}
+    if settings.gather_ms is not None:
+        pool["gather_ms"] = settings.gather_ms
+    watchdog = {key: given[name] for key, name in (("factor", "hang_factor"), ("floor_s", "hang_floor_s"),
+                                                   ("batch_timeout_s", "batch_timeout_s")) if name in given}
     if watchdog:
-        settings["watchdog"] = Watchdog(**watchdog)
-    return settings
+        pool["watchdog"] = Watchdog(**watchdog)
+    return pool

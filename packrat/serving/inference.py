@@ -6,13 +6,12 @@ handler, so both answer alike. A request's own failure is answered alone: 4xx fo
 
 from __future__ import annotations
 
-import json
 from typing import NamedTuple
 
 import torch
 
 from packrat.codec.codec import Codec
-from packrat.errors import RequestError, first_line
+from packrat.errors import RequestError, error_body, first_line
 
 
 class Reply(NamedTuple):
@@ -75,4 +74,4 @@ def batched(samples: list[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
 
 
 def error(status: int, reason: str) -> Reply:
-    return Reply(status, json.dumps({"error": reason}).encode(), reason)
+    return Reply(status, error_body(reason), reason)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
+from packrat.errors import error_body
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,7 @@ class Answer:
 
     @classmethod
     def error(cls, status: int, reason: str) -> "Answer":
-        from packrat.serving.inference import error
-
-        return cls(*error(status, reason))
+        return cls(status, error_body(reason), reason)
 
     @property
     def ok(self) -> bool:

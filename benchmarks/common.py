@@ -1,0 +1,230 @@
+"""What the benchmarks share: their command lines, timing, child processes, pools and output.
+
+A benchmark runs as a script (`.venv/bin/python benchmarks/X.py`), so Python puts benchmarks/
+on sys.path, not the repo root; each puts the root there before it imports this module:
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+    from benchmarks.common import ...
+
+Nothing here imports torch or packrat at import time: a benchmark that only formats figures
+(device_suite_summary.py) stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- command lines -------------------------------------------------------------------------------
+
+def doc_parser(doc: str, examples: str = "") -> argparse.ArgumentParser:
+    """A parser whose help is the benchmark's docstring: its first paragraph as the description,
+    the rest (then `examples`) after the options, line breaks kept."""
+    description, _, rest = doc.strip().partition("\n\n")
+    epilog = "\n\n".join(part for part in (rest, examples) if part) or None
+    return argparse.ArgumentParser(description=description, epilog=epilog,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def positional_args(doc: str, *arguments: tuple[str, Callable, object]) -> list:
+    """The values of a script that takes its arguments by position only, each optional:
+    (name, type, default) per argument, in order. --help prints the docstring."""
+    parser = doc_parser(doc)
+    for name, kind, default in arguments:
+        parser.add_argument(name, nargs="?", type=kind, default=default)
+    parsed = parser.parse_args()
+    return [getattr(parsed, name) for name, _, _ in arguments]
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type for "1,2,4,8": sorted distinct integers >= 1."""
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 1,2,4,8,16") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must name integers >= 1")
+    return values
+
+
+def name_list(text: str) -> list[str]:
+    """argparse type for "inception_v3,randwire": the names in order, duplicates dropped."""
+    names = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names nothing")
+    return names
+
+
+def networks_parser(doc: str, models: str) -> argparse.ArgumentParser:
+    """doc_parser with the options of the IOS benchmarks that time zoo networks in interleaved
+    rounds: --models (default `models`), --batches, --threads, --rounds."""
+    parser = doc_parser(doc)
+    parser.add_argument("--models", type=name_list, default=name_list(models), help=f"zoo models (default {models})")
+    parser.add_argument("--batches", type=int_list, default=[1, 8], help="batch sizes (default 1,8)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
+    return parser
+
+
+def default_profile_path(model: str, prefix: str = "") -> Path:
+    """Where `packrat profile` keeps a model's profile by default: profiles/[prefix]MODEL.csv."""
+    return Path("profiles") / f"{prefix}{Path(model).stem.replace(':', '_')}.csv"
+
+
+def topology_for(threads: int | None):
+    """This process's cores as a Topology, or its first `threads` of them."""
+    from packrat.machine.topology import detect
+
+    topology = detect()
+    if threads is None:
+        return topology
+    if threads > topology.num_cores:
+        raise SystemExit(f"--threads {threads}: this process may use only {topology.num_cores} cores")
+    return detect(set(topology.cores[:threads]))
+
+
+# ---- timing --------------------------------------------------------------------------------------
+
+def elapsed_ms(fn: Callable[[], object]) -> float:
+    """The wall time of one call of fn, in ms."""
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def median_ms(fn: Callable[[], object], iters: int, warmup: int = 0) -> float:
+    """The median wall time (ms) of `iters` calls of fn, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(elapsed_ms(fn) for _ in range(iters))
+
+
+def shuffled_rounds(items: Sequence, rounds: int, rng) -> Iterator[tuple[int, object]]:
+    """(round, item) for every item in rounds 1..`rounds`, each round in a new order from `rng`
+    (a random.Random, or the random module): machine noise then hits every item alike."""
+    for round_index in range(1, rounds + 1):
+        order = list(items)
+        rng.shuffle(order)
+        for item in order:
+            yield round_index, item
+
+
+def interleaved_medians(cases: Mapping[str, Callable[[], float]], rounds: int, rng) -> dict[str, float]:
+    """Each case's median over `rounds` shuffled rounds; a case's call returns its own figure."""
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _, name in shuffled_rounds(list(cases), rounds, rng):
+        samples[name].append(cases[name]())
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+# ---- child processes -----------------------------------------------------------------------------
+
+def first_cores(count: int) -> list[int]:
+    """The first `count` of the cores this process may run on."""
+    return sorted(os.sched_getaffinity(0))[:count]
+
+
+def pin(cores: Sequence[int]) -> None:
+    """This process on `cores`, torch with a thread per core and one inter-op thread: what a
+    timed child does first, before torch runs anything."""
+    os.sched_setaffinity(0, cores)
+    import torch
+
+    torch.set_num_threads(len(cores))
+    torch.set_num_interop_threads(1)
+
+
+def fresh_compile_caches(scratch: Path) -> dict[str, str]:
+    """This process's environment with inductor's and packrat's compile caches in `scratch`, for
+    the children: the first to compile does it cold, the later ones load what it built."""
+    return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
+            "PACKRAT_COMPILE_CACHE": str(scratch / "compiled")}
+
+
+def child_json(command: Sequence[str], *, marker: str = "", check: bool = False, **run) -> dict:
+    """Run a child process; its result is the JSON on its last stdout line that starts with
+    `marker` (libraries print there too). When it fails, times out (`timeout`, passed on with
+    the other keywords to subprocess.run) or prints no result: {"error": why}, or with `check`
+    a RuntimeError."""
+    try:
+        done = subprocess.run(list(command), capture_output=True, text=True, check=False, **run)
+    except subprocess.TimeoutExpired:
+        result = {"error": f"timed out after {run.get('timeout')} s"}
+    else:
+        found = [line[len(marker):] for line in done.stdout.splitlines() if line.startswith(marker) and line.strip()]
+        if done.returncode == 0 and found:
+            return json.loads(found[-1])
+        tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["?"])[-1]
+        result = {"error": f"exit {done.returncode}: {tail[:300]}"}
+    if check:
+        raise RuntimeError(result["error"])
+    return result
+
+
+def error_text(exc: BaseException) -> str:
+    """An exception in one line, with its type: what a benchmark reports for a failed step."""
+    from packrat.errors import first_line
+
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
+# ---- pools ---------------------------------------------------------------------------------------
+
+def pool_requests(spec, batch: int) -> list:
+    """The zoo spec's example batch as `batch` pool requests, one per sample, as a client sends
+    them (raw tensor bytes for one input, a KServe v2 JSON body for several)."""
+    from packrat.codec.codec import sample_request
+    from packrat.serving.pool.api import Request
+
+    return [Request(*sample_request(spec.inputs, sample)) for sample in zip(*spec.example_inputs(batch))]
+
+
+def answered(pool, requests: list) -> list:
+    """The pool's answers to `requests`; RuntimeError when it refused any."""
+    answers = pool.infer(requests)
+    bad = [a for a in answers if not a.ok]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {len(answers)} requests answered {bad[0].status}: {bad[0].reason}")
+    return answers
+
+
+# ---- output --------------------------------------------------------------------------------------
+
+def write_json(path: Path, data) -> None:
+    """`data` as JSON at `path`, its folder made first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def arguments(args: argparse.Namespace) -> dict[str, str]:
+    """The command line's values, each as text, for a JSON report."""
+    return {key: str(value) for key, value in vars(args).items()}
+
+
+def fmt_num(value: float | None, digits: int = 1) -> str:
+    """`value` with `digits` decimals; "-" for None, NaN or infinity."""
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def markdown_row(cells: Iterable) -> str:
+    """One row of a markdown table; cells are str()-ed, pipes escaped."""
+    return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
+
+
+def markdown_head(header: Sequence) -> str:
+    """A markdown table's header row and the line under it."""
+    return markdown_row(header) + "\n" + "|---" * len(header) + "|"
+
+
+def markdown_table(header: Sequence, rows: Iterable[Sequence]) -> str:
+    return "\n".join([markdown_head(header)] + [markdown_row(row) for row in rows])
