@@ -93,12 +93,13 @@ from benchmarks.common import doc_parser, fmt_num, markdown_table as markdown
 from loadtest import run_locust
 from loadtest.payload import PAYLOAD_KINDS
 from loadtest.requestlog import RequestRecord, read_request_log
-from packrat.cli import bench
+from packrat.cli import compare
 from packrat.deploy import torchserve
 from packrat.deploy import archive
 from packrat.settings import Settings
 from packrat.frontends import torchserve_control
-from packrat.cli.main import positive, resolve_profile, users_list
+from packrat.cli.args import positive, users_list
+from packrat.cli.default_profile import resolve_profile
 
 FAULT_KINDS = ("kill", "double-kill", "stop", "worker", "reconfigure")
 STOCK_FAULTS = ("worker",)  # stock TorchServe has no pool
@@ -328,14 +329,14 @@ class Tracker:
         self._lock = threading.Lock()
 
     def java(self) -> int | None:
-        return bench.torchserve_pid(self.run_dir)
+        return compare.torchserve_pid(self.run_dir)
 
     def served(self) -> tuple[list[psutil.Process], list[psutil.Process]]:
         """(TorchServe's Python workers, the pool instances under them), both remembered."""
         java = self.java()
         if java is None:
             return [], []
-        workers, instances = bench.pool_instances(java, WORKER_MARKER), bench.pool_instances(java)
+        workers, instances = compare.pool_instances(java, WORKER_MARKER), compare.pool_instances(java)
         with self._lock:
             self.processes.update((p.pid, p) for p in workers + instances)
         return workers, instances
@@ -390,7 +391,7 @@ class Tracker:
         found = []
         for proc in psutil.process_iter(["pid", "cmdline"]):
             cmdline = " ".join(proc.info["cmdline"] or [])
-            what = "instance" if bench.POOL_MARKER in cmdline else "worker" if WORKER_MARKER in cmdline else None
+            what = "instance" if compare.POOL_MARKER in cmdline else "worker" if WORKER_MARKER in cmdline else None
             if what is None:
                 continue
             try:
@@ -402,7 +403,7 @@ class Tracker:
         return found
 
 
-class Sampler(bench.Periodic):
+class Sampler(compare.Periodic):
     """Resource samples every every_s seconds in a thread, plus those taken by hand."""
 
     def __init__(self, tracker: Tracker, every_s: float, log: Callable[[str], None]):
@@ -706,7 +707,7 @@ def run(args) -> dict:
     faults: list[Fault] = []
     notes: list[str] = []
     schedule = [] if args.soak else fault_schedule(args.faults, args.every, args.duration)
-    with bench.warmed_server(f"{mode}/{args.handler}", args.model, mar, run_dir, users, args.warmup, log,
+    with compare.warmed_server(f"{mode}/{args.handler}", args.model, mar, run_dir, users, args.warmup, log,
                              payload=args.payload) as (server, token):
         injector = Injector(server, args.handler, args.batch_size, tracker, rng, stop_s=args.stop_s,
                             replace_wait_s=min(args.replace_wait, args.every), log=log)
@@ -853,7 +854,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["markdown"] = format_report(report)
     print(report["markdown"])
     if args.json:
-        bench.save_json(args.json, report)
+        compare.save_json(args.json, report)
         log(f"report written to {args.json}")
     return 0
 

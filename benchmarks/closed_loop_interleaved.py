@@ -20,7 +20,7 @@ from benchmarks.common import default_profile_path, int_list, positional_args, w
 
 from loadtest import run_locust
 from loadtest.payload import natural_payload
-from packrat.cli import bench
+from packrat.cli import compare
 from packrat.deploy import archive
 from packrat.settings import Settings
 
@@ -42,7 +42,7 @@ for batch in batches:
                                 reconfigure=False)
             mar = archive.build(settings, run_dir / "model_store", name=model, handler=handler, max_batch_delay_ms=50,
                                 **extra)
-            servers[name] = stack.enter_context(bench.warmed_server(name, model, mar, run_dir, batch, 8.0, print,
+            servers[name] = stack.enter_context(compare.warmed_server(name, model, mar, run_dir, batch, 8.0, print,
                                                                     payload=payload))
         order = list(servers)
         for r in range(rounds):

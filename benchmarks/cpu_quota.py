@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import ROOT, child_json, doc_parser, pool_requests, write_json
+from benchmarks.common import ROOT, answered, child_json, doc_parser, elapsed_ms, pool_requests, write_json
 
 CGROUP = Path("/sys/fs/cgroup/cpu/packrat-bench-quota")
 PERIOD_US = 100_000
@@ -33,7 +33,6 @@ PERIOD_US = 100_000
 
 def inside(args: argparse.Namespace) -> dict:
     """Run in the cgroup: both plans' pools, interleaved; their medians."""
-    from packrat.cli.bench import _answered, _timed
     from packrat.machine.budget import cpu_budget
     from packrat.models.modes import served
     from packrat.models.zoo import resolve
@@ -56,10 +55,10 @@ def inside(args: argparse.Namespace) -> dict:
         for name, plan in plans.items():
             # One pool at a time: an idle pool's OpenMP threads spin, and that would eat the quota.
             with InstancePool.from_plan(config, plan) as pool:
-                _answered(pool, requests)  # warm-up
+                answered(pool, requests)  # warm-up
                 started, count = time.monotonic(), 0
                 while time.monotonic() - started < args.seconds:
-                    latencies[name].append(_timed(lambda: _answered(pool, requests)))
+                    latencies[name].append(elapsed_ms(lambda: answered(pool, requests)))
                     count += 1
                 served[name] += count * len(requests) / (time.monotonic() - started)
     medians = {name: statistics.median(values) for name, values in latencies.items()}

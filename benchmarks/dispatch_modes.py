@@ -10,7 +10,7 @@ since issue 16), with stock TorchServe beside them. Closed loop, B users, JPEG p
 import sys
 from pathlib import Path
 
-from packrat.cli import bench
+from packrat.cli import compare
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
 from benchmarks.common import positional_args
@@ -21,7 +21,7 @@ configs = (("stock", "stock", "auto"),
            ("whole-batches", "packrat", "auto", {"async_worker": False}),
            ("gather-0ms", "packrat", "auto", {"async_worker": True, "gather_ms": 0}),
            ("gather-30ms", "packrat", "auto", {"async_worker": True, "gather_ms": 30}))
-runs = bench.server_bench(model, batch, Path("profiles") / f"{model}.csv", out, duration_s=duration, configs=configs,
+runs = compare.server_bench(model, batch, Path("profiles") / f"{model}.csv", out, duration_s=duration, configs=configs,
                           max_batch_delay_ms=50)
 print(f"\n{model}, B={batch}, {batch} users, {duration:.0f} s each (locust on the same cores)")
-print(bench.format_server_results(runs))
+print(compare.format_server_results(runs))

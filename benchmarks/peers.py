@@ -723,7 +723,7 @@ def _physical_cores() -> list[int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    from packrat.cli.main import int_list  # the CLI's own list type ("1,4,8", "1-4")
+    from packrat.cli.args import int_list  # the CLI's own list type ("1,4,8", "1-4")
 
     p = doc_parser(__doc__)
     p.add_argument("--model", default="resnet50", help="zoo model (default resnet50; e.g. bert_base, tiny)")

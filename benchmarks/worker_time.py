@@ -28,7 +28,7 @@ from loadtest import run_locust
 from loadtest.payload import build_payload
 from packrat.deploy import torchserve
 from packrat.deploy import archive
-from packrat.cli.bench import torchserve_pid
+from packrat.cli.compare import torchserve_pid
 from packrat.codec.codec import Codec, CodecConfig
 from packrat.models.zoo import resolve
 from packrat.settings import Settings

@@ -43,10 +43,14 @@ from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import common
+from packrat.frontends.torchserve_control import (
+    CONTROL_ENV,
+    note_worker_start,
+    read_reconfigure_request,
+)
 from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer
 from packrat.serving.pool.child import exit_with_parent
-from packrat.frontends.torchserve_control import CONTROL_ENV, note_worker_start, read_reconfigure_request
 
 METRICS_PERIOD_S = 1.0
 CONTROL_POLL_S = 0.5

@@ -9,9 +9,9 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import common
 from packrat.codec.codec import Codec
+from packrat.models.zoo import prepare
 from packrat.serving.engine import codec_config, model_config
 from packrat.serving.inference import answer_batch
-from packrat.models.zoo import prepare
 from packrat.serving.pool.api import Answer
 
 

@@ -8,15 +8,22 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from packrat.cli import bench
+from packrat.cli import bench as cli_bench
+from packrat.cli import compare, default_profile
 from packrat.cli import main as cli
-from packrat.cli.bench import UsersPattern
+from packrat.cli import serve as cli_serve
+from packrat.cli.compare import UsersPattern
 from packrat.cli.main import main
+from packrat.deploy import archive as deploy_archive
+from packrat.deploy import torchserve
+from packrat.profiling import profiler
+from packrat.profiling.profiles import load
 
 PROFILE = """# model: toy
 threads,batch,latency_ms
@@ -174,13 +181,13 @@ def test_profile_contention_flags(monkeypatch, profile, capsys):
 
     def fake_run(settings, threads, batches, out, progress=True):
         seen.append(settings.contention)
-        return cli.load(profile)
+        return load(profile)
 
-    monkeypatch.setattr(cli.profiler, "run", fake_run)
+    monkeypatch.setattr(profiler, "run", fake_run)
     base = ["profile", "--model", "tiny", "--threads", "1", "--out", str(profile), "--quiet"]
     for flags in ([], ["--contention"], ["--isolated"]):
         assert main(base + flags) == 0
-    assert seen == [cli.profiler.DEFAULT_CONTENTION, True, False]
+    assert seen == [profiler.DEFAULT_CONTENTION, True, False]
     with pytest.raises(SystemExit):
         main(base + ["--contention", "--isolated"])
     assert "not allowed with argument" in capsys.readouterr().err
@@ -189,11 +196,11 @@ def test_profile_contention_flags(monkeypatch, profile, capsys):
 # --- bench: users patterns, payload, tokenizer, kills -------------------------------------------
 
 def test_users_patterns_relative_to_the_batch():
-    patterns = bench.parse_users("B, 2B,4,b")
+    patterns = compare.parse_users("B, 2B,4,b")
     assert patterns == [UsersPattern(1, True), UsersPattern(2, True), UsersPattern(4, False)]
     assert [str(p) for p in patterns] == ["B", "2B", "4"]
-    assert bench.users_for_batch(patterns, 4) == [(4, "B"), (8, "2B")]  # 4 users twice: run once
-    assert bench.users_for_batch(patterns, 8) == [(8, "B"), (16, "2B"), (4, "4")]
+    assert compare.users_for_batch(patterns, 4) == [(4, "B"), (8, "2B")]  # 4 users twice: run once
+    assert compare.users_for_batch(patterns, 8) == [(8, "B"), (16, "2B"), (4, "4")]
     assert cli.build_parser().parse_args(["bench", "--users", "4,2B"]).users == [UsersPattern(4, False),
                                                                                  UsersPattern(2, True)]
     assert cli.build_parser().parse_args(["bench"]).users == [UsersPattern(1, True)]
@@ -209,7 +216,7 @@ def test_bad_users_pattern_is_an_argparse_error(text, capsys):
 
 def test_text_payload_without_tokenizer_is_one_line_error(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "resolve_profile", lambda *a, **k: pytest.fail("checked after the profile"))
+    monkeypatch.setattr(cli_bench, "resolve_profile", lambda *a, **k: pytest.fail("checked after the profile"))
     assert main(["bench", "--model", "bert_base"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--tokenizer DIR" in err and "tokenizer.json" in err and "\n" not in err
@@ -220,8 +227,8 @@ def test_text_payload_without_tokenizer_is_one_line_error(tmp_path, monkeypatch,
 
 def test_bench_passes_payload_tokenizer_users_and_kills(tmp_path, monkeypatch):
     calls = {}
-    monkeypatch.setattr(cli, "resolve_profile", lambda model, given, **kw: tmp_path / "p.csv")
-    monkeypatch.setattr(cli, "run_server_bench", lambda *args, **kw: calls.update(args=args, kw=kw) or 0)
+    monkeypatch.setattr(cli_bench, "resolve_profile", lambda model, given, **kw: tmp_path / "p.csv")
+    monkeypatch.setattr(cli_bench, "run_server_bench", lambda *args, **kw: calls.update(args=args, kw=kw) or 0)
     out = tmp_path / "out"
     assert main(["bench", "--model", "gpt2", "--demo-tokenizer", "--users", "B,2B", "--kill-every", "5",
                  "--batch-size", "2,4", "--out", str(out)]) == 0
@@ -248,11 +255,12 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
     from loadtest import LoadResult
 
     events = []
-    monkeypatch.setattr(bench.archive, "build", lambda *a, **kw: events.append(("archive", kw)) or tmp_path / "m.mar")
-    monkeypatch.setattr(bench.torchserve, "Server", FakeServer)
-    monkeypatch.setattr(bench.torchserve.Ports, "free", classmethod(lambda cls: None))
-    monkeypatch.setattr(bench.torchserve, "start", lambda server, mar: events.append(("start",)) or server)
-    monkeypatch.setattr(bench.torchserve, "stop", lambda server: events.append(("stop",)))
+    monkeypatch.setattr(compare.archive, "build",
+                        lambda settings, out, **kw: events.append(("archive", {**asdict(settings), **kw})) or out / "m.mar")
+    monkeypatch.setattr(compare.torchserve, "Server", FakeServer)
+    monkeypatch.setattr(compare.torchserve.Ports, "free", classmethod(lambda cls: None))
+    monkeypatch.setattr(compare.torchserve, "start", lambda server, mar: events.append(("start",)) or server)
+    monkeypatch.setattr(compare.torchserve, "stop", lambda server: events.append(("stop",)))
 
     def fake_locust(host, model, users, duration_s, out_dir, **kw):
         events.append(("locust", out_dir.name, users, kw["payload"]))
@@ -260,28 +268,28 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
         return LoadResult(10, 0, 1.0, 2.0, 3.0, 1.5, 5.0, 2.0, response_times={1.0: 10})
 
     monkeypatch.setattr(loadtest, "run_locust", fake_locust)
-    runs = bench.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=1, users=[UsersPattern(1, True),
+    runs = compare.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=1, users=[UsersPattern(1, True),
                               UsersPattern(2, True)], payload="jpeg", kill_every_s=0.01, log=lambda *_: None)
     starts = [e for e in events if e[0] == "start"]
     assert len(starts) == 3  # once per configuration, not per users pattern
     loads = [e for e in events if e[0] == "locust"]
     assert [e[1] for e in loads] == ["warmup", "load-u4", "load-u8"] * 3
     assert {e[3] for e in loads} == {"jpeg"}
-    assert all("tokenizer" not in e[1] for e in events if e[0] == "archive")  # none given: keyword left out
+    assert all(e[1]["tokenizer"] is None for e in events if e[0] == "archive")  # none given
     archive_kw = [e[1] for e in events if e[0] == "archive"]
     assert {kw["max_batch_delay_ms"] for kw in archive_kw} == {100} and not any(kw["reconfigure"] for kw in archive_kw)
     assert [(r.config, r.users, r.users_pattern, r.kills) for r in runs] == [
         ("stock", 4, "B", None), ("stock", 8, "2B", None), ("packrat-fat", 4, "B", 0), ("packrat-fat", 8, "2B", 0),
         ("packrat-plan", 4, "B", 0), ("packrat-plan", 8, "2B", 0)]
-    table = bench.format_server_results(runs, kills=True).splitlines()
+    table = compare.format_server_results(runs, kills=True).splitlines()
     assert table[0].split() == ["config", "users", "requests", "failures", "p50", "ms", "p95", "ms", "p99", "ms",
                                 "req/s", "kills"]
     assert table[1].split()[-1] == "-" and table[3].split()[-1] == "0" and "8 (2B)" in table[2]
 
     events.clear()
-    bench.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=1, tokenizer=tmp_path / "tokenizer.json",
-                       configs=bench.SERVER_CONFIGS[:1], log=lambda *_: None)
-    assert [e[1]["tokenizer"] for e in events if e[0] == "archive"] == [tmp_path / "tokenizer.json"]
+    compare.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=1, tokenizer=tmp_path / "tokenizer.json",
+                       configs=compare.SERVER_CONFIGS[:1], log=lambda *_: None)
+    assert [e[1]["tokenizer"] for e in events if e[0] == "archive"] == [str(tmp_path / "tokenizer.json")]
     assert [e[3] for e in events if e[0] == "locust"] == ["jpeg", "jpeg"]  # tiny's natural payload
 
 
@@ -290,11 +298,11 @@ def test_server_bench_json_has_payload_users_and_kills(tmp_path, monkeypatch, ca
 
     def fake_bench(model, batch, profile, out_dir, **kw):
         load = LoadResult(10, 0, 1.0, 2.0, 3.0, 1.5, 5.0, 2.0, response_times={1.0: 10})
-        return [bench.ServerRun(batch, "stock", batch, "B", kw["payload"], None, load),
-                bench.ServerRun(batch, "packrat-plan", batch, "B", kw["payload"], 3, load)]
+        return [compare.ServerRun(batch, "stock", batch, "B", kw["payload"], None, load),
+                compare.ServerRun(batch, "packrat-plan", batch, "B", kw["payload"], 3, load)]
 
-    monkeypatch.setattr(bench, "server_bench", fake_bench)
-    assert cli.run_server_bench("tiny", [2], tmp_path / "p.csv", tmp_path, 1.0, [UsersPattern(1, True)],
+    monkeypatch.setattr(compare, "server_bench", fake_bench)
+    assert cli_bench.run_server_bench("tiny", [2], tmp_path / "p.csv", tmp_path, 1.0, [UsersPattern(1, True)],
                                 payload="raw", kill_every=2.0) == 0
     out = capsys.readouterr().out
     assert "payload raw" in out and "users B=2" in out and "every 2 s" in out
@@ -316,21 +324,21 @@ def test_profile_given_default_or_measured(tmp_path, monkeypatch, capsys):
         calls.append((model, path, list(batches)))
         path.write_text(PROFILE)
 
-    monkeypatch.setattr(cli, "measure_profile", fake_measure)
-    monkeypatch.setattr(cli, "local_cores", lambda: 2)
+    monkeypatch.setattr(default_profile, "measure_profile", fake_measure)
+    monkeypatch.setattr(default_profile, "local_cores", lambda: 2)
     given = tmp_path / "mine.csv"
     given.write_text(PROFILE)
-    assert cli.resolve_profile("resnet50", given) == given and not calls
+    assert default_profile.resolve_profile("resnet50", given) == given and not calls
     with pytest.raises(ValueError, match=r"no profile at .*nope.csv \(--profile\)"):
-        cli.resolve_profile("resnet50", tmp_path / "nope.csv")
+        default_profile.resolve_profile("resnet50", tmp_path / "nope.csv")
     assert not calls  # a missing --profile is an error, never measured
 
-    path = cli.resolve_profile("resnet50", None, batch_sizes=[16, 4])
+    path = default_profile.resolve_profile("resnet50", None, batch_sizes=[16, 4])
     assert path == Path("profiles/resnet50.csv") and calls == [("resnet50", path, [1, 2, 4, 8, 16])]
     err = capsys.readouterr().err
     assert "no profile at profiles/resnet50.csv: measuring one now (10 points, about" in err
     assert "next time it is reused" in err
-    assert cli.resolve_profile("resnet50", None) == path and len(calls) == 1  # reused
+    assert default_profile.resolve_profile("resnet50", None) == path and len(calls) == 1  # reused
 
 
 def test_measure_profile_renames_a_complete_measurement(tmp_path, monkeypatch):
@@ -340,38 +348,38 @@ def test_measure_profile_renames_a_complete_measurement(tmp_path, monkeypatch):
         written.append((Path(out).name, settings.warmup, settings.min_time, threads, batches, settings.contention))
         Path(out).write_text(PROFILE)
 
-    monkeypatch.setattr(cli.profiler, "run", fake_run)
-    monkeypatch.setattr(cli, "local_cores", lambda: 2)
+    monkeypatch.setattr(profiler, "run", fake_run)
+    monkeypatch.setattr(default_profile, "local_cores", lambda: 2)
     path = tmp_path / "toy.csv"
-    profile = cli.measure_profile("tiny", path, [4, 1, 2])
-    assert written == [("toy.partial.csv", 3, 2.0, [1, 2], [1, 2, 4], cli.profiler.DEFAULT_CONTENTION)]
+    profile = default_profile.measure_profile("tiny", path, [4, 1, 2])
+    assert written == [("toy.partial.csv", 3, 2.0, [1, 2], [1, 2, 4], profiler.DEFAULT_CONTENTION)]
     assert path.exists() and not (tmp_path / "toy.partial.csv").exists() and profile.batches == [1, 2, 4]
-    cli.measure_profile("tiny", path, [8])  # an existing file is filled in place, in the kind it holds
+    default_profile.measure_profile("tiny", path, [8])  # an existing file is filled in place, in the kind it holds
     assert written[-1][0] == "toy.csv" and written[-1][-1] is False
     path.write_text(LOADED_PROFILE)
-    cli.measure_profile("tiny", path, [8])
+    default_profile.measure_profile("tiny", path, [8])
     assert written[-1][-1] is True
 
 
 def test_archive_passes_tokenizer_labels_and_body_limit(tmp_path, monkeypatch, profile, capsys):
     monkeypatch.chdir(tmp_path)
     seen = {}
-    monkeypatch.setattr(cli.archive, "build", lambda model, prof, out, **kw: seen.update(kw, profile=prof)
+    monkeypatch.setattr(deploy_archive, "build", lambda settings, out, **kw: seen.update(asdict(settings), **kw)
                         or out / "tiny.mar")
-    monkeypatch.setattr(cli, "measure_profile", lambda model, path, batches, **kw: path.write_text(PROFILE))
+    monkeypatch.setattr(default_profile, "measure_profile", lambda model, path, batches, **kw: path.write_text(PROFILE))
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "tokenizer.json").write_text("{}")
     labels = tmp_path / "index_to_name.json"
     labels.write_text('{"0": "tench"}')
     assert main(["archive", "--model", "tiny", "--profile", str(profile), "--tokenizer", "tok",
                  "--labels", str(labels), "--max-body-mb", "1.5", "--truncate-text"]) == 0
-    assert seen["tokenizer"] == Path("tok/tokenizer.json") and seen["labels"] == labels and seen["truncate_text"]
-    assert seen["max_body_bytes"] == int(1.5 * 2**20) and seen["profile"] == [profile] and seen["cores"] is None
+    assert seen["tokenizer"] == "tok/tokenizer.json" and seen["labels"] == str(labels) and seen["truncate_text"]
+    assert seen["max_body_bytes"] == int(1.5 * 2**20) and seen["profiles"] == (str(profile),) and seen["cores"] is None
     assert main(["archive", "--model", "tiny"]) == 0  # no profile: measured at the default, then used
-    assert seen["profile"] == [Path("profiles/tiny.csv")] and (tmp_path / "profiles/tiny.csv").exists()
+    assert seen["profiles"] == ("profiles/tiny.csv",) and (tmp_path / "profiles/tiny.csv").exists()
     assert main(["archive", "--model", "tiny", "--profile", str(profile), "--profile", "profiles/tiny.csv",
                  "--cores", "3"]) == 0  # one profile per machine type, and a CPU budget
-    assert seen["profile"] == [profile, Path("profiles/tiny.csv")] and seen["cores"] == 3
+    assert seen["profiles"] == (str(profile), "profiles/tiny.csv") and seen["cores"] == 3
     assert (seen["tokenizer"], seen["labels"], seen["max_body_bytes"], seen["truncate_text"]) == \
         (None, None, 16 * 2**20, False)
     assert main(["archive", "--model", "tiny", "--profile", "missing.csv"]) == 2
@@ -391,7 +399,7 @@ def test_profile_replay_prints_points_against_the_grid(tmp_path, capsys):
     body = json.loads(capsys.readouterr().out)
     assert body["grid"] == 56 and 0 < body["points"] < 56 and body["out"] == str(out)
     assert {"fraction", "measure_s", "full_grid_s", "saved_s", "saved"} <= set(body)
-    assert len(cli.load(out).latency) == body["points"]
+    assert len(load(out).latency) == body["points"]
     assert main(["profile", "--replay", str(full), "--out", str(out), "--quiet"]) == 0
     assert f"{body['points']} of the grid's 56 points" in capsys.readouterr().out
 
@@ -420,82 +428,12 @@ def test_bad_recovery_flags_name_the_flag(flag, value, capsys):
 
 def test_archive_passes_recovery_settings(tmp_path, monkeypatch, profile):
     seen = {}
-    monkeypatch.setattr(cli.archive, "build", lambda model, prof, out, **kw: seen.update(kw) or out / "tiny.mar")
+    monkeypatch.setattr(deploy_archive, "build", lambda settings, out, **kw: seen.update(asdict(settings)) or out / "tiny.mar")
     assert main(["archive", "--model", "tiny", "--profile", str(profile), "--export-path", str(tmp_path)]) == 0
     assert (seen["request_timeout_s"], seen["max_queue"], seen["batch_timeout_s"]) == (None, None, None)
     assert main(["archive", "--model", "tiny", "--profile", str(profile), "--export-path", str(tmp_path)]
                 + RECOVERY_FLAGS) == 0
     assert (seen["request_timeout_s"], seen["max_queue"], seen["batch_timeout_s"]) == (30.0, 50, 7.5)
-
-
-def packrat_section(text: str) -> dict:
-    import yaml
-
-    return yaml.safe_load(text)["packrat"]
-
-
-def test_model_config_yaml_writes_recovery_keys_only_when_given():
-    from packrat.deploy import archive
-
-    base = ("resnet50", "profile.csv", 8, 50, "auto", "packrat", None)
-    assert not set(archive.RECOVERY_KEYS) & set(packrat_section(archive.model_config_yaml(*base)))
-    given = {"request_timeout_s": 30.0, "max_queue": 50, "batch_timeout_s": None, "hang_factor": 4, "hang_floor_s": 2.5}
-    section = packrat_section(archive.model_config_yaml(*base, recovery=given))
-    assert {k: section[k] for k in archive.RECOVERY_KEYS if k in section} == \
-        {"request_timeout_s": 30.0, "max_queue": 50, "hang_factor": 4, "hang_floor_s": 2.5}
-    assert section["max_batch"] == 8  # the rest as before
-    with pytest.raises(ValueError, match="unknown recovery setting"):
-        archive.model_config_yaml(*base, recovery={"request_timeout": 30})
-
-
-def test_archive_writes_the_recovery_settings_given(tmp_path, monkeypatch, profile):
-    from packrat.deploy import archive
-
-    configs = []
-
-    def fake_tool(cmd):  # torch-model-archiver: keep the config it would pack
-        configs.append(Path(cmd[cmd.index("--config-file") + 1]).read_text())
-
-    monkeypatch.setattr(archive, "_run_tool", fake_tool)
-    archive.build("tiny", profile, tmp_path, batch_size=4)
-    archive.build("tiny", profile, tmp_path, batch_size=4, request_timeout_s=60.0, max_queue=10,
-                    batch_timeout_s=3.0, hang_factor=8.0, hang_floor_s=1.0)
-    assert not set(archive.RECOVERY_KEYS) & set(packrat_section(configs[0]))
-    section = packrat_section(configs[1])
-    assert [section[k] for k in archive.RECOVERY_KEYS] == [60.0, 10, 3.0, 8.0, 1.0]
-
-
-def test_archive_ships_every_profile_and_builds_for_the_one_chosen_here(tmp_path, monkeypatch):
-    """Several profiles (one per machine type) ship as profile-0.csv, ...; what the archive builds here
-    (compiled packages for the first plan) follows the profile this machine would choose, planned for --cores."""
-    from packrat.machine import topology
-    from packrat.deploy import archive
-
-    configs, compiled = [], []
-
-    def fake_tool(cmd):
-        configs.append((Path(cmd[cmd.index("--config-file") + 1]).read_text(), cmd[cmd.index("--extra-files") + 1]))
-
-    monkeypatch.setattr(archive, "_run_tool", fake_tool)
-    monkeypatch.setattr(archive, "compiled_files", lambda spec, batch, instances: compiled.append(instances) or [])
-    monkeypatch.delenv("PACKRAT_CORES", raising=False)
-    profiles = []
-    for index, (cpu, mode) in enumerate((("Other CPU", "compile"), ("This CPU", "eager"))):
-        profiles.append(tmp_path / f"p{index}.csv")
-        profiles[-1].write_text(f"# cpu: {cpu}\n# cores: 2\n# mode: {mode}\n" + PROFILE)
-    monkeypatch.setattr(topology, "cpu_model", lambda: "This CPU")
-    archive.build("tiny", profiles, tmp_path, batch_size=4, cores=1)
-    section = packrat_section(configs[-1][0])
-    assert section["profiles"] == ["profile-0.csv", "profile-1.csv"] and "profile" not in section
-    assert section["cores"] == 1
-    assert [Path(f).name for f in configs[-1][1].split(",") if "profile" in f] == ["profile-0.csv", "profile-1.csv"]
-    assert compiled == []  # this CPU's profile was measured eager: nothing to compile
-    monkeypatch.setattr(topology, "cpu_model", lambda: "Other CPU")
-    archive.build("tiny", profiles, tmp_path, batch_size=4, cores=1)
-    assert compiled == [{(1, 4)}]  # the compile profile, planned for the 1 core asked for
-    archive.build("tiny", profiles[0], tmp_path, batch_size=4)  # one profile: as before, on both cores
-    section = packrat_section(configs[-1][0])
-    assert section["profile"] == "profile.csv" and "cores" not in section and compiled[-1] == {(1, 2), (2, 4)}
 
 
 @pytest.mark.parametrize("command", ["archive", "serve"])
@@ -541,7 +479,7 @@ def test_reconfigure_command_asks_the_recorded_server(tmp_path, monkeypatch, cap
     run_dir.mkdir()
     torchserve.Server(run_dir, "toy", torchserve.Ports(), token_auth=False).save()
     running = []
-    monkeypatch.setattr(cli.torchserve, "java_running", lambda server: bool(running))
+    monkeypatch.setattr(torchserve, "java_running", lambda server: bool(running))
     assert main(["reconfigure", "--run-dir", str(run_dir), "--batch", "4"]) == 2
     assert "TorchServe is not running" in capsys.readouterr().err
     running.append(True)
@@ -568,8 +506,8 @@ def test_status_reports_recovery_counts(monkeypatch, capsys, tmp_path):
               "answered": 40, "refused": 0, "watchdog_kills": 2, "expired": 1, "requeued": 5}
     plan = {"batch": 4, "threads": 2, "instances": [{"threads": 1, "batch": 2, "cores": [0]},
                                                     {"threads": 1, "batch": 2, "cores": [1]}]}
-    monkeypatch.setattr(cli.torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny")))
-    monkeypatch.setattr(cli.torchserve, "handler_status", lambda server: {"plan": plan, "mode": "script",
+    monkeypatch.setattr(torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny")))
+    monkeypatch.setattr(torchserve, "handler_status", lambda server: {"plan": plan, "mode": "script",
                                                                       "health": health, "reconfigurations": []})
     assert cli.main(["status", "--run-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -583,8 +521,8 @@ def test_status_reports_the_cpu_budget_and_profile(monkeypatch, capsys, tmp_path
     status = {"plan": {"batch": 4, "threads": 4, "instances": [{"threads": 4, "batch": 4, "cores": [0, 1, 2, 3]}]},
               "mode": "compile", "reconfigurations": [], "cpu_budget": budget,
               "profile": "profile-1.csv: taken on This CPU, 4 cores; ..."}
-    monkeypatch.setattr(cli.torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny")))
-    monkeypatch.setattr(cli.torchserve, "handler_status", lambda server: status)
+    monkeypatch.setattr(torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny")))
+    monkeypatch.setattr(torchserve, "handler_status", lambda server: status)
     assert cli.main(["status", "--run-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"CPU budget: 4 cores (cgroup v2 cpu.max: {budget['detail']})" in out
@@ -601,7 +539,7 @@ def test_serve_on_ray_sends_the_archive_settings_with_absolute_paths(tmp_path, m
     args = cli.build_parser().parse_args(["serve", "--engine", "ray", "--model", "tiny", "--profile", "tiny.csv",
                                           "--batch-size", "4", "--cores", "1", "--replicas", "2",
                                           "--request-timeout", "30", "--no-reconfigure"])
-    app_args = cli.ray_app_args(args)
+    app_args = cli_serve.ray_app_args(args)
     assert app_args["profiles"] == [str(profile)] and app_args["model"] == "tiny"
     assert (app_args["max_batch"], app_args["cores"], app_args["replicas"]) == (4, 1, 2)
     assert app_args["request_timeout_s"] == 30 and app_args["reconfigure"] is False

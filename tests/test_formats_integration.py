@@ -29,7 +29,7 @@ from PIL import Image
 from loadtest.tokenizer import build_demo_tokenizer
 from packrat.deploy import torchserve
 from packrat.deploy import archive
-from packrat.cli.bench import pool_instances, torchserve_pid
+from packrat.cli.compare import pool_instances, torchserve_pid
 from packrat.codec.codec import Codec, CodecConfig
 from packrat.serving.inference import answer_batch
 from packrat.models.zoo import prepare, resolve

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from packrat.cli import main as cli
+from packrat.cli.ready import cmd_ready
 from packrat.deploy import k8s
 from packrat.deploy import torchserve
 from packrat.deploy import archive
@@ -170,7 +171,7 @@ def test_readiness_is_packrat_ready_not_ping(rendered):
                 command = container[probe]["exec"]["command"]
                 assert command[:2] == ["packrat", "ready"] and "ping" not in json.dumps(container[probe])
                 args = cli.build_parser().parse_args(command[1:])  # a command packrat really has
-                assert args.func is cli.cmd_ready and args.model == settings.name
+                assert args.func is cmd_ready and args.model == settings.name
                 assert args.run_dir == Path(container["workingDir"])  # where TorchServe writes key_file.json
             assert container["livenessProbe"]["tcpSocket"]["port"] == 8080
 

@@ -22,7 +22,7 @@ from loadtest.requestlog import read_request_log
 from loadtest.runner import HistoryRow, parse_history, parse_json_stats
 from loadtest.steps import parse_steps, step_markers
 from loadtest.tokenizer import build_demo_tokenizer, demo_tokenizer_kind
-from packrat.cli import bench
+from packrat.cli import compare
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_BYTES = 3 * 32 * 32 * 4  # one float32 sample of the tiny model
@@ -148,10 +148,10 @@ def _kill_by_pid(pids):
 
 
 def test_torchserve_pid_from_run_dir(tmp_path):
-    assert bench.torchserve_pid(tmp_path) is None
+    assert compare.torchserve_pid(tmp_path) is None
     (tmp_path / "tmp").mkdir()
     (tmp_path / "tmp" / ".model_server.pid").write_text("4242\n")
-    assert bench.torchserve_pid(tmp_path) == 4242
+    assert compare.torchserve_pid(tmp_path) == 4242
 
 
 def test_kills_only_pool_instances_under_the_root():
@@ -160,22 +160,22 @@ def test_kills_only_pool_instances_under_the_root():
     pids = [int(p) for p in parent.stdout.readline().split()]
     try:
         kids, other = pids[:2], pids[2]
-        found = [p.pid for p in bench.pool_instances(parent.pid)]
+        found = [p.pid for p in compare.pool_instances(parent.pid)]
         assert sorted(found) == sorted(kids) and other not in found and outsider.pid not in found
-        assert bench.pool_instances(2**22 + 12345) == []  # no such process
+        assert compare.pool_instances(2**22 + 12345) == []  # no such process
 
-        first = bench.kill_one(parent.pid)
+        first = compare.kill_one(parent.pid)
         assert first in kids
         deadline = time.monotonic() + 10  # SIGKILL lands asynchronously
         while psutil.Process(first).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert [p.pid for p in bench.pool_instances(parent.pid)] == [k for k in kids if k != first]  # zombie skipped
-        with bench.InstanceKiller(lambda: parent.pid, every_s=0.02) as killer:
+        assert [p.pid for p in compare.pool_instances(parent.pid)] == [k for k in kids if k != first]  # zombie skipped
+        with compare.InstanceKiller(lambda: parent.pid, every_s=0.02) as killer:
             deadline = time.monotonic() + 10
             while not killer.misses and time.monotonic() < deadline:
                 time.sleep(0.02)
         assert killer.kills == 1 and [pid for _, pid in killer.killed] == [k for k in kids if k != first]
-        assert killer.misses >= 1 and bench.kill_one(parent.pid) is None
+        assert killer.misses >= 1 and compare.kill_one(parent.pid) is None
         assert psutil.Process(other).status() != psutil.STATUS_ZOMBIE
         assert outsider.poll() is None  # untouched
     finally:

@@ -1,458 +1,149 @@
-"""`packrat bench`: fat vs planned, through real TorchServe with locust, or the pool alone.
-
-Server mode runs, one after another, (a) stock TorchServe with the stock handler and
-TorchServe's default workers, (b) the packrat handler with the fat plan ⟨1, T, B⟩ and
-(c) the packrat handler with the planned ⟨i, t, b⟩; each server is started once per batch
-size, warmed up, then loaded by locust once per users pattern (exact counts from its JSON
-output). With a kill interval, one pool instance of the packrat servers is killed (SIGKILL)
-every few seconds during each measured run, to measure serving through crashes.
-
-Pool-only mode needs neither Java nor locust: the model called in this process, the same
-with the codec's decode/encode around it, the fat pool and the planned pool answering raw
-requests, measured in interleaved rounds so machine noise hits them alike; medians and
-ratios are reported.
-"""
+"""`packrat bench`: fat vs planned (and stock), through real TorchServe with locust, or the pool alone."""
 
 from __future__ import annotations
 
+import argparse
 import json
-import re
-import statistics
-import threading
-import time
-from collections.abc import Callable, Collection, Sequence
-from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import psutil
-
-from packrat.deploy import torchserve
-from packrat.deploy import archive
-from packrat.planning.planner import Plan, serving_plan
-from packrat.profiling.profiles import load
-from packrat.machine.budget import cpu_budget
-
-if TYPE_CHECKING:
-    from loadtest import LoadResult
-
-    from packrat.serving.pool.instance_pool import InstancePool
-
-SERVER_CONFIGS = (  # name, handler, plan mode (fixed plans: no reconfiguration)
-    ("stock", "stock", "auto"),
-    ("packrat-fat", "packrat", "fat"),
-    ("packrat-plan", "packrat", "auto"),
+from packrat.cli import compare
+from packrat.cli.args import (
+    int_list,
+    local_cores,
+    model_args,
+    positive,
+    tokenizer_path,
+    users_list,
 )
+from packrat.cli.default_profile import resolve_profile
 
 
-# ---- pool only ------------------------------------------------------------------------------
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
-
-
-def _codec_path(codec, module, bodies: list[tuple[bytes, str]]) -> None:
-    """The work the packrat path adds to the model, done in this process: decode each request,
-    run the batch, encode each answer."""
-    from packrat.serving.inference import batched
-
-    decoded = [codec.decode(body, kind) for body, kind in bodies]
-    outputs = module(*batched([d.samples for d in decoded]))
-    [codec.encode(row.unsqueeze(0), d) for row, d in zip(outputs, decoded)]
-
-
-def _answered(pool: InstancePool, requests: list) -> None:
-    answers = pool.infer(requests)
-    bad = [a for a in answers if not a.ok]
-    if bad:
-        raise RuntimeError(f"the pool refused {len(bad)} of {len(answers)} requests: {bad[0].status} {bad[0].reason}")
-
-
-def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, progress=None) -> dict:
-    """Median latency (ms) of each configuration at batch `batch` on this machine's cores:
-    the model in this process, plus the codec (decode/encode), the fat pool and the planned
-    pool (both answering `batch` raw-tensor requests, codec inside the instances)."""
-    import torch
-
-    from packrat.codec.codec import Codec, CodecConfig, sample_request
-    from packrat.models.modes import served
-    from packrat.models.zoo import prepare, resolve
-    from packrat.serving.pool.instance_pool import InstancePool
-    from packrat.serving.pool.api import ModelConfig, Request
-
-    topology = cpu_budget().topology
-    threads = topology.num_cores
-    profile = load(profile_path)
-    items, mode = profile.items(), served(profile.metadata.get("mode"))
-    fat_plan, _ = serving_plan(items, threads, batch, topology, "fat")
-    plan, fallback = serving_plan(items, threads, batch, topology, "auto")
-    spec = resolve(model)
-    inputs = spec.example_inputs(batch)
-    bodies = [sample_request(spec.inputs, sample) for sample in zip(*inputs)]
-    requests = [Request(body, kind) for body, kind in bodies]
-    torch.set_num_threads(threads)
-    module, _, _ = prepare(spec, batch, mode)
-    codec = Codec(CodecConfig.for_model(spec))
-    config = ModelConfig(model, graph_mode=mode)  # as the profile measured it, like the server
-    samples: dict[str, list[float]] = {"in-process": [], "in-process-codec": [], "pool-fat": [], "pool-plan": []}
-    overhead: list[float] = []
-    with InstancePool.from_plan(config, fat_plan) as fat, InstancePool.from_plan(config, plan) as planned:
-        with torch.inference_mode():
-            runs = {
-                "in-process": lambda: module(*inputs),
-                "in-process-codec": lambda: _codec_path(codec, module, bodies),
-                "pool-fat": lambda: _answered(fat, requests),
-                "pool-plan": lambda: _answered(planned, requests),
-            }
-            for fn in runs.values():  # warm-up
-                fn()
-            for _ in range(rounds):
-                for name, fn in runs.items():
-                    samples[name].append(_timed(fn))
-                    if name == "pool-fat":
-                        overhead.append(samples[name][-1] - fat.last_compute_ms)
-                if progress:
-                    progress()
-    medians = {name: statistics.median(values) for name, values in samples.items()}
-    return {
-        "model": model, "batch": batch, "threads": threads, "rounds": rounds,
-        "plan": plan.describe(), "fallback": fallback, "predicted_plan_ms": plan.expected_latency_ms,
-        "predicted_fat_ms": fat_plan.expected_latency_ms,
-        "median_ms": medians,
-        "transport_overhead_ms": statistics.median(overhead),
-        "codec_overhead": medians["in-process-codec"] / medians["in-process"] - 1,
-        "plan_speedup_over_fat": medians["pool-fat"] / medians["pool-plan"],
-    }
+def add_bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="load-test stock TorchServe, the fat plan and the packrat plan with locust",
+                       description="For each batch size, one after another: (a) stock TorchServe (in-process "
+                                   "handler, default workers), (b) the packrat handler with the fat plan, (c) the "
+                                   "packrat handler with the planned instances; each server started once, warmed up, "
+                                   "then loaded by locust headless once per --users pattern (optionally killing "
+                                   "pool instances, --kill-every). Prints p50/p95/p99, throughput, failures and "
+                                   "kills, and writes a "
+                                   "PNG of the latency distributions and the JSON results. --pool-only measures "
+                                   "the pool without TorchServe or Java.",
+                       epilog="example: packrat bench --model resnet50 --batch-size 2,4,8 --duration 30")
+    model_args(p)
+    p.add_argument("--batch-size", type=int_list, default=[8], help="batch sizes, e.g. 2,4,8 (default: 8)")
+    p.add_argument("--duration", type=positive(float), default=30.0, help="seconds of load per run (default: 30)")
+    p.add_argument("--users", type=users_list, default=[compare.BATCH_USERS], metavar="PATTERNS",
+                   help="locust users per run, relative to the batch size B: e.g. B,2B or 4,2B (integers, B, kB); "
+                        "each is run against every configuration (default: B)")
+    p.add_argument("--payload", choices=("jpeg", "text", "raw", "json"), default=None,
+                   help="request body: jpeg (a 500x375 photo), text (an English paragraph), raw (tensor bytes), "
+                        "json (nested lists) (default: the model's natural one: jpeg for image models, text for "
+                        "token models, raw otherwise)")
+    tok = p.add_mutually_exclusive_group()
+    tok.add_argument("--tokenizer", type=tokenizer_path, default=None, metavar="DIR",
+                     help="directory holding the tokenizer.json the servers use (needed for the text payload)")
+    tok.add_argument("--demo-tokenizer", action="store_true",
+                     help="build a small offline tokenizer into OUT/tokenizer/ and use it (BERT: WordPiece, "
+                          "GPT-2: byte-level BPE)")
+    p.add_argument("--kill-every", type=positive(float), default=None, metavar="S",
+                   help="during each measured run of the packrat configurations, kill -9 one pool instance every "
+                        "S seconds (round robin); the kills are counted in the table and JSON")
+    p.add_argument("--pool-only", action="store_true",
+                   help="no TorchServe: in-process model vs fat pool vs handler path vs planned pool")
+    p.add_argument("--rounds", type=positive(int), default=20, help="with --pool-only: timed rounds (default: 20)")
+    p.add_argument("--shape", choices=("steady", "step"), default="steady",
+                   help="step: a 1 ↔ B users step load against the packrat handler with reconfiguration on, "
+                        "and with the plan fixed for B and for 1; draws timelines with the plan changes")
+    p.add_argument("--cycles", type=positive(int), default=10, help="with --shape step: low/high cycles (default: 10)")
+    p.add_argument("--step-seconds", type=positive(float), default=12.0,
+                   help="with --shape step: seconds per step (default: 12)")
+    p.add_argument("--out", type=Path, default=Path("out/bench"), help="results directory (default: out/bench)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=cmd_bench)
 
 
-def format_pool_results(results: list[dict]) -> str:
-    head = (f"{'B':>4}  {'in-process':>10}  {'+codec':>8}  {'pool fat':>9}  {'pool plan':>9}  "
-            f"{'codec ovh':>9}  {'transport':>9}  {'plan/fat':>8}  plan")
-    lines = [head]
-    for r in results:
-        m = r["median_ms"]
-        lines.append(f"{r['batch']:>4}  {m['in-process']:>10.1f}  {m['in-process-codec']:>8.1f}  {m['pool-fat']:>9.1f}  "
-                     f"{m['pool-plan']:>9.1f}  {r['codec_overhead']:>+9.1%}  {r['transport_overhead_ms']:>7.2f}ms"
-                     f"  {r['plan_speedup_over_fat']:>7.2f}×  {r['plan']}")
-    return "\n".join(lines)
+def bench_tokenizer(model: str, payload: str, given: Path | None, demo: bool, out: Path) -> Path | None:
+    """The tokenizer.json the servers get: --tokenizer, or with --demo-tokenizer one built into OUT/tokenizer/.
+    A text payload without either is an error."""
+    from loadtest.payload import natural_payload
+    from loadtest.tokenizer import build_demo_tokenizer, demo_tokenizer_kind
+
+    if demo:
+        if natural_payload(model) != "text":
+            raise ValueError(f"--demo-tokenizer is for token models (bert_base, gpt2); {model} takes no token ids")
+        return build_demo_tokenizer(out / "tokenizer", demo_tokenizer_kind(model))
+    if given is None and payload == "text":
+        raise ValueError("the text payload needs a tokenizer: pass --tokenizer DIR (a directory holding "
+                         "tokenizer.json), or --demo-tokenizer to build a small one")
+    return given
 
 
-# ---- users patterns: B, 2B, 4 ----------------------------------------------------------------
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
 
-@dataclass(frozen=True)
-class UsersPattern:
-    """Locust users as a multiple of TorchServe's batch size B ("B", "2B") or a fixed count ("4")."""
+    from loadtest.payload import check_payload, natural_payload
 
-    count: int
-    per_batch: bool
-
-    def users(self, batch: int) -> int:
-        return self.count * batch if self.per_batch else self.count
-
-    def __str__(self) -> str:
-        if not self.per_batch:
-            return str(self.count)
-        return "B" if self.count == 1 else f"{self.count}B"
-
-
-BATCH_USERS = UsersPattern(1, True)  # the default: enough requests in flight to fill each batch
-_USERS_RE = re.compile(r"^(\d*)([bB]?)$")
-
-
-def parse_users(text: str) -> list[UsersPattern]:
-    """"B,2B,4" -> patterns, in order, duplicates dropped; ValueError on anything else."""
-    patterns: list[UsersPattern] = []
-    for part in text.split(","):
-        match = _USERS_RE.match(part.strip())
-        if not match or not (match[1] or match[2]):
-            raise ValueError(f"{part.strip()!r} is not a users pattern like 4, B or 2B")
-        count = int(match[1] or 1)
-        if count < 1:
-            raise ValueError(f"{part.strip()!r}: users must be >= 1")
-        pattern = UsersPattern(count, bool(match[2]))
-        if pattern not in patterns:
-            patterns.append(pattern)
-    return patterns
-
-
-def users_for_batch(patterns: Sequence[UsersPattern | int], batch: int) -> list[tuple[int, str]]:
-    """(users, pattern text) per pattern for this batch size; a count reached twice runs once."""
-    runs: list[tuple[int, str]] = []
-    for pattern in patterns:
-        if isinstance(pattern, int):
-            pattern = UsersPattern(pattern, False)
-        if pattern.users(batch) not in [users for users, _ in runs]:
-            runs.append((pattern.users(batch), str(pattern)))
-    return runs
-
-
-# ---- chaos: kill -9 pool instances during a run ---------------------------------------------
-
-POOL_MARKER = "packrat.serving.pool"  # instances run as `python -m packrat.serving.pool FD`
-
-
-def torchserve_pid(run_dir: Path) -> int | None:
-    """The TorchServe (Java) process of the server in run_dir, from the pid file it writes."""
-    try:
-        return int((Path(run_dir) / "tmp" / ".model_server.pid").read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def pool_instances(root_pid: int, marker: str = POOL_MARKER) -> list[psutil.Process]:
-    """Live descendants of root_pid whose command line names `marker`, longest-lived first."""
-    try:
-        descendants = psutil.Process(root_pid).children(recursive=True)
-    except psutil.Error:
-        return []
-    found = []
-    for proc in descendants:
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and any(marker in arg for arg in proc.cmdline()):
-                found.append((proc.create_time(), proc.pid, proc))
-        except psutil.Error:  # gone meanwhile, or not ours to inspect
-            continue
-    return [proc for _, _, proc in sorted(found, key=lambda item: item[:2])]
-
-
-def kill_one(root_pid: int, marker: str = POOL_MARKER, skip: Collection[int] = ()) -> int | None:
-    """SIGKILL the longest-lived pool instance under root_pid (pids in `skip` aside: killed
-    already, maybe not dead yet); its pid, or None when none is left.
-
-    Killed instances are respawned as new processes, so taking the oldest each time goes
-    round robin over the pool's slots."""
-    for proc in pool_instances(root_pid, marker):
-        if proc.pid in skip:
-            continue
-        try:
-            proc.kill()
-            return proc.pid
-        except psutil.Error:
-            continue
-    return None
-
-
-class Periodic:
-    """While active (a with block), calls self.tick() every `every_s` seconds in a daemon thread."""
-
-    def __init__(self, every_s: float, name: str):
-        self.every_s = every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-
-    def tick(self) -> None:
-        raise NotImplementedError
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.tick()
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-class InstanceKiller(Periodic):
-    """While active, kills one pool instance under the root process every `every_s` seconds.
-
-    `root_pid` is a pid or a function returning one (None: nothing to kill this time)."""
-
-    def __init__(self, root_pid: int | Callable[[], int | None], every_s: float, marker: str = POOL_MARKER):
-        if every_s <= 0:
-            raise ValueError(f"kill interval must be > 0 s, got {every_s}")
-        super().__init__(every_s, "instance-killer")
-        self._root = root_pid if callable(root_pid) else (lambda: root_pid)
-        self.marker = marker
-        self.killed: list[tuple[float, int]] = []  # (unix time, pid)
-        self.misses = 0  # ticks that found no instance to kill
-
-    @property
-    def kills(self) -> int:
-        return len(self.killed)
-
-    def tick(self) -> None:
-        root = self._root()
-        pid = kill_one(root, self.marker, {pid for _, pid in self.killed}) if root is not None else None
-        if pid is None:
-            self.misses += 1
+    out = args.out
+    if args.pool_only:  # the pool gets tensors: no payload, no tokenizer
+        profile = resolve_profile(args.model, args.profile, batch_sizes=args.batch_size,
+                                  input_shape=args.input_shape)
+        results = []
+        for batch in args.batch_size:
+            with tqdm(total=args.rounds, desc=f"pool bench B={batch}", disable=args.json) as bar:
+                results.append(compare.pool_bench(args.model, batch, profile, args.rounds, progress=bar.update))
+        compare.save_json(out / "pool-bench.json", results)
+        print(json.dumps(results, indent=2) if args.json else compare.format_pool_results(results))
+        return 0
+    payload = args.payload or natural_payload(args.model, args.input_shape)
+    check_payload(args.model, payload, args.input_shape)
+    tokenizer = bench_tokenizer(args.model, payload, args.tokenizer, args.demo_tokenizer, out)
+    profile = resolve_profile(args.model, args.profile, batch_sizes=args.batch_size, input_shape=args.input_shape)
+    if args.shape == "step":
+        results = compare.step_bench(args.model, args.batch_size[-1], profile, out, cycles=args.cycles,
+                                   step_s=args.step_seconds, payload=payload, tokenizer=tokenizer,
+                                   log=(lambda *_: None) if args.json else print)
+        compare.save_json(out / "step-bench.json", results)
+        if args.json:
+            print(json.dumps(json.loads((out / "step-bench.json").read_text()), indent=2))
         else:
-            self.killed.append((time.time(), pid))
+            print(f"\nstep load 1 ↔ {args.batch_size[-1]} users, {args.cycles} cycles of "
+                  f"{args.step_seconds:.0f} s steps, payload {payload} (locust on the same cores)")
+            print(compare.format_step_results(results))
+            print("timelines: " + ", ".join(r["timeline"] for r in results.values()))
+        return 0
+    return run_server_bench(args.model, args.batch_size, profile, out, args.duration, args.users, args.json,
+                            payload=payload, tokenizer=tokenizer, kill_every=args.kill_every)
 
 
-# ---- through TorchServe ---------------------------------------------------------------------
-
-@dataclass
-class ServerRun:
-    """One measured locust run against one server configuration."""
-
-    batch: int
-    config: str
-    users: int
-    users_pattern: str
-    payload: str
-    kills: int | None  # pool instances killed during the run; None: no pool (stock)
-    load: LoadResult
-
-
-def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, duration_s: float = 30.0,
-                 users: Sequence[UsersPattern | int] = (BATCH_USERS,), payload: str | None = None,
-                 tokenizer: Path | None = None, kill_every_s: float | None = None, warmup_s: float = 8.0,
-                 max_batch_delay_ms: int = 100, configs=SERVER_CONFIGS, log=print) -> list[ServerRun]:
-    """Each configuration's server is started once, warmed up, then loaded by locust once per users
-    pattern (ints are fixed counts). payload None: the model's natural one. With kill_every_s,
-    pool instances of the packrat configurations are killed during the measured runs."""
-    from loadtest import run_locust
+def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, duration: float,
+                     users=None, as_json: bool = False, *, payload: str | None = None,
+                     tokenizer: Path | None = None, kill_every: float | None = None) -> int:
+    """Server bench for every batch size: the table per batch (or JSON), the latency plots and
+    OUT/server-bench.json = {model, payload, users, kill_every_s, duration_s, runs: [ServerRun, ...]}."""
+    from loadtest import plot_latency_distributions
     from loadtest.payload import natural_payload
 
     payload = payload or natural_payload(model)
-    counts = users_for_batch(users, batch)
+    users = list(users or [compare.BATCH_USERS])
     runs = []
-    for name, handler, plan_mode, *overrides in configs:  # a 4th field: more archive.archive keywords
-        run_dir = out_dir / name
-        extra = {"tokenizer": Path(tokenizer)} if tokenizer is not None else {}
-        mar = archive.build(model, profile_path if handler == "packrat" else None, run_dir / "model_store",
-                              name=model, batch_size=batch, max_batch_delay_ms=max_batch_delay_ms,
-                              plan=plan_mode, handler=handler, reconfigure=False,
-                              **(overrides[0] if overrides else {}), **extra)
-        kills = kill_every_s is not None and handler == "packrat"
-        with warmed_server(name, model, mar, run_dir, max(n for n, _ in counts), warmup_s, log,
-                           payload=payload) as (server, token):
-            for n, pattern in counts:
-                log(f"-- {name}: {n} users ({pattern}) for {duration_s:.0f} s, payload {payload}"
-                    + (f", kill -9 one pool instance every {kill_every_s:g} s" if kills else ""))
-                killer = InstanceKiller(lambda: torchserve_pid(server.run_dir), kill_every_s) if kills else None
-                with killer or nullcontext():
-                    result = run_locust(server.inference_url, model, n, duration_s, run_dir / f"load-u{n}",
-                                        token=token, payload=payload)
-                if killer and killer.misses and not killer.kills:
-                    log(f"-- {name}: no pool instance found to kill under TorchServe "
-                        f"(pid {torchserve_pid(server.run_dir)})")
-                runs.append(ServerRun(batch, name, n, pattern, payload,
-                                      killer.kills if killer else (0 if handler == "packrat" else None), result))
-    return runs
-
-
-def latency_rows(runs: Sequence[ServerRun]) -> dict[str, LoadResult]:
-    """{label: result} for plot_latency_distributions: the config, plus the users when they vary."""
-    several = len({r.users for r in runs}) > 1
-    return {(f"{r.config}, {r.users} users" if several else r.config): r.load for r in runs}
-
-
-def format_server_results(runs: Sequence[ServerRun], kills: bool = False) -> str:
-    """One line per run: config, users, requests, failures, p50/p95/p99, req/s (and kills: "-" without a pool)."""
-    from loadtest import align, load_cells
-
-    head = ["config", "users", "requests", "failures", "p50 ms", "p95 ms", "p99 ms", "req/s"]
-    lines = [head + (["kills"] if kills else [])]
-    for r in runs:
-        users = f"{r.users} ({r.users_pattern})" if r.users_pattern != str(r.users) else str(r.users)
-        line = [r.config, users] + load_cells(r.load)
-        if kills:
-            line.append("-" if r.kills is None else str(r.kills))
-        lines.append(line)
-    return align(lines)
-
-
-@contextmanager
-def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, warmup_s: float, log,
-                  payload: str | None = None):
-    """TorchServe started on free loopback ports and warmed up by locust; stopped on exit."""
-    from loadtest import run_locust
-
-    log(f"-- {name}: starting TorchServe")
-    server = torchserve.start(torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True), mar)
-    try:
-        token = server.key("inference")
-        run_locust(server.inference_url, model, users, warmup_s, run_dir / "warmup", token=token, payload=payload)
-        yield server, token
-    finally:
-        torchserve.stop(server)
-
-
-def save_json(path: Path, payload) -> None:
-    def default(value):
-        if isinstance(value, Plan):
-            return value.to_json()
-        if hasattr(value, "__dataclass_fields__"):
-            return asdict(value)
-        return str(value)
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, default=default))
-
-
-# ---- step load: reconfiguration on vs fixed plans ------------------------------------------
-
-def step_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, low: int = 1, cycles: int = 10,
-               step_s: float = 12.0, warmup_s: float = 6.0, max_batch_delay_ms: int = 50,
-               payload: str | None = None, tokenizer: Path | None = None, log=print) -> dict:
-    """A low → high → low … locust load against the packrat handler with reconfiguration on,
-    and with the plan fixed for the high and for the low batch size."""
-    from loadtest import plot_timeline, run_locust
-
-    users = ",".join([str(low), str(batch)] * cycles + [str(low)])
-    configs = (("reconfigure-on", True, batch), ("fixed-plan-B%d" % batch, False, batch),
-               ("fixed-plan-B%d" % low, False, low))
-    results = {}
-    for name, reconfigure, plan_batch in configs:
-        run_dir = out_dir / name
-        extra = {"tokenizer": Path(tokenizer)} if tokenizer is not None else {}
-        mar = archive.build(model, profile_path, run_dir / "model_store", name=model, batch_size=batch,
-                              max_batch_delay_ms=max_batch_delay_ms, reconfigure=reconfigure, plan_batch=plan_batch,
-                              **extra)
-        with warmed_server(name, model, mar, run_dir, batch, warmup_s, log, payload=payload) as (server, token):
-            log(f"-- {name}: step load {users} users, {step_s:.0f} s per step")
-            result = run_locust(server.inference_url, model, batch, step_s * (2 * cycles + 1), run_dir / "load",
-                                token=token, payload=payload, shape="step",
-                                env={"PACKRAT_STEP_USERS": users, "PACKRAT_STEP_SECONDS": str(step_s)})
-            status = torchserve.handler_status(server)
-        switches = [r for r in status["reconfigurations"] if r["started_at"] >= (result.start_time or 0)]
-        markers = [(r["started_at"] + r["seconds"], f"B={r['to_batch']}") for r in switches]
-        png = plot_timeline(result.history, out_dir / f"timeline-{name}.png", markers)
-        results[name] = {"load": result, "reconfigurations": switches, "timeline": str(png),
-                         **switch_figures(result, switches)}
-    return results
-
-
-def switch_figures(result, switches: list[dict]) -> dict:
-    """Switch durations, and p99 in the seconds of each switch against the new plan's
-    steady p99 (the rest of its step), from locust's per-second history."""
-    ok = [r for r in switches if not r.get("error")]
-    ratios = []
-    for r, following in zip(ok, ok[1:] + [None]):
-        begin, end = r["started_at"], r["started_at"] + r["seconds"] + 1.0
-        during = [h.p99_ms for h in result.history if begin <= h.timestamp <= end and h.p99_ms == h.p99_ms]
-        settle_end = following["started_at"] if following else float("inf")
-        steady = [h.p99_ms for h in result.history if end + 2 <= h.timestamp < settle_end and h.p99_ms == h.p99_ms]
-        if during and steady:
-            ratios.append(max(during) / statistics.median(steady))
-    return {
-        "switches": len(ok),
-        "failed_switches": len(switches) - len(ok),
-        "failed_requests": result.failures,
-        "switch_seconds_median": statistics.median([r["seconds"] for r in ok]) if ok else None,
-        "switch_seconds_max": max((r["seconds"] for r in ok), default=None),
-        "switch_p99_ratio_median": statistics.median(ratios) if ratios else None,
-        "switch_p99_ratio_max": max(ratios, default=None),
-    }
-
-
-def format_step_results(results: dict) -> str:
-    lines = [f"{'config':<18} {'requests':>8} {'failures':>8} {'p50 ms':>7} {'p99 ms':>7} {'req/s':>6} "
-             f"{'switches':>8} {'switch s (med/max)':>18} {'p99 in switch / steady (med/max)':>33}"]
-    for name, r in results.items():
-        load = r["load"]
-        secs = (f"{r['switch_seconds_median']:.2f}/{r['switch_seconds_max']:.2f}"
-                if r["switch_seconds_median"] is not None else "-")
-        ratio = (f"{r['switch_p99_ratio_median']:.2f}/{r['switch_p99_ratio_max']:.2f}"
-                 if r["switch_p99_ratio_median"] is not None else "-")
-        lines.append(f"{name:<18} {load.requests:>8} {load.failures:>8} {load.p50_ms:>7.1f} {load.p99_ms:>7.1f} "
-                     f"{load.throughput_rps:>6.1f} {r['switches']:>8} {secs:>18} {ratio:>33}")
-    return "\n".join(lines)
+    for batch in batches:
+        batch_runs = compare.server_bench(model, batch, profile, out / f"B{batch}", duration_s=duration, users=users,
+                                        payload=payload, tokenizer=tokenizer, kill_every_s=kill_every,
+                                        log=(lambda *_: None) if as_json else print)
+        runs += batch_runs
+        png = plot_latency_distributions(compare.latency_rows(batch_runs), out / f"latency-B{batch}.png")
+        if not as_json:
+            counts = ", ".join(f"{p}={n}" if p != str(n) else p for n, p in compare.users_for_batch(users, batch))
+            print(f"\n{model}, batch size {batch}, payload {payload}, users {counts}, {duration:.0f} s each "
+                  f"(locust runs on the same {local_cores()} cores as the server)")
+            if kill_every is not None:
+                print(f"kill -9 one pool instance every {kill_every:g} s during each run "
+                      f"(stock has no pool: kills -)")
+            print(compare.format_server_results(batch_runs, kills=kill_every is not None))
+            print(f"latency distributions: {png}")
+    report = {"model": model, "payload": payload, "users": [str(p) for p in users], "kill_every_s": kill_every,
+              "duration_s": duration, "runs": runs}
+    compare.save_json(out / "server-bench.json", report)
+    if as_json:
+        print(json.dumps(json.loads((out / "server-bench.json").read_text()), indent=2))
+    return 0

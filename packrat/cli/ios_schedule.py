@@ -51,10 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and any(os.environ.get(key) != value for key, value in OPENMP_ENV.items()):
         # libgomp reads its settings once, when torch loads: restart this command with them
         os.execve(sys.executable, [sys.executable, "-m", "packrat.cli.ios_schedule", *sys.argv[1:]], openmp_env())
-    from packrat.models.zoo import resolve
-
     from ios_scheduler import api
     from ios_scheduler.timing import CostTable
+    from packrat.models.zoo import resolve
 
     try:
         spec = resolve(args.model)

@@ -21,7 +21,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packrat.errors import ServeError
-from packrat.frontends.torchserve_control import CONTROL_DIR, CONTROL_ENV, control_file, worker_file
+from packrat.frontends.torchserve_control import (
+    CONTROL_DIR,
+    CONTROL_ENV,
+    control_file,
+    worker_file,
+)
 
 LOG_CONFIG = Path(__file__).parent / "log4j2.xml"
 STATE_FILE = "server.json"

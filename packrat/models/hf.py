@@ -28,8 +28,7 @@ import torch
 from torch import nn
 
 from packrat.errors import first_line
-from packrat.models.spec import token_inputs
-from packrat.models.spec import ModelSpec
+from packrat.models.spec import ModelSpec, token_inputs
 
 ENCODERS = ("bert", "distilbert", "roberta")
 DECODERS = ("gpt2",)

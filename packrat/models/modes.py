@@ -15,7 +15,6 @@ returned, so the caller can tell its profile's mode from the instance's.
 from __future__ import annotations
 
 # torch is imported where it is used: CLIs read MODES without paying for it.
-
 import contextlib
 import warnings
 

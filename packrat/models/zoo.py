@@ -14,12 +14,19 @@ from typing import Callable
 
 import torch
 
-from packrat.models.modes import mode_name, quiet_jit, to_mode
-from packrat.models.spec import SEED, InputSpec, ModelSpec, as_tuple, reshaped, token_inputs
 from packrat.models.inception import inception_v3
+from packrat.models.modes import mode_name, quiet_jit, to_mode
 from packrat.models.nasnet import nasnet
 from packrat.models.randwire import randwire
 from packrat.models.resnet import resnet50
+from packrat.models.spec import (
+    SEED,
+    InputSpec,
+    ModelSpec,
+    as_tuple,
+    reshaped,
+    token_inputs,
+)
 from packrat.models.squeezenet import squeezenet
 from packrat.models.tiny import TINY_TEXT_LENGTH, TINY_TEXT_VOCAB, tiny, tiny_text
 from packrat.models.transformer import BERT_VOCAB, GPT2_VOCAB, bert_base, gpt2
@@ -146,7 +153,9 @@ def resolve(spec: str, input_shape: tuple[int, ...] | None = None) -> ModelSpec:
             found = dataclasses.replace(found, inputs=reshaped(found.inputs, tuple(input_shape)))
         return found
     if spec.startswith(HF_PREFIX):
-        from packrat.models.hf import from_pretrained_dir  # needs the optional transformers
+        from packrat.models.hf import (
+            from_pretrained_dir,  # needs the optional transformers
+        )
 
         return from_pretrained_dir(spec[len(HF_PREFIX):], input_shape)
     if spec.lower().endswith(EXPORT_SUFFIX):

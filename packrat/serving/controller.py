@@ -21,8 +21,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Protocol
 
-from packrat.serving.estimator import BatchSizeEstimator
 from packrat.planning.planner import Plan
+from packrat.serving.estimator import BatchSizeEstimator
 
 log = logging.getLogger("packrat.controller")
 REQUEST_ATTEMPTS = 3  # an operator's switch is tried this many times before it is given up

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 
 from packrat.codec.codec import CodecConfig
-from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.errors import PoolError
+from packrat.serving.pool.api import InstanceConfig, ModelConfig
 
 MIN_SEGMENT_BYTES = 1 << 20
 SEGMENT_PREFIX = "packrat-"  # /dev/shm/packrat-<owner pid>-<n>: sweep_stale_segments can tell whose it is

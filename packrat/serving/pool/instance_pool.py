@@ -29,10 +29,23 @@ from multiprocessing.connection import wait
 from typing import Sequence
 
 from packrat.codec.codec import CodecConfig
-from packrat.serving.pool.api import Answer, Health, InstanceConfig, ModelConfig, Request, configs_for
 from packrat.errors import PoolError
+from packrat.serving.pool.api import (
+    Answer,
+    Health,
+    InstanceConfig,
+    ModelConfig,
+    Request,
+    configs_for,
+)
 from packrat.serving.pool.child import exit_with_parent
-from packrat.serving.pool.dispatch import GATHER_MS, MAX_QUEUE, REQUEST_TIMEOUT_S, Dispatcher, split_sizes
+from packrat.serving.pool.dispatch import (
+    GATHER_MS,
+    MAX_QUEUE,
+    REQUEST_TIMEOUT_S,
+    Dispatcher,
+    split_sizes,
+)
 from packrat.serving.pool.instance import Instance, sweep_stale_segments
 from packrat.serving.pool.supervisor import Supervisor, Watchdog
 

@@ -1,0 +1,87 @@
+"""The profile a command serves with when none is given: profiles/MODEL.csv, measured when missing."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from packrat.cli.args import local_cores
+from packrat.machine.topology import Topology
+from packrat.profiling import profiler
+from packrat.profiling.profiles import load
+
+DEMO_BATCHES = (1, 2, 4, 8)
+
+
+DEMO_MIN_TIME_S = 2.0
+
+
+DEMO_WARMUP = 3
+
+
+POINT_OVERHEAD_S = profiler.POINT_OVERHEAD_S
+
+
+def default_profile_path(model: str) -> Path:
+    return Path("profiles") / f"{Path(model).stem.replace(':', '_')}.csv"
+
+
+def about(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def measure_profile(model: str, path: Path, batches, *, min_time: float = DEMO_MIN_TIME_S,
+                    input_shape: tuple[int, ...] | None = None, progress: bool = True):
+    """Profile the demo's grid into `path`: threads 1..the local cores, `batches`, `min_time` s of
+    timed runs per point after 3 warm-up runs, loaded or isolated as profiler.DEFAULT_CONTENTION
+    says, with the profiler's progress bar.
+
+    Points already in an existing file are kept (only missing ones are measured, in the kind the
+    file holds: an older cache stays isolated). A new file is measured as PATH.partial.csv and
+    renamed when complete, so an interrupted run never leaves half a profile where it would be
+    used; the same command resumes it."""
+    settings = profiler.Settings(model=model, warmup=DEMO_WARMUP, iters=None, min_time=min_time,
+                                 input_shape=input_shape)
+    threads = list(range(1, local_cores() + 1))
+    batches = sorted(set(batches))
+    if path.exists():
+        return profiler.run(_same_kind(settings, path), threads, batches, path, progress=progress)
+    partial = path.with_name(path.stem + ".partial.csv")
+    profiler.run(_same_kind(settings, partial), threads, batches, partial, progress=progress)
+    partial.replace(path)
+    return load(path)
+
+
+def _same_kind(settings: profiler.Settings, path: Path) -> profiler.Settings:
+    """`settings` measuring what the profile at `path` holds (loaded or isolated), if it holds any."""
+    if not path.exists() or path.stat().st_size == 0:
+        return settings
+    return dataclasses.replace(settings, contention=load(path).loaded)
+
+
+def resolve_profile(model: str, given: Path | None, *, batch_sizes=(),
+                    input_shape: tuple[int, ...] | None = None) -> Path:
+    """The profile serve, archive and bench use: `given` (which must exist), else profiles/MODEL.csv,
+    measured first (measure_profile on batches 1, 2, 4, 8 and `batch_sizes`) when it is missing."""
+    if given is not None:
+        if not given.exists():
+            raise ValueError(f"no profile at {given} (--profile): run `packrat profile --model {model} "
+                             f"--out {given}` first, or leave --profile out to use {default_profile_path(model)}")
+        return given
+    path = default_profile_path(model)
+    if path.exists():
+        return path
+    batches = sorted(set(DEMO_BATCHES) | set(batch_sizes))
+    cores = local_cores()
+    points = cores * len(batches)
+    # Measurements, not points: with contention (measure_profile's default) a loaded point takes two.
+    runs = len(batches) * sum(profiler.measurements(profiler.Settings(model), t, Topology.virtual(cores))
+                              for t in range(1, cores + 1))
+    print(f"no profile at {path}: measuring one now ({points} points, about "
+          f"{about(runs * (DEMO_MIN_TIME_S + POINT_OVERHEAD_S))}); next time it is reused", file=sys.stderr)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    measure_profile(model, path, batches, input_shape=input_shape)
+    return path

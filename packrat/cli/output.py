@@ -1,0 +1,46 @@
+"""What several commands print: plans, and the CPU budget and profile a server chose."""
+
+from __future__ import annotations
+
+from packrat.machine.budget import describe as describe_budget
+from packrat.planning.planner import Plan
+
+
+def cores_text(cores: tuple[int, ...]) -> str:
+    if cores and list(cores) == list(range(cores[0], cores[-1] + 1)) and len(cores) > 1:
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))
+
+
+def fat_text(plan: Plan) -> str:
+    if plan.fat_latency_ms is None:
+        return f"fat ⟨1 × {plan.threads} threads, batch {plan.batch}⟩ not profiled"
+    return (f"fat ⟨1 × {plan.threads} threads, batch {plan.batch}⟩ {plan.fat_latency_ms:.1f} ms, "
+            f"speedup {plan.speedup:.2f}×")
+
+
+def print_plan(plan: Plan, latency: str) -> None:
+    print(f"Plan for T={plan.threads} threads, B={plan.batch}, {latency} latencies: {plan.describe()}")
+    print(f"  {'instance':>8}  {'threads':>7}  {'batch':>5}  {'latency_ms':>10}  cores")
+    for n, inst in enumerate(plan.instances, start=1):
+        print(f"  {n:>8}  {inst.threads:>7}  {inst.batch:>5}  {inst.latency_ms:>10.1f}  {cores_text(inst.cores)}")
+    print(f"expected latency {plan.expected_latency_ms:.1f} ms; {fat_text(plan)}")
+
+
+def print_plan_table(plans: list[Plan], skipped: list[str]) -> None:
+    print(f"{'B':>5}  {'expected_ms':>11}  {'fat_ms':>9}  {'speedup':>7}  plan")
+    for p in plans:
+        fat = f"{p.fat_latency_ms:.1f}" if p.fat_latency_ms else "-"
+        speed = f"{p.speedup:.2f}×" if p.speedup else "-"
+        print(f"{p.batch:>5}  {p.expected_latency_ms:>11.1f}  {fat:>9}  {speed:>7}  {p.describe()}")
+    for line in skipped:
+        print(line)
+
+
+def print_budget_and_profile(status: dict) -> None:
+    """The cores the handler plans for and why, and the profile it chose (see packrat/engine.py)."""
+    budget = status.get("cpu_budget")
+    if budget:
+        print(f"CPU budget: {describe_budget(budget)}")
+    if status.get("profile"):
+        print(f"profile: {status['profile']}")

@@ -1,0 +1,64 @@
+"""`packrat plan`: the optimal instances for T cores and batch B, from a profile."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from packrat.cli.args import local_cores, positive, topology_for
+from packrat.cli.output import print_plan, print_plan_table
+from packrat.errors import NoPlanError
+from packrat.planning.planner import Planner
+from packrat.profiling.profiles import LATENCIES, load
+
+
+def add_plan_parser(sub) -> None:
+    p = sub.add_parser("plan", help="the latency-optimal instances for T threads and batch B",
+                       description="Choose instances ⟨threads, batch⟩ (they may differ) whose threads sum to at "
+                                   "most T and whose batches sum to B, minimising the slowest instance's "
+                                   "profiled latency (exact dynamic program). Ties go to fewer instances, then "
+                                   "fewer threads. The profile may come from another machine: T may exceed this "
+                                   "machine's cores (cores are then numbered 0..T-1). Exit status 2 when no plan "
+                                   "is possible.",
+                       epilog="example: packrat plan --profile profiles/resnet50.csv --threads 16 --batch 32 --json")
+    p.add_argument("--profile", type=Path, required=True, help="profile CSV written by `packrat profile`")
+    p.add_argument("--threads", type=positive(int), default=None,
+                   help="T, the cores to plan for (default: the cores this process may use)")
+    p.add_argument("--batch", type=positive(int), default=None,
+                   help="B, the batch to serve (default: every profiled batch size, as a table)")
+    p.add_argument("--latency", choices=LATENCIES, default=None,
+                   help="which profiled figure to plan with: loaded (measured beside copies of itself, from "
+                        "`packrat profile --contention`) or isolated (measured alone) (default: the profile's "
+                        "primary figure, loaded where it has one)")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: {threads, batch, expected_latency_ms, fat_latency_ms, instances: "
+                        "[{threads, batch, cores}], latency: loaded|isolated} (a list of them without --batch)")
+    p.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    profile = load(args.profile)
+    threads = args.threads or local_cores()
+    batches = [args.batch] if args.batch else profile.batches
+    latency = args.latency or profile.figures[0]
+    planner = Planner(profile.items(latency), threads, max(batches))
+    topology = topology_for(threads)
+    plans, skipped = [], []
+    for batch in batches:
+        try:
+            plans.append(planner.plan(threads, batch, topology))
+        except NoPlanError as exc:
+            if args.batch:
+                raise
+            skipped.append(f"B={batch}: no plan: {exc}")
+    if args.json:
+        body = [{**p.to_json(), "latency": latency} for p in plans]
+        print(json.dumps(body[0] if args.batch else body, indent=2))
+    elif args.batch:
+        print_plan(plans[0], latency)
+    else:
+        print(f"Plans for T={threads} threads, model {profile.metadata.get('model', '?')} ({args.profile}), "
+              f"{latency} latencies, {profile.metadata['mode']} mode")
+        print_plan_table(plans, skipped)
+    return 0

@@ -1,0 +1,106 @@
+"""`packrat profile`: measure L(t, b) over a grid (or adaptively), each point in a fresh pinned process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from packrat.cli.args import (
+    DEFAULT_BATCHES,
+    adaptive_args,
+    contention_args,
+    graph_mode_args,
+    int_list,
+    ios_cache_arg,
+    local_cores,
+    positive,
+    shape,
+)
+from packrat.cli.default_profile import about, default_profile_path
+from packrat.profiling import profiler
+from packrat.profiling.profiles import load
+
+
+def add_profile_parser(sub) -> None:
+    p = sub.add_parser("profile", help="measure L(t, b) for a model, one fresh pinned process per point",
+                       description="Measure the latency of one model instance for every thread count t and batch "
+                                   "size b of a grid. Each point runs in a fresh process pinned to t physical cores "
+                                   "of one socket (torch.set_num_threads(t), one inter-op thread). With "
+                                   f"--contention{' (the default)' if profiler.DEFAULT_CONTENTION else ''} each "
+                                   "point is also measured while ⌊T/t⌋ copies of it run side by side on the T "
+                                   "cores this process may use, as a plan of that point runs them. Points "
+                                   "already in --out are skipped, so an interrupted run resumes where it stopped.",
+                       epilog="example: packrat profile --model resnet50 --threads 1-2 --batches 1,2,4,8,16 "
+                              "--min-time 2 --out profiles/resnet50.csv")
+    p.add_argument("--model", default="resnet50",
+                   help="zoo name (tiny, tiny_text, resnet50, inception_v3, bert_base, gpt2, squeezenet, randwire, "
+                        "nasnet), hf:DIR (a Hugging Face save_pretrained directory), a torch.export program (.pt2), "
+                        "a TorchScript file, or package.module:factory (default: resnet50)")
+    p.add_argument("--input-shape", type=shape, default=None,
+                   help="shape of one input sample, e.g. 3,224,224 (needed for TorchScript files and factories; "
+                        "for text models the sequence length, e.g. 64)")
+    p.add_argument("--threads", type=int_list, default=None,
+                   help="thread counts, e.g. 1-4 or 1,2,4 (default: 1..the cores this process may use)")
+    p.add_argument("--batches", type=int_list, default=None,
+                   help=f"batch sizes (default: {DEFAULT_BATCHES}, or the replayed profile's)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed runs before measuring (default: 10)")
+    timing = p.add_mutually_exclusive_group()
+    timing.add_argument("--iters", type=positive(int), default=100,
+                        help="timed runs per point (default: 100)")
+    timing.add_argument("--min-time", type=positive(float), default=None, metavar="S",
+                        help="instead of --iters: time runs for at least S seconds per point (≥ 3 runs)")
+    graph_mode_args(p)
+    p.add_argument("--ios", action="store_true",
+                   help="profile IOS-compiled instances: each point runs the model by the IOS schedule for its "
+                        "threads and batch (searched once, then cached in --ios-cache)")
+    ios_cache_arg(p)
+    contention_args(p)
+    adaptive_args(p)
+    p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_profile)
+
+
+def profile_settings(args: argparse.Namespace) -> profiler.Settings:
+    return profiler.Settings(model=args.model, warmup=args.warmup, iters=None if args.min_time else args.iters,
+                             min_time=args.min_time, graph_mode=args.graph_mode, input_shape=args.input_shape,
+                             ios_cache=str(args.ios_cache) if args.ios else None, contention=args.contention)
+
+
+def profile_grid(args: argparse.Namespace) -> tuple[list[int], list[int]]:
+    """--threads and --batches, defaulting to the replayed profile's grid, else 1..cores × DEFAULT_BATCHES."""
+    if args.replay:
+        source = load(args.replay)
+        return args.threads or source.threads, args.batches or source.batches
+    return args.threads or list(range(1, local_cores() + 1)), args.batches or int_list(DEFAULT_BATCHES)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    settings = profile_settings(args)
+    threads, batches = profile_grid(args)
+    out = args.out or default_profile_path(args.model)
+    try:
+        if args.adaptive or args.replay:
+            done = profiler.run_adaptive(settings, threads, batches, out, replay=args.replay, slack=args.slack,
+                                         tolerance=args.tolerance, progress=not args.quiet and not args.json)
+            print_adaptive(done, out, args.json)
+            return 0
+        result = profiler.run(settings, threads, batches, out, progress=not args.quiet)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the points measured so far are in {out}; run the same command to resume",
+              file=sys.stderr)
+        return 130
+    print(f"{len(result.latency)} points in {out}")
+    return 0
+
+
+def print_adaptive(done: profiler.AdaptiveResult, out: Path, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(done.to_json(out), indent=2))
+        return
+    print(f"{done.points} of the grid's {done.grid} points ({done.points / done.grid:.0%}) in {out}: no other "
+          f"point can change a plan")
+    print(f"estimated measuring time {about(done.measure_s)} instead of {about(done.full_grid_s)} for the "
+          f"full grid ({done.saved:.0%} saved)")

@@ -1,0 +1,100 @@
+"""`packrat serve`: TorchServe (or Ray Serve) serving the plan, started and checked READY."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from packrat.cli.archive import archive_from_args, settings_from_args
+from packrat.cli.args import DEFAULT_RUN_DIR, archive_args, positive, run_dir_arg
+from packrat.cli.default_profile import resolve_profile
+from packrat.cli.output import print_budget_and_profile
+from packrat.deploy import torchserve
+from packrat.errors import ServeError
+
+
+def add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="start TorchServe with the packrat handler and wait until it is READY",
+                       description="Archive the model, write a TorchServe config (loopback addresses, every "
+                                   "port set, token authorisation on unless disabled, quiet logs), run "
+                                   "`torchserve --start`, and wait until the management API shows every "
+                                   "worker READY. The model is served as /predictions/NAME.",
+                       epilog="example: packrat serve --model resnet50 --batch-size 8 --max-batch-delay 50")
+    archive_args(p)
+    p.add_argument("--inference-port", type=positive(int), default=8080)
+    p.add_argument("--management-port", type=positive(int), default=8081)
+    p.add_argument("--metrics-port", type=positive(int), default=8082)
+    p.add_argument("--grpc-inference-port", type=positive(int), default=7070)
+    p.add_argument("--grpc-management-port", type=positive(int), default=7071)
+    p.add_argument("--disable-token-auth", action="store_true",
+                   help="turn TorchServe's token authorisation off (it is on by default)")
+    p.add_argument("--oip", action="store_true",
+                   help="also serve the KServe v2 / Open Inference Protocol (POST /v2/models/NAME/infer, "
+                        "tritonclient's binary tensors included): TS_OPEN_INFERENCE_PROTOCOL=oip")
+    run_dir_arg(p, f"config, logs, key file and TorchServe's TEMP (default: {DEFAULT_RUN_DIR})")
+    p.add_argument("--timeout", type=positive(float), default=300.0, help="seconds to wait for READY")
+    ray = p.add_argument_group("--engine ray", "serve on a running Ray cluster (`ray start --head` on one "
+                                               "node, `ray start --address HEAD:6379` on the others) instead of "
+                                               "TorchServe; needs `pip install packrat[ray]`")
+    ray.add_argument("--engine", choices=("torchserve", "ray"), default="torchserve",
+                     help="torchserve (default): this machine, TorchServe's frontend; ray: one packrat engine "
+                          "per node of the Ray cluster, each planned for its node's CPU budget and profile")
+    ray.add_argument("--ray-address", default="auto", help="the cluster to deploy on (default: auto, the local one)")
+    ray.add_argument("--replicas", type=positive(int), default=None,
+                     help="engines (Ray Serve replicas), at most one per node (default: the cluster's alive nodes)")
+    ray.add_argument("--http-host", default="127.0.0.1",
+                     help="the address Ray Serve's proxy listens on (default: 127.0.0.1, loopback)")
+    ray.add_argument("--http-port", type=positive(int), default=8000, help="default: 8000")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.engine == "ray":
+        return serve_on_ray(args)
+    run_dir = args.run_dir.resolve()
+    mar = archive_from_args(args, run_dir / "model_store")
+    name = mar.stem
+    ports = torchserve.Ports(args.inference_port, args.management_port, args.metrics_port,
+                          args.grpc_inference_port, args.grpc_management_port)
+    print(f"starting TorchServe for {name} (batch size {args.batch_size}); waiting for every worker READY ...")
+    server = torchserve.start(torchserve.Server(run_dir, name, ports, token_auth=not args.disable_token_auth,
+                                          oip=args.oip), mar, timeout=args.timeout)
+    print(f"ready: POST {server.inference_url}/predictions/{name}")
+    try:
+        print_budget_and_profile(torchserve.handler_status(server))
+    except ServeError as exc:  # serving goes on; only the report is missing
+        print(f"(the handler did not report its CPU budget: {exc})")
+    if server.oip:
+        print(f"Open Inference Protocol: POST {server.inference_url}/v2/models/{name}/infer")
+    print(f"management: {server.management_url}   metrics: http://127.0.0.1:{ports.metrics}/metrics")
+    if server.token_auth:
+        print(f"token authorisation is on: keys in {server.key_file} "
+              f"(send 'Authorization: Bearer <inference key>')")
+    print(f"logs: {run_dir / 'logs'}   stop with: packrat stop --run-dir {args.run_dir}")
+    return 0
+
+
+def ray_app_args(args: argparse.Namespace) -> dict:
+    """packrat.ray_serve.app's arguments: the settings an archive would carry, with files as absolute
+    paths (profiles are sent to the replicas; models, tokenizers and labels must be on every node at
+    the same path), and the number of engines."""
+    profiles = [resolve_profile(args.model, given, batch_sizes=[args.batch_size], input_shape=args.input_shape)
+                for given in args.profile or [None]]
+    settings = settings_from_args(args, [Path(p).resolve() for p in profiles])
+    files = {key: str(Path(getattr(settings, key)).resolve()) for key in ("model", "tokenizer", "labels")
+             if getattr(settings, key) is not None and Path(getattr(settings, key)).exists()}
+    return {**settings.replace(**files).to_section(), **({"replicas": args.replicas} if args.replicas else {})}
+
+
+def serve_on_ray(args: argparse.Namespace) -> int:
+    try:
+        from packrat.frontends import ray_serve
+    except ImportError as exc:
+        raise ServeError(f"--engine ray needs Ray Serve: pip install 'packrat[ray]' ({exc})") from exc
+    app_args = ray_app_args(args)
+    print(f"deploying {args.model} on the Ray cluster at {args.ray_address}, one engine per node ...")
+    url, name = ray_serve.deploy(app_args, address=args.ray_address, host=args.http_host, port=args.http_port,
+                                 timeout_s=args.timeout)
+    print(f"ready: POST {url}/predictions/{name} (or {url}/v2/models/{name}/infer); GET {url}/v2/models/{name}/ready")
+    print(f"each replica's plan and CPU budget: GET {url}/status; stop with: packrat stop --engine ray")
+    return 0

@@ -1,0 +1,82 @@
+"""Archives: the settings written are the settings given, the files shipped are the ones named."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from packrat.deploy import archive
+from packrat.machine import topology
+from packrat.settings import RECOVERY_KEYS, Settings
+
+PROFILE = "threads,batch,latency_ms\n1,1,10\n1,2,19\n1,4,37\n2,1,6\n2,2,11\n2,4,21\n"
+
+
+def packrat_section(text: str) -> dict:
+    return yaml.safe_load(text)["packrat"]
+
+
+@pytest.fixture
+def archived(tmp_path, monkeypatch):
+    """The model-config.yaml and --extra-files torch-model-archiver would pack, one per build."""
+    configs = []
+
+    def fake_tool(cmd):
+        configs.append((Path(cmd[cmd.index("--config-file") + 1]).read_text(), cmd[cmd.index("--extra-files") + 1]))
+
+    monkeypatch.setattr(archive, "_run_tool", fake_tool)
+    return configs
+
+
+def test_model_config_yaml_writes_recovery_keys_only_when_given():
+    settings = Settings("resnet50", profiles=["profile.csv"])
+    assert not set(RECOVERY_KEYS) & set(packrat_section(archive.model_config_yaml(settings)))
+    given = settings.replace(request_timeout_s=30.0, max_queue=50, hang_factor=4, hang_floor_s=2.5)
+    section = packrat_section(archive.model_config_yaml(given))
+    assert {k: section[k] for k in RECOVERY_KEYS if k in section} == \
+        {"request_timeout_s": 30.0, "max_queue": 50, "hang_factor": 4, "hang_floor_s": 2.5}
+    assert section["max_batch"] == 8  # the rest as before
+
+
+def test_archive_writes_the_recovery_settings_given(tmp_path, archived):
+    profile = tmp_path / "toy.csv"
+    profile.write_text(PROFILE)
+    archive.build(Settings("tiny", profiles=[profile], max_batch=4), tmp_path)
+    archive.build(Settings("tiny", profiles=[profile], max_batch=4, request_timeout_s=60.0, max_queue=10,
+                           batch_timeout_s=3.0, hang_factor=8.0, hang_floor_s=1.0), tmp_path)
+    assert not set(RECOVERY_KEYS) & set(packrat_section(archived[0][0]))
+    section = packrat_section(archived[1][0])
+    assert [section[k] for k in RECOVERY_KEYS] == [60.0, 10, 3.0, 8.0, 1.0]
+    assert section["profiles"] == ["profile.csv"]  # named as shipped, not as given
+    assert Settings.from_section(section).max_batch == 4
+
+
+def test_archive_ships_every_profile_and_builds_for_the_one_chosen_here(tmp_path, monkeypatch, archived):
+    """Several profiles (one per machine type) ship as profile-0.csv, ...; what the archive builds here
+    (compiled packages for the first plan) follows the profile this machine would choose, planned for --cores."""
+    compiled = []
+    monkeypatch.setattr(archive, "compiled_files", lambda spec, batch, instances: compiled.append(instances) or [])
+    monkeypatch.delenv("PACKRAT_CORES", raising=False)
+    profiles = []
+    for index, (cpu, mode) in enumerate((("Other CPU", "compile"), ("This CPU", "eager"))):
+        profiles.append(tmp_path / f"p{index}.csv")
+        profiles[-1].write_text(f"# cpu: {cpu}\n# cores: 2\n# mode: {mode}\n" + PROFILE)
+    monkeypatch.setattr(topology, "cpu_model", lambda: "This CPU")
+    archive.build(Settings("tiny", profiles=profiles, max_batch=4, cores=1), tmp_path)
+    section = packrat_section(archived[-1][0])
+    assert section["profiles"] == ["profile-0.csv", "profile-1.csv"] and section["cores"] == 1
+    assert [Path(f).name for f in archived[-1][1].split(",") if "profile" in f] == ["profile-0.csv", "profile-1.csv"]
+    assert compiled == []  # this CPU's profile was measured eager: nothing to compile
+    monkeypatch.setattr(topology, "cpu_model", lambda: "Other CPU")
+    archive.build(Settings("tiny", profiles=profiles, max_batch=4, cores=1), tmp_path)
+    assert compiled == [{(1, 4)}]  # the compile profile, planned for the 1 core asked for
+    archive.build(Settings("tiny", profiles=profiles[:1], max_batch=4), tmp_path)  # one profile, both cores
+    section = packrat_section(archived[-1][0])
+    assert section["profiles"] == ["profile.csv"] and "cores" not in section and compiled[-1] == {(1, 2), (2, 4)}
+
+
+def test_the_stock_handler_archive_needs_no_profile_and_a_packrat_one_does(tmp_path, archived):
+    archive.build(Settings("tiny", max_batch=2), tmp_path, handler="stock")
+    assert packrat_section(archived[-1][0])["profiles"] == []
+    with pytest.raises(Exception, match="needs a profile"):
+        archive.build(Settings("tiny", max_batch=2), tmp_path)
