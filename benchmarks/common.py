@@ -183,7 +183,7 @@ def error_text(exc: BaseException) -> str:
 def pool_requests(spec, batch: int) -> list:
     """The zoo spec's example batch as `batch` pool requests, one per sample, as a client sends
     them (raw tensor bytes for one input, a KServe v2 JSON body for several)."""
-    from packrat.codec.codec import sample_request
+    from packrat.codec.forms import sample_request
     from packrat.serving.pool.api import Request
 
     return [Request(*sample_request(spec.inputs, sample)) for sample in zip(*spec.example_inputs(batch))]

@@ -29,7 +29,8 @@ from loadtest.payload import build_payload
 from packrat.deploy import torchserve
 from packrat.deploy import archive
 from packrat.cli.compare import torchserve_pid
-from packrat.codec.codec import Codec, CodecConfig
+from packrat.codec.codec import Codec
+from packrat.codec.config import CodecConfig
 from packrat.models.zoo import resolve
 from packrat.settings import Settings
 

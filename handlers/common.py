@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 
-from packrat.codec.codec import request_body
 from packrat.codec.oip import HEADER
 from packrat.serving.pool.api import Answer, Request
 from packrat.settings import Settings
@@ -46,6 +45,12 @@ def _properties(context, index: int) -> dict:
         return context.request_processor[index].get_request_properties()
     except (AttributeError, IndexError, TypeError):
         return {}
+
+
+def request_body(row: dict):
+    """TorchServe puts the body under "data" or "body"."""
+    body = row.get("data")
+    return row.get("body") if body is None else body
 
 
 def to_request(row: dict, context, index: int) -> Request:

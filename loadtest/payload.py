@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from packrat.codec.codec import sample_request
+from packrat.codec.forms import sample_request
 from packrat.models.zoo import resolve
 
 CONTENT_TYPES = {

@@ -17,7 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile
 
-from packrat.codec.codec import Codec, CodecConfig, Decoded, request_body
+from packrat.codec import forms
+from packrat.codec.codec import Codec
+
+from packrat.codec.config import CodecConfig, Decoded
+
+from handlers.common import request_body
 from packrat.errors import RequestError
 from packrat.codec.images import MEAN, STD
 from packrat.models.zoo import resolve
@@ -406,7 +411,7 @@ def test_compressed_torch_save_bombs_are_refused_unopened():
 
 def test_unforeseen_failures_become_400(monkeypatch):
     codec = Codec(VECTOR)
-    monkeypatch.setattr(codec, "_from_json", lambda body: {}["missing"])
+    monkeypatch.setattr(forms, "from_json", lambda samples, body: {}["missing"])
     error = refusal(codec, {"inputs": [1.0]})
     assert (error.status, error.reason) == (400, "cannot decode request: KeyError: 'missing'")
 
@@ -497,7 +502,7 @@ def test_decode_raises_nothing_but_request_error(bert, body, content_type):
 
 # ---- several named inputs (text models: ids, mask, token types) ---------------------------------
 
-from packrat.codec.codec import sample_request  # noqa: E402
+from packrat.codec.forms import sample_request  # noqa: E402
 from packrat.models.spec import InputSpec, token_inputs  # noqa: E402
 
 

@@ -30,7 +30,8 @@ from loadtest.tokenizer import build_demo_tokenizer
 from packrat.deploy import torchserve
 from packrat.deploy import archive
 from packrat.cli.compare import pool_instances, torchserve_pid
-from packrat.codec.codec import Codec, CodecConfig
+from packrat.codec.codec import Codec
+from packrat.codec.config import CodecConfig
 from packrat.serving.inference import answer_batch
 from packrat.models.zoo import prepare, resolve
 from packrat.machine.topology import detect

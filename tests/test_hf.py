@@ -194,7 +194,8 @@ def test_served_through_torchserve_with_text_and_named_inputs(hf_dir, tmp_path):
     model in this process, and a padded sample the answer it gets alone."""
     from packrat.deploy import torchserve
     from packrat.deploy import archive
-    from packrat.codec.codec import Codec, CodecConfig
+    from packrat.codec.codec import Codec
+    from packrat.codec.config import CodecConfig
     from packrat.serving.inference import answer_batch
     from test_formats_integration import post
 

@@ -16,7 +16,8 @@ from PIL import Image
 from ts.context import Context, RequestProcessor
 
 from handlers import common
-from packrat.codec.codec import Codec, CodecConfig
+from packrat.codec.codec import Codec
+from packrat.codec.config import CodecConfig
 from packrat.errors import RequestError
 from packrat.serving.inference import answer_batch
 from packrat.models.spec import InputSpec

@@ -18,7 +18,9 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from packrat.codec.codec import Codec, CodecConfig
+from packrat.codec.codec import Codec
+
+from packrat.codec.config import CodecConfig
 from packrat.serving.inference import answer_batch
 from packrat.models.zoo import prepare, resolve
 from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from packrat.codec.codec import Codec, CodecConfig
+from packrat.codec.codec import Codec
+
+from packrat.codec.config import CodecConfig
 from packrat.models.zoo import prepare, resolve
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()

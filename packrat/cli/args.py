@@ -8,11 +8,11 @@ from pathlib import Path
 
 from packrat.cli import compare
 from packrat.deploy import archive
-from packrat.settings import MAX_BODY_BYTES
 from packrat.machine.budget import cpu_budget
 from packrat.machine.topology import Topology
 from packrat.models import modes
 from packrat.profiling import profiler
+from packrat.settings import MAX_BODY_BYTES
 
 DEFAULT_BATCHES = "1,2,4,8,16,32,64"
 

@@ -74,7 +74,9 @@ def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, pro
     pool (both answering `batch` raw-tensor requests, codec inside the instances)."""
     import torch
 
-    from packrat.codec.codec import Codec, CodecConfig, sample_request
+    from packrat.codec.codec import Codec
+    from packrat.codec.config import CodecConfig
+    from packrat.codec.forms import sample_request
     from packrat.models.modes import served
     from packrat.models.zoo import prepare, resolve
     from packrat.serving.pool.api import ModelConfig, Request

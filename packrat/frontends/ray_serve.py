@@ -33,7 +33,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from packrat.codec import oip
-from packrat.codec.codec import V2_OUTPUT
+from packrat.codec.config import V2_OUTPUT
 from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer, Request
 from packrat.settings import Settings

@@ -12,7 +12,7 @@ import logging
 from concurrent.futures import Future
 from pathlib import Path
 
-from packrat.codec.codec import CodecConfig
+from packrat.codec.config import CodecConfig
 from packrat.errors import PoolError
 from packrat.machine.budget import CpuBudget, cpu_budget
 from packrat.models import modes

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from packrat.codec.codec import CodecConfig
+from packrat.codec.config import CodecConfig
 from packrat.errors import PoolError
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
 

@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import wait
 from typing import Sequence
 
-from packrat.codec.codec import CodecConfig
+from packrat.codec.config import CodecConfig
 from packrat.errors import PoolError
 from packrat.serving.pool.api import (
     Answer,

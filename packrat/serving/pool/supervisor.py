@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from packrat.codec.codec import CodecConfig
+from packrat.codec.config import CodecConfig
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.instance import Instance, StartFailed
 

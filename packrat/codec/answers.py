@@ -1,0 +1,71 @@
+"""A model's outputs as the answer to the request they came from: top-k classes (with labels),
+an embedding, or the next tokens (with their text), in the request's form (plain, KServe v1, or
+KServe v2 in JSON or with binary outputs)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from packrat.codec import kserve, oip
+from packrat.codec.config import CodecConfig, Decoded, Encoded
+from packrat.errors import first_line
+
+TOP_K = 5
+
+
+class Answers:
+    def __init__(self, config: CodecConfig, text=None):
+        self.config, self.text = config, text  # text: the TextEncoder, to spell next tokens
+        self.labels = load_labels(config.labels) if config.labels else None
+
+    def encoded(self, outputs: torch.Tensor, decoded: Decoded) -> Encoded:
+        """Compact UTF-8 JSON answering the request that `decoded` came from; a KServe v2 request
+        asking for binary outputs gets a JSON header and the raw outputs (packrat.codec.oip)."""
+        outputs = outputs.detach().cpu()
+        if decoded.form == "kserve-v2":
+            outputs, head = kserve.answer_head(outputs, self.config.model_name, decoded.request_id)
+            if decoded.binary_output:
+                body, length = oip.encode(head, [outputs])
+                return Encoded(body, "application/octet-stream", length)
+            body = {**head, "outputs": [{**head["outputs"][0], "data": outputs.flatten().tolist()}]}
+        elif decoded.form == "kserve-v1":
+            body = {"predictions": [self.answer(row) for row in outputs]}
+        else:
+            body = self.answer(outputs[0])
+        return Encoded(json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8"))
+
+    def answer(self, output: torch.Tensor) -> dict:
+        """One sample's plain answer."""
+        if self.config.task == "classification":
+            scores = torch.softmax(output.float().flatten(), dim=0)
+            top, classes = scores.topk(min(TOP_K, scores.numel()))
+            return {"predictions": [self._prediction(int(c), float(s)) for c, s in zip(classes, top)]}
+        if self.config.task == "language-model":
+            logits = output.float().reshape(-1, output.shape[-1])[-1]  # (L, V) outputs: the last position's
+            top, tokens = logits.topk(min(TOP_K, logits.numel()))
+            return {"next_tokens": [self._next_token(int(t), float(v)) for t, v in zip(tokens, top)]}
+        return {"embedding": output.float().flatten().tolist()}
+
+    def _prediction(self, index: int, score: float) -> dict:
+        label = self.labels.get(index) if self.labels is not None else None
+        return {"class": index, **({"label": label} if label is not None else {}), "score": score}
+
+    def _next_token(self, token: int, logit: float) -> dict:
+        text = {"text": self.text.token_text(token)} if self.text is not None else {}
+        return {"token": token, **text, "logit": logit}
+
+
+def load_labels(path: str) -> dict[int, str]:
+    """index_to_name.json: {"0": "tench"} or TorchServe's ImageNet {"0": ["n01440764", "tench"]}."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            raw = json.load(file)
+        return {int(key): str(value[-1] if isinstance(value, list) and value else value)
+                for key, value in raw.items()}
+    except OSError as exc:
+        raise ValueError(f"cannot read labels file {path}: {exc.strerror or exc}") from None
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise ValueError(f"labels file {path} must map class indices to names like TorchServe's "
+                         f"index_to_name.json ({type(exc).__name__}: {first_line(exc)})") from None

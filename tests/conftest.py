@@ -1,0 +1,26 @@
+"""The suite writes nothing outside temporary directories: caches that default to the user's home
+(compiled AOTInductor packages, matplotlib's font cache) point at one temporary directory for the
+whole session, set in the environment before any test runs, so that every process the tests start
+(profile points, pool instances, TorchServe workers, Ray replicas) inherits it. One session cache
+also means each compiled package (say the tiny model at ⟨2 threads, batch 2⟩) is built once."""
+
+import os
+import shutil
+import tempfile
+
+from packrat.models.compiled import CACHE_ENV
+
+_CACHES = {CACHE_ENV: "compiled", "MPLCONFIGDIR": "matplotlib"}
+_session_dir = None
+
+
+def pytest_configure(config):
+    global _session_dir
+    _session_dir = tempfile.mkdtemp(prefix="packrat-tests-")
+    for env, name in _CACHES.items():
+        os.environ[env] = os.path.join(_session_dir, name)
+
+
+def pytest_unconfigure(config):
+    if _session_dir:
+        shutil.rmtree(_session_dir, ignore_errors=True)
