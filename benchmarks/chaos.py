@@ -91,7 +91,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
 from benchmarks.common import doc_parser, fmt_num, markdown_table as markdown
 from loadtest import run_locust
-from loadtest.payload import PAYLOAD_KINDS
+from packrat.codec.payloads import PAYLOAD_KINDS
 from loadtest.requestlog import RequestRecord, read_request_log
 from packrat.cli import compare
 from packrat.deploy import torchserve

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: b
 from benchmarks.common import default_profile_path, int_list, positional_args, write_json
 
 from loadtest import run_locust
-from loadtest.payload import natural_payload
+from packrat.codec.payloads import build_payload
 from packrat.cli import compare
 from packrat.deploy import archive
 from packrat.settings import Settings
@@ -28,7 +28,7 @@ model, batches, rounds, seconds, out = positional_args(
     __doc__, ("model", str, "resnet50"), ("batches", int_list, [4, 8]), ("rounds", int, 5), ("seconds", float, 15.0),
     ("out", Path, Path("out/interleaved")))
 profile = default_profile_path(model)
-payload = natural_payload(model)
+payload = build_payload(model)  # the model's natural body
 configs = (("stock", "stock", "auto", {}), ("packrat-plan", "packrat", "auto", {}),
            ("packrat-plan-async", "packrat", "auto", {"async_worker": True}))
 report = {}

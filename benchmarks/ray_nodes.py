@@ -39,6 +39,8 @@ WARMUP_S = 10
 
 def run_layout(name: str, nodes: list[list[int]], batch: int, args: argparse.Namespace, out: Path) -> dict:
     from loadtest.runner import run_locust
+
+    from packrat.codec.payloads import build_payload
     from packrat.frontends import ray_serve
     from packrat.deploy.ray_local import LocalCluster
     from packrat.deploy.torchserve import free_port
@@ -49,8 +51,9 @@ def run_layout(name: str, nodes: list[list[int]], batch: int, args: argparse.Nam
                                address=cluster.address, port=free_port()) as (url, model):
         deploy_s = time.monotonic() - started
         users = 2 * args.batch
-        run_locust(url, model, users, WARMUP_S, out / "warmup")
-        result = run_locust(url, model, users, args.duration, out, csv_prefix=f"{len(nodes)}nodes_b{batch}")
+        run_locust(url, model, users, WARMUP_S, out / "warmup", payload=build_payload(model))
+        result = run_locust(url, model, users, args.duration, out, payload=build_payload(model),
+                            csv_prefix=f"{len(nodes)}nodes_b{batch}")
     return {"layout": name, "nodes": nodes, "replica_batch": batch, "users": users, "start_s": round(deploy_s, 1),
             "requests": result.requests, "failures": result.failures, "p50_ms": result.p50_ms,
             "p99_ms": result.p99_ms, "throughput_rps": round(result.throughput_rps, 2)}
@@ -62,6 +65,8 @@ def kill_run(args: argparse.Namespace, out: Path) -> dict:
     import threading
 
     from loadtest.runner import run_locust
+
+    from packrat.codec.payloads import build_payload
     from packrat.frontends import ray_serve
     from packrat.deploy.ray_local import LocalCluster
     from packrat.deploy.torchserve import free_port
@@ -70,7 +75,7 @@ def kill_run(args: argparse.Namespace, out: Path) -> dict:
     with LocalCluster([[0], [1]], port=free_port()).start() as cluster, \
             ray_serve.deployed({"model": args.model, "profiles": [str(args.profile.resolve())], "max_batch": args.batch},
                                address=cluster.address, port=free_port()) as (url, model):
-        run_locust(url, model, 2 * args.batch, WARMUP_S, out / "warmup")
+        run_locust(url, model, 2 * args.batch, WARMUP_S, out / "warmup", payload=build_payload(model))
         events = {}
 
         def chaos() -> None:
@@ -83,7 +88,8 @@ def kill_run(args: argparse.Namespace, out: Path) -> dict:
 
         thread = threading.Thread(target=chaos)
         thread.start()
-        result = run_locust(url, model, 2 * args.batch, args.duration, out, csv_prefix="kill")
+        result = run_locust(url, model, 2 * args.batch, args.duration, out, payload=build_payload(model),
+                            csv_prefix="kill")
         thread.join()
     phases = {"before": (0, events["killed"]), "one node": (events["killed"], events["restarted"]),
               "after restart": (events["restarted"], float("inf"))}

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: b
 from benchmarks.common import default_profile_path, positional_args
 
 from loadtest import run_locust
-from loadtest.payload import build_payload
+from packrat.codec.payloads import build_payload
 from packrat.deploy import torchserve
 from packrat.deploy import archive
 from packrat.cli.compare import torchserve_pid
@@ -63,11 +63,11 @@ with tempfile.TemporaryDirectory() as tmp:
     server = torchserve.start(torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True), mar)
     try:
         token = server.key("inference")
-        run_locust(server.inference_url, model, batch, 8, run_dir / "warmup", token=token, payload="jpeg")
+        run_locust(server.inference_url, model, batch, 8, run_dir / "warmup", token=token, payload=(body, content_type))
         process = worker(torchserve_pid(run_dir))
         before = process.cpu_times()
         result = run_locust(server.inference_url, model, batch, duration, run_dir / "load", token=token,
-                            payload="jpeg")
+                            payload=(body, content_type))
         after = process.cpu_times()
     finally:
         torchserve.stop(server)

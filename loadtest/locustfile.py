@@ -1,13 +1,9 @@
 """Locust users that POST one model sample per request to TorchServe's /predictions/{model}.
 
 Environment:
-  PACKRAT_MODEL         zoo name for packrat.models.resolve (default resnet50)
-  PACKRAT_PAYLOAD       the request body (see loadtest.payload); unset or empty: the model's natural one
-                        (jpeg for image models, text for token models, raw otherwise)
-                        raw: the sample's bytes as application/octet-stream
-                        json: {"inputs": nested lists} as application/json
-                        jpeg: a synthetic 500x375 photo as image/jpeg
-                        text: an English paragraph as text/plain; charset=utf-8
+  PACKRAT_MODEL         the served model's name: requests go to /predictions/{PACKRAT_MODEL} (default resnet50)
+  PACKRAT_BODY_FILE     the file every request sends as its body (a photo, a text, a tensor...)
+  PACKRAT_CONTENT_TYPE  its Content-Type (default application/octet-stream)
   PACKRAT_TOKEN         bearer token when TorchServe's token authorisation is on (optional)
   PACKRAT_SHAPE         steady (default): users, spawn rate and run time from the command line;
                         step: loadtest.shapes.StepLoad drives the run and ends it
@@ -28,11 +24,9 @@ import locust.stats
 from locust import FastHttpUser, constant, task
 
 from loadtest.histogram import bucket_ms
-from loadtest.payload import build_payload, natural_payload
 from loadtest.requestlog import RequestRecord, format_record
 
 MODEL = os.environ.get("PACKRAT_MODEL", "resnet50")
-PAYLOAD = os.environ.get("PACKRAT_PAYLOAD") or natural_payload(MODEL)
 TOKEN = os.environ.get("PACKRAT_TOKEN", "")
 SHAPE = os.environ.get("PACKRAT_SHAPE", "steady")
 # A dead or wedged server must fail requests, not hang the run.
@@ -50,9 +44,12 @@ if SHAPE == "step":
 elif SHAPE != "steady":
     raise ValueError(f"PACKRAT_SHAPE must be steady or step, got {SHAPE!r}")
 
-# Built once: per-request serialisation would load the client, not the server.
-BODY, CONTENT_TYPE = build_payload(MODEL, PAYLOAD)
-HEADERS = {"Content-Type": CONTENT_TYPE}
+# Read once: per-request work would load the client, not the server.
+if not os.environ.get("PACKRAT_BODY_FILE"):
+    raise ValueError("set PACKRAT_BODY_FILE to the file each request sends (and PACKRAT_CONTENT_TYPE to its type)")
+with open(os.environ["PACKRAT_BODY_FILE"], "rb") as _body:
+    BODY = _body.read()
+HEADERS = {"Content-Type": os.environ.get("PACKRAT_CONTENT_TYPE") or "application/octet-stream"}
 if TOKEN:
     HEADERS["Authorization"] = f"Bearer {TOKEN}"
 PATH = f"/predictions/{MODEL}"
@@ -75,7 +72,7 @@ if REQUEST_LOG:
                                                        reason)))
 
 # Locust arms its --run-time timer on gevent's cached loop clock, which stood still while this
-# file imported torch and built the payload: without a refresh, runs end that much too early.
+# file imported locust and read the body: without a refresh, runs end that much too early.
 gevent.get_hub().loop.update_now()
 
 

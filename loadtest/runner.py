@@ -55,7 +55,7 @@ class LoadResult:
 
 
 def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Path, *,
-               spawn_rate: float | None = None, token: str | None = None, payload: str | None = None,
+               payload: tuple[bytes, str], spawn_rate: float | None = None, token: str | None = None,
                shape: str = "steady", csv_prefix: str = "locust", timeout_s: float | None = None,
                env: Mapping[str, str] | None = None, request_log: Path | None = None) -> LoadResult:
     """Load host's /predictions/{model} with closed-loop users and return the exact results.
@@ -64,7 +64,8 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
             (rounded up to whole seconds).
     step:   1 -> users -> 1 -> users, each for duration_s / 4, unless `env` sets
             PACKRAT_STEP_USERS / PACKRAT_STEP_SECONDS.
-    payload: raw, json, jpeg or text (loadtest.payload); None: the model's natural payload.
+    payload: (body, content type) of every request (packrat.codec.payloads.build_payload makes
+             one for a model); written to OUT_DIR/request.body for the locust process.
     timeout_s is the client-side timeout per request (the locustfile's default is 60 s);
     the whole run is killed after its expected length + 60 s.
     request_log: a file for one line per request (loadtest.requestlog), replaced if present.
@@ -77,7 +78,9 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
     for path in stale:  # never read a previous run's numbers
         path.unlink(missing_ok=True)
 
-    child_env = _child_env(model, token, payload, shape, timeout_s)
+    body_file = out_dir / "request.body"
+    body_file.write_bytes(payload[0])
+    child_env = _child_env(model, token, (body_file.resolve(), payload[1]), shape, timeout_s)
     child_env.update(PACKRAT_STEP_USERS=f"1,{users},1,{users}", PACKRAT_STEP_SECONDS=str(duration_s / 4))
     # An inherited log must not leak into the run either.
     child_env["PACKRAT_REQUEST_LOG"] = str(Path(request_log).resolve()) if request_log is not None else ""
@@ -96,14 +99,14 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
     return result
 
 
-def _child_env(model: str, token: str | None, payload: str | None, shape: str,
+def _child_env(model: str, token: str | None, payload: tuple[Path, str], shape: str,
                timeout_s: float | None) -> dict[str, str]:
     if shape not in ("steady", "step"):
         raise ValueError(f"shape must be steady or step, got {shape!r}")
     child = dict(os.environ)
-    # Empty means natural; an inherited payload or token must not leak into the run.
-    child.update(PACKRAT_MODEL=model, PACKRAT_PAYLOAD=payload or "", PACKRAT_SHAPE=shape,
-                 PACKRAT_TOKEN=token or "")
+    # An inherited token must not leak into the run.
+    child.update(PACKRAT_MODEL=model, PACKRAT_BODY_FILE=str(payload[0]), PACKRAT_CONTENT_TYPE=payload[1],
+                 PACKRAT_SHAPE=shape, PACKRAT_TOKEN=token or "")
     if timeout_s is not None:
         child["PACKRAT_TIMEOUT_S"] = str(timeout_s)
     return child

@@ -263,7 +263,7 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
     monkeypatch.setattr(compare.torchserve, "stop", lambda server: events.append(("stop",)))
 
     def fake_locust(host, model, users, duration_s, out_dir, **kw):
-        events.append(("locust", out_dir.name, users, kw["payload"]))
+        events.append(("locust", out_dir.name, users, kw["payload"][1]))  # the content type sent
         time.sleep(0.03)  # the killer ticks meanwhile and finds no TorchServe pid: no kills
         return LoadResult(10, 0, 1.0, 2.0, 3.0, 1.5, 5.0, 2.0, response_times={1.0: 10})
 
@@ -274,7 +274,7 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
     assert len(starts) == 3  # once per configuration, not per users pattern
     loads = [e for e in events if e[0] == "locust"]
     assert [e[1] for e in loads] == ["warmup", "load-u4", "load-u8"] * 3
-    assert {e[3] for e in loads} == {"jpeg"}
+    assert {e[3] for e in loads} == {"image/jpeg"}
     assert all(e[1]["tokenizer"] is None for e in events if e[0] == "archive")  # none given
     archive_kw = [e[1] for e in events if e[0] == "archive"]
     assert {kw["max_batch_delay_ms"] for kw in archive_kw} == {100} and not any(kw["reconfigure"] for kw in archive_kw)
@@ -290,7 +290,7 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
     compare.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=1, tokenizer=tmp_path / "tokenizer.json",
                        configs=compare.SERVER_CONFIGS[:1], log=lambda *_: None)
     assert [e[1]["tokenizer"] for e in events if e[0] == "archive"] == [str(tmp_path / "tokenizer.json")]
-    assert [e[3] for e in events if e[0] == "locust"] == ["jpeg", "jpeg"]  # tiny's natural payload
+    assert [e[3] for e in events if e[0] == "locust"] == ["image/jpeg", "image/jpeg"]  # tiny's natural payload
 
 
 def test_server_bench_json_has_payload_users_and_kills(tmp_path, monkeypatch, capsys):

@@ -26,7 +26,7 @@ import pytest
 import torch
 from PIL import Image
 
-from loadtest.tokenizer import build_demo_tokenizer
+from packrat.codec.demo_tokenizers import build_demo_tokenizer
 from packrat.deploy import torchserve
 from packrat.deploy import archive
 from packrat.cli.compare import pool_instances, torchserve_pid

@@ -15,14 +15,27 @@ import numpy as np
 import psutil
 import pytest
 
-from loadtest import LoadResult, format_table, percentile, plot_latency_distributions, plot_timeline, run_locust
+from loadtest import (
+    LoadResult,
+    format_table,
+    percentile,
+    plot_latency_distributions,
+    plot_timeline,
+    run_locust,
+)
 from loadtest.histogram import bucket_ms
-from loadtest.payload import TEXT, build_payload, check_payload, natural_payload, synthetic_jpeg
 from loadtest.requestlog import read_request_log
 from loadtest.runner import HistoryRow, parse_history, parse_json_stats
 from loadtest.steps import parse_steps, step_markers
-from loadtest.tokenizer import build_demo_tokenizer, demo_tokenizer_kind
 from packrat.cli import compare
+from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+from packrat.codec.payloads import (
+    TEXT,
+    build_payload,
+    check_payload,
+    natural_payload,
+    synthetic_jpeg,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_BYTES = 3 * 32 * 32 * 4  # one float32 sample of the tiny model
@@ -288,7 +301,8 @@ def test_steady_run_counts_every_request(stub, tmp_path):
     host, seen = stub
     log = tmp_path / "requests.tsv"
     log.write_text("stale line\n")  # a previous run's log is replaced, not appended to
-    r = run_locust(host, "tiny", users=2, duration_s=3, out_dir=tmp_path, token=TOKEN, payload="raw", request_log=log)
+    r = run_locust(host, "tiny", users=2, duration_s=3, out_dir=tmp_path, token=TOKEN,
+                   payload=build_payload("tiny", "raw"), request_log=log)
     assert r.requests > 0 and r.failures == 0
     records = read_request_log(log)
     assert len(records) == r.requests and "stale" not in log.read_text()
@@ -304,9 +318,9 @@ def test_steady_run_counts_every_request(stub, tmp_path):
 
 def test_wrong_token_fails_every_request(stub, tmp_path, monkeypatch):
     host, seen = stub
-    monkeypatch.setenv("PACKRAT_PAYLOAD", "raw")  # must not leak: no payload given means the natural one
+    monkeypatch.setenv("PACKRAT_BODY_FILE", "/nonexistent")  # must not leak: the body given is what is sent
     r = run_locust(host, "tiny", users=1, duration_s=2, out_dir=tmp_path, token="wrong",
-                   request_log=tmp_path / "requests.tsv")
+                   payload=build_payload("tiny"), request_log=tmp_path / "requests.tsv")
     assert r.requests > 0 and r.failures == r.requests
     records = read_request_log(tmp_path / "requests.tsv")
     assert len(records) == r.requests
@@ -316,7 +330,8 @@ def test_wrong_token_fails_every_request(stub, tmp_path, monkeypatch):
 
 def test_step_load_stops_by_itself(stub, tmp_path):
     host, _ = stub
-    r = run_locust(host, "tiny", users=2, duration_s=4, out_dir=tmp_path, token=TOKEN, payload="raw", shape="step",
+    r = run_locust(host, "tiny", users=2, duration_s=4, out_dir=tmp_path, token=TOKEN,
+                   payload=build_payload("tiny", "raw"), shape="step",
                    env={"PACKRAT_STEP_USERS": "1,2", "PACKRAT_STEP_SECONDS": "2"})
     assert r.requests > 0 and r.failures == 0
     assert r.history and max(row.users for row in r.history) == 2
@@ -324,5 +339,6 @@ def test_step_load_stops_by_itself(stub, tmp_path):
 
 
 def test_locust_errors_raise_with_its_stderr(tmp_path):
-    with pytest.raises(RuntimeError, match="unknown model"):
-        run_locust("http://127.0.0.1:9", "no_such_model", users=1, duration_s=1, out_dir=tmp_path)
+    with pytest.raises(RuntimeError, match="No such file"):
+        run_locust("http://127.0.0.1:9", "tiny", users=1, duration_s=1, out_dir=tmp_path, payload=(b"x", "text/plain"),
+                   env={"PACKRAT_BODY_FILE": str(tmp_path / "missing")})

@@ -65,8 +65,8 @@ def add_bench_parser(sub) -> None:
 def bench_tokenizer(model: str, payload: str, given: Path | None, demo: bool, out: Path) -> Path | None:
     """The tokenizer.json the servers get: --tokenizer, or with --demo-tokenizer one built into OUT/tokenizer/.
     A text payload without either is an error."""
-    from loadtest.payload import natural_payload
-    from loadtest.tokenizer import build_demo_tokenizer, demo_tokenizer_kind
+    from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+    from packrat.codec.payloads import natural_payload
 
     if demo:
         if natural_payload(model) != "text":
@@ -81,7 +81,7 @@ def bench_tokenizer(model: str, payload: str, given: Path | None, demo: bool, ou
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from loadtest.payload import check_payload, natural_payload
+    from packrat.codec.payloads import check_payload, natural_payload
 
     out = args.out
     if args.pool_only:  # the pool gets tensors: no payload, no tokenizer
@@ -121,7 +121,7 @@ def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, d
     """Server bench for every batch size: the table per batch (or JSON), the latency plots and
     OUT/server-bench.json = {model, payload, users, kill_every_s, duration_s, runs: [ServerRun, ...]}."""
     from loadtest import plot_latency_distributions
-    from loadtest.payload import natural_payload
+    from packrat.codec.payloads import natural_payload
 
     payload = payload or natural_payload(model)
     users = list(users or [compare.BATCH_USERS])

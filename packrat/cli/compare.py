@@ -302,9 +302,10 @@ def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, d
     pattern (ints are fixed counts). payload None: the model's natural one. With kill_every_s,
     pool instances of the packrat configurations are killed during the measured runs."""
     from loadtest import run_locust
-    from loadtest.payload import natural_payload
+    from packrat.codec.payloads import build_payload, natural_payload
 
     payload = payload or natural_payload(model)
+    body = build_payload(model, payload)
     counts = users_for_batch(users, batch)
     runs = []
     for name, handler, plan_mode, *overrides in configs:  # a 4th field: more settings, or async_worker
@@ -317,14 +318,14 @@ def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, d
                             max_batch_delay_ms=max_batch_delay_ms, async_worker=async_worker)
         kills = kill_every_s is not None and handler == "packrat"
         with warmed_server(name, model, mar, run_dir, max(n for n, _ in counts), warmup_s, log,
-                           payload=payload) as (server, token):
+                           payload=body) as (server, token):
             for n, pattern in counts:
                 log(f"-- {name}: {n} users ({pattern}) for {duration_s:.0f} s, payload {payload}"
                     + (f", kill -9 one pool instance every {kill_every_s:g} s" if kills else ""))
                 killer = InstanceKiller(lambda: torchserve_pid(server.run_dir), kill_every_s) if kills else None
                 with killer or nullcontext():
                     result = run_locust(server.inference_url, model, n, duration_s, run_dir / f"load-u{n}",
-                                        token=token, payload=payload)
+                                        token=token, payload=body)
                 if killer and killer.misses and not killer.kills:
                     log(f"-- {name}: no pool instance found to kill under TorchServe "
                         f"(pid {torchserve_pid(server.run_dir)})")
@@ -356,8 +357,9 @@ def format_server_results(runs: Sequence[ServerRun], kills: bool = False) -> str
 
 @contextmanager
 def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, warmup_s: float, log,
-                  payload: str | None = None):
-    """TorchServe started on free loopback ports and warmed up by locust; stopped on exit."""
+                  payload: tuple[bytes, str]):
+    """TorchServe started on free loopback ports and warmed up by locust sending `payload`
+    (body, content type); stopped on exit."""
     from loadtest import run_locust
 
     log(f"-- {name}: starting TorchServe")
@@ -388,7 +390,9 @@ def step_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, low
     """A low → high → low … locust load against the packrat handler with reconfiguration on,
     and with the plan fixed for the high and for the low batch size."""
     from loadtest import plot_timeline, run_locust
+    from packrat.codec.payloads import build_payload
 
+    body = build_payload(model, payload)
     users = ",".join([str(low), str(batch)] * cycles + [str(low)])
     configs = (("reconfigure-on", True, batch), ("fixed-plan-B%d" % batch, False, batch),
                ("fixed-plan-B%d" % low, False, low))
@@ -398,10 +402,10 @@ def step_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, low
         settings = Settings(model, profiles=[profile_path], max_batch=batch, reconfigure=reconfigure,
                             plan_batch=plan_batch, tokenizer=tokenizer)
         mar = archive.build(settings, run_dir / "model_store", name=model, max_batch_delay_ms=max_batch_delay_ms)
-        with warmed_server(name, model, mar, run_dir, batch, warmup_s, log, payload=payload) as (server, token):
+        with warmed_server(name, model, mar, run_dir, batch, warmup_s, log, payload=body) as (server, token):
             log(f"-- {name}: step load {users} users, {step_s:.0f} s per step")
             result = run_locust(server.inference_url, model, batch, step_s * (2 * cycles + 1), run_dir / "load",
-                                token=token, payload=payload, shape="step",
+                                token=token, payload=body, shape="step",
                                 env={"PACKRAT_STEP_USERS": users, "PACKRAT_STEP_SECONDS": str(step_s)})
             status = torchserve.handler_status(server)
         switches = [r for r in status["reconfigurations"] if r["started_at"] >= (result.start_time or 0)]

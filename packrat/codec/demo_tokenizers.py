@@ -17,7 +17,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from loadtest.payload import TEXT
+from packrat.codec.payloads import TEXT
 
 KINDS = ("wordpiece", "bpe")
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -33,7 +33,14 @@ def demo_tokenizer_kind(model: str) -> str:
 
 
 def _wordpiece(text: str):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
 
     normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True, clean_text=True,
                                             handle_chinese_chars=True)
@@ -65,7 +72,14 @@ def _wordpiece(text: str):
 
 
 def _bpe(text: str):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -1,4 +1,4 @@
-"""The request body for one model sample, in each encoding the handler accepts.
+"""The request body a load test sends for one model sample, in each encoding the handler accepts.
 
 raw   the sample's tensor bytes (little-endian), application/octet-stream
 json  {"inputs": nested lists}, application/json
