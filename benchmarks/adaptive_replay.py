@@ -43,7 +43,7 @@ def replay(path: Path, max_batch: int, tolerance: float) -> dict:
     full = load(path)
     threads = max(full.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        done = profiler.run_adaptive(profiler.Settings(model=path.stem), full.threads, full.batches,
+        done = profiler.run_adaptive(profiler.ProfileSettings(model=path.stem), full.threads, full.batches,
                                      Path(tmp) / "adaptive.csv", replay=path, tolerance=tolerance, progress=False)
     looked_up = [(t, b, full.latency[t, b]) for t, b, _ in done.profile.items()]  # the file keeps 4 decimals
     whole = plan_table(full.items(), threads, max_batch)

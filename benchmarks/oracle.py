@@ -451,7 +451,7 @@ def get_profile(args, topology: Topology, *, measure: bool) -> tuple[Path, Profi
             print(f"measuring {len(missing)} profile points of {args.model} into {path}, with contention: each "
                   f"point alone and, when t ≤ T/2, loaded; at least {_about(len(missing) * PROFILE_POINT_OVERHEAD_S)}"
                   " (the bar shows the time left); interrupted, the same command resumes it", flush=True)
-            settings = profiler.Settings(model=args.model, warmup=PROFILE_WARMUP, iters=None,
+            settings = profiler.ProfileSettings(model=args.model, warmup=PROFILE_WARMUP, iters=None,
                                          min_time=args.profile_min_time, contention=True)
             profiler.run(settings, threads, args.batches, path, topology=topology, progress=not args.quiet)
     return path, (load(path) if path.exists() else None)

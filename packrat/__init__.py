@@ -21,7 +21,7 @@ _API = {
     "Planner": ("packrat.planning.planner", "Planner"),
     "load_profile": ("packrat.profiling.profiles", "load"),
     "profile": ("packrat.profiling.profiler", "run"),
-    "ProfileSettings": ("packrat.profiling.profiler", "Settings"),
+    "ProfileSettings": ("packrat.profiling.profiler", "ProfileSettings"),
     "Settings": ("packrat.settings", "Settings"),
     "Engine": ("packrat.serving.engine", "Engine"),
     "app": ("packrat.frontends.ray_serve", "app"),

@@ -183,13 +183,13 @@ def test_ios_compiled_instances_in_the_profiler_and_the_pool(tmp_path):
     from packrat.profiling.profiles import load
 
     cache = tmp_path / "schedules"
-    settings = profiler.Settings(model="tiny", warmup=1, iters=3, ios_cache=str(cache))
+    settings = profiler.ProfileSettings(model="tiny", warmup=1, iters=3, ios_cache=str(cache))
     out = tmp_path / "tiny-ios.csv"
     profile = profiler.run(settings, [1], [2], out, progress=False)
     assert profile.metadata["mode"] == "ios" and (1, 2) in profile.latency
     assert (cache / "tiny-t1-b2.json").exists()  # searched once, kept for the pool
     with pytest.raises(ProfileError, match="mode 'ios'"):
-        profiler.run(profiler.Settings(model="tiny", warmup=1, iters=3), [1], [4], out, progress=False)
+        profiler.run(profiler.ProfileSettings(model="tiny", warmup=1, iters=3), [1], [4], out, progress=False)
     spec = resolve("tiny")
     module, x = spec.build(), spec.example_input(4)
     with InstancePool(ModelConfig("tiny", ios_cache=str(cache)), [InstanceConfig(1, 2, (CORES[0],))]) as pool:

@@ -21,7 +21,7 @@ from packrat.profiling.profiles import COLUMNS, load
 from packrat.errors import ProfileError
 from packrat.machine.topology import Topology, detect
 
-FAST = profiler.Settings(model="tiny", warmup=1, iters=5)
+FAST = profiler.ProfileSettings(model="tiny", warmup=1, iters=5)
 ISOLATED = dataclasses.replace(FAST, contention=False)
 
 
@@ -63,7 +63,7 @@ def test_one_real_point_runs_pinned_with_its_threads():
 
 def test_failed_point_names_the_point():
     with pytest.raises(ProfilingError, match="threads=1 batch=1 failed: .*unknown model"):
-        profiler.measure_point(profiler.Settings(model="no_such_model", iters=1), 1, 1, [0])
+        profiler.measure_point(profiler.ProfileSettings(model="no_such_model", iters=1), 1, 1, [0])
 
 
 def test_summary_statistics():
@@ -160,7 +160,7 @@ def test_one_copy_fits_so_the_point_is_measured_once(monkeypatch):
 
 
 @pytest.mark.parametrize("settings,timeout,reason", [
-    (profiler.Settings(model="no_such_model", iters=1), 60.0, "unknown model"),
+    (profiler.ProfileSettings(model="no_such_model", iters=1), 60.0, "unknown model"),
     (FAST, 0.01, "a copy was not ready within 0.01 s"),
 ])
 def test_failed_loaded_point_names_it_and_leaves_no_copy(started, settings, timeout, reason):

@@ -43,7 +43,7 @@ def measure_profile(model: str, path: Path, batches, *, min_time: float = DEMO_M
     file holds: an older cache stays isolated). A new file is measured as PATH.partial.csv and
     renamed when complete, so an interrupted run never leaves half a profile where it would be
     used; the same command resumes it."""
-    settings = profiler.Settings(model=model, warmup=DEMO_WARMUP, iters=None, min_time=min_time,
+    settings = profiler.ProfileSettings(model=model, warmup=DEMO_WARMUP, iters=None, min_time=min_time,
                                  input_shape=input_shape)
     threads = list(range(1, local_cores() + 1))
     batches = sorted(set(batches))
@@ -55,7 +55,7 @@ def measure_profile(model: str, path: Path, batches, *, min_time: float = DEMO_M
     return load(path)
 
 
-def _same_kind(settings: profiler.Settings, path: Path) -> profiler.Settings:
+def _same_kind(settings: profiler.ProfileSettings, path: Path) -> profiler.ProfileSettings:
     """`settings` measuring what the profile at `path` holds (loaded or isolated), if it holds any."""
     if not path.exists() or path.stat().st_size == 0:
         return settings
@@ -78,7 +78,7 @@ def resolve_profile(model: str, given: Path | None, *, batch_sizes=(),
     cores = local_cores()
     points = cores * len(batches)
     # Measurements, not points: with contention (measure_profile's default) a loaded point takes two.
-    runs = len(batches) * sum(profiler.measurements(profiler.Settings(model), t, Topology.virtual(cores))
+    runs = len(batches) * sum(profiler.measurements(profiler.ProfileSettings(model), t, Topology.virtual(cores))
                               for t in range(1, cores + 1))
     print(f"no profile at {path}: measuring one now ({points} points, about "
           f"{about(runs * (DEMO_MIN_TIME_S + POINT_OVERHEAD_S))}); next time it is reused", file=sys.stderr)

@@ -63,8 +63,8 @@ def add_profile_parser(sub) -> None:
     p.set_defaults(func=cmd_profile)
 
 
-def profile_settings(args: argparse.Namespace) -> profiler.Settings:
-    return profiler.Settings(model=args.model, warmup=args.warmup, iters=None if args.min_time else args.iters,
+def profile_settings(args: argparse.Namespace) -> profiler.ProfileSettings:
+    return profiler.ProfileSettings(model=args.model, warmup=args.warmup, iters=None if args.min_time else args.iters,
                              min_time=args.min_time, graph_mode=args.graph_mode, input_shape=args.input_shape,
                              ios_cache=str(args.ios_cache) if args.ios else None, contention=args.contention)
 

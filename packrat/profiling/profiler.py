@@ -45,7 +45,7 @@ _LATENCY_FLAG = {"loaded": "--contention", "isolated": "--isolated"}  # `packrat
 
 
 @dataclass(frozen=True)
-class Settings:
+class ProfileSettings:
     model: str
     warmup: int = 10
     iters: int | None = 100
@@ -56,7 +56,7 @@ class Settings:
     contention: bool = DEFAULT_CONTENTION  # also measure each point loaded by copies of itself
 
 
-def metadata(settings: Settings, topology: Topology) -> dict[str, str]:
+def metadata(settings: ProfileSettings, topology: Topology) -> dict[str, str]:
     import torch
 
     from packrat.models.zoo import resolve
@@ -73,7 +73,7 @@ def metadata(settings: Settings, topology: Topology) -> dict[str, str]:
     }
 
 
-def _command(settings: Settings, threads: int, batch: int, cores: list[int]) -> tuple[list[str], dict | None]:
+def _command(settings: ProfileSettings, threads: int, batch: int, cores: list[int]) -> tuple[list[str], dict | None]:
     """The packrat.profiling.point command line for a point pinned to `cores`, and its environment."""
     cmd = [sys.executable, "-m", "packrat.profiling.point", "--model", settings.model,
            "--threads", str(threads), "--batch", str(batch), "--cores", ",".join(map(str, cores)),
@@ -96,7 +96,7 @@ def _last_line(text: str, fallback: str) -> str:
     return (text.strip().splitlines() or [fallback])[-1]
 
 
-def measure_point(settings: Settings, threads: int, batch: int, cores: list[int]) -> dict:
+def measure_point(settings: ProfileSettings, threads: int, batch: int, cores: list[int]) -> dict:
     """Run packrat.profiling.point in a fresh process pinned to `cores`; return its statistics."""
     cmd, env = _command(settings, threads, batch, cores)
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -174,7 +174,7 @@ class _Copy:
         self._stderr.close()
 
 
-def measure_loaded(settings: Settings, threads: int, batch: int, core_sets: list[list[int]],
+def measure_loaded(settings: ProfileSettings, threads: int, batch: int, core_sets: list[list[int]],
                    timeout: float = LOADED_TIMEOUT_FLOOR_S) -> dict:
     """One copy of the point per core set, run in lockstep as a plan's instances run a batch.
 
@@ -221,13 +221,13 @@ def _round(copies: list[_Copy], timeout: float) -> tuple[float, list[float]]:
     return (time.perf_counter() - start) * 1e3, times
 
 
-def _enough(settings: Settings, rounds: int, elapsed_s: float) -> bool:
+def _enough(settings: ProfileSettings, rounds: int, elapsed_s: float) -> bool:
     if settings.iters is not None:
         return rounds >= settings.iters
     return rounds >= 3 and elapsed_s >= settings.min_time
 
 
-def measure(settings: Settings, threads: int, batch: int, topology: Topology) -> dict:
+def measure(settings: ProfileSettings, threads: int, batch: int, topology: Topology) -> dict:
     """One profile row for ⟨threads, batch⟩: measured alone and, with settings.contention and room
     for more than one copy, loaded by ⌊T/t⌋ copies; latency_ms is then the loaded figure."""
     started = time.monotonic()
@@ -241,13 +241,13 @@ def measure(settings: Settings, threads: int, batch: int, topology: Topology) ->
     return row
 
 
-def measurements(settings: Settings, threads: int, topology: Topology) -> int:
+def measurements(settings: ProfileSettings, threads: int, topology: Topology) -> int:
     """Timed measurements a point with `threads` takes: 2 when it is also measured loaded, else 1.
     (The copies of a loaded measurement run at once, so they take about one measurement's time.)"""
     return 2 if settings.contention and copies_for(threads, topology) > 1 else 1
 
 
-def _cost(settings: Settings, threads: int, batch: int, topology: Topology) -> float:
+def _cost(settings: ProfileSettings, threads: int, batch: int, topology: Topology) -> float:
     """A point's expected share of the run, for the progress bar: time per run grows ∝ b / t."""
     return batch / threads * measurements(settings, threads, topology)
 
@@ -266,7 +266,7 @@ def _existing(out: Path, meta: dict[str, str]) -> set[tuple[int, int]]:
     return set(existing.latency)
 
 
-def run(settings: Settings, threads: list[int], batches: list[int], out: str | Path,
+def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: str | Path,
         topology: Topology | None = None, progress: bool = True) -> profiles.Profile:
     """Measure every missing ⟨t, b⟩ of the grid into `out`; return the whole profile."""
     out = Path(out)
@@ -315,7 +315,7 @@ class AdaptiveResult:
                 "out": str(out)}
 
 
-def point_seconds(settings: Settings, threads: int, latency_ms: float, topology: Topology) -> float:
+def point_seconds(settings: ProfileSettings, threads: int, latency_ms: float, topology: Topology) -> float:
     """Estimated wall time of measuring one point: per measurement, start-up plus warm-up and timed runs."""
     runs_s = settings.warmup * latency_ms / 1e3
     runs_s += settings.min_time if settings.iters is None else settings.iters * latency_ms / 1e3
@@ -333,7 +333,7 @@ def _replay_metadata(source: profiles.Profile, path: Path) -> dict[str, str]:
     return {**source.metadata, "latency": "loaded" if source.loaded else "isolated", "replayed_from": str(path)}
 
 
-def run_adaptive(settings: Settings, threads: list[int], batches: list[int], out: str | Path, *,
+def run_adaptive(settings: ProfileSettings, threads: list[int], batches: list[int], out: str | Path, *,
                  topology: Topology | None = None, replay: str | Path | None = None,
                  slack: float | None = None, tolerance: float = 0.0, progress: bool = True) -> AdaptiveResult:
     """Measure only the points of threads × batches that can change a plan for some T ≤ max(threads)
@@ -377,7 +377,7 @@ def run_adaptive(settings: Settings, threads: list[int], batches: list[int], out
                             source.latency if source else None)
 
 
-def _adaptive_result(settings: Settings, grid, result: profiles.Profile, topology: Topology,
+def _adaptive_result(settings: ProfileSettings, grid, result: profiles.Profile, topology: Topology,
                      full: dict | None) -> AdaptiveResult:
     """Time estimates: measured points at their latency; the rest at the full table's, or at their
     lower bound when there is none (so the full grid's figure is then a lower bound)."""
