@@ -5,7 +5,7 @@ As root on a cgroup v1 machine (this one), it makes /sys/fs/cgroup/cpu/packrat-b
 quota of --quota cores and runs itself inside it (`--inside`). There it plans twice from the same
 profile: for the cores the affinity shows (what packrat did before it read quotas, and what a
 container with `docker --cpus` or a pod's `limits.cpu` shows) and for the CPU budget
-(packrat/budget.py, cut to the quota). Both pools answer batches of B raw-tensor requests in
+(packrat/machine/budget.py, cut to the quota). Both pools answer batches of B raw-tensor requests in
 alternating rounds, one pool at a time, each answering batches back to back for --seconds (a
 burst shorter than the quota's period is not throttled; a sustained load is); it prints each
 plan's median batch latency and throughput, and the latency ratio.

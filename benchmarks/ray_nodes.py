@@ -1,6 +1,6 @@
 """One Ray node against two on the same cores: packrat's Ray Serve front end under locust.
 
-Layouts, on this machine's cores 0 and 1 (packrat/ray_local.py pins each node with taskset):
+Layouts, on this machine's cores 0 and 1 (packrat/deploy/ray_local.py pins each node with taskset):
   one node, batch B:  a single node on cores 0-1; its replica plans batch B for 2 cores;
   one node, batch 2B: the same node, its replica planning batch 2B (it holds every user);
   two nodes:          a node on core 0 and one on core 1; a replica on each plans batch B for 1 core.

@@ -1,6 +1,6 @@
 """The packrat TorchServe handler: adapts TorchServe's requests to packrat's engine.
 
-initialize() builds the Engine (packrat/engine.py) from the archive's packrat settings: the CPU
+initialize() builds the Engine (packrat/serving/engine.py) from the archive's packrat settings: the CPU
 budget of this worker, the archive's profile for this machine, the plan for the batch size
 TorchServe was given, and the pool under a controller that re-plans when the load changes
 (`reconfigure: false` in the archive turns that off). The Ray Serve front end wraps the same engine.
@@ -22,7 +22,7 @@ The management API's `GET /models/NAME?customized=true` returns the controller's
 pool health, reconfigurations).
 
 Recovery (the archive's `request_timeout_s`, `max_queue`, `batch_timeout_s`, `hang_factor`,
-`hang_floor_s`) is the pool's: see packrat/pool/supervisor.py. Under `packrat serve` the handler also
+`hang_floor_s`) is the pool's: see packrat/serving/pool/supervisor.py. Under `packrat serve` the handler also
 follows `packrat reconfigure` (a control file it polls) and, when it replaces a worker that died,
 in asynchronous mode asks TorchServe for a fresh worker, because TorchServe 0.12 never serves a
 restarted asynchronous one.
@@ -169,7 +169,7 @@ def _restart_if_replacing_a_dead_worker(control_dir: str, model_name: str) -> No
     common.log.warning("this worker replaces one that died; TorchServe 0.12 would never send it requests "
                        "(asynchronous mode): asking the management API for a fresh worker")
     run_dir = str(Path(control_dir).parent)
-    subprocess.Popen([sys.executable, "-c", "import sys; from packrat.serving import Server, restart_worker; "
+    subprocess.Popen([sys.executable, "-c", "import sys; from packrat.deploy.torchserve import Server, restart_worker; "
                       "restart_worker(Server.load(sys.argv[1]))", run_dir],
                      start_new_session=True, stdin=subprocess.DEVNULL)
 

@@ -1,6 +1,6 @@
 """The baseline: a plain BaseHandler-style handler running the model in the worker process,
 with TorchServe's own workers and threads. Same decoding and answers as the packrat handler
-(packrat.inference), so a comparison measures only how the cores are used."""
+(packrat.serving.inference), so a comparison measures only how the cores are used."""
 
 from __future__ import annotations
 

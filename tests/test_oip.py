@@ -1,4 +1,4 @@
-"""The KServe v2 binary tensor extension (packrat.oip) through the codec, without a server:
+"""The KServe v2 binary tensor extension (packrat.codec.oip) through the codec, without a server:
 requests as tritonclient builds them, answers as tritonclient reads them, and every refusal."""
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ def adaptive_args(p: argparse.ArgumentParser) -> None:
                    help="measure only the points that can change a plan for some T ≤ the largest --threads and "
                         "B ≤ the largest batch size: starting from 1 thread at every batch size, bound the "
                         "unmeasured points from the measured ones (latency grows with the batch, scaling is at "
-                        "most linear and its returns diminish; see packrat/adaptive.py) and stop when no "
+                        "most linear and its returns diminish; see packrat/profiling/adaptive.py) and stop when no "
                         "bound can beat a plan")
     p.add_argument("--replay", type=Path, default=None, metavar="FILE",
                    help="with --adaptive (implied): look points up in FILE, a full profile (also the published "

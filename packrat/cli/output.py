@@ -38,7 +38,7 @@ def print_plan_table(plans: list[Plan], skipped: list[str]) -> None:
 
 
 def print_budget_and_profile(status: dict) -> None:
-    """The cores the handler plans for and why, and the profile it chose (see packrat/engine.py)."""
+    """The cores the handler plans for and why, and the profile it chose (see packrat/serving/engine.py)."""
     budget = status.get("cpu_budget")
     if budget:
         print(f"CPU budget: {describe_budget(budget)}")

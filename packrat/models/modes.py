@@ -2,7 +2,7 @@
 
 - ``compile`` (the default): torch's inductor compiler with frozen weights (conv+BN folded,
   constant layouts), ahead of time: AOTInductor packages per model and batch size, built once
-  and loaded by every instance (packrat/compiled.py), so a respawn or a reconfiguration does not
+  and loaded by every instance (packrat/models/compiled.py), so a respawn or a reconfiguration does not
   wait for them.
 - ``script``: TorchScript, trace + freeze + ``optimize_for_inference``: the path before torch
   deprecated TorchScript, kept for old profiles and for users' own TorchScript files.
