@@ -153,13 +153,19 @@ def test_no_flapping_between_two_plans_under_steady_load():
     assert controller.reconfigurations == [] and "build" not in pool.events
 
 
-def test_failed_answers_during_a_switch_are_counted_against_it():
+def blocked_switch_to_8():
+    """A controller whose switch to the plan for 8 has started and blocks (until pool.gate is set)."""
     pool, clock = FakePool(), Clock()
     controller = make(pool, clock)
     pool.gate.clear()
     arrive(controller, 1)
     clock.now += 1
-    arrive(controller, 8)  # the switch starts and blocks
+    arrive(controller, 8)
+    return controller, pool, clock
+
+
+def test_failed_answers_during_a_switch_are_counted_against_it():
+    controller, pool, _ = blocked_switch_to_8()
     pool.status = 503
     arrive(controller, 8)
     arrive(controller, 8)
@@ -171,12 +177,7 @@ def test_failed_answers_during_a_switch_are_counted_against_it():
 
 
 def test_a_step_back_during_a_slow_switch_is_followed_afterwards():
-    pool, clock = FakePool(), Clock()
-    controller = make(pool, clock)
-    pool.gate.clear()
-    arrive(controller, 1)
-    clock.now += 1
-    arrive(controller, 8)  # proposes 8; the build blocks
+    controller, pool, clock = blocked_switch_to_8()
     for _ in range(3):  # the load drops back to 1 while the build is still running
         clock.now += 1
         arrive(controller, 1)
