@@ -98,7 +98,8 @@ from packrat.deploy import torchserve
 from packrat.deploy import archive
 from packrat.settings import Settings
 from packrat.frontends import torchserve_control
-from packrat.cli.args import positive, users_list
+from packrat.cli.args import users_list
+from packrat.cli.types import positive
 from packrat.cli.default_profile import resolve_profile
 
 FAULT_KINDS = ("kill", "double-kill", "stop", "worker", "reconfigure")

@@ -16,7 +16,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import default_profile_path, int_list, positional_args, write_json
+from benchmarks.common import positional_args, write_json
+from packrat.profiling.profiles import default_path as default_profile_path
+from packrat.cli.types import int_list
 
 from loadtest import run_locust
 from packrat.codec.payloads import build_payload

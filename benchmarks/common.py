@@ -6,8 +6,8 @@ on sys.path, not the repo root; each puts the root there before it imports this 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
     from benchmarks.common import ...
 
-Nothing here imports torch or packrat at import time: a benchmark that only formats figures
-(device_suite_summary.py) stays light.
+Nothing here imports torch at import time (of packrat, only the CLI's light argument types): a
+benchmark that only formats figures (device_suite_summary.py) stays light.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+
+from packrat.cli.types import int_list
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,17 +48,6 @@ def positional_args(doc: str, *arguments: tuple[str, Callable, object]) -> list:
     return [getattr(parsed, name) for name, _, _ in arguments]
 
 
-def int_list(text: str) -> list[int]:
-    """argparse type for "1,2,4,8": sorted distinct integers >= 1."""
-    try:
-        values = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 1,2,4,8,16") from None
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must name integers >= 1")
-    return values
-
-
 def name_list(text: str) -> list[str]:
     """argparse type for "inception_v3,randwire": the names in order, duplicates dropped."""
     names = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
@@ -76,12 +67,7 @@ def networks_parser(doc: str, models: str) -> argparse.ArgumentParser:
     return parser
 
 
-def default_profile_path(model: str, prefix: str = "") -> Path:
-    """Where `packrat profile` keeps a model's profile by default: profiles/[prefix]MODEL.csv."""
-    return Path("profiles") / f"{prefix}{Path(model).stem.replace(':', '_')}.csv"
-
-
-def topology_for(threads: int | None):
+def local_topology(threads: int | None):
     """This process's cores as a Topology, or its first `threads` of them."""
     from packrat.machine.topology import detect
 

@@ -35,8 +35,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import arguments, child_json, doc_parser, first_cores, fresh_compile_caches, int_list, \
+from benchmarks.common import arguments, child_json, doc_parser, first_cores, fresh_compile_caches, \
     markdown_table, median_ms, name_list, pin, shuffled_rounds, write_json
+from packrat.cli.types import int_list
 
 MODES = ("eager", "script", "compile", "torch-compile")
 

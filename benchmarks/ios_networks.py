@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, int_list, markdown_head, name_list
+from benchmarks.common import doc_parser, markdown_head, name_list
+from packrat.cli.types import int_list
 
 MODELS = "inception_v3,squeezenet,randwire,nasnet"
 

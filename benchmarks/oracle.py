@@ -66,8 +66,10 @@ from packrat.profiling.profiles import Profile, load
 from packrat.machine.topology import Topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import answered, default_profile_path, doc_parser, elapsed_ms, error_text, int_list, \
-    pool_requests, topology_for, write_json
+from benchmarks.common import answered, doc_parser, elapsed_ms, error_text, pool_requests, local_topology, \
+    write_json
+from packrat.profiling.profiles import default_path as default_profile_path
+from packrat.cli.types import int_list
 
 Shape = tuple[int, int]  # one instance: (threads, batch)
 Config = tuple[Shape, ...]  # a multiset of instances, canonical: sorted, biggest first
@@ -428,7 +430,7 @@ def rescore(report: dict, profile_path: Path) -> dict:
     independently of any profile, so a profile measured later (another method) can be scored
     on them, as long as its choices were among the configurations timed."""
     profile = load(profile_path)
-    topology = topology_for(report["meta"]["threads"])
+    topology = local_topology(report["meta"]["threads"])
     entries = [{**entry, "planner": {kind: planner_choice(profile, kind, topology.num_cores, entry["batch"], topology)
                                      for kind in ("isolated", "loaded")}} for entry in report["batches"]]
     return build_report({**report["meta"], "profile": str(profile_path), "rescored": True}, entries)
@@ -610,7 +612,7 @@ def _meta(args, topology: Topology, profile_path: Path, profile: Profile) -> dic
 
 
 def run(args) -> int:
-    topology = topology_for(args.threads)
+    topology = local_topology(args.threads)
     profile_path, profile = get_profile(args, topology, measure=not args.dry_run)
     # the pools run the model as the profile measured it, as the server does
     args.graph_mode = served(profile.metadata.get("mode") if profile is not None else None)

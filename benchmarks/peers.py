@@ -74,8 +74,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import answered, child_json, default_profile_path, doc_parser, error_text, \
-    fresh_compile_caches, pin, pool_requests, shuffled_rounds, write_json
+from benchmarks.common import answered, child_json, doc_parser, error_text, fresh_compile_caches, pin, \
+    pool_requests, shuffled_rounds, write_json
+from packrat.profiling.profiles import default_path as default_profile_path
+from packrat.cli.types import int_list
 
 PEERS = ("packrat", "fat", "eager", "script", "compile", "torch-compile", "openvino-latency", "openvino-throughput",
          "onnxruntime", "onnxruntime-parallel")
@@ -723,8 +725,6 @@ def _physical_cores() -> list[int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    from packrat.cli.args import int_list  # the CLI's own list type ("1,4,8", "1-4")
-
     p = doc_parser(__doc__)
     p.add_argument("--model", default="resnet50", help="zoo model (default resnet50; e.g. bert_base, tiny)")
     p.add_argument("--batches", type=int_list, default=[1, 4, 8], help="batch sizes B (default 1,4,8)")

@@ -22,7 +22,8 @@ import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import default_profile_path, positional_args
+from benchmarks.common import positional_args
+from packrat.profiling.profiles import default_path as default_profile_path
 
 from loadtest import run_locust
 from packrat.codec.payloads import build_payload

@@ -7,14 +7,8 @@ import json
 from pathlib import Path
 
 from packrat.cli import compare
-from packrat.cli.args import (
-    int_list,
-    local_cores,
-    model_args,
-    positive,
-    tokenizer_path,
-    users_list,
-)
+from packrat.cli.args import local_cores, model_args, tokenizer_path, users_list
+from packrat.cli.types import int_list, positive
 from packrat.cli.default_profile import resolve_profile
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from packrat.cli.args import local_cores
 from packrat.machine.topology import Topology
 from packrat.profiling import profiler
-from packrat.profiling.profiles import load
+from packrat.profiling.profiles import default_path as default_profile_path, load
 
 DEMO_BATCHES = (1, 2, 4, 8)
 
@@ -21,10 +21,6 @@ DEMO_WARMUP = 3
 
 
 POINT_OVERHEAD_S = profiler.POINT_OVERHEAD_S
-
-
-def default_profile_path(model: str) -> Path:
-    return Path("profiles") / f"{Path(model).stem.replace(':', '_')}.csv"
 
 
 def about(seconds: float) -> str:

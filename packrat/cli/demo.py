@@ -6,9 +6,12 @@ import argparse
 import shutil
 from pathlib import Path
 
-from packrat.cli.args import int_list, local_cores, positive
+from packrat.cli.args import local_cores
+
+from packrat.cli.types import int_list, positive
 from packrat.cli.bench import bench_tokenizer, run_server_bench
-from packrat.cli.default_profile import default_profile_path, measure_profile
+from packrat.cli.default_profile import measure_profile
+from packrat.profiling.profiles import default_path as default_profile_path
 from packrat.cli.output import print_plan_table
 
 

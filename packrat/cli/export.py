@@ -7,7 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from packrat.cli.args import positive
+from packrat.cli.types import positive
 
 
 def add_export_parser(sub) -> None:

@@ -6,7 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-from packrat.cli.args import local_cores, positive, topology_for
+from packrat.cli.args import local_cores, topology_for
+
+from packrat.cli.types import positive
 from packrat.cli.output import print_plan, print_plan_table
 from packrat.errors import NoPlanError
 from packrat.planning.planner import Planner

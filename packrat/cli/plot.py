@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from packrat.cli.args import positive
+from packrat.cli.types import positive
 from packrat.profiling.profiles import load
 
 

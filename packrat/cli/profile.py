@@ -7,18 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from packrat.cli.args import (
-    DEFAULT_BATCHES,
-    adaptive_args,
-    contention_args,
-    graph_mode_args,
-    int_list,
-    ios_cache_arg,
-    local_cores,
-    positive,
-    shape,
-)
-from packrat.cli.default_profile import about, default_profile_path
+from packrat.cli.args import DEFAULT_BATCHES, adaptive_args, contention_args, graph_mode_args, ios_cache_arg, local_cores
+
+from packrat.cli.types import int_list, positive, shape
+from packrat.cli.default_profile import about
+from packrat.profiling.profiles import default_path as default_profile_path
 from packrat.profiling import profiler
 from packrat.profiling.profiles import load
 

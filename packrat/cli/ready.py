@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from packrat.cli.args import DEFAULT_RUN_DIR, positive, run_dir_arg
+from packrat.cli.args import DEFAULT_RUN_DIR, run_dir_arg
+
+from packrat.cli.types import positive
 from packrat.deploy import torchserve
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from packrat.cli.args import positive, run_dir_arg
+from packrat.cli.args import run_dir_arg
+
+from packrat.cli.types import positive
 from packrat.deploy import torchserve
 from packrat.errors import ServeError
 from packrat.frontends import torchserve_control

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from packrat.cli.archive import archive_from_args, settings_from_args
-from packrat.cli.args import DEFAULT_RUN_DIR, archive_args, positive, run_dir_arg
+from packrat.cli.args import DEFAULT_RUN_DIR, archive_args, run_dir_arg
+from packrat.cli.types import positive
 from packrat.cli.default_profile import resolve_profile
 from packrat.cli.output import print_budget_and_profile
 from packrat.deploy import torchserve

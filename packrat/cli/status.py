@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from packrat.cli.args import positive, run_dir_arg
+from packrat.cli.args import run_dir_arg
+
+from packrat.cli.types import positive
 from packrat.cli.output import cores_text, print_budget_and_profile
 from packrat.deploy import torchserve
 

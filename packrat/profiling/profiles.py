@@ -31,9 +31,16 @@ COLUMNS = ("threads", "batch", "latency_ms", "isolated_ms", "copies", "p50_ms", 
 # The layout written before contention profiles; such files are isolated and can still be appended to.
 LEGACY_COLUMNS = ("threads", "batch", "latency_ms", "p50_ms", "p99_ms", "std_ms", "iterations")
 LATENCIES = ("loaded", "isolated")  # values of the `latency` metadata key and of items(latency=...)
+DEFAULT_FOLDER = Path("profiles")
 _PUBLISHED = {"threads": "intraop_threads", "batch": "batch_size", "latency_ms": "latency(avg)"}
 
 
+
+
+def default_path(model: str, prefix: str = "") -> Path:
+    """Where a model's profile is kept when none is named: profiles/[prefix]MODEL.csv, MODEL being
+    the zoo name or the stem of the model's file, a colon made an underscore (hf:DIR → hf_DIR)."""
+    return DEFAULT_FOLDER / f"{prefix}{Path(model).stem.replace(':', '_')}.csv"
 
 
 @dataclass
