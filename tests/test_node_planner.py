@@ -12,7 +12,16 @@ from hypothesis import given, settings, strategies as st
 
 from packrat.errors import NoPlanError
 from packrat.machine.topology import Topology
-from packrat.planning.node import ModelLoad, NodePlanner, block_latencies, groupings, plan_node, score, service_ms
+from packrat.planning.node import (
+    ModelLoad,
+    NodePlanner,
+    block_latencies,
+    groupings,
+    plan_node,
+    score,
+    service_ms,
+    transition,
+)
 from packrat.profiling.profiles import load
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-profiles"
@@ -179,3 +188,40 @@ def test_any_loads_give_a_consistent_optimal_plan(loads, cores):
     plan = plan_node(list(loads), cores)
     check_invariants(plan, cores)
     assert plan.worst == pytest.approx(brute_force_worst(list(loads), cores), rel=1e-9)
+
+
+def safe_between(before: dict, after: dict) -> bool:
+    """Two members' cores overlap only where both take turns, whichever of the two steps each runs."""
+    names = set(before) | set(after)
+    for a, b in itertools.combinations(sorted(names), 2):
+        for x in (before.get(a), after.get(a)):
+            for y in (before.get(b), after.get(b)):
+                if x and y and set(x[0]) & set(y[0]) and not (x[1] and y[1]):
+                    return False
+    return True
+
+
+allocations = st.dictionaries(st.sampled_from("abcd"), st.tuples(
+    st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True).map(lambda c: tuple(sorted(c))), st.booleans()),
+    min_size=1, max_size=4).filter(lambda a: all(
+        not (set(x[0]) & set(y[0])) or (x[1] and y[1]) for (m, x), (n, y) in itertools.combinations(a.items(), 2)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(allocations, allocations)
+def test_every_transition_step_is_safe_and_ends_at_the_new_plan(old, new):
+    staying = {m: old[m] for m in old if m in new}  # a member missing from `new` has left already
+    steps = transition(old, new)
+    assert (steps[-1] if steps else staying) == new
+    previous = staying
+    for step in steps:
+        assert safe_between(previous, step)
+        previous = step
+
+
+def test_a_donor_takes_turns_before_the_receiver_grows():
+    old = {"a": ((0, 1), False), "b": ((2, 3), False)}
+    new = {"a": ((0, 1, 2), False), "b": ((3,), False)}
+    turns, move, settle = transition(old, new)
+    assert turns == {"a": ((0, 1), True), "b": ((2, 3), True)}
+    assert move == {"a": ((0, 1, 2), True), "b": ((3,), True)} and settle == new

@@ -366,3 +366,32 @@ def topology_of(topology: Topology, cores: Sequence[int]) -> Topology:
 def plan_node(loads: Sequence[ModelLoad], cores: int, topology: Topology | None = None) -> NodePlan:
     """One-shot: the node plan for `loads` on `cores` cores (of `topology`, default 0..cores-1)."""
     return NodePlanner(loads, cores).plan(topology)
+
+
+# ---- moving from one node plan to the next -------------------------------------------------------
+
+Allocation = dict[str, tuple[tuple[int, ...], bool]]  # member -> (its cores, whether it takes turns on them)
+
+
+def transition(old: Allocation, new: Allocation) -> list[Allocation]:
+    """The steps from `old` to `new`, each applied by every member before the next begins, such that
+    at every moment (a member may still run its previous step's instances beside the next's) two
+    members' cores overlap only where both take turns under the core locks:
+      1. turns: every member that moves, and every member whose cores a mover will reach, takes turns
+         on the cores it has (no core changes hands, so nothing new overlaps);
+      2. move: every mover goes to its new cores, still taking turns;
+      3. settle: each member's own flag from `new` (a member leaves turns only where `new` lets it,
+         and then no one else is on its cores).
+    A member in `new` alone (joining) first appears at step 2; one in `old` alone (leaving) is gone
+    from step 1. Steps that change nothing are left out."""
+    staying = {m: old[m] for m in old if m in new}
+    movers = {m for m in new if m not in staying or staying[m][0] != new[m][0]}
+    reached = {c for m in movers for c in new[m][0]}
+    turns = {m: (cores, locked or m in movers or bool(reached & set(cores))) for m, (cores, locked) in staying.items()}
+    move = {m: (new[m][0], True) if m in movers else turns[m] for m in new}
+    steps, last = [], staying
+    for step in (turns, move, dict(new)):
+        if step != last:
+            steps.append(step)
+            last = step
+    return steps

@@ -17,6 +17,7 @@ import time
 from multiprocessing.connection import Connection
 
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
+from packrat.serving.pool.core_locks import holding
 
 
 def exit_with_parent(cleanup=None, interval_s: float = 0.5) -> None:
@@ -110,9 +111,10 @@ def main(conn: Connection) -> None:
             return
         if message[0] == "stop":
             return
-        _, items, new_segment = message
+        _, items, new_segment, locks = message
         if new_segment:
             segment = attach(*new_segment)
         started = time.perf_counter()
-        answers = answer_batch(module, codec, [(segment[o:o + n], ct, hl) for o, n, ct, hl in items])
+        with holding(locks, config.cores):  # cores taken in turns with another model's instances
+            answers = answer_batch(module, codec, [(segment[o:o + n], ct, hl) for o, n, ct, hl in items])
         conn.send(("answers", answers, (time.perf_counter() - started) * 1e3))

@@ -61,6 +61,8 @@ class Instance:
         self.jobs: list = []  # the dispatcher's jobs it runs now
         self.busy_since = 0.0  # monotonic time its current jobs were sent
         self.hung = False  # killed by the watchdog
+        self.locks: str | None = None  # the node's core-lock directory while its cores are time-shared
+        self.sent_locked = False  # whether the batch it runs now holds the core locks
         self.slot = None  # the supervisor's memory of this instance's respawn attempts
         self.segment: SharedMemory | None = None
         # A fresh interpreter (not fork: that would copy the server's threads and torch
@@ -127,8 +129,8 @@ class Instance:
             self.segment.buf[offset:offset + len(body)] = body
             items.append((offset, len(body), job.request.content_type, job.request.header_length))
             offset += len(body)
-        self.jobs, self.busy_since = jobs, time.monotonic()
-        self.conn.send(("infer", items, new_segment))
+        self.jobs, self.busy_since, self.sent_locked = jobs, time.monotonic(), self.locks is not None
+        self.conn.send(("infer", items, new_segment, self.locks))
 
     def receive(self) -> tuple[list, float]:
         """The answers to its current jobs and their compute time (ms); EOFError/OSError once it died."""

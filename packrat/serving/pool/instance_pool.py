@@ -213,6 +213,21 @@ class InstancePool:
 
     # ---- reconfiguration ------------------------------------------------------------------------
 
+    def take_turns(self, lock_dir: str | None) -> None:
+        """From the next batch on, every instance holds its cores' locks in `lock_dir` while it runs
+        one (the node gave these cores to several models, in turns); None: the cores are this
+        model's alone. No instance is restarted."""
+        with self._lock:
+            self.supervisor.core_locks = lock_dir
+            for inst in self._everyone():
+                inst.locks = lock_dir
+
+    def runs_unlocked(self) -> bool:
+        """Whether a batch sent without the core locks is still running (a change to turns holds
+        only once none is)."""
+        with self._lock:
+            return any(inst.jobs and not inst.sent_locked for inst in self._everyone())
+
     def reconfigure(self, configs: Sequence[InstanceConfig], warmup_nice: int = 10) -> dict[str, int]:
         """Switch to new instances without stopping service (see Supervisor.reconfigure)."""
         check_cores(configs)

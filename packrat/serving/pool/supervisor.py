@@ -83,10 +83,12 @@ class Supervisor:
         self.start_timeout, self.watchdog, self.load_attempts = start_timeout, watchdog, load_attempts
         self.instances: list[Instance] = []
         self.parked: list[Instance] = []  # retired by the last switch; reused if the plan comes back
+        self.core_locks: str | None = None  # while the cores are time-shared: the node's core-lock directory
         self.respawns = self.respawning = self.respawn_failures = self.watchdog_kills = 0
 
     def spawn(self, config: InstanceConfig, index: int, nice: int = 0, slot: Slot | None = None) -> Instance:
         inst = Instance(index, self.model, config, self.codec, nice)
+        inst.locks = self.core_locks
         inst.slot = slot or Slot()  # carried from one respawn attempt to the next
         return inst
 

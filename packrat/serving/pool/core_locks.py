@@ -1,0 +1,48 @@
+"""Exclusive use of cores across processes, for models that take turns on a shared core set.
+
+One lock file per core in the node's directory (`core-N.lock`); an instance whose cores are
+time-shared takes the locks of all its cores, in core order (so two instances never wait on each
+other in a circle), for each batch it runs, and gives them back after. They are flock(2) locks:
+the kernel releases them when the process holding them dies, so a killed instance never leaves a
+core locked.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+_open: dict[str, int] = {}  # lock file path -> descriptor, kept open for the process's life
+
+
+def lock_path(directory: str | Path, core: int) -> Path:
+    return Path(directory) / f"core-{core}.lock"
+
+
+def _descriptor(path: Path) -> int:
+    key = str(path)
+    if key not in _open:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _open[key] = os.open(key, os.O_RDWR | os.O_CREAT, 0o600)
+    return _open[key]
+
+
+@contextmanager
+def holding(directory: str | Path | None, cores: Sequence[int]) -> Iterator[None]:
+    """Hold the locks of `cores` (none when `directory` is None) for the body of the block."""
+    if directory is None:
+        yield
+        return
+    taken = []
+    try:
+        for core in sorted(set(cores)):
+            descriptor = _descriptor(lock_path(directory, core))
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            taken.append(descriptor)
+        yield
+    finally:
+        for descriptor in reversed(taken):
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
