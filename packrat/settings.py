@@ -46,6 +46,8 @@ class Settings:
     hang_factor: float | None = None  # ... by default hang_factor × the batch's profiled latency
     hang_floor_s: float | None = None  # ... and at least this
     estimator: dict | None = None  # the batch-size estimator's settings (alpha, window, period_s, hysteresis)
+    share_node: bool = True  # plan the cores with the other models served on this machine (serving/node.py)
+    slo_ms: float | None = None  # this model's latency objective, for the node's plan
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -58,7 +60,7 @@ class Settings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"packrat setting {name!r} must be >= 1, got {value}")
-        for name in ("gather_ms", "request_timeout_s", "batch_timeout_s", "hang_factor", "hang_floor_s"):
+        for name in ("slo_ms", "gather_ms", "request_timeout_s", "batch_timeout_s", "hang_factor", "hang_floor_s"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"packrat setting {name!r} must be >= 0, got {value}")

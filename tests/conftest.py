@@ -9,8 +9,11 @@ import shutil
 import tempfile
 
 from packrat.models.compiled import CACHE_ENV
+from packrat.serving.node import NODE_DIR_ENV
 
-_CACHES = {CACHE_ENV: "compiled", "MPLCONFIGDIR": "matplotlib"}
+# The node directory too: the engines a test starts plan their cores together, not with a server
+# the user runs beside the suite.
+_CACHES = {CACHE_ENV: "compiled", "MPLCONFIGDIR": "matplotlib", NODE_DIR_ENV: "node"}
 _session_dir = None
 
 

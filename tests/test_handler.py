@@ -81,7 +81,7 @@ def test_mixed_batch_bad_requests_fail_alone(tmp_path, expected, handler_class, 
         assert "error" in json.loads(call(handler, [{"body": bytearray(b"x")}], context, in_event_loop)[0])
     finally:
         if hasattr(handler, "pool"):
-            handler.pool.close()
+            handler.engine.close()
 
 
 def test_describe_returns_the_status(tmp_path):
@@ -93,7 +93,7 @@ def test_describe_returns_the_status(tmp_path):
         (status,) = handler.handle([{"body": b""}], context)
         assert status["plan"]["batch"] == 4 and status["health"]["ready"] == len(status["plan"]["instances"])
     finally:
-        handler.pool.close()
+        handler.engine.close()
 
 
 def test_packrat_handler_plans_for_the_worker_cores(tmp_path):
@@ -104,13 +104,13 @@ def test_packrat_handler_plans_for_the_worker_cores(tmp_path):
         assert sum(i.batch for i in handler.plan.instances) == 4
         assert handler.plan.threads_used <= detect().num_cores
     finally:
-        handler.pool.close()
+        handler.engine.close()
     fat = PackratHandler()
     fat.initialize(make_context(tmp_path, batch=4, plan="fat"))
     try:
         assert [(i.threads, i.batch) for i in fat.plan.instances] == [(detect().num_cores, 4)]
     finally:
-        fat.pool.close()
+        fat.engine.close()
 
 
 def test_instances_gather_only_when_requests_arrive_one_by_one(tmp_path):
@@ -126,7 +126,7 @@ def test_instances_gather_only_when_requests_arrive_one_by_one(tmp_path):
         try:
             gathers[asynchronous] = handler.pool.dispatcher.gather_s
         finally:
-            handler.pool.close()
+            handler.engine.close()
     assert gathers == {False: 0.0, True: 0.03}
 
 
@@ -155,7 +155,7 @@ def test_an_eager_profile_is_served_eager(tmp_path):
     try:
         assert handler.pool.mode == "eager"
     finally:
-        handler.pool.close()
+        handler.engine.close()
 
 
 def test_archive_without_packrat_settings_is_a_clear_error(tmp_path):

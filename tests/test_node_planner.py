@@ -225,3 +225,13 @@ def test_a_donor_takes_turns_before_the_receiver_grows():
     turns, move, settle = transition(old, new)
     assert turns == {"a": ((0, 1), True), "b": ((2, 3), True)}
     assert move == {"a": ((0, 1, 2), True), "b": ((3,), True)} and settle == new
+
+
+def test_evaluate_counts_overlapping_cores_as_turns():
+    loads = [ModelLoad("resnet", RESNET_VM, 4), ModelLoad("squeeze", SQUEEZE_VM, 4)]
+    planner = NodePlanner(loads, 2)
+    split = planner.plan().allocation()
+    assert planner.evaluate(split) == pytest.approx(planner.plan().worst)
+    overlapping_ = {"resnet": ((0, 1), True), "squeeze": ((1,), True)}
+    assert planner.evaluate(overlapping_) == pytest.approx((190 + 48) / 48)  # turns on both cores
+    assert planner.evaluate({"resnet": ((0, 1), False)}) == math.inf  # a busy model with no cores

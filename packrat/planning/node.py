@@ -271,6 +271,27 @@ class NodePlanner:
             raise NoPlanError(f"{len(busy)} models cannot be placed on {self.cores} cores")
         return self._node_plan(best, topology, busy)
 
+    def evaluate(self, allocation: dict) -> float:
+        """The worst score of the busy models if they kept the cores `allocation` gives them
+        (model -> (cores, ...)) at today's loads: models whose cores overlap, directly or through
+        another, count as taking turns on all of their cores together."""
+        blocks: list[tuple[set[int], list[int]]] = []
+        for m in self.busy():
+            given = allocation.get(self.loads[m].name)
+            if given is None or not given[0]:
+                return INF
+            cores, members = set(given[0]), [m]
+            for block in [b for b in blocks if b[0] & cores]:
+                blocks.remove(block)
+                cores, members = cores | block[0], members + block[1]
+            blocks.append((cores, members))
+        worst = 0.0
+        for cores, members in blocks:
+            count = min(len(cores), self.cores)
+            latencies = block_latencies([self.loads[m] for m in members], [self.service[m][count] for m in members])
+            worst = max(worst, *(score(self.loads[m], lat, self.alone[m]) for m, lat in zip(members, latencies)))
+        return worst
+
     def _node_plan(self, blocks: list[tuple[list[int], int]], topology: Topology, busy: list[int]) -> NodePlan:
         placed = dict(enumerate(map(tuple, topology.assign([count for _, count in blocks]))))
         spare = sorted(set(topology.cores) - {c for cores in placed.values() for c in cores})

@@ -135,6 +135,22 @@ class Controller:
             with self._lock:
                 self._switching = None
 
+    def replan(self, reason: str) -> Reconfiguration:
+        """Serve the plan for today's batch again, as plan_for makes it now (say, the node moved this
+        model's cores), waiting for a switch under way to end first; blocks until it serves."""
+        while True:
+            with self._lock:
+                if self._switching is None:
+                    self._switching, target = threading.current_thread(), self.plan.batch
+                    self._building = target
+                    break
+            self.wait_idle(1.0)
+        try:
+            return self.switch(target, reason)
+        finally:
+            with self._lock:
+                self._switching = None
+
     # ---- switching ----------------------------------------------------------------------------
 
     def switch(self, target: int, reason: str) -> Reconfiguration:
@@ -164,7 +180,7 @@ class Controller:
     def wait_idle(self, timeout: float | None = None) -> None:
         """Until no switch is under way (for tests and shutdown)."""
         thread = self._switching
-        if thread is not None:
+        if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
     # ---- reporting ----------------------------------------------------------------------------

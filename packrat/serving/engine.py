@@ -9,6 +9,7 @@ Settings (packrat/settings.py: an archive's `packrat:` section), with files rela
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -18,10 +19,12 @@ from packrat.machine.budget import CpuBudget, cpu_budget
 from packrat.models import modes
 from packrat.models.spec import ModelSpec
 from packrat.models.zoo import HF_PREFIX, resolve
+from packrat.planning.node import topology_of
 from packrat.planning.planner import serving_plan
 from packrat.profiling.profiles import Profile, chosen
 from packrat.serving.controller import Controller
 from packrat.serving.estimator import BatchSizeEstimator, EstimatorSettings
+from packrat.serving.node import NodeMember, node_dir
 from packrat.serving.pool.api import Answer, ModelConfig, configs_for
 from packrat.serving.pool.instance_pool import InstancePool
 from packrat.serving.pool.supervisor import Watchdog
@@ -46,22 +49,69 @@ class Engine:
         self.max_batch = max_batch
         self._items, self._plan_mode = profile.items(), settings.plan
         start_batch = min(settings.plan_batch or max_batch, max_batch)
+        self.pool = self.controller = None
+        self.topology, self.node, turns = self.budget.topology, None, False
+        if settings.share_node:
+            self.node, turns = self._join_node(model_name, start_batch, settings.slo_ms)
         plan = self.plan_for(start_batch)
         log.info("packrat plan for T=%d, B=%d: %s", plan.threads, plan.batch, plan.describe())
         recovery = pool_settings(settings)
         if not asynchronous:  # the whole batch is here: nothing more comes until it is answered
             recovery.setdefault("gather_ms", 0.0)
         self.pool = InstancePool.from_plan(model, plan, capacity=max_batch, codec=self.codec, **recovery)
+        if turns:
+            self.pool.take_turns(self.node.lock_dir)
         mismatch = mode_mismatch(profile.metadata.get("mode"), self.pool.mode)
         if mismatch:
             log.warning(mismatch)
         estimator = BatchSizeEstimator(start_batch, max_batch, EstimatorSettings(**(settings.estimator or {})))
         self.controller = Controller(self.pool, plan, self.plan_for, lambda p: configs_for(p, max_batch), estimator)
         self.reconfigure = settings.reconfigure  # follow the load, unless told not to
+        if self.node is not None:
+            self.node.start()
+
+    # ---- the node: cores planned with the other models on this machine --------------------------
+
+    def _join_node(self, model_name: str, batch: int, slo_ms: float | None) -> tuple[NodeMember, bool]:
+        """Join the models served on this budget's cores; take the share the node gives (all the
+        budget's cores, in turns, if no plan comes in time)."""
+        self._batch_now = batch
+        topology = self.budget.topology
+        node = NodeMember(node_dir(topology.cores), model_name, topology, self._move, self._describe, slo_ms=slo_ms)
+        share = node.join()
+        if share is None:
+            log.warning("no node plan came in time: taking turns on every core of the budget")
+            return node, True
+        self.topology = topology_of(topology, share[0])
+        log.info("packrat node share: cores %s%s", list(share[0]), " (in turns with other models)" if share[1] else "")
+        return node, share[1]
+
+    def _describe(self) -> dict:
+        """What this model tells the node: its profile, the batch it plans for, the requests in hand."""
+        batch = self.controller.estimator.current if self.controller is not None else self._batch_now
+        return {"items": [list(item) for item in self._items], "batch": batch,
+                "outstanding": self.pool.outstanding if self.pool is not None else 0}
+
+    def _move(self, cores: tuple[int, ...], turns: bool) -> None:
+        """Serve on `cores` from now on, in turns with other models or not: turns are taken before
+        the cores change and given up after, so no core ever runs two models' threads at once."""
+        if turns:
+            self.pool.take_turns(self.node.lock_dir)
+        if tuple(cores) != tuple(self.topology.cores):
+            self.topology = topology_of(self.budget.topology, cores)
+            record = self.controller.replan(f"the node moved this model to cores {list(cores)}")
+            if record.error:
+                raise RuntimeError(record.error)
+        if not turns:
+            self.pool.take_turns(None)
+            return
+        deadline = time.monotonic() + 60
+        while self.pool.runs_unlocked() and time.monotonic() < deadline:  # a batch from before the turns
+            time.sleep(0.005)
 
     def plan_for(self, batch: int):
-        """The plan for `batch` on this machine's budget (the fat one where the archive says so)."""
-        topology = self.budget.topology
+        """The plan for `batch` on this model's cores (the fat one where the archive says so)."""
+        topology = self.topology
         plan, fallback = serving_plan(self._items, topology.num_cores, batch, topology, self._plan_mode)
         if fallback:
             log.warning(fallback)
@@ -69,6 +119,8 @@ class Engine:
 
     def arrive(self, count: int = 1) -> None:
         """`count` requests arrived together: one observation of the load for the controller."""
+        if self.node is not None:
+            self.node.meter.arrive(count)
         if not self.reconfigure:
             return
         try:
@@ -89,9 +141,14 @@ class Engine:
     def status(self) -> dict:
         """The controller's status (plan, mode, health, reconfigurations) with where the CPU
         budget and the profile came from."""
-        return {**self.controller.status(), "cpu_budget": self.budget.to_json(), "profile": self.profile_choice}
+        status = {**self.controller.status(), "cpu_budget": self.budget.to_json(), "profile": self.profile_choice}
+        if self.node is not None:
+            status["node"] = self.node.status()
+        return status
 
     def close(self) -> None:
+        if self.node is not None:
+            self.node.leave()  # the node re-plans without it: others may grow onto its cores
         self.pool.close()
 
 

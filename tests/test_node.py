@@ -1,0 +1,170 @@
+"""Several models on one machine: engines that find each other through the node directory, share
+its cores by one plan, hand over ownership, and take turns under per-core locks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from packrat.codec.payloads import build_payload
+from packrat.machine.topology import Topology, detect
+from packrat.serving.engine import Engine
+from packrat.serving.node import LoadMeter, NodeMember
+from packrat.serving.pool.api import Request
+from packrat.serving.pool.core_locks import holding, lock_path
+from packrat.settings import Settings
+
+CORES = detect().num_cores
+# A fixed cost per batch: one core each (10 ms at B = 4) beats taking turns on both (2 × 6 ms).
+PROFILE = "threads,batch,latency_ms\n" + "".join(
+    f"{t},{b},{(1 + b) * 2.0 / t ** 0.5}\n" for t in range(1, CORES + 1) for b in (1, 2, 4))
+
+
+def engine(tmp_path, name: str) -> Engine:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "profile.csv").write_text(PROFILE)
+    settings = Settings(model="tiny", profiles=("profile.csv",), max_batch=4)
+    return Engine(settings, folder, name, max_batch=4, asynchronous=False)
+
+
+def wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def cores_of(e: Engine) -> set[int]:
+    return {c for inst in e.controller.plan.instances for c in inst.cores}
+
+
+@pytest.mark.skipif(CORES < 2, reason="needs two cores")
+def test_two_models_split_the_cores_and_one_grows_when_the_other_leaves(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACKRAT_NODE_DIR", str(tmp_path / "node"))
+    first = engine(tmp_path, "a")
+    try:
+        assert cores_of(first) == set(detect().cores)  # alone on the node: every core
+        first.node.meter.rate = lambda: None  # both saturated (closed loops at capacity): a split beats turns
+        first.node.owner.dwell_s = 0.0
+        second = engine(tmp_path, "b")
+        second.node.meter.rate = lambda: None
+        try:
+            wait_for(lambda: first.node.share is not None and second.node.share is not None
+                     and not (cores_of(first) & cores_of(second)) and not first.pool.runs_unlocked())
+            node = first.status()["node"]
+            assert node["owner"] and len(node["members"]) == 2 and node["plan"]["models"]
+            assert any("members changed" in move["reason"] for move in node["moves"])
+            answers = [first.submit(_request()).result(30) for _ in range(3)] + \
+                      [second.submit(_request()).result(30) for _ in range(3)]
+            assert all(a.ok for a in answers)
+        finally:
+            second.close()
+        wait_for(lambda: cores_of(first) == set(detect().cores))  # it grows back onto the freed cores
+        assert first.submit(_request()).result(30).ok
+    finally:
+        first.close()
+
+
+def _request() -> Request:
+    return Request(*build_payload("tiny"))
+
+
+def test_ownership_passes_on_when_the_owner_leaves(tmp_path):
+    topology = Topology.virtual(2)
+    items = [[t, b, 10.0 * b / t] for t in (1, 2) for b in (1, 2)]
+    applied: dict[str, list] = {"x": [], "y": []}
+
+    def member(name: str) -> NodeMember:
+        return NodeMember(tmp_path, name, topology, lambda cores, turns: applied[name].append((cores, turns)),
+                          lambda: {"items": items, "batch": 2, "outstanding": 1})
+
+    x, y = member("x"), member("y")
+    assert x.join(5) is not None and x.is_owner
+    y.step()  # its heartbeat; the owner plans for it at its next step
+    assert not y.is_owner
+    for _ in range(8):  # the owner moves the node through its steps; each member applies its part
+        x.step(), y.step()
+    assert set(x.share[0]).isdisjoint(y.share[0]) and not x.share[1] and not y.share[1]
+    x.leave()
+    for _ in range(8):
+        y.step()
+    assert y.is_owner and y.share == ((0, 1), False)
+    assert "members changed: now y" in y.status()["moves"][-1]["reason"]
+    y.leave()
+
+
+def test_a_member_that_stops_beating_is_dropped(tmp_path):
+    def member(name: str) -> NodeMember:
+        return NodeMember(tmp_path, name, Topology.virtual(1), lambda *_: None,
+                          lambda: {"items": [[1, 1, 5.0]], "batch": 1, "outstanding": 0})
+
+    quiet = member("quiet")
+    quiet.step(apply=False)
+    os.close(quiet._owner_fd)  # as if it hung: the lock is free, its heartbeat grows old
+    quiet._owner_fd = None
+    path = next((tmp_path / "members").glob("quiet-*.json"))
+    path.write_text(_stale(path.read_text()))
+    other = member("other")
+    other.step()
+    assert other.is_owner and not path.exists()
+    other.leave()
+
+
+def _stale(text: str) -> str:
+    import json
+
+    member = json.loads(text)
+    member["heartbeat"] -= 3600
+    return json.dumps(member)
+
+
+def test_load_meter_tells_idle_light_and_saturated():
+    now = [0.0]
+    meter = LoadMeter(window_s=10, clock=lambda: now[0])
+    now[0] = 10.0
+    assert meter.rate() == 0.0
+    for _ in range(20):
+        now[0] += 0.5
+        meter.arrive(2)
+        meter.sample(0)
+    assert meter.rate() == pytest.approx(4.0)
+    for _ in range(20):
+        now[0] += 0.5
+        meter.sample(3)
+    assert meter.rate() is None
+
+
+HOLDER = """
+import sys, time
+from packrat.serving.pool.core_locks import holding
+with holding(sys.argv[1], [0, 1]):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_core_locks_exclude_another_process_and_die_with_it(tmp_path):
+    import fcntl
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        fd = os.open(lock_path(tmp_path, 1), os.O_RDWR)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.kill()
+        holder.wait()
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel let go with the process
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    finally:
+        holder.kill()
+    with holding(tmp_path, [1, 0]):  # taken in core order, given back after
+        pass
+    with holding(None, [0]):
+        pass
