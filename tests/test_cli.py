@@ -506,8 +506,8 @@ def test_status_reports_recovery_counts(monkeypatch, capsys, tmp_path):
               "answered": 40, "refused": 0, "watchdog_kills": 2, "expired": 1, "requeued": 5}
     plan = {"batch": 4, "threads": 2, "instances": [{"threads": 1, "batch": 2, "cores": [0]},
                                                     {"threads": 1, "batch": 2, "cores": [1]}]}
-    monkeypatch.setattr(torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny")))
-    monkeypatch.setattr(torchserve, "handler_status", lambda server: {"plan": plan, "mode": "script",
+    monkeypatch.setattr(torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny", models=("tiny",))))
+    monkeypatch.setattr(torchserve, "handler_status", lambda server, model=None: {"plan": plan, "mode": "script",
                                                                       "health": health, "reconfigurations": []})
     assert cli.main(["status", "--run-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -521,8 +521,8 @@ def test_status_reports_the_cpu_budget_and_profile(monkeypatch, capsys, tmp_path
     status = {"plan": {"batch": 4, "threads": 4, "instances": [{"threads": 4, "batch": 4, "cores": [0, 1, 2, 3]}]},
               "mode": "compile", "reconfigurations": [], "cpu_budget": budget,
               "profile": "profile-1.csv: taken on This CPU, 4 cores; ..."}
-    monkeypatch.setattr(torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny")))
-    monkeypatch.setattr(torchserve, "handler_status", lambda server: status)
+    monkeypatch.setattr(torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny", models=("tiny",))))
+    monkeypatch.setattr(torchserve, "handler_status", lambda server, model=None: status)
     assert cli.main(["status", "--run-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"CPU budget: 4 cores (cgroup v2 cpu.max: {budget['detail']})" in out

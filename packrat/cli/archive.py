@@ -7,25 +7,56 @@ from pathlib import Path
 
 from packrat.cli.args import archive_args
 from packrat.cli.default_profile import resolve_profile
+from packrat.cli.types import for_model
 from packrat.deploy import archive
 from packrat.settings import Settings
 
 
-def settings_from_args(args: argparse.Namespace, profiles: list[Path]) -> Settings:
-    """The served model's settings from the model, batching, request, recovery and --cores arguments."""
-    return Settings(args.model, profiles=profiles, max_batch=args.batch_size, plan=args.plan,
+def served_names(models: list[str]) -> list[str]:
+    """Each model's served name (/predictions/NAME); two models may not share one."""
+    names = [archive.archive_name(model) for model in models]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"two models would both be served as {', '.join(twice)}: serve each model once")
+    return names
+
+
+def one_value(args: argparse.Namespace, flag: str, name: str, names: list[str]):
+    """The value of a per-model option (--tokenizer, --labels, --slo) for the model served as `name`."""
+    values = for_model(getattr(args, flag), name, names, f"--{flag}")
+    if len(values) > 1:
+        raise ValueError(f"--{flag} given {len(values)} times for {name}: give it once")
+    return values[0] if values else None
+
+
+def profiles_for(args: argparse.Namespace, model: str, name: str, names: list[str]) -> list[Path]:
+    """The model's profiles (--profile [NAME=]PATH, one per machine type), the default one measured
+    when none is given."""
+    given = for_model(args.profile, name, names, "--profile", bare_for_one=True)
+    return [resolve_profile(model, path, batch_sizes=[args.batch_size], input_shape=args.input_shape)
+            for path in given or [None]]
+
+
+def settings_from_args(args: argparse.Namespace, model: str, names: list[str], profiles: list[Path]) -> Settings:
+    """The settings of `model` (served as one of `names`) from the model, batching, request,
+    recovery and --cores arguments."""
+    name = archive.archive_name(model)
+    return Settings(model, profiles=profiles, max_batch=args.batch_size, plan=args.plan,
                     reconfigure=args.reconfigure, cores=args.cores, input_shape=args.input_shape,
-                    tokenizer=args.tokenizer, labels=args.labels, max_body_bytes=int(args.max_body_mb * 2**20),
+                    tokenizer=one_value(args, "tokenizer", name, names), labels=one_value(args, "labels", name, names),
+                    slo_ms=one_value(args, "slo", name, names), max_body_bytes=int(args.max_body_mb * 2**20),
                     truncate_text=args.truncate_text, request_timeout_s=args.request_timeout,
                     max_queue=args.max_queue, batch_timeout_s=args.batch_timeout)
 
 
-def archive_from_args(args: argparse.Namespace, out_dir: Path, handler: str = "packrat") -> Path:
-    """The archive the arguments describe; the packrat handler's profiles are resolved (the default
-    one measured when missing) first."""
-    profiles = [resolve_profile(args.model, given, batch_sizes=[args.batch_size], input_shape=args.input_shape)
-                for given in args.profile or [None]] if handler == "packrat" else []
-    return archive.build(settings_from_args(args, profiles), out_dir, handler=handler,
+def archive_from_args(args: argparse.Namespace, out_dir: Path, handler: str = "packrat", model: str | None = None,
+                      names: list[str] | None = None) -> Path:
+    """The archive of `model` (args.model unless given; one of the served `names`) the arguments
+    describe; the packrat handler's profiles are resolved (the default one measured when missing) first."""
+    model = model or args.model
+    names = names or served_names([model])
+    profiles = profiles_for(args, model, archive.archive_name(model), names) if handler == "packrat" else []
+    return archive.build(settings_from_args(args, model, names, profiles), out_dir, handler=handler,
                          max_batch_delay_ms=args.max_batch_delay, ios_cache=args.ios_cache)
 
 
@@ -33,7 +64,8 @@ def add_archive_parser(sub) -> None:
     p = sub.add_parser("archive", help="build the model archive (.mar) for TorchServe",
                        description="Build NAME.mar with torch-model-archiver: the packrat handler, the profile "
                                    "and a model-config.yaml (batch size, delay, one worker, packrat settings). "
-                                   "The worker plans for the batch size and the cores it may use.",
+                                   "The worker plans for the batch size and the cores it may use, with the "
+                                   "other packrat models served on the same cores.",
                        epilog="example: packrat archive --model resnet50 --batch-size 8 --export-path model_store")
     archive_args(p)
     p.add_argument("--handler", choices=("packrat", "stock"), default="packrat",

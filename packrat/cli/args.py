@@ -12,7 +12,7 @@ from packrat.machine.budget import cpu_budget
 from packrat.machine.topology import Topology
 from packrat.models import modes
 from packrat.profiling import profiler
-from packrat.cli.types import positive, shape
+from packrat.cli.types import named, positive, shape
 from packrat.settings import MAX_BODY_BYTES
 
 DEFAULT_BATCHES = "1,2,4,8,16,32,64"
@@ -82,18 +82,26 @@ def ios_cache_arg(p: argparse.ArgumentParser, why: str = "where IOS schedules ar
                    help=f"{why} (default: {archive.DEFAULT_IOS_CACHE})")
 
 
+MODEL_HELP = ("zoo name, hf:DIR (a Hugging Face save_pretrained directory), a torch.export program (.pt2), a "
+              "TorchScript file or package.module:factory (default: resnet50)")
+
+
 def model_args(p: argparse.ArgumentParser,
                profile_help: str = "profile CSV (default: profiles/MODEL.csv; when that is missing, one is "
                                    "measured there first on a small grid and reused next time)",
-               several_profiles: bool = False) -> None:
-    p.add_argument("--model", default="resnet50",
-                   help="zoo name, hf:DIR (a Hugging Face save_pretrained directory), a torch.export program "
-                        "(.pt2), a TorchScript file or package.module:factory (default: resnet50)")
+               several_profiles: bool = False, several_models: bool = False) -> None:
+    if several_models:
+        p.add_argument("--model", dest="models", action="append", default=None, metavar="MODEL",
+                       help=MODEL_HELP + "; repeat it to serve several models, each at /predictions/NAME, on "
+                                         "one plan of the machine's cores")
+    else:
+        p.add_argument("--model", default="resnet50", help=MODEL_HELP)
     if several_profiles:
-        p.add_argument("--profile", type=Path, action="append", default=None,
+        p.add_argument("--profile", type=named(Path), action="append", default=None, metavar="[NAME=]PATH",
                        help=profile_help + "; give it once per machine type (say, one profile taken on 4 "
                                            "cores and one on 16): each server plans with the one taken on its "
-                                           "CPU model with the closest core count")
+                                           "CPU model with the closest core count. With several models, "
+                                           "NAME=PATH says whose it is (NAME: the served name)")
     else:
         p.add_argument("--profile", type=Path, default=None, help=profile_help)
     p.add_argument("--input-shape", type=shape, default=None, help="one input sample's shape, e.g. 3,224,224")
@@ -113,12 +121,17 @@ def batching_args(p: argparse.ArgumentParser) -> None:
 
 
 def request_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", type=tokenizer_path, default=None, metavar="DIR",
+    """The request handling arguments; the per-model ones take NAME=VALUE (a bare VALUE: every model)."""
+    p.add_argument("--tokenizer", type=named(tokenizer_path), action="append", default=None, metavar="[NAME=]DIR",
                    help="a directory holding a Hugging Face tokenizer.json (or the file): token models then "
                         "also take text/plain requests")
-    p.add_argument("--labels", type=labels_path, default=None, metavar="FILE",
+    p.add_argument("--labels", type=named(labels_path), action="append", default=None, metavar="[NAME=]FILE",
                    help='class names for classifier answers: TorchServe\'s index_to_name.json '
                         '({"0": "tench", ...})')
+    p.add_argument("--slo", type=named(positive(float)), action="append", default=None, metavar="[NAME=]MS",
+                   help="the model's latency objective in ms: the machine's cores are then planned to serve the "
+                        "most load within every model's objective, and `packrat status` names a model that "
+                        "cannot meet it (default: none; the cores go where the worst slowdown is least)")
     p.add_argument("--max-body-mb", type=positive(float), default=MAX_BODY_BYTES / 2**20, metavar="MB",
                    help=f"largest request body accepted; larger ones get 413 (default: {MAX_BODY_BYTES // 2**20})")
     p.add_argument("--truncate-text", action="store_true",
@@ -185,9 +198,9 @@ def adaptive_args(p: argparse.ArgumentParser) -> None:
                         '"saved_s", "saved", "out"} (times are estimates)')
 
 
-def archive_args(p: argparse.ArgumentParser) -> None:
+def archive_args(p: argparse.ArgumentParser, several_models: bool = False) -> None:
     """What archive and serve share: the model, batching, request and recovery arguments, and --cores."""
-    model_args(p, several_profiles=True)
+    model_args(p, several_profiles=True, several_models=several_models)
     p.add_argument("--cores", type=positive(int), default=None, metavar="N",
                    help="plan for at most N cores, written into the archive (default: every core this "
                         "process may use: its CPU affinity, cut to its cgroup's CPU quota, or $PACKRAT_CORES). "

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from packrat.cli.archive import archive_from_args, settings_from_args
+from packrat.cli.archive import archive_from_args, profiles_for, served_names, settings_from_args
 from packrat.cli.args import DEFAULT_RUN_DIR, archive_args, run_dir_arg
 from packrat.cli.types import positive
-from packrat.cli.default_profile import resolve_profile
 from packrat.cli.output import print_budget_and_profile
 from packrat.deploy import torchserve
 from packrat.errors import ServeError
@@ -19,9 +18,14 @@ def add_serve_parser(sub) -> None:
                        description="Archive the model, write a TorchServe config (loopback addresses, every "
                                    "port set, token authorisation on unless disabled, quiet logs), run "
                                    "`torchserve --start`, and wait until the management API shows every "
-                                   "worker READY. The model is served as /predictions/NAME.",
-                       epilog="example: packrat serve --model resnet50 --batch-size 8 --max-batch-delay 50")
-    archive_args(p)
+                                   "worker READY. The model is served as /predictions/NAME. Several --model: one "
+                                   "server, one worker per model, and one plan of the machine's cores for all of "
+                                   "them that follows their loads (see `packrat status`).",
+                       epilog="examples:\n  packrat serve --model resnet50 --batch-size 8 --max-batch-delay 50\n"
+                              "  packrat serve --model resnet50 --model squeezenet --batch-size 4 "
+                              "--profile resnet50=profiles/resnet50.csv --slo squeezenet=100",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    archive_args(p, several_models=True)
     p.add_argument("--inference-port", type=positive(int), default=8080)
     p.add_argument("--management-port", type=positive(int), default=8081)
     p.add_argument("--metrics-port", type=positive(int), default=8082)
@@ -29,6 +33,10 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--grpc-management-port", type=positive(int), default=7071)
     p.add_argument("--disable-token-auth", action="store_true",
                    help="turn TorchServe's token authorisation off (it is on by default)")
+    p.add_argument("--enable-model-api", action="store_true",
+                   help="let the management API register (POST /models) and unregister (DELETE /models/NAME) "
+                        "models while the server runs; each packrat model joins or leaves the plan of the cores "
+                        "(off by default, as in TorchServe)")
     p.add_argument("--oip", action="store_true",
                    help="also serve the KServe v2 / Open Inference Protocol (POST /v2/models/NAME/infer, "
                         "tritonclient's binary tensors included): TS_OPEN_INFERENCE_PROTOCOL=oip")
@@ -50,23 +58,32 @@ def add_serve_parser(sub) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    models = args.models or ["resnet50"]
     if args.engine == "ray":
+        if len(models) > 1:
+            raise ValueError("--engine ray deploys one model: run it once per model (the replicas on one node "
+                             "plan its cores together)")
         return serve_on_ray(args)
     run_dir = args.run_dir.resolve()
-    mar = archive_from_args(args, run_dir / "model_store")
-    name = mar.stem
+    names = served_names(models)
+    mars = [archive_from_args(args, run_dir / "model_store", model=model, names=names) for model in models]
     ports = torchserve.Ports(args.inference_port, args.management_port, args.metrics_port,
-                          args.grpc_inference_port, args.grpc_management_port)
-    print(f"starting TorchServe for {name} (batch size {args.batch_size}); waiting for every worker READY ...")
-    server = torchserve.start(torchserve.Server(run_dir, name, ports, token_auth=not args.disable_token_auth,
-                                          oip=args.oip), mar, timeout=args.timeout)
-    print(f"ready: POST {server.inference_url}/predictions/{name}")
-    try:
-        print_budget_and_profile(torchserve.handler_status(server))
-    except ServeError as exc:  # serving goes on; only the report is missing
-        print(f"(the handler did not report its CPU budget: {exc})")
-    if server.oip:
-        print(f"Open Inference Protocol: POST {server.inference_url}/v2/models/{name}/infer")
+                             args.grpc_inference_port, args.grpc_management_port)
+    print(f"starting TorchServe for {', '.join(names)} (batch size {args.batch_size}); "
+          f"waiting for every worker READY ...")
+    server = torchserve.start(torchserve.Server(run_dir, names[0], ports, token_auth=not args.disable_token_auth,
+                                                oip=args.oip, models=tuple(names), model_api=args.enable_model_api),
+                              mars, timeout=args.timeout)
+    for name in names:
+        print(f"ready: POST {server.inference_url}/predictions/{name}")
+        try:
+            print_budget_and_profile(torchserve.handler_status(server, name))
+        except ServeError as exc:  # serving goes on; only the report is missing
+            print(f"(the handler did not report its CPU budget: {exc})")
+        if server.oip:
+            print(f"Open Inference Protocol: POST {server.inference_url}/v2/models/{name}/infer")
+    if len(names) > 1:
+        print(f"the models share the cores by one plan that follows their loads: packrat status --run-dir {args.run_dir}")
     print(f"management: {server.management_url}   metrics: http://127.0.0.1:{ports.metrics}/metrics")
     if server.token_auth:
         print(f"token authorisation is on: keys in {server.key_file} "
@@ -79,12 +96,17 @@ def ray_app_args(args: argparse.Namespace) -> dict:
     """packrat.ray_serve.app's arguments: the settings an archive would carry, with files as absolute
     paths (profiles are sent to the replicas; models, tokenizers and labels must be on every node at
     the same path), and the number of engines."""
-    profiles = [resolve_profile(args.model, given, batch_sizes=[args.batch_size], input_shape=args.input_shape)
-                for given in args.profile or [None]]
-    settings = settings_from_args(args, [Path(p).resolve() for p in profiles])
+    model = ray_model(args)
+    names = served_names([model])
+    profiles = profiles_for(args, model, names[0], names)
+    settings = settings_from_args(args, model, names, [Path(p).resolve() for p in profiles])
     files = {key: str(Path(getattr(settings, key)).resolve()) for key in ("model", "tokenizer", "labels")
              if getattr(settings, key) is not None and Path(getattr(settings, key)).exists()}
     return {**settings.replace(**files).to_section(), **({"replicas": args.replicas} if args.replicas else {})}
+
+
+def ray_model(args: argparse.Namespace) -> str:
+    return (args.models or ["resnet50"])[0]
 
 
 def serve_on_ray(args: argparse.Namespace) -> int:
@@ -93,7 +115,7 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ServeError(f"--engine ray needs Ray Serve: pip install 'packrat[ray]' ({exc})") from exc
     app_args = ray_app_args(args)
-    print(f"deploying {args.model} on the Ray cluster at {args.ray_address}, one engine per node ...")
+    print(f"deploying {ray_model(args)} on the Ray cluster at {args.ray_address}, one engine per node ...")
     url, name = ray_serve.deploy(app_args, address=args.ray_address, host=args.http_host, port=args.http_port,
                                  timeout_s=args.timeout)
     print(f"ready: POST {url}/predictions/{name} (or {url}/v2/models/{name}/infer); GET {url}/v2/models/{name}/ready")

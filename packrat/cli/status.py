@@ -1,43 +1,72 @@
-"""`packrat status`: the running handler's plan, health and reconfigurations."""
+"""`packrat status`: each served model's plan, health and reconfigurations, and the node's plan of cores."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 
 from packrat.cli.args import run_dir_arg
-
-from packrat.cli.types import positive
 from packrat.cli.output import cores_text, print_budget_and_profile
+from packrat.cli.types import positive
 from packrat.deploy import torchserve
+from packrat.errors import ServeError
+
+MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"eager"|"ios", "health": {"instances", '
+              '"ready", "respawning", "respawn_failures", "unavailable", "queued", "answered", "refused"}, '
+              '"reconfigurations": [{"from_batch", "to_batch", "reason", "seconds", "failed_requests", ...}], '
+              '"cpu_budget": {"cores", "source", "detail"}, "profile": "NAME: why it was chosen", "node": {...}}')
 
 
 def add_status_parser(sub) -> None:
-    p = sub.add_parser("status", help="the served plan and the last reconfigurations",
-                       description="Ask the running packrat handler (through TorchServe's management API) for "
-                                   "its current plan, how its instances run the model (compile, script, eager or ios) "
-                                   "and its recent reconfigurations.")
+    p = sub.add_parser("status", help="the served plans, the node's plan of cores and the last reconfigurations",
+                       description="Ask the running packrat handlers (through TorchServe's management API) for "
+                                   "each model's plan, how its instances run the model (compile, script, eager or "
+                                   "ios), its health and recent reconfigurations; with several models, also the "
+                                   "node: the cores each model has, its observed load, what the plan of the cores "
+                                   "optimises, and each move with its reason and duration.")
     run_dir_arg(p)
-    p.add_argument("--last", type=positive(int), default=10, help="reconfigurations to list (default: 10)")
+    p.add_argument("--model", default=None, metavar="NAME",
+                   help="only this model (default: every model the server serves)")
+    p.add_argument("--last", type=positive(int), default=10, help="reconfigurations and moves to list (default: 10)")
     p.add_argument("--json", action="store_true",
-                   help='print {"plan": <as packrat plan --json>, "mode": "compile"|"script"|"eager"|"ios", "health": {"instances", '
-                        '"ready", "respawning", "respawn_failures", "unavailable", "queued", "answered", "refused"}, '
-                        '"reconfigurations": [{"from_batch", "to_batch", '
-                        '"reason", "seconds", "failed_requests", ...}], "cpu_budget": {"cores", "source", '
-                        '"detail"}, "profile": "NAME: why it was chosen"}')
+                   help=f"print one model's status (with one model, or --model) as {MODEL_JSON}; with several: "
+                        '{"models": {NAME: <that>}, "node": {"objective", "worst_score", "missed_slo", "generation", '
+                        '"models": {NAME: {"cores", "takes_turns_with", "plan", "expected_latency_ms", '
+                        '"alone_latency_ms", "slowdown", "rate_rps", "batch", "slo_ms"}}, "moves": [{"reason", '
+                        '"plan", "started_at", "seconds"}]}}')
     p.set_defaults(func=cmd_status)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     server = torchserve.Server.load(args.run_dir.resolve())
-    status = torchserve.handler_status(server)
-    if args.json:
-        print(json.dumps(status, indent=2))
+    if args.model is not None and args.model not in server.models:
+        raise ServeError(f"{args.model} is not served here (models: {', '.join(server.models)})")
+    names = [args.model] if args.model else list(server.models)
+    statuses = {name: torchserve.handler_status(server, name) for name in names}
+    if len(names) == 1:
+        if args.json:
+            print(json.dumps(statuses[names[0]], indent=2))
+        else:
+            print_model(names[0], statuses[names[0]], args.last)
         return 0
+    node = node_view(statuses)
+    if args.json:
+        print(json.dumps({"models": statuses, "node": node}, indent=2))
+        return 0
+    for name, status in statuses.items():
+        print_model(name, status, args.last)
+        print()
+    if node is not None:
+        print_node(node, args.last)
+    return 0
+
+
+def print_model(name: str, status: dict, last: int) -> None:
     plan = status["plan"]
     shapes = ", ".join(f"⟨{i['threads']} threads, batch {i['batch']}, cores {cores_text(tuple(i['cores']))}⟩"
                        for i in plan["instances"])
-    print(f"model {server.model} ({status.get('mode', '?')}): serving B={plan['batch']} on T={plan['threads']} "
+    print(f"model {name} ({status.get('mode', '?')}): serving B={plan['batch']} on T={plan['threads']} "
           f"threads: {shapes}")
     print_budget_and_profile(status)
     health = status.get("health")
@@ -51,8 +80,52 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{health.get('expired', 0)} past their deadline (504)")
     records = status["reconfigurations"]
     print(f"{len(records)} reconfiguration(s){' (newest last)' if records else ''}")
-    for r in records[-args.last:]:
+    for r in records[-last:]:
         outcome = f"FAILED: {r['error']}" if r.get("error") else r.get("plan", "")
         print(f"  B {r['from_batch']:>3} → {r['to_batch']:<3} {r['seconds']:6.2f} s  failed requests "
               f"{r['failed_requests']}  {r['reason']}  {outcome}")
-    return 0
+
+
+def node_view(statuses: dict[str, dict]) -> dict | None:
+    """The node (every model on these cores, in this server or another) from the newest view any
+    model's status gives: the plan's objective, each model's cores, turns, load and expected
+    slowdown, and the moves. None when no model shares the node."""
+    nodes = [status["node"] for status in statuses.values() if status.get("node")]
+    if not nodes:
+        return None
+    node = max(nodes, key=lambda n: (n.get("generation") or 0, n.get("step") or 0))
+    members = node.get("members", {})
+    name = {member_id: member["model"] for member_id, member in members.items()}
+    plan = node.get("plan") or {}
+    models = {}
+    for member_id, share in (plan.get("models") or {}).items():
+        member = members.get(member_id, {})
+        models[name.get(member_id, member_id)] = {
+            "cores": share["cores"], "takes_turns_with": [name.get(m, m) for m in share.get("shared_with", [])],
+            "idle": share.get("idle"), "plan": share.get("plan_text"),
+            "expected_latency_ms": share.get("expected_latency_ms"), "alone_latency_ms": share.get("alone_latency_ms"),
+            "slowdown": share.get("slowdown"), "rate_rps": member.get("rate_rps"), "batch": member.get("batch"),
+            "slo_ms": member.get("slo_ms"), "pid": member.get("pid")}
+    return {"directory": node.get("directory"), "generation": node.get("generation"), "cores": plan.get("cores"),
+            "objective": plan.get("objective"), "worst_score": plan.get("worst_score"),
+            "missed_slo": [name.get(m, m) for m in plan.get("missed_slo", [])], "models": models,
+            "moves": node.get("moves", [])}
+
+
+def print_node(node: dict, last: int) -> None:
+    print(f"node: {node['cores']} cores planned together (plan {node['generation']}); objective: {node['objective']}")
+    if node["missed_slo"]:
+        print(f"  cannot meet the latency objective of: {', '.join(node['missed_slo'])}")
+    for model, share in sorted(node["models"].items()):
+        turns = f" in turns with {', '.join(share['takes_turns_with'])}" if share["takes_turns_with"] else ""
+        rate = "saturated" if share["rate_rps"] is None else f"{share['rate_rps']:.1f} req/s"
+        slowdown = f", slowdown {share['slowdown']:.2f}" if share.get("slowdown") is not None else ""
+        slo = f", SLO {share['slo_ms']:g} ms" if share.get("slo_ms") else ""
+        print(f"  {model:<16} cores {cores_text(tuple(share['cores']))}{turns}: {share['plan']}; load {rate}, "
+              f"batch {share['batch']}{slowdown}{slo}")
+    moves = node["moves"]
+    print(f"{len(moves)} move(s) of the node's cores{' (newest last)' if moves else ''}")
+    for move in moves[-last:]:
+        took = f"{move['seconds']:6.2f} s" if move.get("seconds") is not None else "  in progress"
+        when = time.strftime("%H:%M:%S", time.localtime(move["started_at"]))
+        print(f"  {when} {took}  {move['reason']}: {move['plan']}")

@@ -39,3 +39,32 @@ def shape(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a shape like 3,224,224") from None
+
+
+def named(convert):
+    """argparse type for a per-model value, 'NAME=VALUE' or a bare 'VALUE' (for every model):
+    (NAME or None, convert(VALUE)). A NAME holds no '/', so a bare path with '=' in a folder's
+    name stays a path."""
+
+    def parse(text: str):
+        name, sep, value = text.partition("=")
+        if sep and name and "/" not in name:
+            return name, convert(value)
+        return None, convert(text)
+
+    parse.__name__ = getattr(convert, "__name__", "value")  # argparse names the type in its errors
+    return parse
+
+
+def for_model(entries, model: str, models, flag: str, *, bare_for_one: bool = False) -> list:
+    """The values of a repeatable per-model option (`named` entries) that apply to `model`: those
+    named for it, else the bare ones. bare_for_one: bare values only when one model is served (say,
+    a profile, which belongs to one model). Raises ValueError for a NAME that is not served."""
+    entries = entries or []
+    unknown = sorted({name for name, _ in entries if name is not None and name not in models})
+    if unknown:
+        raise ValueError(f"{flag} names {', '.join(unknown)}, which is not served (models: {', '.join(models)})")
+    bare = [value for name, value in entries if name is None]
+    if bare and bare_for_one and len(models) > 1:
+        raise ValueError(f"with several models, give {flag} as NAME=VALUE (models: {', '.join(models)})")
+    return [value for name, value in entries if name == model] or bare

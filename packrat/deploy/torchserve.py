@@ -16,7 +16,9 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -57,13 +59,16 @@ class Server:
     """A running (or stopped) TorchServe started by packrat, as recorded in its run dir."""
 
     run_dir: Path
-    model: str
+    model: str  # the first model: the one commands ask about when they name none
     ports: Ports = field(default_factory=Ports)
     token_auth: bool = True
     oip: bool = False  # the Open Inference Protocol (KServe v2: /v2/..., tritonclient) on as well
+    models: tuple[str, ...] = ()  # every model it serves, `model` first
+    model_api: bool = False  # registering and unregistering models through the management API
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir).resolve()  # TorchServe rejects a relative TEMP
+        self.models = tuple(dict.fromkeys((self.model, *self.models)))
 
     @property
     def inference_url(self) -> str:
@@ -97,7 +102,8 @@ class Server:
         return env
 
     def save(self) -> None:
-        state = {"model": self.model, "ports": asdict(self.ports), "token_auth": self.token_auth, "oip": self.oip}
+        state = {"model": self.model, "models": list(self.models), "ports": asdict(self.ports),
+                 "token_auth": self.token_auth, "oip": self.oip, "model_api": self.model_api}
         (self.run_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
 
     @classmethod
@@ -107,7 +113,8 @@ class Server:
             state = json.loads(path.read_text())
         except (OSError, ValueError):
             raise ServeError(f"no packrat server recorded in {run_dir} ({path} missing or unreadable)") from None
-        return cls(Path(run_dir), state["model"], Ports(**state["ports"]), state["token_auth"], state.get("oip", False))
+        return cls(Path(run_dir), state["model"], Ports(**state["ports"]), state["token_auth"], state.get("oip", False),
+                   tuple(state.get("models", ())), state.get("model_api", False))
 
 
 # ---- archive -------------------------------------------------------------------------------
@@ -117,7 +124,8 @@ MAX_REQUEST_SIZE = 100 * 2**20  # TorchServe's own limit: larger bodies never re
 
 # ---- config and start/stop ---------------------------------------------------------------------
 
-def config_properties(ports: Ports, model_store: Path, token_auth: bool, extra: dict[str, str] | None = None) -> str:
+def config_properties(ports: Ports, model_store: Path, token_auth: bool, extra: dict[str, str] | None = None,
+                      model_api: bool = False) -> str:
     lines = {
         "inference_address": f"http://127.0.0.1:{ports.inference}",
         "management_address": f"http://127.0.0.1:{ports.management}",
@@ -128,7 +136,8 @@ def config_properties(ports: Ports, model_store: Path, token_auth: bool, extra: 
         "grpc_management_port": str(ports.grpc_management),
         "model_store": str(model_store),
         "disable_token_authorization": "false" if token_auth else "true",
-        "enable_model_api": "false",
+        # Registering and unregistering models (POST/DELETE /models) only when asked for.
+        "enable_model_api": "true" if model_api else "false",
         "default_response_timeout": "300",
         # Bodies up to this reach the handler, which answers those over its own limit with 413
         # and the reason (TorchServe's default, 6.5 MB, resets the connection instead).
@@ -141,21 +150,28 @@ def config_properties(ports: Ports, model_store: Path, token_auth: bool, extra: 
     return "".join(f"{k}={v}\n" for k, v in lines.items())
 
 
-def start(server: Server, mar: Path, *, timeout: float = 300.0) -> Server:
-    """torchserve --start in server.run_dir, then wait until every worker is READY."""
+def start(server: Server, mars: Path | Sequence[Path], *, timeout: float = 300.0) -> Server:
+    """torchserve --start in server.run_dir serving each archive in `mars` as the model of
+    server.models in the same place (one archive: server.model), then wait until every worker of
+    every model is READY."""
     run_dir = server.run_dir
+    mars = [mars] if isinstance(mars, (str, Path)) else list(mars)
+    if len(mars) != len(server.models):
+        raise ValueError(f"{len(mars)} archive(s) for {len(server.models)} model(s): {', '.join(server.models)}")
     for sub in ("tmp", "logs", "model_store", CONTROL_DIR):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
-    for left in (control_file(server.control_dir, server.model), worker_file(server.control_dir, server.model)):
-        left.unlink(missing_ok=True)  # left by an earlier run
     store = run_dir / "model_store"
-    if mar.resolve().parent != store.resolve():
-        shutil.copy(mar, store / mar.name)
+    for model, mar in zip(server.models, mars):
+        for left in (control_file(server.control_dir, model), worker_file(server.control_dir, model)):
+            left.unlink(missing_ok=True)  # left by an earlier run
+        if Path(mar).resolve().parent != store.resolve():
+            shutil.copy(mar, store / Path(mar).name)
     config = run_dir / "config.properties"
-    config.write_text(config_properties(server.ports, store, server.token_auth))
+    config.write_text(config_properties(server.ports, store, server.token_auth, model_api=server.model_api))
     server.key_file.unlink(missing_ok=True)
     cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs", "--ts-config", str(config),
-           "--model-store", str(store), "--models", f"{server.model}={mar.name}",
+           "--model-store", str(store), "--models",
+           *(f"{model}={Path(mar).name}" for model, mar in zip(server.models, mars)),
            "--log-config", str(LOG_CONFIG)]
     if not server.token_auth:
         cmd.append("--disable-token-auth")
@@ -169,27 +185,50 @@ def start(server: Server, mar: Path, *, timeout: float = 300.0) -> Server:
     if done.returncode != 0:
         raise ServeError(f"torchserve --start failed: {start_log.read_text().strip()[-500:]}")
     try:
-        wait_ready(server, timeout)
+        deadline = time.monotonic() + timeout
+        for model in server.models:
+            wait_ready(server, max(1.0, deadline - time.monotonic()), model)
     except BaseException:
         stop(server)
         raise
     return server
 
 
-def _get(server: Server, path: str, timeout: float = 5.0):
-    request = urllib.request.Request(server.management_url + path)
+def _management(server: Server, path: str, method: str = "GET", timeout: float = 5.0) -> bytes:
+    request = urllib.request.Request(server.management_url + path, method=method)
     if server.token_auth and server.key_file.exists():
         request.add_header("Authorization", f"Bearer {server.key('management')}")
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
+        return response.read()
+
+
+def _get(server: Server, path: str, timeout: float = 5.0):
+    return json.loads(_management(server, path, timeout=timeout))
 
 
 def _put(server: Server, path: str, timeout: float = 120.0) -> None:
-    request = urllib.request.Request(server.management_url + path, method="PUT")
-    if server.token_auth and server.key_file.exists():
-        request.add_header("Authorization", f"Bearer {server.key('management')}")
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        response.read()
+    _management(server, path, "PUT", timeout)
+
+
+def register(server: Server, mar: Path, model: str, timeout: float = 300.0) -> None:
+    """Add `model` from the archive `mar` to the running server (POST /models, one worker) and wait
+    until it is READY; needs the model API (Server.model_api)."""
+    store = server.run_dir / "model_store"
+    if Path(mar).resolve().parent != store.resolve():
+        shutil.copy(mar, store / Path(mar).name)
+    query = urllib.parse.urlencode({"url": Path(mar).name, "model_name": model, "initial_workers": 1,
+                                    "synchronous": "true"})
+    _management(server, f"/models?{query}", "POST", timeout)
+    server.models = (*server.models, model) if model not in server.models else server.models
+    server.save()
+    wait_ready(server, timeout, model)
+
+
+def unregister(server: Server, model: str, timeout: float = 120.0) -> None:
+    """Remove `model` from the running server (DELETE /models/NAME); needs the model API."""
+    _management(server, f"/models/{model}", "DELETE", timeout)
+    server.models = tuple(m for m in server.models if m != model)
+    server.save()
 
 
 def restart_worker(server: Server, timeout: float = 600.0) -> None:
@@ -224,27 +263,27 @@ def _wait_for(condition, timeout: float, every: float = 0.5) -> bool:
     return True
 
 
-def worker_status(server: Server) -> list[str]:
-    """Status of each worker of the model ([] while it is not registered yet)."""
+def worker_status(server: Server, model: str | None = None) -> list[str]:
+    """Status of each worker of the model (server.model unless named; [] while it is not registered)."""
     try:
-        return _worker_statuses(server)
+        return _worker_statuses(server, model)
     except (urllib.error.URLError, OSError, ValueError):
         return []
 
 
-def _worker_statuses(server: Server) -> list[str]:
-    described = _get(server, f"/models/{server.model}")
+def _worker_statuses(server: Server, model: str | None = None) -> list[str]:
+    described = _get(server, f"/models/{model or server.model}")
     return [w.get("status", "?") for entry in described for w in entry.get("workers", [])]
 
 
-def model_ready(server: Server) -> bool:
+def model_ready(server: Server, model: str | None = None) -> bool:
     """Some worker of the model READY (the readiness check of `packrat ready`, a pod's probe).
 
     TorchServe 0.12's keys expire (`token_expiration_min`, 60 minutes by default) and it answers an
     expired or wrong key with 400 InvalidKeyException: then the management key is renewed through
     the token API (which rewrites key_file.json) and the question asked once more."""
     try:
-        statuses = _worker_statuses(server)
+        statuses = _worker_statuses(server, model)
     except urllib.error.HTTPError as exc:  # before URLError: it is one
         if exc.code != 400 or not server.token_auth:
             return False
@@ -252,7 +291,7 @@ def model_ready(server: Server) -> bool:
             renew_key(server, "management")
         except (urllib.error.URLError, OSError, ValueError, KeyError):
             return False
-        statuses = worker_status(server)
+        statuses = worker_status(server, model)
     except (urllib.error.URLError, OSError, ValueError):
         return False
     return "READY" in statuses
@@ -268,31 +307,33 @@ def renew_key(server: Server, api: str) -> None:
         response.read()
 
 
-def handler_status(server: Server) -> dict:
-    """The packrat handler's own status (plan, reconfigurations) through the management
-    API's customized describe, which TorchServe forwards to the handler."""
+def handler_status(server: Server, model: str | None = None) -> dict:
+    """The packrat handler's own status (plan, reconfigurations) of the model (server.model unless
+    named) through the management API's customized describe, which TorchServe forwards to the handler."""
+    model = model or server.model
     try:
-        described = _get(server, f"/models/{server.model}?customized=true", timeout=30)
+        described = _get(server, f"/models/{model}?customized=true", timeout=30)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise ServeError(f"cannot reach TorchServe's management API at {server.management_url}: {exc}") from None
     metadata = described[0].get("customizedMetadata") if described else None
     if metadata is None:
-        raise ServeError(f"model {server.model} gave no packrat status (is it served by the packrat handler?)")
+        raise ServeError(f"model {model} gave no packrat status (is it served by the packrat handler?)")
     return json.loads(metadata) if isinstance(metadata, str) else metadata
 
 
-def wait_ready(server: Server, timeout: float) -> None:
-    """Until the management API shows every worker READY (not /ping: it says Healthy
-    while workers crash in a loop)."""
+def wait_ready(server: Server, timeout: float, model: str | None = None) -> None:
+    """Until the management API shows every worker of the model (server.model unless named) READY
+    (not /ping: it says Healthy while workers crash in a loop)."""
+    model = model or server.model
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        statuses = worker_status(server)
+        statuses = worker_status(server, model)
         if statuses and all(s == "READY" for s in statuses):
             return
         if not java_running(server):
             raise ServeError(f"TorchServe exited while starting; see {server.run_dir / 'logs'}: {log_tail(server)}")
         time.sleep(0.5)
-    raise ServeError(f"model {server.model} not READY after {timeout:.0f} s (workers: {worker_status(server)}); "
+    raise ServeError(f"model {model} not READY after {timeout:.0f} s (workers: {worker_status(server, model)}); "
                      f"see {server.run_dir / 'logs'}: {log_tail(server)}")
 
 
