@@ -8,7 +8,7 @@ Environment:
   PACKRAT_SHAPE         steady (default): users, spawn rate and run time from the command line;
                         step: loadtest.shapes.StepLoad drives the run and ends it
   PACKRAT_STEP_USERS    with step: users per step, e.g. "1,8,1,8"
-  PACKRAT_STEP_SECONDS  with step: seconds per step, e.g. 15
+  PACKRAT_STEP_SECONDS  with step: seconds per step, e.g. 15, or one length per step, e.g. 25,20,40
   PACKRAT_TIMEOUT_S     client-side timeout per request in seconds (default 60)
   PACKRAT_REQUEST_LOG   a file to append one line per request to (loadtest.requestlog; optional)
 

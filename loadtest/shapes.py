@@ -2,7 +2,7 @@
 
 Environment (read when locust instantiates the shape):
   PACKRAT_STEP_USERS    comma-separated users per step (default "1,8,1,8")
-  PACKRAT_STEP_SECONDS  duration of every step in seconds (default 15)
+  PACKRAT_STEP_SECONDS  duration of every step in seconds (default 15), or one per step ("25,20,40")
 """
 from __future__ import annotations
 

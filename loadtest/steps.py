@@ -1,6 +1,7 @@
 """Step schedules for StepLoad, kept free of locust: importing locust monkey-patches the process."""
 from __future__ import annotations
 
+import itertools
 import os
 
 DEFAULT_STEP_USERS = "1,8,1,8"
@@ -8,12 +9,15 @@ DEFAULT_STEP_SECONDS = 15.0
 
 
 def parse_steps(users: str, seconds: str | float) -> list[tuple[float, int]]:
-    """Step list as (end time in seconds since the start, users), validated."""
+    """Step list as (end time in seconds since the start, users), validated. `seconds` is every
+    step's length, or one length per step ("25,20,40")."""
     counts = [int(part) for part in str(users).split(",") if part.strip()]
-    step_s = float(seconds)
-    if not counts or min(counts) < 0 or step_s <= 0:
+    lengths = [float(part) for part in str(seconds).split(",") if part.strip()]
+    if len(lengths) == 1:
+        lengths *= len(counts)
+    if not counts or len(lengths) != len(counts) or min(counts) < 0 or min(lengths) <= 0:
         raise ValueError(f"bad step load: users={users!r} seconds={seconds!r}")
-    return [((i + 1) * step_s, n) for i, n in enumerate(counts)]
+    return list(zip(itertools.accumulate(lengths), counts))
 
 
 def steps_from_env() -> list[tuple[float, int]]:

@@ -68,8 +68,10 @@ def test_steps_and_markers():
     assert steps == [(2.5, 1), (5.0, 8), (7.5, 1), (10.0, 8)]
     assert step_markers(steps, start=100.0) == [(100.0, "1 users"), (102.5, "8 users"),
                                                 (105.0, "1 users"), (107.5, "8 users")]
-    with pytest.raises(ValueError):
-        parse_steps("", 5)
+    assert parse_steps("4,0,4", "25,20,40") == [(25.0, 4), (45.0, 0), (85.0, 4)]  # a length per step
+    for users, seconds in (("", 5), ("1,2", "3,4,5"), ("1,2", "3,0"), ("-1", 5)):
+        with pytest.raises(ValueError):
+            parse_steps(users, seconds)
 
 
 def test_payloads_match_the_model_sample():

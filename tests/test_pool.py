@@ -247,7 +247,7 @@ def test_pool_process_killed_leaves_no_instance_and_no_segment_behind(reference)
     (the restarted worker's) starts with no segment of the dead one left in /dev/shm."""
     code = ("import sys, torch; from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request; "
             "from packrat.serving.pool.instance_pool import InstancePool; "
-            f"pool = InstancePool(ModelConfig('tiny'), [InstanceConfig(1, 2, ({CORES[0]},))]); "
+            f"pool = InstancePool(ModelConfig('tiny', graph_mode='script'), [InstanceConfig(1, 2, ({CORES[0]},))]); "
             "pool.infer([Request(torch.zeros(3, 32, 32).numpy().tobytes(), 'application/octet-stream')]); "
             "print(*pool.pids(), flush=True); sys.stdin.read()")
     parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -208,7 +208,7 @@ def group_members(pgid: int) -> list[int]:
 def test_ctrl_c_leaves_a_valid_file_that_resumes_and_no_copy_running(tmp_path):
     out = tmp_path / "tiny.csv"
     cmd = [sys.executable, "-m", "packrat.cli", "profile", "--model", "tiny", "--threads", "1",
-           "--batches", "1-3", "--warmup", "1", "--min-time", "5", "--contention", "--out", str(out), "--quiet"]
+           "--batches", "1-2", "--warmup", "1", "--min-time", "2", "--contention", "--out", str(out), "--quiet"]
     # Ctrl-C's default action even when this test runs in the background (where SIGINT is ignored and
     # a child would inherit that), then Python's KeyboardInterrupt.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -229,11 +229,11 @@ def test_ctrl_c_leaves_a_valid_file_that_resumes_and_no_copy_running(tmp_path):
     assert proc.returncode == 130, err
     assert "run the same command to resume" in err
     partial = load(out)
-    assert 1 <= len(partial.latency) < 3
+    assert len(partial.latency) == 1
     quick = list(cmd)
     quick[quick.index("--min-time") + 1] = "0.1"
     subprocess.run(quick, check=True, timeout=120)
-    assert sorted(load(out).latency) == [(1, b) for b in range(1, 4)]
+    assert sorted(load(out).latency) == [(1, 1), (1, 2)]
 
 
 # ---- adaptive ---------------------------------------------------------------------------------------

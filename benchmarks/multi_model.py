@@ -1,0 +1,372 @@
+"""Several models on one machine: packrat's node plan against stock TorchServe, one packrat server
+per model and a static split of the cores, under closed-loop locust load per model.
+
+Configurations (--configs):
+  packrat-node   one TorchServe, a packrat archive per model: the models plan the cores together
+  stock          one TorchServe, a stock archive per model (TorchServe's default workers and threads)
+  per-model      one packrat TorchServe per model, each planning for every core (share_node off): today
+  static-split   one packrat TorchServe per model, each pinned to its own ⌊T/n⌋ cores (share_node off);
+                 with more models than cores, models beyond the cores share them round robin
+Every model is also served alone (a packrat server of its own on every core, nothing else loaded) at
+each users count of the schedule: throughputs are normalised to that.
+
+Parts (--part):
+  targets  the 2-core case of issue 24: two models (--pair, default resnet50,squeezenet), USERS
+           closed-loop users each (JPEG); phases: warm-up, both loaded, the second idle
+  mix      three models (--mix, default resnet50,bert_base,squeezenet; BERT gets text through a demo
+           tokenizer) under a load whose mix shifts every --phase-s: image-heavy, text-heavy, both
+
+Each model has one locust process with a step schedule; phase statistics come from its request
+log, leaving out each phase's first --settle-s seconds (a new mix, the node moving); failures are
+counted over the whole run. For packrat-node the node's plan.json is read every second: each model's
+cores over time (a plot per part) and every move with its reason and duration.
+
+    .venv/bin/python benchmarks/multi_model.py --part targets
+    .venv/bin/python benchmarks/multi_model.py --part mix --phase-s 60
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import doc_parser, fmt_num, markdown_table, name_list, write_json
+
+CONFIGS = ("packrat-node", "stock", "per-model", "static-split")
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    users: dict[str, int]  # per model; 0: no load
+    seconds: float
+    settle_s: float  # left out of the phase's statistics
+    measured: bool = True
+
+
+def target_phases(models: list[str], users: int, seconds: float, settle_s: float) -> list[Phase]:
+    first, second = models
+    return [Phase("warm-up", {first: users, second: users}, 25.0, 25.0, measured=False),
+            Phase("both loaded", {first: users, second: users}, seconds, 0.0),
+            Phase("second idle", {first: users, second: 0}, seconds + 2 * settle_s, 2 * settle_s)]
+
+
+def mix_phases(models: list[str], heavy: int, light: int, seconds: float, settle_s: float) -> list[Phase]:
+    images = [m for m in models if m != "bert_base"]
+
+    def users(heavy_ones) -> dict[str, int]:
+        return {m: heavy if m in heavy_ones else light for m in models}
+
+    return [Phase("warm-up", users(models), 30.0, 30.0, measured=False),
+            Phase("image-heavy", users(images), seconds, settle_s),
+            Phase("text-heavy", users(["bert_base"]), seconds, settle_s),
+            Phase("both", users(models), seconds, settle_s)]
+
+
+# ---- servers ------------------------------------------------------------------------------------
+
+@dataclass
+class Served:
+    server: object  # packrat.deploy.torchserve.Server
+    token: str | None
+    cores: list[int]
+
+
+def settings_for(model: str, handler: str, batch: int, tokenizer: Path | None, share_node: bool):
+    from packrat.profiling.profiles import default_path
+    from packrat.settings import Settings
+
+    profiles = [default_path(model)] if handler == "packrat" else []
+    return Settings(model, profiles=profiles, max_batch=batch, share_node=share_node,
+                    tokenizer=tokenizer if model == "bert_base" else None)
+
+
+@contextmanager
+def pinned(cores: list[int]):
+    """This process (and what it starts: Java, the workers, their pools) on `cores` meanwhile."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def start_server(stack: ExitStack, run_dir: Path, models: list[str], handler: str, args, tokenizer,
+                 share_node: bool, cores: list[int]) -> Served:
+    from packrat.deploy import archive, torchserve
+
+    mars = [archive.build(settings_for(m, handler, args.batch_size, tokenizer, share_node), run_dir / "model_store",
+                          handler=handler, max_batch_delay_ms=args.max_batch_delay) for m in models]
+    print(f"   starting TorchServe for {', '.join(models)} ({handler}) on cores {cores}", flush=True)
+    with pinned(cores):
+        server = torchserve.start(torchserve.Server(run_dir, models[0], torchserve.Ports.free(), models=tuple(models)),
+                                  mars, timeout=900)
+    stack.callback(torchserve.stop, server)
+    return Served(server, server.key("inference"), cores)
+
+
+def static_blocks(models: list[str], cores: list[int]) -> dict[str, list[int]]:
+    """⌊T/n⌋ cores per model (at least one; round robin when there are more models than cores)."""
+    if len(models) > len(cores):
+        return {m: [cores[i % len(cores)]] for i, m in enumerate(models)}
+    width = len(cores) // len(models)
+    return {m: cores[i * width:(i + 1) * width] for i, m in enumerate(models)}
+
+
+def start_config(stack: ExitStack, config: str, models: list[str], out: Path, args, tokenizer) -> dict[str, Served]:
+    """Each model's server under `config` ({model: Served}); the node's directory is fresh."""
+    cores = sorted(os.sched_getaffinity(0))
+    if config in ("packrat-node", "stock"):
+        handler = "packrat" if config == "packrat-node" else "stock"
+        served = start_server(stack, out / config, models, handler, args, tokenizer, True, cores)
+        return {m: served for m in models}
+    blocks = static_blocks(models, cores) if config == "static-split" else {m: cores for m in models}
+    return {m: start_server(stack, out / config / m, [m], "packrat", args, tokenizer, False, blocks[m])
+            for m in models}
+
+
+# ---- load and statistics ------------------------------------------------------------------------
+
+def load_models(served: dict[str, Served], phases: list[Phase], payloads: dict, out: Path) -> tuple[float, dict]:
+    """One locust process per model running its users of each phase; (launch time, {model: records})."""
+    from loadtest import run_locust
+    from loadtest.requestlog import read_request_log
+
+    total = sum(p.seconds for p in phases)
+    launched = time.time()
+
+    def one(model: str):
+        s = served[model]
+        log = out / f"requests-{model}.log"
+        steps = {"PACKRAT_STEP_USERS": ",".join(str(p.users[model]) for p in phases),
+                 "PACKRAT_STEP_SECONDS": ",".join(f"{p.seconds:g}" for p in phases)}
+        run_locust(s.server.inference_url, model, max(p.users[model] for p in phases), total, out / model,
+                   payload=payloads[model], token=s.token, shape="step", env=steps, request_log=log, timeout_s=60)
+        return read_request_log(log)
+
+    with ThreadPoolExecutor(len(served)) as pool:
+        records = dict(zip(served, pool.map(one, served)))
+    return launched, records
+
+
+def phase_stats(records, begin: float, end: float) -> dict:
+    inside = [r for r in records if begin <= r.start < end]
+    good = [r.response_ms for r in inside if not r.failed]
+    q = statistics.quantiles(good, n=100) if len(good) >= 2 else [float("nan")] * 99
+    return {"requests": len(inside), "failures": sum(r.failed for r in inside), "p50_ms": q[49], "p99_ms": q[98],
+            "rps": len(good) / (end - begin)}
+
+
+def summarise(phases: list[Phase], launched: float, records: dict, alone: dict) -> dict:
+    """Per measured phase: each loaded model's statistics, its throughput over alone's at its users,
+    their sum and the worst slowdown; failures over the whole run."""
+    out, start = {}, launched + 1.0  # locust's users start about a second after launch
+    for phase in phases:
+        begin, end = start + phase.settle_s, start + phase.seconds
+        start += phase.seconds
+        if not phase.measured:
+            continue
+        models = {}
+        for model, recs in records.items():
+            if phase.users[model] == 0:
+                continue
+            stats = phase_stats(recs, begin, end)
+            base = alone.get(model, {}).get(phase.users[model])
+            stats["of_alone"] = stats["rps"] / base["rps"] if base else None
+            models[model] = stats
+        ratios = [m["of_alone"] for m in models.values() if m["of_alone"]]
+        out[phase.name] = {"models": models, "sum_of_alone": sum(ratios) if ratios else None,
+                           "worst_slowdown": max(1 / r for r in ratios) if ratios else None}
+    out["failed_requests"] = sum(r.failed for recs in records.values() for r in recs)
+    out["requests"] = sum(len(recs) for recs in records.values())
+    return out
+
+
+# ---- the node over time -------------------------------------------------------------------------
+
+class NodeWatch:
+    """Reads the node's plan.json every second: each model's cores and turns, and the moves."""
+
+    def __init__(self, root: Path):
+        self.root, self.samples, self.state = root, [], {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                state = json.loads((self.root / "plan.json").read_text())
+            except (OSError, ValueError):
+                continue
+            self.state = state
+            names = state.get("target", {}).get("names", {})
+            step = state["steps"][state["step"]] if state.get("steps") else {}
+            self.samples.append((time.time(), {names.get(k, k): (cores, locked) for k, (cores, locked) in step.items()}))
+
+
+def plot_cores(watch: NodeWatch, phases: list[Phase], launched: float, path: Path) -> Path:
+    """Each model's share of the cores over time (cores / models taking turns on them), phases shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    models = sorted({m for _, shares in watch.samples for m in shares})
+    for model in models:
+        xs, ys = [], []
+        for t, shares in watch.samples:
+            if model in shares:
+                cores, locked = shares[model]
+                sharers = sum(1 for c2, _ in shares.values() if set(c2) & set(cores)) if locked else 1
+                xs.append(t - launched)
+                ys.append(len(cores) / max(1, sharers))
+        ax.step(xs, ys, where="post", label=model)
+    start = 1.0
+    for i, phase in enumerate(phases):
+        if i % 2:
+            ax.axvspan(start, start + phase.seconds, color="0.93")
+        ax.text(start + 1, ax.get_ylim()[1] * 0.97 if ax.get_ylim()[1] else 1, phase.name, va="top", fontsize=8)
+        start += phase.seconds
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("cores (shared ones divided)")
+    ax.set_title("packrat-node: each model's cores as the load shifts")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ---- runs ---------------------------------------------------------------------------------------
+
+def payloads_for(models: list[str], out: Path) -> tuple[dict, Path | None]:
+    from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+    from packrat.codec.payloads import build_payload
+
+    tokenizer = None
+    if "bert_base" in models:
+        tokenizer = build_demo_tokenizer(out / "tokenizer", demo_tokenizer_kind("bert_base"))
+    return {m: build_payload(m) for m in models}, tokenizer
+
+
+def measure_alone(models: list[str], users_counts: set[int], args, out: Path, payloads, tokenizer) -> dict:
+    """{model: {users: {"rps", "p50_ms", "p99_ms"}}}: each model alone on a packrat server of its own."""
+    alone = {}
+    for model in models:
+        counts = sorted(u for u in users_counts if u > 0)
+        phases = [Phase("warm-up", {model: max(counts)}, 10.0, 10.0, measured=False)] + \
+                 [Phase(f"{u} users", {model: u}, args.alone_s, 0.0) for u in counts]
+        with ExitStack() as stack:
+            served = {model: start_server(stack, out / "alone" / model, [model], "packrat", args, tokenizer, False,
+                                          sorted(os.sched_getaffinity(0)))}
+            print(f"-- alone: {model}, users {counts}", flush=True)
+            launched, records = load_models(served, phases, payloads, out / "alone" / model)
+        stats = summarise(phases, launched, records, {})
+        alone[model] = {u: stats[f"{u} users"]["models"][model] for u in counts}
+        print(f"   {model} alone: " + ", ".join(f"{u} users {alone[model][u]['rps']:.1f} req/s"
+                                                for u in counts), flush=True)
+    return alone
+
+
+def run_part(part: str, models: list[str], phases: list[Phase], args, out: Path) -> dict:
+    payloads, tokenizer = payloads_for(models, out)
+    users_counts = {u for p in phases for u in p.users.values()}
+    alone = measure_alone(models, users_counts, args, out, payloads, tokenizer)
+    results = {"part": part, "models": models, "alone": alone,
+               "phases": [{"name": p.name, "users": p.users, "seconds": p.seconds, "settle_s": p.settle_s}
+                          for p in phases], "configs": {}}
+    for config in args.configs:
+        print(f"-- {part}: {config}", flush=True)
+        node_base = (out / config / "node").resolve()
+        os.environ["PACKRAT_NODE_DIR"] = str(node_base)  # a fresh node for this configuration's servers
+        with ExitStack() as stack:
+            served = start_config(stack, config, models, out, args, tokenizer)
+            watch = stack.enter_context(NodeWatch(node_base / ("cores-" + "_".join(
+                map(str, sorted(os.sched_getaffinity(0)))))))
+            launched, records = load_models(served, phases, payloads, out / config)
+        summary = summarise(phases, launched, records, alone)
+        if config == "packrat-node":
+            moves = [m for m in watch.state.get("moves", [])]
+            summary["moves"] = moves
+            summary["cores_plot"] = str(plot_cores(watch, phases, launched, out / f"cores-{part}.png"))
+            summary["cores_over_time"] = [(round(t - launched, 1), s) for t, s in watch.samples]
+        results["configs"][config] = summary
+        print(report_config(config, summary), flush=True)
+    return results
+
+
+def report_config(config: str, summary: dict) -> str:
+    rows = []
+    for phase, body in summary.items():
+        if not isinstance(body, dict) or "models" not in body:
+            continue
+        for model, s in body["models"].items():
+            rows.append([config, phase, model, s["requests"], s["failures"], fmt_num(s["p50_ms"], 0),
+                         fmt_num(s["p99_ms"], 0), fmt_num(s["rps"]), fmt_num(s["of_alone"], 2)])
+        rows.append([config, phase, "sum / worst slowdown", "", "", "", "", "", f"{fmt_num(body['sum_of_alone'], 2)} / "
+                     f"{fmt_num(body['worst_slowdown'], 2)}"])
+    table = markdown_table(["config", "phase", "model", "requests", "failed", "p50 ms", "p99 ms", "req/s",
+                            "of alone"], rows)
+    moves = summary.get("moves")
+    tail = f"\nfailed requests over the whole run: {summary['failed_requests']} of {summary['requests']}"
+    if moves is not None:
+        tail += "\nnode moves: " + "; ".join(f"{m['reason']} ({fmt_num(m['seconds'], 2)} s)" for m in moves)
+    return table + tail
+
+
+def main() -> int:
+    parser = doc_parser(__doc__)
+    parser.add_argument("--part", choices=("targets", "mix", "both"), default="both")
+    parser.add_argument("--configs", type=name_list, default=list(CONFIGS), help=f"default: {','.join(CONFIGS)}")
+    parser.add_argument("--pair", type=name_list, default=["resnet50", "squeezenet"], help="the targets' two models")
+    parser.add_argument("--mix", type=name_list, default=["resnet50", "bert_base", "squeezenet"])
+    parser.add_argument("--users", type=int, default=4, help="closed-loop users of a loaded model (default: 4)")
+    parser.add_argument("--light-users", type=int, default=1, help="users of a model in its light phase (mix)")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--max-batch-delay", type=int, default=30, metavar="MS")
+    parser.add_argument("--seconds", type=float, default=20.0, help="the targets' measured seconds per phase")
+    parser.add_argument("--phase-s", type=float, default=60.0, help="the mix's seconds per phase")
+    parser.add_argument("--settle-s", type=float, default=10.0,
+                        help="seconds of each phase left out of its statistics (default: 10)")
+    parser.add_argument("--alone-s", type=float, default=20.0)
+    parser.add_argument("--out", type=Path, default=Path("out/multi_model"))
+    args = parser.parse_args()
+    unknown = set(args.configs) - set(CONFIGS)
+    if unknown:
+        parser.error(f"unknown configurations {sorted(unknown)}; choose from {', '.join(CONFIGS)}")
+    if len(args.pair) != 2:
+        parser.error("--pair names two models")
+    out = args.out.resolve()
+    results = {}
+    if args.part in ("targets", "both"):
+        phases = target_phases(args.pair, args.users, args.seconds, args.settle_s)
+        results["targets"] = run_part("targets", args.pair, phases, args, out / "targets")
+    if args.part in ("mix", "both"):
+        phases = mix_phases(args.mix, args.users, args.light_users, args.phase_s, args.settle_s)
+        results["mix"] = run_part("mix", args.mix, phases, args, out / "mix")
+    write_json(out / "multi_model.json", results)
+    print(f"wrote {out / 'multi_model.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
