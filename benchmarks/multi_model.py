@@ -31,7 +31,6 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -194,66 +193,71 @@ def summarise(phases: list[Phase], launched: float, records: dict, alone: dict) 
 
 # ---- the node over time -------------------------------------------------------------------------
 
-class NodeWatch:
-    """Reads the node's plan.json every second: each model's cores and turns, and the moves."""
+def node_watch(root: Path):
+    """A Periodic that reads the node's plan.json every second: each model's cores and turns over
+    time (`samples`), and the last state seen (`state`, with the moves)."""
+    from packrat.cli.compare import Periodic
 
-    def __init__(self, root: Path):
-        self.root, self.samples, self.state = root, [], {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    class NodeWatch(Periodic):
+        def __init__(self):
+            super().__init__(1.0, "node-watch")
+            self.samples, self.state = [], {}
 
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(1.0):
+        def tick(self) -> None:
             try:
-                state = json.loads((self.root / "plan.json").read_text())
+                state = json.loads((root / "plan.json").read_text())
             except (OSError, ValueError):
-                continue
+                return
             self.state = state
             names = state.get("target", {}).get("names", {})
             step = state["steps"][state["step"]] if state.get("steps") else {}
             self.samples.append((time.time(), {names.get(k, k): (cores, locked) for k, (cores, locked) in step.items()}))
 
+    return NodeWatch()
 
-def plot_cores(watch: NodeWatch, phases: list[Phase], launched: float, path: Path) -> Path:
-    """Each model's share of the cores over time (cores / models taking turns on them), phases shaded."""
+
+def plot_cores(samples: list, phases: list[Phase], path: Path) -> Path:
+    """Each model's cores over time (seconds since the load began; solid: its own, dashed: in turns
+    with another model), phases shaded and named. `samples`: [(t, {model: (cores, in_turns)})]."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 3.5))
-    models = sorted({m for _, shares in watch.samples for m in shares})
-    for model in models:
-        xs, ys = [], []
-        for t, shares in watch.samples:
-            if model in shares:
-                cores, locked = shares[model]
-                sharers = sum(1 for c2, _ in shares.values() if set(c2) & set(cores)) if locked else 1
-                xs.append(t - launched)
-                ys.append(len(cores) / max(1, sharers))
-        ax.step(xs, ys, where="post", label=model)
+    models = sorted({m for _, shares in samples for m in shares})
+    for n, model in enumerate(models):
+        offset = 0.04 * (n - (len(models) - 1) / 2)  # lines that coincide stay visible
+        points = [(t, len(shares[model][0]) + offset, bool(shares[model][1])) for t, shares in samples if model in shares]
+        xs = [t for t, _, _ in points]
+        line, = ax.step(xs, [y for _, y, _ in points], where="post", label=model)
+        ax.step(xs, [y if turns else float("nan") for _, y, turns in points], where="post", color="white",
+                linestyle=(0, (2, 2)), linewidth=1.2)
+    top = max((len(c) for _, shares in samples for c, _ in shares.values()), default=1) + 0.4
+    ax.set_ylim(0, top)
     start = 1.0
     for i, phase in enumerate(phases):
         if i % 2:
             ax.axvspan(start, start + phase.seconds, color="0.93")
-        ax.text(start + 1, ax.get_ylim()[1] * 0.97 if ax.get_ylim()[1] else 1, phase.name, va="top", fontsize=8)
+        ax.text(start + 1, top - 0.05, phase.name, va="top", fontsize=8)
         start += phase.seconds
     ax.set_xlabel("seconds")
-    ax.set_ylabel("cores (shared ones divided)")
+    ax.set_ylabel("cores (dashed: in turns)")
     ax.set_title("packrat-node: each model's cores as the load shifts")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def replot(path: Path) -> None:
+    """The cores-over-time plots again, from a finished run's JSON."""
+    for part, results in json.loads(path.read_text()).items():
+        node = results["configs"].get("packrat-node")
+        if node:
+            phases = [Phase(p["name"], p["users"], p["seconds"], p["settle_s"]) for p in results["phases"]]
+            print(plot_cores(node["cores_over_time"], phases, path.parent / f"cores-{part}.png"))
 
 
 # ---- runs ---------------------------------------------------------------------------------------
@@ -294,21 +298,22 @@ def run_part(part: str, models: list[str], phases: list[Phase], args, out: Path)
     results = {"part": part, "models": models, "alone": alone,
                "phases": [{"name": p.name, "users": p.users, "seconds": p.seconds, "settle_s": p.settle_s}
                           for p in phases], "configs": {}}
+    from packrat.serving.node import NODE_DIR_ENV, node_dir
+
     for config in args.configs:
         print(f"-- {part}: {config}", flush=True)
         node_base = (out / config / "node").resolve()
-        os.environ["PACKRAT_NODE_DIR"] = str(node_base)  # a fresh node for this configuration's servers
+        os.environ[NODE_DIR_ENV] = str(node_base)  # a fresh node for this configuration's servers
         with ExitStack() as stack:
             served = start_config(stack, config, models, out, args, tokenizer)
-            watch = stack.enter_context(NodeWatch(node_base / ("cores-" + "_".join(
-                map(str, sorted(os.sched_getaffinity(0)))))))
+            watch = stack.enter_context(node_watch(node_dir(sorted(os.sched_getaffinity(0)), node_base)))
             launched, records = load_models(served, phases, payloads, out / config)
         summary = summarise(phases, launched, records, alone)
         if config == "packrat-node":
             moves = [m for m in watch.state.get("moves", [])]
             summary["moves"] = moves
-            summary["cores_plot"] = str(plot_cores(watch, phases, launched, out / f"cores-{part}.png"))
             summary["cores_over_time"] = [(round(t - launched, 1), s) for t, s in watch.samples]
+            summary["cores_plot"] = str(plot_cores(summary["cores_over_time"], phases, out / f"cores-{part}.png"))
         results["configs"][config] = summary
         print(report_config(config, summary), flush=True)
     return results
@@ -349,7 +354,12 @@ def main() -> int:
                         help="seconds of each phase left out of its statistics (default: 10)")
     parser.add_argument("--alone-s", type=float, default=20.0)
     parser.add_argument("--out", type=Path, default=Path("out/multi_model"))
+    parser.add_argument("--replot", type=Path, default=None, metavar="JSON",
+                        help="only draw the cores-over-time plots again from a run's multi_model.json")
     args = parser.parse_args()
+    if args.replot:
+        replot(args.replot)
+        return 0
     unknown = set(args.configs) - set(CONFIGS)
     if unknown:
         parser.error(f"unknown configurations {sorted(unknown)}; choose from {', '.join(CONFIGS)}")
