@@ -168,3 +168,45 @@ def test_core_locks_exclude_another_process_and_die_with_it(tmp_path):
         pass
     with holding(None, [0]):
         pass
+
+
+def test_load_shifts_move_the_node_only_past_the_hysteresis(tmp_path):
+    """A better plan waits for the dwell time since the last move, and must lower the worst score
+    by `improvement`; a member joining moves the node at once."""
+    import json
+
+    now = [1000.0]
+    owner = NodeOwner(tmp_path, Topology.virtual(2), improvement=0.15, dwell_s=20.0, clock=lambda: now[0])
+    (tmp_path / "members").mkdir()
+    resnet = ((1, 4, 384.0), (2, 4, 198.0), (1, 2, 190.0), (2, 2, 100.0), (1, 1, 95.0), (2, 1, 52.0))
+    squeeze = ((1, 4, 95.0), (2, 4, 52.0), (1, 2, 48.0), (2, 2, 27.0), (1, 1, 25.0), (2, 1, 14.0))
+
+    def beat(name: str, items, rate) -> None:
+        state = json.loads((tmp_path / "plan.json").read_text()) if (tmp_path / "plan.json").exists() else {}
+        applied = [state["generation"], state["step"]] if state.get("steps") else None
+        (tmp_path / "members" / f"{name}.json").write_text(json.dumps({
+            "id": name, "model": name, "pid": os.getpid(), "heartbeat": now[0], "items": items, "batch": 4,
+            "rate": rate, "slo_ms": None, "applied": applied}))
+
+    def settle(rates: dict) -> dict:
+        for _ in range(6):  # every member applies each step, the owner goes on to the next
+            for name, items in (("r", resnet), ("s", squeeze)):
+                beat(name, items, rates[name])
+            owner.tick()
+        return json.loads((tmp_path / "plan.json").read_text())
+
+    state = settle({"r": None, "s": None})  # both saturated: one core each
+    assert state["target"]["allocation"] == {"r": [[0], False], "s": [[1], False]} or \
+        state["target"]["allocation"] == {"r": [[1], False], "s": [[0], False]}
+    generation = state["generation"]
+    now[0] += 5
+    state = settle({"r": None, "s": 0.0})  # s goes idle: a better plan, but the last move is 5 s old
+    assert state["generation"] == generation
+    now[0] += 20
+    state = settle({"r": None, "s": 0.0})  # past the dwell: r gets both cores
+    assert state["generation"] > generation and state["target"]["allocation"]["r"][0] == [0, 1]
+    assert state["moves"][-1]["reason"].startswith("load shifted") and state["moves"][-1]["seconds"] == 0
+    generation = state["generation"]
+    now[0] += 30
+    state = settle({"r": None, "s": 0.2})  # a trickle: not worth 15 % of the worst score
+    assert state["generation"] == generation
