@@ -13,7 +13,7 @@ import pytest
 from packrat.codec.payloads import build_payload
 from packrat.machine.topology import Topology, detect
 from packrat.serving.engine import Engine
-from packrat.serving.node import LoadMeter, NodeMember
+from packrat.serving.node import LoadMeter, NodeMember, NodeOwner
 from packrat.serving.pool.api import Request
 from packrat.serving.pool.core_locks import holding, lock_path
 from packrat.settings import Settings
@@ -208,5 +208,9 @@ def test_load_shifts_move_the_node_only_past_the_hysteresis(tmp_path):
     assert state["moves"][-1]["reason"].startswith("load shifted") and state["moves"][-1]["seconds"] == 0
     generation = state["generation"]
     now[0] += 30
-    state = settle({"r": None, "s": 0.2})  # a trickle: not worth 15 % of the worst score
-    assert state["generation"] == generation
+    assert settle({"r": None, "s": 0.0})["generation"] == generation  # the same loads: no move
+    owner.improvement = 0.99  # a trickle to s: better, but not by 99 % of the worst score
+    assert settle({"r": None, "s": 0.2})["generation"] == generation
+    owner.improvement = 0.15  # by 15 % it is
+    state = settle({"r": None, "s": 0.2})
+    assert state["generation"] > generation and state["moves"][-1]["reason"].startswith("load shifted")
