@@ -217,34 +217,36 @@ def node_watch(root: Path):
 
 
 def plot_cores(samples: list, phases: list[Phase], path: Path) -> Path:
-    """Each model's cores over time (seconds since the load began; solid: its own, dashed: in turns
-    with another model), phases shaded and named. `samples`: [(t, {model: (cores, in_turns)})]."""
+    """Which model runs on each core over time (seconds since the load began): a row per core, a
+    band per model holding it; models taking turns on a core split its row. `samples`:
+    [(t, {model: (cores, in_turns)})], about a second apart."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 3.5))
     models = sorted({m for _, shares in samples for m in shares})
-    for n, model in enumerate(models):
-        offset = 0.04 * (n - (len(models) - 1) / 2)  # lines that coincide stay visible
-        points = [(t, len(shares[model][0]) + offset, bool(shares[model][1])) for t, shares in samples if model in shares]
-        xs = [t for t, _, _ in points]
-        line, = ax.step(xs, [y for _, y, _ in points], where="post", label=model)
-        ax.step(xs, [y if turns else float("nan") for _, y, turns in points], where="post", color="white",
-                linestyle=(0, (2, 2)), linewidth=1.2)
-    top = max((len(c) for _, shares in samples for c, _ in shares.values()), default=1) + 0.4
-    ax.set_ylim(0, top)
+    colour = {m: f"C{i}" for i, m in enumerate(models)}
+    cores = sorted({c for _, shares in samples for cs, _ in shares.values() for c in cs})
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.8 * len(cores)))
+    for (t, shares), (t_next, _) in zip(samples, samples[1:]):
+        for row, core in enumerate(cores):
+            holders = [m for m in models if m in shares and core in shares[m][0]]
+            for k, model in enumerate(holders):
+                height = 0.8 / len(holders)
+                ax.broken_barh([(t, t_next - t)], (row - 0.4 + k * height, height), color=colour[model], linewidth=0)
     start = 1.0
-    for i, phase in enumerate(phases):
-        if i % 2:
-            ax.axvspan(start, start + phase.seconds, color="0.93")
-        ax.text(start + 1, top - 0.05, phase.name, va="top", fontsize=8)
+    for phase in phases:
+        ax.axvline(start, color="0.3", linewidth=0.8)
+        ax.text(start + 1, len(cores) - 0.45, phase.name, va="bottom", fontsize=8)
         start += phase.seconds
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("cores (dashed: in turns)")
-    ax.set_title("packrat-node: each model's cores as the load shifts")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_yticks(range(len(cores)), [f"core {c}" for c in cores])
+    ax.set_ylim(-0.5, len(cores) - 0.5 + 0.35)
+    ax.set_xlabel("seconds (a core split between models: they take turns on it, a batch at a time)")
+    ax.set_title("packrat-node: the models on each core as the load shifts")
+    ax.legend(handles=[matplotlib.patches.Patch(color=colour[m], label=m) for m in models],
+              loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(cores) < 3 else -0.2), ncol=len(models),
+              fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
