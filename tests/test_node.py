@@ -214,3 +214,30 @@ def test_load_shifts_move_the_node_only_past_the_hysteresis(tmp_path):
     owner.improvement = 0.15  # by 15 % it is
     state = settle({"r": None, "s": 0.2})
     assert state["generation"] > generation and state["moves"][-1]["reason"].startswith("load shifted")
+
+
+def test_a_member_beats_but_moves_nothing_until_its_engine_serves(tmp_path):
+    """While its pool starts, a member keeps its heartbeat (so it is not dropped as stale) and
+    applies no step; once applying, it catches up with the plan."""
+    import json
+
+    moves = []
+    member = NodeMember(tmp_path, "m", Topology.virtual(2), lambda cores, turns: moves.append((cores, turns)),
+                        lambda: {"items": [[1, 1, 5.0], [2, 1, 3.0]], "batch": 1, "outstanding": 0})
+    assert member.join()[0] == (0, 1)
+    member.applying = False
+    other = NodeMember(tmp_path, "o", Topology.virtual(2), lambda *_: None,
+                       lambda: {"items": [[1, 1, 5.0], [2, 1, 3.0]], "batch": 1, "outstanding": 0})
+    other.step(apply=False)  # its heartbeat: a member joins
+    beat, applied = next((tmp_path / "members").glob("m-*.json")).stat().st_mtime_ns, member.applied
+    for _ in range(3):  # it owns the node: it publishes the plan with `o`, but applies none of it
+        member.step()
+    state = json.loads((tmp_path / "plan.json").read_text())
+    assert state["generation"] > applied[0] and member.applied == applied and moves == []
+    assert next((tmp_path / "members").glob("m-*.json")).stat().st_mtime_ns > beat
+    member.applying = True
+    member.step()
+    state = json.loads((tmp_path / "plan.json").read_text())
+    assert member.applied == [state["generation"], state["step"]]
+    other.leave()
+    member.leave()

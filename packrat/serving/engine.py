@@ -53,6 +53,18 @@ class Engine:
         self.topology, self.node, turns = self.budget.topology, None, False
         if settings.share_node:
             self.node, turns = self._join_node(model_name, start_batch, settings.slo_ms)
+            self.node.applying = False  # heartbeats while the pool starts; its moves once it serves
+            self.node.start()
+        try:
+            self._start_serving(settings, model, profile, start_batch, max_batch, asynchronous, turns)
+        except BaseException:
+            if self.node is not None:
+                self.node.leave()  # a model that could not start holds no share of the cores
+            raise
+
+    def _start_serving(self, settings: Settings, model: ModelConfig, profile: Profile, start_batch: int,
+                       max_batch: int, asynchronous: bool, turns: bool) -> None:
+        """The plan, the pool and the controller; then the node may move this model."""
         plan = self.plan_for(start_batch)
         log.info("packrat plan for T=%d, B=%d: %s", plan.threads, plan.batch, plan.describe())
         recovery = pool_settings(settings)
@@ -68,7 +80,7 @@ class Engine:
         self.controller = Controller(self.pool, plan, self.plan_for, lambda p: configs_for(p, max_batch), estimator)
         self.reconfigure = settings.reconfigure  # follow the load, unless told not to
         if self.node is not None:
-            self.node.start()
+            self.node.applying = True
 
     # ---- the node: cores planned with the other models on this machine --------------------------
 

@@ -236,6 +236,9 @@ class NodeMember:
         self.owner = owner or NodeOwner(root, topology)
         self.applied: list[int] | None = None
         self.share: tuple[tuple[int, ...], bool] | None = None
+        # False while the engine builds its pool: the thread only beats (a member silent for
+        # STALE_S would be dropped and rejoin, a needless move) and applies steps once it is True.
+        self.applying = True
         self._owner_fd: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -276,6 +279,8 @@ class NodeMember:
         self._heartbeat()
         if self._try_own():
             self.owner.tick()
+        if apply and not self.applying:
+            return
         state = _read_json(self.root / "plan.json")
         if not state or not state.get("steps"):
             return
