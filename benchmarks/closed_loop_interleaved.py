@@ -40,8 +40,10 @@ for batch in batches:
         servers = {}
         for name, handler, plan, extra in configs:
             run_dir = out / f"B{batch}" / name
+            # The servers stay up side by side and are loaded one at a time: each plans for the whole
+            # machine, as if alone, rather than share the cores with the idle others (share_node).
             settings = Settings(model, profiles=[profile] if handler == "packrat" else [], max_batch=batch, plan=plan,
-                                reconfigure=False)
+                                reconfigure=False, share_node=False)
             mar = archive.build(settings, run_dir / "model_store", name=model, handler=handler, max_batch_delay_ms=50,
                                 **extra)
             servers[name] = stack.enter_context(compare.warmed_server(name, model, mar, run_dir, batch, 8.0, print,

@@ -312,8 +312,7 @@ def run_part(part: str, models: list[str], phases: list[Phase], args, out: Path)
             launched, records = load_models(served, phases, payloads, out / config)
         summary = summarise(phases, launched, records, alone)
         if config == "packrat-node":
-            moves = [m for m in watch.state.get("moves", [])]
-            summary["moves"] = moves
+            summary["moves"] = watch.state.get("moves", [])
             summary["cores_over_time"] = [(round(t - launched, 1), s) for t, s in watch.samples]
             summary["cores_plot"] = str(plot_cores(summary["cores_over_time"], phases, out / f"cores-{part}.png"))
         results["configs"][config] = summary
