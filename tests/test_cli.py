@@ -80,8 +80,9 @@ def test_plan_json_is_the_documented_object(profile, capsys):
     assert main(["plan", "--profile", str(profile), "--threads", "2", "--batch", "4", "--json"]) == 0
     body = json.loads(capsys.readouterr().out)
     assert body == {"threads": 2, "batch": 4, "expected_latency_ms": 19.0, "fat_latency_ms": 21.0,
-                    "instances": [{"threads": 1, "batch": 2, "cores": body["instances"][0]["cores"]},
-                                  {"threads": 1, "batch": 2, "cores": body["instances"][1]["cores"]}],
+                    "instances": [{"threads": 1, "batch": 2, "cores": body["instances"][0]["cores"], "runtime": "inductor"},
+                                  {"threads": 1, "batch": 2, "cores": body["instances"][1]["cores"],
+                                   "runtime": "inductor"}],
                     "latency": "isolated"}
     cores = [c for inst in body["instances"] for c in inst["cores"]]
     assert len(set(cores)) == 2

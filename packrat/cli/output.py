@@ -21,9 +21,10 @@ def fat_text(plan: Plan) -> str:
 
 def print_plan(plan: Plan, latency: str) -> None:
     print(f"Plan for T={plan.threads} threads, B={plan.batch}, {latency} latencies: {plan.describe()}")
-    print(f"  {'instance':>8}  {'threads':>7}  {'batch':>5}  {'latency_ms':>10}  cores")
+    print(f"  {'instance':>8}  {'threads':>7}  {'batch':>5}  {'latency_ms':>10}  {'runtime':>11}  cores")
     for n, inst in enumerate(plan.instances, start=1):
-        print(f"  {n:>8}  {inst.threads:>7}  {inst.batch:>5}  {inst.latency_ms:>10.1f}  {cores_text(inst.cores)}")
+        print(f"  {n:>8}  {inst.threads:>7}  {inst.batch:>5}  {inst.latency_ms:>10.1f}  {inst.runtime:>11}  "
+              f"{cores_text(inst.cores)}")
     print(f"expected latency {plan.expected_latency_ms:.1f} ms; {fat_text(plan)}")
 
 

@@ -35,7 +35,9 @@ def add_plan_parser(sub) -> None:
                         "primary figure, loaded where it has one)")
     p.add_argument("--json", action="store_true",
                    help="print JSON: {threads, batch, expected_latency_ms, fat_latency_ms, instances: "
-                        "[{threads, batch, cores}], latency: loaded|isolated} (a list of them without --batch)")
+                        "[{threads, batch, cores, runtime}], latency: loaded|isolated} (a list of them without --batch); "
+                        "runtime: inductor, openvino or onnxruntime, the fastest the profile measured for that "
+                        "⟨threads, batch⟩")
     p.set_defaults(func=cmd_plan)
 
 
@@ -44,7 +46,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     threads = args.threads or local_cores()
     batches = [args.batch] if args.batch else profile.batches
     latency = args.latency or profile.figures[0]
-    planner = Planner(profile.items(latency), threads, max(batches))
+    planner = Planner(profile.items(latency), threads, max(batches), profile.runtimes)
     topology = topology_for(threads)
     plans, skipped = [], []
     for batch in batches:

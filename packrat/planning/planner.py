@@ -10,6 +10,10 @@ Recurrence, over (threads available, batch to cover):
 Every item uses ≥ 1 thread, so row t only reads rows < t: rows are filled in
 order, each one with numpy over all b at once.
 
+Runtimes: a profile may hold each point under several runtimes (inductor, OpenVINO, ONNX Runtime);
+its L(t, b) is the fastest of them, and `runtimes` says which, so each planned instance carries
+the runtime it runs (one plan may mix them). The DP itself never sees runtimes.
+
 Ties: among plans reaching the optimal latency L*, prefer fewer instances, then
 fewer threads. That is a second, additive DP over the items with L ≤ L*
 (cost = instances · (T + 1) + threads), which also yields the plan itself.
@@ -18,7 +22,7 @@ fewer threads. That is a second, additive DP over the items with L ≤ L*
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -26,6 +30,7 @@ from packrat.errors import NoPlanError
 from packrat.machine.topology import Topology
 
 Item = tuple[int, int, float]  # (threads, batch, latency_ms)
+DEFAULT_RUNTIME = "inductor"  # packrat.models.runtimes.DEFAULT_RUNTIME (planning imports no models)
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class Instance:
     batch: int
     latency_ms: float
     cores: tuple[int, ...] = ()
+    runtime: str = DEFAULT_RUNTIME
 
 
 @dataclass(frozen=True)
@@ -54,16 +60,18 @@ class Plan:
     def threads_used(self) -> int:
         return sum(i.threads for i in self.instances)
 
-    def groups(self) -> list[tuple[int, int, int]]:
-        """(count, threads, batch) for each distinct instance shape, biggest first."""
-        counts: dict[tuple[int, int], int] = {}
+    def groups(self) -> list[tuple[int, int, int, str]]:
+        """(count, threads, batch, runtime) for each distinct instance, biggest first."""
+        counts: dict[tuple[int, int, str], int] = {}
         for inst in self.instances:
-            counts[inst.threads, inst.batch] = counts.get((inst.threads, inst.batch), 0) + 1
-        return [(n, t, b) for (t, b), n in sorted(counts.items(), reverse=True)]
+            key = (inst.threads, inst.batch, inst.runtime)
+            counts[key] = counts.get(key, 0) + 1
+        return [(n, t, b, r) for (t, b, r), n in sorted(counts.items(), reverse=True)]
 
     def describe(self) -> str:
-        """E.g. '2×⟨4 threads, batch 4⟩ + 1×⟨6 threads, batch 8⟩'."""
-        return " + ".join(f"{n}×⟨{t} threads, batch {b}⟩" for n, t, b in self.groups())
+        """E.g. '2×⟨4 threads, batch 4⟩ + 1×⟨6 threads, batch 8, openvino⟩' (the default runtime unnamed)."""
+        return " + ".join(f"{n}×⟨{t} threads, batch {b}{'' if r == DEFAULT_RUNTIME else ', ' + r}⟩"
+                          for n, t, b, r in self.groups())
 
     def to_json(self) -> dict:
         return {
@@ -71,7 +79,8 @@ class Plan:
             "batch": self.batch,
             "expected_latency_ms": self.expected_latency_ms,
             "fat_latency_ms": self.fat_latency_ms,
-            "instances": [{"threads": i.threads, "batch": i.batch, "cores": list(i.cores)} for i in self.instances],
+            "instances": [{"threads": i.threads, "batch": i.batch, "cores": list(i.cores), "runtime": i.runtime}
+                          for i in self.instances],
         }
 
 
@@ -82,6 +91,7 @@ class Planner:
     items: list[Item]
     max_threads: int
     max_batch: int
+    runtimes: Mapping[tuple[int, int], str] = field(default_factory=dict)  # (t, b) -> its runtime if not the default
     table: np.ndarray = field(init=False, repr=False)  # table[t, b] = optimal latency (inf: impossible)
 
     def __post_init__(self) -> None:
@@ -121,7 +131,7 @@ class Planner:
         return Plan(
             threads=threads,
             batch=batch,
-            instances=tuple(Instance(t, b, l, tuple(c)) for (t, b, l), c in zip(chosen, cores)),
+            instances=tuple(Instance(t, b, l, tuple(c), self.runtime(t, b)) for (t, b, l), c in zip(chosen, cores)),
             expected_latency_ms=max(l for _, _, l in chosen),
             fat_latency_ms=fat,
         )
@@ -130,7 +140,10 @@ class Planner:
         """The baseline: one instance with every thread and the whole batch."""
         cores = (topology or Topology.virtual(threads)).assign([threads])[0]
         fat = {(t, b): l for t, b, l in self.items}.get((threads, batch))
-        return Plan(threads, batch, (Instance(threads, batch, fat, tuple(cores)),), fat, fat)
+        return Plan(threads, batch, (Instance(threads, batch, fat, tuple(cores), self.runtime(threads, batch)),), fat, fat)
+
+    def runtime(self, threads: int, batch: int) -> str:
+        return self.runtimes.get((threads, batch), DEFAULT_RUNTIME)
 
     def _fewest_instances(self, threads: int, batch: int, bound: float) -> list[Item]:
         """Among plans whose every instance has L ≤ bound: fewest instances, then fewest threads."""
@@ -164,12 +177,12 @@ class Planner:
 
 
 def serving_plan(items: Iterable[Item], threads: int, batch: int, topology: Topology,
-                 mode: str = "auto") -> tuple[Plan, str | None]:
+                 mode: str = "auto", runtimes: Mapping[tuple[int, int], str] | None = None) -> tuple[Plan, str | None]:
     """The plan a server runs: the optimal one (mode "auto") or the fat one (mode "fat").
     Falls back to fat when the profile cannot cover the batch; returns (plan, why it fell back)."""
     if mode not in ("auto", "fat"):
         raise ValueError(f"plan mode must be 'auto' or 'fat', got {mode!r}")
-    planner = Planner(list(items), threads, batch)
+    planner = Planner(list(items), threads, batch, runtimes or {})
     if mode == "auto":
         try:
             return planner.plan(threads, batch, topology), None

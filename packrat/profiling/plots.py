@@ -19,13 +19,14 @@ from packrat.errors import NoPlanError  # noqa: E402
 from packrat.planning.planner import Plan, Planner  # noqa: E402
 from packrat.profiling.profiles import Profile  # noqa: E402
 
+SHORT_RUNTIMES = {"inductor": "", "openvino": "OV", "onnxruntime": "ORT"}  # labels: the default unnamed
 PANEL_TITLES = {"loaded": "loaded: ⌊T/t⌋ copies side by side", "isolated": "isolated: one instance alone"}
 
 
 def plans_per_batch(profile: Profile, threads: int, latency: str | None = None) -> list[Plan]:
     """The optimal plan at T=threads for every profiled batch size that can be covered, planned
     with the given figure (default: the profile's primary one)."""
-    planner = Planner(profile.items(latency), threads, max(profile.batches))
+    planner = Planner(profile.items(latency), threads, max(profile.batches), profile.runtimes)
     plans = []
     for batch in profile.batches:
         try:
@@ -73,13 +74,27 @@ def heatmap(profile: Profile, path: Path, title: str) -> Path:
             ax.set_title(PANEL_TITLES[latency], fontsize=10)
         if grid.size <= 400:  # numbers stay legible on small grids only
             for i, j in zip(*np.nonzero(~np.isnan(grid))):
-                ax.text(j, i, f"{grid[i, j]:.3g}", ha="center", va="center", fontsize=7, color="white")
+                ax.text(j, i, f"{grid[i, j]:.3g}{_runtime_mark(profile, threads[i], batches[j])}", ha="center",
+                        va="center", fontsize=7, color="white")
     fig.colorbar(image, ax=axes, label="latency (ms, log scale)")
     return _save(fig, path, title)
 
 
+def _runtime_mark(profile: Profile, threads: int, batch: int) -> str:
+    """A cell's fastest runtime, where the profile measured several: '\nOV', '\nORT', or nothing."""
+    if len(profile.by_runtime) < 2:
+        return ""
+    short = SHORT_RUNTIMES.get(profile.runtimes.get((threads, batch), ""), "")
+    return f"\n{short or 'torch'}"
+
+
+def _instance_label(count: int, threads: int, batch: int, runtime: str) -> str:
+    short = SHORT_RUNTIMES.get(runtime, runtime)
+    return f"{count}×⟨{threads},{batch}{',' + short if short else ''}⟩"
+
+
 def _plan_vs_fat_panel(ax, plans: list[Plan]) -> None:
-    labels = [f"{p.batch}\n" + "\n".join(f"{n}×⟨{t},{b}⟩" for n, t, b in p.groups()) for p in plans]
+    labels = [f"{p.batch}\n" + "\n".join(_instance_label(*group) for group in p.groups()) for p in plans]
     x = np.arange(len(plans))
     fat = [p.fat_latency_ms or np.nan for p in plans]
     planned = [p.expected_latency_ms for p in plans]
@@ -90,7 +105,7 @@ def _plan_vs_fat_panel(ax, plans: list[Plan]) -> None:
         ax.annotate(note, (x[i] + 0.2, planned[i]), ha="center", va="bottom", fontsize=8)
     ax.set_yscale("log")
     ax.set_xticks(x, labels)
-    ax.set_xlabel("batch size B, and the plan: count×⟨threads, batch⟩")
+    ax.set_xlabel("batch size B, and the plan: count×⟨threads, batch[, runtime: OV OpenVINO, ORT ONNX Runtime]⟩")
     ax.set_ylabel("latency (ms, log scale)")
     ax.legend()
 

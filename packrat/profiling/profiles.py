@@ -15,6 +15,11 @@ every older file, and the published layout) holds only the isolated figure.
 ``benchmark,topology,...,intraop_threads,batch_size,latency(avg)``), keeping the
 TorchScript (``*_manual_script``), ``sequential`` rows, so their 16-core tables
 can be planned from directly.
+
+Runtimes: a ``runtime`` column (inductor, openvino, onnxruntime; packrat/models/runtimes.py) lets a
+profile hold each point under several runtimes; a file without it holds inductor's. The profile's
+L(t, b) is then the fastest runtime's figure, and ``runtimes`` says which runtime that is, so the
+planner takes, point by point, the fastest runtime measured.
 """
 
 from __future__ import annotations
@@ -27,9 +32,13 @@ from pathlib import Path
 from packrat.errors import ProfileError
 
 REQUIRED = ("threads", "batch", "latency_ms")
-COLUMNS = ("threads", "batch", "latency_ms", "isolated_ms", "copies", "p50_ms", "p99_ms", "std_ms", "iterations")
-# The layout written before contention profiles; such files are isolated and can still be appended to.
+COLUMNS = ("threads", "batch", "latency_ms", "isolated_ms", "copies", "p50_ms", "p99_ms", "std_ms", "iterations",
+           "runtime")
+# Layouts written before: without runtimes (inductor's points), and before contention profiles
+# (isolated ones). Both can still be appended to, with inductor's points.
+NO_RUNTIME_COLUMNS = COLUMNS[:-1]
 LEGACY_COLUMNS = ("threads", "batch", "latency_ms", "p50_ms", "p99_ms", "std_ms", "iterations")
+DEFAULT_RUNTIME = "inductor"  # a row without a runtime: packrat.models.runtimes.DEFAULT_RUNTIME
 LATENCIES = ("loaded", "isolated")  # values of the `latency` metadata key and of items(latency=...)
 DEFAULT_FOLDER = Path("profiles")
 _PUBLISHED = {"threads": "intraop_threads", "batch": "batch_size", "latency_ms": "latency(avg)"}
@@ -49,6 +58,33 @@ class Profile:
     metadata: dict[str, str] = field(default_factory=dict)
     rows: list[dict[str, str]] = field(default_factory=list)
     isolated: dict[tuple[int, int], float] = field(default_factory=dict)  # measured alone; == latency if isolated
+    runtimes: dict[tuple[int, int], str] = field(default_factory=dict)  # the runtime whose figures those are
+    # every runtime's figures: runtime -> (threads, batch) -> (primary, isolated)
+    by_runtime: dict[str, dict[tuple[int, int], tuple[float, float]]] = field(default_factory=dict)
+
+    @property
+    def measured_runtimes(self) -> list[str]:
+        """The runtimes this profile holds points of, inductor first."""
+        return sorted(self.by_runtime, key=lambda r: (r != DEFAULT_RUNTIME, r)) or [DEFAULT_RUNTIME]
+
+    def add(self, runtime: str, threads: int, batch: int, latency: float, isolated: float) -> None:
+        """One runtime's point; the profile's figure for ⟨t, b⟩ stays the fastest runtime's."""
+        self.by_runtime.setdefault(runtime, {})[threads, batch] = (latency, isolated)
+        if (threads, batch) not in self.latency or latency < self.latency[threads, batch]:
+            self.latency[threads, batch], self.isolated[threads, batch] = latency, isolated
+            self.runtimes[threads, batch] = runtime
+
+    def only(self, runtimes) -> "Profile":
+        """This profile with the points of `runtimes` alone (say, those installed where it is served)."""
+        kept = Profile(latency={}, metadata=dict(self.metadata), rows=list(self.rows))
+        for runtime in runtimes:
+            for (t, b), (latency, isolated) in self.by_runtime.get(runtime, {}).items():
+                kept.add(runtime, t, b, latency, isolated)
+        return kept
+
+    def runtime_items(self, runtime: str, latency: str | None = None) -> list[tuple[int, int, float]]:
+        """One runtime's points as (threads, batch, ms), like items()."""
+        return self.only([runtime]).items(latency) if runtime in self.by_runtime else []
 
     @property
     def loaded(self) -> bool:
@@ -141,10 +177,10 @@ def load(path: str | Path) -> Profile:
             raise ProfileError(f"{where}: {exc}") from None
         if threads < 1 or batch < 1:
             raise ProfileError(f"{where}: threads and batch must be >= 1, got threads={threads} batch={batch}")
-        if (threads, batch) in profile.latency:
-            raise ProfileError(f"{where}: duplicate point threads={threads} batch={batch}")
-        profile.latency[threads, batch] = latency
-        profile.isolated[threads, batch] = isolated
+        runtime = (row.get("runtime") or "").strip() or DEFAULT_RUNTIME
+        if (threads, batch) in profile.by_runtime.get(runtime, {}):
+            raise ProfileError(f"{where}: duplicate point threads={threads} batch={batch} runtime={runtime}")
+        profile.add(runtime, threads, batch, latency, isolated)
         profile.rows.append({k: v for k, v in row.items() if k is not None})
     if not profile.latency:
         raise ProfileError(f"{path}: no data rows")
@@ -208,7 +244,12 @@ class ProfileWriter:
             self._csv.writeheader()
             self._file.flush()
 
-    def write(self, point: dict[str, float | int]) -> None:
+    def write(self, point: dict[str, float | int | str]) -> None:
+        runtime = point.get("runtime") or DEFAULT_RUNTIME
+        if "runtime" not in self._csv.fieldnames and runtime != DEFAULT_RUNTIME:
+            raise ProfileError(f"{self.path}: its layout has no runtime column, so it can hold inductor's points "
+                               f"only, not {runtime}'s: choose another --out")
+        point = {**point, "runtime": runtime}
         self._csv.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in point.items()})
         self._file.flush()
 
@@ -227,7 +268,7 @@ def _appendable_columns(path: Path, kind: str) -> tuple[str, ...]:
     measurements of the same kind (loaded or isolated), may be appended to."""
     metadata, body = _read_lines(path)
     header = tuple(body[0][1].strip().split(",")) if body else ()
-    if header not in (COLUMNS, LEGACY_COLUMNS):
+    if header not in (COLUMNS, NO_RUNTIME_COLUMNS, LEGACY_COLUMNS):
         raise ProfileError(f"{path}: cannot append: header is {','.join(header)!r}, expected {','.join(COLUMNS)!r}")
     existing = _kind(metadata)
     if existing != kind:

@@ -15,6 +15,7 @@ class InstanceConfig:
     cores: tuple[int, ...]
     capacity: int = 0  # most requests it takes at once when the queue is long; at least `batch`
     expected_ms: float | None = None  # the profile's L(threads, batch): the watchdog's yardstick
+    runtime: str = "inductor"  # packrat.models.runtimes.RUNTIMES: the engine that runs this instance's model
 
     @property
     def slots(self) -> int:
@@ -72,4 +73,5 @@ class Health:
 def configs_for(plan, capacity: int = 0) -> list[InstanceConfig]:
     """One instance per planned ⟨threads, batch, cores⟩ of a planner.Plan; `capacity` lets
     each take up to that many requests (e.g. TorchServe's batch size, when the plan is for less)."""
-    return [InstanceConfig(i.threads, i.batch, tuple(i.cores), capacity, i.latency_ms) for i in plan.instances]
+    return [InstanceConfig(i.threads, i.batch, tuple(i.cores), capacity, i.latency_ms, i.runtime)
+            for i in plan.instances]

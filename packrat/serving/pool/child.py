@@ -78,6 +78,11 @@ def load(model: ModelConfig, config: InstanceConfig):
         from ios_scheduler.cache import prepare_ios
 
         return prepare_ios(spec, config.batch, config.threads, model.ios_cache)
+    if config.runtime != "inductor":
+        from packrat.models.runtimes import prepare_runtime
+
+        module, examples = prepare_runtime(spec, config.runtime, config.batch, config.threads, model.compile_cache)
+        return module, examples, config.runtime
     return prepare(spec, config.batch, graph_mode=model.graph_mode, compile_cache=model.compile_cache)
 
 

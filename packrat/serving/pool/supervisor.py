@@ -93,9 +93,11 @@ class Supervisor:
         return inst
 
     def start(self, configs: Sequence[InstanceConfig]) -> str:
-        """Start every instance and wait for all; their mode. PoolError (and nothing left running) if one fails."""
+        """Start every instance and wait for all; their graph mode (that of torch's instances where
+        some run another runtime). PoolError (and nothing left running) if one fails."""
         self.instances = [self.spawn(config, i) for i, config in enumerate(configs)]
-        return [inst.wait_ready(self.start_timeout) for inst in self.instances][0]
+        modes = [inst.wait_ready(self.start_timeout) for inst in self.instances]
+        return next((m for m, c in zip(modes, configs) if c.runtime == "inductor"), modes[0])
 
     def serving(self) -> list[Instance]:
         """Instances that may hold requests: the current ones and those a switch parked."""
@@ -258,11 +260,12 @@ def exit_code(inst: Instance) -> int | None:
 
 
 def match(configs: Sequence[InstanceConfig], candidates: list[Instance]) -> dict[int, Instance]:
-    """Position in `configs` -> a ready instance with the same threads and cores."""
+    """Position in `configs` -> a ready instance with the same threads, cores and runtime."""
     kept: dict[int, Instance] = {}
     for position, config in enumerate(configs):
         found = next((inst for inst in candidates if inst.ready and inst.alive and inst not in kept.values()
-                      and (inst.config.threads, inst.config.cores) == (config.threads, config.cores)), None)
+                      and (inst.config.threads, inst.config.cores, inst.config.runtime)
+                      == (config.threads, config.cores, config.runtime)), None)
         if found is not None:
             kept[position] = found
     return kept

@@ -1,0 +1,238 @@
+"""Runtimes: which engine runs an instance's model.
+
+- ``inductor``: torch itself, in the model's graph mode (by default its AOTInductor packages,
+  packrat/models/compiled.py).
+- ``openvino``: the model converted once to OpenVINO's IR (``openvino.convert_model``), compiled at
+  load for the instance's batch sizes (static shapes), with exactly the instance's threads
+  (``INFERENCE_NUM_THREADS``), one stream, and OpenVINO's own thread pinning off: the instance
+  process is already pinned to its cores, and OpenVINO's threads inherit that.
+- ``onnxruntime``: the model exported once to ONNX with a dynamic batch, run by an
+  ``InferenceSession`` with ``intra_op_num_threads`` = the instance's threads and one inter-op thread.
+
+Per instance, OpenVINO and ONNX Runtime may beat inductor's kernels (ResNet-50 on 2 cores: 4–11 %,
+BENCHMARKS.md); the profile measures every ⟨t, b⟩ under each runtime asked for and the planner takes
+the fastest (profiling/profiles.py), so one plan may mix runtimes.
+
+An artefact (IR or ONNX file) is built once per model and kept beside the compiled packages, named
+by the same key (compiled.package_key: the model's sources, inputs, torch and the CPU), so an
+archive can ship it. Building it checks the runtime against eager torch on the model's example
+inputs: outputs that differ by more than TOLERANCE of the largest output leave a ``.refused`` file
+with the reason, and the runtime is refused for that model from then on (RuntimeRefused).
+
+openvino and onnxruntime are optional extras (``pip install 'packrat[runtimes]'``); torch is
+imported where it is used, so CLIs read RUNTIMES without paying for it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+RUNTIMES = ("inductor", "openvino", "onnxruntime")
+DEFAULT_RUNTIME = "inductor"
+PACKAGES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}  # runtime -> the module it needs
+INSTALL_HINT = "pip install 'packrat[runtimes]'"
+TOLERANCE = 1e-3  # largest |runtime - eager| relative to eager's largest |output|
+CHECK_BATCH = 2  # the batch artefacts are converted and checked at (1 could be specialised away)
+SUFFIXES = {"openvino": ".openvino.xml", "onnxruntime": ".onnx"}
+
+
+class RuntimeRefused(Exception):
+    """A runtime cannot run this model: not installed, it fails to convert, or its outputs differ."""
+
+
+def installed(runtime: str) -> bool:
+    package = PACKAGES.get(runtime)
+    return package is None or importlib.util.find_spec(package) is not None
+
+
+def installed_runtimes() -> tuple[str, ...]:
+    return tuple(r for r in RUNTIMES if installed(r))
+
+
+def parse(text: str) -> tuple[str, ...]:
+    """A comma-separated list of runtimes, checked: ValueError names the unknown or missing ones."""
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [name for name in names if name not in RUNTIMES]
+    if unknown or not names:
+        raise ValueError(f"unknown runtime(s) {', '.join(unknown) or '(none given)'}: choose from {', '.join(RUNTIMES)}")
+    missing = [name for name in names if not installed(name)]
+    if missing:
+        raise ValueError(f"runtime(s) {', '.join(missing)} not installed: {INSTALL_HINT}")
+    return names
+
+
+def difference(output, reference) -> str | None:
+    """Why `output` is not `reference` (arrays or tensors) within TOLERANCE, or None if it is."""
+    import numpy as np
+
+    output, reference = np.asarray(output, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    if output.shape != reference.shape:
+        return f"output shape {list(output.shape)}, eager's {list(reference.shape)}"
+    if not (np.isfinite(output).all() and np.isfinite(reference).all()):
+        return "non-finite outputs"
+    worst = float(np.abs(output - reference).max()) if output.size else 0.0
+    scale = float(np.abs(reference).max()) if reference.size else 0.0
+    relative = worst / scale if scale > 0 else worst
+    if relative > TOLERANCE:
+        return f"outputs differ from eager's by {worst:.3g} ({relative:.2%} of the largest output; at most {TOLERANCE:.1%})"
+    return None
+
+
+# ---- artefacts: built once per model, checked against eager -----------------------------------
+
+def artefact_path(spec, runtime: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where `runtime`'s artefact for `spec` lives: beside its compiled packages, named by their key."""
+    from packrat.models import compiled
+    from packrat.models.spec import SEED
+
+    key = compiled.package_key(f"{spec.name}:{SEED}", spec.sources, spec.inputs)
+    return Path(cache_dir or compiled.default_cache_dir()) / f"{spec.name}-{key}{SUFFIXES[runtime]}"
+
+
+def artefact_files(path: Path) -> list[Path]:
+    """Every file an artefact is made of (OpenVINO's IR: the .xml and its .bin)."""
+    return [path, path.with_suffix(".bin")] if path.name.endswith(".xml") else [path]
+
+
+def refusal(path: Path) -> Path:
+    return path.with_name(path.name + ".refused")
+
+
+def ensure_artefact(spec, runtime: str, shipped: str | None = None) -> Path:
+    """The artefact for `spec` under `runtime`: the shipped one, else this machine's cache, built
+    (and checked against eager) there if missing. RuntimeRefused when the runtime cannot run it."""
+    from packrat.models import compiled
+
+    if not installed(runtime):
+        raise RuntimeRefused(f"{runtime} is not installed ({INSTALL_HINT})")
+    if shipped is not None and artefact_path(spec, runtime, shipped).exists():
+        return artefact_path(spec, runtime, shipped)
+    path = artefact_path(spec, runtime)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with compiled._locked(path):  # instances starting together build it once
+        if refusal(path).exists():
+            raise RuntimeRefused(refusal(path).read_text().strip())
+        if not path.exists():
+            try:
+                build_artefact(spec, runtime, path)
+            except RuntimeRefused as exc:
+                refusal(path).write_text(f"{exc}\n")
+                raise
+    return path
+
+
+def build_artefact(spec, runtime: str, path: Path) -> None:
+    """Convert `spec`'s model into `path` and check the result against eager at CHECK_BATCH."""
+    import torch
+
+    module = spec.build()
+    examples = spec.example_inputs(CHECK_BATCH)
+    with torch.inference_mode():
+        reference = module(*examples)
+    partial = path.with_name(f".partial-{os.getpid()}-{path.name}")
+    try:
+        try:
+            _CONVERT[runtime](module, spec, examples, partial)
+            runner = _RUNNERS[runtime](partial, spec, CHECK_BATCH, torch.get_num_threads())
+            output = runner(*examples)
+        except Exception as exc:  # a converter's or runtime's failure: this runtime cannot serve the model
+            raise RuntimeRefused(f"{runtime} cannot run {spec.name}: {type(exc).__name__}: "
+                                 f"{(str(exc).splitlines() or [''])[0][:300]}") from None
+        why = difference(output, _first(reference))
+        if why:
+            raise RuntimeRefused(f"{runtime} refused for {spec.name}: {why}")
+        for part, final in zip(artefact_files(partial), artefact_files(path)):
+            os.replace(part, final)  # the .bin before the .xml would be safer, but the lock covers readers
+    finally:
+        for part in artefact_files(partial):
+            part.unlink(missing_ok=True)
+
+
+def _first(value):
+    while isinstance(value, (tuple, list)):
+        value = value[0]
+    return value
+
+
+def _convert_openvino(module, spec, examples, path: Path) -> None:
+    import openvino as ov
+
+    model = ov.convert_model(module, example_input=examples)
+    ov.save_model(model, str(path), compress_to_fp16=False)  # f32 weights: the outputs must match eager's
+
+
+def _convert_onnx(module, spec, examples, path: Path) -> None:
+    import torch
+
+    names = [s.name for s in spec.inputs]
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    with torch.no_grad():
+        program = torch.onnx.export(module, examples, dynamo=True, input_names=names, output_names=["output"],
+                                    dynamic_shapes=tuple({0: batch} for _ in names), verbose=False)
+        program.save(str(path), external_data=False)
+
+
+_CONVERT = {"openvino": _convert_openvino, "onnxruntime": _convert_onnx}
+
+
+# ---- running: one instance's model ----------------------------------------------------------
+
+class OpenVinoRunner:
+    """The IR compiled for one static batch size, with `threads` threads and no pinning of its own."""
+
+    def __init__(self, path: Path, spec, batch: int, threads: int):
+        import openvino as ov
+
+        core = ov.Core()
+        model = core.read_model(str(path))
+        model.reshape({i: [batch, *s.shape] for i, s in enumerate(spec.inputs)})  # static: the fastest
+        compiled = core.compile_model(model, "CPU", {
+            "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": threads,
+            "ENABLE_CPU_PINNING": False, "INFERENCE_PRECISION_HINT": "f32"})
+        self.request = compiled.create_infer_request()
+
+    def __call__(self, *inputs):
+        import torch
+
+        result = self.request.infer([x.contiguous().numpy() for x in inputs], share_inputs=True)
+        return torch.from_numpy(result[0].copy())
+
+
+class OrtRunner:
+    """An InferenceSession: `threads` intra-op threads, one inter-op thread, any batch size."""
+
+    def __init__(self, path: Path, spec, batch: int, threads: int):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        options.log_severity_level = 3  # warnings about unused initialisers are not the user's concern
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        wanted = {i.name for i in self.session.get_inputs()}  # an input the graph ignores may be gone
+        self.names = [(i, s.name) for i, s in enumerate(spec.inputs) if s.name in wanted]
+
+    def __call__(self, *inputs):
+        import torch
+
+        feeds = {name: inputs[i].contiguous().numpy() for i, name in self.names}
+        return torch.from_numpy(self.session.run(None, feeds)[0])
+
+
+_RUNNERS = {"openvino": OpenVinoRunner, "onnxruntime": OrtRunner}
+
+
+def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str | None = None):
+    """(callable, example inputs at `batch`) for an instance of `batch` running `runtime`: OpenVINO
+    compiled for each size of the batch's halving ladder (as the AOT packages are), ONNX Runtime's
+    one session for all. RuntimeRefused when the runtime cannot run the model."""
+    from packrat.models import compiled
+
+    path = ensure_artefact(spec, runtime, shipped)
+    examples = spec.example_inputs(batch)
+    if runtime == "onnxruntime":
+        return OrtRunner(path, spec, batch, threads), examples
+    return compiled.Ladder({size: OpenVinoRunner(path, spec, size, threads) for size in compiled.ladder(batch)}), examples
