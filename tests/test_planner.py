@@ -128,7 +128,18 @@ def test_json_has_exactly_the_documented_keys():
     body = result.to_json()
     assert set(body) == {"threads", "batch", "expected_latency_ms", "fat_latency_ms", "instances"}
     assert body["fat_latency_ms"] == 4.0
-    assert body["instances"] == [{"threads": 1, "batch": 1, "cores": [0]}, {"threads": 1, "batch": 1, "cores": [1]}]
+    assert body["instances"] == [{"threads": 1, "batch": 1, "cores": [0], "runtime": "inductor"},
+                                 {"threads": 1, "batch": 1, "cores": [1], "runtime": "inductor"}]
+
+
+def test_each_instance_carries_the_runtime_of_its_point():
+    items = [(1, 1, 3.0), (2, 2, 4.0), (1, 2, 9.0)]
+    planner = Planner(items, 2, 2, {(1, 1): "openvino"})
+    chosen = planner.plan(2, 2)
+    assert [i.runtime for i in chosen.instances] == ["openvino", "openvino"]
+    assert chosen.describe() == "2×⟨1 threads, batch 1, openvino⟩"
+    assert planner.fat(2, 2).instances[0].runtime == "inductor"
+    assert planner.fat(2, 2).describe() == "1×⟨2 threads, batch 2⟩"
 
 
 def test_large_table_is_complete():
