@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from packrat.machine.budget import describe as describe_budget
-from packrat.planning.planner import Plan
+from packrat.planning.planner import DEFAULT_RUNTIME, Plan
 
 
 def cores_text(cores: tuple[int, ...]) -> str:
     if cores and list(cores) == list(range(cores[0], cores[-1] + 1)) and len(cores) > 1:
         return f"{cores[0]}-{cores[-1]}"
     return ",".join(map(str, cores))
+
+
+def runtime_text(runtime: str | None) -> str:
+    """', openvino' for an instance of another runtime than torch's; nothing for the default."""
+    return "" if runtime in (None, DEFAULT_RUNTIME) else f", {runtime}"
 
 
 def fat_text(plan: Plan) -> str:

@@ -45,6 +45,12 @@ def add_profile_parser(sub) -> None:
     timing.add_argument("--min-time", type=positive(float), default=None, metavar="S",
                         help="instead of --iters: time runs for at least S seconds per point (≥ 3 runs)")
     graph_mode_args(p)
+    p.add_argument("--runtimes", type=runtime_list, default=None, metavar="LIST",
+                   help="the runtimes to measure every point under, e.g. inductor,openvino,onnxruntime: inductor is "
+                        "torch in --graph-mode; openvino and onnxruntime come with pip install 'packrat[runtimes]'. "
+                        "The planner takes the fastest runtime measured at each point, so one plan may mix them; "
+                        "a runtime whose outputs differ from eager torch's is refused, with the reason "
+                        "(default: every runtime installed here)")
     p.add_argument("--ios", action="store_true",
                    help="profile IOS-compiled instances: each point runs the model by the IOS schedule for its "
                         "threads and batch (searched once, then cached in --ios-cache)")
@@ -54,6 +60,15 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_profile)
+
+
+def runtime_list(text: str) -> tuple[str, ...]:
+    from packrat.models.runtimes import parse
+
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def profile_settings(args: argparse.Namespace) -> profiler.ProfileSettings:
@@ -71,21 +86,27 @@ def profile_grid(args: argparse.Namespace) -> tuple[list[int], list[int]]:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from packrat.models.runtimes import installed_runtimes
+
     settings = profile_settings(args)
     threads, batches = profile_grid(args)
+    runtimes = args.runtimes or (("inductor",) if args.ios or args.replay else installed_runtimes())
     out = args.out or default_profile_path(args.model)
     try:
         if args.adaptive or args.replay:
             done = profiler.run_adaptive(settings, threads, batches, out, replay=args.replay, slack=args.slack,
-                                         tolerance=args.tolerance, progress=not args.quiet and not args.json)
+                                         tolerance=args.tolerance, progress=not args.quiet and not args.json,
+                                         runtimes=runtimes, say=lambda line: print(line, file=sys.stderr))
             print_adaptive(done, out, args.json)
             return 0
-        result = profiler.run(settings, threads, batches, out, progress=not args.quiet)
+        result = profiler.run(settings, threads, batches, out, progress=not args.quiet, runtimes=runtimes,
+                              say=lambda line: print(line, file=sys.stderr))
     except KeyboardInterrupt:
         print(f"\ninterrupted: the points measured so far are in {out}; run the same command to resume",
               file=sys.stderr)
         return 130
-    print(f"{len(result.latency)} points in {out}")
+    counts = ", ".join(f"{len(result.by_runtime[r])} {r}" for r in result.measured_runtimes)
+    print(f"{len(result.latency)} points in {out}" + (f" ({counts})" if len(result.by_runtime) > 1 else ""))
     return 0
 
 

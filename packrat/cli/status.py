@@ -7,7 +7,7 @@ import json
 import time
 
 from packrat.cli.args import run_dir_arg
-from packrat.cli.output import cores_text, print_budget_and_profile
+from packrat.cli.output import cores_text, print_budget_and_profile, runtime_text
 from packrat.cli.types import positive
 from packrat.deploy import torchserve
 from packrat.errors import ServeError
@@ -64,8 +64,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def print_model(name: str, status: dict, last: int) -> None:
     plan = status["plan"]
-    shapes = ", ".join(f"⟨{i['threads']} threads, batch {i['batch']}, cores {cores_text(tuple(i['cores']))}⟩"
-                       for i in plan["instances"])
+    shapes = ", ".join(f"⟨{i['threads']} threads, batch {i['batch']}, cores {cores_text(tuple(i['cores']))}"
+                       f"{runtime_text(i.get('runtime'))}⟩" for i in plan["instances"])
     print(f"model {name} ({status.get('mode', '?')}): serving B={plan['batch']} on T={plan['threads']} "
           f"threads: {shapes}")
     print_budget_and_profile(status)

@@ -71,7 +71,8 @@ def build(settings: Settings, out_dir: Path, *, name: str | None = None, handler
     (profiles, tokenizer, labels; the model file of a TorchScript or torch.export model, the
     directory of a Hugging Face one) shipped inside and renamed there. Zoo models are rebuilt from
     code in the worker. A model served compiled (the profile's mode, or the stock handler's default)
-    gets its compiled packages built here, once per machine type, and shipped (see compiled_files).
+    gets its compiled packages built here, once per machine type, and shipped (see compiled_files);
+    the artefacts of the profile's other runtimes (OpenVINO, ONNX Runtime) are shipped too.
     A profile taken with IOS-compiled instances is served by them: the archive carries the model's
     cached schedules from `ios_cache` (the pool searches any that are missing).
 
@@ -101,6 +102,8 @@ def build(settings: Settings, out_dir: Path, *, name: str | None = None, handler
         if mode == "compile":
             extra += compiled_files(spec, settings.max_batch,
                                     planned_instances(chosen, settings.max_batch, handler, budget.cores))
+        if chosen is not None:
+            extra += runtime_files(spec, chosen.measured_runtimes)
         packed = settings.replace(model=model_ref, profiles=tuple(profile_names), ios=mode == "ios",
                                   **{key: path.name for key, path in requests.items()})
         config = staging / "model-config.yaml"
@@ -154,6 +157,23 @@ def planned_instances(profile, batch_size: int, handler: str, cores: int) -> set
     except (NoPlanError, ValueError):
         return None
     return {(i.threads, i.batch) for i in chosen.instances} | {(cores, batch_size)}
+
+
+def runtime_files(spec, runtimes: list[str]) -> list[Path]:
+    """The artefacts (OpenVINO IR, ONNX) of the profile's other runtimes in this machine's cache, which
+    profiling them built: shipped, so a server does not convert the model again."""
+    from packrat.models.runtimes import DEFAULT_RUNTIME, artefact_files, artefact_path
+
+    found = []
+    for runtime in runtimes:
+        if runtime != DEFAULT_RUNTIME:
+            files = artefact_files(artefact_path(spec, runtime))
+            if all(f.exists() for f in files):
+                found += files
+            else:
+                print(f"archive: no {runtime} artefact of {spec.name} in this machine's cache: each server converts "
+                      f"the model on its first start")
+    return found
 
 
 def compiled_files(spec, batch_size: int, instances: set[tuple[int, int]] | None = None) -> list[Path]:

@@ -164,11 +164,18 @@ def _convert_openvino(module, spec, examples, path: Path) -> None:
 
 
 def _convert_onnx(module, spec, examples, path: Path) -> None:
+    import logging
+    import warnings
+
     import torch
 
     names = [s.name for s in spec.inputs]
     batch = torch.export.Dim("batch", min=1, max=4096)
-    with torch.no_grad():
+    # The exporter logs what it skips (torchvision's operators, which these models never use) and
+    # warns about its own internals: nothing a user can act on.
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         program = torch.onnx.export(module, examples, dynamo=True, input_names=names, output_names=["output"],
                                     dynamic_shapes=tuple({0: batch} for _ in names), verbose=False)
         program.save(str(path), external_data=False)

@@ -23,6 +23,7 @@ import sys
 import time
 
 from packrat.models.modes import DEFAULT_MODE, MODES
+from packrat.models.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
 
 def _pin(cores: list[int], threads: int) -> None:
@@ -95,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--min-time", type=float, default=None)
     parser.add_argument("--graph-mode", default=DEFAULT_MODE, choices=MODES)
+    parser.add_argument("--runtime", default=DEFAULT_RUNTIME, choices=RUNTIMES,
+                        help="the engine that runs the model (inductor: torch, in --graph-mode)")
     parser.add_argument("--ios-cache", default=None, help="run the model by its IOS schedule (cached here)")
     parser.add_argument("--loaded", action="store_true",
                         help="one of several copies measured together: say ready, then run once per "
@@ -116,6 +119,11 @@ def _prepare(args: argparse.Namespace):
         from ios_scheduler.cache import prepare_ios
 
         return prepare_ios(spec, args.batch, args.threads, args.ios_cache)
+    if args.runtime != DEFAULT_RUNTIME:
+        from packrat.models.runtimes import prepare_runtime
+
+        module, examples = prepare_runtime(spec, args.runtime, args.batch, args.threads)
+        return module, examples, args.runtime
     return prepare(spec, args.batch, graph_mode=args.graph_mode)
 
 

@@ -7,6 +7,11 @@ of each round decides it, as it decides a plan's batch).
 
 Points are appended to the profile file as they finish, so Ctrl-C leaves a valid
 file and a later run with the same arguments measures only what is missing.
+
+Runtimes (packrat/models/runtimes.py): every point is measured under each runtime asked for, in
+its own fresh process, the runtime's artefact built (and checked against eager) once before its
+first point. A runtime that cannot run the model, or whose outputs differ from eager's, is
+refused with the reason (printed, and kept in the new profile's metadata) and its points skipped.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from packrat.errors import ProfileError, ProfilingError
 from packrat.machine.budget import cpu_budget
 from packrat.machine.topology import Topology, cpu_model
 from packrat.models.modes import DEFAULT_MODE
+from packrat.models.runtimes import DEFAULT_RUNTIME
 from packrat.profiling import profiles
 from packrat.profiling.point import summarize
 
@@ -54,14 +60,19 @@ class ProfileSettings:
     input_shape: tuple[int, ...] | None = None
     ios_cache: str | None = None  # profile IOS-compiled instances; schedules cached here
     contention: bool = DEFAULT_CONTENTION  # also measure each point loaded by copies of itself
+    runtime: str = DEFAULT_RUNTIME  # the runtime a point is measured under (run() sets it per runtime)
 
 
-def metadata(settings: ProfileSettings, topology: Topology) -> dict[str, str]:
+def metadata(settings: ProfileSettings, topology: Topology, runtimes: dict[str, str | None] | None = None
+             ) -> dict[str, str]:
+    """A new profile's head; `runtimes`: each runtime asked for -> None, or why it was refused."""
     import torch
 
     from packrat.models.zoo import resolve
 
     spec = resolve(settings.model, settings.input_shape)
+    runtimes = runtimes or {DEFAULT_RUNTIME: None}
+    refused = "; ".join(why for why in runtimes.values() if why)
     return {
         "model": settings.model,
         "mode": "ios" if settings.ios_cache else (settings.graph_mode if spec.scriptable else "eager"),
@@ -70,6 +81,8 @@ def metadata(settings: ProfileSettings, topology: Topology) -> dict[str, str]:
         "latency": "loaded" if settings.contention else "isolated",
         "cores": str(topology.num_cores),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "runtimes": ",".join(r for r, why in runtimes.items() if not why),
+        **({"refused": refused} if refused else {}),
     }
 
 
@@ -84,7 +97,7 @@ def _command(settings: ProfileSettings, threads: int, batch: int, cores: list[in
         cmd += ["--min-time", str(settings.min_time)]
     if settings.input_shape:
         cmd += ["--input-shape", ",".join(map(str, settings.input_shape))]
-    cmd += ["--graph-mode", settings.graph_mode]
+    cmd += ["--graph-mode", settings.graph_mode, "--runtime", settings.runtime]
     if not settings.ios_cache:
         return cmd, None
     from ios_scheduler.runtime import openmp_env
@@ -232,7 +245,8 @@ def measure(settings: ProfileSettings, threads: int, batch: int, topology: Topol
     for more than one copy, loaded by ⌊T/t⌋ copies; latency_ms is then the loaded figure."""
     started = time.monotonic()
     isolated = measure_point(settings, threads, batch, topology.cores_for(threads))
-    row = {"threads": threads, "batch": batch, **isolated, "isolated_ms": isolated["latency_ms"], "copies": 1}
+    row = {"threads": threads, "batch": batch, **isolated, "isolated_ms": isolated["latency_ms"], "copies": 1,
+           "runtime": settings.runtime}
     copies = copies_for(threads, topology) if settings.contention else 1
     if copies > 1:
         timeout = max(LOADED_TIMEOUT_FLOOR_S, LOADED_TIMEOUT_FACTOR * (time.monotonic() - started))
@@ -252,8 +266,9 @@ def _cost(settings: ProfileSettings, threads: int, batch: int, topology: Topolog
     return batch / threads * measurements(settings, threads, topology)
 
 
-def _existing(out: Path, meta: dict[str, str]) -> set[tuple[int, int]]:
-    """Points already measured in `out`, which must be of the same model, mode and latency kind."""
+def _existing(out: Path, meta: dict[str, str]) -> set[tuple[str, int, int]]:
+    """Points (runtime, threads, batch) already measured in `out`, which must be of the same model,
+    mode and latency kind."""
     if not out.exists() or out.stat().st_size == 0:
         return set()
     existing = profiles.load(out)
@@ -263,29 +278,61 @@ def _existing(out: Path, meta: dict[str, str]) -> set[tuple[int, int]]:
             hint = f" (or resume it with {_LATENCY_FLAG[found[key]]})" if key == "latency" else ""
             raise ProfileError(f"{out}: holds a profile with {key} {found[key]!r}, "
                                           f"not {meta[key]!r}; choose another --out{hint}")
-    return set(existing.latency)
+    return {(runtime, t, b) for runtime, points in existing.by_runtime.items() for t, b in points}
+
+
+def check_runtimes(settings: ProfileSettings, runtimes: tuple[str, ...], say=print) -> dict[str, str | None]:
+    """Each runtime -> None when it can run the model (its artefact built and checked against
+    eager, once per machine), else why not (said at once: the user learns before the grid runs)."""
+    from packrat.models import runtimes as engines
+    from packrat.models.zoo import resolve
+
+    verdicts: dict[str, str | None] = {}
+    for runtime in runtimes:
+        verdicts[runtime] = None
+        if runtime != DEFAULT_RUNTIME and settings.ios_cache:
+            verdicts[runtime] = f"{runtime}: IOS schedules run in torch; profile {runtime} without --ios"
+        elif runtime != DEFAULT_RUNTIME:
+            try:
+                engines.ensure_artefact(resolve(settings.model, settings.input_shape), runtime)
+            except engines.RuntimeRefused as exc:
+                verdicts[runtime] = str(exc)
+        if verdicts[runtime]:
+            say(f"runtime {runtime} refused: {verdicts[runtime]}")
+    return verdicts
+
+
+def _some_runtime(verdicts: dict[str, str | None]) -> None:
+    if all(verdicts.values()):
+        raise ProfilingError("no runtime asked for can run the model: " + "; ".join(verdicts.values()))
 
 
 def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: str | Path,
-        topology: Topology | None = None, progress: bool = True) -> profiles.Profile:
-    """Measure every missing ⟨t, b⟩ of the grid into `out`; return the whole profile."""
+        topology: Topology | None = None, progress: bool = True, runtimes: tuple[str, ...] = (DEFAULT_RUNTIME,),
+        say=print) -> profiles.Profile:
+    """Measure every missing ⟨t, b⟩ of the grid into `out`, under each runtime that can run the
+    model; return the whole profile."""
     out = Path(out)
     topology = topology or cpu_budget().topology
     too_many = [t for t in threads if t > topology.num_cores]
     if too_many:
         raise ValueError(f"--threads: {max(too_many)} exceeds the {topology.num_cores} cores this process may use")
-    meta = metadata(settings, topology)
+    verdicts = check_runtimes(settings, runtimes, say)
+    _some_runtime(verdicts)
+    meta = metadata(settings, topology, verdicts)
     done = _existing(out, meta)
-    todo = [(t, b) for t in sorted(threads) for b in sorted(batches) if (t, b) not in done]
+    todo = [(r, t, b) for r, why in verdicts.items() if not why
+            for t in sorted(threads) for b in sorted(batches) if (r, t, b) not in done]
     # Progress is weighted by expected cost so the time-left estimate is useful.
-    costs = {(t, b): _cost(settings, t, b, topology) for t, b in todo}
+    costs = {point: _cost(settings, *point[1:], topology) for point in todo}
     bar = tqdm(total=sum(costs.values()), disable=not progress or not todo, unit="",
                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     with bar, profiles.ProfileWriter(out, meta) as writer:
-        for index, (t, b) in enumerate(todo, start=1):
-            bar.set_description(f"point {index}/{len(todo)}: threads={t} batch={b}")
-            writer.write(measure(settings, t, b, topology))  # columns outside the CSV are dropped
-            bar.update(costs[t, b])
+        for index, (r, t, b) in enumerate(todo, start=1):
+            named = "" if runtimes == (DEFAULT_RUNTIME,) else f"{r} "
+            bar.set_description(f"point {index}/{len(todo)}: {named}threads={t} batch={b}")
+            writer.write(measure(replace(settings, runtime=r), t, b, topology))  # columns outside the CSV are dropped
+            bar.update(costs[r, t, b])
     return profiles.load(out)
 
 
@@ -322,11 +369,12 @@ def point_seconds(settings: ProfileSettings, threads: int, latency_ms: float, to
     return measurements(settings, threads, topology) * (POINT_OVERHEAD_S + runs_s)
 
 
-def _replay_row(source: profiles.Profile, threads: int, batch: int) -> dict:
-    if (threads, batch) not in source.latency:
-        raise ProfilingError(f"the replayed profile has no point threads={threads} batch={batch}")
-    return {"threads": threads, "batch": batch, "latency_ms": source.latency[threads, batch],
-            "isolated_ms": source.isolated[threads, batch]}
+def _replay_row(source: profiles.Profile, threads: int, batch: int, runtime: str = DEFAULT_RUNTIME) -> dict:
+    points = source.by_runtime.get(runtime, {})
+    if (threads, batch) not in points:
+        raise ProfilingError(f"the replayed profile has no point threads={threads} batch={batch} ({runtime})")
+    latency, isolated = points[threads, batch]
+    return {"threads": threads, "batch": batch, "latency_ms": latency, "isolated_ms": isolated, "runtime": runtime}
 
 
 def _replay_metadata(source: profiles.Profile, path: Path) -> dict[str, str]:
@@ -335,9 +383,11 @@ def _replay_metadata(source: profiles.Profile, path: Path) -> dict[str, str]:
 
 def run_adaptive(settings: ProfileSettings, threads: list[int], batches: list[int], out: str | Path, *,
                  topology: Topology | None = None, replay: str | Path | None = None,
-                 slack: float | None = None, tolerance: float = 0.0, progress: bool = True) -> AdaptiveResult:
+                 slack: float | None = None, tolerance: float = 0.0, progress: bool = True,
+                 runtimes: tuple[str, ...] = (DEFAULT_RUNTIME,), say=print) -> AdaptiveResult:
     """Measure only the points of threads × batches that can change a plan for some T ≤ max(threads)
-    and B ≤ max(batches) (packrat.adaptive), appending them to `out` (points already there are kept).
+    and B ≤ max(batches) (packrat.adaptive), appending them to `out` (points already there are kept);
+    each runtime's grid on its own (a point one runtime needs, another may not).
 
     With `replay`, points are looked up in that full profile instead of measured, and `out` is
     rewritten with just the points looked up: a check of the method against a full table."""
@@ -345,47 +395,64 @@ def run_adaptive(settings: ProfileSettings, threads: list[int], batches: list[in
 
     out = Path(out)
     topology = topology or (Topology.virtual(max(threads)) if replay else cpu_budget().topology)
-    grid = adaptive.AdaptiveGrid(threads, batches, tolerance=tolerance,
-                                 slack=adaptive.DEFAULT_SLACK if slack is None else slack)
     source = profiles.load(replay) if replay else None
     if source:
         settings = replace(settings, contention=source.loaded)  # for the time estimates
         meta = _replay_metadata(source, Path(replay))
         out.unlink(missing_ok=True)
-        take = lambda t, b: _replay_row(source, t, b)  # noqa: E731
+        verdicts = {runtime: None for runtime in source.measured_runtimes}
     else:
         if max(threads) > topology.num_cores:
             raise ValueError(f"--threads: {max(threads)} exceeds the {topology.num_cores} cores this process may use")
-        meta = metadata(settings, topology)
-        _existing(out, meta)
-        if out.exists() and out.stat().st_size:
-            adaptive.resume(grid, profiles.load(out).items())
-        take = lambda t, b: measure(settings, t, b, topology)  # noqa: E731
+        verdicts = check_runtimes(settings, runtimes, say)
+        meta = metadata(settings, topology, verdicts)
+    previous = profiles.load(out) if source is None and _existing(out, meta) else None
+    _some_runtime(verdicts)
+    grids = {}
+    with profiles.ProfileWriter(out, meta) as writer:
+        for runtime in [r for r, why in verdicts.items() if not why]:
+            grid = adaptive.AdaptiveGrid(threads, batches, tolerance=tolerance,
+                                         slack=adaptive.DEFAULT_SLACK if slack is None else slack)
+            if previous is not None:
+                adaptive.resume(grid, previous.runtime_items(runtime))
+            _adapt(grid, replace(settings, runtime=runtime), topology, source, writer, progress)
+            grids[runtime] = grid
+    result = profiles.load(out)
+    parts = [_adaptive_result(replace(settings, runtime=r), grid, topology,
+                              source.by_runtime[r] if source else None) for r, grid in grids.items()]
+    return AdaptiveResult(result, *(sum(values) for values in zip(*parts)))
+
+
+def _adapt(grid, settings: ProfileSettings, topology: Topology, source: profiles.Profile | None,
+           writer: profiles.ProfileWriter, progress: bool) -> None:
+    """Run the adaptive method on `grid`, measuring (or, replaying, looking up) each point it asks for."""
+    from packrat.profiling import adaptive
+
+    named = "" if settings.runtime == DEFAULT_RUNTIME else f" {settings.runtime}"
     bar = tqdm(total=grid.grid_size, initial=len(grid.measured), disable=not progress, unit="point",
                bar_format="{desc}: {n_fmt}/{total_fmt} points of the grid [{elapsed}]")
-    with bar, profiles.ProfileWriter(out, meta) as writer:
+    with bar:
         def measure_one(t: int, b: int) -> float:
-            bar.set_description_str(f"adaptive, measuring threads={t} batch={b}")
-            row = take(t, b)
+            bar.set_description_str(f"adaptive{named}, measuring threads={t} batch={b}")
+            row = _replay_row(source, t, b, settings.runtime) if source else measure(settings, t, b, topology)
             writer.write(row)
             bar.update()
             return row["latency_ms"]
 
         adaptive.run(grid, measure_one)
-        bar.set_description_str("adaptive, done")
-    return _adaptive_result(settings, grid, profiles.load(out), topology,
-                            source.latency if source else None)
+        bar.set_description_str(f"adaptive{named}, done")
 
 
-def _adaptive_result(settings: ProfileSettings, grid, result: profiles.Profile, topology: Topology,
-                     full: dict | None) -> AdaptiveResult:
-    """Time estimates: measured points at their latency; the rest at the full table's, or at their
-    lower bound when there is none (so the full grid's figure is then a lower bound)."""
+def _adaptive_result(settings: ProfileSettings, grid, topology: Topology,
+                     full: dict | None) -> tuple[int, int, float, float]:
+    """(points measured, grid points, estimated seconds measuring them, and the full grid): measured
+    points at their latency; the rest at the full table's, or at their lower bound when there is
+    none (so the full grid's figure is then a lower bound)."""
     low = grid.lower_bounds()
     seconds = {}
     for i, t in enumerate(grid.threads):
         for j, b in enumerate(grid.batches):
-            latency = full[t, b] if full else float(low[i, j])
+            latency = full[t, b][0] if full else float(low[i, j])
             seconds[t, b] = point_seconds(settings, t, latency, topology)
     measured = sum(seconds[p] for p in grid.measured)
-    return AdaptiveResult(result, len(grid.measured), grid.grid_size, measured, sum(seconds.values()))
+    return len(grid.measured), grid.grid_size, measured, sum(seconds.values())

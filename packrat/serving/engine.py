@@ -44,10 +44,11 @@ class Engine:
         log.info("packrat CPU budget: %s", self.budget.describe())
         profile, self.profile_choice = chosen_profile(settings, model_dir, self.budget)
         log.info("packrat profile: %s", self.profile_choice)
+        profile = runnable_here(profile)
         model, spec = model_config(settings, str(model_dir), profile.metadata.get("mode"))
         self.spec, self.codec = spec, codec_config(settings, spec, model_name, str(model_dir))
         self.max_batch = max_batch
-        self._items, self._plan_mode = profile.items(), settings.plan
+        self._items, self._runtimes, self._plan_mode = profile.items(), profile.runtimes, settings.plan
         start_batch = min(settings.plan_batch or max_batch, max_batch)
         self.pool = self.controller = None
         self.topology, self.node, turns = self.budget.topology, None, False
@@ -124,7 +125,8 @@ class Engine:
     def plan_for(self, batch: int):
         """The plan for `batch` on this model's cores (the fat one where the archive says so)."""
         topology = self.topology
-        plan, fallback = serving_plan(self._items, topology.num_cores, batch, topology, self._plan_mode)
+        plan, fallback = serving_plan(self._items, topology.num_cores, batch, topology, self._plan_mode,
+                                      self._runtimes)
         if fallback:
             log.warning(fallback)
         return plan
@@ -170,6 +172,22 @@ def chosen_profile(settings: Settings, model_dir: str | Path, budget: CpuBudget)
         raise ValueError("the packrat settings name no profile: build the archive with `packrat archive --profile`")
     profile, index, why = chosen([Path(model_dir) / name for name in settings.profiles], budget.cores)
     return profile, f"{settings.profiles[index]}: {why}"
+
+
+def runnable_here(profile: Profile) -> Profile:
+    """The profile's points of the runtimes installed here: a plan must not name one this machine
+    lacks (a profile measured with OpenVINO, served where only torch is installed)."""
+    from packrat.models.runtimes import INSTALL_HINT, installed
+
+    missing = [r for r in profile.measured_runtimes if not installed(r)]
+    if not missing:
+        return profile
+    kept = [r for r in profile.measured_runtimes if r not in missing]
+    if not kept:
+        raise ValueError(f"the profile's runtimes ({', '.join(missing)}) are not installed here: {INSTALL_HINT}")
+    log.warning("packrat: the profile's %s points are left out: not installed here (%s)", ", ".join(missing),
+                INSTALL_HINT)
+    return profile.only(kept)
 
 
 def model_config(settings: Settings, model_dir: str, profiled_mode: str | None = None) -> tuple[ModelConfig, ModelSpec]:
