@@ -25,8 +25,11 @@ imported where it is used, so CLIs read RUNTIMES without paying for it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
 import os
+import warnings
 from pathlib import Path
 
 RUNTIMES = ("inductor", "openvino", "onnxruntime")
@@ -156,26 +159,36 @@ def _first(value):
     return value
 
 
+@contextlib.contextmanager
+def _quiet_converter():
+    """The converters trace the model (torch.jit's deprecation notice), log what they skip
+    (torchvision's operators, which packrat's models never use) and warn about their own internals:
+    nothing a user can act on."""
+    onnx_log = logging.getLogger("torch.onnx")
+    level = onnx_log.level
+    onnx_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        onnx_log.setLevel(level)
+
+
 def _convert_openvino(module, spec, examples, path: Path) -> None:
     import openvino as ov
 
-    model = ov.convert_model(module, example_input=examples)
+    with _quiet_converter():
+        model = ov.convert_model(module, example_input=examples)
     ov.save_model(model, str(path), compress_to_fp16=False)  # f32 weights: the outputs must match eager's
 
 
 def _convert_onnx(module, spec, examples, path: Path) -> None:
-    import logging
-    import warnings
-
     import torch
 
     names = [s.name for s in spec.inputs]
     batch = torch.export.Dim("batch", min=1, max=4096)
-    # The exporter logs what it skips (torchvision's operators, which these models never use) and
-    # warns about its own internals: nothing a user can act on.
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with torch.no_grad(), _quiet_converter():
         program = torch.onnx.export(module, examples, dynamo=True, input_names=names, output_names=["output"],
                                     dynamic_shapes=tuple({0: batch} for _ in names), verbose=False)
         program.save(str(path), external_data=False)

@@ -1,0 +1,229 @@
+"""Runtimes per instance (packrat/models/runtimes.py): artefacts checked against eager, refused
+with the reason when they differ, run with the instance's threads; profiles that hold several
+runtimes; plans and pools that mix them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from packrat.codec.codec import Codec
+from packrat.codec.config import CodecConfig
+from packrat.errors import ProfileError
+from packrat.models import runtimes
+from packrat.models.zoo import resolve
+from packrat.planning.planner import Planner
+from packrat.profiling import profiles
+from packrat.serving.inference import answer_batch
+from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
+from packrat.serving.pool.instance_pool import InstancePool
+
+OTHERS = [pytest.param(r, marks=pytest.mark.skipif(not runtimes.installed(r), reason=f"{r} not installed"))
+          for r in ("openvino", "onnxruntime")]
+
+
+def test_parse_names_unknown_and_missing_runtimes(monkeypatch):
+    assert runtimes.parse("inductor, openvino,inductor") == ("inductor", "openvino")
+    with pytest.raises(ValueError, match="unknown runtime.*tensorrt"):
+        runtimes.parse("inductor,tensorrt")
+    monkeypatch.setattr(runtimes, "installed", lambda r: r == "inductor")
+    with pytest.raises(ValueError, match="onnxruntime not installed.*packrat\\[runtimes\\]"):
+        runtimes.parse("onnxruntime")
+
+
+def test_difference_is_relative_to_the_largest_output():
+    reference = torch.tensor([[10.0, -20.0], [1.0, 2.0]])
+    assert runtimes.difference(reference + 0.01, reference) is None  # 0.05 % of 20
+    assert "differ" in runtimes.difference(reference + 0.1, reference)
+    assert "shape" in runtimes.difference(reference[:1], reference)
+    assert runtimes.difference(reference * float("nan"), reference) == "non-finite outputs"
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny_text"])
+@pytest.mark.parametrize("runtime", OTHERS)
+def test_a_runtime_answers_as_eager_at_every_batch_size(runtime, model):
+    spec = resolve(model)
+    run, examples = runtimes.prepare_runtime(spec, runtime, 4, 1)
+    assert runtimes.artefact_path(spec, runtime).exists()  # built once, in the session's cache
+    eager = spec.build()
+    with torch.inference_mode():
+        for count in (4, 3, 1, 9):  # the ladder's sizes, padding, and chunks beyond the batch
+            inputs = spec.example_inputs(count)
+            assert runtimes.difference(run(*inputs), eager(*inputs)) is None
+    assert examples[0].shape[0] == 4
+
+
+def test_a_runtime_whose_outputs_differ_is_refused_with_the_reason(monkeypatch, tmp_path):
+    monkeypatch.setenv("PACKRAT_COMPILE_CACHE", str(tmp_path))
+    monkeypatch.setattr(runtimes, "installed", lambda r: True)
+    converted = []
+    monkeypatch.setitem(runtimes._CONVERT, "onnxruntime", lambda module, spec, ex, path: converted.append(path)
+                        or path.write_bytes(b"fake"))
+    monkeypatch.setitem(runtimes._RUNNERS, "onnxruntime",
+                        lambda path, spec, batch, threads: lambda *inputs: torch.ones(inputs[0].shape[0], 10) * 1e3)
+    spec = resolve("tiny")
+    with pytest.raises(runtimes.RuntimeRefused, match="onnxruntime refused for tiny: outputs differ"):
+        runtimes.ensure_artefact(spec, "onnxruntime")
+    path = runtimes.artefact_path(spec, "onnxruntime")
+    assert not path.exists() and "outputs differ" in runtimes.refusal(path).read_text()
+    with pytest.raises(runtimes.RuntimeRefused, match="outputs differ"):  # remembered: not converted again
+        runtimes.ensure_artefact(spec, "onnxruntime")
+    assert len(converted) == 1
+    assert not list(tmp_path.glob(".partial-*"))
+
+
+def test_a_runtime_that_fails_to_convert_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setenv("PACKRAT_COMPILE_CACHE", str(tmp_path))
+    monkeypatch.setattr(runtimes, "installed", lambda r: True)
+
+    def fails(*args):
+        raise RuntimeError("unsupported operator aten::weird\nmore detail")
+
+    monkeypatch.setitem(runtimes._CONVERT, "openvino", fails)
+    with pytest.raises(runtimes.RuntimeRefused, match="openvino cannot run tiny: RuntimeError: unsupported operator"):
+        runtimes.ensure_artefact(resolve("tiny"), "openvino")
+
+
+def test_an_uninstalled_runtime_is_refused(monkeypatch):
+    monkeypatch.setattr(runtimes, "installed", lambda r: r == "inductor")
+    with pytest.raises(runtimes.RuntimeRefused, match="not installed"):
+        runtimes.ensure_artefact(resolve("tiny"), "openvino")
+
+
+# ---- profiles with several runtimes ---------------------------------------------------------------
+
+def _write(path, rows: str, header: str = ",".join(profiles.COLUMNS)) -> None:
+    path.write_text(f"# model: tiny\n# mode: compile\n{header}\n{rows}")
+
+
+def test_a_profile_takes_the_fastest_runtime_per_point(tmp_path):
+    path = tmp_path / "p.csv"
+    _write(path, "1,1,10,10,1,,,,,inductor\n1,1,8,8,1,,,,,openvino\n2,1,6,6,1,,,,,inductor\n"
+                 "2,1,7,7,1,,,,,onnxruntime\n1,2,19,19,1,,,,,onnxruntime\n")
+    profile = profiles.load(path)
+    assert profile.latency == {(1, 1): 8.0, (2, 1): 6.0, (1, 2): 19.0}
+    assert profile.runtimes == {(1, 1): "openvino", (2, 1): "inductor", (1, 2): "onnxruntime"}
+    assert profile.measured_runtimes == ["inductor", "onnxruntime", "openvino"]
+    assert profile.only(["inductor"]).latency == {(1, 1): 10.0, (2, 1): 6.0}
+    assert profile.runtime_items("onnxruntime") == [(1, 2, 19.0), (2, 1, 7.0)]
+    plan = Planner(profile.items(), 2, 2, profile.runtimes).plan(2, 2)
+    assert [i.runtime for i in plan.instances] == ["openvino", "openvino"]
+
+
+def test_a_profile_refuses_a_duplicate_point_of_one_runtime(tmp_path):
+    path = tmp_path / "p.csv"
+    _write(path, "1,1,10,10,1,,,,,openvino\n1,1,9,9,1,,,,,openvino\n")
+    with pytest.raises(ProfileError, match="duplicate point threads=1 batch=1 runtime=openvino"):
+        profiles.load(path)
+
+
+def test_a_file_without_a_runtime_column_holds_inductors_points_only(tmp_path):
+    path = tmp_path / "old.csv"
+    _write(path, "1,1,10,10,1,,,,\n", header=",".join(profiles.NO_RUNTIME_COLUMNS))
+    assert profiles.load(path).runtimes == {(1, 1): "inductor"}
+    with profiles.ProfileWriter(path, {"model": "tiny"}) as writer:
+        writer.write({"threads": 2, "batch": 1, "latency_ms": 5.0, "isolated_ms": 5.0})
+        with pytest.raises(ProfileError, match="no runtime column.*openvino"):
+            writer.write({"threads": 2, "batch": 2, "latency_ms": 5.0, "isolated_ms": 5.0, "runtime": "openvino"})
+    assert profiles.load(path).latency == {(1, 1): 10.0, (2, 1): 5.0}
+
+
+# ---- serving: a plan that mixes runtimes -----------------------------------------------------------
+
+@pytest.mark.parametrize("runtime", OTHERS)
+def test_a_pool_mixing_runtimes_answers_as_the_model(runtime):
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    spec = resolve("tiny")
+    inputs = torch.randn(7, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    requests = [Request(x.numpy().tobytes(), "application/octet-stream") for x in inputs]
+    codec = Codec(CodecConfig.for_model(spec))
+    expected = answer_batch(spec.build(), codec, [(r.body, r.content_type) for r in requests])
+    configs = [InstanceConfig(1, 2, (cores[0],), runtime=runtime),
+               InstanceConfig(1, 2, (cores[-1],), runtime="inductor")]
+    with InstancePool(ModelConfig("tiny"), configs) as pool:
+        assert pool.mode == "compile"  # torch's instances' mode; the other runs its runtime
+        answers = pool.infer(requests)
+    assert [a.status for a in answers] == [200] * len(requests)
+    for answer, want in zip(answers, expected):
+        got, want = json.loads(answer.body)["predictions"], json.loads(want.body)["predictions"]
+        assert [p["class"] for p in got] == [p["class"] for p in want]
+
+
+# ---- profiling and serving with the runtimes installed -------------------------------------------
+
+def test_the_profiler_measures_each_runtime_and_records_a_refused_one(monkeypatch, tmp_path):
+    from packrat.machine.topology import detect
+    from packrat.profiling import profiler
+
+    def check(spec, runtime, shipped=None):
+        raise runtimes.RuntimeRefused(f"{runtime} refused for tiny: outputs differ (a test)")
+
+    monkeypatch.setattr(runtimes, "ensure_artefact", check)
+    said = []
+    settings = profiler.ProfileSettings("tiny", warmup=1, iters=2)
+    topology = detect(set(sorted(__import__("os").sched_getaffinity(0))[:1]))
+    out = tmp_path / "tiny.csv"
+    profile = profiler.run(settings, [1], [1], out, topology, progress=False,
+                           runtimes=("inductor", "openvino"), say=said.append)
+    assert said == ["runtime openvino refused: openvino refused for tiny: outputs differ (a test)"]
+    assert profile.metadata["runtimes"] == "inductor" and "outputs differ" in profile.metadata["refused"]
+    assert profile.runtimes == {(1, 1): "inductor"}
+    with pytest.raises(Exception, match="no runtime asked for can run the model"):
+        profiler.run(settings, [1], [1], tmp_path / "none.csv", topology, progress=False,
+                     runtimes=("openvino",), say=said.append)
+
+
+@pytest.mark.parametrize("runtime", OTHERS)
+def test_the_profiler_measures_a_point_under_another_runtime(runtime, tmp_path):
+    from packrat.machine.topology import detect
+    from packrat.profiling import profiler
+
+    topology = detect(set(sorted(__import__("os").sched_getaffinity(0))[:1]))
+    profile = profiler.run(profiler.ProfileSettings("tiny", warmup=1, iters=2), [1], [2], tmp_path / "p.csv",
+                           topology, progress=False, runtimes=(runtime,))
+    assert list(profile.by_runtime) == [runtime] and profile.runtimes == {(1, 2): runtime}
+
+
+def test_a_server_plans_only_with_the_runtimes_installed_here(monkeypatch, tmp_path, caplog):
+    from packrat.serving.engine import runnable_here
+
+    path = tmp_path / "p.csv"
+    _write(path, "1,1,10,10,1,,,,,inductor\n1,1,8,8,1,,,,,openvino\n")
+    profile = profiles.load(path)
+    monkeypatch.setattr(runtimes, "installed", lambda r: r != "openvino")
+    kept = runnable_here(profile)
+    assert kept.runtimes == {(1, 1): "inductor"} and kept.latency == {(1, 1): 10.0}
+    assert "openvino points are left out" in caplog.text
+    monkeypatch.setattr(runtimes, "installed", lambda r: True)
+    assert runnable_here(profile) is profile
+    monkeypatch.setattr(runtimes, "installed", lambda r: r == "inductor")
+    with pytest.raises(ValueError, match="runtimes \\(openvino\\) are not installed here"):
+        runnable_here(profile.only(["openvino"]))
+
+
+def test_plan_and_plots_name_each_instances_runtime(tmp_path, capsys):
+    from packrat.cli.main import main
+    from packrat.profiling import plots
+
+    path = tmp_path / "p.csv"
+    _write(path, "1,1,10,10,1,,,,,inductor\n1,1,8,8,1,,,,,openvino\n2,2,30,30,1,,,,,inductor\n")
+    assert main(["plan", "--profile", str(path), "--threads", "2", "--batch", "2", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [i["runtime"] for i in body["instances"]] == ["openvino", "openvino"]
+    assert main(["plan", "--profile", str(path), "--threads", "2", "--batch", "2"]) == 0
+    assert "2×⟨1 threads, batch 1, openvino⟩" in capsys.readouterr().out
+    assert plots._instance_label(2, 1, 1, "openvino") == "2×⟨1,1,OV⟩"
+    assert plots._instance_label(1, 2, 2, "inductor") == "1×⟨2,2⟩"
+    assert len(plots.write_all(profiles.load(path), 2, tmp_path / "plots")) == 2
+
+
+def test_profile_refuses_an_unknown_runtime(capsys):
+    from packrat.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["profile", "--model", "tiny", "--runtimes", "inductor,tvm"])
+    assert "unknown runtime(s) tvm" in capsys.readouterr().err
