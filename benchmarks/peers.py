@@ -12,12 +12,13 @@ samples (the zoo's spec.example_inputs(B), from the zoo module's seeded weights)
   packrat              the plan for (T, B) from the profile (--profile, default profiles/MODEL.csv as
                        `packrat profile` writes it; its primary figure, loaded where it has one, or
                        --latency), run as packrat serves it without TorchServe: an InstancePool of the
-                       plan's instances, each pinned to its own cores, in the profile's graph mode
-                       (--packrat-mode to override). A run submits the B samples as B requests (raw
+                       plan's instances, each pinned to its own cores, each in the runtime the profile
+                       measured fastest at its ⟨t, b⟩ (`packrat profile --runtimes`: inductor in the
+                       profile's graph mode, --packrat-mode to override; OpenVINO; ONNX Runtime). A run submits the B samples as B requests (raw
                        little-endian tensor bytes for a single-input model; a KServe v2 JSON body with
                        one entry per named input for a multi-input one such as bert_base) and waits for
                        every answer. No plan for B from the profile: packrat is skipped at that B.
-  fat                  the same pool with one instance ⟨T threads, batch B⟩: the usual single-process
+  fat                  the same pool with one inductor instance ⟨T threads, batch B⟩: the usual single-process
                        server, and the pool's own overhead (codec, shared memory, dispatch) made visible.
   eager                PyTorch eager under torch.inference_mode, torch.set_num_threads(T).
   script               TorchScript: models.prepare(..., "script") (trace, freeze, optimize_for_inference).
@@ -402,8 +403,8 @@ class PoolRunner:
         from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
         from packrat.serving.pool.instance_pool import InstancePool
 
-        configs = [InstanceConfig(i["threads"], i["batch"], tuple(i["cores"]), 0, i.get("expected_ms"))
-                   for i in instances]
+        configs = [InstanceConfig(i["threads"], i["batch"], tuple(i["cores"]), 0, i.get("expected_ms"),
+                                  i.get("runtime", "inductor")) for i in instances]
         self.pool = InstancePool(ModelConfig(model, graph_mode=mode), configs)
         self.requests = pool_requests(spec, batch)
         arrays = [x.numpy() for x in spec.example_inputs(batch)]
@@ -595,13 +596,14 @@ def pool_plans(args, cores: list[int]) -> dict:
             continue
         try:
             items = profile.items(latency)
-            plan = Planner(items, threads, batch).plan(threads, batch, topology)
+            plan = Planner(items, threads, batch, profile.runtimes).plan(threads, batch, topology)
         except (NoPlanError, ProfileError, ValueError) as exc:
             pools["packrat"][str(batch)] = {"skipped": f"no plan for B={batch} from {path}: {exc}"}
             pools["lines"][batch] = f"packrat: no plan for B={batch} from {path} ({exc})"
             continue
         pools["packrat"][str(batch)] = {"instances": [{"threads": i.threads, "batch": i.batch, "cores": list(i.cores),
-                                                       "expected_ms": i.latency_ms} for i in plan.instances],
+                                                       "expected_ms": i.latency_ms, "runtime": i.runtime}
+                                                      for i in plan.instances],
                                         "describe": plan.describe(), "predicted_ms": plan.expected_latency_ms}
         fat = f"{plan.fat_latency_ms:.1f} ms" if plan.fat_latency_ms else "not profiled"
         pools["lines"][batch] = (f"packrat plan: {plan.describe()}, predicted {plan.expected_latency_ms:.1f} ms "
