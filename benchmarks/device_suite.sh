@@ -16,6 +16,10 @@
 #   oracle   (100 s) benchmarks/oracle.py --family identical at B = 16,32, 10 rounds: the planner's
 #                    loaded and isolated choices against i identical instances <T/i, B/i> -> oracle.json
 #   ios       (60 s) benchmarks/ios_networks.py, squeezenet, batch 1, 8 and 16 threads -> ios-networks/
+#   peers    (420 s) not in the default steps (SUITE_STEPS=profile,peers, as its own command):
+#                    benchmarks/peers.py at B = 1,4,8, 3 interleaved rounds, packrat's plan from
+#                    MODEL.csv against eager, torch.compile, OpenVINO and ONNX Runtime (those not
+#                    installed are reported so) -> peers.md, peers.json
 # A command that outlives its step's budget is interrupted (profiles resume; the oracle keeps each
 # finished B; IOS keeps each finished case), the suite goes on, and it exits with status 3 at the
 # end naming the step. Any other failure stops it at once.
@@ -30,6 +34,10 @@
 #                                     about 2x the profile's time, budget 480 s: run it as a second
 #                                     command, SUITE_STEPS=profile,oracle, into another OUT_DIR
 #   SUITE_PROFILE_WARMUP [1]  SUITE_PROFILE_MIN_TIME [0.5]
+#   SUITE_RUNTIMES [inductor]         the profile's runtimes (packrat profile --runtimes), e.g.
+#                                     inductor,openvino,onnxruntime where they are installed: each
+#                                     multiplies the profile's points
+#   SUITE_PEERS_MODEL [MODEL]  SUITE_PEERS_BATCHES [1,4,8]  SUITE_PEERS_ROUNDS [3]
 #   SUITE_GRAPH_MODE [script]         the profile's (and so the pools') graph mode; compile, the
 #                                     product's default, builds a package per <t, b> (10-35 s each
 #                                     for ResNet-50), far beyond the profile's budget on a fresh
@@ -39,7 +47,7 @@
 #   SUITE_IOS_MODELS [squeezenet]     SUITE_IOS_THREADS [8,16] (those above T dropped; T if none is
 #   SUITE_IOS_BATCHES [1]             left)
 #   SUITE_STEPS [profile,bench,oracle,ios]  e.g. profile,bench,oracle skips IOS
-#   SUITE_BUDGET_PROFILE, SUITE_BUDGET_BENCH, SUITE_BUDGET_ORACLE, SUITE_BUDGET_IOS  seconds
+#   SUITE_BUDGET_PROFILE, SUITE_BUDGET_BENCH, SUITE_BUDGET_ORACLE, SUITE_BUDGET_IOS, SUITE_BUDGET_PEERS  seconds
 # Python: .venv/bin/python when there is one, else python3. Re-running into the same OUT_DIR
 # resumes the profile and keeps finished IOS cases.
 
@@ -67,6 +75,10 @@ PROFILE_KIND=${SUITE_PROFILE_KIND:-isolated}
 PROFILE_WARMUP=${SUITE_PROFILE_WARMUP:-1}
 PROFILE_MIN_TIME=${SUITE_PROFILE_MIN_TIME:-0.5}
 GRAPH_MODE=${SUITE_GRAPH_MODE:-script}
+RUNTIMES=${SUITE_RUNTIMES:-inductor}
+PEERS_MODEL=${SUITE_PEERS_MODEL:-$MODEL}
+PEERS_BATCHES=${SUITE_PEERS_BATCHES:-1,4,8}
+PEERS_ROUNDS=${SUITE_PEERS_ROUNDS:-3}
 BENCH_BATCHES=${SUITE_BENCH_BATCHES:-8,16,32,64}
 BENCH_ROUNDS=${SUITE_BENCH_ROUNDS:-8}
 ORACLE_BATCHES=${SUITE_ORACLE_BATCHES:-16,32}
@@ -81,7 +93,8 @@ case $PROFILE_KIND in
     *) echo "device_suite: SUITE_PROFILE_KIND must be isolated or contention, not '$PROFILE_KIND'" >&2; exit 2 ;;
 esac
 declare -A BUDGET=([profile]=${SUITE_BUDGET_PROFILE:-$default_profile_budget} [bench]=${SUITE_BUDGET_BENCH:-110}
-                   [oracle]=${SUITE_BUDGET_ORACLE:-100} [ios]=${SUITE_BUDGET_IOS:-60})
+                   [oracle]=${SUITE_BUDGET_ORACLE:-100} [ios]=${SUITE_BUDGET_IOS:-60}
+                   [peers]=${SUITE_BUDGET_PEERS:-420})
 
 say() { echo "[suite $(date +%H:%M:%S)] $*" >&2; }
 die() { say "FAILED: $*"; exit 1; }
@@ -177,7 +190,7 @@ end() {
 PROFILE=$OUT/$MODEL.csv
 PROFILE_CMD=("$PY" -m packrat.cli profile --model "$MODEL" --adaptive --threads "1-$T" --batches "$PROFILE_BATCHES"
              --warmup "$PROFILE_WARMUP" --min-time "$PROFILE_MIN_TIME" "--$PROFILE_KIND" --graph-mode "$GRAPH_MODE"
-             --out "$PROFILE")
+             --runtimes "$RUNTIMES" --out "$PROFILE")
 if wants profile; then
     begin profile "adaptive profile of $MODEL, threads 1-$T, batches $PROFILE_BATCHES, $PROFILE_KIND"
     # the same command again with --json measures nothing (the run is complete) and prints the summary
@@ -187,8 +200,8 @@ if wants profile; then
     fi
     end
 fi
-if [[ ! -s $PROFILE ]] && { wants bench || wants oracle; }; then
-    die "no profile at $PROFILE: the bench and oracle steps plan from it (add profile to SUITE_STEPS)"
+if [[ ! -s $PROFILE ]] && { wants bench || wants oracle || wants peers; }; then
+    die "no profile at $PROFILE: the bench, oracle and peers steps plan from it (add profile to SUITE_STEPS)"
 fi
 
 if wants bench; then
@@ -209,6 +222,14 @@ if wants ios; then
     begin ios "IOS on $IOS_MODELS, batch $IOS_BATCHES, threads $IOS_THREADS"
     run "$OUT/ios-networks.md" "$PY" benchmarks/ios_networks.py --models "$IOS_MODELS" --batches "$IOS_BATCHES" \
         --threads "$IOS_THREADS" --out "$OUT/ios-networks" || true
+    end
+fi
+
+if wants peers; then
+    begin peers "packrat's plan against its peers, $PEERS_MODEL, B = $PEERS_BATCHES, $PEERS_ROUNDS rounds"
+    run "$OUT/peers.md" "$PY" benchmarks/peers.py --model "$PEERS_MODEL" --profile "$PROFILE" --cores "$T" \
+        --batches "$PEERS_BATCHES" --rounds "$PEERS_ROUNDS" --peers packrat,fat,eager,torch-compile,openvino-latency,openvino-throughput,onnxruntime \
+        --json "$OUT/peers.json" || true
     end
 fi
 

@@ -24,7 +24,8 @@ from benchmarks import oracle
 from benchmarks.common import doc_parser, fmt_num
 
 STEPS = {"profile": "(a) Adaptive profile", "bench": "(b) Pool-only bench: fat vs plan",
-         "oracle": "(c) Planner vs the identical-instance family", "ios": "(d) IOS on many cores"}
+         "oracle": "(c) Planner vs the identical-instance family", "ios": "(d) IOS on many cores",
+         "peers": "(e) packrat against its peers"}
 LETTER = {key: title.split()[0] for key, title in STEPS.items()}
 
 
@@ -160,11 +161,26 @@ def ios_tables(out: Path) -> list[str]:
     return rows + [""] if len(rows) > 2 else []
 
 
+def peers_tables(out: Path) -> list[str]:
+    """benchmarks/peers.py's tables, as it printed them (a heading and a table per B)."""
+    path = out / "peers.md"
+    lines = path.read_text().splitlines() if path.exists() else []
+    kept = [line for line in lines if line.startswith(("|", "### ", "packrat plan:"))]
+    spaced: list[str] = []
+    for line in kept:
+        if not line.startswith("|"):  # a heading or the plan's line: a paragraph of its own
+            spaced += [""] if spaced and spaced[-1] else []
+            spaced += [line, ""]
+        else:
+            spaced.append(line)
+    return spaced + [""] if kept else []
+
+
 def summary(out: Path) -> str:
     machine = json.loads((out / "machine.json").read_text()) if (out / "machine.json").exists() else {}
     commands, steps = read_log(out)
     tables = {"profile": lambda: profile_tables(out, machine), "bench": lambda: bench_tables(out),
-              "oracle": lambda: oracle_tables(out), "ios": lambda: ios_tables(out)}
+              "oracle": lambda: oracle_tables(out), "ios": lambda: ios_tables(out), "peers": lambda: peers_tables(out)}
     lines = header(machine, steps)
     for key, title in STEPS.items():
         lines += [f"## {title}", ""]

@@ -120,3 +120,14 @@ def test_help_and_bad_settings(tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "y")], capture_output=True, text=True,
                           env={**CLEAN, "SUITE_STEPS": "bench"})
     assert done.returncode == 1 and "no profile at" in done.stderr
+
+
+def test_summary_keeps_the_peers_tables(tmp_path):
+    from benchmarks.device_suite_summary import peers_tables
+
+    (tmp_path / "peers.md").write_text("round 1 eager (3 s): B=1 2.00 ms\n\n### B = 1\n\n"
+                                       "packrat plan: 1×⟨2 threads, batch 1⟩, predicted 1.0 ms\n\n"
+                                       "| peer | median ms |\n|---|---:|\n| packrat | 1.00 |\n")
+    assert peers_tables(tmp_path) == ["### B = 1", "", "packrat plan: 1×⟨2 threads, batch 1⟩, predicted 1.0 ms", "",
+                                      "| peer | median ms |", "|---|---:|", "| packrat | 1.00 |", ""]
+    assert peers_tables(tmp_path / "missing") == []
