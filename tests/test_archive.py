@@ -80,3 +80,13 @@ def test_the_stock_handler_archive_needs_no_profile_and_a_packrat_one_does(tmp_p
     assert packrat_section(archived[-1][0])["profiles"] == []
     with pytest.raises(Exception, match="needs a profile"):
         archive.build(Settings("tiny", max_batch=2), tmp_path)
+
+
+def test_the_archive_ships_compiled_packages_only_for_the_mode_served(tmp_path, monkeypatch, archived):
+    """The stock handler told to run eager (as the demo's eager profile is) gets no packages built or shipped."""
+    compiled = []
+    monkeypatch.setattr(archive, "compiled_files", lambda spec, batch, instances: compiled.append(instances) or [])
+    archive.build(Settings("tiny", max_batch=2, graph_mode="eager"), tmp_path, handler="stock")
+    assert compiled == []
+    archive.build(Settings("tiny", max_batch=2), tmp_path, handler="stock")  # the default mode: compile
+    assert len(compiled) == 1

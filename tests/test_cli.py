@@ -180,7 +180,7 @@ def test_plan_with_loaded_figures_from_an_isolated_profile_is_one_line_error(pro
 def test_profile_contention_flags(monkeypatch, profile, capsys):
     seen = []
 
-    def fake_run(settings, threads, batches, out, progress=True):
+    def fake_run(settings, threads, batches, out, progress=True, runtimes=(), say=print):
         seen.append(settings.contention)
         return load(profile)
 
@@ -228,16 +228,18 @@ def test_text_payload_without_tokenizer_is_one_line_error(tmp_path, monkeypatch,
 
 def test_bench_passes_payload_tokenizer_users_and_kills(tmp_path, monkeypatch):
     calls = {}
+    (tmp_path / "p.csv").write_text("# mode: eager\n" + PROFILE)
     monkeypatch.setattr(cli_bench, "resolve_profile", lambda model, given, **kw: tmp_path / "p.csv")
-    monkeypatch.setattr(cli_bench, "run_server_bench", lambda *args, **kw: calls.update(args=args, kw=kw) or 0)
+    monkeypatch.setattr(cli_bench, "run_server_bench", lambda *args, **kw: calls.update(args=args, kw=kw) or [])
     out = tmp_path / "out"
     assert main(["bench", "--model", "gpt2", "--demo-tokenizer", "--users", "B,2B", "--kill-every", "5",
-                 "--batch-size", "2,4", "--out", str(out)]) == 0
+                 "--batch-size", "2,4", "--rounds", "3", "--out", str(out)]) == 0
     assert calls["args"][:2] == ("gpt2", [2, 4]) and calls["args"][5] == [UsersPattern(1, True), UsersPattern(2, True)]
-    assert calls["kw"] == {"payload": "text", "tokenizer": out / "tokenizer" / "tokenizer.json", "kill_every": 5.0}
+    assert calls["kw"] == {"payload": "text", "tokenizer": out / "tokenizer" / "tokenizer.json", "kill_every": 5.0,
+                           "rounds": 3, "graph_mode": "eager"}  # the stock handler runs the profile's mode
     assert calls["kw"]["tokenizer"].is_file()
     assert main(["bench", "--model", "resnet50", "--out", str(out)]) == 0
-    assert calls["kw"] == {"payload": "jpeg", "tokenizer": None, "kill_every": None}
+    assert calls["kw"] == {"payload": "jpeg", "tokenizer": None, "kill_every": None, "rounds": 1, "graph_mode": "eager"}
     assert main(["bench", "--model", "resnet50", "--payload", "raw", "--tokenizer", str(out / "tokenizer"),
                  "--out", str(out)]) == 0
     assert calls["kw"]["payload"] == "raw" and calls["kw"]["tokenizer"] == out / "tokenizer" / "tokenizer.json"
@@ -273,8 +275,9 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
                               UsersPattern(2, True)], payload="jpeg", kill_every_s=0.01, log=lambda *_: None)
     starts = [e for e in events if e[0] == "start"]
     assert len(starts) == 3  # once per configuration, not per users pattern
+    assert [e[0] for e in events[:9]] == ["archive", "start", "locust"] * 3  # side by side, then loaded
     loads = [e for e in events if e[0] == "locust"]
-    assert [e[1] for e in loads] == ["warmup", "load-u4", "load-u8"] * 3
+    assert [e[1] for e in loads] == ["warmup"] * 3 + ["load-u4", "load-u8"] * 3
     assert {e[3] for e in loads} == {"image/jpeg"}
     assert all(e[1]["tokenizer"] is None for e in events if e[0] == "archive")  # none given
     archive_kw = [e[1] for e in events if e[0] == "archive"]
@@ -303,8 +306,9 @@ def test_server_bench_json_has_payload_users_and_kills(tmp_path, monkeypatch, ca
                 compare.ServerRun(batch, "packrat-plan", batch, "B", kw["payload"], 3, load)]
 
     monkeypatch.setattr(compare, "server_bench", fake_bench)
-    assert cli_bench.run_server_bench("tiny", [2], tmp_path / "p.csv", tmp_path, 1.0, [UsersPattern(1, True)],
-                                payload="raw", kill_every=2.0) == 0
+    runs = cli_bench.run_server_bench("tiny", [2], tmp_path / "p.csv", tmp_path, 1.0, [UsersPattern(1, True)],
+                                      payload="raw", kill_every=2.0)
+    assert [r.config for r in runs] == ["stock", "packrat-plan"]
     out = capsys.readouterr().out
     assert "payload raw" in out and "users B=2" in out and "every 2 s" in out
     report = json.loads((tmp_path / "server-bench.json").read_text())
@@ -514,6 +518,25 @@ def test_status_reports_recovery_counts(monkeypatch, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "1/2 ready, 1 respawning" in out
     assert "2 hung instance(s) killed by the watchdog, 5 request(s) re-run" in out and "1 past their deadline" in out
+
+
+def test_status_says_where_the_pools_time_goes(monkeypatch, capsys, tmp_path):
+    stages = {"queue": 0.2, "copy": 0.03, "send": 0.05, "wake": 0.04, "locks": 0.0, "decode": 6.5, "model": 150.0,
+              "encode": 0.3, "reply": 0.25, "hand_out": 0.05}
+    health = {"instances": 1, "ready": 1, "respawning": 0, "respawn_failures": 0, "unavailable": None, "queued": 0,
+              "answered": 40, "refused": 0, "stage_ms": {**stages, "total": sum(stages.values())},
+              "sub_batches": 10, "requests_per_sub_batch": 4.0}
+    plan = {"batch": 4, "threads": 2, "instances": [{"threads": 2, "batch": 4, "cores": [0, 1]}]}
+    monkeypatch.setattr(torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny", models=("tiny",))))
+    monkeypatch.setattr(torchserve, "handler_status", lambda server, model=None: {"plan": plan, "mode": "compile",
+                                                                      "health": health, "reconfigurations": []})
+    assert cli.main(["status", "--run-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "4.0 requests each" in out and "decode 6.50, model 150.00" in out and "hand out 0.05" in out
+    assert "total 157.42" in out
+    health["stage_ms"] = {}  # no batch answered yet: no line
+    assert cli.main(["status", "--run-dir", str(tmp_path)]) == 0
+    assert "pool hop" not in capsys.readouterr().out
 
 
 def test_status_reports_the_cpu_budget_and_profile(monkeypatch, capsys, tmp_path):

@@ -10,18 +10,21 @@ from packrat.cli import compare
 from packrat.cli.args import local_cores, model_args, tokenizer_path, users_list
 from packrat.cli.types import int_list, positive
 from packrat.cli.default_profile import resolve_profile
+from packrat.profiling.profiles import load
+
+POOL_ROUNDS = 20  # --pool-only's timed rounds unless --rounds says
 
 
 def add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="load-test stock TorchServe, the fat plan and the packrat plan with locust",
-                       description="For each batch size, one after another: (a) stock TorchServe (in-process "
-                                   "handler, default workers), (b) the packrat handler with the fat plan, (c) the "
-                                   "packrat handler with the planned instances; each server started once, warmed up, "
-                                   "then loaded by locust headless once per --users pattern (optionally killing "
-                                   "pool instances, --kill-every). Prints p50/p95/p99, throughput, failures and "
-                                   "kills, and writes a "
-                                   "PNG of the latency distributions and the JSON results. --pool-only measures "
-                                   "the pool without TorchServe or Java.",
+                       description="For each batch size: (a) stock TorchServe (in-process handler, default "
+                                   "workers, the model in the profile's graph mode), (b) the packrat handler with "
+                                   "the fat plan, (c) the packrat handler with the planned instances; the servers "
+                                   "started side by side and warmed up, then each loaded by locust headless once per "
+                                   "--users pattern and round, in a rotated order (optionally killing pool "
+                                   "instances, --kill-every). Prints p50/p95/p99, throughput, failures and kills "
+                                   "(rounds pooled), and writes a PNG of the latency distributions and the JSON "
+                                   "results. --pool-only measures the pool without TorchServe or Java.",
                        epilog="example: packrat bench --model resnet50 --batch-size 2,4,8 --duration 30")
     model_args(p)
     p.add_argument("--batch-size", type=int_list, default=[8], help="batch sizes, e.g. 2,4,8 (default: 8)")
@@ -44,7 +47,10 @@ def add_bench_parser(sub) -> None:
                         "S seconds (round robin); the kills are counted in the table and JSON")
     p.add_argument("--pool-only", action="store_true",
                    help="no TorchServe: in-process model vs fat pool vs handler path vs planned pool")
-    p.add_argument("--rounds", type=positive(int), default=20, help="with --pool-only: timed rounds (default: 20)")
+    p.add_argument("--rounds", type=positive(int), default=None,
+                   help="interleaved rounds. Through TorchServe: each configuration is loaded once per round, the "
+                        "servers kept up side by side and taken in a rotated order, and its rounds pooled into one "
+                        "row (default: 1). With --pool-only: timed rounds (default: 20)")
     p.add_argument("--shape", choices=("steady", "step"), default="steady",
                    help="step: a 1 ↔ B users step load against the packrat handler with reconfiguration on, "
                         "and with the plan fixed for B and for 1; draws timelines with the plan changes")
@@ -81,10 +87,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.pool_only:  # the pool gets tensors: no payload, no tokenizer
         profile = resolve_profile(args.model, args.profile, batch_sizes=args.batch_size,
                                   input_shape=args.input_shape)
-        results = []
+        results, rounds = [], args.rounds or POOL_ROUNDS
         for batch in args.batch_size:
-            with tqdm(total=args.rounds, desc=f"pool bench B={batch}", disable=args.json) as bar:
-                results.append(compare.pool_bench(args.model, batch, profile, args.rounds, progress=bar.update))
+            with tqdm(total=rounds, desc=f"pool bench B={batch}", disable=args.json) as bar:
+                results.append(compare.pool_bench(args.model, batch, profile, rounds, progress=bar.update))
         compare.save_json(out / "pool-bench.json", results)
         print(json.dumps(results, indent=2) if args.json else compare.format_pool_results(results))
         return 0
@@ -105,17 +111,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(compare.format_step_results(results))
             print("timelines: " + ", ".join(r["timeline"] for r in results.values()))
         return 0
-    return run_server_bench(args.model, args.batch_size, profile, out, args.duration, args.users, args.json,
-                            payload=payload, tokenizer=tokenizer, kill_every=args.kill_every)
+    run_server_bench(args.model, args.batch_size, profile, out, args.duration, args.users, args.json,
+                     payload=payload, tokenizer=tokenizer, kill_every=args.kill_every, rounds=args.rounds or 1,
+                     graph_mode=load(profile).metadata.get("mode"))
+    return 0
 
 
 def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, duration: float,
                      users=None, as_json: bool = False, *, payload: str | None = None,
-                     tokenizer: Path | None = None, kill_every: float | None = None) -> int:
-    """Server bench for every batch size: the table per batch (or JSON), the latency plots and
-    OUT/server-bench.json = {model, payload, users, kill_every_s, duration_s, runs: [ServerRun, ...]}."""
+                     tokenizer: Path | None = None, kill_every: float | None = None, rounds: int = 1,
+                     graph_mode: str | None = None, warmup_s: float = compare.WARMUP_S) -> list[compare.ServerRun]:
+    """Server bench for every batch size (compare.server_bench; graph_mode: the profile's, for the
+    stock handler): the table per batch (or JSON), the latency plots and OUT/server-bench.json =
+    {model, payload, users, kill_every_s, duration_s, rounds, runs: [ServerRun, ...]}; returns the runs."""
     from loadtest import plot_latency_distributions
     from packrat.codec.payloads import natural_payload
+    from packrat.models.modes import served
 
     payload = payload or natural_payload(model)
     users = list(users or [compare.BATCH_USERS])
@@ -123,12 +134,15 @@ def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, d
     for batch in batches:
         batch_runs = compare.server_bench(model, batch, profile, out / f"B{batch}", duration_s=duration, users=users,
                                         payload=payload, tokenizer=tokenizer, kill_every_s=kill_every,
+                                        rounds=rounds, graph_mode=served(graph_mode), warmup_s=warmup_s,
                                         log=(lambda *_: None) if as_json else print)
         runs += batch_runs
         png = plot_latency_distributions(compare.latency_rows(batch_runs), out / f"latency-B{batch}.png")
         if not as_json:
             counts = ", ".join(f"{p}={n}" if p != str(n) else p for n, p in compare.users_for_batch(users, batch))
-            print(f"\n{model}, batch size {batch}, payload {payload}, users {counts}, {duration:.0f} s each "
+            each = (f"{duration:.0f} s each" if rounds == 1 else
+                    f"{rounds} interleaved rounds of {duration:.0f} s each, pooled")
+            print(f"\n{model}, batch size {batch}, payload {payload}, users {counts}, {each} "
                   f"(locust runs on the same {local_cores()} cores as the server)")
             if kill_every is not None:
                 print(f"kill -9 one pool instance every {kill_every:g} s during each run "
@@ -136,8 +150,8 @@ def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, d
             print(compare.format_server_results(batch_runs, kills=kill_every is not None))
             print(f"latency distributions: {png}")
     report = {"model": model, "payload": payload, "users": [str(p) for p in users], "kill_every_s": kill_every,
-              "duration_s": duration, "runs": runs}
+              "duration_s": duration, "rounds": rounds, "runs": runs}
     compare.save_json(out / "server-bench.json", report)
     if as_json:
         print(json.dumps(json.loads((out / "server-bench.json").read_text()), indent=2))
-    return 0
+    return runs

@@ -1,11 +1,12 @@
 """Fat vs planned (and stock TorchServe), compared: through real TorchServe with locust, or the pool alone.
 
-Server mode runs, one after another, (a) stock TorchServe with the stock handler and
+Server mode starts, side by side, (a) stock TorchServe with the stock handler and
 TorchServe's default workers, (b) the packrat handler with the fat plan ⟨1, T, B⟩ and
 (c) the packrat handler with the planned ⟨i, t, b⟩; each server is started once per batch
-size, warmed up, then loaded by locust once per users pattern (exact counts from its JSON
-output). With a kill interval, one pool instance of the packrat servers is killed (SIGKILL)
-every few seconds during each measured run, to measure serving through crashes.
+size and warmed up, then, round after round, each is loaded by locust once per users pattern
+(exact counts from its JSON output), in an order rotated every round; a configuration's
+rounds are pooled. With a kill interval, one pool instance of the packrat servers is killed
+(SIGKILL) every few seconds during each measured run, to measure serving through crashes.
 
 Pool-only mode needs neither Java nor locust: the model called in this process, the same
 with the codec's decode/encode around it, the fat pool and the planned pool answering raw
@@ -16,12 +17,13 @@ ratios are reported.
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -156,6 +158,7 @@ class UsersPattern:
 
 
 BATCH_USERS = UsersPattern(1, True)  # the default: enough requests in flight to fill each batch
+WARMUP_S = 8.0  # locust load on each server before it is measured: the first requests after a start are slower
 _USERS_RE = re.compile(r"^(\d*)([bB]?)$")
 
 
@@ -283,55 +286,120 @@ class InstanceKiller(Periodic):
 
 @dataclass
 class ServerRun:
-    """One measured locust run against one server configuration."""
+    """One configuration at one users count, measured by locust: one run, or several pooled (rounds)."""
 
     batch: int
     config: str
     users: int
     users_pattern: str
     payload: str
-    kills: int | None  # pool instances killed during the run; None: no pool (stock)
+    kills: int | None  # pool instances killed during the runs; None: no pool (stock)
     load: LoadResult
+    rounds: int = 1  # locust runs pooled into `load`
+
+
+def pooled(results: Sequence[LoadResult], run_s: float) -> LoadResult:
+    """Runs of one configuration, each `run_s` s of load, as one: their requests together (percentiles
+    from the summed histograms, the mean weighted by the requests timed) and the requests answered per
+    second of load. Locust's own rate, from the first answer to the last, overstates a run that holds
+    a few batches only (answers come a batch at a time), and by how much depends on the configuration."""
+    from loadtest import LoadResult, percentile
+
+    histogram: dict[float, int] = {}
+    for result in results:
+        for latency, count in result.response_times.items():
+            histogram[latency] = histogram.get(latency, 0) + count
+    timed = [sum(r.response_times.values()) for r in results]
+    requests = sum(r.requests for r in results)
+    seconds = len(results) * max(1, math.ceil(run_s))  # locust runs whole seconds
+    return LoadResult(
+        requests=requests, failures=sum(r.failures for r in results),
+        p50_ms=percentile(histogram, 0.50), p95_ms=percentile(histogram, 0.95), p99_ms=percentile(histogram, 0.99),
+        mean_ms=sum(r.mean_ms * n for r, n in zip(results, timed) if n) / sum(timed) if sum(timed) else math.nan,
+        throughput_rps=requests / seconds, duration_s=seconds,
+        start_time=min((r.start_time for r in results if r.start_time is not None), default=None),
+        response_times=dict(sorted(histogram.items())), history=[row for r in results for row in r.history])
+
+
+def rotated(items: Sequence, by: int) -> list:
+    """`items` started at index `by` (mod their count): over len(items) rounds each takes every place once."""
+    shift = by % len(items) if items else 0
+    return list(items[shift:]) + list(items[:shift])
 
 
 def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, duration_s: float = 30.0,
                  users: Sequence[UsersPattern | int] = (BATCH_USERS,), payload: str | None = None,
-                 tokenizer: Path | None = None, kill_every_s: float | None = None, warmup_s: float = 8.0,
-                 max_batch_delay_ms: int = 100, configs=SERVER_CONFIGS, log=print) -> list[ServerRun]:
-    """Each configuration's server is started once, warmed up, then loaded by locust once per users
-    pattern (ints are fixed counts). payload None: the model's natural one. With kill_every_s,
-    pool instances of the packrat configurations are killed during the measured runs."""
-    from loadtest import run_locust
+                 tokenizer: Path | None = None, kill_every_s: float | None = None, warmup_s: float = WARMUP_S,
+                 max_batch_delay_ms: int = 100, rounds: int = 1, graph_mode: str | None = None,
+                 configs=SERVER_CONFIGS, log=print) -> list[ServerRun]:
+    """Every configuration's server is started and warmed up, side by side (an idle server takes no
+    CPU; each plans for the whole machine, as if alone). Then, `rounds` times, each is loaded by
+    locust once per users pattern (ints are fixed counts), the configurations in an order rotated
+    every round, so that the machine's drift on a shared VM hits them alike; one ServerRun per
+    configuration and users count pools its rounds. payload None: the model's natural one.
+    graph_mode: how the stock handler runs the model (None: the default mode); give the profile's,
+    so that stock and packrat differ only in how they use the cores. With kill_every_s, pool
+    instances of the packrat configurations are killed during the measured runs."""
     from packrat.codec.payloads import build_payload, natural_payload
 
     payload = payload or natural_payload(model)
     body = build_payload(model, payload)
     counts = users_for_batch(users, batch)
-    runs = []
-    for name, handler, plan_mode, *overrides in configs:  # a 4th field: more settings, or async_worker
-        run_dir = out_dir / name
-        overrides = dict(overrides[0]) if overrides else {}
-        async_worker = overrides.pop("async_worker", False)
-        settings = Settings(model, profiles=[profile_path] if handler == "packrat" else [], max_batch=batch,
-                            plan=plan_mode, reconfigure=False, tokenizer=tokenizer, **overrides)
-        mar = archive.build(settings, run_dir / "model_store", name=model, handler=handler,
-                            max_batch_delay_ms=max_batch_delay_ms, async_worker=async_worker)
-        kills = kill_every_s is not None and handler == "packrat"
-        with warmed_server(name, model, mar, run_dir, max(n for n, _ in counts), warmup_s, log,
-                           payload=body) as (server, token):
-            for n, pattern in counts:
-                log(f"-- {name}: {n} users ({pattern}) for {duration_s:.0f} s, payload {payload}"
-                    + (f", kill -9 one pool instance every {kill_every_s:g} s" if kills else ""))
-                killer = InstanceKiller(lambda: torchserve_pid(server.run_dir), kill_every_s) if kills else None
-                with killer or nullcontext():
-                    result = run_locust(server.inference_url, model, n, duration_s, run_dir / f"load-u{n}",
-                                        token=token, payload=body)
-                if killer and killer.misses and not killer.kills:
-                    log(f"-- {name}: no pool instance found to kill under TorchServe "
-                        f"(pid {torchserve_pid(server.run_dir)})")
-                runs.append(ServerRun(batch, name, n, pattern, payload,
-                                      killer.kills if killer else (0 if handler == "packrat" else None), result))
-    return runs
+    handlers = {name: handler for name, handler, *_ in configs}
+    measured: dict[tuple[str, int], list[tuple[LoadResult, int]]] = {}  # (config, users) -> (result, kills) per round
+    with ExitStack() as stack:
+        servers = {}
+        for config in configs:
+            mar = _archive(config, model, batch, profile_path, out_dir / config[0] / "model_store",
+                           tokenizer=tokenizer, graph_mode=graph_mode, max_batch_delay_ms=max_batch_delay_ms)
+            servers[config[0]] = stack.enter_context(warmed_server(config[0], model, mar, out_dir / config[0],
+                                                                   max(n for n, _ in counts), warmup_s, log,
+                                                                   payload=body))
+        for round_ in range(rounds):
+            for name in rotated(list(servers), round_):
+                kill_every = kill_every_s if handlers[name] == "packrat" else None
+                for n, pattern in counts:
+                    log(f"-- {name}: {n} users ({pattern}) for {duration_s:.0f} s, payload {payload}"
+                        + (f", round {round_ + 1}/{rounds}" if rounds > 1 else "")
+                        + (f", kill -9 one pool instance every {kill_every:g} s" if kill_every else ""))
+                    where = out_dir / name / (f"load-u{n}" if rounds == 1 else f"load-u{n}-r{round_ + 1}")
+                    measured.setdefault((name, n), []).append(
+                        _loaded(servers[name], model, n, duration_s, where, body, kill_every, log))
+    patterns = dict(counts)
+    return [ServerRun(batch, name, n, patterns[n], payload,
+                      sum(kills for _, kills in runs) if handlers[name] == "packrat" else None,
+                      pooled([result for result, _ in runs], duration_s), rounds)
+            for (name, n), runs in measured.items()]
+
+
+def _archive(config: tuple, model: str, batch: int, profile_path: Path, store: Path, *, tokenizer: Path | None,
+             graph_mode: str | None, max_batch_delay_ms: int) -> Path:
+    """The archive of one configuration (name, handler, plan mode[, more settings or async_worker]),
+    built into `store`: fixed plans, no node sharing (the servers stand side by side, each measured
+    alone); the stock handler runs the model in `graph_mode`."""
+    _, handler, plan_mode, *more = config
+    extra = dict(more[0]) if more else {}
+    async_worker = extra.pop("async_worker", False)
+    if handler == "stock" and graph_mode is not None:
+        extra.setdefault("graph_mode", graph_mode)
+    settings = Settings(model, profiles=[profile_path] if handler == "packrat" else [], max_batch=batch,
+                        plan=plan_mode, reconfigure=False, tokenizer=tokenizer, share_node=False, **extra)
+    return archive.build(settings, store, name=model, handler=handler, max_batch_delay_ms=max_batch_delay_ms,
+                         async_worker=async_worker)
+
+
+def _loaded(server_and_token, model: str, users: int, duration_s: float, where: Path, body, kill_every_s, log):
+    """One locust run against a warmed server, killing pool instances every kill_every_s s if given:
+    (the result, the instances killed)."""
+    from loadtest import run_locust
+
+    server, token = server_and_token
+    killer = InstanceKiller(lambda: torchserve_pid(server.run_dir), kill_every_s) if kill_every_s else None
+    with killer or nullcontext():
+        result = run_locust(server.inference_url, model, users, duration_s, where, token=token, payload=body)
+    if killer and killer.misses and not killer.kills:
+        log(f"-- no pool instance found to kill under TorchServe (pid {torchserve_pid(server.run_dir)})")
+    return result, killer.kills if killer else 0
 
 
 def latency_rows(runs: Sequence[ServerRun]) -> dict[str, LoadResult]:

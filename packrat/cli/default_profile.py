@@ -8,6 +8,7 @@ from pathlib import Path
 
 from packrat.cli.args import local_cores
 from packrat.machine.topology import Topology
+from packrat.models.modes import DEFAULT_MODE
 from packrat.profiling import profiler
 from packrat.profiling.profiles import default_path as default_profile_path, load
 
@@ -30,17 +31,18 @@ def about(seconds: float) -> str:
 
 
 def measure_profile(model: str, path: Path, batches, *, min_time: float = DEMO_MIN_TIME_S,
-                    input_shape: tuple[int, ...] | None = None, progress: bool = True):
+                    input_shape: tuple[int, ...] | None = None, progress: bool = True,
+                    graph_mode: str = DEFAULT_MODE):
     """Profile the demo's grid into `path`: threads 1..the local cores, `batches`, `min_time` s of
-    timed runs per point after 3 warm-up runs, loaded or isolated as profiler.DEFAULT_CONTENTION
-    says, with the profiler's progress bar.
+    timed runs per point after 3 warm-up runs in `graph_mode`, loaded or isolated as
+    profiler.DEFAULT_CONTENTION says, with the profiler's progress bar.
 
     Points already in an existing file are kept (only missing ones are measured, in the kind the
     file holds: an older cache stays isolated). A new file is measured as PATH.partial.csv and
     renamed when complete, so an interrupted run never leaves half a profile where it would be
     used; the same command resumes it."""
     settings = profiler.ProfileSettings(model=model, warmup=DEMO_WARMUP, iters=None, min_time=min_time,
-                                 input_shape=input_shape)
+                                        input_shape=input_shape, graph_mode=graph_mode)
     threads = list(range(1, local_cores() + 1))
     batches = sorted(set(batches))
     if path.exists():

@@ -96,7 +96,9 @@ def build(settings: Settings, out_dir: Path, *, name: str | None = None, handler
         if handler == "packrat":
             profile_names, chosen = shipped_profiles(settings.profiles, staging, budget.cores)
             extra += [staging / shipped for shipped in profile_names]
-        mode = chosen.metadata["mode"] if chosen else DEFAULT_MODE
+        # The mode the instances (or the stock handler) will run: the settings' if they name one, as in
+        # serving.engine.served_mode, so that nothing is shipped for a mode that is not run.
+        mode = settings.graph_mode or (chosen.metadata["mode"] if chosen else DEFAULT_MODE)
         if mode == "ios":  # the archiver flattens folders: schedules sit beside the profile, named by model
             extra += cached_schedules(spec.name, Path(ios_cache))
         if mode == "compile":
