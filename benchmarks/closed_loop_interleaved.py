@@ -5,7 +5,12 @@ servers (±25 % between identical configurations in one `packrat bench` run). He
 is started once and kept up (idle servers take no CPU), then each round loads each of them in a
 shuffled order; medians over the rounds and the packrat/stock ratios are printed, with the JSON.
 
-    .venv/bin/python benchmarks/closed_loop_interleaved.py [MODEL] [B,...] [ROUNDS] [SECONDS] [OUT]
+    .venv/bin/python benchmarks/closed_loop_interleaved.py [MODEL] [B,...] [ROUNDS] [SECONDS] [OUT] [CONFIGS]
+
+CONFIGS (default all; stock always runs, the ratios' reference): packrat-plan (the planned
+instances, TorchServe's ordinary worker), packrat-fat (one instance on every core: the same
+model on the same cores as stock, so the ratio is the pool's tax), packrat-plan-async
+(TorchServe's asynchronous worker).
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import positional_args, write_json
+from benchmarks.common import name_list, positional_args, write_json
 from packrat.profiling.profiles import default_path as default_profile_path
 from packrat.cli.types import int_list
 
@@ -26,13 +31,17 @@ from packrat.cli import compare
 from packrat.deploy import archive
 from packrat.settings import Settings
 
-model, batches, rounds, seconds, out = positional_args(
+CONFIGS = (("stock", "stock", "auto", {}), ("packrat-plan", "packrat", "auto", {}),
+           ("packrat-fat", "packrat", "fat", {}), ("packrat-plan-async", "packrat", "auto", {"async_worker": True}))
+model, batches, rounds, seconds, out, chosen = positional_args(
     __doc__, ("model", str, "resnet50"), ("batches", int_list, [4, 8]), ("rounds", int, 5), ("seconds", float, 15.0),
-    ("out", Path, Path("out/interleaved")))
+    ("out", Path, Path("out/interleaved")), ("configs", name_list, [name for name, *_ in CONFIGS]))
+unknown = set(chosen) - {name for name, *_ in CONFIGS}
+if unknown:
+    raise SystemExit(f"unknown configs {sorted(unknown)}: choose from {', '.join(name for name, *_ in CONFIGS)}")
 profile = default_profile_path(model)
 payload = build_payload(model)  # the model's natural body
-configs = (("stock", "stock", "auto", {}), ("packrat-plan", "packrat", "auto", {}),
-           ("packrat-plan-async", "packrat", "auto", {"async_worker": True}))
+configs = [config for config in CONFIGS if config[0] == "stock" or config[0] in chosen]
 report = {}
 for batch in batches:
     samples: dict[str, list] = {name: [] for name, *_ in configs}
@@ -62,8 +71,8 @@ for batch in batches:
     medians = {name: {k: statistics.median(s[k] for s in runs) for k in ("p50", "p99", "rps")}
                for name, runs in samples.items()}
     report[batch] = {"rounds": samples, "medians": medians}
-print(f"\n{model}, closed loop with B users, {rounds} interleaved rounds of {seconds:.0f} s, payload {payload}; "
-      "medians (locust on the same cores)")
+print(f"\n{model}, closed loop with B users, {rounds} interleaved rounds of {seconds:.0f} s, payload {payload[1]} "
+      f"({len(payload[0])} bytes); medians (locust on the same cores)")
 print(f"{'B':>3}  {'config':<28} {'p50 ms':>7} {'p99 ms':>7} {'req/s':>6}  {'p50 vs stock':>12} {'p99 vs stock':>12}")
 for batch, entry in report.items():
     stock = entry["medians"]["stock"]

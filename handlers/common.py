@@ -54,11 +54,12 @@ def request_body(row: dict):
 
 
 def to_request(row: dict, context, index: int) -> Request:
-    """One row as bytes: raw bodies as they are; what TorchServe already decoded (JSON, text,
-    when its decode_input_request is on) encoded back."""
+    """One row as bytes: raw bodies as they are (TorchServe's bytearray, not copied: the pool copies
+    it once, into shared memory); what TorchServe already decoded (JSON, text, when its
+    decode_input_request is on) encoded back."""
     body, kind = request_body(row), content_type(context, index)
     if isinstance(body, (bytes, bytearray)):  # only raw bytes can hold a KServe v2 binary body
-        return Request(bytes(body), kind, header(context, index, HEADER))
+        return Request(body, kind, header(context, index, HEADER))
     if isinstance(body, str):
         return Request(body.encode("utf-8"), kind or "text/plain")
     if body is None:

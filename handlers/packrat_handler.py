@@ -9,8 +9,9 @@ handle() only moves bytes: each request's body goes to the pool as it is, and it
 
 TorchServe runs this worker in its ordinary mode: it gathers up to the archive's batch size
 within maxBatchDelay, hands the batch over, and sends the next one once this one is answered.
-handle() submits the batch's requests to the pool, whose dispatcher splits them among the
-instances, and returns their answers in order. Each call is one observation of the load for the
+handle() submits the batch's requests to the pool together (none leaves before the last is in:
+the instances start at once in this mode, gather 0 ms), its dispatcher splits them among the
+instances, and handle() returns their answers in order. Each call is one observation of the load for the
 controller: the batch plus whatever the pool still holds.
 
 TorchServe's asynchronous mode (`asyncCommunication: true`, serving.archive(async_worker=True)) is
@@ -102,7 +103,8 @@ class PackratHandler(BaseHandler):
             answers = [self.engine.status()]
         else:
             self.engine.arrive(len(data))
-            futures = [self._submit(row, context, index) for index, row in enumerate(data)]
+            with self.pool.together():  # the batch reaches the instances whole, not its first request alone
+                futures = [self._submit(row, context, index) for index, row in enumerate(data)]
             answers = None
         try:
             asyncio.get_running_loop()

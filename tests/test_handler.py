@@ -84,6 +84,26 @@ def test_mixed_batch_bad_requests_fail_alone(tmp_path, expected, handler_class, 
             handler.engine.close()
 
 
+def test_a_batch_reaches_the_instance_whole_and_the_status_says_where_its_time_went(tmp_path, expected):
+    """The handler submits TorchServe's batch together: one sub-batch per batch (ordinary mode
+    starts instances at once, so a request submitted alone would go out alone)."""
+    samples, classes = expected
+    handler = PackratHandler()
+    context = make_context(tmp_path, batch=4, plan="fat")
+    handler.initialize(context)
+    try:
+        rows = [{"body": bytearray(sample.numpy().tobytes())} for sample in samples]
+        with_requests(context, ["application/octet-stream"] * len(rows))
+        for _ in range(5):
+            responses = [json.loads(r) for r in handler.handle(rows, context)]
+            assert [[p["class"] for p in r["predictions"]] for r in responses] == classes
+        health = handler.describe_handle()["health"]
+        assert (health["sub_batches"], health["requests_per_sub_batch"]) == (5, len(rows))
+        assert {"queue", "wake", "decode", "model", "encode", "reply", "total"} <= set(health["stage_ms"])
+    finally:
+        handler.engine.close()
+
+
 def test_describe_returns_the_status(tmp_path):
     handler = PackratHandler()
     context = make_context(tmp_path)

@@ -21,6 +21,7 @@ from hypothesis import given, strategies as st
 from packrat.codec.codec import Codec
 
 from packrat.codec.config import CodecConfig
+from packrat.codec.payloads import build_payload
 from packrat.serving.inference import answer_batch
 from packrat.models.zoo import prepare, resolve
 from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
@@ -28,6 +29,7 @@ from packrat.serving.pool.instance_pool import InstancePool
 from packrat.errors import PoolError
 from packrat.serving.pool.supervisor import Watchdog
 from packrat.serving.pool.dispatch import split_sizes
+from packrat.serving.pool.stages import STAGES
 from packrat.machine.topology import detect
 
 TINY = ModelConfig("tiny", graph_mode="script")  # pool logic: the quickest graph mode to start
@@ -377,3 +379,39 @@ def test_warm_up_time_leaves_out_waiting_for_a_core():
     examples = (torch.zeros(4, 1),)
     assert 15 < warm_up(computing, examples, threads=1) < 200
     assert warm_up(waiting, examples, threads=1) < 10
+
+
+def test_a_fat_instance_decodes_photos_on_its_threads_and_reports_its_stages():
+    """Photos decoded on the instance's threads answer as in this process, a bad one alone; every
+    sub-batch's stages are kept: all there, none negative, adding up to the total."""
+    photo, kind = build_payload("tiny", "jpeg")
+    requests = [Request(photo, kind), Request(photo[:500], kind), Request(bytearray(photo), kind),
+                Request(memoryview(photo), kind)]
+    module, _, _ = prepare(resolve("tiny"), 4, graph_mode="script")
+    expected = answer_batch(module, Codec(CodecConfig.for_model(resolve("tiny"))), [(r.body, kind) for r in requests])
+    with InstancePool(TINY, [InstanceConfig(len(CORES), 4, tuple(CORES))]) as pool:
+        for _ in range(3):
+            answers = pool.infer(requests)
+            assert [(a.status, json.loads(a.body)) for a in answers] == [(e.status, json.loads(e.body)) for e in expected]
+        health = pool.health()
+    assert [a.status for a in answers] == [200, 400, 200, 200]
+    assert list(health.stage_ms) == [*STAGES, "total"] and all(ms >= 0 for ms in health.stage_ms.values())
+    assert sum(health.stage_ms[stage] for stage in STAGES) == pytest.approx(health.stage_ms["total"])
+    assert health.stage_ms["model"] > 0 and health.stage_ms["decode"] > 0
+    assert health.sub_batches == 3 and health.requests_per_sub_batch == 4
+
+
+def test_requests_submitted_together_reach_the_instance_as_one_batch():
+    """As TorchServe's ordinary worker hands a batch to the handler: one by one, but together;
+    gather 0 ms, so without together() the first could go out alone."""
+    rows = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with InstancePool(TINY, [InstanceConfig(len(CORES), 4, tuple(CORES))], gather_ms=0) as pool:
+        for _ in range(20):
+            with pool.together():
+                futures = []
+                for row in rows:
+                    futures.append(pool.submit(raw(row)))
+                    time.sleep(0.001)  # the dispatch thread has every chance to run between two submits
+            assert all(f.result(timeout=60).ok for f in futures)
+        health = pool.health()
+    assert (health.sub_batches, health.requests_per_sub_batch) == (20, 4)

@@ -13,7 +13,9 @@ from packrat.deploy import torchserve
 from packrat.errors import ServeError
 
 MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"eager"|"ios", "health": {"instances", '
-              '"ready", "respawning", "respawn_failures", "unavailable", "queued", "answered", "refused"}, '
+              '"ready", "respawning", "respawn_failures", "unavailable", "queued", "answered", "refused", "stage_ms": '
+              '{"queue", "copy", "send", "wake", "locks", "decode", "model", "encode", "reply", "hand_out", "total"}, '
+              '"sub_batches", "requests_per_sub_batch", ...}, '
               '"reconfigurations": [{"from_batch", "to_batch", "reason", "seconds", "failed_requests", ...}], '
               '"cpu_budget": {"cores", "source", "detail"}, "profile": "NAME: why it was chosen", "node": {...}}')
 
@@ -22,9 +24,11 @@ def add_status_parser(sub) -> None:
     p = sub.add_parser("status", help="the served plans, the node's plan of cores and the last reconfigurations",
                        description="Ask the running packrat handlers (through TorchServe's management API) for "
                                    "each model's plan, how its instances run the model (compile, script, eager or "
-                                   "ios), its health and recent reconfigurations; with several models, also the "
-                                   "node: the cores each model has, its observed load, what the plan of the cores "
-                                   "optimises, and each move with its reason and duration.")
+                                   "ios), its health, where the pool's recent batches spent their time (queue, "
+                                   "copy, send, wake, locks, decode, model, encode, reply, hand-out) and recent "
+                                   "reconfigurations; with several models, also the node: the cores each model has, "
+                                   "its observed load, what the plan of the cores optimises, and each move with its "
+                                   "reason and duration.")
     run_dir_arg(p)
     p.add_argument("--model", default=None, metavar="NAME",
                    help="only this model (default: every model the server serves)")
@@ -78,12 +82,23 @@ def print_model(name: str, status: dict, last: int) -> None:
         print(f"recovery: {health.get('watchdog_kills', 0)} hung instance(s) killed by the watchdog, "
               f"{health.get('requeued', 0)} request(s) re-run after losing their instance, "
               f"{health.get('expired', 0)} past their deadline (504)")
+        if health.get("stage_ms"):
+            print(hop_text(health))
     records = status["reconfigurations"]
     print(f"{len(records)} reconfiguration(s){' (newest last)' if records else ''}")
     for r in records[-last:]:
         outcome = f"FAILED: {r['error']}" if r.get("error") else r.get("plan", "")
         print(f"  B {r['from_batch']:>3} → {r['to_batch']:<3} {r['seconds']:6.2f} s  failed requests "
               f"{r['failed_requests']}  {r['reason']}  {outcome}")
+
+
+def hop_text(health: dict) -> str:
+    """Where the pool's recent sub-batches spent their time, stage by stage (the stages are
+    packrat.serving.pool.stages's, in their order), in one line."""
+    stages = health["stage_ms"]
+    parts = ", ".join(f"{name.replace('_', ' ')} {ms:.2f}" for name, ms in stages.items() if name != "total")
+    return (f"pool hop, ms per sub-batch (mean of the last ones, {health.get('requests_per_sub_batch', 0):.1f} "
+            f"requests each): {parts}; total {stages['total']:.2f}")
 
 
 def node_view(statuses: dict[str, dict]) -> dict | None:

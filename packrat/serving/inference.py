@@ -6,6 +6,7 @@ handler, so both answer alike. A request's own failure is answered alone: 4xx fo
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple
 
 import torch
@@ -24,16 +25,23 @@ class Reply(NamedTuple):
     header_length: int | None = None  # binary KServe v2 answers: Inference-Header-Content-Length
 
 
-def answer_batch(module, codec: Codec, bodies: list[tuple]) -> list[Reply]:
-    """A reply for each (body, content type[, KServe v2 header length]), in order."""
+def answer_batch(module, codec: Codec, bodies: list[tuple], mapper=map, laps: list[float] | None = None
+                 ) -> list[Reply]:
+    """A reply for each (body, content type[, KServe v2 header length]), in order.
+
+    `mapper(fn, items)` decodes the bodies (map: one after another; the pool's instances pass a
+    thread pool's map). With `laps`, the time.monotonic() after decoding, after the model's run and
+    after encoding are appended to it (the pool's stage timing)."""
     answers: list = [None] * len(bodies)
     decoded = {}
-    for index, request in enumerate(bodies):
-        try:
-            decoded[index] = codec.decode(*request)
-        except RequestError as exc:
-            answers[index] = error(exc.status, exc.reason)
+    for index, outcome in enumerate(mapper(_decoded_or_error(codec), bodies)):
+        if isinstance(outcome, Reply):
+            answers[index] = outcome
+        else:
+            decoded[index] = outcome
+    _lap(laps)
     outputs = run_each(module, {i: d.samples for i, d in decoded.items()})
+    _lap(laps)
     for index, item in decoded.items():
         output = outputs[index]
         if isinstance(output, str):
@@ -44,7 +52,24 @@ def answer_batch(module, codec: Codec, bodies: list[tuple]) -> list[Reply]:
             answers[index] = Reply(200, encoded.body, "", encoded.content_type, encoded.header_length)
         except Exception as exc:  # our failure, this request's alone
             answers[index] = error(500, f"cannot encode the answer: {type(exc).__name__}: {first_line(exc)}")
+    _lap(laps)
     return answers
+
+
+def _decoded_or_error(codec: Codec):
+    """One request's decode, its RequestError as its error reply (a mapper must not raise: one
+    request's failure would cost the batch)."""
+    def decode(request: tuple):
+        try:
+            return codec.decode(*request)
+        except RequestError as exc:
+            return error(exc.status, exc.reason)
+    return decode
+
+
+def _lap(laps: list[float] | None) -> None:
+    if laps is not None:
+        laps.append(time.monotonic())
 
 
 def run_each(module, samples: dict) -> dict:

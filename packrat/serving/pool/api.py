@@ -3,7 +3,7 @@ health, and the pool's error type. Plain data; no processes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from packrat.errors import error_body
 
@@ -33,7 +33,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class Request:
-    body: bytes
+    body: bytes | bytearray | memoryview  # any bytes-like body: the pool copies it once, into shared memory
     content_type: str | None = None
     header_length: int | str | None = None  # KServe v2 binary extension: Inference-Header-Content-Length, as sent
 
@@ -68,6 +68,10 @@ class Health:
     watchdog_kills: int = 0  # instances killed because a batch ran past its deadline
     expired: int = 0  # requests answered 504: not answered within the request timeout
     requeued: int = 0  # requests re-run after their instance died or hung
+    stage_ms: dict[str, float] = field(default_factory=dict)  # mean ms per stage of the pool's hop over the
+    # last sub-batches, and their "total" (packrat.serving.pool.stages); empty before the first
+    sub_batches: int = 0  # sub-batches answered since the pool started
+    requests_per_sub_batch: float = 0.0  # their mean size over the same last sub-batches
 
 
 def configs_for(plan, capacity: int = 0) -> list[InstanceConfig]:

@@ -4,8 +4,10 @@ It receives its settings over the socket FD, pins itself to its cores, sets its 
 loads the model and a ``codec.Codec``, warms up, says it is ready (with how long a full planned
 batch took: the watchdog's measured yardstick), and then loops: read its requests' bodies from
 the input segment the parent wrote (POSIX shared memory the parent creates, grows and unlinks),
-answer them with ``inference.answer_batch`` and send the answers back. Decoding and encoding thus
-run on the instance's cores, in parallel across instances; the parent only moves bytes.
+answer them with ``inference.answer_batch`` and send the answers back with the stamps of the
+batch's stages (stages.py). Decoding and encoding thus run on the instance's cores, in parallel
+across instances, and a batch's requests are decoded in parallel on them (Decoders); the parent
+only moves bytes. Bodies are read as slices of the segment, not copied out of it first.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import mmap
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
@@ -70,6 +73,41 @@ def warm_up(module, examples: tuple, threads: int) -> float:
     return full_ms
 
 
+def set_intra_op_threads(threads: int) -> None:
+    """This thread's torch intra-op threads, fixed now. torch reads its process-wide count into a
+    thread's own OpenMP setting on that thread's first parallel region, so a thread that has not
+    run one yet would take whatever count another thread set last: asking for the count runs that
+    first read here, with ours."""
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.get_num_threads()
+
+
+class Decoders:
+    """Decodes a batch's requests in parallel on the instance's cores. JPEG decoding and resizing
+    release the GIL (4 ResNet-50 photos: 13.2 ms in turn, 11.6 ms on 2 decoders); tokenising does
+    not (a BERT batch of 4: 1.4 ms in turn, 1.7 ms on threads), so only image models get decoders.
+    A lone request is decoded on the calling thread: the hop would cost more than it saves (one
+    photo: 3.3 ms here, 4.2 ms on a decoder). Each decoder runs one intra-op thread: its tensor
+    work must not lead an OpenMP team of its own, since a second team in the process makes every
+    team sleep between parallel regions instead of spinning (BENCHMARKS.md, IOS: 1.3x slower
+    models). The threads start here, before the model's thread count is set for good
+    (set_intra_op_threads)."""
+
+    def __init__(self, threads: int):
+        self._pool = None
+        if threads > 1:
+            started = threading.Barrier(threads)
+            self._pool = ThreadPoolExecutor(threads, "packrat-decode", initializer=set_intra_op_threads,
+                                            initargs=(1,))
+            list(self._pool.map(lambda _: started.wait(), range(threads)))  # every thread up, not one reused
+
+    def mapper(self, requests: int):
+        """map() for a batch of `requests`: the decoders' when there is more than one to decode."""
+        return self._pool.map if self._pool is not None and requests > 1 else map
+
+
 def load(model: ModelConfig, config: InstanceConfig):
     from packrat.models.zoo import prepare, resolve
 
@@ -94,13 +132,14 @@ def main(conn: Connection) -> None:
         os.nice(nice)  # warming up beside a live pool: yield its cores to it (threads inherit this)
     import torch
 
-    torch.set_num_threads(config.threads)
     torch.set_num_interop_threads(1)
     from packrat.codec.codec import Codec
-    from packrat.serving.inference import answer_batch
 
     try:
         codec = Codec(codec_config)
+        # only images are worth decoding in parallel: tokenising holds the GIL, raw tensors are a copy
+        decoders = Decoders(config.threads if codec.input_kind == "image" else 1)
+        set_intra_op_threads(config.threads)  # after the decoders took their one each
         module, examples, mode = load(model, config)
         with torch.inference_mode():
             warm_ms = warm_up(module, examples, config.threads)
@@ -108,18 +147,28 @@ def main(conn: Connection) -> None:
     except Exception as exc:  # report why, then exit: the parent decides what to do
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    segment = None
+    serve(conn, module, codec, decoders, config)
+
+
+def serve(conn: Connection, module, codec, decoders: "Decoders", config: InstanceConfig) -> None:
+    """Answer batches until told to stop or the parent is gone. Each answer carries the stamps of
+    its batch's stages here (packrat.serving.pool.stages): received, locked, decoded, run, encoded."""
+    from packrat.serving.inference import answer_batch
+
+    view = None  # the input segment, as a memoryview: a body is a slice of it, never a copy
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):  # the parent is gone: nobody to answer
             return
+        received = time.monotonic()
         if message[0] == "stop":
             return
         _, items, new_segment, locks = message
         if new_segment:
-            segment = attach(*new_segment)
-        started = time.perf_counter()
+            view = memoryview(attach(*new_segment))
+        bodies = [(view[offset:offset + size], kind, header) for offset, size, kind, header in items]
         with holding(locks, config.cores):  # cores taken in turns with another model's instances
-            answers = answer_batch(module, codec, [(segment[o:o + n], ct, hl) for o, n, ct, hl in items])
-        conn.send(("answers", answers, (time.perf_counter() - started) * 1e3))
+            stamps = [received, time.monotonic()]
+            answers = answer_batch(module, codec, bodies, decoders.mapper(len(bodies)), stamps)
+        conn.send(("answers", answers, stamps))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
@@ -60,6 +61,7 @@ class Instance:
         self.warm_ms = 0.0  # a full planned batch, timed in its warm-up
         self.jobs: list = []  # the dispatcher's jobs it runs now
         self.busy_since = 0.0  # monotonic time its current jobs were sent
+        self.sent_stamps: tuple[float, ...] = ()  # their stamps up to the send (stages.py)
         self.hung = False  # killed by the watchdog
         self.locks: str | None = None  # the node's core-lock directory while its cores are time-shared
         self.sent_locked = False  # whether the batch it runs now holds the core locks
@@ -115,7 +117,9 @@ class Instance:
             return False
 
     def submit(self, jobs: list) -> None:
-        """Write the bodies into the input segment (grown when they do not fit) and send their places."""
+        """Write the bodies into the input segment (grown when they do not fit) and send their places.
+        The sub-batch's stamps up to the send (stages.py) are kept in `sent_stamps`."""
+        dispatched = time.monotonic()
         needed = sum(len(job.request.body) for job in jobs)
         new_segment = None
         if self.segment is None or self.segment.size < needed:
@@ -125,17 +129,22 @@ class Instance:
             new_segment = (self.segment.name, self.segment.size)
         items, offset = [], 0
         for job in jobs:
-            body = job.request.body
+            body = job.request.body  # bytes, bytearray or memoryview: copied once, straight into the segment
             self.segment.buf[offset:offset + len(body)] = body
             items.append((offset, len(body), job.request.content_type, job.request.header_length))
             offset += len(body)
-        self.jobs, self.busy_since, self.sent_locked = jobs, time.monotonic(), self.locks is not None
-        self.conn.send(("infer", items, new_segment, self.locks))
+        copied = time.monotonic()
+        message = ForkingPickler.dumps(("infer", items, new_segment, self.locks))  # what conn.send would do
+        sending = time.monotonic()  # before the write: the instance may run before the write returns to us
+        self.jobs, self.busy_since, self.sent_locked = jobs, sending, self.locks is not None
+        self.sent_stamps = (min(job.queued_at for job in jobs), dispatched, copied, sending)
+        self.conn.send_bytes(message)
 
-    def receive(self) -> tuple[list, float]:
-        """The answers to its current jobs and their compute time (ms); EOFError/OSError once it died."""
-        _, answers, compute_ms = self.conn.recv()
-        return answers, compute_ms
+    def receive(self) -> tuple[list, list[float]]:
+        """The answers to its current jobs and the instance's stamps of their stages (stages.py);
+        EOFError/OSError once it died."""
+        _, answers, stamps = self.conn.recv()
+        return answers, stamps
 
     @property
     def alive(self) -> bool:
