@@ -99,7 +99,8 @@ def test_summary(suite):
     sections = text.split("\n## ")[1:]
     assert [s.split("\n")[0] for s in sections] == [
         "(a) Adaptive profile", "(b) Pool-only bench: fat vs plan", "(c) Planner vs the identical-instance family",
-        "(d) IOS on many cores"]
+        "(d) IOS on many cores", "(e) packrat against its peers"]
+    assert "Not run." in sections[4]  # peers is not a default step: it runs as its own command
     tables = ["| t \\ b | 1 | 2 |", "| B | in-process |", "| B | configs | oracle (best) |", "| model | batch |"]
     commands = ["-m packrat.cli profile --model tiny --adaptive", "-m packrat.cli bench --pool-only",
                 " benchmarks/oracle.py --model tiny", " benchmarks/ios_networks.py --models tiny"]

@@ -138,7 +138,8 @@ class InstancePool:
         return self.supervisor.instances + self.supervisor.parked
 
     def describe(self) -> str:
-        return ", ".join(f"⟨{c.threads} threads, batch {c.batch}, cores {list(c.cores)}⟩" for c in self.configs)
+        return ", ".join(f"⟨{c.threads} threads, batch {c.batch}, cores {list(c.cores)}"
+                         f"{'' if c.runtime == 'inductor' else ', ' + c.runtime}⟩" for c in self.configs)
 
     def pids(self) -> list[int]:
         with self._lock:
