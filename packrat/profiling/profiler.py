@@ -321,8 +321,10 @@ def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: 
     _some_runtime(verdicts)
     meta = metadata(settings, topology, verdicts)
     done = _existing(out, meta)
-    todo = [(r, t, b) for r, why in verdicts.items() if not why
-            for t in sorted(threads) for b in sorted(batches) if (r, t, b) not in done]
+    # Each ⟨t, b⟩ under every runtime back to back: the planner picks the fastest runtime per point,
+    # and a machine whose speed drifts over minutes (a shared VM) would otherwise decide that pick.
+    todo = [(r, t, b) for t in sorted(threads) for b in sorted(batches)
+            for r, why in verdicts.items() if not why and (r, t, b) not in done]
     # Progress is weighted by expected cost so the time-left estimate is useful.
     costs = {point: _cost(settings, *point[1:], topology) for point in todo}
     bar = tqdm(total=sum(costs.values()), disable=not progress or not todo, unit="",
