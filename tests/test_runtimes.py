@@ -130,6 +130,20 @@ def test_a_file_without_a_runtime_column_holds_inductors_points_only(tmp_path):
     assert profiles.load(path).latency == {(1, 1): 10.0, (2, 1): 5.0}
 
 
+def test_a_resumed_profile_names_the_runtimes_added_to_it(tmp_path):
+    path = tmp_path / "p.csv"
+    point = {"threads": 1, "batch": 1, "latency_ms": 5.0, "isolated_ms": 5.0}
+    with profiles.ProfileWriter(path, {"model": "tiny", "runtimes": "inductor"}) as writer:
+        writer.write(point)
+    with profiles.ProfileWriter(path, {"model": "tiny", "runtimes": "onnxruntime,inductor"}) as writer:
+        writer.write({**point, "runtime": "onnxruntime"})
+    with profiles.ProfileWriter(path, {"model": "tiny", "runtimes": "inductor"}):
+        pass  # a later run asking for fewer takes none away
+    profile = profiles.load(path)
+    assert profile.metadata["runtimes"] == "inductor,onnxruntime" and profile.metadata["model"] == "tiny"
+    assert profile.measured_runtimes == ["inductor", "onnxruntime"]
+
+
 # ---- serving: a plan that mixes runtimes -----------------------------------------------------------
 
 @pytest.mark.parametrize("runtime", OTHERS)

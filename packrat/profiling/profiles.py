@@ -236,6 +236,8 @@ class ProfileWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         new = not self.path.exists() or self.path.stat().st_size == 0
         columns = COLUMNS if new else _appendable_columns(self.path, _kind(metadata))
+        if not new:
+            _add_runtimes(self.path, metadata.get("runtimes", ""))
         self._file = self.path.open("a", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=columns, extrasaction="ignore")
         if new:
@@ -261,6 +263,24 @@ class ProfileWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _add_runtimes(path: Path, runtimes: str) -> None:
+    """A resumed file's `# runtimes:` line names the runtimes a later run adds to it too (the line
+    says what the file holds; rewritten whole, then renamed, so it is never half written)."""
+    lines = path.read_text().splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        if not line.startswith("#"):
+            return
+        if line.startswith("# runtimes:"):
+            held = [r for r in line.partition(":")[2].strip().split(",") if r]
+            more = [r for r in runtimes.split(",") if r and r not in held]
+            if more:
+                lines[index] = f"# runtimes: {','.join(held + more)}\n"
+                partial = path.with_name(path.name + ".tmp")
+                partial.write_text("".join(lines))
+                partial.replace(path)
+            return
 
 
 def _appendable_columns(path: Path, kind: str) -> tuple[str, ...]:
