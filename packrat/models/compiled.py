@@ -71,7 +71,7 @@ def load_or_build(module, examples: tuple, path: Path) -> Package:
     """The package at `path` loaded, built first from `module` (at the batch size of `examples`)
     if it is not there yet."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path):
+    with locked(path):
         if not path.exists():
             build(module, examples, path)
     return Package(path)
@@ -132,7 +132,7 @@ class Ladder:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path):
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

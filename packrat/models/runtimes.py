@@ -114,7 +114,7 @@ def ensure_artefact(spec, runtime: str, shipped: str | None = None) -> Path:
         return artefact_path(spec, runtime, shipped)
     path = artefact_path(spec, runtime)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with compiled._locked(path):  # instances starting together build it once
+    with compiled.locked(path):  # instances starting together build it once
         if refusal(path).exists():
             raise RuntimeRefused(refusal(path).read_text().strip())
         if not path.exists():
