@@ -86,10 +86,9 @@ def set_intra_op_threads(threads: int) -> None:
 
 class Decoders:
     """Decodes a batch's requests in parallel on the instance's cores. JPEG decoding and resizing
-    release the GIL (4 ResNet-50 photos: 13.2 ms in turn, 11.6 ms on 2 decoders); tokenising does
-    not (a BERT batch of 4: 1.4 ms in turn, 1.7 ms on threads), so only image models get decoders.
-    A lone request is decoded on the calling thread: the hop would cost more than it saves (one
-    photo: 3.3 ms here, 4.2 ms on a decoder). Each decoder runs one intra-op thread: its tensor
+    release the GIL (benchmarks/pool_tax.py, 4 ResNet-50 photos: 18.0 ms on 2 decoders against 23.0
+    in turn, BENCHMARKS.md); tokenising holds it, so only image models get decoders. A lone
+    request is decoded on the calling thread: a hop to a decoder would only add to it. Each decoder runs one intra-op thread: its tensor
     work must not lead an OpenMP team of its own, since a second team in the process makes every
     team sleep between parallel regions instead of spinning (BENCHMARKS.md, IOS: 1.3x slower
     models). The threads start here, before the model's thread count is set for good
