@@ -37,9 +37,8 @@ is logged by the locustfile (loadtest.requestlog). A failed request that was in 
 struck goes to that fault's window (the first such fault), any other to the window it ended in (after fault n and before fault n + 1; before the first fault: "before faults").
 The locust client waits --request-timeout + 60 s for an answer, so that the server's own deadline
 (--request-timeout, passed to the archive as request_timeout_s: 504 after it) is what shows, unless
---client-timeout says otherwise. With --worker-mode async, TorchServe 0.12 never answers the
-requests its asynchronous worker held when it was killed: a shorter --client-timeout (e.g. 20 s)
-counts them as failures (status 0) instead of stalling every user for minutes.
+--client-timeout says otherwise: a shorter one (e.g. 20 s) counts a request that is never
+answered as a failure (status 0) instead of stalling its user for minutes.
 
 Resources: every --sample-every seconds, right after warm-up and after the run (once the server is
 at full strength again, or 60 s later) the RSS and open file descriptors summed over the TorchServe
@@ -91,16 +90,18 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
 from benchmarks.common import doc_parser, fmt_num, markdown_table as markdown
 from loadtest import run_locust
-from packrat.codec.payloads import PAYLOAD_KINDS
+from packrat.bench.payloads import PAYLOAD_KINDS
 from loadtest.requestlog import RequestRecord, read_request_log
-from packrat.cli import compare
+from packrat.bench import faults
+from packrat.bench.results import write_json
+from packrat.bench.server import warmed_server
 from packrat.deploy import torchserve
 from packrat.deploy import archive
 from packrat.settings import Settings
 from packrat.frontends import torchserve_control
 from packrat.cli.args import users_list
 from packrat.cli.types import positive
-from packrat.cli.default_profile import resolve_profile
+from packrat.profiling.default_profile import resolve_profile
 
 FAULT_KINDS = ("kill", "double-kill", "stop", "worker", "reconfigure")
 STOCK_FAULTS = ("worker",)  # stock TorchServe has no pool
@@ -330,14 +331,14 @@ class Tracker:
         self._lock = threading.Lock()
 
     def java(self) -> int | None:
-        return compare.torchserve_pid(self.run_dir)
+        return faults.torchserve_pid(self.run_dir)
 
     def served(self) -> tuple[list[psutil.Process], list[psutil.Process]]:
         """(TorchServe's Python workers, the pool instances under them), both remembered."""
         java = self.java()
         if java is None:
             return [], []
-        workers, instances = compare.pool_instances(java, WORKER_MARKER), compare.pool_instances(java)
+        workers, instances = faults.pool_instances(java, WORKER_MARKER), faults.pool_instances(java)
         with self._lock:
             self.processes.update((p.pid, p) for p in workers + instances)
         return workers, instances
@@ -392,7 +393,7 @@ class Tracker:
         found = []
         for proc in psutil.process_iter(["pid", "cmdline"]):
             cmdline = " ".join(proc.info["cmdline"] or [])
-            what = "instance" if compare.POOL_MARKER in cmdline else "worker" if WORKER_MARKER in cmdline else None
+            what = "instance" if faults.POOL_MARKER in cmdline else "worker" if WORKER_MARKER in cmdline else None
             if what is None:
                 continue
             try:
@@ -404,7 +405,7 @@ class Tracker:
         return found
 
 
-class Sampler(compare.Periodic):
+class Sampler(faults.Periodic):
     """Resource samples every every_s seconds in a thread, plus those taken by hand."""
 
     def __init__(self, tracker: Tracker, every_s: float, log: Callable[[str], None]):
@@ -690,7 +691,7 @@ def build_archive(args, run_dir: Path) -> Path:
     settings = Settings(args.model, profiles=[profile] if profile else [], max_batch=args.batch_size, plan=args.plan,
                         reconfigure=False, request_timeout_s=args.request_timeout)
     return archive.build(settings, run_dir / "model_store", name=args.model, handler=args.handler,
-                         max_batch_delay_ms=args.max_batch_delay, async_worker=args.worker_mode == "async")
+                         max_batch_delay_ms=args.max_batch_delay)
 
 
 def run(args) -> dict:
@@ -708,8 +709,8 @@ def run(args) -> dict:
     faults: list[Fault] = []
     notes: list[str] = []
     schedule = [] if args.soak else fault_schedule(args.faults, args.every, args.duration)
-    with compare.warmed_server(f"{mode}/{args.handler}", args.model, mar, run_dir, users, args.warmup, log,
-                             payload=args.payload) as (server, token):
+    with warmed_server(f"{mode}/{args.handler}", args.model, mar, run_dir, users, args.warmup, log,
+                       payload=args.payload) as (server, token):
         injector = Injector(server, args.handler, args.batch_size, tracker, rng, stop_s=args.stop_s,
                             replace_wait_s=min(args.replace_wait, args.every), log=log)
         if injector.wait(injector.full_strength, time.time() + FINAL_WAIT_S)[0] is None:
@@ -828,9 +829,6 @@ def parser() -> argparse.ArgumentParser:
                    help="how long a locust user waits for an answer (default: --request-timeout + 60 s)")
     p.add_argument("--handler", choices=("packrat", "stock"), default="packrat",
                    help="packrat (default) or TorchServe's stock handler (only the worker fault applies)")
-    p.add_argument("--worker-mode", choices=("ordinary", "async"), default="ordinary",
-                   help="TorchServe worker mode for the packrat handler: ordinary (default; TorchServe "
-                        "hands over whole batches) or async (asyncCommunication: each request as it arrives)")
     p.add_argument("--plan", choices=("auto", "fat"), default="auto", help="packrat plan (default auto)")
     p.add_argument("--profile", type=Path, help="profile CSV (default profiles/MODEL.csv, measured when missing)")
     p.add_argument("--payload", choices=PAYLOAD_KINDS, default="jpeg", help="request body (default jpeg)")
@@ -855,7 +853,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["markdown"] = format_report(report)
     print(report["markdown"])
     if args.json:
-        compare.save_json(args.json, report)
+        write_json(args.json, report)
         log(f"report written to {args.json}")
     return 0
 

@@ -1,4 +1,6 @@
-"""What the benchmarks share: their command lines, timing, child processes, pools and output.
+"""What the benchmarks share beyond the bench stage (packrat/bench/: interleaved rounds, the clock,
+pools answering, JSON result files): their command lines, child processes, pool requests and
+markdown output.
 
 A benchmark runs as a script (`.venv/bin/python benchmarks/X.py`), so Python puts benchmarks/
 on sys.path, not the repo root; each puts the root there before it imports this module:
@@ -6,8 +8,8 @@ on sys.path, not the repo root; each puts the root there before it imports this 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
     from benchmarks.common import ...
 
-Nothing here imports torch at import time (of packrat, only the CLI's light argument types): a
-benchmark that only formats figures (device_suite_summary.py) stays light.
+Nothing here imports torch at import time (of packrat, only packrat.bench.rounds and the
+settings' names): a benchmark that only formats figures (device_suite_summary.py) stays light.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ import math
 import os
 import statistics
 import subprocess
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from packrat.cli.types import int_list
+from packrat.bench.rounds import elapsed_ms
+from packrat.settings import COMPILE_CACHE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,17 +58,6 @@ def name_list(text: str) -> list[str]:
     return names
 
 
-def networks_parser(doc: str, models: str) -> argparse.ArgumentParser:
-    """doc_parser with the options of the IOS benchmarks that time zoo networks in interleaved
-    rounds: --models (default `models`), --batches, --threads, --rounds."""
-    parser = doc_parser(doc)
-    parser.add_argument("--models", type=name_list, default=name_list(models), help=f"zoo models (default {models})")
-    parser.add_argument("--batches", type=int_list, default=[1, 8], help="batch sizes (default 1,8)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
-    return parser
-
-
 def local_topology(threads: int | None):
     """This process's cores as a Topology, or its first `threads` of them."""
     from packrat.machine.topology import detect
@@ -81,36 +72,11 @@ def local_topology(threads: int | None):
 
 # ---- timing --------------------------------------------------------------------------------------
 
-def elapsed_ms(fn: Callable[[], object]) -> float:
-    """The wall time of one call of fn, in ms."""
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
-
-
 def median_ms(fn: Callable[[], object], iters: int, warmup: int = 0) -> float:
     """The median wall time (ms) of `iters` calls of fn, after `warmup` untimed ones."""
     for _ in range(warmup):
         fn()
     return statistics.median(elapsed_ms(fn) for _ in range(iters))
-
-
-def shuffled_rounds(items: Sequence, rounds: int, rng) -> Iterator[tuple[int, object]]:
-    """(round, item) for every item in rounds 1..`rounds`, each round in a new order from `rng`
-    (a random.Random, or the random module): machine noise then hits every item alike."""
-    for round_index in range(1, rounds + 1):
-        order = list(items)
-        rng.shuffle(order)
-        for item in order:
-            yield round_index, item
-
-
-def interleaved_medians(cases: Mapping[str, Callable[[], float]], rounds: int, rng) -> dict[str, float]:
-    """Each case's median over `rounds` shuffled rounds; a case's call returns its own figure."""
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _, name in shuffled_rounds(list(cases), rounds, rng):
-        samples[name].append(cases[name]())
-    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 # ---- child processes -----------------------------------------------------------------------------
@@ -134,7 +100,7 @@ def fresh_compile_caches(scratch: Path) -> dict[str, str]:
     """This process's environment with inductor's and packrat's compile caches in `scratch`, for
     the children: the first to compile does it cold, the later ones load what it built."""
     return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
-            "PACKRAT_COMPILE_CACHE": str(scratch / "compiled")}
+            COMPILE_CACHE_ENV.name: str(scratch / "compiled")}
 
 
 def child_json(command: Sequence[str], *, marker: str = "", check: bool = False, **run) -> dict:
@@ -175,22 +141,7 @@ def pool_requests(spec, batch: int) -> list:
     return [Request(*sample_request(spec.inputs, sample)) for sample in zip(*spec.example_inputs(batch))]
 
 
-def answered(pool, requests: list) -> list:
-    """The pool's answers to `requests`; RuntimeError when it refused any."""
-    answers = pool.infer(requests)
-    bad = [a for a in answers if not a.ok]
-    if bad:
-        raise RuntimeError(f"{len(bad)} of {len(answers)} requests answered {bad[0].status}: {bad[0].reason}")
-    return answers
-
-
 # ---- output --------------------------------------------------------------------------------------
-
-def write_json(path: Path, data) -> None:
-    """`data` as JSON at `path`, its folder made first."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False))
-
 
 def arguments(args: argparse.Namespace) -> dict[str, str]:
     """The command line's values, each as text, for a JSON report."""

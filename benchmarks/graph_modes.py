@@ -19,7 +19,7 @@ torch.set_num_threads(--threads). It reports its start (process start to the mod
 first batch of every size: import, build, trace or compile or load, first runs) and, per batch
 size, the median of --iters timed runs after two warm ones. Rounds run the modes in a shuffled
 order; the table gives medians over rounds, and the start of round 1 separately: the caches
-(TORCHINDUCTOR_CACHE_DIR, PACKRAT_COMPILE_CACHE) are fresh directories per run of this script,
+(TORCHINDUCTOR_CACHE_DIR, packrat's COMPILE_CACHE_ENV) are fresh directories per run of this script,
 so round 1 is a cold start (compile: the package is built) and later rounds warm starts.
 Outputs are checked against eager's (largest absolute difference on the largest batch).
 """
@@ -36,7 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
 from benchmarks.common import arguments, child_json, doc_parser, first_cores, fresh_compile_caches, \
-    markdown_table, median_ms, name_list, pin, shuffled_rounds, write_json
+    markdown_table, median_ms, name_list, pin
+from packrat.bench.results import write_json
+from packrat.bench.rounds import in_rounds
 from packrat.cli.types import int_list
 
 MODES = ("eager", "script", "compile", "torch-compile")
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="packrat-graph-modes-") as scratch:
         env = fresh_compile_caches(Path(scratch))
         results: dict[str, list[dict]] = {mode: [] for mode in modes}
-        for round_index, mode in shuffled_rounds(modes, args.rounds, rng):
+        for round_index, mode in in_rounds(modes, args.rounds, rng):
             result = run_child(args, mode, env)
             results[mode].append(result)
             print(f"round {round_index} {mode}: {result}", flush=True)

@@ -26,8 +26,8 @@ from ios_scheduler.runtime import WorkerSet
 from packrat.models.zoo import resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, elapsed_ms, first_cores, interleaved_medians, markdown_head, \
-    markdown_row, name_list
+from benchmarks.common import doc_parser, first_cores, markdown_head, markdown_row, name_list
+from packrat.bench.rounds import elapsed_ms, interleaved, medians
 
 THREADS = 2
 
@@ -39,10 +39,10 @@ def timed(fn, before=None) -> float:
 
 def handoff(workers: WorkerSet, rounds: int) -> dict:
     nothing = lambda: None  # noqa: E731
-    return interleaved_medians({
+    return medians(interleaved({
         "calling thread": lambda: timed(lambda: workers.run([nothing], (THREADS,))),
         "one 1-thread worker": lambda: timed(lambda: workers.run([nothing], (1,))),
-        "two 1-thread workers": lambda: timed(lambda: workers.run([nothing, nothing], (1, 1)))}, rounds, random)
+        "two 1-thread workers": lambda: timed(lambda: workers.run([nothing, nothing], (1, 1)))}, rounds, random))
 
 
 def switch(model: str, workers: WorkerSet, rounds: int) -> dict:
@@ -53,9 +53,9 @@ def switch(model: str, workers: WorkerSet, rounds: int) -> dict:
     middle = len(graph.ops) // 2
     full = candidates.group(range(middle - 30, middle))
     stage = candidates.on_workers([candidates.group([middle]), candidates.group([middle + 1])], (1, 1))
-    return interleaved_medians({"S alone": lambda: timed(full), "S after P": lambda: timed(full, stage),
+    return medians(interleaved({"S alone": lambda: timed(full), "S after P": lambda: timed(full, stage),
                                 "P alone": lambda: timed(stage), "P after S": lambda: timed(stage, full)},
-                               rounds, random)
+                               rounds, random))
 
 
 def main() -> None:

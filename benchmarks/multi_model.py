@@ -38,7 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, fmt_num, markdown_table, name_list, write_json
+from benchmarks.common import doc_parser, fmt_num, markdown_table, name_list
+from loadtest.env import STEP_SECONDS, STEP_USERS
+from packrat.bench.results import write_json
 
 CONFIGS = ("packrat-node", "stock", "per-model", "static-split")
 
@@ -147,8 +149,8 @@ def load_models(served: dict[str, Served], phases: list[Phase], payloads: dict, 
     def one(model: str):
         s = served[model]
         log = out / f"requests-{model}.log"
-        steps = {"PACKRAT_STEP_USERS": ",".join(str(p.users[model]) for p in phases),
-                 "PACKRAT_STEP_SECONDS": ",".join(f"{p.seconds:g}" for p in phases)}
+        steps = {STEP_USERS.name: ",".join(str(p.users[model]) for p in phases),
+                 STEP_SECONDS.name: ",".join(f"{p.seconds:g}" for p in phases)}
         run_locust(s.server.inference_url, model, max(p.users[model] for p in phases), total, out / model,
                    payload=payloads[model], token=s.token, shape="step", env=steps, request_log=log, timeout_s=60)
         return read_request_log(log)
@@ -196,7 +198,7 @@ def summarise(phases: list[Phase], launched: float, records: dict, alone: dict) 
 def node_watch(root: Path):
     """A Periodic that reads the node's plan.json every second: each model's cores and turns over
     time (`samples`), and the last state seen (`state`, with the moves)."""
-    from packrat.cli.compare import Periodic
+    from packrat.bench.faults import Periodic
 
     class NodeWatch(Periodic):
         def __init__(self):
@@ -265,8 +267,8 @@ def replot(path: Path) -> None:
 # ---- runs ---------------------------------------------------------------------------------------
 
 def payloads_for(models: list[str], out: Path) -> tuple[dict, Path | None]:
-    from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
-    from packrat.codec.payloads import build_payload
+    from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+    from packrat.bench.payloads import build_payload
 
     tokenizer = None
     if "bert_base" in models:
@@ -300,12 +302,13 @@ def run_part(part: str, models: list[str], phases: list[Phase], args, out: Path)
     results = {"part": part, "models": models, "alone": alone,
                "phases": [{"name": p.name, "users": p.users, "seconds": p.seconds, "settle_s": p.settle_s}
                           for p in phases], "configs": {}}
-    from packrat.serving.node import NODE_DIR_ENV, node_dir
+    from packrat.serving.node import node_dir
+    from packrat.settings import NODE_DIR_ENV
 
     for config in args.configs:
         print(f"-- {part}: {config}", flush=True)
         node_base = (out / config / "node").resolve()
-        os.environ[NODE_DIR_ENV] = str(node_base)  # a fresh node for this configuration's servers
+        os.environ[NODE_DIR_ENV.name] = str(node_base)  # a fresh node for this configuration's servers
         with ExitStack() as stack:
             served = start_config(stack, config, models, out, args, tokenizer)
             watch = stack.enter_context(node_watch(node_dir(sorted(os.sched_getaffinity(0)), node_base)))

@@ -66,8 +66,10 @@ from packrat.profiling.profiles import Profile, load
 from packrat.machine.topology import Topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import answered, doc_parser, elapsed_ms, error_text, pool_requests, local_topology, \
-    write_json
+from benchmarks.common import doc_parser, error_text, pool_requests, local_topology
+from packrat.bench.pool import answered
+from packrat.bench.results import write_json
+from packrat.bench.rounds import elapsed_ms
 from packrat.profiling.profiles import default_path as default_profile_path
 from packrat.cli.types import int_list
 

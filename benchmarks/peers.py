@@ -24,7 +24,7 @@ samples (the zoo's spec.example_inputs(B), from the zoo module's seeded weights)
   script               TorchScript: models.prepare(..., "script") (trace, freeze, optimize_for_inference).
   compile              packrat's compile mode, as its instances run it: models.prepare(..., "compile")
                        (inductor with frozen weights; packrat builds it once per model as an AOTInductor
-                       package with a dynamic batch, kept in PACKRAT_COMPILE_CACHE).
+                       package with a dynamic batch, kept in COMPILE_CACHE_ENV's folder).
   torch-compile        what a user writes: torch.compile(module, dynamic=False) with inductor's freezing
                        on, one static graph per B (compiled in that B's setup).
   openvino-latency     openvino.convert_model(module, example_input=inputs), reshaped to a static
@@ -54,7 +54,7 @@ table gives, per B, the median over rounds of those medians, its ratio to packra
 above 1, packrat is faster) and the largest absolute difference of the peer's outputs from eager's
 on the same inputs (packrat and fat: their KServe v2 answers to the same samples, after the timed
 runs), marked DIFFERS above 1e-3 of the outputs' largest magnitude. Inductor's cache
-(TORCHINDUCTOR_CACHE_DIR) and packrat's compiled packages (PACKRAT_COMPILE_CACHE) are fresh
+(TORCHINDUCTOR_CACHE_DIR) and packrat's compiled packages (COMPILE_CACHE_ENV) are fresh
 directories per run of this script, so round 1's setups compile cold and later rounds' load what
 round 1 built. A peer whose packages are missing is reported as
 "not installed (pip install ...)" and skipped (pip install -e '.[peers]' installs them all).
@@ -75,8 +75,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import answered, child_json, doc_parser, error_text, fresh_compile_caches, pin, \
-    pool_requests, shuffled_rounds, write_json
+from benchmarks.common import child_json, doc_parser, error_text, fresh_compile_caches, pin, pool_requests
+from packrat.bench.pool import answered
+from packrat.bench.results import write_json
+from packrat.bench.rounds import in_rounds
 from packrat.profiling.profiles import default_path as default_profile_path
 from packrat.cli.types import int_list
 
@@ -688,7 +690,7 @@ def run(args) -> int:
         if "eager" not in active and active:  # outputs to compare with: eager's, once, untimed
             reference = run_child(args, child_command(args, config_path, "eager", 0), env)
             runs["_reference"] = [reference]
-        for round_index, peer in shuffled_rounds(active, args.rounds, rng):
+        for round_index, peer in in_rounds(active, args.rounds, rng):
             result = run_child(args, child_command(args, config_path, peer, round_index), env)
             runs[peer].append(result)
             print(_progress(round_index, peer, result), flush=True)

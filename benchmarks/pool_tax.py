@@ -10,7 +10,7 @@ Cases, per batch size B: "in-process" (decode, run and encode B requests in this
 over: together, gather 0 ms). Nothing else runs in between: a third case in this process (the
 bare model, tried) warms the in-process path when it runs just before it, and made the pool look
 4-11 % slower at B = 1 than without it (1.00-1.01). Bodies are the model's
-natural payload (packrat.codec.payloads: a 500x375 JPEG photo for image models, an English
+natural payload (packrat.bench.payloads: a 500x375 JPEG photo for image models, an English
 paragraph for token models) unless --payload says otherwise. Printed: the medians and the
 pool / in-process ratio, then where the time goes: the pool's stages (median ms per sub-batch,
 packrat.serving.pool.stages) beside the in-process decode, model and encode.
@@ -30,8 +30,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import (answered, arguments, doc_parser, elapsed_ms, first_cores, fmt_num, interleaved_medians,
-                               markdown_table, pin, write_json)
+from benchmarks.common import arguments, doc_parser, first_cores, fmt_num, markdown_table, pin
+from packrat.bench.pool import answered
+from packrat.bench.results import write_json
+from packrat.bench.rounds import elapsed_ms, interleaved, medians as medians_of
 from packrat.cli.types import int_list
 
 IN_PROCESS_STAGES = ("decode", "model", "encode")  # the laps answer_batch stamps
@@ -42,7 +44,7 @@ def measure(args, batch: int, cores: list[int], scratch: Path) -> dict:
     import torch
 
     from packrat.codec.codec import Codec
-    from packrat.codec.payloads import build_payload
+    from packrat.bench.payloads import build_payload
     from packrat.models.zoo import prepare, resolve
     from packrat.serving.inference import answer_batch
     from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
@@ -72,7 +74,7 @@ def measure(args, batch: int, cores: list[int], scratch: Path) -> dict:
             case()
         laps.clear()
         pool.stages.clear()
-        medians = interleaved_medians(cases, args.rounds, random.Random(batch))
+        medians = medians_of(interleaved(cases, args.rounds, random.Random(batch)))
         pool_stages = pool.stages.medians()
         per_sub_batch = pool.stages.requests_per_sub_batch()
     return {"batch": batch, "mode": mode, "median_ms": medians,
@@ -84,7 +86,7 @@ def codec_config(spec, content_type: str, scratch: Path):
     """The model's codec settings; for text bodies to a zoo model that ships no tokenizer (the
     zoo's BERT and GPT-2: seeded weights), a demo tokenizer built offline into `scratch`."""
     from packrat.codec.config import CodecConfig
-    from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+    from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
 
     config = CodecConfig.for_model(spec)
     if config.tokenizer is None and content_type.startswith("text/"):
@@ -114,7 +116,7 @@ def report(args, results: list[dict]) -> str:
 
 
 def main() -> None:
-    from packrat.codec.payloads import PAYLOAD_KINDS
+    from packrat.bench.payloads import PAYLOAD_KINDS
 
     parser = doc_parser(__doc__)
     parser.add_argument("--model", default="resnet50", help="zoo model (default resnet50)")

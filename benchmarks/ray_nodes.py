@@ -1,6 +1,6 @@
 """One Ray node against two on the same cores: packrat's Ray Serve front end under locust.
 
-Layouts, on this machine's cores 0 and 1 (packrat/deploy/ray_local.py pins each node with taskset):
+Layouts, on this machine's cores 0 and 1 (packrat/bench/ray_local.py pins each node with taskset):
   one node, batch B:  a single node on cores 0-1; its replica plans batch B for 2 cores;
   one node, batch 2B: the same node, its replica planning batch 2B (it holds every user);
   two nodes:          a node on core 0 and one on core 1; a replica on each plans batch B for 1 core.
@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, markdown_table, write_json
+from benchmarks.common import doc_parser, markdown_table
+from packrat.bench.results import write_json
 
 # layout → (nodes' cores, each replica's batch as a multiple of B)
 LAYOUTS = {"one node (cores 0-1), batch B": ([[0, 1]], 1),
@@ -40,9 +41,9 @@ WARMUP_S = 10
 def run_layout(name: str, nodes: list[list[int]], batch: int, args: argparse.Namespace, out: Path) -> dict:
     from loadtest.runner import run_locust
 
-    from packrat.codec.payloads import build_payload
+    from packrat.bench.payloads import build_payload
     from packrat.frontends import ray_serve
-    from packrat.deploy.ray_local import LocalCluster
+    from packrat.bench.ray_local import LocalCluster
     from packrat.deploy.torchserve import free_port
 
     started = time.monotonic()
@@ -66,9 +67,9 @@ def kill_run(args: argparse.Namespace, out: Path) -> dict:
 
     from loadtest.runner import run_locust
 
-    from packrat.codec.payloads import build_payload
+    from packrat.bench.payloads import build_payload
     from packrat.frontends import ray_serve
-    from packrat.deploy.ray_local import LocalCluster
+    from packrat.bench.ray_local import LocalCluster
     from packrat.deploy.torchserve import free_port
 
     third = args.duration / 3

@@ -12,46 +12,31 @@ within maxBatchDelay, hands the batch over, and sends the next one once this one
 handle() submits the batch's requests to the pool together (none leaves before the last is in:
 the instances start at once in this mode, gather 0 ms), its dispatcher splits them among the
 instances, and handle() returns their answers in order. Each call is one observation of the load for the
-controller: the batch plus whatever the pool still holds.
-
-TorchServe's asynchronous mode (`asyncCommunication: true`, serving.archive(async_worker=True)) is
-still supported, for comparison only: each request is handed over as it arrives and handle() returns
-a coroutine. TorchServe 0.12's Java side keeps the requests the worker holds in a map that two
-threads change without a lock; under a few hundred requests a second it loses one within
-seconds, closes the connection and strands every request in flight (BENCHMARKS.md, issue 16).
+controller: the batch plus whatever the pool still holds. (Not TorchServe's asynchronous mode: its
+Java side loses track of requests under load and strands them; BENCHMARKS.md, issue 16.)
 The management API's `GET /models/NAME?customized=true` returns the controller's status (plan,
 pool health, reconfigurations).
 
 Recovery (the archive's `request_timeout_s`, `max_queue`, `batch_timeout_s`, `hang_factor`,
 `hang_floor_s`) is the pool's: see packrat/serving/pool/supervisor.py. Under `packrat serve` the handler also
-follows `packrat reconfigure` (a control file it polls) and, when it replaces a worker that died,
-in asynchronous mode asks TorchServe for a fresh worker, because TorchServe 0.12 never serves a
-restarted asynchronous one.
+follows `packrat reconfigure` (a control file it polls).
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import Future
-from pathlib import Path
 
 from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import common
-from packrat.frontends.torchserve_control import (
-    CONTROL_ENV,
-    note_worker_start,
-    read_reconfigure_request,
-)
+from packrat.frontends.torchserve_control import read_reconfigure_request
 from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer
 from packrat.serving.pool.child import exit_with_parent
+from packrat.settings import CONTROL_DIR_ENV
 
 METRICS_PERIOD_S = 1.0
 CONTROL_POLL_S = 0.5
@@ -61,17 +46,12 @@ class PackratHandler(BaseHandler):
     def initialize(self, context):
         properties = context.system_properties
         settings = common.settings(context)
-        control_dir = os.environ.get(CONTROL_ENV)  # set by `packrat serve`
-        asynchronous = bool((getattr(context, "model_yaml_config", None) or {}).get("asyncCommunication"))
-        if control_dir and asynchronous:
-            _restart_if_replacing_a_dead_worker(control_dir, context.model_name)
-        # The batch the plan is for; in TorchServe's asynchronous mode its own batch size is 1
-        # (requests are handed over one by one) and this comes from the archive.
-        self.max_batch = settings.max_batch
+        control_dir = CONTROL_DIR_ENV.get()  # set by `packrat serve`
+        self.max_batch = settings.max_batch  # the batch the plan is for: TorchServe's batch size
         self.engine = Engine(settings, properties["model_dir"], context.model_name, max_batch=self.max_batch,
-                             asynchronous=asynchronous)
+                             asynchronous=False)
         self.pool, self.controller = self.engine.pool, self.engine.controller
-        exit_with_parent(self.engine.close)  # TorchServe's async worker would outlive Java otherwise
+        exit_with_parent(self.engine.close)  # the pool goes when Java does, whatever keeps this worker
         if control_dir:
             threading.Thread(target=self._follow_requests, args=(control_dir, context.model_name), daemon=True,
                              name="packrat-control").start()
@@ -96,21 +76,14 @@ class PackratHandler(BaseHandler):
         return self.controller.plan
 
     def handle(self, data, context):
-        """One answer per request, in order. Never raises: in TorchServe's asynchronous mode an
-        exception would fail every request in flight, not just this batch's; in its ordinary mode,
-        every request of the batch."""
+        """One answer per request, in order. Never raises: an exception would fail every request of
+        the batch."""
         if _describing(context):
-            answers = [self.engine.status()]
-        else:
-            self.engine.arrive(len(data))
-            with self.pool.together():  # the batch reaches the instances whole, not its first request alone
-                futures = [self._submit(row, context, index) for index, row in enumerate(data)]
-            answers = None
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # TorchServe's ordinary worker: answer this batch, then the next
-            return answers or self._respond([future.result() for future in futures], context)
-        return self._gather(futures, context) if answers is None else _ready(answers)  # awaited by the worker
+            return [self.engine.status()]
+        self.engine.arrive(len(data))
+        with self.pool.together():  # the batch reaches the instances whole, not its first request alone
+            futures = [self._submit(row, context, index) for index, row in enumerate(data)]
+        return self._respond([future.result() for future in futures], context)
 
     def _submit(self, row, context, index: int) -> Future:
         try:
@@ -120,9 +93,6 @@ class PackratHandler(BaseHandler):
             future.set_result(Answer.error(400, f"undecodable request: {type(exc).__name__}: {exc}"))
             return future
         return self.engine.submit(request)
-
-    async def _gather(self, futures, context):
-        return self._respond(await asyncio.gather(*map(asyncio.wrap_future, futures)), context)
 
     def _respond(self, answers, context) -> list[bytes]:
         try:
@@ -162,27 +132,9 @@ class PackratHandler(BaseHandler):
         self._reported = len(records)
 
 
-def _restart_if_replacing_a_dead_worker(control_dir: str, model_name: str) -> None:
-    """TorchServe 0.12 never serves a restarted asynchronous worker (serving.restart_worker says
-    why): when this worker replaces one that died, a detached process asks TorchServe's management
-    API for a fresh worker, which stops this one."""
-    if not note_worker_start(control_dir, model_name, os.getpid()):
-        return
-    common.log.warning("this worker replaces one that died; TorchServe 0.12 would never send it requests "
-                       "(asynchronous mode): asking the management API for a fresh worker")
-    run_dir = str(Path(control_dir).parent)
-    subprocess.Popen([sys.executable, "-c", "import sys; from packrat.deploy.torchserve import Server, restart_worker; "
-                      "restart_worker(Server.load(sys.argv[1]))", run_dir],
-                     start_new_session=True, stdin=subprocess.DEVNULL)
-
-
 def _describing(context) -> bool:
     """A management API describe (`?customized=true`) rather than predictions."""
     try:
         return context.get_request_header(0, "describe") == "True"
     except (AttributeError, IndexError, KeyError, TypeError):
         return False
-
-
-async def _ready(value):
-    return value

@@ -56,7 +56,7 @@ def cached_schedule(module: torch.nn.Module, examples: tuple[torch.Tensor, ...],
 
 
 def prepare_ios(spec, batch: int, threads: int, cache_dir: str | Path):
-    """Like packrat.models.prepare, with the model run by its IOS schedule: (module, examples, "ios")."""
+    """Like packrat.models.zoo.prepare, with the model run by its IOS schedule: (module, examples, "ios")."""
     module = spec.build()
     examples = spec.example_inputs(batch)
     schedule = cached_schedule(module, examples, spec.name, threads, cache_dir)

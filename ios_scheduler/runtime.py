@@ -10,7 +10,7 @@ its first operator. With the OpenMP backend the thread count is a per-thread set
 leads is created by that worker, after its pinning, so the team's threads inherit its
 cores. Workers never change cores: a team created under one mask would keep it.
 
-Measured here (torch 2.13, 2 cores; `benchmarks/ios_isolation.py`): two 1-thread groups
+Measured here (torch 2.13, 2 cores; BENCHMARKS.md, issue 5): two 1-thread groups
 on cores 0 and 1 ran three 64-channel 3x3 convolutions each in 25.3 ms, against 25.7 ms
 for one such group alone (ratio 0.98): each group really had a core of its own. Each
 worker thread reported its own single-core affinity and torch.get_num_threads() == its
@@ -251,7 +251,7 @@ class ScheduledModule(nn.Module):
             raise ValueError(f"schedule does not cover the graph exactly once (e.g. missing {missing})")
         steps = [(stage.kind, [[nodes[name] for name in group] for group in stage.groups], tuple(stage.threads))
                  for stage in schedule.stages]
-        # off only to measure what a stage costs (benchmarks/ios_overhead.py)
+        # off only to measure what a stage costs (tests/test_ios_codegen.py)
         steps = _fuse_full_width(steps, schedule.threads) if fuse else [(*s, [i]) for i, s in enumerate(steps)]
         self._stages = [self._compile(gm, kind, groups, extra) for kind, groups, extra, _ in steps]
         self.step_stages = [indices for *_, indices in steps]  # the schedule's stages each step runs
@@ -261,7 +261,7 @@ class ScheduledModule(nn.Module):
         self.workers = WorkerSet(cores)
         self._warned = False
         # One op per stage with every thread is plain PyTorch: run the graph itself, no hand-offs
-        # (set it False to time the executor's own path anyway, as benchmarks/ios_overhead.py does).
+        # (set it False to time the executor's own path anyway, as tests/test_ios_codegen.py does).
         self.plain = len(steps) == 1 and steps[0][0] == "parallel" and steps[0][2] == (schedule.threads,)
 
     @staticmethod

@@ -1,36 +1,26 @@
 """Locust users that POST one model sample per request to TorchServe's /predictions/{model}.
 
-Environment:
-  PACKRAT_MODEL         the served model's name: requests go to /predictions/{PACKRAT_MODEL} (default resnet50)
-  PACKRAT_BODY_FILE     the file every request sends as its body (a photo, a text, a tensor...)
-  PACKRAT_CONTENT_TYPE  its Content-Type (default application/octet-stream)
-  PACKRAT_TOKEN         bearer token when TorchServe's token authorisation is on (optional)
-  PACKRAT_SHAPE         steady (default): users, spawn rate and run time from the command line;
-                        step: loadtest.shapes.StepLoad drives the run and ends it
-  PACKRAT_STEP_USERS    with step: users per step, e.g. "1,8,1,8"
-  PACKRAT_STEP_SECONDS  with step: seconds per step, e.g. 15, or one length per step, e.g. 25,20,40
-  PACKRAT_TIMEOUT_S     client-side timeout per request in seconds (default 60)
-  PACKRAT_REQUEST_LOG   a file to append one line per request to (loadtest.requestlog; optional)
+Configured by the environment: the model, the body and its type, a token, the load's shape, the
+client's timeout and a request log (loadtest/env.py lists them with their defaults).
 
 Any answer but 200 counts as a failure. Latencies go into a 3-significant-digit histogram;
 the per-second history (--csv-full-history) gets percentiles over about the last second.
 """
 from __future__ import annotations
 
-import os
-
 import gevent
 import locust.stats
 from locust import FastHttpUser, constant, task
 
+from loadtest import env
 from loadtest.histogram import bucket_ms
 from loadtest.requestlog import RequestRecord, format_record
 
-MODEL = os.environ.get("PACKRAT_MODEL", "resnet50")
-TOKEN = os.environ.get("PACKRAT_TOKEN", "")
-SHAPE = os.environ.get("PACKRAT_SHAPE", "steady")
+MODEL = env.MODEL.read()
+TOKEN = env.TOKEN.read()
+SHAPE = env.SHAPE.read()
 # A dead or wedged server must fail requests, not hang the run.
-TIMEOUT_S = float(os.environ.get("PACKRAT_TIMEOUT_S", "60"))
+TIMEOUT_S = env.TIMEOUT_S.read()
 
 # Locust's documented hook for custom bucketing; its default is too coarse (see bucket_ms).
 locust.stats.bucket_response_time = bucket_ms
@@ -42,19 +32,20 @@ if SHAPE == "step":
     # Locust runs any LoadTestShape subclass it finds in this module, hence the conditional import.
     from loadtest.shapes import StepLoad  # noqa: F401
 elif SHAPE != "steady":
-    raise ValueError(f"PACKRAT_SHAPE must be steady or step, got {SHAPE!r}")
+    raise ValueError(f"{env.SHAPE.name} must be steady or step, got {SHAPE!r}")
 
 # Read once: per-request work would load the client, not the server.
-if not os.environ.get("PACKRAT_BODY_FILE"):
-    raise ValueError("set PACKRAT_BODY_FILE to the file each request sends (and PACKRAT_CONTENT_TYPE to its type)")
-with open(os.environ["PACKRAT_BODY_FILE"], "rb") as _body:
+if not env.BODY_FILE.read():
+    raise ValueError(f"set {env.BODY_FILE.name} to the file each request sends (and {env.CONTENT_TYPE.name} to "
+                     f"its type)")
+with open(env.BODY_FILE.read(), "rb") as _body:
     BODY = _body.read()
-HEADERS = {"Content-Type": os.environ.get("PACKRAT_CONTENT_TYPE") or "application/octet-stream"}
+HEADERS = {"Content-Type": env.CONTENT_TYPE.read()}
 if TOKEN:
     HEADERS["Authorization"] = f"Bearer {TOKEN}"
 PATH = f"/predictions/{MODEL}"
 
-REQUEST_LOG = os.environ.get("PACKRAT_REQUEST_LOG", "")
+REQUEST_LOG = env.REQUEST_LOG.read()
 if REQUEST_LOG:
     _request_log = open(REQUEST_LOG, "a", buffering=1)  # a line each: readable while the run goes on
 

@@ -1,4 +1,4 @@
-"""One line per request, written by the locustfile when PACKRAT_REQUEST_LOG names a file.
+"""One line per request, written by the locustfile when the REQUEST_LOG variable (loadtest.env) names a file.
 
 Locust's own results are totals and per-second aggregates; a chaos run needs each request's
 time and outcome to tell which fault a failure followed. A line is tab-separated:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loadtest.env import BODY_FILE, CONTENT_TYPE, MODEL, REQUEST_LOG, SHAPE, STEP_SECONDS, STEP_USERS, TIMEOUT_S, TOKEN
 from loadtest.histogram import percentile
 from loadtest.steps import parse_steps, step_markers
 
@@ -63,8 +64,8 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
     steady: `users` users (started at `spawn_rate`/s, default all at once) for `duration_s`
             (rounded up to whole seconds).
     step:   1 -> users -> 1 -> users, each for duration_s / 4, unless `env` sets
-            PACKRAT_STEP_USERS / PACKRAT_STEP_SECONDS.
-    payload: (body, content type) of every request (packrat.codec.payloads.build_payload makes
+            STEP_USERS / STEP_SECONDS (loadtest.env).
+    payload: (body, content type) of every request (packrat.bench.payloads.build_payload makes
              one for a model); written to OUT_DIR/request.body for the locust process.
     timeout_s is the client-side timeout per request (the locustfile's default is 60 s);
     the whole run is killed after its expected length + 60 s.
@@ -81,12 +82,11 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
     body_file = out_dir / "request.body"
     body_file.write_bytes(payload[0])
     child_env = _child_env(model, token, (body_file.resolve(), payload[1]), shape, timeout_s)
-    child_env.update(PACKRAT_STEP_USERS=f"1,{users},1,{users}", PACKRAT_STEP_SECONDS=str(duration_s / 4))
+    child_env.update({STEP_USERS.name: f"1,{users},1,{users}", STEP_SECONDS.name: str(duration_s / 4)})
     # An inherited log must not leak into the run either.
-    child_env["PACKRAT_REQUEST_LOG"] = str(Path(request_log).resolve()) if request_log is not None else ""
+    child_env[REQUEST_LOG.name] = str(Path(request_log).resolve()) if request_log is not None else ""
     child_env.update(env or {})
-    steps = parse_steps(child_env["PACKRAT_STEP_USERS"], child_env["PACKRAT_STEP_SECONDS"]) \
-        if shape == "step" else []
+    steps = parse_steps(STEP_USERS.read(child_env), STEP_SECONDS.read(child_env)) if shape == "step" else []
     expected_s = steps[-1][0] if steps else _run_time(duration_s)
     cmd = _command(host, prefix, users, duration_s, spawn_rate, shape)
     _run(cmd, child_env, expected_s + HARD_LIMIT_SLACK_S, json_path)
@@ -105,10 +105,10 @@ def _child_env(model: str, token: str | None, payload: tuple[Path, str], shape: 
         raise ValueError(f"shape must be steady or step, got {shape!r}")
     child = dict(os.environ)
     # An inherited token must not leak into the run.
-    child.update(PACKRAT_MODEL=model, PACKRAT_BODY_FILE=str(payload[0]), PACKRAT_CONTENT_TYPE=payload[1],
-                 PACKRAT_SHAPE=shape, PACKRAT_TOKEN=token or "")
+    child.update({MODEL.name: model, BODY_FILE.name: str(payload[0]), CONTENT_TYPE.name: payload[1],
+                  SHAPE.name: shape, TOKEN.name: token or ""})
     if timeout_s is not None:
-        child["PACKRAT_TIMEOUT_S"] = str(timeout_s)
+        child[TIMEOUT_S.name] = str(timeout_s)
     return child
 
 

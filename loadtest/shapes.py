@@ -1,8 +1,7 @@
 """Step load shape: user count jumps low -> high -> low -> high, then the test stops.
 
-Environment (read when locust instantiates the shape):
-  PACKRAT_STEP_USERS    comma-separated users per step (default "1,8,1,8")
-  PACKRAT_STEP_SECONDS  duration of every step in seconds (default 15), or one per step ("25,20,40")
+The steps come from the environment (loadtest.env's STEP_USERS and STEP_SECONDS), read when
+locust instantiates the shape.
 """
 from __future__ import annotations
 

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import itertools
-import os
 
-DEFAULT_STEP_USERS = "1,8,1,8"
-DEFAULT_STEP_SECONDS = 15.0
+from loadtest.env import STEP_SECONDS, STEP_USERS
 
 
 def parse_steps(users: str, seconds: str | float) -> list[tuple[float, int]]:
@@ -21,9 +19,8 @@ def parse_steps(users: str, seconds: str | float) -> list[tuple[float, int]]:
 
 
 def steps_from_env() -> list[tuple[float, int]]:
-    """The schedule PACKRAT_STEP_USERS / PACKRAT_STEP_SECONDS ask for."""
-    return parse_steps(os.environ.get("PACKRAT_STEP_USERS", DEFAULT_STEP_USERS),
-                       os.environ.get("PACKRAT_STEP_SECONDS", DEFAULT_STEP_SECONDS))
+    """The schedule STEP_USERS and STEP_SECONDS ask for."""
+    return parse_steps(STEP_USERS.read(), STEP_SECONDS.read())
 
 
 def step_markers(steps: list[tuple[float, int]], start: float = 0.0) -> list[tuple[float, str]]:

@@ -8,7 +8,8 @@ The public API, loaded on first use (so `import packrat` and the CLI start witho
     packrat.ProfileSettings                    what `profile` measures (model, graph mode, runs)
     packrat.Settings                           the settings a model is served with (packrat/settings.py)
     packrat.Engine                             one model served on this machine (what front ends wrap)
-    packrat.app                                the Ray Serve application builder (`packrat.ray_serve:app`)
+
+The Ray Serve application builder is `packrat.ray_serve:app` (its own module: it needs Ray).
 """
 
 from importlib import import_module
@@ -24,7 +25,6 @@ _API = {
     "ProfileSettings": ("packrat.profiling.profiler", "ProfileSettings"),
     "Settings": ("packrat.settings", "Settings"),
     "Engine": ("packrat.serving.engine", "Engine"),
-    "app": ("packrat.frontends.ray_serve", "app"),
 }
 __all__ = sorted(_API)
 

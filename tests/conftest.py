@@ -8,12 +8,11 @@ import os
 import shutil
 import tempfile
 
-from packrat.models.compiled import CACHE_ENV
-from packrat.serving.node import NODE_DIR_ENV
+from packrat.settings import COMPILE_CACHE_ENV, NODE_DIR_ENV
 
 # The node directory too: the engines a test starts plan their cores together, not with a server
 # the user runs beside the suite.
-_CACHES = {CACHE_ENV: "compiled", "MPLCONFIGDIR": "matplotlib", NODE_DIR_ENV: "node"}
+_CACHES = {COMPILE_CACHE_ENV.name: "compiled", "MPLCONFIGDIR": "matplotlib", NODE_DIR_ENV.name: "node"}
 _session_dir = None
 
 

@@ -7,7 +7,7 @@ import yaml
 
 from packrat.deploy import archive
 from packrat.machine import topology
-from packrat.settings import RECOVERY_KEYS, Settings
+from packrat.settings import CORES_ENV, RECOVERY_KEYS, Settings
 
 PROFILE = "threads,batch,latency_ms\n1,1,10\n1,2,19\n1,4,37\n2,1,6\n2,2,11\n2,4,21\n"
 
@@ -56,7 +56,7 @@ def test_archive_ships_every_profile_and_builds_for_the_one_chosen_here(tmp_path
     (compiled packages for the first plan) follows the profile this machine would choose, planned for --cores."""
     compiled = []
     monkeypatch.setattr(archive, "compiled_files", lambda spec, batch, instances: compiled.append(instances) or [])
-    monkeypatch.delenv("PACKRAT_CORES", raising=False)
+    monkeypatch.delenv(CORES_ENV.name, raising=False)
     profiles = []
     for index, (cpu, mode) in enumerate((("Other CPU", "compile"), ("This CPU", "eager"))):
         profiles.append(tmp_path / f"p{index}.csv")

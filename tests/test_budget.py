@@ -14,6 +14,7 @@ import pytest
 
 from packrat.machine.budget import cgroup_quota, cpu_budget
 from packrat.machine.topology import Topology
+from packrat.settings import CORES_ENV
 
 SIXTEEN = Topology.virtual(16)
 V2_MOUNT = "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate"
@@ -153,15 +154,15 @@ def test_a_request_above_the_quota_is_cut_and_says_why(tmp_path):
 
 
 def test_packrat_cores_applies_only_without_a_request(tmp_path):
-    found = budget(tmp_path, env={"PACKRAT_CORES": "3"})
-    assert (found.cores, found.source) == (3, "PACKRAT_CORES")
-    assert budget(tmp_path, 5, env={"PACKRAT_CORES": "3"}).cores == 5
+    found = budget(tmp_path, env={CORES_ENV.name: "3"})
+    assert (found.cores, found.source) == (3, CORES_ENV.name)
+    assert budget(tmp_path, 5, env={CORES_ENV.name: "3"}).cores == 5
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "four", "1.5"])
 def test_a_bad_request_names_where_it_came_from(tmp_path, value):
-    with pytest.raises(ValueError, match="PACKRAT_CORES must be"):
-        budget(tmp_path, env={"PACKRAT_CORES": value})
+    with pytest.raises(ValueError, match=f"{CORES_ENV} must be"):
+        budget(tmp_path, env={CORES_ENV.name: value})
 
 
 def test_garbage_in_cgroup_files_is_no_limit(tmp_path):
@@ -200,7 +201,7 @@ def real_v1_cgroup() -> Path:
 
 def test_a_real_v1_quota_of_one_core():
     group = real_v1_cgroup()
-    env = {k: v for k, v in os.environ.items() if k != "PACKRAT_CORES"}
+    env = {k: v for k, v in os.environ.items() if k != CORES_ENV.name}
     child = None
     try:
         (group / "cpu.cfs_period_us").write_text("100000")

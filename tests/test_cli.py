@@ -14,16 +14,17 @@ from types import SimpleNamespace
 
 import pytest
 
+from packrat.bench import server as bench_server
+from packrat.bench.users import UsersPattern, parse_users, users_for_batch
 from packrat.cli import bench as cli_bench
-from packrat.cli import compare, default_profile
 from packrat.cli import main as cli
 from packrat.cli import serve as cli_serve
-from packrat.cli.compare import UsersPattern
 from packrat.cli.main import main
 from packrat.deploy import archive as deploy_archive
 from packrat.deploy import torchserve
-from packrat.profiling import profiler
+from packrat.profiling import default_profile, profiler
 from packrat.profiling.profiles import load
+from packrat.settings import CONTROL_DIR_ENV
 
 PROFILE = """# model: toy
 threads,batch,latency_ms
@@ -197,11 +198,11 @@ def test_profile_contention_flags(monkeypatch, profile, capsys):
 # --- bench: users patterns, payload, tokenizer, kills -------------------------------------------
 
 def test_users_patterns_relative_to_the_batch():
-    patterns = compare.parse_users("B, 2B,4,b")
+    patterns = parse_users("B, 2B,4,b")
     assert patterns == [UsersPattern(1, True), UsersPattern(2, True), UsersPattern(4, False)]
     assert [str(p) for p in patterns] == ["B", "2B", "4"]
-    assert compare.users_for_batch(patterns, 4) == [(4, "B"), (8, "2B")]  # 4 users twice: run once
-    assert compare.users_for_batch(patterns, 8) == [(8, "B"), (16, "2B"), (4, "4")]
+    assert users_for_batch(patterns, 4) == [(4, "B"), (8, "2B")]  # 4 users twice: run once
+    assert users_for_batch(patterns, 8) == [(8, "B"), (16, "2B"), (4, "4")]
     assert cli.build_parser().parse_args(["bench", "--users", "4,2B"]).users == [UsersPattern(4, False),
                                                                                  UsersPattern(2, True)]
     assert cli.build_parser().parse_args(["bench"]).users == [UsersPattern(1, True)]
@@ -258,12 +259,12 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
     from loadtest import LoadResult
 
     events = []
-    monkeypatch.setattr(compare.archive, "build",
+    monkeypatch.setattr(bench_server.archive, "build",
                         lambda settings, out, **kw: events.append(("archive", {**asdict(settings), **kw})) or out / "m.mar")
-    monkeypatch.setattr(compare.torchserve, "Server", FakeServer)
-    monkeypatch.setattr(compare.torchserve.Ports, "free", classmethod(lambda cls: None))
-    monkeypatch.setattr(compare.torchserve, "start", lambda server, mar: events.append(("start",)) or server)
-    monkeypatch.setattr(compare.torchserve, "stop", lambda server: events.append(("stop",)))
+    monkeypatch.setattr(bench_server.torchserve, "Server", FakeServer)
+    monkeypatch.setattr(bench_server.torchserve.Ports, "free", classmethod(lambda cls: None))
+    monkeypatch.setattr(bench_server.torchserve, "start", lambda server, mar: events.append(("start",)) or server)
+    monkeypatch.setattr(bench_server.torchserve, "stop", lambda server: events.append(("stop",)))
 
     def fake_locust(host, model, users, duration_s, out_dir, **kw):
         events.append(("locust", out_dir.name, users, kw["payload"][1]))  # the content type sent
@@ -271,8 +272,9 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
         return LoadResult(10, 0, 1.0, 2.0, 3.0, 1.5, 5.0, 2.0, response_times={1.0: 10})
 
     monkeypatch.setattr(loadtest, "run_locust", fake_locust)
-    runs = compare.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=1, users=[UsersPattern(1, True),
-                              UsersPattern(2, True)], payload="jpeg", kill_every_s=0.01, log=lambda *_: None)
+    runs = bench_server.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=1,
+                                     users=[UsersPattern(1, True), UsersPattern(2, True)], payload="jpeg",
+                                     kill_every_s=0.01, log=lambda *_: None)
     starts = [e for e in events if e[0] == "start"]
     assert len(starts) == 3  # once per configuration, not per users pattern
     assert [e[0] for e in events[:9]] == ["archive", "start", "locust"] * 3  # side by side, then loaded
@@ -285,14 +287,15 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
     assert [(r.config, r.users, r.users_pattern, r.kills) for r in runs] == [
         ("stock", 4, "B", None), ("stock", 8, "2B", None), ("packrat-fat", 4, "B", 0), ("packrat-fat", 8, "2B", 0),
         ("packrat-plan", 4, "B", 0), ("packrat-plan", 8, "2B", 0)]
-    table = compare.format_server_results(runs, kills=True).splitlines()
+    table = bench_server.format_server_results(runs, kills=True).splitlines()
     assert table[0].split() == ["config", "users", "requests", "failures", "p50", "ms", "p95", "ms", "p99", "ms",
                                 "req/s", "kills"]
     assert table[1].split()[-1] == "-" and table[3].split()[-1] == "0" and "8 (2B)" in table[2]
 
     events.clear()
-    compare.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=1, tokenizer=tmp_path / "tokenizer.json",
-                       configs=compare.SERVER_CONFIGS[:1], log=lambda *_: None)
+    bench_server.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=1,
+                              tokenizer=tmp_path / "tokenizer.json", configs=bench_server.SERVER_CONFIGS[:1],
+                              log=lambda *_: None)
     assert [e[1]["tokenizer"] for e in events if e[0] == "archive"] == [str(tmp_path / "tokenizer.json")]
     assert [e[3] for e in events if e[0] == "locust"] == ["image/jpeg", "image/jpeg"]  # tiny's natural payload
 
@@ -302,12 +305,12 @@ def test_server_bench_json_has_payload_users_and_kills(tmp_path, monkeypatch, ca
 
     def fake_bench(model, batch, profile, out_dir, **kw):
         load = LoadResult(10, 0, 1.0, 2.0, 3.0, 1.5, 5.0, 2.0, response_times={1.0: 10})
-        return [compare.ServerRun(batch, "stock", batch, "B", kw["payload"], None, load),
-                compare.ServerRun(batch, "packrat-plan", batch, "B", kw["payload"], 3, load)]
+        return [bench_server.ServerRun(batch, "stock", batch, "B", kw["payload"], None, load),
+                bench_server.ServerRun(batch, "packrat-plan", batch, "B", kw["payload"], 3, load)]
 
-    monkeypatch.setattr(compare, "server_bench", fake_bench)
-    runs = cli_bench.run_server_bench("tiny", [2], tmp_path / "p.csv", tmp_path, 1.0, [UsersPattern(1, True)],
-                                      payload="raw", kill_every=2.0)
+    monkeypatch.setattr(bench_server, "server_bench", fake_bench)
+    runs = bench_server.run_server_bench("tiny", [2], tmp_path / "p.csv", tmp_path, 1.0, [UsersPattern(1, True)],
+                                         payload="raw", kill_every=2.0)
     assert [r.config for r in runs] == ["stock", "packrat-plan"]
     out = capsys.readouterr().out
     assert "payload raw" in out and "users B=2" in out and "every 2 s" in out
@@ -330,7 +333,7 @@ def test_profile_given_default_or_measured(tmp_path, monkeypatch, capsys):
         path.write_text(PROFILE)
 
     monkeypatch.setattr(default_profile, "measure_profile", fake_measure)
-    monkeypatch.setattr(default_profile, "local_cores", lambda: 2)
+    monkeypatch.setattr(default_profile, "cpu_budget", lambda: SimpleNamespace(cores=2))
     given = tmp_path / "mine.csv"
     given.write_text(PROFILE)
     assert default_profile.resolve_profile("resnet50", given) == given and not calls
@@ -354,7 +357,7 @@ def test_measure_profile_renames_a_complete_measurement(tmp_path, monkeypatch):
         Path(out).write_text(PROFILE)
 
     monkeypatch.setattr(profiler, "run", fake_run)
-    monkeypatch.setattr(default_profile, "local_cores", lambda: 2)
+    monkeypatch.setattr(default_profile, "cpu_budget", lambda: SimpleNamespace(cores=2))
     path = tmp_path / "toy.csv"
     profile = default_profile.measure_profile("tiny", path, [4, 1, 2])
     assert written == [("toy.partial.csv", 3, 2.0, [1, 2], [1, 2, 4], profiler.DEFAULT_CONTENTION)]
@@ -417,9 +420,9 @@ RECOVERY_FLAGS = ["--request-timeout", "30", "--max-queue", "50", "--batch-timeo
 @pytest.mark.parametrize("command", ["archive", "serve"])
 def test_recovery_flags_parse_and_default_to_the_pools(command):
     args = cli.build_parser().parse_args([command] + RECOVERY_FLAGS)
-    assert (args.request_timeout, args.max_queue, args.batch_timeout) == (30.0, 50, 7.5)
+    assert (args.request_timeout_s, args.max_queue, args.batch_timeout_s) == (30.0, 50, 7.5)
     args = cli.build_parser().parse_args([command])
-    assert (args.request_timeout, args.max_queue, args.batch_timeout) == (None, None, None)
+    assert (args.request_timeout_s, args.max_queue, args.batch_timeout_s) == (None, None, None)
 
 
 @pytest.mark.parametrize("flag,value", [("--request-timeout", "0"), ("--request-timeout", "-1"),
@@ -442,6 +445,31 @@ def test_archive_passes_recovery_settings(tmp_path, monkeypatch, profile):
 
 
 @pytest.mark.parametrize("command", ["archive", "serve"])
+def test_every_setting_is_an_option_named_after_it_and_the_old_names_stay(command, capsys):
+    from dataclasses import fields
+
+    from packrat.cli.archive import settings_from_args
+    from packrat.settings import EstimatorSettings, Settings
+
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args([command, "--help"])
+    shown = capsys.readouterr().out
+    names = [f.name for f in fields(Settings) if f.metadata.get("option", True) and f.name != "estimator"]
+    names += [f"estimator_{f.name}" for f in fields(EstimatorSettings)]
+    assert len(names) == 25 and not [n for n in names if f"--{n.replace('_', '-')}" not in shown]
+    args = cli.build_parser().parse_args([command, "--batch-size", "4", "--slo", "20", "--max-body-mb", "2",
+                                          "--plan-batch", "2", "--hang-factor", "3", "--estimator-window", "3",
+                                          "--no-share-node", "--gather-ms", "0", "--graph-mode", "eager"])
+    settings = settings_from_args(args, "tiny", ["tiny"], [])
+    assert (settings.max_batch, settings.slo_ms, settings.max_body_bytes, settings.plan_batch) == (4, 20.0, 2**21, 2)
+    assert (settings.hang_factor, settings.share_node, settings.gather_ms, settings.graph_mode) == (3.0, False, 0.0,
+                                                                                                   "eager")
+    assert settings.estimator == EstimatorSettings(window=3) and settings.reconfigure is True
+    default = settings_from_args(cli.build_parser().parse_args([command]), "tiny", ["tiny"], [])
+    assert default == Settings("tiny")  # nothing given: the schema's defaults, nothing more written
+
+
+@pytest.mark.parametrize("command", ["archive", "serve"])
 def test_cores_flag(command, capsys):
     assert cli.build_parser().parse_args([command, "--cores", "4"]).cores == 4
     with pytest.raises(SystemExit):
@@ -454,7 +482,7 @@ def test_reconfigure_request_round_trip(tmp_path):
     from packrat.frontends import torchserve_control
 
     server = torchserve.Server(tmp_path / "run", "toy")
-    assert server.env()[torchserve_control.CONTROL_ENV] == str(tmp_path / "run" / "control")
+    assert server.env()[CONTROL_DIR_ENV.name] == str(tmp_path / "run" / "control")
     assert torchserve_control.read_reconfigure_request(server.control_dir, "toy") is None  # none asked for
     before = time.time()
     path = torchserve_control.request_reconfigure(server.control_dir, server.model, 16)

@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 
 from loadtest import LoadResult, percentile
+from packrat.bench import demo
+from packrat.bench import server as bench_server
+from packrat.bench.rounds import rotated
+from packrat.bench.users import BATCH_USERS
 from packrat.cli import bench as cli_bench
-from packrat.cli import compare, demo
+from packrat.cli import demo as demo_command
 from packrat.cli.main import main
 from packrat.planning.planner import Planner
 from packrat.profiling.profiles import load
@@ -55,16 +59,16 @@ def plans(path: Path):
 # --- the interleaved server bench ----------------------------------------------------------------
 
 def test_rounds_are_pooled_per_second_of_load():
-    pooled = compare.pooled([result(4, {100.0: 3, 400.0: 1}), result(6, {100.0: 6})], run_s=2.0)
+    pooled = bench_server.pooled([result(4, {100.0: 3, 400.0: 1}), result(6, {100.0: 6})], run_s=2.0)
     assert (pooled.requests, pooled.response_times) == (10, {100.0: 9, 400.0: 1})
     assert (pooled.p50_ms, pooled.p99_ms, pooled.mean_ms) == (100.0, 400.0, 130.0)
     assert (pooled.throughput_rps, pooled.duration_s) == (2.5, 4)  # 10 requests in 2 × 2 s, not locust's 99/s
 
 
 def test_rotated_puts_each_configuration_in_every_place():
-    orders = [compare.rotated(["a", "b", "c"], r) for r in range(3)]
+    orders = [rotated(["a", "b", "c"], r) for r in range(3)]
     assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
-    assert compare.rotated([], 2) == []
+    assert rotated([], 2) == []
 
 
 class FakeServer:
@@ -79,19 +83,20 @@ def test_server_bench_rotates_rounds_and_pools_them(tmp_path, monkeypatch):
     import loadtest
 
     built, loads = [], []
-    monkeypatch.setattr(compare.archive, "build", lambda settings, out, **kw: built.append(asdict(settings)) or out)
-    monkeypatch.setattr(compare.torchserve, "Server", FakeServer)
-    monkeypatch.setattr(compare.torchserve.Ports, "free", classmethod(lambda cls: None))
-    monkeypatch.setattr(compare.torchserve, "start", lambda server, mar: server)
-    monkeypatch.setattr(compare.torchserve, "stop", lambda server: None)
+    monkeypatch.setattr(bench_server.archive, "build",
+                        lambda settings, out, **kw: built.append(asdict(settings)) or out)
+    monkeypatch.setattr(bench_server.torchserve, "Server", FakeServer)
+    monkeypatch.setattr(bench_server.torchserve.Ports, "free", classmethod(lambda cls: None))
+    monkeypatch.setattr(bench_server.torchserve, "start", lambda server, mar: server)
+    monkeypatch.setattr(bench_server.torchserve, "stop", lambda server: None)
 
     def fake_locust(host, model, users, duration_s, out_dir, **kw):
         loads.append((host.removeprefix("http://"), out_dir.name))
         return result(10, {50.0: 10})
 
     monkeypatch.setattr(loadtest, "run_locust", fake_locust)
-    runs = compare.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=5, rounds=3, graph_mode="eager",
-                                payload="raw", log=lambda *_: None)
+    runs = bench_server.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=5, rounds=3,
+                                     graph_mode="eager", payload="raw", log=lambda *_: None)
     assert [b["graph_mode"] for b in built] == ["eager", None, None]  # packrat follows its profile
     assert not any(b["share_node"] for b in built)  # side by side, each plans for the whole machine
     assert loads[:3] == [("stock", "warmup"), ("packrat-fat", "warmup"), ("packrat-plan", "warmup")]
@@ -130,7 +135,7 @@ def run_demo(monkeypatch, tmp_path, argv, served=None):
     """`packrat demo ARGV` in tmp_path, the profile measured as PROFILE, the servers faked (their
     arguments recorded in `served`; None: serving is not expected)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(demo, "local_cores", lambda: 2)
+    monkeypatch.setattr(demo_command, "local_cores", lambda: 2)
     measured = []
 
     def fake_measure(model, path, batches, **kw):
@@ -142,11 +147,11 @@ def run_demo(monkeypatch, tmp_path, argv, served=None):
         served.update(batches=batches, users=users, **kw)
         loads = {"stock": result(30, {90.0: 30}, 3.0), "packrat-fat": result(30, {100.0: 30}, 3.0),
                  "packrat-plan": result(33, {90.0: 33}, 3.3)}
-        return [compare.ServerRun(batches[0], name, batches[0], "B", "raw", None, load, kw["rounds"])
+        return [bench_server.ServerRun(batches[0], name, batches[0], "B", "raw", None, load, kw["rounds"])
                 for name, load in loads.items()]
 
-    monkeypatch.setattr(demo, "measure_profile", fake_measure)
-    monkeypatch.setattr(demo, "run_server_bench", fake_bench if served is not None else None)
+    monkeypatch.setattr(demo_command, "measure_profile", fake_measure)
+    monkeypatch.setattr(demo_command, "run_server_bench", fake_bench if served is not None else None)
     assert main(["demo", "--model", "tiny", *argv]) == 0
     return measured
 
@@ -164,7 +169,7 @@ def test_demo_no_serve_profiles_plans_and_plots(monkeypatch, tmp_path, capsys):
 def test_demo_serves_where_the_plan_splits_and_says_what_the_table_shows(monkeypatch, tmp_path, capsys):
     served = {}
     run_demo(monkeypatch, tmp_path, ["--rounds", "2"], served)
-    assert served["batches"] == [8] and served["users"] == [compare.BATCH_USERS] and served["rounds"] == 2
+    assert served["batches"] == [8] and served["users"] == [BATCH_USERS] and served["rounds"] == 2
     assert served["graph_mode"] == "eager"  # the profile's: stock runs the model as packrat does
     out = capsys.readouterr().out
     assert "at B=8 the plan splits the 2 cores into 2×⟨1 threads, batch 4⟩, predicted 70 ms" in out
@@ -190,7 +195,7 @@ def test_bench_rounds_default_per_mode():
 
 def test_the_verdict_says_when_the_plan_did_not_clearly_win(toy, capsys):
     _, planned = plans(toy)
-    runs = [compare.ServerRun(8, name, 8, "B", "raw", None, result(30, {p50: 30}, rps), 3)
+    runs = [bench_server.ServerRun(8, name, 8, "B", "raw", None, result(30, {p50: 30}, rps), 3)
             for name, p50, rps in (("stock", 100.0, 3.0), ("packrat-fat", 90.0, 3.0), ("packrat-plan", 100.0, 3.3))]
     demo.print_verdict(runs, planned[-1])
     out = capsys.readouterr().out

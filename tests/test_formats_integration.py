@@ -26,10 +26,10 @@ import pytest
 import torch
 from PIL import Image
 
-from packrat.codec.demo_tokenizers import build_demo_tokenizer
+from packrat.bench.demo_tokenizers import build_demo_tokenizer
 from packrat.deploy import torchserve
 from packrat.deploy import archive
-from packrat.cli.compare import pool_instances, torchserve_pid
+from packrat.bench.faults import pool_instances, torchserve_pid
 from packrat.codec.codec import Codec
 from packrat.codec.config import CodecConfig
 from packrat.serving.inference import answer_batch

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 import torch
 from ts.context import Context, RequestProcessor
 
+from handlers import common
 from handlers.packrat_handler import PackratHandler
 from handlers.stock_handler import StockHandler
 from packrat.models.zoo import prepare, resolve
@@ -39,21 +39,8 @@ def expected():
     return samples, [torch.softmax(row, 0).topk(5).indices.tolist() for row in logits]
 
 
-def call(handler, rows, context, in_event_loop: bool):
-    """As TorchServe's ordinary worker calls handle(), or its asynchronous worker (awaiting it)."""
-    if not in_event_loop:
-        return handler.handle(rows, context)
-
-    async def awaited():
-        result = handler.handle(rows, context)
-        return await result if asyncio.iscoroutine(result) else result
-
-    return asyncio.run(awaited())
-
-
-@pytest.mark.parametrize("in_event_loop", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("handler_class", [PackratHandler, StockHandler])
-def test_mixed_batch_bad_requests_fail_alone(tmp_path, expected, handler_class, in_event_loop):
+def test_mixed_batch_bad_requests_fail_alone(tmp_path, expected, handler_class):
     samples, classes = expected
     handler = handler_class()
     context = make_context(tmp_path)
@@ -69,7 +56,7 @@ def test_mixed_batch_bad_requests_fail_alone(tmp_path, expected, handler_class, 
         ]
         with_requests(context, ["application/octet-stream", "application/octet-stream", "application/json",
                                 "application/json", "application/octet-stream", "application/json"])
-        responses = [json.loads(r) for r in call(handler, rows, context, in_event_loop)]
+        responses = [json.loads(r) for r in handler.handle(rows, context)]
         assert len(responses) == 6
         for index, sample in ((0, 0), (2, 1), (4, 2)):
             assert [p["class"] for p in responses[index]["predictions"]] == classes[sample]
@@ -78,7 +65,7 @@ def test_mixed_batch_bad_requests_fail_alone(tmp_path, expected, handler_class, 
             assert context.get_response_status(index) == (400, responses[index]["error"])
         # a batch of nothing but bad requests never reaches the model
         with_requests(context, ["application/octet-stream"])
-        assert "error" in json.loads(call(handler, [{"body": bytearray(b"x")}], context, in_event_loop)[0])
+        assert "error" in json.loads(handler.handle([{"body": bytearray(b"x")}], context)[0])
     finally:
         if hasattr(handler, "pool"):
             handler.engine.close()
@@ -134,20 +121,22 @@ def test_packrat_handler_plans_for_the_worker_cores(tmp_path):
 
 
 def test_instances_gather_only_when_requests_arrive_one_by_one(tmp_path):
-    """TorchServe's ordinary mode hands over whole batches, so an idle instance never waits for the
-    rest of its share (gather 0 ms); in its asynchronous mode it waits the default 30 ms."""
-    gathers = {}
-    for asynchronous in (False, True):
-        context = make_context(tmp_path)
-        if asynchronous:
-            context.model_yaml_config["asyncCommunication"] = True
-        handler = PackratHandler()
-        handler.initialize(context)
-        try:
-            gathers[asynchronous] = handler.pool.dispatcher.gather_s
-        finally:
-            handler.engine.close()
-    assert gathers == {False: 0.0, True: 0.03}
+    """TorchServe hands the handler whole batches, so an idle instance never waits for the rest of
+    its share (gather 0 ms); an asynchronous front end (Ray Serve's, one request at a time) waits
+    the default 30 ms."""
+    from packrat.serving.engine import Engine
+
+    handler = PackratHandler()
+    handler.initialize(make_context(tmp_path))
+    try:
+        assert handler.pool.dispatcher.gather_s == 0.0
+    finally:
+        handler.engine.close()
+    engine = Engine(common.settings(make_context(tmp_path)), tmp_path, "tiny", max_batch=4, asynchronous=True)
+    try:
+        assert engine.pool.dispatcher.gather_s == 0.03
+    finally:
+        engine.close()
 
 
 def test_instances_run_the_model_as_its_profile_measured_it(tmp_path):

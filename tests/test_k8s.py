@@ -20,7 +20,7 @@ from packrat.cli.ready import cmd_ready
 from packrat.deploy import k8s
 from packrat.deploy import torchserve
 from packrat.deploy import archive
-from packrat.settings import Settings
+from packrat.settings import CORES_ENV, Settings
 
 K8S_VERSION = kubernetes_validate.latest_version()  # the newest schemas the package ships (1.37 here)
 CORE_KINDS = {"Deployment", "Service", "ConfigMap", "PersistentVolumeClaim", "Pod"}
@@ -57,7 +57,7 @@ def rendered(request, tmp_path_factory):
     """(settings, {file name: [documents]}) as written to disk and read back."""
     directory = tmp_path_factory.mktemp("k8s")
     profiles = ("profile-0.csv", "profile-1.csv") if "two profiles" in request.param else ("profile.csv",)
-    settings = k8s.Settings(k8s.read_archive(make_archive(directory, profiles=profiles)), **CASES[request.param])
+    settings = k8s.K8sSpec(k8s.read_archive(make_archive(directory, profiles=profiles)), **CASES[request.param])
     files = k8s.write(settings, directory / "out")
     return settings, {f.name: list(yaml.safe_load_all(f.read_text())) for f in files if f.suffix == ".yaml"}
 
@@ -158,7 +158,7 @@ def test_packrat_cores_equals_the_cpu_limit(rendered):
     assert len(serving_containers) == 4
     for container in serving_containers:
         env = {e["name"]: e["value"] for e in container["env"]}
-        assert env["PACKRAT_CORES"] == container["resources"]["limits"]["cpu"]
+        assert env[CORES_ENV.name] == container["resources"]["limits"]["cpu"]
     worker = docs_of(files, "RayService")[0]["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
     assert worker["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] == str(settings.cores)
 
@@ -230,8 +230,8 @@ def test_rayservice_runs_one_packrat_replica_per_worker(rendered):
 def test_token_auth_with_several_replicas_is_refused(tmp_path):
     archive = k8s.read_archive(make_archive(tmp_path))
     with pytest.raises(ValueError, match="own random key"):
-        k8s.Settings(archive, 4, replicas=2)
-    assert k8s.Settings(archive, 4, replicas=2, token_auth=False).access_mode == "ReadWriteMany"
+        k8s.K8sSpec(archive, 4, replicas=2)
+    assert k8s.K8sSpec(archive, 4, replicas=2, token_auth=False).access_mode == "ReadWriteMany"
 
 
 @pytest.mark.parametrize("change, message", [
@@ -242,13 +242,13 @@ def test_bad_settings_are_refused(tmp_path, change, message):
     if "name" in change:
         archive = k8s.Archive(change.pop("name"), archive.file, archive.model, archive.max_batch, archive.profiles)
     with pytest.raises(ValueError, match=message):
-        k8s.Settings(archive, **{"cores": 4, **change})
+        k8s.K8sSpec(archive, **{"cores": 4, **change})
 
 
 def test_archive_checks(tmp_path):
     assert k8s.read_archive(make_archive(tmp_path, cores=8)).cores == 8
     with pytest.raises(ValueError, match="built for 8 cores"):
-        k8s.Settings(k8s.read_archive(make_archive(tmp_path, cores=8)), 4)
+        k8s.K8sSpec(k8s.read_archive(make_archive(tmp_path, cores=8)), 4)
     with pytest.raises(ValueError, match="no packrat profile"):
         k8s.read_archive(make_archive(tmp_path, name="stock", handler="stock"))
     (tmp_path / "junk.mar").write_text("not a zip")

@@ -1,8 +1,9 @@
 """The layout's one rule, checked on the code: a module imports only from its own stage or the
 stages below it (lazy imports inside functions included), and the tools beside the package
-(ios_scheduler, loadtest) import nothing of it."""
+(ios_scheduler, loadtest) import nothing of it; the commands' stage holds commands only."""
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -19,9 +20,10 @@ STAGES = {
     "packrat.serving": 5,
     "packrat.frontends": 6, "handlers": 6,
     "packrat.deploy": 7,
-    "packrat.cli": 8,
+    "packrat.bench": 8,
+    "packrat.cli": 9,
 }
-ENTRY_POINTS = {"packrat/__init__.py", "packrat/pool.py", "packrat/ray_serve.py"}  # the public API and old paths
+ENTRY_POINTS = {"packrat/__init__.py", "packrat/ray_serve.py"}  # the public API and the Ray Serve builder's name
 
 
 def stage(module: str) -> str | None:
@@ -68,6 +70,21 @@ def test_an_import_from_above_is_caught(tmp_path, monkeypatch):
     module.parent.mkdir(parents=True)
     module.write_text("def f():\n    from packrat.serving.engine import Engine\n")
     assert upward_imports(module) == ["packrat.serving.engine", "packrat.serving.engine.Engine"]
+
+
+CLI_HELPERS = {"__init__.py", "__main__.py", "main.py", "args.py", "types.py", "output.py"}  # argparse and printing
+
+
+def test_the_cli_holds_commands_only():
+    """packrat/cli/ is the argparse helpers and one module per command (its parser beside its code), none
+    over 250 lines: what a command measures lives in the bench stage, where benchmarks and tests find it."""
+    found = {}
+    for path in sources("packrat/cli"):
+        text = path.read_text()
+        command = re.search(r"^def (add_\w+_parser|main)\(", text, re.MULTILINE)
+        if len(text.splitlines()) > 250 or not (command or path.name in CLI_HELPERS):
+            found[path.name] = len(text.splitlines())
+    assert not found
 
 
 @pytest.mark.parametrize("folder", ["ios_scheduler", "loadtest"])

@@ -23,13 +23,14 @@ from loadtest import (
     plot_timeline,
     run_locust,
 )
+from loadtest.env import BODY_FILE, STEP_SECONDS, STEP_USERS
 from loadtest.histogram import bucket_ms
 from loadtest.requestlog import read_request_log
 from loadtest.runner import HistoryRow, parse_history, parse_json_stats
 from loadtest.steps import parse_steps, step_markers
-from packrat.cli import compare
-from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
-from packrat.codec.payloads import (
+from packrat.bench import faults
+from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+from packrat.bench.payloads import (
     TEXT,
     build_payload,
     check_payload,
@@ -163,10 +164,10 @@ def _kill_by_pid(pids):
 
 
 def test_torchserve_pid_from_run_dir(tmp_path):
-    assert compare.torchserve_pid(tmp_path) is None
+    assert faults.torchserve_pid(tmp_path) is None
     (tmp_path / "tmp").mkdir()
     (tmp_path / "tmp" / ".model_server.pid").write_text("4242\n")
-    assert compare.torchserve_pid(tmp_path) == 4242
+    assert faults.torchserve_pid(tmp_path) == 4242
 
 
 def test_kills_only_pool_instances_under_the_root():
@@ -175,22 +176,22 @@ def test_kills_only_pool_instances_under_the_root():
     pids = [int(p) for p in parent.stdout.readline().split()]
     try:
         kids, other = pids[:2], pids[2]
-        found = [p.pid for p in compare.pool_instances(parent.pid)]
+        found = [p.pid for p in faults.pool_instances(parent.pid)]
         assert sorted(found) == sorted(kids) and other not in found and outsider.pid not in found
-        assert compare.pool_instances(2**22 + 12345) == []  # no such process
+        assert faults.pool_instances(2**22 + 12345) == []  # no such process
 
-        first = compare.kill_one(parent.pid)
+        first = faults.kill_one(parent.pid)
         assert first in kids
         deadline = time.monotonic() + 10  # SIGKILL lands asynchronously
         while psutil.Process(first).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert [p.pid for p in compare.pool_instances(parent.pid)] == [k for k in kids if k != first]  # zombie skipped
-        with compare.InstanceKiller(lambda: parent.pid, every_s=0.02) as killer:
+        assert [p.pid for p in faults.pool_instances(parent.pid)] == [k for k in kids if k != first]  # zombie skipped
+        with faults.InstanceKiller(lambda: parent.pid, every_s=0.02) as killer:
             deadline = time.monotonic() + 10
             while not killer.misses and time.monotonic() < deadline:
                 time.sleep(0.02)
         assert killer.kills == 1 and [pid for _, pid in killer.killed] == [k for k in kids if k != first]
-        assert killer.misses >= 1 and compare.kill_one(parent.pid) is None
+        assert killer.misses >= 1 and faults.kill_one(parent.pid) is None
         assert psutil.Process(other).status() != psutil.STATUS_ZOMBIE
         assert outsider.poll() is None  # untouched
     finally:
@@ -320,7 +321,7 @@ def test_steady_run_counts_every_request(stub, tmp_path):
 
 def test_wrong_token_fails_every_request(stub, tmp_path, monkeypatch):
     host, seen = stub
-    monkeypatch.setenv("PACKRAT_BODY_FILE", "/nonexistent")  # must not leak: the body given is what is sent
+    monkeypatch.setenv(BODY_FILE.name, "/nonexistent")  # must not leak: the body given is what is sent
     r = run_locust(host, "tiny", users=1, duration_s=2, out_dir=tmp_path, token="wrong",
                    payload=build_payload("tiny"), request_log=tmp_path / "requests.tsv")
     assert r.requests > 0 and r.failures == r.requests
@@ -334,7 +335,7 @@ def test_step_load_stops_by_itself(stub, tmp_path):
     host, _ = stub
     r = run_locust(host, "tiny", users=2, duration_s=4, out_dir=tmp_path, token=TOKEN,
                    payload=build_payload("tiny", "raw"), shape="step",
-                   env={"PACKRAT_STEP_USERS": "1,2", "PACKRAT_STEP_SECONDS": "2"})
+                   env={STEP_USERS.name: "1,2", STEP_SECONDS.name: "2"})
     assert r.requests > 0 and r.failures == 0
     assert r.history and max(row.users for row in r.history) == 2
     assert [label for _, label in r.markers] == ["1 users", "2 users"]
@@ -343,4 +344,4 @@ def test_step_load_stops_by_itself(stub, tmp_path):
 def test_locust_errors_raise_with_its_stderr(tmp_path):
     with pytest.raises(RuntimeError, match="No such file"):
         run_locust("http://127.0.0.1:9", "tiny", users=1, duration_s=1, out_dir=tmp_path, payload=(b"x", "text/plain"),
-                   env={"PACKRAT_BODY_FILE": str(tmp_path / "missing")})
+                   env={BODY_FILE.name: str(tmp_path / "missing")})

@@ -10,6 +10,7 @@ import torch
 from packrat.models.zoo import compiled_package, DEFAULT_MODEL, ZOO, prepare, resolve
 from packrat.models.spec import ModelSpec
 from packrat.models.tiny import TinyNet
+from packrat.settings import COMPILE_CACHE_ENV
 from model_checks import close, two_threads  # noqa: F401 (autouse fixture)
 
 # Tests script/save tiny models themselves; TorchScript's deprecation notices are noise here.
@@ -296,7 +297,7 @@ def test_an_archive_ships_the_packages_of_its_first_plan(tmp_path, monkeypatch):
     weights: a many-core profile's every ⟨t, b⟩ would make a huge archive); all without a plan."""
     from packrat.deploy import archive
 
-    monkeypatch.setenv("PACKRAT_COMPILE_CACHE", str(tmp_path))
+    monkeypatch.setenv(COMPILE_CACHE_ENV.name, str(tmp_path))
     spec = ZOO["tiny"]
     for threads, batch in [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (2, 8), (4, 8)]:
         compiled_package(spec, batch, threads=threads).write_bytes(b"")

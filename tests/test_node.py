@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from packrat.codec.payloads import build_payload
+from packrat.bench.payloads import build_payload
 from packrat.machine.topology import Topology, detect
 from packrat.serving.engine import Engine
 from packrat.serving.node import LoadMeter, NodeMember, NodeOwner
 from packrat.serving.pool.api import Request
 from packrat.serving.pool.core_locks import holding, lock_path
-from packrat.settings import Settings
+from packrat.settings import NODE_DIR_ENV, Settings
 
 CORES = detect().num_cores
 # A fixed cost per batch: one core each (10 ms at B = 4) beats taking turns on both (2 × 6 ms).
@@ -45,7 +45,7 @@ def cores_of(e: Engine) -> set[int]:
 
 @pytest.mark.skipif(CORES < 2, reason="needs two cores")
 def test_two_models_split_the_cores_and_one_grows_when_the_other_leaves(tmp_path, monkeypatch):
-    monkeypatch.setenv("PACKRAT_NODE_DIR", str(tmp_path / "node"))
+    monkeypatch.setenv(NODE_DIR_ENV.name, str(tmp_path / "node"))
     first = engine(tmp_path, "a")
     try:
         assert cores_of(first) == set(detect().cores)  # alone on the node: every core

@@ -19,6 +19,7 @@ from packrat.profiling import profiles
 from packrat.serving.inference import answer_batch
 from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
 from packrat.serving.pool.instance_pool import InstancePool
+from packrat.settings import COMPILE_CACHE_ENV
 
 OTHERS = [pytest.param(r, marks=pytest.mark.skipif(not runtimes.installed(r), reason=f"{r} not installed"))
           for r in ("openvino", "onnxruntime")]
@@ -56,7 +57,7 @@ def test_a_runtime_answers_as_eager_at_every_batch_size(runtime, model):
 
 
 def test_a_runtime_whose_outputs_differ_is_refused_with_the_reason(monkeypatch, tmp_path):
-    monkeypatch.setenv("PACKRAT_COMPILE_CACHE", str(tmp_path))
+    monkeypatch.setenv(COMPILE_CACHE_ENV.name, str(tmp_path))
     monkeypatch.setattr(runtimes, "installed", lambda r: True)
     converted = []
     monkeypatch.setitem(runtimes._CONVERT, "onnxruntime", lambda module, spec, ex, path: converted.append(path)
@@ -75,7 +76,7 @@ def test_a_runtime_whose_outputs_differ_is_refused_with_the_reason(monkeypatch, 
 
 
 def test_a_runtime_that_fails_to_convert_is_refused(monkeypatch, tmp_path):
-    monkeypatch.setenv("PACKRAT_COMPILE_CACHE", str(tmp_path))
+    monkeypatch.setenv(COMPILE_CACHE_ENV.name, str(tmp_path))
     monkeypatch.setattr(runtimes, "installed", lambda r: True)
 
     def fails(*args):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from packrat.cli.args import archive_args
-from packrat.cli.default_profile import resolve_profile
+from packrat.cli.args import archive_args, settings_given
+from packrat.profiling.default_profile import resolve_profile
 from packrat.cli.types import for_model
 from packrat.deploy import archive
 from packrat.settings import Settings
@@ -21,32 +21,17 @@ def served_names(models: list[str]) -> list[str]:
     return names
 
 
-def one_value(args: argparse.Namespace, flag: str, name: str, names: list[str]):
-    """The value of a per-model option (--tokenizer, --labels, --slo) for the model served as `name`."""
-    values = for_model(getattr(args, flag), name, names, f"--{flag}")
-    if len(values) > 1:
-        raise ValueError(f"--{flag} given {len(values)} times for {name}: give it once")
-    return values[0] if values else None
-
-
 def profiles_for(args: argparse.Namespace, model: str, name: str, names: list[str]) -> list[Path]:
     """The model's profiles (--profile [NAME=]PATH, one per machine type), the default one measured
     when none is given."""
     given = for_model(args.profile, name, names, "--profile", bare_for_one=True)
-    return [resolve_profile(model, path, batch_sizes=[args.batch_size], input_shape=args.input_shape)
+    return [resolve_profile(model, path, batch_sizes=[args.max_batch], input_shape=args.input_shape)
             for path in given or [None]]
 
 
 def settings_from_args(args: argparse.Namespace, model: str, names: list[str], profiles: list[Path]) -> Settings:
-    """The settings of `model` (served as one of `names`) from the model, batching, request,
-    recovery and --cores arguments."""
-    name = archive.archive_name(model)
-    return Settings(model, profiles=profiles, max_batch=args.batch_size, plan=args.plan,
-                    reconfigure=args.reconfigure, cores=args.cores, input_shape=args.input_shape,
-                    tokenizer=one_value(args, "tokenizer", name, names), labels=one_value(args, "labels", name, names),
-                    slo_ms=one_value(args, "slo", name, names), max_body_bytes=int(args.max_body_mb * 2**20),
-                    truncate_text=args.truncate_text, request_timeout_s=args.request_timeout,
-                    max_queue=args.max_queue, batch_timeout_s=args.batch_timeout)
+    """The settings of `model` (served as one of `names`) from its profiles and the settings' options."""
+    return Settings(model, profiles=profiles, **settings_given(args, archive.archive_name(model), names))
 
 
 def archive_from_args(args: argparse.Namespace, out_dir: Path, handler: str = "packrat", model: str | None = None,

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
 from pathlib import Path
 
-from packrat.cli import compare
+from packrat.bench.users import parse_users
 from packrat.deploy import archive
 from packrat.machine.budget import cpu_budget
 from packrat.machine.topology import Topology
 from packrat.models import modes
 from packrat.profiling import profiler
-from packrat.cli.types import named, positive, shape
-from packrat.settings import MAX_BODY_BYTES
+from packrat.cli.types import for_model, named, positive, shape
+from packrat.settings import MAX_BODY_BYTES, EstimatorSettings, Settings, setting_value
 
 DEFAULT_BATCHES = "1,2,4,8,16,32,64"
 
@@ -24,7 +25,7 @@ DEFAULT_RUN_DIR = Path(".packrat/serve")
 def users_list(text: str) -> list:
     """argparse type for --users: patterns relative to the batch size B, e.g. B,2B or 4,2B."""
     try:
-        return compare.parse_users(text)
+        return parse_users(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -57,7 +58,7 @@ def labels_path(text: str) -> Path:
 
 
 def local_cores() -> int:
-    """The cores this process may use: its CPU budget (affinity, CFS quota, $PACKRAT_CORES)."""
+    """The cores this process may use: its CPU budget (affinity, CFS quota, CORES_ENV)."""
     return cpu_budget().cores
 
 
@@ -89,7 +90,7 @@ MODEL_HELP = ("zoo name, hf:DIR (a Hugging Face save_pretrained directory), a to
 def model_args(p: argparse.ArgumentParser,
                profile_help: str = "profile CSV (default: profiles/MODEL.csv; when that is missing, one is "
                                    "measured there first on a small grid and reused next time)",
-               several_profiles: bool = False, several_models: bool = False) -> None:
+               several_profiles: bool = False, several_models: bool = False, input_shape: bool = True) -> None:
     if several_models:
         p.add_argument("--model", dest="models", action="append", default=None, metavar="MODEL",
                        help=MODEL_HELP + "; repeat it to serve several models, each at /predictions/NAME, on "
@@ -104,51 +105,8 @@ def model_args(p: argparse.ArgumentParser,
                                            "NAME=PATH says whose it is (NAME: the served name)")
     else:
         p.add_argument("--profile", type=Path, default=None, help=profile_help)
-    p.add_argument("--input-shape", type=shape, default=None, help="one input sample's shape, e.g. 3,224,224")
-
-
-def batching_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch-size", type=positive(int), default=8,
-                   help="TorchServe's batch size B; the plan is made for it (default: 8)")
-    p.add_argument("--max-batch-delay", type=positive(int), default=50, metavar="MS",
-                   help="how long TorchServe waits to fill a batch (default: 50 ms)")
-    p.add_argument("--plan", choices=("auto", "fat"), default="auto",
-                   help="auto: the planner's instances; fat: one instance with every core (default: auto)")
-    p.add_argument("--no-reconfigure", dest="reconfigure", action="store_false",
-                   help="keep the plan for --batch-size instead of following the observed batch sizes")
-    ios_cache_arg(p, "a profile taken with --ios is served by IOS-compiled instances; their schedules come "
-                     "from here")
-
-
-def request_args(p: argparse.ArgumentParser) -> None:
-    """The request handling arguments; the per-model ones take NAME=VALUE (a bare VALUE: every model)."""
-    p.add_argument("--tokenizer", type=named(tokenizer_path), action="append", default=None, metavar="[NAME=]DIR",
-                   help="a directory holding a Hugging Face tokenizer.json (or the file): token models then "
-                        "also take text/plain requests")
-    p.add_argument("--labels", type=named(labels_path), action="append", default=None, metavar="[NAME=]FILE",
-                   help='class names for classifier answers: TorchServe\'s index_to_name.json '
-                        '({"0": "tench", ...})')
-    p.add_argument("--slo", type=named(positive(float)), action="append", default=None, metavar="[NAME=]MS",
-                   help="the model's latency objective in ms: the machine's cores are then planned to serve the "
-                        "most load within every model's objective, and `packrat status` names a model that "
-                        "cannot meet it (default: none; the cores go where the worst slowdown is least)")
-    p.add_argument("--max-body-mb", type=positive(float), default=MAX_BODY_BYTES / 2**20, metavar="MB",
-                   help=f"largest request body accepted; larger ones get 413 (default: {MAX_BODY_BYTES // 2**20})")
-    p.add_argument("--truncate-text", action="store_true",
-                   help="cut text longer than the model takes to its length (default: answer it 413)")
-
-
-def recovery_args(p: argparse.ArgumentParser) -> None:
-    """How the pool recovers requests; left out, a setting is not written and the pool's default applies."""
-    p.add_argument("--request-timeout", type=positive(float), default=None, metavar="S",
-                   help="how long a request may wait and run before it is answered 504; in line with "
-                        "TorchServe's default_response_timeout (default: the pool's, 120 s)")
-    p.add_argument("--max-queue", type=positive(int), default=None, metavar="N",
-                   help="requests waiting beyond this are answered 503 at once (default: the pool's, 1000)")
-    p.add_argument("--batch-timeout", type=positive(float), default=None, metavar="S",
-                   help="a batch running longer than this marks its instance hung: it is killed, its requests "
-                        "re-run elsewhere, and it is respawned (default: 10 × the profile's latency for the batch, "
-                        "at least 5 s)")
+    if input_shape:
+        p.add_argument("--input-shape", type=shape, default=None, help="one input sample's shape, e.g. 3,224,224")
 
 
 def run_dir_arg(p: argparse.ArgumentParser, what: str = f"default: {DEFAULT_RUN_DIR}") -> None:
@@ -199,12 +157,88 @@ def adaptive_args(p: argparse.ArgumentParser) -> None:
 
 
 def archive_args(p: argparse.ArgumentParser, several_models: bool = False) -> None:
-    """What archive and serve share: the model, batching, request and recovery arguments, and --cores."""
-    model_args(p, several_profiles=True, several_models=several_models)
-    p.add_argument("--cores", type=positive(int), default=None, metavar="N",
-                   help="plan for at most N cores, written into the archive (default: every core this "
-                        "process may use: its CPU affinity, cut to its cgroup's CPU quota, or $PACKRAT_CORES). "
-                        "More than the machine gives is cut to what it gives")
-    batching_args(p)
-    request_args(p)
-    recovery_args(p)
+    """What archive and serve share: the model and its profiles, TorchServe's batch delay, and every
+    packrat setting (settings_args)."""
+    model_args(p, several_profiles=True, several_models=several_models, input_shape=False)
+    p.add_argument("--max-batch-delay", type=positive(int), default=50, metavar="MS",
+                   help="how long TorchServe waits to fill a batch (default: 50 ms)")
+    ios_cache_arg(p, "a profile taken with --ios is served by IOS-compiled instances; their schedules come "
+                     "from here")
+    settings_args(p)
+
+
+# ---- the packrat settings as options -------------------------------------------------------------
+# One option per field of Settings and of its estimator, named after the field (--max-batch,
+# --estimator-alpha), typed, checked and explained by the schema (packrat/settings.py); the names the
+# options had before stay as aliases.
+ALIASES = {"max_batch": ("--batch-size",), "request_timeout_s": ("--request-timeout",),
+           "batch_timeout_s": ("--batch-timeout",), "slo_ms": ("--slo",)}
+FILE_TYPES = {"tokenizer": tokenizer_path, "labels": labels_path}  # files read and checked as they are named
+CHOICES = {"graph_mode": modes.MODES}
+NESTED = {"estimator": EstimatorSettings}  # a mapping in the section: an option per field of its own
+
+
+def settings_args(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("packrat settings", "written to the archive's packrat: section; a per-model "
+                                                     "one takes [NAME=]VALUE (a bare VALUE: every model's)")
+    for schema, field, prefix in _options():
+        meta, dest = field.metadata, prefix.replace(".", "_") + field.name
+        kind = FILE_TYPES.get(dest) or _schema_type(schema, field.name, prefix)
+        default = "" if field.default is None or isinstance(field.default, bool) else f" (default: {field.default})"
+        options = {"dest": dest, "default": None if prefix else field.default,  # nested: left out unless given
+                   "help": (meta["help"] + default).replace("%", "%%"),
+                   "choices": meta.get("choices") or CHOICES.get(dest)}
+        if field.type.startswith("bool"):
+            options.update(action=argparse.BooleanOptionalAction, choices=None)
+        elif meta.get("per_model"):
+            options.update(action="append", type=named(kind), metavar=f"[NAME=]{meta.get('metavar', 'VALUE')}")
+        else:
+            options.update(type=kind, metavar=meta.get("metavar"))
+        group.add_argument(f"--{dest.replace('_', '-')}", *ALIASES.get(dest, ()), **options)
+    group.add_argument("--max-body-mb", dest="max_body_bytes", default=argparse.SUPPRESS, metavar="MB",
+                       type=lambda text: int(positive(float)(text) * 2**20),
+                       help=f"the same in MB (default: {MAX_BODY_BYTES // 2**20})")
+
+
+def _options():
+    """(schema, field, prefix) of every setting that is an option: Settings' own and its estimator's."""
+    for field in fields(Settings):
+        if field.name in NESTED:
+            yield from ((NESTED[field.name], inner, f"{field.name}.") for inner in fields(NESTED[field.name]))
+        elif field.metadata.get("option", True):
+            yield Settings, field, ""
+
+
+def _schema_type(schema: type, name: str, prefix: str):
+    """argparse type: the text as the schema's field takes it (settings.setting_value), its error the flag's."""
+
+    def parse(text: str):
+        try:
+            return setting_value(schema, name, text, prefix)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name
+    return parse
+
+
+def settings_given(args: argparse.Namespace, name: str, names: list[str]) -> dict:
+    """Settings keywords from the options of settings_args, for the model served as `name` (of `names`)."""
+    given = {key: None for key in NESTED}
+    for _, field, prefix in _options():
+        value = getattr(args, prefix.replace(".", "_") + field.name)
+        if field.metadata.get("per_model"):
+            value = one_value(value, name, names, ALIASES.get(field.name, (f"--{field.name.replace('_', '-')}",))[0])
+        if not prefix:
+            given[field.name] = value
+        elif value is not None:
+            given[prefix[:-1]] = {**(given[prefix[:-1]] or {}), field.name: value}
+    return given
+
+
+def one_value(entries, name: str, names: list[str], flag: str):
+    """The value of a per-model option (`named` entries) for the model served as `name`."""
+    values = for_model(entries, name, names, flag)
+    if len(values) > 1:
+        raise ValueError(f"{flag} given {len(values)} times for {name}: give it once")
+    return values[0] if values else None

@@ -1,4 +1,5 @@
-"""`packrat bench`: fat vs planned (and stock), through real TorchServe with locust, or the pool alone."""
+"""`packrat bench`: fat vs planned (and stock), through real TorchServe with locust, or the pool alone
+(the measuring: packrat/bench/server.py, pool.py and step.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ import argparse
 import json
 from pathlib import Path
 
-from packrat.cli import compare
-from packrat.cli.args import local_cores, model_args, tokenizer_path, users_list
+from packrat.bench.pool import format_pool_results, pool_bench
+from packrat.bench.results import write_json
+from packrat.bench.server import run_server_bench
+from packrat.bench.step import format_step_results, step_bench
+from packrat.bench.users import BATCH_USERS
+from packrat.cli.args import model_args, tokenizer_path, users_list
 from packrat.cli.types import int_list, positive
-from packrat.cli.default_profile import resolve_profile
+from packrat.profiling.default_profile import resolve_profile
 from packrat.profiling.profiles import load
 
 POOL_ROUNDS = 20  # --pool-only's timed rounds unless --rounds says
@@ -29,7 +34,7 @@ def add_bench_parser(sub) -> None:
     model_args(p)
     p.add_argument("--batch-size", type=int_list, default=[8], help="batch sizes, e.g. 2,4,8 (default: 8)")
     p.add_argument("--duration", type=positive(float), default=30.0, help="seconds of load per run (default: 30)")
-    p.add_argument("--users", type=users_list, default=[compare.BATCH_USERS], metavar="PATTERNS",
+    p.add_argument("--users", type=users_list, default=[BATCH_USERS], metavar="PATTERNS",
                    help="locust users per run, relative to the batch size B: e.g. B,2B or 4,2B (integers, B, kB); "
                         "each is run against every configuration (default: B)")
     p.add_argument("--payload", choices=("jpeg", "text", "raw", "json"), default=None,
@@ -65,8 +70,8 @@ def add_bench_parser(sub) -> None:
 def bench_tokenizer(model: str, payload: str, given: Path | None, demo: bool, out: Path) -> Path | None:
     """The tokenizer.json the servers get: --tokenizer, or with --demo-tokenizer one built into OUT/tokenizer/.
     A text payload without either is an error."""
-    from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
-    from packrat.codec.payloads import natural_payload
+    from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+    from packrat.bench.payloads import natural_payload
 
     if demo:
         if natural_payload(model) != "text":
@@ -81,7 +86,7 @@ def bench_tokenizer(model: str, payload: str, given: Path | None, demo: bool, ou
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from packrat.codec.payloads import check_payload, natural_payload
+    from packrat.bench.payloads import check_payload, natural_payload
 
     out = args.out
     if args.pool_only:  # the pool gets tensors: no payload, no tokenizer
@@ -90,25 +95,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
         results, rounds = [], args.rounds or POOL_ROUNDS
         for batch in args.batch_size:
             with tqdm(total=rounds, desc=f"pool bench B={batch}", disable=args.json) as bar:
-                results.append(compare.pool_bench(args.model, batch, profile, rounds, progress=bar.update))
-        compare.save_json(out / "pool-bench.json", results)
-        print(json.dumps(results, indent=2) if args.json else compare.format_pool_results(results))
+                results.append(pool_bench(args.model, batch, profile, rounds, progress=bar.update))
+        write_json(out / "pool-bench.json", results)
+        print(json.dumps(results, indent=2) if args.json else format_pool_results(results))
         return 0
     payload = args.payload or natural_payload(args.model, args.input_shape)
     check_payload(args.model, payload, args.input_shape)
     tokenizer = bench_tokenizer(args.model, payload, args.tokenizer, args.demo_tokenizer, out)
     profile = resolve_profile(args.model, args.profile, batch_sizes=args.batch_size, input_shape=args.input_shape)
     if args.shape == "step":
-        results = compare.step_bench(args.model, args.batch_size[-1], profile, out, cycles=args.cycles,
-                                   step_s=args.step_seconds, payload=payload, tokenizer=tokenizer,
-                                   log=(lambda *_: None) if args.json else print)
-        compare.save_json(out / "step-bench.json", results)
+        results = step_bench(args.model, args.batch_size[-1], profile, out, cycles=args.cycles,
+                             step_s=args.step_seconds, payload=payload, tokenizer=tokenizer,
+                             log=(lambda *_: None) if args.json else print)
+        write_json(out / "step-bench.json", results)
         if args.json:
             print(json.dumps(json.loads((out / "step-bench.json").read_text()), indent=2))
         else:
             print(f"\nstep load 1 ↔ {args.batch_size[-1]} users, {args.cycles} cycles of "
                   f"{args.step_seconds:.0f} s steps, payload {payload} (locust on the same cores)")
-            print(compare.format_step_results(results))
+            print(format_step_results(results))
             print("timelines: " + ", ".join(r["timeline"] for r in results.values()))
         return 0
     run_server_bench(args.model, args.batch_size, profile, out, args.duration, args.users, args.json,
@@ -116,42 +121,3 @@ def cmd_bench(args: argparse.Namespace) -> int:
                      graph_mode=load(profile).metadata.get("mode"))
     return 0
 
-
-def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, duration: float,
-                     users=None, as_json: bool = False, *, payload: str | None = None,
-                     tokenizer: Path | None = None, kill_every: float | None = None, rounds: int = 1,
-                     graph_mode: str | None = None, warmup_s: float = compare.WARMUP_S) -> list[compare.ServerRun]:
-    """Server bench for every batch size (compare.server_bench; graph_mode: the profile's, for the
-    stock handler): the table per batch (or JSON), the latency plots and OUT/server-bench.json =
-    {model, payload, users, kill_every_s, duration_s, rounds, runs: [ServerRun, ...]}; returns the runs."""
-    from loadtest import plot_latency_distributions
-    from packrat.codec.payloads import natural_payload
-    from packrat.models.modes import served
-
-    payload = payload or natural_payload(model)
-    users = list(users or [compare.BATCH_USERS])
-    runs = []
-    for batch in batches:
-        batch_runs = compare.server_bench(model, batch, profile, out / f"B{batch}", duration_s=duration, users=users,
-                                        payload=payload, tokenizer=tokenizer, kill_every_s=kill_every,
-                                        rounds=rounds, graph_mode=served(graph_mode), warmup_s=warmup_s,
-                                        log=(lambda *_: None) if as_json else print)
-        runs += batch_runs
-        png = plot_latency_distributions(compare.latency_rows(batch_runs), out / f"latency-B{batch}.png")
-        if not as_json:
-            counts = ", ".join(f"{p}={n}" if p != str(n) else p for n, p in compare.users_for_batch(users, batch))
-            each = (f"{duration:.0f} s each" if rounds == 1 else
-                    f"{rounds} interleaved rounds of {duration:.0f} s each, pooled")
-            print(f"\n{model}, batch size {batch}, payload {payload}, users {counts}, {each} "
-                  f"(locust runs on the same {local_cores()} cores as the server)")
-            if kill_every is not None:
-                print(f"kill -9 one pool instance every {kill_every:g} s during each run "
-                      f"(stock has no pool: kills -)")
-            print(compare.format_server_results(batch_runs, kills=kill_every is not None))
-            print(f"latency distributions: {png}")
-    report = {"model": model, "payload": payload, "users": [str(p) for p in users], "kill_every_s": kill_every,
-              "duration_s": duration, "rounds": rounds, "runs": runs}
-    compare.save_json(out / "server-bench.json", report)
-    if as_json:
-        print(json.dumps(json.loads((out / "server-bench.json").read_text()), indent=2))
-    return runs

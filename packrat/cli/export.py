@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from packrat.cli.types import positive
+from packrat.settings import CORES_ENV
 
 
 def add_export_parser(sub) -> None:
@@ -23,13 +24,13 @@ def add_export_parser(sub) -> None:
                     "InferenceService reading the archive from the PVC) and copy-models.yaml (the PVC and a pod "
                     "to `kubectl cp` the archive onto it). Every pod is Guaranteed QoS with whole CPUs "
                     "(requests == limits), so the kubelet's static CPU manager gives it cores of its own, and "
-                    "PACKRAT_CORES tells packrat how many. Readiness is `packrat ready` (a worker READY), not "
+                    f"{CORES_ENV} tells packrat how many. Readiness is `packrat ready` (a worker READY), not "
                     "/ping. Each file starts with a comment on how to apply it and reach the model.",
         epilog="example: packrat export k8s --archive model_store/resnet50.mar --cores 8 --memory 16Gi "
                "--image registry.example.com/packrat:1 --out k8s")
     k.add_argument("--archive", type=Path, required=True, help="the .mar built by `packrat archive` (packrat handler)")
     k.add_argument("--cores", type=positive(int), required=True, metavar="N",
-                   help="whole CPUs per serving pod: requests, limits, Ray's num-cpus and PACKRAT_CORES")
+                   help=f"whole CPUs per serving pod: requests, limits, Ray's num-cpus and {CORES_ENV}")
     k.add_argument("--memory", default="8Gi", help="memory per serving pod, a Kubernetes quantity (default: 8Gi)")
     k.add_argument("--name", help="the model's and the objects' name (default: the archive's, made DNS-safe)")
     k.add_argument("--image", default="packrat:latest",
@@ -55,13 +56,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     archive = k8s.read_archive(args.archive)
     archive = dataclasses.replace(archive, name=args.name or k8s.dns_name(archive.name))
-    settings = k8s.Settings(archive, args.cores, memory=args.memory, image=args.image, replicas=args.replicas,
-                            head_cores=args.head_cores, head_memory=args.head_memory, storage=args.storage,
-                            token_auth=args.token_auth, token_expiration_min=args.token_expiration_min,
-                            ray_version=args.ray_version or k8s.installed_ray_version())
-    files = k8s.write(settings, args.out)
+    spec = k8s.K8sSpec(archive, args.cores, memory=args.memory, image=args.image, replicas=args.replicas,
+                       head_cores=args.head_cores, head_memory=args.head_memory, storage=args.storage,
+                       token_auth=args.token_auth, token_expiration_min=args.token_expiration_min,
+                       ray_version=args.ray_version or k8s.installed_ray_version())
+    files = k8s.write(spec, args.out)
     if args.json:
-        print(json.dumps({"name": settings.name, "files": [str(f) for f in files]}))
+        print(json.dumps({"name": spec.name, "files": [str(f) for f in files]}))
     else:
-        print(f"wrote {', '.join(str(f) for f in files)} for {settings.name}; each file says how to apply it")
+        print(f"wrote {', '.join(str(f) for f in files)} for {spec.name}; each file says how to apply it")
     return 0

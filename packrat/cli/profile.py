@@ -10,7 +10,7 @@ from pathlib import Path
 from packrat.cli.args import DEFAULT_BATCHES, adaptive_args, contention_args, graph_mode_args, ios_cache_arg, local_cores
 
 from packrat.cli.types import int_list, positive, shape
-from packrat.cli.default_profile import about
+from packrat.profiling.default_profile import about
 from packrat.profiling.profiles import default_path as default_profile_path
 from packrat.profiling import profiler
 from packrat.profiling.profiles import load

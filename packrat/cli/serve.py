@@ -69,7 +69,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     mars = [archive_from_args(args, run_dir / "model_store", model=model, names=names) for model in models]
     ports = torchserve.Ports(args.inference_port, args.management_port, args.metrics_port,
                              args.grpc_inference_port, args.grpc_management_port)
-    print(f"starting TorchServe for {', '.join(names)} (batch size {args.batch_size}); "
+    print(f"starting TorchServe for {', '.join(names)} (batch size {args.max_batch}); "
           f"waiting for every worker READY ...")
     server = torchserve.start(torchserve.Server(run_dir, names[0], ports, token_auth=not args.disable_token_auth,
                                                 oip=args.oip, models=tuple(names), model_api=args.enable_model_api),

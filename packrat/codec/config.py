@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from packrat.models.spec import InputSpec
-from packrat.settings import MAX_BODY_BYTES
+from packrat.settings import MAX_BODY_BYTES, MAX_PIXELS, MAX_SAMPLES
 
 TASKS = ("classification", "embedding", "language-model")
 V2_OUTPUT = "output0"  # the name of a KServe v2 answer's one output
@@ -23,8 +23,8 @@ class CodecConfig:
     tokenizer: str | None = None  # a Hugging Face tokenizer.json (text models)
     labels: str | None = None  # TorchServe's index_to_name.json
     max_body_bytes: int = MAX_BODY_BYTES
-    max_pixels: int = 50_000_000  # decompression bombs: checked from the header, before decoding
-    max_samples: int = 64  # samples one (KServe) request may carry
+    max_pixels: int = MAX_PIXELS  # decompression bombs: checked from the header, before decoding
+    max_samples: int = MAX_SAMPLES  # samples one (KServe) request may carry
     truncate_text: bool = False  # text longer than the model takes: truncated instead of 413
     inputs: tuple[InputSpec, ...] | None = None  # every named input; None: one, of the shape above
 

@@ -1,1 +1,1 @@
-"""Deploying: model archives, running TorchServe, a local Ray cluster, Kubernetes manifests."""
+"""Deploying: model archives, running TorchServe, Kubernetes manifests."""

@@ -20,25 +20,17 @@ DEFAULT_IOS_CACHE = Path("profiles/ios-schedules")  # where `packrat profile --i
 HF_ARCHIVE_DIR = "hf-model"  # where an archive keeps a Hugging Face model's directory
 
 
-def model_config_yaml(settings: Settings, *, handler: str = "packrat", max_batch_delay_ms: int = 50,
-                      async_worker: bool = False) -> str:
+def model_config_yaml(settings: Settings, *, handler: str = "packrat", max_batch_delay_ms: int = 50) -> str:
     """TorchServe's per-model config: its batching and workers, and packrat's settings under `packrat:`.
 
     The packrat handler gets one worker (the pool uses every core) in TorchServe's ordinary mode:
     TorchServe gathers batches of up to max_batch within max_batch_delay_ms and the pool splits
-    each among its instances. With async_worker (for comparison only: TorchServe 0.12's
-    asynchronous mode strands requests under load, see handlers/packrat_handler.py) batches go to
-    the pool one request at a time, as they arrive, and the pool batches for its instances."""
+    each among its instances. (TorchServe's asynchronous mode strands requests under load:
+    BENCHMARKS.md, issue 16.)"""
     torchserve = {"batchSize": settings.max_batch, "maxBatchDelay": max_batch_delay_ms, "responseTimeout": 300,
                   "startupTimeout": 600}
     if handler == "packrat":
         torchserve.update(minWorkers=1, maxWorkers=1)
-        if async_worker:
-            # TorchServe 0.12's asynchronous batch aggregator fails on batches of more than one
-            # request (ConcurrentModificationException, then a worker restart loop), so TorchServe
-            # hands over single requests; the pool batches them (up to max_batch).
-            # maxBatchDelay 1: TorchServe reads 0 as "unset" and waits its default 100 ms.
-            torchserve.update(asyncCommunication=True, batchSize=1, maxBatchDelay=1)
     return yaml.safe_dump({**torchserve, "packrat": settings.to_section()}, sort_keys=False)
 
 
@@ -66,7 +58,7 @@ def request_files(settings: Settings) -> dict[str, Path]:
 
 
 def build(settings: Settings, out_dir: Path, *, name: str | None = None, handler: str = "packrat",
-          max_batch_delay_ms: int = 50, async_worker: bool = False, ios_cache: Path = DEFAULT_IOS_CACHE) -> Path:
+          max_batch_delay_ms: int = 50, ios_cache: Path = DEFAULT_IOS_CACHE) -> Path:
     """Build NAME.mar with torch-model-archiver: the handler, `settings` with the files they name
     (profiles, tokenizer, labels; the model file of a TorchScript or torch.export model, the
     directory of a Hugging Face one) shipped inside and renamed there. Zoo models are rebuilt from
@@ -109,8 +101,7 @@ def build(settings: Settings, out_dir: Path, *, name: str | None = None, handler
         packed = settings.replace(model=model_ref, profiles=tuple(profile_names), ios=mode == "ios",
                                   **{key: path.name for key, path in requests.items()})
         config = staging / "model-config.yaml"
-        config.write_text(model_config_yaml(packed, handler=handler, max_batch_delay_ms=max_batch_delay_ms,
-                                            async_worker=async_worker))
+        config.write_text(model_config_yaml(packed, handler=handler, max_batch_delay_ms=max_batch_delay_ms))
         _run_tool(["torch-model-archiver", "--model-name", name, "--version", "1.0",
                    "--handler", str(HANDLERS / f"{handler}_handler.py"), "--config-file", str(config),
                    "--extra-files", ",".join(map(str, extra)), "--export-path", str(out_dir), "--force"])

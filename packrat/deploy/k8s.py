@@ -1,4 +1,4 @@
-"""Kubernetes manifests for packrat (`packrat export k8s`): plain dicts built from plain settings.
+"""Kubernetes manifests for packrat (`packrat export k8s`): plain dicts built from a K8sSpec.
 
 Three ways to run the same archive on a cluster, one YAML file each:
 - torchserve.yaml: a Deployment + Service of TorchServe with the packrat handler;
@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from packrat.deploy import torchserve
-from packrat.settings import Settings as PackratSettings
+from packrat.settings import CORES_ENV, Settings
 
 IMAGE = "packrat:latest"
 CONFIG_DIR = "/etc/packrat"  # the ConfigMap: config.properties, log4j2.xml, the profiles
@@ -35,7 +35,6 @@ RUN_DIR = "/home/packrat/run"  # TorchServe's working directory: key_file.json, 
 STORE_PATH = "model-store"  # the folder on the PVC that holds NAME.mar
 USER_ID = 1000  # deploy/Dockerfile's non-root user
 PORTS = torchserve.Ports()  # 8080 inference, 8081 management, 8082 metrics, 7070/7071 gRPC
-CORES_ENV = "PACKRAT_CORES"  # the CPU budget packrat plans for
 SERVE_PORT = 8000  # Ray Serve's HTTP proxy
 RAY_VERSION = "2.60.0"  # KubeRay's rayVersion when Ray is not installed here
 
@@ -60,7 +59,7 @@ def read_archive(path: Path) -> Archive:
         with zipfile.ZipFile(path) as mar:
             manifest = json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]
             section = yaml.safe_load(mar.read(manifest.get("configFile", "model-config.yaml")))["packrat"]
-            settings = PackratSettings.from_section(section)
+            settings = Settings.from_section(section)
             profiles = {n: mar.read(n).decode() for n in settings.profiles}
             archive = Archive(manifest["modelName"], Path(path).name, settings.model, settings.max_batch, profiles,
                               settings.cores)
@@ -84,15 +83,18 @@ def installed_ray_version() -> str:
         return RAY_VERSION
 
 
-# ---- settings ----------------------------------------------------------------------------------
+# ---- the deployment ----------------------------------------------------------------------------
 
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a DNS-1123 label, as Service names must be
 QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")  # e.g. 8Gi, 512Mi
 
 @dataclass(frozen=True)
-class Settings:
+class K8sSpec:
+    """How an archive is deployed: the pods' CPUs and memory, the image, replicas, the Ray head, the
+    volume and TorchServe's token authorisation."""
+
     archive: Archive
-    cores: int  # whole CPUs per serving pod: its requests, limits and PACKRAT_CORES
+    cores: int  # whole CPUs per serving pod: its requests, limits and CORES_ENV
     memory: str = "8Gi"
     image: str = IMAGE
     replicas: int = 1
@@ -141,11 +143,11 @@ class Settings:
 
 # ---- building blocks ---------------------------------------------------------------------------
 
-def _meta(s: Settings, name: str, component: str) -> dict:
+def _meta(s: K8sSpec, name: str, component: str) -> dict:
     return {"name": name, "labels": _labels(s, component)}
 
 
-def _labels(s: Settings, component: str) -> dict:
+def _labels(s: K8sSpec, component: str) -> dict:
     return {"app.kubernetes.io/name": "packrat", "app.kubernetes.io/instance": s.name,
             "app.kubernetes.io/component": component}
 
@@ -157,7 +159,7 @@ def resources(cores: int, memory: str) -> dict:
 
 
 def _env(cores: int, **extra: str) -> list[dict]:
-    return [{"name": k, "value": v} for k, v in {CORES_ENV: str(cores), **extra}.items()]
+    return [{"name": k, "value": v} for k, v in {CORES_ENV.name: str(cores), **extra}.items()]
 
 
 def _security() -> dict:
@@ -165,7 +167,7 @@ def _security() -> dict:
     return {"runAsNonRoot": True, "runAsUser": USER_ID, "runAsGroup": USER_ID, "allowPrivilegeEscalation": False}
 
 
-def torchserve_config(s: Settings) -> str:
+def torchserve_config(s: K8sSpec) -> str:
     """packrat serve's config.properties, but inference on every address of the pod (for the
     Service) while management and metrics stay on the pod's loopback."""
     extra = {"inference_address": f"http://0.0.0.0:{PORTS.inference}"}
@@ -174,23 +176,23 @@ def torchserve_config(s: Settings) -> str:
     return torchserve.config_properties(PORTS, Path(MODEL_DIR), s.token_auth, extra)
 
 
-def config_map(s: Settings) -> dict:
+def config_map(s: K8sSpec) -> dict:
     data = {"config.properties": torchserve_config(s), "log4j2.xml": torchserve.LOG_CONFIG.read_text(),
             **s.archive.profiles}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(s, s.name, "config"), "data": data}
 
 
-def pvc(s: Settings) -> dict:
+def pvc(s: K8sSpec) -> dict:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(s, s.claim, "models"),
             "spec": {"accessModes": [s.access_mode], "resources": {"requests": {"storage": s.storage}}}}
 
 
-def ready_command(s: Settings) -> list[str]:
+def ready_command(s: K8sSpec) -> list[str]:
     return ["packrat", "ready", "--model", s.name, "--run-dir", RUN_DIR,
             "--management-port", str(PORTS.management)]
 
 
-def probes(s: Settings) -> dict:
+def probes(s: K8sSpec) -> dict:
     """Readiness: some worker READY in the management API (not /ping, which says Healthy while
     workers crash), asked by `packrat ready` inside the pod since management is on its loopback.
     Liveness: the inference port accepts connections; /ping would need the inference key when
@@ -204,7 +206,7 @@ def probes(s: Settings) -> dict:
     }
 
 
-def torchserve_container(s: Settings, name: str, **env: str) -> dict:
+def torchserve_container(s: K8sSpec, name: str, **env: str) -> dict:
     command = ["torchserve", "--start", "--foreground", "--ncs", "--ts-config", f"{CONFIG_DIR}/config.properties",
                "--model-store", MODEL_DIR, "--models", f"{s.name}={s.archive.file}",
                "--log-config", f"{CONFIG_DIR}/log4j2.xml"]
@@ -223,7 +225,7 @@ def torchserve_container(s: Settings, name: str, **env: str) -> dict:
     }
 
 
-def _volumes(s: Settings) -> list[dict]:
+def _volumes(s: K8sSpec) -> list[dict]:
     return [{"name": "config", "configMap": {"name": s.name}},
             {"name": "run", "emptyDir": {}},
             # The pool passes batches through /dev/shm; a container's own is 64 MiB. Memory-backed,
@@ -233,7 +235,7 @@ def _volumes(s: Settings) -> list[dict]:
 
 # ---- torchserve.yaml ---------------------------------------------------------------------------
 
-def deployment(s: Settings) -> dict:
+def deployment(s: K8sSpec) -> dict:
     container = torchserve_container(s, "torchserve")
     container["volumeMounts"].append({"name": "models", "mountPath": MODEL_DIR, "subPath": STORE_PATH,
                                       "readOnly": True})
@@ -251,19 +253,19 @@ def deployment(s: Settings) -> dict:
     }
 
 
-def service(s: Settings) -> dict:
+def service(s: K8sSpec) -> dict:
     return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(s, s.name, "torchserve"),
             "spec": {"selector": {"app.kubernetes.io/instance": s.name, "app.kubernetes.io/component": "torchserve"},
                      "ports": [{"name": "http", "port": PORTS.inference, "targetPort": "http", "protocol": "TCP"}]}}
 
 
-def torchserve_docs(s: Settings) -> list[dict]:
+def torchserve_docs(s: K8sSpec) -> list[dict]:
     return [config_map(s), pvc(s), deployment(s), service(s)]
 
 
 # ---- rayservice.yaml ---------------------------------------------------------------------------
 
-def serve_config(s: Settings) -> dict:
+def serve_config(s: K8sSpec) -> dict:
     """Ray Serve's config: one application, one replica per worker node, each owning its node's CPUs."""
     args = {"model": s.archive.model, "profiles": [f"{CONFIG_DIR}/{n}" for n in s.archive.profiles],
             "max_batch": s.archive.max_batch, "name": s.name, "replicas": s.replicas, "num_cpus": s.cores}
@@ -273,7 +275,7 @@ def serve_config(s: Settings) -> dict:
                               "args": args, "deployments": [engines]}]}
 
 
-def ray_pod(s: Settings, name: str, cores: int, memory: str, ports: list[dict]) -> dict:
+def ray_pod(s: K8sSpec, name: str, cores: int, memory: str, ports: list[dict]) -> dict:
     container = {"name": name, "image": s.image, "env": _env(cores), "resources": resources(cores, memory),
                  "ports": ports, "securityContext": _security(),
                  "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
@@ -283,7 +285,7 @@ def ray_pod(s: Settings, name: str, cores: int, memory: str, ports: list[dict]) 
             "spec": {"containers": [container], "volumes": volumes}}
 
 
-def rayservice(s: Settings) -> dict:
+def rayservice(s: K8sSpec) -> dict:
     head_ports = [{"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": 8265},
                   {"name": "client", "containerPort": 10001}, {"name": "serve", "containerPort": SERVE_PORT}]
     worker = {"groupName": "packrat", "replicas": s.replicas, "minReplicas": s.replicas, "maxReplicas": s.replicas,
@@ -300,17 +302,17 @@ def rayservice(s: Settings) -> dict:
     }
 
 
-def ray_docs(s: Settings) -> list[dict]:
+def ray_docs(s: K8sSpec) -> list[dict]:
     return [config_map(s), rayservice(s)]
 
 
 # ---- kserve.yaml -------------------------------------------------------------------------------
 
-def runtime_name(s: Settings) -> str:
+def runtime_name(s: K8sSpec) -> str:
     return f"{s.name}-packrat"
 
 
-def serving_runtime(s: Settings) -> dict:
+def serving_runtime(s: K8sSpec) -> dict:
     # TS_OPEN_INFERENCE_PROTOCOL=oip adds v2's health and metadata routes; TorchServe routes
     # /v1/models/NAME:predict and /v2/models/NAME/infer to the handler either way.
     container = torchserve_container(s, "kserve-container", **{torchserve.OIP_ENV: "oip"})
@@ -322,7 +324,7 @@ def serving_runtime(s: Settings) -> dict:
     }
 
 
-def inference_service(s: Settings) -> dict:
+def inference_service(s: K8sSpec) -> dict:
     meta = _meta(s, s.name, "kserve")
     # RawDeployment: a plain Deployment. Knative's mode adds a queue-proxy sidecar whose requests
     # are not its limits, which would make the pod Burstable.
@@ -336,13 +338,13 @@ def inference_service(s: Settings) -> dict:
             "spec": {"predictor": {"minReplicas": s.replicas, "maxReplicas": s.replicas, "model": model}}}
 
 
-def kserve_docs(s: Settings) -> list[dict]:
+def kserve_docs(s: K8sSpec) -> list[dict]:
     return [config_map(s), pvc(s), serving_runtime(s), inference_service(s)]
 
 
 # ---- copy-models.yaml --------------------------------------------------------------------------
 
-def copy_pod(s: Settings) -> dict:
+def copy_pod(s: K8sSpec) -> dict:
     """A throw-away pod that mounts the PVC read-write, for `kubectl cp` of the archive."""
     container = {"name": "copy", "image": "busybox:1.36",
                  "command": ["sh", "-c", f"mkdir -p /mnt/pvc/{STORE_PATH} && sleep 3600"],
@@ -355,7 +357,7 @@ def copy_pod(s: Settings) -> dict:
 
 # ---- files -------------------------------------------------------------------------------------
 
-def _auth_text(s: Settings, workload: str) -> str:
+def _auth_text(s: K8sSpec, workload: str) -> str:
     """How clients authenticate to TorchServe in `workload` (a Deployment name)."""
     if not s.token_auth:
         return ("Token authorisation is OFF: anyone who reaches the Service can call the model. Keep it\n"
@@ -372,7 +374,7 @@ def _auth_text(s: Settings, workload: str) -> str:
             f"The readiness probe renews the management key by itself.")
 
 
-def _headers(s: Settings) -> dict[str, str]:
+def _headers(s: K8sSpec) -> dict[str, str]:
     n, mar = s.name, s.archive.file
     copy = (f"First put the archive on the PVC: kubectl apply -f copy-models.yaml;\n"
             f"  kubectl wait --for=condition=Ready pod/{n}-copy; kubectl cp {mar} {n}-copy:/mnt/pvc/{STORE_PATH}/{mar};\n"
@@ -404,13 +406,13 @@ _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
     "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
 
 
-def render(s: Settings) -> dict[str, list[dict]]:
+def render(s: K8sSpec) -> dict[str, list[dict]]:
     """File name -> the manifests it holds."""
     return {"torchserve.yaml": torchserve_docs(s), "rayservice.yaml": ray_docs(s), "kserve.yaml": kserve_docs(s),
             "copy-models.yaml": [pvc(s), copy_pod(s)]}
 
 
-def write(s: Settings, out: Path) -> list[Path]:
+def write(s: K8sSpec, out: Path) -> list[Path]:
     """Write every file of render(s) into `out`, each led by a comment on how to use it, and the
     ConfigMap's files into out/etc/ (for `docker run -v OUT/etc:/etc/packrat`)."""
     (out / "etc").mkdir(parents=True, exist_ok=True)

@@ -23,12 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packrat.errors import ServeError
-from packrat.frontends.torchserve_control import (
-    CONTROL_DIR,
-    CONTROL_ENV,
-    control_file,
-    worker_file,
-)
+from packrat.frontends.torchserve_control import CONTROL_DIR, control_file
+from packrat.settings import CONTROL_DIR_ENV
 
 LOG_CONFIG = Path(__file__).parent / "log4j2.xml"
 STATE_FILE = "server.json"
@@ -96,7 +92,7 @@ class Server:
         env = dict(os.environ)
         env.update(TEMP=str(self.run_dir / "tmp"), LOG_LOCATION=str(self.run_dir / "logs"),
                    METRICS_LOCATION=str(self.run_dir / "logs"))
-        env[CONTROL_ENV] = str(self.control_dir)
+        env[CONTROL_DIR_ENV.name] = str(self.control_dir)
         if self.oip:
             env[OIP_ENV] = "oip"
         return env
@@ -162,8 +158,7 @@ def start(server: Server, mars: Path | Sequence[Path], *, timeout: float = 300.0
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     store = run_dir / "model_store"
     for model, mar in zip(server.models, mars):
-        for left in (control_file(server.control_dir, model), worker_file(server.control_dir, model)):
-            left.unlink(missing_ok=True)  # left by an earlier run
+        control_file(server.control_dir, model).unlink(missing_ok=True)  # left by an earlier run
         if Path(mar).resolve().parent != store.resolve():
             shutil.copy(mar, store / Path(mar).name)
     config = run_dir / "config.properties"
@@ -206,10 +201,6 @@ def _get(server: Server, path: str, timeout: float = 5.0):
     return json.loads(_management(server, path, timeout=timeout))
 
 
-def _put(server: Server, path: str, timeout: float = 120.0) -> None:
-    _management(server, path, "PUT", timeout)
-
-
 def register(server: Server, mar: Path, model: str, timeout: float = 300.0) -> None:
     """Add `model` from the archive `mar` to the running server (POST /models, one worker) and wait
     until it is READY; needs the model API (Server.model_api)."""
@@ -229,38 +220,6 @@ def unregister(server: Server, model: str, timeout: float = 120.0) -> None:
     _management(server, f"/models/{model}", "DELETE", timeout)
     server.models = tuple(m for m in server.models if m != model)
     server.save()
-
-
-def restart_worker(server: Server, timeout: float = 600.0) -> None:
-    """Scale the model to no worker and back to one: a fresh worker thread on TorchServe's side.
-
-    TorchServe 0.12 restarts a Python worker that died, but in its asynchronous mode the restarted
-    worker is never put back in service (its AsyncWorkerThread keeps `loadingFinished` from the first
-    load, so the new load's answer never marks the worker loaded, and it waits forever for work meant
-    for it alone). Scaling through the management API replaces the thread, which does load right.
-    TorchServe may fail the scale-down itself after stopping the worker (IllegalStateException
-    "Deque full" while it re-queues the dead worker's jobs), so both steps are retried until one
-    worker is READY or `timeout` runs out."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for workers in (0, 1):
-            try:
-                _put(server, f"/models/{server.model}?min_worker={workers}&max_worker={workers}&synchronous=true")
-            except (urllib.error.URLError, OSError) as exc:  # HTTPError included
-                print(f"scaling {server.model} to {workers} worker(s) failed: {exc}", file=sys.stderr)
-        if _wait_for(lambda: worker_status(server) == ["READY"], min(60.0, max(0.0, deadline - time.monotonic()))):
-            return
-        if time.monotonic() > deadline:
-            raise ServeError(f"no READY worker for {server.model} after restarting it for {timeout:.0f} s")
-
-
-def _wait_for(condition, timeout: float, every: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(every)
-    return True
 
 
 def worker_status(server: Server, model: str | None = None) -> list[str]:

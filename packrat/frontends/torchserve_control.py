@@ -1,5 +1,5 @@
 """Control files between `packrat` commands and a running packrat handler (TorchServe front end):
-reconfiguration requests, and each worker's start (to tell a crashed worker's restart from ours)."""
+reconfiguration requests."""
 
 from __future__ import annotations
 
@@ -10,26 +10,6 @@ import time
 from pathlib import Path
 
 CONTROL_DIR = "control"  # in the run dir: requests to the running handler, one JSON file per model
-CONTROL_ENV = "PACKRAT_CONTROL_DIR"  # tells the handler where to look
-
-
-def worker_file(control_dir: str | Path, model: str) -> Path:
-    return Path(control_dir) / f"{model}.worker.json"
-
-
-def note_worker_start(control_dir: str | Path, model: str, pid: int) -> bool:
-    """Record that worker `pid` serves the model; True when it replaces a worker that died (not one
-    that restart_worker stopped on purpose), i.e. when TorchServe restarted a crashed worker."""
-    import psutil
-
-    path = worker_file(control_dir, model)
-    try:
-        previous = json.loads(path.read_text())
-        replaces_dead = not psutil.pid_exists(int(previous["pid"])) and not previous.get("restarting")
-    except (OSError, ValueError, KeyError, TypeError):
-        replaces_dead = False
-    _write_atomically(path, {"pid": pid, "restarting": replaces_dead})
-    return replaces_dead
 
 
 def control_file(control_dir: str | Path, model: str) -> Path:
@@ -58,7 +38,7 @@ def _write_atomically(path: Path, content) -> None:
 
 def read_reconfigure_request(control_dir: str | Path, model: str) -> tuple[int, float] | None:
     """(batch, requested_at) of the model's reconfiguration request in `control_dir` (the
-    handler's PACKRAT_CONTROL_DIR); None when there is none or it is unreadable."""
+    handler's CONTROL_DIR_ENV); None when there is none or it is unreadable."""
     try:
         request = json.loads(control_file(control_dir, model).read_text())
         batch, requested_at = request["batch"], request["requested_at"]

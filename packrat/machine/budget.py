@@ -6,7 +6,7 @@ Three limits, the smallest wins:
      `cpu.cfs_quota_us` / `cpu.cfs_period_us`), the smallest over the cgroup and its ancestors. This is
      what `docker --cpus` and a Kubernetes `limits.cpu` set: the affinity still shows every host core,
      and a plan for all of them would be throttled;
-  3. an explicit request (`--cores`, the archive's `cores`, else the PACKRAT_CORES variable), which
+  3. an explicit request (`--cores`, the archive's `cores`, else the CORES_ENV variable), which
      may lower the budget but never raise it above 1 and 2.
 
 Every path is taken relative to `root` so that tests can build /proc and /sys trees of their own.
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packrat.machine.topology import Topology, detect
-
-CORES_ENV = "PACKRAT_CORES"
+from packrat.settings import CORES_ENV
 
 
 @dataclass(frozen=True)
@@ -189,10 +188,10 @@ def machine_budget(topology: Topology, root: Path) -> CpuBudget:
 def cpu_budget(requested=None, requested_by: str = "--cores", *, topology: Topology | None = None,
                root: Path = Path("/"), env=os.environ) -> CpuBudget:
     """The cores this process may plan for: the machine's budget, lowered to `requested` (or, when
-    that is None, to $PACKRAT_CORES) if given. A request above what the machine gives is cut to it."""
+    that is None, to CORES_ENV) if given. A request above what the machine gives is cut to it."""
     budget = machine_budget(topology or detect(), Path(root))
-    if requested is None and env.get(CORES_ENV):
-        requested, requested_by = env[CORES_ENV], CORES_ENV
+    if requested is None and env.get(CORES_ENV.name):
+        requested, requested_by = env[CORES_ENV.name], CORES_ENV.name
     if requested is None:
         return budget
     wanted = parse_cores(requested, requested_by)

@@ -9,7 +9,7 @@ thread count and batch size; later processes only load the packages' shared libr
 than tracing TorchScript.
 
 Shapes are static: a dynamic batch dimension measured 1.34–1.47× slower at batch 1 (ResNet-50,
-2 threads: 63–69 vs 47 ms; benchmarks/aoti_shapes.py). The thread count the package is built with
+2 threads: 63–69 vs 47 ms; BENCHMARKS.md, issue 17). The thread count the package is built with
 matters too, run-time threads or not: a ResNet-50 package built with 2 threads ran 161–181 ms at
 1 thread, one built with 1 thread 88 ms (TorchScript 102 ms). So the key holds the thread count.
 An instance of batch b therefore loads the packages of its halving ladder b, b/2, …, 1 (the sizes
@@ -31,14 +31,15 @@ import hashlib
 import os
 from pathlib import Path
 
-CACHE_ENV = "PACKRAT_COMPILE_CACHE"
+from packrat.settings import COMPILE_CACHE_ENV
+
 SUFFIX = ".aoti.pt2"
 KEY_CHARS = 16
 
 
 def default_cache_dir() -> Path:
-    """$PACKRAT_COMPILE_CACHE, else ~/.cache/packrat/compiled."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "packrat" / "compiled")
+    """COMPILE_CACHE_ENV's folder (packrat.settings: default ~/.cache/packrat/compiled)."""
+    return COMPILE_CACHE_ENV.get()
 
 
 def package_key(name: str, sources: tuple[str, ...], inputs: tuple) -> str:

@@ -171,10 +171,10 @@ def resolve(spec: str, input_shape: tuple[int, ...] | None = None) -> ModelSpec:
 
 def prepare(spec: ModelSpec, batch: int, graph_mode: str | bool | None = None, compile_cache: str | None = None
             ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
-    """Build the model and its example inputs, and put it in its graph mode (packrat.graph;
+    """Build the model and its example inputs, and put it in its graph mode (packrat.models.modes;
     None or True: the default, compile; False: eager). Compile mode loads the packages it finds
     in `compile_cache` (an archive's), else those of this machine's cache
-    (packrat.compiled.default_cache_dir()), where it builds the missing ones.
+    (packrat.models.compiled.default_cache_dir()), where it builds the missing ones.
 
     Returns (module, example inputs, mode actually used). Call it as module(*inputs).
     """
@@ -190,7 +190,7 @@ def prepare(spec: ModelSpec, batch: int, graph_mode: str | bool | None = None, c
 
 def compiled_package(spec: ModelSpec, batch: int, shipped: str | None = None, threads: int | None = None) -> Path:
     """The model's compiled package for `batch` at `threads` (default: this process's torch
-    threads; see packrat.compiled): in `shipped` if it is there, else in this machine's cache
+    threads; see packrat.models.compiled): in `shipped` if it is there, else in this machine's cache
     (where it is built if missing). An archive's directory vanishes when TorchServe stops, so what
     an instance builds goes to the machine's cache."""
     from packrat.models import compiled

@@ -33,7 +33,7 @@ batch size. That batch size and its two neighbours then use only a weaker bound:
       L(t, b) ≥ L(t', b) / ⌈t/t'⌉ / (1 + s) for a record t'.
 The seed measures the fewest threads at every batch size, so every batch the full grid can
 cover, the measured points cover. Replays of the published 16-core tables and of generated
-ones check the whole (tests/test_adaptive.py, benchmarks/adaptive_replay.py).
+ones check the whole (tests/test_adaptive.py; BENCHMARKS.md, issue 10).
 """
 
 from __future__ import annotations

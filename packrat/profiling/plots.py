@@ -6,6 +6,8 @@ has one panel per figure, loaded first, so the two predictions can be compared.
 
 from __future__ import annotations
 
+import re
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -21,6 +23,8 @@ from packrat.profiling.profiles import Profile  # noqa: E402
 
 SHORT_RUNTIMES = {"inductor": "", "openvino": "OV", "onnxruntime": "ORT"}  # labels: the default unnamed
 PANEL_TITLES = {"loaded": "loaded: ⌊T/t⌋ copies side by side", "isolated": "isolated: one instance alone"}
+PLAN_AXIS = "batch size B, and the plan: count×⟨threads, batch⟩"
+RUNTIME_KEY = "\n⟨threads, batch, runtime⟩: OV OpenVINO, ORT ONNX Runtime"
 
 
 def plans_per_batch(profile: Profile, threads: int, latency: str | None = None) -> list[Plan]:
@@ -44,7 +48,7 @@ def _panels(count: int, width: float, height: float, sharey: bool = False):
 
 
 def _save(fig, path: Path, title: str) -> Path:
-    fig.suptitle(title)
+    fig.suptitle(textwrap.fill(title, max(20, int(9 * fig.get_figwidth()))))  # ~9 characters an inch at 12 pt
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -95,6 +99,7 @@ def _instance_label(count: int, threads: int, batch: int, runtime: str) -> str:
 
 def _plan_vs_fat_panel(ax, plans: list[Plan]) -> None:
     labels = [f"{p.batch}\n" + "\n".join(_instance_label(*group) for group in p.groups()) for p in plans]
+    runtimes_named = any(SHORT_RUNTIMES.get(group[3], group[3]) for p in plans for group in p.groups())
     x = np.arange(len(plans))
     fat = [p.fat_latency_ms or np.nan for p in plans]
     planned = [p.expected_latency_ms for p in plans]
@@ -105,7 +110,7 @@ def _plan_vs_fat_panel(ax, plans: list[Plan]) -> None:
         ax.annotate(note, (x[i] + 0.2, planned[i]), ha="center", va="bottom", fontsize=8)
     ax.set_yscale("log")
     ax.set_xticks(x, labels)
-    ax.set_xlabel("batch size B, and the plan: count×⟨threads, batch[, runtime: OV OpenVINO, ORT ONNX Runtime]⟩")
+    ax.set_xlabel(PLAN_AXIS + (RUNTIME_KEY if runtimes_named else ""))
     ax.set_ylabel("latency (ms, log scale)")
     ax.legend()
 
@@ -127,10 +132,12 @@ def write_all(profile: Profile, threads: int, out_dir: str | Path) -> list[Path]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = profile.metadata.get("model", "model")
-    paths = [heatmap(profile, out_dir / f"{name}-latency-heatmap.png", f"{name}: L(t, b) in ms")]
+    # A model given as a path (hf:DIR, a file, package.module:factory) is named by its last part.
+    stem = re.sub(r"[^\w.-]", "_", Path(name.rstrip("/")).name) or "model"
+    paths = [heatmap(profile, out_dir / f"{stem}-latency-heatmap.png", f"{name}: L(t, b) in ms")]
     plans = {latency: plans_per_batch(profile, threads, latency) for latency in profile.figures}
     plans = {latency: panel for latency, panel in plans.items() if panel}
     if plans:
-        paths.append(plan_vs_fat(plans, out_dir / f"{name}-plan-vs-fat-T{threads}.png",
+        paths.append(plan_vs_fat(plans, out_dir / f"{stem}-plan-vs-fat-T{threads}.png",
                                  f"{name}: planned vs fat latency at T={threads}"))
     return paths

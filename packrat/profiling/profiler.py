@@ -56,7 +56,7 @@ class ProfileSettings:
     warmup: int = 10
     iters: int | None = 100
     min_time: float | None = None
-    graph_mode: str = DEFAULT_MODE  # packrat.graph.MODES
+    graph_mode: str = DEFAULT_MODE  # packrat.models.modes.MODES
     input_shape: tuple[int, ...] | None = None
     ios_cache: str | None = None  # profile IOS-compiled instances; schedules cached here
     contention: bool = DEFAULT_CONTENTION  # also measure each point loaded by copies of itself
@@ -388,7 +388,7 @@ def run_adaptive(settings: ProfileSettings, threads: list[int], batches: list[in
                  slack: float | None = None, tolerance: float = 0.0, progress: bool = True,
                  runtimes: tuple[str, ...] = (DEFAULT_RUNTIME,), say=print) -> AdaptiveResult:
     """Measure only the points of threads × batches that can change a plan for some T ≤ max(threads)
-    and B ≤ max(batches) (packrat.adaptive), appending them to `out` (points already there are kept);
+    and B ≤ max(batches) (packrat.profiling.adaptive), appending them to `out` (points already there are kept);
     each runtime's grid on its own (a point one runtime needs, another may not).
 
     With `replay`, points are looked up in that full profile instead of measured, and `out` is

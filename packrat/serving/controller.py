@@ -24,7 +24,7 @@ from typing import Callable, Protocol
 from packrat.planning.planner import Plan
 from packrat.serving.estimator import BatchSizeEstimator
 
-log = logging.getLogger("packrat.controller")
+log = logging.getLogger(__name__)
 REQUEST_ATTEMPTS = 3  # an operator's switch is tried this many times before it is given up
 
 
@@ -70,8 +70,8 @@ class Controller:
     # ---- serving ------------------------------------------------------------------------------
 
     def arrive(self, count: int = 1) -> None:
-        """`count` requests arrived together (TorchServe's batch; one by one in its asynchronous
-        mode); may start a switch in the background. The load is them plus the requests already in
+        """`count` requests arrived together (TorchServe's batch; one by one from Ray Serve's
+        front end); may start a switch in the background. The load is them plus the requests already in
         the pool: with U users in a closed loop that is about U, the batch the plan should be made for."""
         self.estimator.observe(self.pool.outstanding + count)
         self._maybe_switch()

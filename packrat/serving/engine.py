@@ -30,7 +30,7 @@ from packrat.serving.pool.instance_pool import InstancePool
 from packrat.serving.pool.supervisor import Watchdog
 from packrat.settings import Settings
 
-log = logging.getLogger("packrat.engine")
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -77,7 +77,7 @@ class Engine:
         mismatch = mode_mismatch(profile.metadata.get("mode"), self.pool.mode)
         if mismatch:
             log.warning(mismatch)
-        estimator = BatchSizeEstimator(start_batch, max_batch, EstimatorSettings(**(settings.estimator or {})))
+        estimator = BatchSizeEstimator(start_batch, max_batch, settings.estimator or EstimatorSettings())
         self.controller = Controller(self.pool, plan, self.plan_for, lambda p: configs_for(p, max_batch), estimator)
         self.reconfigure = settings.reconfigure  # follow the load, unless told not to
         if self.node is not None:

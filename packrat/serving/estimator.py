@@ -15,25 +15,8 @@ as a target even when it is not a power of two.
 from __future__ import annotations
 
 from collections import Counter, deque
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class EstimatorSettings:
-    alpha: float = 0.1  # weight of the newest batch in the moving average
-    window: int = 10  # estimates the target is the most common of
-    period_s: float = 1.0  # how often the estimate is taken
-    hysteresis: float = 0.15  # the average must fall this far below the current target to go down
-
-    def __post_init__(self) -> None:
-        if not 0 < self.alpha <= 1:
-            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
-        if self.window < 1:
-            raise ValueError(f"window must be >= 1, got {self.window}")
-        if self.period_s <= 0:
-            raise ValueError(f"period must be > 0 s, got {self.period_s}")
-        if not 0 <= self.hysteresis < 1:
-            raise ValueError(f"hysteresis must be in [0, 1), got {self.hysteresis}")
+from packrat.settings import EstimatorSettings  # its fields, defaults and checks: the packrat: schema's
 
 
 def floor_power_of_two(value: float) -> int:

@@ -1,7 +1,7 @@
 """Several models on one machine: their engines agree on one plan of cores, with no service to run.
 
 Every engine whose CPU budget is the same set of cores shares a *node directory* (under
-$PACKRAT_NODE_DIR, default /tmp/packrat-node-UID, one folder per core set):
+NODE_DIR_ENV, default /tmp/packrat-node-UID, one folder per core set):
 
     members/ID.json   each engine's heartbeat: model, pid, profile, batch, observed load, SLO, the
                       step of the node plan it has applied
@@ -34,9 +34,9 @@ from typing import Callable
 from packrat.errors import NoPlanError
 from packrat.machine.topology import Topology
 from packrat.planning.node import Allocation, ModelLoad, NodePlan, NodePlanner, transition
+from packrat.settings import NODE_DIR_ENV
 
-log = logging.getLogger("packrat.node")
-NODE_DIR_ENV = "PACKRAT_NODE_DIR"
+log = logging.getLogger(__name__)
 PERIOD_S = 0.5
 STALE_S = 10.0  # a heartbeat older than this (or a dead pid) is a member that left
 BUSY_SATURATED = 0.85  # a pool busy this share of the time takes whatever it gets: saturated
@@ -46,7 +46,7 @@ STEP_TIMEOUT_S = 120.0  # a member that has not applied a step by then is judged
 
 def node_dir(cores: list[int], base: str | Path | None = None) -> Path:
     """The node directory of engines whose budget is `cores`."""
-    base = Path(base or os.environ.get(NODE_DIR_ENV) or f"/tmp/packrat-node-{os.getuid()}")
+    base = Path(base or NODE_DIR_ENV.get())
     return base / ("cores-" + "_".join(map(str, sorted(cores))))
 
 

@@ -24,9 +24,9 @@ class InstanceConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str  # zoo name, TorchScript file or package.module:factory (packrat.models.resolve)
+    model: str  # zoo name, TorchScript file or package.module:factory (packrat.models.zoo.resolve)
     input_shape: tuple[int, ...] | None = None
-    graph_mode: str = "compile"  # packrat.graph.MODES
+    graph_mode: str = "compile"  # packrat.models.modes.MODES
     compile_cache: str | None = None  # compiled packages shipped here are used first (an archive's directory)
     ios_cache: str | None = None  # run each instance by its IOS schedule, cached in this directory
 

@@ -26,9 +26,9 @@ from packrat.serving.pool.core_locks import holding
 def exit_with_parent(cleanup=None, interval_s: float = 0.5) -> None:
     """Exit this process when its parent is gone, after `cleanup()`. Instances use it to go even
     while still loading (they notice the parent's death on their socket only once they serve); the
-    handler uses it because TorchServe's asynchronous worker keeps non-daemon threads blocked
-    forever once Java has gone, so the worker, and with it the pool, would outlive `torchserve --stop`
-    (its ordinary worker exits, but the pool must not depend on the mode).
+    handler uses it so that the pool never outlives `torchserve --stop`, whatever keeps the worker
+    alive (TorchServe's asynchronous worker, no longer used, kept non-daemon threads blocked forever
+    once Java had gone).
     (Not PR_SET_PDEATHSIG: it fires when the spawning *thread* ends, and respawns come from
     short-lived threads.)"""
     parent = os.getppid()

@@ -25,10 +25,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, Sequence
 
 from packrat.serving.pool.api import Answer, InstanceConfig, Request
+from packrat.settings import GATHER_MS, MAX_QUEUE, REQUEST_TIMEOUT_S  # the defaults, declared with the schema
 
-GATHER_MS = 30.0  # how long idle instances wait for their planned share to arrive (measured: BENCHMARKS.md)
-REQUEST_TIMEOUT_S = 120.0  # as TorchServe's default_response_timeout
-MAX_QUEUE = 1000  # as TorchServe's job_queue_size
 MAX_ATTEMPTS = 3  # lost instances one request may be part of before it is answered 500
 
 

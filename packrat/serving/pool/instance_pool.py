@@ -16,8 +16,8 @@ sub-batch's stages (queue, copy, send, wake, locks, decode, model, encode, reply
 kept for health(), so `packrat status` shows where the time goes.
 
 Requests come from the TorchServe handler (handlers/packrat_handler.py): a whole batch at a time in
-TorchServe's ordinary worker mode (submitted inside together(), so it reaches the instances whole),
-one by one as they arrive in its asynchronous mode. A second TorchServe worker sharing these
+TorchServe's ordinary worker mode (submitted inside together(), so it reaches the instances whole);
+from the Ray Serve front end one by one as they arrive, gathered for up to gather_ms. A second TorchServe worker sharing these
 instances was not built: workers are separate processes, so the queue and the instances would have
 to move into a third process, adding a hop per request.
 """
@@ -44,16 +44,11 @@ from packrat.serving.pool.api import (
     configs_for,
 )
 from packrat.serving.pool.child import exit_with_parent
-from packrat.serving.pool.dispatch import (
-    GATHER_MS,
-    MAX_QUEUE,
-    REQUEST_TIMEOUT_S,
-    Dispatcher,
-    split_sizes,
-)
+from packrat.serving.pool.dispatch import Dispatcher, split_sizes
 from packrat.serving.pool.instance import Instance, sweep_stale_segments
 from packrat.serving.pool.stages import StageTimes
 from packrat.serving.pool.supervisor import Supervisor, Watchdog
+from packrat.settings import GATHER_MS, MAX_QUEUE, REQUEST_TIMEOUT_S
 
 __all__ = ["Answer", "Health", "InstanceConfig", "InstancePool", "ModelConfig", "PoolError", "Request",
            "Watchdog", "configs_for", "exit_with_parent", "split_sizes"]

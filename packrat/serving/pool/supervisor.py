@@ -22,13 +22,12 @@ from typing import Callable, Iterable, Sequence
 from packrat.codec.config import CodecConfig
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.instance import Instance, StartFailed
+from packrat.settings import HANG_FACTOR, HANG_FLOOR_S  # the watchdog's defaults, declared with the schema
 
 log = logging.getLogger("packrat.serving.pool")
 
 BACKOFF_S = (1.0, 30.0)  # first and longest wait between respawn attempts
 LOAD_ATTEMPTS = 3  # attempts in a row that failed while loading before the model counts as unloadable
-HANG_FACTOR = 10.0  # a batch may take this many times its expected latency ...
-HANG_FLOOR_S = 5.0  # ... and at least this long, before its instance counts as hung
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from packrat.cli.args import local_cores
+from packrat.machine.budget import cpu_budget
 from packrat.machine.topology import Topology
 from packrat.models.modes import DEFAULT_MODE
 from packrat.profiling import profiler
@@ -43,7 +43,7 @@ def measure_profile(model: str, path: Path, batches, *, min_time: float = DEMO_M
     used; the same command resumes it."""
     settings = profiler.ProfileSettings(model=model, warmup=DEMO_WARMUP, iters=None, min_time=min_time,
                                         input_shape=input_shape, graph_mode=graph_mode)
-    threads = list(range(1, local_cores() + 1))
+    threads = list(range(1, cpu_budget().cores + 1))
     batches = sorted(set(batches))
     if path.exists():
         return profiler.run(_same_kind(settings, path), threads, batches, path, progress=progress)
@@ -73,7 +73,7 @@ def resolve_profile(model: str, given: Path | None, *, batch_sizes=(),
     if path.exists():
         return path
     batches = sorted(set(DEMO_BATCHES) | set(batch_sizes))
-    cores = local_cores()
+    cores = cpu_budget().cores
     points = cores * len(batches)
     # Measurements, not points: with contention (measure_profile's default) a loaded point takes two.
     runs = len(batches) * sum(profiler.measurements(profiler.ProfileSettings(model), t, Topology.virtual(cores))

@@ -1,0 +1,227 @@
+"""Fat vs planned and stock TorchServe, through real TorchServe loaded by locust (`packrat bench`, the demo).
+
+Starts, side by side, (a) stock TorchServe with the stock handler and TorchServe's default
+workers, (b) the packrat handler with the fat plan ⟨1, T, B⟩ and (c) the packrat handler with
+the planned ⟨i, t, b⟩; each server is started once per batch size and warmed up, then, round
+after round, each is loaded by locust once per users pattern (exact counts from its JSON
+output), in an order rotated every round; a configuration's rounds are pooled. With a kill
+interval, one pool instance of the packrat servers is killed (SIGKILL) every few seconds during
+each measured run, to measure serving through crashes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from packrat.bench.faults import InstanceKiller, torchserve_pid
+from packrat.bench.results import write_json
+from packrat.bench.rounds import in_rounds
+from packrat.bench.users import BATCH_USERS, UsersPattern, users_for_batch
+from packrat.deploy import archive, torchserve
+from packrat.machine.budget import cpu_budget
+from packrat.settings import Settings
+
+if TYPE_CHECKING:
+    from loadtest import LoadResult
+
+SERVER_CONFIGS = (  # name, handler, plan mode (fixed plans: no reconfiguration)
+    ("stock", "stock", "auto"),
+    ("packrat-fat", "packrat", "fat"),
+    ("packrat-plan", "packrat", "auto"),
+)
+WARMUP_S = 8.0  # locust load on each server before it is measured: the first requests after a start are slower
+
+
+@dataclass
+class ServerRun:
+    """One configuration at one users count, measured by locust: one run, or several pooled (rounds)."""
+
+    batch: int
+    config: str
+    users: int
+    users_pattern: str
+    payload: str
+    kills: int | None  # pool instances killed during the runs; None: no pool (stock)
+    load: LoadResult
+    rounds: int = 1  # locust runs pooled into `load`
+
+
+def pooled(results: Sequence[LoadResult], run_s: float) -> LoadResult:
+    """Runs of one configuration, each `run_s` s of load, as one: their requests together (percentiles
+    from the summed histograms, the mean weighted by the requests timed) and the requests answered per
+    second of load. Locust's own rate, from the first answer to the last, overstates a run that holds
+    a few batches only (answers come a batch at a time), and by how much depends on the configuration."""
+    from loadtest import LoadResult, percentile
+
+    histogram: dict[float, int] = {}
+    for result in results:
+        for latency, count in result.response_times.items():
+            histogram[latency] = histogram.get(latency, 0) + count
+    timed = [sum(r.response_times.values()) for r in results]
+    requests = sum(r.requests for r in results)
+    seconds = len(results) * max(1, math.ceil(run_s))  # locust runs whole seconds
+    return LoadResult(
+        requests=requests, failures=sum(r.failures for r in results),
+        p50_ms=percentile(histogram, 0.50), p95_ms=percentile(histogram, 0.95), p99_ms=percentile(histogram, 0.99),
+        mean_ms=sum(r.mean_ms * n for r, n in zip(results, timed) if n) / sum(timed) if sum(timed) else math.nan,
+        throughput_rps=requests / seconds, duration_s=seconds,
+        start_time=min((r.start_time for r in results if r.start_time is not None), default=None),
+        response_times=dict(sorted(histogram.items())), history=[row for r in results for row in r.history])
+
+
+
+def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, duration_s: float = 30.0,
+                 users: Sequence[UsersPattern | int] = (BATCH_USERS,), payload: str | None = None,
+                 tokenizer: Path | None = None, kill_every_s: float | None = None, warmup_s: float = WARMUP_S,
+                 max_batch_delay_ms: int = 100, rounds: int = 1, graph_mode: str | None = None,
+                 configs=SERVER_CONFIGS, log=print) -> list[ServerRun]:
+    """Every configuration's server is started and warmed up, side by side (an idle server takes no
+    CPU; each plans for the whole machine, as if alone). Then, `rounds` times, each is loaded by
+    locust once per users pattern (ints are fixed counts), the configurations in an order rotated
+    every round, so that the machine's drift on a shared VM hits them alike; one ServerRun per
+    configuration and users count pools its rounds. payload None: the model's natural one.
+    graph_mode: how the stock handler runs the model (None: the default mode); give the profile's,
+    so that stock and packrat differ only in how they use the cores. With kill_every_s, pool
+    instances of the packrat configurations are killed during the measured runs."""
+    from packrat.bench.payloads import build_payload, natural_payload
+
+    payload = payload or natural_payload(model)
+    body = build_payload(model, payload)
+    counts = users_for_batch(users, batch)
+    handlers = {name: handler for name, handler, *_ in configs}
+    measured: dict[tuple[str, int], list[tuple[LoadResult, int]]] = {}  # (config, users) -> (result, kills) per round
+    with ExitStack() as stack:
+        servers = {}
+        for config in configs:
+            mar = _archive(config, model, batch, profile_path, out_dir / config[0] / "model_store",
+                           tokenizer=tokenizer, graph_mode=graph_mode, max_batch_delay_ms=max_batch_delay_ms)
+            servers[config[0]] = stack.enter_context(warmed_server(config[0], model, mar, out_dir / config[0],
+                                                                   max(n for n, _ in counts), warmup_s, log,
+                                                                   payload=body))
+        for round_, name in in_rounds(list(servers), rounds):
+            kill_every = kill_every_s if handlers[name] == "packrat" else None
+            for n, pattern in counts:
+                log(f"-- {name}: {n} users ({pattern}) for {duration_s:.0f} s, payload {payload}"
+                    + (f", round {round_}/{rounds}" if rounds > 1 else "")
+                    + (f", kill -9 one pool instance every {kill_every:g} s" if kill_every else ""))
+                where = out_dir / name / (f"load-u{n}" if rounds == 1 else f"load-u{n}-r{round_}")
+                measured.setdefault((name, n), []).append(
+                    _loaded(servers[name], model, n, duration_s, where, body, kill_every, log))
+    patterns = dict(counts)
+    return [ServerRun(batch, name, n, patterns[n], payload,
+                      sum(kills for _, kills in runs) if handlers[name] == "packrat" else None,
+                      pooled([result for result, _ in runs], duration_s), rounds)
+            for (name, n), runs in measured.items()]
+
+
+def _archive(config: tuple, model: str, batch: int, profile_path: Path, store: Path, *, tokenizer: Path | None,
+             graph_mode: str | None, max_batch_delay_ms: int) -> Path:
+    """The archive of one configuration (name, handler, plan mode[, more settings]),
+    built into `store`: fixed plans, no node sharing (the servers stand side by side, each measured
+    alone); the stock handler runs the model in `graph_mode`."""
+    _, handler, plan_mode, *more = config
+    extra = dict(more[0]) if more else {}
+    if handler == "stock" and graph_mode is not None:
+        extra.setdefault("graph_mode", graph_mode)
+    settings = Settings(model, profiles=[profile_path] if handler == "packrat" else [], max_batch=batch,
+                        plan=plan_mode, reconfigure=False, tokenizer=tokenizer, share_node=False, **extra)
+    return archive.build(settings, store, name=model, handler=handler, max_batch_delay_ms=max_batch_delay_ms)
+
+
+def _loaded(server_and_token, model: str, users: int, duration_s: float, where: Path, body, kill_every_s, log):
+    """One locust run against a warmed server, killing pool instances every kill_every_s s if given:
+    (the result, the instances killed)."""
+    from loadtest import run_locust
+
+    server, token = server_and_token
+    killer = InstanceKiller(lambda: torchserve_pid(server.run_dir), kill_every_s) if kill_every_s else None
+    with killer or nullcontext():
+        result = run_locust(server.inference_url, model, users, duration_s, where, token=token, payload=body)
+    if killer and killer.misses and not killer.kills:
+        log(f"-- no pool instance found to kill under TorchServe (pid {torchserve_pid(server.run_dir)})")
+    return result, killer.kills if killer else 0
+
+
+def latency_rows(runs: Sequence[ServerRun]) -> dict[str, LoadResult]:
+    """{label: result} for plot_latency_distributions: the config, plus the users when they vary."""
+    several = len({r.users for r in runs}) > 1
+    return {(f"{r.config}, {r.users} users" if several else r.config): r.load for r in runs}
+
+
+def format_server_results(runs: Sequence[ServerRun], kills: bool = False) -> str:
+    """One line per run: config, users, requests, failures, p50/p95/p99, req/s (and kills: "-" without a pool)."""
+    from loadtest import align, load_cells
+
+    head = ["config", "users", "requests", "failures", "p50 ms", "p95 ms", "p99 ms", "req/s"]
+    lines = [head + (["kills"] if kills else [])]
+    for r in runs:
+        users = f"{r.users} ({r.users_pattern})" if r.users_pattern != str(r.users) else str(r.users)
+        line = [r.config, users] + load_cells(r.load)
+        if kills:
+            line.append("-" if r.kills is None else str(r.kills))
+        lines.append(line)
+    return align(lines)
+
+
+@contextmanager
+def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, warmup_s: float, log,
+                  payload: tuple[bytes, str]):
+    """TorchServe started on free loopback ports and warmed up by locust sending `payload`
+    (body, content type); stopped on exit."""
+    from loadtest import run_locust
+
+    log(f"-- {name}: starting TorchServe")
+    server = torchserve.start(torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True), mar)
+    try:
+        token = server.key("inference")
+        run_locust(server.inference_url, model, users, warmup_s, run_dir / "warmup", token=token, payload=payload)
+        yield server, token
+    finally:
+        torchserve.stop(server)
+
+
+
+def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, duration: float,
+                     users=None, as_json: bool = False, *, payload: str | None = None,
+                     tokenizer: Path | None = None, kill_every: float | None = None, rounds: int = 1,
+                     graph_mode: str | None = None, warmup_s: float = WARMUP_S) -> list[ServerRun]:
+    """server_bench for every batch size (graph_mode: the profile's, for the stock handler): the
+    table per batch (or JSON), the latency plots and OUT/server-bench.json = {model, payload,
+    users, kill_every_s, duration_s, rounds, runs: [ServerRun, ...]}; returns the runs."""
+    from loadtest import plot_latency_distributions
+    from packrat.bench.payloads import natural_payload
+    from packrat.models.modes import served
+
+    payload = payload or natural_payload(model)
+    users = list(users or [BATCH_USERS])
+    runs = []
+    for batch in batches:
+        batch_runs = server_bench(model, batch, profile, out / f"B{batch}", duration_s=duration, users=users,
+                                  payload=payload, tokenizer=tokenizer, kill_every_s=kill_every,
+                                  rounds=rounds, graph_mode=served(graph_mode), warmup_s=warmup_s,
+                                  log=(lambda *_: None) if as_json else print)
+        runs += batch_runs
+        png = plot_latency_distributions(latency_rows(batch_runs), out / f"latency-B{batch}.png")
+        if not as_json:
+            counts = ", ".join(f"{p}={n}" if p != str(n) else p for n, p in users_for_batch(users, batch))
+            each = (f"{duration:.0f} s each" if rounds == 1 else
+                    f"{rounds} interleaved rounds of {duration:.0f} s each, pooled")
+            print(f"\n{model}, batch size {batch}, payload {payload}, users {counts}, {each} "
+                  f"(locust runs on the same {cpu_budget().cores} cores as the server)")
+            if kill_every is not None:
+                print(f"kill -9 one pool instance every {kill_every:g} s during each run "
+                      f"(stock has no pool: kills -)")
+            print(format_server_results(batch_runs, kills=kill_every is not None))
+            print(f"latency distributions: {png}")
+    report = {"model": model, "payload": payload, "users": [str(p) for p in users], "kill_every_s": kill_every,
+              "duration_s": duration, "rounds": rounds, "runs": runs}
+    write_json(out / "server-bench.json", report)
+    if as_json:
+        print(json.dumps(json.loads((out / "server-bench.json").read_text()), indent=2))
+    return runs
