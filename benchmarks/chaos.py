@@ -89,9 +89,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
 from benchmarks.common import doc_parser, fmt_num, markdown_table as markdown
-from loadtest import run_locust
+from packrat.loadtest import run_locust
 from packrat.bench.payloads import PAYLOAD_KINDS
-from loadtest.requestlog import RequestRecord, read_request_log
+from packrat.loadtest.requestlog import RequestRecord, read_request_log
 from packrat.bench import faults
 from packrat.bench.results import write_json
 from packrat.bench.server import warmed_server

@@ -29,7 +29,7 @@ from packrat.bench.results import write_json
 from packrat.profiling.profiles import default_path as default_profile_path
 from packrat.cli.types import int_list
 
-from loadtest import run_locust
+from packrat.loadtest import run_locust
 from packrat.bench.payloads import build_payload
 from packrat.bench.server import pooled, warmed_server
 from packrat.deploy import archive

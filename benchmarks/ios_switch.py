@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from ios_scheduler.candidates import StageCandidates, example_values
-from ios_scheduler.graph import capture
-from ios_scheduler.runtime import WorkerSet
+from packrat.ios_scheduler.candidates import StageCandidates, example_values
+from packrat.ios_scheduler.graph import capture
+from packrat.ios_scheduler.runtime import WorkerSet
 from packrat.models.zoo import resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common

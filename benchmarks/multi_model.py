@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
 from benchmarks.common import doc_parser, fmt_num, markdown_table, name_list
-from loadtest.env import STEP_SECONDS, STEP_USERS
+from packrat.loadtest.env import STEP_SECONDS, STEP_USERS
 from packrat.bench.results import write_json
 
 CONFIGS = ("packrat-node", "stock", "per-model", "static-split")
@@ -140,8 +140,8 @@ def start_config(stack: ExitStack, config: str, models: list[str], out: Path, ar
 
 def load_models(served: dict[str, Served], phases: list[Phase], payloads: dict, out: Path) -> tuple[float, dict]:
     """One locust process per model running its users of each phase; (launch time, {model: records})."""
-    from loadtest import run_locust
-    from loadtest.requestlog import read_request_log
+    from packrat.loadtest import run_locust
+    from packrat.loadtest.requestlog import read_request_log
 
     total = sum(p.seconds for p in phases)
     launched = time.time()

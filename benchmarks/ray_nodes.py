@@ -39,7 +39,7 @@ WARMUP_S = 10
 
 
 def run_layout(name: str, nodes: list[list[int]], batch: int, args: argparse.Namespace, out: Path) -> dict:
-    from loadtest.runner import run_locust
+    from packrat.loadtest.runner import run_locust
 
     from packrat.bench.payloads import build_payload
     from packrat.frontends import ray_serve
@@ -65,7 +65,7 @@ def kill_run(args: argparse.Namespace, out: Path) -> dict:
     a third of it and started again at two thirds. Failures, and throughput in each third."""
     import threading
 
-    from loadtest.runner import run_locust
+    from packrat.loadtest.runner import run_locust
 
     from packrat.bench.payloads import build_payload
     from packrat.frontends import ray_serve

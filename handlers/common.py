@@ -10,7 +10,7 @@ from packrat.codec.oip import HEADER
 from packrat.serving.pool.api import Answer, Request
 from packrat.settings import Settings
 
-log = logging.getLogger("packrat.handler")
+log = logging.getLogger(__name__)
 
 
 def settings(context) -> Settings:

@@ -31,7 +31,7 @@ from concurrent.futures import Future
 from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
-from handlers import common
+from packrat.handlers import common
 from packrat.frontends.torchserve_control import read_reconfigure_request
 from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer

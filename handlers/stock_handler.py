@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from handlers import common
+from packrat.handlers import common
 from packrat.codec.codec import Codec
 from packrat.models.zoo import prepare
 from packrat.serving.engine import codec_config, model_config

@@ -6,8 +6,8 @@ concurrently on disjoint cores.
     text = schedule.to_json(); Schedule.from_json(text)
 """
 
-from ios_scheduler.api import compile, optimize  # noqa: A004 - the documented name
-from ios_scheduler.graph import GraphCaptureError, capture
-from ios_scheduler.schedule import Schedule, StagePlan
+from .api import compile, optimize  # noqa: A004 - the documented name
+from .graph import GraphCaptureError, capture
+from .schedule import Schedule, StagePlan
 
 __all__ = ["optimize", "compile", "capture", "Schedule", "StagePlan", "GraphCaptureError"]

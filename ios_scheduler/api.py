@@ -11,12 +11,12 @@ import torch
 from torch import fx, nn
 from tqdm import tqdm
 
-from ios_scheduler.candidates import example_values
-from ios_scheduler.graph import Graph, capture  # noqa: F401 (capture is part of the API)
-from ios_scheduler.runtime import ScheduledModule, WorkerSet, caller_threads, time_call
-from ios_scheduler.schedule import Schedule, StagePlan
-from ios_scheduler.search import IOSSearch, Stage
-from ios_scheduler.timing import CostTable, StageTimer
+from .candidates import example_values
+from .graph import Graph, capture  # noqa: F401 (capture is part of the API)
+from .runtime import ScheduledModule, WorkerSet, caller_threads, time_call
+from .schedule import Schedule, StagePlan
+from .search import IOSSearch, Stage
+from .timing import CostTable, StageTimer
 
 # Parts are cut at single-tensor bottlenecks, so a bound of 12 loses little: Inception-v3 has
 # 1216 states with it against 1208 with 40, but 12,700 stage candidates against 118,992.

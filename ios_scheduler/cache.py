@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from ios_scheduler.api import compile, optimize  # noqa: A004
-from ios_scheduler.schedule import Schedule
-from ios_scheduler.timing import CostTable
+from .api import compile, optimize  # noqa: A004
+from .schedule import Schedule
+from .timing import CostTable
 
 
 def schedule_path(cache_dir: str | Path, model: str, threads: int, batch: int) -> Path:

@@ -13,9 +13,9 @@ from typing import Callable, Sequence
 import torch
 from torch import fx
 
-from ios_scheduler.codegen import CompiledGroup, compile_group
-from ios_scheduler.graph import Graph
-from ios_scheduler.runtime import MergeStage, WorkerSet, run_node
+from .codegen import CompiledGroup, compile_group
+from .graph import Graph
+from .runtime import MergeStage, WorkerSet, run_node
 
 Key = tuple[str, tuple[tuple[str, ...], ...], tuple[int, ...]]  # kind, groups as node names, threads
 Call = Callable[[], object]

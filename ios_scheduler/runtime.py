@@ -58,8 +58,8 @@ import torch
 from torch import fx, nn
 from torch.nn import functional as F
 
-from ios_scheduler.codegen import compile_group
-from ios_scheduler.schedule import Schedule
+from .codegen import compile_group
+from .schedule import Schedule
 
 
 OPENMP_ENV = {"GOMP_SPINCOUNT": "10000"}  # idle OpenMP threads sleep after ~0.1 ms, not ~3 ms

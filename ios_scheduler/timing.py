@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from ios_scheduler.candidates import Call, Key, StageCandidates
-from ios_scheduler.graph import Graph
-from ios_scheduler.runtime import WorkerSet, time_call
+from .candidates import Call, Key, StageCandidates
+from .graph import Graph
+from .runtime import WorkerSet, time_call
 
 INF = float("inf")
 BOUND_SLACK = 0.1  # a bound from another batch size is lowered by this share (timings are noisy)

@@ -27,11 +27,11 @@ BODY_FILE = Variable("PACKRAT_BODY_FILE", str, "", "the file every request sends
 CONTENT_TYPE = Variable("PACKRAT_CONTENT_TYPE", str, "application/octet-stream", "the body's Content-Type")
 TOKEN = Variable("PACKRAT_TOKEN", str, "", "bearer token when TorchServe's token authorisation is on")
 SHAPE = Variable("PACKRAT_SHAPE", str, "steady", "steady: users, spawn rate and run time from locust's command "
-                                                 "line; step: loadtest.shapes.StepLoad drives the run and ends it")
+                                                 "line; step: packrat.loadtest.shapes.StepLoad drives the run and ends it")
 STEP_USERS = Variable("PACKRAT_STEP_USERS", str, "1,8,1,8", "with step: users per step")
 STEP_SECONDS = Variable("PACKRAT_STEP_SECONDS", str, "15", "with step: seconds per step, or one length per step "
                                                            "(25,20,40)")
 TIMEOUT_S = Variable("PACKRAT_TIMEOUT_S", float, "60", "client-side timeout per request, in seconds")
 REQUEST_LOG = Variable("PACKRAT_REQUEST_LOG", str, "", "a file to append one line per request to "
-                                                       "(loadtest.requestlog)")
+                                                       "(packrat.loadtest.requestlog)")
 VARIABLES = (MODEL, BODY_FILE, CONTENT_TYPE, TOKEN, SHAPE, STEP_USERS, STEP_SECONDS, TIMEOUT_S, REQUEST_LOG)

@@ -12,9 +12,9 @@ import gevent
 import locust.stats
 from locust import FastHttpUser, constant, task
 
-from loadtest import env
-from loadtest.histogram import bucket_ms
-from loadtest.requestlog import RequestRecord, format_record
+from packrat.loadtest import env
+from packrat.loadtest.histogram import bucket_ms
+from packrat.loadtest.requestlog import RequestRecord, format_record
 
 MODEL = env.MODEL.read()
 TOKEN = env.TOKEN.read()
@@ -30,7 +30,7 @@ locust.stats.CURRENT_RESPONSE_TIME_PERCENTILE_WINDOW = 2
 
 if SHAPE == "step":
     # Locust runs any LoadTestShape subclass it finds in this module, hence the conditional import.
-    from loadtest.shapes import StepLoad  # noqa: F401
+    from packrat.loadtest.shapes import StepLoad  # noqa: F401
 elif SHAPE != "steady":
     raise ValueError(f"{env.SHAPE.name} must be steady or step, got {SHAPE!r}")
 

@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure  # no pyplot: no global backend or figure state
 from matplotlib.ticker import LogFormatter
 
-from loadtest.runner import HistoryRow, LoadResult
+from .runner import HistoryRow, LoadResult
 
 COLUMNS = ("name", "requests", "failures", "p50 ms", "p95 ms", "p99 ms", "req/s")
 

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtest.env import BODY_FILE, CONTENT_TYPE, MODEL, REQUEST_LOG, SHAPE, STEP_SECONDS, STEP_USERS, TIMEOUT_S, TOKEN
-from loadtest.histogram import percentile
-from loadtest.steps import parse_steps, step_markers
+from .env import BODY_FILE, CONTENT_TYPE, MODEL, REQUEST_LOG, SHAPE, STEP_SECONDS, STEP_USERS, TIMEOUT_S, TOKEN
+from .histogram import percentile
+from .steps import parse_steps, step_markers
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 OK_EXIT_CODES = (0, 1)  # 1 only says some requests failed; the JSON still counts them

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from locust import LoadTestShape
 
-from loadtest.steps import steps_from_env
+from .steps import steps_from_env
 
 # Locust adds or removes floor(rate) users per dispatch, so up to 100 users change at once:
 # a step, not a ramp. Above 100 locust warns that spawning may misbehave.

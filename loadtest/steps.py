@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 
-from loadtest.env import STEP_SECONDS, STEP_USERS
+from .env import STEP_SECONDS, STEP_USERS
 
 
 def parse_steps(users: str, seconds: str | float) -> list[tuple[float, int]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from loadtest.requestlog import RequestRecord, format_record, one_line, parse_line, read_request_log
+from packrat.loadtest.requestlog import RequestRecord, format_record, one_line, parse_line, read_request_log
 
 _PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "chaos.py"
 _SPEC = importlib.util.spec_from_file_location("benchmarks_chaos", _PATH)

@@ -255,8 +255,8 @@ class FakeServer:
 
 
 def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_path, monkeypatch):
-    import loadtest
-    from loadtest import LoadResult
+    from packrat import loadtest
+    from packrat.loadtest import LoadResult
 
     events = []
     monkeypatch.setattr(bench_server.archive, "build",
@@ -301,7 +301,7 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
 
 
 def test_server_bench_json_has_payload_users_and_kills(tmp_path, monkeypatch, capsys):
-    from loadtest import LoadResult
+    from packrat.loadtest import LoadResult
 
     def fake_bench(model, batch, profile, out_dir, **kw):
         load = LoadResult(10, 0, 1.0, 2.0, 3.0, 1.5, 5.0, 2.0, response_times={1.0: 10})

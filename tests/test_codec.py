@@ -22,7 +22,7 @@ from packrat.codec.codec import Codec
 
 from packrat.codec.config import CodecConfig, Decoded
 
-from handlers.common import request_body
+from packrat.handlers.common import request_body
 from packrat.errors import RequestError
 from packrat.codec.images import MEAN, STD
 from packrat.models.zoo import resolve

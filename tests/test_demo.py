@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import LoadResult, percentile
+from packrat.loadtest import LoadResult, percentile
 from packrat.bench import demo
 from packrat.bench import server as bench_server
 from packrat.bench.rounds import rotated
@@ -80,7 +80,7 @@ class FakeServer:
 
 
 def test_server_bench_rotates_rounds_and_pools_them(tmp_path, monkeypatch):
-    import loadtest
+    from packrat import loadtest
 
     built, loads = [], []
     monkeypatch.setattr(bench_server.archive, "build",

@@ -8,9 +8,9 @@ import pytest
 import torch
 from ts.context import Context, RequestProcessor
 
-from handlers import common
-from handlers.packrat_handler import PackratHandler
-from handlers.stock_handler import StockHandler
+from packrat.handlers import common
+from packrat.handlers.packrat_handler import PackratHandler
+from packrat.handlers.stock_handler import StockHandler
 from packrat.models.zoo import prepare, resolve
 from packrat.machine.topology import detect
 from packrat.settings import Settings

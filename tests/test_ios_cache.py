@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ios_scheduler import cache
-from ios_scheduler.timing import CostTable
+from packrat.ios_scheduler import cache
+from packrat.ios_scheduler.timing import CostTable
 from packrat.models.zoo import resolve
 
 

@@ -6,9 +6,9 @@ import json
 import subprocess
 import sys
 
-from ios_scheduler.graph import capture
-from ios_scheduler.runtime import ScheduledModule
-from ios_scheduler.schedule import Schedule
+from packrat.ios_scheduler.graph import capture
+from packrat.ios_scheduler.runtime import ScheduledModule
+from packrat.ios_scheduler.schedule import Schedule
 from packrat.models.zoo import resolve
 
 

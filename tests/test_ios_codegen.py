@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import fx, nn
 
-from ios_scheduler.api import sequential_schedule
-from ios_scheduler.codegen import compile_group
-from ios_scheduler.graph import capture
-from ios_scheduler.runtime import ScheduledModule, _fuse_full_width
+from packrat.ios_scheduler.api import sequential_schedule
+from packrat.ios_scheduler.codegen import compile_group
+from packrat.ios_scheduler.graph import capture
+from packrat.ios_scheduler.runtime import ScheduledModule, _fuse_full_width
 from packrat.models.zoo import ZOO, resolve
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ios_scheduler.graph import GraphCaptureError, capture
+from packrat.ios_scheduler.graph import GraphCaptureError, capture
 from packrat.models.inception import InceptionA, InceptionE
 
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 from torch import fx, nn
 
-import ios_scheduler
-from ios_scheduler.api import greedy_schedule, sequential_schedule
-from ios_scheduler.graph import capture
-from ios_scheduler.runtime import MergedConv, ScheduledModule, WorkerSet, caller_threads, mergeable
-from ios_scheduler.schedule import Schedule, StagePlan
+from packrat import ios_scheduler
+from packrat.ios_scheduler.api import greedy_schedule, sequential_schedule
+from packrat.ios_scheduler.graph import capture
+from packrat.ios_scheduler.runtime import MergedConv, ScheduledModule, WorkerSet, caller_threads, mergeable
+from packrat.ios_scheduler.schedule import Schedule, StagePlan
 from packrat.models.zoo import ZOO, resolve
 from packrat.models.inception import InceptionA, InceptionE
 

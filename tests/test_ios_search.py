@@ -7,7 +7,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ios_scheduler.search import IOSSearch, thread_splits
+from packrat.ios_scheduler.search import IOSSearch, thread_splits
 
 
 def random_dag(rng: random.Random, n: int, density: float) -> list[int]:

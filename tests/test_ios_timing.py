@@ -7,10 +7,10 @@ import os
 import pytest
 import torch
 
-from ios_scheduler.candidates import example_values
-from ios_scheduler.graph import capture
-from ios_scheduler.runtime import WorkerSet
-from ios_scheduler.timing import BOUND_SLACK, CostTable, StageTimer
+from packrat.ios_scheduler.candidates import example_values
+from packrat.ios_scheduler.graph import capture
+from packrat.ios_scheduler.runtime import WorkerSet
+from packrat.ios_scheduler.timing import BOUND_SLACK, CostTable, StageTimer
 from packrat.models.zoo import resolve
 
 KEY = ("parallel", (("conv_a", "relu_a"), ("conv_b",)), (1, 1))

@@ -5,6 +5,7 @@ stages below it (lazy imports inside functions included), and the tools beside t
 import ast
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,12 +19,21 @@ STAGES = {
     "packrat.codec": 3,
     "packrat.profiling": 4,
     "packrat.serving": 5,
-    "packrat.frontends": 6, "handlers": 6,
+    "packrat.frontends": 6, "packrat.handlers": 6,
     "packrat.deploy": 7,
     "packrat.bench": 8,
     "packrat.cli": 9,
 }
 ENTRY_POINTS = {"packrat/__init__.py", "packrat/ray_serve.py"}  # the public API and the Ray Serve builder's name
+# The folders beside packrat/ and the names they install under (pyproject's package-dir): handlers -> packrat.handlers
+FOLDERS = {folder: name for name, folder in
+           tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].items()}
+
+
+def module_name(relative: str) -> str:
+    """The module a file (relative to the root) is imported as."""
+    top, *rest = relative.removesuffix(".py").removesuffix("/__init__").split("/")
+    return ".".join((FOLDERS.get(top, top), *rest))
 
 
 def stage(module: str) -> str | None:
@@ -51,7 +61,7 @@ def sources(*folders: str) -> list[Path]:
 def upward_imports(path: Path) -> list[str]:
     """The modules `path` imports from stages above its own."""
     relative = path.relative_to(ROOT).as_posix()
-    own = stage(relative.removesuffix(".py").replace("/", "."))
+    own = stage(module_name(relative))
     assert own is not None, f"{relative} is in no stage: add its folder to STAGES and README's map"
     return sorted(module for module in imports(path)
                   if stage(module) is not None and STAGES[stage(module)] > STAGES[own])
@@ -89,6 +99,17 @@ def test_the_cli_holds_commands_only():
 
 @pytest.mark.parametrize("folder", ["ios_scheduler", "loadtest"])
 def test_the_tools_beside_the_package_import_nothing_of_it(folder):
-    used = {str(p.relative_to(ROOT)): sorted(m for m in imports(p) if m.split(".")[0] in ("packrat", "handlers"))
+    """Their own modules they import relatively, or by their installed name (the locustfile, which
+    locust runs by path); nothing else of packrat."""
+    own = FOLDERS[folder]
+    used = {str(p.relative_to(ROOT)): sorted(m for m in imports(p) if m.split(".")[0] == "packrat"
+                                             and m != own and not m.startswith(own + "."))
             for p in sources(folder)}
+    assert not {path: modules for path, modules in used.items() if modules}
+
+
+def test_the_tools_are_imported_by_their_installed_names():
+    """`import loadtest` works only in the source tree (and loads a second copy beside packrat.loadtest's)."""
+    used = {str(p.relative_to(ROOT)): sorted(m for m in imports(p) if m.split(".")[0] in FOLDERS)
+            for p in sources("packrat", *FOLDERS, "tests", "benchmarks")}
     assert not {path: modules for path, modules in used.items() if modules}

@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
-from loadtest import (
+from packrat.loadtest import (
     LoadResult,
     format_table,
     percentile,
@@ -23,11 +23,11 @@ from loadtest import (
     plot_timeline,
     run_locust,
 )
-from loadtest.env import BODY_FILE, STEP_SECONDS, STEP_USERS
-from loadtest.histogram import bucket_ms
-from loadtest.requestlog import read_request_log
-from loadtest.runner import HistoryRow, parse_history, parse_json_stats
-from loadtest.steps import parse_steps, step_markers
+from packrat.loadtest.env import BODY_FILE, STEP_SECONDS, STEP_USERS
+from packrat.loadtest.histogram import bucket_ms
+from packrat.loadtest.requestlog import read_request_log
+from packrat.loadtest.runner import HistoryRow, parse_history, parse_json_stats
+from packrat.loadtest.steps import parse_steps, step_markers
 from packrat.bench import faults
 from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
 from packrat.bench.payloads import (

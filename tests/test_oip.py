@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from PIL import Image
 from ts.context import Context, RequestProcessor
 
-from handlers import common
+from packrat.handlers import common
 from packrat.codec.codec import Codec
 from packrat.codec.config import CodecConfig
 from packrat.errors import RequestError

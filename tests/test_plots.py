@@ -10,8 +10,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from loadtest import plot_latency_distributions, plot_timeline
-from loadtest.runner import HistoryRow, LoadResult
+from packrat.loadtest import plot_latency_distributions, plot_timeline
+from packrat.loadtest.runner import HistoryRow, LoadResult
 from packrat.profiling import plots, profiles
 
 TOLERANCE_PX = 1.0

@@ -138,7 +138,7 @@ def test_cli_serve_without_profile_says_what_to_do(tmp_path, capsys):
 
 def test_a_profile_of_ios_instances_is_served_by_them(tmp_path):
     """The archive follows its profile: IOS-compiled instances, with the cached schedules inside."""
-    from ios_scheduler.cache import cached_schedule
+    from packrat.ios_scheduler.cache import cached_schedule
 
     spec = resolve("tiny")
     cache = tmp_path / "schedules"

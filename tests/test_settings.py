@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadtest import env as loadtest_env
+from packrat.loadtest import env as loadtest_env
 from packrat.deploy import archive
 from packrat.settings import (
     COMPILE_CACHE_ENV,

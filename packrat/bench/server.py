@@ -28,7 +28,7 @@ from packrat.machine.budget import cpu_budget
 from packrat.settings import Settings
 
 if TYPE_CHECKING:
-    from loadtest import LoadResult
+    from packrat.loadtest import LoadResult
 
 SERVER_CONFIGS = (  # name, handler, plan mode (fixed plans: no reconfiguration)
     ("stock", "stock", "auto"),
@@ -57,7 +57,7 @@ def pooled(results: Sequence[LoadResult], run_s: float) -> LoadResult:
     from the summed histograms, the mean weighted by the requests timed) and the requests answered per
     second of load. Locust's own rate, from the first answer to the last, overstates a run that holds
     a few batches only (answers come a batch at a time), and by how much depends on the configuration."""
-    from loadtest import LoadResult, percentile
+    from packrat.loadtest import LoadResult, percentile
 
     histogram: dict[float, int] = {}
     for result in results:
@@ -137,7 +137,7 @@ def _archive(config: tuple, model: str, batch: int, profile_path: Path, store: P
 def _loaded(server_and_token, model: str, users: int, duration_s: float, where: Path, body, kill_every_s, log):
     """One locust run against a warmed server, killing pool instances every kill_every_s s if given:
     (the result, the instances killed)."""
-    from loadtest import run_locust
+    from packrat.loadtest import run_locust
 
     server, token = server_and_token
     killer = InstanceKiller(lambda: torchserve_pid(server.run_dir), kill_every_s) if kill_every_s else None
@@ -156,7 +156,7 @@ def latency_rows(runs: Sequence[ServerRun]) -> dict[str, LoadResult]:
 
 def format_server_results(runs: Sequence[ServerRun], kills: bool = False) -> str:
     """One line per run: config, users, requests, failures, p50/p95/p99, req/s (and kills: "-" without a pool)."""
-    from loadtest import align, load_cells
+    from packrat.loadtest import align, load_cells
 
     head = ["config", "users", "requests", "failures", "p50 ms", "p95 ms", "p99 ms", "req/s"]
     lines = [head + (["kills"] if kills else [])]
@@ -174,7 +174,7 @@ def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, w
                   payload: tuple[bytes, str]):
     """TorchServe started on free loopback ports and warmed up by locust sending `payload`
     (body, content type); stopped on exit."""
-    from loadtest import run_locust
+    from packrat.loadtest import run_locust
 
     log(f"-- {name}: starting TorchServe")
     server = torchserve.start(torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True), mar)
@@ -194,7 +194,7 @@ def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, d
     """server_bench for every batch size (graph_mode: the profile's, for the stock handler): the
     table per batch (or JSON), the latency plots and OUT/server-bench.json = {model, payload,
     users, kill_every_s, duration_s, rounds, runs: [ServerRun, ...]}; returns the runs."""
-    from loadtest import plot_latency_distributions
+    from packrat.loadtest import plot_latency_distributions
     from packrat.bench.payloads import natural_payload
     from packrat.models.modes import served
 

@@ -17,7 +17,8 @@ def step_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, low
                payload: str | None = None, tokenizer: Path | None = None, log=print) -> dict:
     """A low → high → low … locust load against the packrat handler with reconfiguration on,
     and with the plan fixed for the high and for the low batch size."""
-    from loadtest import plot_timeline, run_locust
+    from packrat.loadtest import plot_timeline, run_locust
+    from packrat.loadtest.env import STEP_SECONDS, STEP_USERS
     from packrat.bench.payloads import build_payload
 
     body = build_payload(model, payload)
@@ -34,7 +35,7 @@ def step_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, low
             log(f"-- {name}: step load {users} users, {step_s:.0f} s per step")
             result = run_locust(server.inference_url, model, batch, step_s * (2 * cycles + 1), run_dir / "load",
                                 token=token, payload=body, shape="step",
-                                env={"PACKRAT_STEP_USERS": users, "PACKRAT_STEP_SECONDS": str(step_s)})
+                                env={STEP_USERS.name: users, STEP_SECONDS.name: str(step_s)})
             status = torchserve.handler_status(server)
         switches = [r for r in status["reconfigurations"] if r["started_at"] >= (result.start_time or 0)]
         markers = [(r["started_at"] + r["seconds"], f"B={r['to_batch']}") for r in switches]

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import fx
 
-from ios_scheduler.api import DEFAULT_MAX_PART_SIZE
+from packrat.ios_scheduler.api import DEFAULT_MAX_PART_SIZE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,13 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from ios_scheduler.runtime import OPENMP_ENV, openmp_env
+    from packrat.ios_scheduler.runtime import OPENMP_ENV, openmp_env
 
     if argv is None and any(os.environ.get(key) != value for key, value in OPENMP_ENV.items()):
         # libgomp reads its settings once, when torch loads: restart this command with them
         os.execve(sys.executable, [sys.executable, "-m", "packrat.cli.ios_schedule", *sys.argv[1:]], openmp_env())
-    from ios_scheduler import api
-    from ios_scheduler.timing import CostTable
+    from packrat.ios_scheduler import api
+    from packrat.ios_scheduler.timing import CostTable
     from packrat.models.zoo import resolve
 
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-import handlers
+from packrat import handlers
 from packrat.errors import ServeError
 from packrat.models.modes import DEFAULT_MODE
 from packrat.settings import Settings
@@ -197,7 +197,7 @@ def package_shape(path: Path) -> tuple[int, int]:
 
 def cached_schedules(model: str, cache: Path) -> list[Path]:
     """The model's IOS schedules in `cache`, one per threads and batch."""
-    from ios_scheduler.cache import schedule_path
+    from packrat.ios_scheduler.cache import schedule_path
 
     return sorted(cache.glob(schedule_path(cache, model, 0, 0).name.replace("-t0-b0", "-t*-b*")))
 

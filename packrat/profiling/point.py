@@ -116,7 +116,7 @@ def _prepare(args: argparse.Namespace):
     shape = tuple(int(x) for x in args.input_shape.split(",")) if args.input_shape else None
     spec = resolve(args.model, shape)
     if args.ios_cache:
-        from ios_scheduler.cache import prepare_ios
+        from packrat.ios_scheduler.cache import prepare_ios
 
         return prepare_ios(spec, args.batch, args.threads, args.ios_cache)
     if args.runtime != DEFAULT_RUNTIME:

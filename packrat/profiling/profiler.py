@@ -100,7 +100,7 @@ def _command(settings: ProfileSettings, threads: int, batch: int, cores: list[in
     cmd += ["--graph-mode", settings.graph_mode, "--runtime", settings.runtime]
     if not settings.ios_cache:
         return cmd, None
-    from ios_scheduler.runtime import openmp_env
+    from packrat.ios_scheduler.runtime import openmp_env
 
     return cmd + ["--ios-cache", str(settings.ios_cache)], openmp_env()
 

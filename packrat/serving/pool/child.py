@@ -112,7 +112,7 @@ def load(model: ModelConfig, config: InstanceConfig):
 
     spec = resolve(model.model, model.input_shape)
     if model.ios_cache:
-        from ios_scheduler.cache import prepare_ios
+        from packrat.ios_scheduler.cache import prepare_ios
 
         return prepare_ios(spec, config.batch, config.threads, model.ios_cache)
     if config.runtime != "inductor":

@@ -74,7 +74,7 @@ class Instance:
         child_fd = child_sock.detach()
         env = None
         if model.ios_cache:
-            from ios_scheduler.runtime import openmp_env
+            from packrat.ios_scheduler.runtime import openmp_env
 
             env = openmp_env()
         self.process = subprocess.Popen([sys.executable, "-m", "packrat.serving.pool", str(child_fd)], pass_fds=(child_fd,),
