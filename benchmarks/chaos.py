@@ -6,66 +6,45 @@
     .venv/bin/python benchmarks/chaos.py --soak --duration 600                 # no faults: leaks over time
     .venv/bin/python benchmarks/chaos.py --model tiny --duration 20 --every 5 --faults kill   # smoke run
 
-Chaos mode (default). The model is archived and served in real TorchServe as `packrat bench`
-does (archive.archive + torchserve.start: the packrat handler with the planned instances for batch
-size B, or TorchServe's stock handler with --handler stock), warmed up by locust, then loaded by
-a closed loop of --users (default 2B) locust users sending --payload (default the synthetic JPEG)
-for --duration seconds. Every --every seconds, counted from the first request, the next fault of
---faults is injected (the list is cycled):
+Chaos mode (default). The model is served in real TorchServe as `packrat bench` serves it (the
+packrat handler with the plan for batch size B, or the stock handler with --handler stock), warmed
+up, then loaded by --users (default 2B) closed-loop locust users sending --payload for --duration
+seconds. Every --every seconds from the first request, the next fault of --faults (cycled) strikes:
 
-  kill         kill -9 of a random pool instance (the processes running `-m packrat.serving.pool` under
-               TorchServe's Java process; a parked one after a reconfiguration counts too)
+  kill         kill -9 of a random pool instance (a parked one after a reconfiguration counts too)
   double-kill  kill -9 of an instance, then of its replacement as soon as it appears (polled every
-               20 ms, at most --replace-wait s): the pool must survive a respawn that fails while loading
-  stop         SIGSTOP of an instance for --stop-s seconds, then SIGCONT (unless it is gone by then:
-               the pool's watchdog should have killed it)
-  worker       kill -9 of a TorchServe Python worker (`model_service_worker`, a child of Java; the
-               packrat handler has one, stock TorchServe several: one of them is killed)
-  reconfigure  a forced switch through torchserve_control.request_reconfigure to the plan for B//2 (at least
-               1), B, B//2, ... in turn (the archive has the estimator off, so nothing else switches)
+               20 ms, at most --replace-wait s): a respawn that fails while loading
+  stop         SIGSTOP of an instance for --stop-s seconds, then SIGCONT (unless the pool's watchdog
+               killed it first)
+  worker       kill -9 of a TorchServe Python worker (stock TorchServe has several: one of them)
+  reconfigure  a forced switch (torchserve_control.request_reconfigure) to the plan for B//2 (at
+               least 1), B, B//2, ... in turn (the estimator is off: nothing else switches)
 
-For every fault: the time, the pids hit and recovery_s, from the fault until the server served at
-full strength again, polled every 0.25 s and bounded by the next fault (the last one by --every):
-the processes hit are gone from the process table (a zombie is not gone: its parent has not noticed
-yet; a stopped instance may be resumed instead), a killed worker has a successor, a forced switch
-runs the plan for its batch, TorchServe lists every worker READY (as many as after warm-up) and the
-handler's pool health (torchserve.handler_status) says ready == instances, respawning == 0; a failing
-management API counts as not recovered. With the stock handler only the worker checks apply.
+For every fault: the time, the pids hit and recovery_s, until the server serves at full strength
+again (polled every 0.25 s, bounded by the next fault): the processes hit gone from the process
+table (a zombie is not gone) or resumed, a killed worker succeeded, a forced switch running its
+plan, every worker READY and the handler's pool health ready == instances, respawning == 0. With
+the stock handler only the worker checks apply.
 
-Every request's start, latency, status and, for failures, the answer's body (or the client's error)
-is logged by the locustfile (loadtest.requestlog). A failed request that was in flight when a fault
-struck goes to that fault's window (the first such fault), any other to the window it ended in (after fault n and before fault n + 1; before the first fault: "before faults").
-The locust client waits --request-timeout + 60 s for an answer, so that the server's own deadline
-(--request-timeout, passed to the archive as request_timeout_s: 504 after it) is what shows, unless
---client-timeout says otherwise: a shorter one (e.g. 20 s) counts a request that is never
-answered as a failure (status 0) instead of stalling its user for minutes.
+The locustfile logs every request (loadtest.requestlog). A failure in flight when a fault struck
+goes to that fault's window, any other to the window it ended in ("before faults" before the
+first). The client waits --request-timeout + 60 s, so the server's own deadline (504) is what shows,
+unless --client-timeout is shorter: then a request never answered fails with status 0.
 
-Resources: every --sample-every seconds, right after warm-up and after the run (once the server is
-at full strength again, or 60 s later) the RSS and open file descriptors summed over the TorchServe
-worker(s) and their instances; the /dev/shm entries named like the pool's segments (multiprocessing's
-psm_*, the pool's packrat-<pid>-*: these counts include every process on the machine) and, by name,
-this server's own (those its processes map, or packrat-<their pid>-*). After the run the server is
-stopped (torchserve.stop) and, after up to --grace s, any process of this server (a pool instance or
-worker whose TEMP is this server's, or a pid seen during the run) and any segment it mapped or owns
-(its workers' pids also from TorchServe's model log) still there is a leftover.
+Resources, every --sample-every seconds and after warm-up and after the run: RSS and open file
+descriptors of the TorchServe worker(s) and their instances, and the /dev/shm segments named like
+the pool's (psm_*, packrat-<pid>-*: every process on the machine's) and this server's own. After
+`torchserve.stop` and up to --grace s, any process or segment of this server still there is a
+leftover. Soak mode (--soak): the same server and load with no faults, sampling every
+--sample-every s, then the same leftover check.
 
-Soak mode (--soak): the same server and load (default 2B users) for --duration (600 s for the real
-run) with no faults, sampling every --sample-every s: RSS, open fds, /dev/shm segments, requests
-and failures so far, then the same leftover check.
-
-Output (printed, and under "markdown" in the --json file with every figure behind it):
-  per fault kind: count, requests failed in its windows by HTTP status (0 = no answer), median and
-    max recovery_s over the faults that recovered within their window, and how many did not;
-  per fault: when (s after the first request), the pids hit, recovery_s, the failures and the answers
-    in its window (few answers and few failures: requests hung), notes (a double-kill's replacement
-    killed while loading or already serving, and its age; a stop resumed or gone; the pool's counters
-    that moved between just before the fault and its recovery: requeued, respawn_failures,
-    watchdog_kills, refused, expired);
-  overall: requests, failures by status and the commonest failure reasons, p50/p99 (locust's
-    histogram) and max latency, requests answered later than the deadline, the RSS after the run
-    over the RSS after warm-up, leftovers after stop;
-  soak: one row per sample.
-Locust runs on the same cores as the server. Progress goes to stderr.
+Output (printed, and under "markdown" in the --json file with every figure behind it): per fault
+kind, the failures in its windows by HTTP status (0 = no answer) and the median and max recovery;
+per fault, its pids, recovery_s, the failures and answers in its window, notes (a double-kill's
+replacement killed loading or serving; the pool's counters that moved: requeued, respawn_failures,
+watchdog_kills, refused, expired); overall, requests, failures by status and reason, p50/p99 and max
+latency, answers later than the deadline, RSS after the run over after warm-up, leftovers; soak, a
+row per sample. Locust runs on the same cores as the server. Progress goes to stderr.
 """
 from __future__ import annotations
 
@@ -94,13 +73,11 @@ from packrat.bench.payloads import PAYLOAD_KINDS
 from packrat.loadtest.requestlog import RequestRecord, read_request_log
 from packrat.bench import faults
 from packrat.bench.results import write_json
-from packrat.bench.server import warmed_server
+from packrat.bench.server import config_archive, warmed_server
 from packrat.deploy import torchserve
-from packrat.deploy import archive
-from packrat.settings import Settings
 from packrat.frontends import torchserve_control
 from packrat.cli.args import users_list
-from packrat.cli.types import positive
+from packrat.cli.types import name_list, positive
 from packrat.profiling.default_profile import resolve_profile
 
 FAULT_KINDS = ("kill", "double-kill", "stop", "worker", "reconfigure")
@@ -122,17 +99,7 @@ BEFORE_FAULTS = "before faults"
 
 # ---- pure: schedule, attribution, summaries, tables ---------------------------------------------
 
-def parse_faults(text: str) -> list[str]:
-    """argparse type: "kill,stop" -> ["kill", "stop"]: known kinds, in the order given, duplicates dropped."""
-    kinds: list[str] = []
-    for part in (p.strip() for p in text.split(",")):
-        if part not in FAULT_KINDS:
-            raise argparse.ArgumentTypeError(f"unknown fault {part!r}: expected some of {', '.join(FAULT_KINDS)}")
-        if part not in kinds:
-            kinds.append(part)
-    if not kinds:
-        raise argparse.ArgumentTypeError("no fault given")
-    return kinds
+parse_faults = name_list(FAULT_KINDS, "fault")  # argparse type: "kill,stop" -> ["kill", "stop"]
 
 
 def fault_schedule(kinds: Sequence[str], every_s: float, duration_s: float) -> list[tuple[float, str]]:
@@ -181,13 +148,6 @@ def late_count(records: Iterable[RequestRecord], deadline_s: float) -> int:
     return sum(r.response_ms > deadline_s * 1e3 for r in records)
 
 
-def add_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    total: Counter = Counter()
-    for c in counts:
-        total.update(c)
-    return dict(total.most_common())
-
-
 def summarise_kinds(faults: Sequence[Mapping], kinds: Sequence[str]) -> list[dict]:
     """Per fault kind (in `kinds` order, kinds that never fired left out): count, the failures in
     their windows by status, median and max recovery_s of those that recovered, and how many did not."""
@@ -199,7 +159,7 @@ def summarise_kinds(faults: Sequence[Mapping], kinds: Sequence[str]) -> list[dic
         recovered = [f["recovery_s"] for f in mine if f.get("recovery_s") is not None]
         rows.append({
             "kind": kind, "count": len(mine),
-            "failed": add_counts(f.get("window_failures", {}) for f in mine),
+            "failed": dict(sum((Counter(f.get("window_failures", {})) for f in mine), Counter()).most_common()),
             "recovery_s_median": statistics.median(recovered) if recovered else None,
             "recovery_s_max": max(recovered) if recovered else None,
             "not_recovered": len(mine) - len(recovered),
@@ -684,14 +644,11 @@ def first_request_time(request_log: Path, load: Future, since: float,
 
 
 def build_archive(args, run_dir: Path) -> Path:
-    profile = None
-    if args.handler == "packrat":
-        profile = resolve_profile(args.model, args.profile,
-                                  batch_sizes=[args.batch_size, reconfigure_target(0, args.batch_size)])
-    settings = Settings(args.model, profiles=[profile] if profile else [], max_batch=args.batch_size, plan=args.plan,
-                        reconfigure=False, request_timeout_s=args.request_timeout)
-    return archive.build(settings, run_dir / "model_store", name=args.model, handler=args.handler,
-                         max_batch_delay_ms=args.max_batch_delay)
+    profile = resolve_profile(args.model, args.profile, batch_sizes=[args.batch_size, reconfigure_target(
+        0, args.batch_size)]) if args.handler == "packrat" else None
+    return config_archive((args.handler, args.handler, args.plan, {"request_timeout_s": args.request_timeout}),
+                          args.model, args.batch_size, profile, run_dir / "model_store",
+                          max_batch_delay_ms=args.max_batch_delay)
 
 
 def run(args) -> dict:

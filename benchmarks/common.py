@@ -50,14 +50,6 @@ def positional_args(doc: str, *arguments: tuple[str, Callable, object]) -> list:
     return [getattr(parsed, name) for name, _, _ in arguments]
 
 
-def name_list(text: str) -> list[str]:
-    """argparse type for "inception_v3,randwire": the names in order, duplicates dropped."""
-    names = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    if not names:
-        raise argparse.ArgumentTypeError(f"{text!r} names nothing")
-    return names
-
-
 def local_topology(threads: int | None):
     """This process's cores as a Topology, or its first `threads` of them."""
     from packrat.machine.topology import detect
@@ -143,19 +135,14 @@ def pool_requests(spec, batch: int) -> list:
 
 # ---- output --------------------------------------------------------------------------------------
 
-def arguments(args: argparse.Namespace) -> dict[str, str]:
-    """The command line's values, each as text, for a JSON report."""
-    return {key: str(value) for key, value in vars(args).items()}
-
-
 def fmt_num(value: float | None, digits: int = 1) -> str:
     """`value` with `digits` decimals; "-" for None, NaN or infinity."""
     return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
 
 def markdown_row(cells: Iterable) -> str:
-    """One row of a markdown table; cells are str()-ed, pipes escaped."""
-    return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
+    """One row of a markdown table; cells are str()-ed, pipes escaped, line breaks made spaces."""
+    return "| " + " | ".join(str(cell).replace("|", "\\|").replace("\n", " ") for cell in cells) + " |"
 
 
 def markdown_head(header: Sequence) -> str:

@@ -6,47 +6,33 @@
 #
 #   bash benchmarks/device_suite.sh OUT_DIR
 #
-# Steps, in order, with their default time budgets (about 7.5 minutes expected on 16 cores,
-# at most 9.5 with every budget spent):
-#   profile  (280 s) `packrat profile --adaptive` of MODEL on threads 1..T, batches 1,2,4,...,64,
-#                    isolated, 1 warm-up run and >= 0.5 s per point -> MODEL.csv, the --json summary
-#                    MODEL-adaptive.json, and the plan for every profiled batch MODEL-plans.json
-#   bench    (110 s) `packrat bench --pool-only`: fat vs planned pool at B = 8,16,32,64, 8
-#                    interleaved rounds, plans from MODEL.csv -> pool-bench/pool-bench.json
-#   oracle   (100 s) benchmarks/oracle.py --family identical at B = 16,32, 10 rounds: the planner's
-#                    loaded and isolated choices against i identical instances <T/i, B/i> -> oracle.json
+# Steps, with their default time budgets (about 7.5 minutes on 16 cores, at most 9.5):
+#   profile  (280 s) `packrat profile --adaptive` of MODEL, threads 1..T, batches 1,2,4,...,64, isolated
+#                    -> MODEL.csv, its --json summary MODEL-adaptive.json, the plans MODEL-plans.json
+#   bench    (110 s) `packrat bench --pool-only`: the model in-process, the fat and the planned pool at
+#                    B = 8,16,32,64, 8 rounds -> pool-bench/pool-bench.json
+#   oracle   (100 s) benchmarks/oracle.py --family identical at B = 16,32, 10 rounds -> oracle.json
 #   ios       (60 s) benchmarks/ios_networks.py, squeezenet, batch 1, 8 and 16 threads -> ios-networks/
-#   peers    (420 s) not in the default steps (SUITE_STEPS=profile,peers, as its own command):
-#                    benchmarks/peers.py at B = 1,4,8, 3 interleaved rounds, packrat's plan from
-#                    MODEL.csv against eager, torch.compile, OpenVINO and ONNX Runtime (those not
-#                    installed are reported so) -> peers.md, peers.json
-# A command that outlives its step's budget is interrupted (profiles resume; the oracle keeps each
-# finished B; IOS keeps each finished case), the suite goes on, and it exits with status 3 at the
-# end naming the step. Any other failure stops it at once.
+#   peers    (420 s) only when asked (SUITE_STEPS=profile,peers): benchmarks/peers.py at B = 1,4,8,
+#                    3 rounds, against eager, torch.compile, OpenVINO, ONNX Runtime -> peers.md, peers.json
+# A command past its step's budget is interrupted (profiles resume, the oracle keeps each finished B,
+# IOS each finished case), the suite goes on and exits with status 3 naming the step; any other
+# failure stops it at once.
 #
 # Settings (environment variables; defaults in brackets):
-#   SUITE_MODEL [resnet50]            zoo model for profile, bench and oracle
-#   SUITE_THREADS [every core]        T: the first T of the cores packrat sees (taskset pins every
-#                                     command to them when T is fewer); capped at what there is
-#   SUITE_PROFILE_BATCHES [1,2,4,8,16,32,64]
-#   SUITE_PROFILE_KIND [isolated]     or contention: each point also measured beside copies of itself
-#                                     (the loaded figures, which the oracle's loaded choice needs);
-#                                     about 2x the profile's time, budget 480 s: run it as a second
+#   SUITE_MODEL [resnet50]  SUITE_THREADS [every core: T; fewer are pinned with taskset]
+#   SUITE_PROFILE_BATCHES [1,2,4,8,16,32,64]  SUITE_PROFILE_WARMUP [1]  SUITE_PROFILE_MIN_TIME [0.5]
+#   SUITE_PROFILE_KIND [isolated]     or contention (the loaded figures the oracle's loaded choice
+#                                     needs): about 2x the time, budget 480 s, best as a second
 #                                     command, SUITE_STEPS=profile,oracle, into another OUT_DIR
-#   SUITE_PROFILE_WARMUP [1]  SUITE_PROFILE_MIN_TIME [0.5]
-#   SUITE_RUNTIMES [inductor]         the profile's runtimes (packrat profile --runtimes), e.g.
-#                                     inductor,openvino,onnxruntime where they are installed: each
-#                                     multiplies the profile's points
-#   SUITE_PEERS_MODEL [MODEL]  SUITE_PEERS_BATCHES [1,4,8]  SUITE_PEERS_ROUNDS [3]
-#   SUITE_GRAPH_MODE [script]         the profile's (and so the pools') graph mode; compile, the
-#                                     product's default, builds a package per <t, b> (10-35 s each
-#                                     for ResNet-50), far beyond the profile's budget on a fresh
-#                                     machine: run it as its own command with a larger budget
+#   SUITE_RUNTIMES [inductor]         the profile's runtimes, e.g. inductor,openvino,onnxruntime
+#   SUITE_GRAPH_MODE [script]         compile, the product's default, builds a package per <t, b>
+#                                     (10-35 s each for ResNet-50): a command of its own, larger budget
 #   SUITE_BENCH_BATCHES [8,16,32,64]  SUITE_BENCH_ROUNDS [8]
 #   SUITE_ORACLE_BATCHES [16,32]      SUITE_ORACLE_ROUNDS [10]
-#   SUITE_IOS_MODELS [squeezenet]     SUITE_IOS_THREADS [8,16] (those above T dropped; T if none is
-#   SUITE_IOS_BATCHES [1]             left)
-#   SUITE_STEPS [profile,bench,oracle,ios]  e.g. profile,bench,oracle skips IOS
+#   SUITE_IOS_MODELS [squeezenet]  SUITE_IOS_THREADS [8,16; those above T dropped]  SUITE_IOS_BATCHES [1]
+#   SUITE_PEERS_MODEL [MODEL]  SUITE_PEERS_BATCHES [1,4,8]  SUITE_PEERS_ROUNDS [3]
+#   SUITE_STEPS [profile,bench,oracle,ios]
 #   SUITE_BUDGET_PROFILE, SUITE_BUDGET_BENCH, SUITE_BUDGET_ORACLE, SUITE_BUDGET_IOS, SUITE_BUDGET_PEERS  seconds
 # Python: .venv/bin/python when there is one, else python3. Re-running into the same OUT_DIR
 # resumes the profile and keeps finished IOS cases.
@@ -207,7 +193,8 @@ fi
 if wants bench; then
     begin bench "pool-only bench, fat vs plan, B = $BENCH_BATCHES, $BENCH_ROUNDS rounds"
     run "$OUT/pool-bench.txt" "$PY" -m packrat.cli bench --pool-only --model "$MODEL" --profile "$PROFILE" \
-        --batch-size "$BENCH_BATCHES" --rounds "$BENCH_ROUNDS" --out "$OUT/pool-bench" || true
+        --batch-size "$BENCH_BATCHES" --rounds "$BENCH_ROUNDS" --payload raw --cases in-process,pool-fat,pool-plan \
+        --out "$OUT/pool-bench" || true
     end
 fi
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections import Counter
 from pathlib import Path
 
 from packrat.profiling.profiles import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
 from benchmarks import oracle
-from benchmarks.common import doc_parser, fmt_num
+from benchmarks.common import doc_parser, fmt_num, markdown_table
 
 STEPS = {"profile": "(a) Adaptive profile", "bench": "(b) Pool-only bench: fat vs plan",
          "oracle": "(c) Planner vs the identical-instance family", "ios": "(d) IOS on many cores",
@@ -55,21 +54,11 @@ def header(machine: dict, steps: dict[str, dict]) -> list[str]:
              f"({machine.get('logical_cpus', '?')} logical CPUs), torch {machine.get('torch', '?')}, "
              f"Python {machine.get('python', '?')}, {machine.get('date', '?')}.",
              "Settings: " + (", ".join(f"{k}={v}" for k, v in machine.get("settings", {}).items()) or "the defaults")
-             + ".", "", "| step | took | budget | status |", "|---|---:|---:|---|"]
-    for key, title in STEPS.items():
-        step = steps.get(key)
-        if step:
-            lines.append(f"| {LETTER[key]} {step['title']} | {step['seconds']} s | {step['budget']} s | "
-                         f"{step['status']} |")
+             + ".", ""]
+    rows = [[f"{LETTER[key]} {step['title']}", f"{step['seconds']} s", f"{step['budget']} s", step["status"]]
+            for key in STEPS if (step := steps.get(key))]
     total = sum(s["seconds"] for s in steps.values())
-    return lines + [f"| total | {total} s | | |", ""]
-
-
-def grouped(instances: list[dict]) -> str:
-    """'8×⟨2, 4⟩ + ⟨4, 8⟩' from a plan's instances (⟨threads, batch⟩)."""
-    counts = Counter((i["threads"], i["batch"]) for i in instances)
-    return " + ".join(f"{n}×⟨{t}, {b}⟩" if n > 1 else f"⟨{t}, {b}⟩"
-                      for (t, b), n in sorted(counts.items(), reverse=True))
+    return lines + [markdown_table(["step", "took", "budget", "status"], rows + [["total", f"{total} s", "", ""]]), ""]
 
 
 def profile_tables(out: Path, machine: dict) -> list[str]:
@@ -79,33 +68,27 @@ def profile_tables(out: Path, machine: dict) -> list[str]:
     summary = out / f"{model}-adaptive.json"
     if summary.exists():
         s = json.loads(summary.read_text())
-        lines += ["| points measured | grid | fraction | est. measuring time | est. full grid | saved |",
-                  "|---:|---:|---:|---:|---:|---:|",
-                  f"| {s['points']} | {s['grid']} | {s['fraction']:.0%} | {s['measure_s']:.0f} s | "
-                  f"{s['full_grid_s']:.0f} s | {s['saved']:.0%} |", ""]
+        lines += [markdown_table(["points measured", "grid", "fraction", "est. measuring time", "est. full grid",
+                                  "saved"], [[s["points"], s["grid"], f"{s['fraction']:.0%}", f"{s['measure_s']:.0f} s",
+                                              f"{s['full_grid_s']:.0f} s", f"{s['saved']:.0%}"]]), ""]
     path = out / f"{model}.csv"
     if path.exists():
         profile = load(path)
         batches, loaded = profile.batches, profile.loaded
         lines += [f"{'Loaded mean (isolated mean)' if loaded else 'Isolated mean'} latency in ms; "
-                  "· = not measured (the adaptive profiler showed it cannot change a plan).", "",
-                  "| t \\ b | " + " | ".join(map(str, batches)) + " |", "|---" * (len(batches) + 1) + "|"]
-        for t in profile.threads:
-            cells = [(fmt_num(profile.latency[t, b]) + (f" ({fmt_num(profile.isolated[t, b])})" if loaded else ""))
-                     if (t, b) in profile.latency else "·" for b in batches]
-            lines.append(f"| {t} | " + " | ".join(cells) + " |")
-        lines.append("")
+                  "· = not measured (the adaptive profiler showed it cannot change a plan).", ""]
+        cells = [[t, *((fmt_num(profile.latency[t, b]) + (f" ({fmt_num(profile.isolated[t, b])})" if loaded else ""))
+                       if (t, b) in profile.latency else "·" for b in batches)] for t in profile.threads]
+        lines += [markdown_table(["t \\ b", *batches], cells), ""]
     plans = out / f"{model}-plans.json"
     if plans.exists():
         rows = json.loads(plans.read_text())
         rows = rows if isinstance(rows, list) else [rows]
-        lines += ["| B | plan ⟨threads, batch⟩ | expected ms | fat ⟨T, B⟩ ms | speedup (predicted) |",
-                  "|---:|---|---:|---:|---:|"]
-        for p in rows:
-            fat, expected = p.get("fat_latency_ms"), p["expected_latency_ms"]
-            lines.append(f"| {p['batch']} | {grouped(p['instances'])} | {fmt_num(expected)} | {fmt_num(fat)} | "
-                         f"{_ratio(fat, expected)} |")
-        lines.append("")
+        cells = [[p["batch"], oracle.label(oracle.canonical((i["threads"], i["batch"]) for i in p["instances"])),
+                  fmt_num(p["expected_latency_ms"]), fmt_num(p.get("fat_latency_ms")),
+                  _ratio(p.get("fat_latency_ms"), p["expected_latency_ms"])] for p in rows]
+        lines += [markdown_table(["B", "plan ⟨threads, batch⟩", "expected ms", "fat ⟨T, B⟩ ms", "speedup (predicted)"],
+                                 cells), ""]
     return lines
 
 
@@ -116,20 +99,15 @@ def bench_tables(out: Path) -> list[str]:
     results = json.loads(path.read_text())
     lines = [f"Medians of {results[0]['rounds'] if results else '?'} interleaved rounds in ms (in-process model, "
              "fat pool, planned pool, each answering B raw-tensor requests); transport: the fat pool's wall time "
-             "minus its instance's own model time.", "",
-             "| B | in-process | pool, fat ⟨T, B⟩ | pool, plan | plan vs fat | predicted plan vs fat | "
-             "plan: predicted / measured | transport ms | plan |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in results:
-        m = r["median_ms"]
-        plan = r["plan"] + (f" ({r['fallback']})" if r.get("fallback") else "")
-        lines.append(f"| {r['batch']} | {fmt_num(m['in-process'])} | {fmt_num(m['pool-fat'])} | "
-                     f"{fmt_num(m['pool-plan'])} | "
-                     f"{_ratio(m['pool-fat'], m['pool-plan'])} | "
-                     f"{_ratio(r.get('predicted_fat_ms'), r.get('predicted_plan_ms'))} | "
-                     f"{_ratio(r.get('predicted_plan_ms'), m['pool-plan'])} | {r['transport_overhead_ms']:.2f} | "
-                     f"{plan} |")
-    return lines + [""]
+             "minus its instance's own model time.", ""]
+    cells = [[r["batch"], *(fmt_num(m.get(case)) for case in ("in-process", "pool-fat", "pool-plan")),
+              _ratio(m.get("pool-fat"), m.get("pool-plan")), _ratio(r.get("predicted_fat_ms"), r.get("predicted_plan_ms")),
+              _ratio(r.get("predicted_plan_ms"), m.get("pool-plan")), fmt_num(r.get("transport_overhead_ms"), 2),
+              r["plan"] + (f" ({r['fallback']})" if r.get("fallback") else "")]
+             for r in results for m in [r["median_ms"]]]
+    return lines + [markdown_table(["B", "in-process", "pool, fat ⟨T, B⟩", "pool, plan", "plan vs fat",
+                                    "predicted plan vs fat", "plan: predicted / measured", "transport ms", "plan"],
+                                   cells), ""]
 
 
 def oracle_tables(out: Path) -> list[str]:
@@ -140,19 +118,17 @@ def oracle_tables(out: Path) -> list[str]:
     lines = [oracle.markdown(report), ""]
     lines += [f"- {line}" for line in report["verdicts"]["loaded"]]
     lines += [f"- (for comparison) {line}" for line in report["verdicts"]["isolated"]]
-    lines += ["", "Every configuration timed (median ms over the rounds):", "",
-              "| B | configuration | median ms | vs best | planner's choice |", "|---:|---|---:|---:|---|"]
+    cells = []
     for entry in report["batches"]:
-        timed = [c["median_ms"] for c in entry["configs"] if c.get("median_ms") is not None]
-        best = min(timed) if timed else None
+        best = min((c["median_ms"] for c in entry["configs"] if c.get("median_ms") is not None), default=None)
         for c in entry["configs"]:
             chosen = [kind for kind in ("loaded", "isolated")
                       if (entry["planner"].get(kind) or {}).get("label") == c["label"]]
             chosen += ["fat"] if entry.get("fat") == c["label"] else []
-            note = c.get("error") or ", ".join(chosen)
-            lines.append(f"| {entry['batch']} | {c['label']} | {fmt_num(c.get('median_ms'))} | "
-                         f"{_ratio(c.get('median_ms'), best)} | {note} |")
-    return lines + [""]
+            cells.append([entry["batch"], c["label"], fmt_num(c.get("median_ms")), _ratio(c.get("median_ms"), best),
+                          c.get("error") or ", ".join(chosen)])
+    return lines + ["", "Every configuration timed (median ms over the rounds):", "",
+                    markdown_table(["B", "configuration", "median ms", "vs best", "planner's choice"], cells), ""]
 
 
 def ios_tables(out: Path) -> list[str]:

@@ -4,24 +4,20 @@
                                                [--rounds 3] [--iters 10] [--modes eager,script,compile,torch-compile]
                                                [--json OUT]
 
-Modes, all from the same zoo module with its seeded weights:
+Modes, all from the same zoo module with its seeded weights (as benchmarks/peers.py runs them):
   eager          the nn.Module as it is
   script         TorchScript, trace + freeze + optimize_for_inference (packrat's default before 2.13)
-  compile        packrat's default: models.prepare(..., "compile") at the largest batch size: static
-                 AOTInductor packages for it and its halving ladder (frozen weights,
-                 thread-count-independent kernels), built by the first process that needs them
-                 and loaded by every later one; a batch size off the ladder is padded
-  torch-compile  torch.compile with inductor and freezing on, one static graph per batch size,
-                 compiled in every process (inductor's on-disk caches warm after round 1)
+  compile        packrat's default, prepared at the largest batch size: static AOTInductor packages
+                 for it and its halving ladder, built by the first process that needs them and loaded
+                 by every later one; a batch size off the ladder is padded
+  torch-compile  torch.compile with freezing on, one static graph per batch size, in every process
 
-Every measurement is a fresh process pinned to the first --threads cores of this process with
-torch.set_num_threads(--threads). It reports its start (process start to the model answering its
-first batch of every size: import, build, trace or compile or load, first runs) and, per batch
-size, the median of --iters timed runs after two warm ones. Rounds run the modes in a shuffled
-order; the table gives medians over rounds, and the start of round 1 separately: the caches
-(TORCHINDUCTOR_CACHE_DIR, packrat's COMPILE_CACHE_ENV) are fresh directories per run of this script,
-so round 1 is a cold start (compile: the package is built) and later rounds warm starts.
-Outputs are checked against eager's (largest absolute difference on the largest batch).
+Every measurement is a fresh process pinned to the first --threads cores. It reports its start
+(process start to the model answering its first batch of every size) and, per batch size, the
+median of --iters timed runs after two warm ones. Rounds run the modes in a shuffled order; the
+table gives medians over rounds, and round 1's start apart: the compile caches are fresh per run
+of this script, so round 1 starts cold and later rounds warm. Outputs are checked against eager's
+(largest absolute difference on the largest batch).
 """
 from __future__ import annotations
 
@@ -35,11 +31,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import arguments, child_json, doc_parser, first_cores, fresh_compile_caches, \
-    markdown_table, median_ms, name_list, pin
+from benchmarks.common import child_json, doc_parser, first_cores, fresh_compile_caches, markdown_table, median_ms, pin
+from benchmarks.peers import TorchRunner
 from packrat.bench.results import write_json
 from packrat.bench.rounds import in_rounds
-from packrat.cli.types import int_list
+from packrat.cli.types import int_list, name_list
 
 MODES = ("eager", "script", "compile", "torch-compile")
 
@@ -57,9 +53,9 @@ def child(model: str, mode: str, threads: int, batches: list[int], iters: int) -
     with torch.inference_mode():
         # torch.compile: a graph per batch size; the others one module for every batch size
         # (compile: prepared at the largest, it loads the packages of its halving ladder too)
-        shared = None if mode == "torch-compile" else runner_for(mode, spec, max(batches))
+        shared = None if mode == "torch-compile" else TorchRunner(spec, max(batches), mode).module
         for batch in batches:
-            runners[batch] = shared or runner_for(mode, spec, batch)
+            runners[batch] = shared or TorchRunner(spec, batch, mode).module
             runners[batch](*spec.example_inputs(batch))
         start_s = time.perf_counter() - started
         latency_ms, outputs = {}, {}
@@ -70,19 +66,6 @@ def child(model: str, mode: str, threads: int, batches: list[int], iters: int) -
         reference = prepare(spec, batches[-1], graph_mode=False)[0](*spec.example_inputs(batches[-1]))
         error = float((outputs[batches[-1]] - reference).abs().max())
     return {"start_s": start_s, "latency_ms": latency_ms, "max_abs_diff": error}
-
-
-def runner_for(mode: str, spec, batch: int):
-    import torch
-
-    from packrat.models.zoo import prepare
-
-    if mode != "torch-compile":
-        return prepare(spec, batch, graph_mode=mode)[0]
-    import torch._inductor.config as inductor_config
-
-    inductor_config.freezing = True
-    return torch.compile(spec.build(), dynamic=False)
 
 
 def run_child(args, mode: str, env: dict) -> dict:
@@ -131,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=int_list, default=[1, 2, 4], help="batch sizes (default 1,2,4)")
     p.add_argument("--rounds", type=int, default=3, help="rounds, each running every mode once (default 3)")
     p.add_argument("--iters", type=int, default=10, help="timed runs per batch size (default 10)")
-    p.add_argument("--modes", type=name_list, default=list(MODES), help=f"comma list (default {','.join(MODES)})")
+    p.add_argument("--modes", type=name_list(MODES, "mode"), default=list(MODES), help=f"comma list (default {','.join(MODES)})")
     p.add_argument("--seed", type=int, default=0, help="seed for the round orders (default 0)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write every figure here")
     p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
@@ -144,9 +127,6 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.model, args.child, args.threads, args.batches, args.iters)))
         return 0
     modes = args.modes
-    unknown = set(modes) - set(MODES)
-    if unknown:
-        raise SystemExit(f"unknown mode(s) {sorted(unknown)}: choose from {','.join(MODES)}")
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="packrat-graph-modes-") as scratch:
         env = fresh_compile_caches(Path(scratch))
@@ -159,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(summary, args.batches)
     print(f"\n{args.model}, {args.threads} threads, medians over {args.rounds} rounds\n\n{table}")
     if args.json:
-        write_json(args.json, {"args": arguments(args), "runs": results, "summary": summary, "markdown": table})
+        write_json(args.json, {"args": vars(args), "runs": results, "summary": summary, "markdown": table})
     return 0
 
 

@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, markdown_head, name_list
-from packrat.cli.types import int_list
+from benchmarks.common import doc_parser, markdown_head
+from packrat.cli.types import int_list, name_list
 
 MODELS = "inception_v3,squeezenet,randwire,nasnet"
 
@@ -63,7 +63,7 @@ def row(r: dict) -> str:
 
 def main() -> None:
     parser = doc_parser(__doc__)
-    parser.add_argument("--models", type=name_list, default=name_list(MODELS), help=f"zoo models (default {MODELS})")
+    parser.add_argument("--models", type=name_list(), default=MODELS.split(","), help=f"zoo models (default {MODELS})")
     parser.add_argument("--batches", type=int_list, default=[1, 8], help="batch sizes (default 1,8)")
     parser.add_argument("--threads", type=int_list, default=[2],
                         help="comma-separated thread counts (default 2; e.g. 8,16 on a larger machine)")

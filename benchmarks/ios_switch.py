@@ -26,7 +26,8 @@ from packrat.ios_scheduler.runtime import WorkerSet
 from packrat.models.zoo import resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, first_cores, markdown_head, markdown_row, name_list
+from benchmarks.common import doc_parser, first_cores, markdown_head, markdown_row
+from packrat.cli.types import name_list
 from packrat.bench.rounds import elapsed_ms, interleaved, medians
 
 THREADS = 2
@@ -60,7 +61,7 @@ def switch(model: str, workers: WorkerSet, rounds: int) -> dict:
 
 def main() -> None:
     parser = doc_parser(__doc__)
-    parser.add_argument("--models", type=name_list, default=["randwire", "inception_v3"],
+    parser.add_argument("--models", type=name_list(), default=["randwire", "inception_v3"],
                         help="zoo models (default randwire,inception_v3)")
     parser.add_argument("--rounds", type=int, default=61, help="interleaved rounds (default 61)")
     args = parser.parse_args()

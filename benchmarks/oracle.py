@@ -3,46 +3,30 @@
     .venv/bin/python benchmarks/oracle.py --model resnet50 --batches 1,2,4,8,16 [--rounds 10]
 
 On this machine (T = its cores, or --threads), for each batch size B, a pool is built for every
-feasible configuration: every multiset of instances ⟨t, b⟩ (t threads, batch b; t, b ≥ 1) with
-Σt ≤ T and Σb = B, up to the bound below. All of one B's pools are started once and kept up
-(idle pools take no CPU), warmed up, then timed in --rounds interleaved rounds: each round calls
-every pool once, in a shuffled order, with B raw-tensor requests (as `packrat bench --pool-only`
-sends them, codec inside the instances), so machine noise hits every configuration alike. A
-configuration's latency is its median over the rounds. Then the B's pools are closed.
+feasible configuration: every multiset of instances ⟨t, b⟩ with Σt ≤ T and Σb = B, up to the bound
+below. All of one B's pools are started and warmed up, then timed in --rounds interleaved rounds
+(each calls every pool once, in a shuffled order, with B raw-tensor requests); a configuration's
+latency is its median over the rounds.
 
 For each B the report gives the best configuration (the oracle), the planner's choice from the
-profile's isolated figures and from its loaded figures (each point measured while ⌊T/t⌋ copies of
-it run on the other cores), each choice's measured latency over the oracle's and its predicted
-latency over its measured one, and the fat ⟨T, B⟩ instance's measured latency over the oracle's.
-Verdicts on the targets are computed from the figures: the loaded plan within 3 % of the oracle
-at every B, and its prediction within 10 % of what was measured.
+profile's isolated and from its loaded figures, each choice's measured latency over the oracle's
+and its predicted latency over its measured one, and the fat ⟨T, B⟩ over the oracle. The verdicts:
+the loaded plan within 3 % of the oracle at every B, its prediction within 10 % of the measured.
 
-The bound. Configurations are enumerated exhaustively (all_configs) while there are at most
-EXHAUSTIVE_LIMIT (50,000) of them, which covers every T ≤ 8 at B ≤ 16 (on 2 cores: ⟨1, B⟩,
-⟨2, B⟩ and ⟨1, b⟩ + ⟨1, B−b⟩ for 1 ≤ b ≤ B/2; B/2 + 2 configurations). Past that, the candidates
-are the balanced family (balanced_configs): for every instance count k, threads split evenly
-with no core idle (and ⌊T/k⌋ each), batches split in proportion to threads or evenly. At most
---max-configs (default 40) are timed per B: when there are more (select_configs), the planner's
-two choices and the fat ⟨T, B⟩ are always kept and the rest are ranked by (idle cores, load
-imbalance max b/t over B/Σt, distinct shapes, instances) and taken round robin over the instance
-counts (ends of the range first, then its midpoints), so the choice is deterministic and spans
-few to many instances.
+The bound. Configurations are enumerated exhaustively (all_configs) up to EXHAUSTIVE_LIMIT (50,000),
+which covers every T ≤ 8 at B ≤ 16; past that, the candidates are the balanced family
+(balanced_configs: for every instance count k, threads split evenly, batches in proportion or
+evenly). At most --max-configs (default 40) are timed per B (select_configs): the planner's two
+choices and the fat ⟨T, B⟩ always, the rest ranked by (idle cores, load imbalance, distinct shapes,
+instances) and taken round robin over the instance counts, ends of the range first.
+--family identical times instead i identical instances ⟨T/i, B/i⟩ for every i dividing T and B, plus
+the planner's choices: a handful per B, for many cores; the "oracle" is then the best of those.
 
---family identical times a smaller, stated family instead, for many cores where even 40 pools per B
-take too long: i identical instances ⟨T/i threads, batch B/i⟩ for every i dividing both T and B
-(identical_configs; on 16 cores at B = 16 or 32: i = 1, 2, 4, 8, 16), plus the planner's two choices
-(the fat ⟨T, B⟩ is i = 1). The "oracle" is then the best of that family and the planner's choices.
-
-The profile (--profile, holding both figures) is measured when not given: profiles/oracle-MODEL.csv,
-t = 1..T and --batches, with contention (resumed when present). The planner needs each ⟨t, b⟩ it
-plans to be in the profile; configurations with other sub-batches are measured by the oracle only.
-
-Run time is estimated before the timing starts (pool starts with their warm-up, then
-configurations × (rounds + warm-up calls) × their latencies predicted from the profile); past 10
-minutes it also says which --rounds would fit and what each B costs. --dry-run prints the
-configurations and the estimate only (no profile measured); --profile-only measures the profile in
-a command of its own. Keep one command under about 10 minutes with --rounds and --batches: run the
-batches in several commands with --json each, then print them as one report with --merge.
+The profile (--profile, with both figures) is measured when not given: profiles/oracle-MODEL.csv,
+t = 1..T and --batches, with contention (resumed when present). The run time is estimated first;
+past 10 minutes it also says which --rounds would fit. --dry-run prints the configurations and the
+estimate only; --profile-only measures the profile in a command of its own. Split a long run over
+several commands with --json each, then print them as one report with --merge.
 """
 
 from __future__ import annotations
@@ -66,12 +50,12 @@ from packrat.profiling.profiles import Profile, load
 from packrat.machine.topology import Topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, error_text, pool_requests, local_topology
+from benchmarks.common import doc_parser, error_text, local_topology, markdown_table, pool_requests
 from packrat.bench.pool import answered
 from packrat.bench.results import write_json
-from packrat.bench.rounds import elapsed_ms
+from packrat.bench.rounds import elapsed_ms, in_rounds
 from packrat.profiling.profiles import default_path as default_profile_path
-from packrat.cli.types import int_list
+from packrat.cli.types import int_list, positive
 
 Shape = tuple[int, int]  # one instance: (threads, batch)
 Config = tuple[Shape, ...]  # a multiset of instances, canonical: sorted, biggest first
@@ -372,22 +356,21 @@ def markdown(report: dict) -> str:
              f"{meta['rounds']} interleaved rounds; ⟨t,b⟩ = an instance with t threads at batch b; "
              "meas/best: measured latency over the oracle's; pred/meas: the planner's predicted latency over "
              "its measured one." + (f" Configurations: {IDENTICAL_TEXT}; the oracle is the best of them."
-                                    if meta.get("family") == "identical" else ""), "",
-             "| B | configs | oracle (best) | best ms | loaded plan | meas/best | pred/meas | isolated plan "
-             "| meas/best | pred/meas | fat meas/best |",
-             "|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|"]
+                                    if meta.get("family") == "identical" else ""), ""]
+    rows = []
     for s in report["summaries"]:
         if "best_ms" not in s:
-            lines.append(f"| {s['batch']} | 0 | (no pool started) | | | | | | | | |")
+            rows.append([s["batch"], 0, "(no pool started)"] + [""] * 8)
             continue
-        cells = [str(s["batch"]), str(s["timed"]) + (f" (+{s['failed']} failed)" if s["failed"] else ""),
+        cells = [s["batch"], str(s["timed"]) + (f" (+{s['failed']} failed)" if s["failed"] else ""),
                  s["best"], f"{s['best_ms']:.1f}"]
         for kind in ("loaded", "isolated"):
             row = s.get(kind) or {}
             cells += [row.get("label") or "-", _ratio(row, "vs_best"), _ratio(row, "predicted_vs_measured")]
-        cells.append(f"{s['fat_vs_best']:.2f}" if s.get("fat_vs_best") is not None else "-")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells + [_ratio(s, "fat_vs_best")])
+    return "\n".join(lines + [markdown_table(["B", "configs", "oracle (best)", "best ms", "loaded plan", "meas/best",
+                                               "pred/meas", "isolated plan", "meas/best", "pred/meas",
+                                               "fat meas/best"], rows)])
 
 
 def build_report(meta: dict, entries: Sequence[dict]) -> dict:
@@ -579,20 +562,17 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict | None, bar) ->
                 results[config]["error"] = f"warm-up failed: {exc}"
                 del pools[config]
             advance(costs["call"][config] * args.warmup if costs else 0)
-        order = list(pools)
-        for r in range(args.rounds):
+        for r, config in in_rounds(list(pools), args.rounds, random.Random(args.seed * 1_000_003 + batch * 1009)):
             if bar is not None:
-                bar.set_description(f"B={batch}: round {r + 1}/{args.rounds}")
-            random.Random(args.seed * 1_000_003 + batch * 1009 + r).shuffle(order)
-            for config in order:
-                if config not in pools:
-                    continue
-                try:
-                    results[config]["samples_ms"].append(elapsed_ms(lambda: answered(pools[config], requests)))
-                except Exception as exc:
-                    results[config]["error"] = f"round {r + 1} failed: {exc}"
-                    del pools[config]
-                advance(costs["call"][config] if costs else 0)
+                bar.set_description(f"B={batch}: round {r}/{args.rounds}")
+            if config not in pools:
+                continue
+            try:
+                results[config]["samples_ms"].append(elapsed_ms(lambda: answered(pools[config], requests)))
+            except Exception as exc:
+                results[config]["error"] = f"round {r} failed: {exc}"
+                del pools[config]
+            advance(costs["call"][config] if costs else 0)
     for result in results.values():
         if result["samples_ms"] and not result["error"]:
             result["median_ms"] = statistics.median(result["samples_ms"])
@@ -650,25 +630,8 @@ def run(args) -> int:
     return 0
 
 
-def _integer(text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < least:
-        raise argparse.ArgumentTypeError(f"must be >= {least}, got {text}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    return _integer(text, 1)
-
-
-def nonnegative_int(text: str) -> int:
-    return _integer(text, 0)
-
-
 def build_parser() -> argparse.ArgumentParser:
+    positive_int, nonnegative_int = positive(int), positive(int, zero=True)
     parser = doc_parser(__doc__, examples=(
         "examples:\n"
         "  benchmarks/oracle.py --model resnet50 --batches 1,2,4,8,16 --dry-run   # configurations, estimate\n"

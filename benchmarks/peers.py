@@ -4,61 +4,38 @@
                                          [--rounds 3] [--iters 10] [--warmup 2] [--peers packrat,fat,eager,...]
                                          [--profile profiles/MODEL.csv] [--json OUT]
 
-One model (--model: resnet50, bert_base, or any zoo model; tiny for smoke tests) at each batch size
-B of --batches, on T cores: the physical cores this process may use, one logical CPU each, as
-packrat's topology counts them (or the first --cores of them). Every peer answers the same B
-samples (the zoo's spec.example_inputs(B), from the zoo module's seeded weights) with all T cores:
+One zoo model at each batch size B of --batches, on T cores (the physical cores this process may
+use, or the first --cores of them). Every peer answers the same B samples (spec.example_inputs(B))
+with all T cores:
 
-  packrat              the plan for (T, B) from the profile (--profile, default profiles/MODEL.csv as
-                       `packrat profile` writes it; its primary figure, loaded where it has one, or
-                       --latency), run as packrat serves it without TorchServe: an InstancePool of the
-                       plan's instances, each pinned to its own cores, each in the runtime the profile
-                       measured fastest at its ⟨t, b⟩ (`packrat profile --runtimes`: inductor in the
-                       profile's graph mode, --packrat-mode to override; OpenVINO; ONNX Runtime). A run submits the B samples as B requests (raw
-                       little-endian tensor bytes for a single-input model; a KServe v2 JSON body with
-                       one entry per named input for a multi-input one such as bert_base) and waits for
-                       every answer. No plan for B from the profile: packrat is skipped at that B.
-  fat                  the same pool with one inductor instance ⟨T threads, batch B⟩: the usual single-process
-                       server, and the pool's own overhead (codec, shared memory, dispatch) made visible.
-  eager                PyTorch eager under torch.inference_mode, torch.set_num_threads(T).
-  script               TorchScript: models.prepare(..., "script") (trace, freeze, optimize_for_inference).
-  compile              packrat's compile mode, as its instances run it: models.prepare(..., "compile")
-                       (inductor with frozen weights; packrat builds it once per model as an AOTInductor
-                       package with a dynamic batch, kept in COMPILE_CACHE_ENV's folder).
-  torch-compile        what a user writes: torch.compile(module, dynamic=False) with inductor's freezing
-                       on, one static graph per B (compiled in that B's setup).
-  openvino-latency     openvino.convert_model(module, example_input=inputs), reshaped to a static
-                       batch B, compiled for "CPU" with PERFORMANCE_HINT LATENCY,
-                       INFERENCE_NUM_THREADS T, INFERENCE_PRECISION_HINT f32; one infer request.
-  openvino-throughput  the same model at batch 1, compiled with PERFORMANCE_HINT THROUGHPUT (its
-                       automatic streams), INFERENCE_NUM_THREADS T, f32; a run puts the B samples as B
-                       infer requests on an AsyncInferQueue of the compiled model's
-                       OPTIMAL_NUMBER_OF_INFER_REQUESTS and waits for all of them (latency = the whole
-                       batch's).
-  onnxruntime          the module exported to ONNX once before the rounds (dynamic batch axis;
-                       --onnx-exporter: auto tries torch's dynamo exporter, which needs onnxscript, then
-                       the legacy TorchScript one), an InferenceSession (CPUExecutionProvider, all graph
-                       optimisations) with intra_op_num_threads T, ORT_SEQUENTIAL.
-  onnxruntime-parallel the same model with execution_mode ORT_PARALLEL: independent graph branches
-                       run at once on the inter-op pool. --ort-parallel-threads INTER:INTRA (default
-                       T:1, so no more than T threads compute at once, as for every other peer); a
-                       chain of operators (ResNet, BERT) has little to run in parallel, so this is the
-                       knob users reach for rather than a fast setting.
+  packrat              the plan for (T, B) from the profile (its primary figure, or --latency) as
+                       packrat serves it without TorchServe: an InstancePool of the plan's instances,
+                       each pinned to its cores and in the runtime the profile measured fastest at its
+                       ⟨t, b⟩; a run is B requests (raw tensor bytes; KServe v2 JSON for several
+                       inputs), all answered. Skipped at a B the profile cannot plan.
+  fat                  the same pool with one inductor instance ⟨T threads, batch B⟩: the pool's own
+                       overhead (codec, shared memory, dispatch) made visible.
+  eager, script        PyTorch eager; TorchScript (trace, freeze, optimize_for_inference).
+  compile              packrat's compile mode, as its instances run it (AOTInductor packages).
+  torch-compile        what a user writes: torch.compile(module, dynamic=False), freezing on.
+  openvino-latency     the IR packrat converts (models.runtimes), static batch B, PERFORMANCE_HINT LATENCY,
+                       INFERENCE_NUM_THREADS T, f32; one infer request.
+  openvino-throughput  the same at batch 1 with PERFORMANCE_HINT THROUGHPUT (its streams): the B samples
+                       as B requests on an AsyncInferQueue, the latency the whole batch's.
+  onnxruntime          the ONNX file packrat exports (models.runtimes: dynamo, dynamic batch), an
+                       InferenceSession with intra_op_num_threads T, ORT_SEQUENTIAL.
+  onnxruntime-parallel the same with ORT_PARALLEL, --ort-parallel-threads INTER:INTRA (default T:1):
+                       the knob users reach for, little to run in parallel in ResNet or BERT.
 
-Every peer runs in a fresh process pinned to the T cores, with torch.set_num_threads(T) and one
-inter-op thread (packrat's and fat's instances pin themselves to their own cores inside those).
-Interleaved rounds (--rounds): each round runs every peer once, in a shuffled order, and each peer's
-process runs the batch sizes in a shuffled order; at each B it prepares (compile, convert, start the
-pool: "setup s"), runs --warmup untimed batches, then --iters timed ones and keeps their median. The
-table gives, per B, the median over rounds of those medians, its ratio to packrat's (peer / packrat:
-above 1, packrat is faster) and the largest absolute difference of the peer's outputs from eager's
-on the same inputs (packrat and fat: their KServe v2 answers to the same samples, after the timed
-runs), marked DIFFERS above 1e-3 of the outputs' largest magnitude. Inductor's cache
-(TORCHINDUCTOR_CACHE_DIR) and packrat's compiled packages (COMPILE_CACHE_ENV) are fresh
-directories per run of this script, so round 1's setups compile cold and later rounds' load what
-round 1 built. A peer whose packages are missing is reported as
-"not installed (pip install ...)" and skipped (pip install -e '.[peers]' installs them all).
---json OUT keeps every figure: each run's samples, setups and notes, the summary and the tables.
+Every peer runs in a fresh process pinned to the T cores, torch with T threads and one inter-op
+thread. Each of --rounds runs every peer once, in a shuffled order, and each peer's process the
+batch sizes in a shuffled order: at each B it prepares ("setup s"), runs --warmup untimed batches,
+then --iters timed ones and keeps their median. Per B the table gives the median over rounds, its
+ratio to packrat's (peer / packrat: above 1, packrat is faster) and the largest absolute difference
+of the outputs from eager's (DIFFERS above 1e-3 of their largest magnitude). The compile caches are
+fresh per run of this script: round 1's setups compile cold, later rounds load what it built. A peer
+whose packages are missing is reported "not installed (pip install ...)" and skipped
+(pip install -e '.[peers]' installs them all). --json OUT keeps every figure.
 """
 from __future__ import annotations
 
@@ -75,12 +52,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import child_json, doc_parser, error_text, fresh_compile_caches, pin, pool_requests
+from benchmarks.common import child_json, doc_parser, error_text, fresh_compile_caches, local_topology, \
+    fmt_num, markdown_table, pin, pool_requests
 from packrat.bench.pool import answered
 from packrat.bench.results import write_json
-from packrat.bench.rounds import in_rounds
+from packrat.bench.rounds import elapsed_ms, in_rounds
 from packrat.profiling.profiles import default_path as default_profile_path
-from packrat.cli.types import int_list
+from packrat.cli.types import int_list, name_list
 
 PEERS = ("packrat", "fat", "eager", "script", "compile", "torch-compile", "openvino-latency", "openvino-throughput",
          "onnxruntime", "onnxruntime-parallel")
@@ -89,12 +67,10 @@ POOL_PEERS = ("packrat", "fat")
 OPENVINO_PEERS = ("openvino-latency", "openvino-throughput")
 ORT_PEERS = ("onnxruntime", "onnxruntime-parallel")
 NEEDS = {peer: ("openvino",) for peer in OPENVINO_PEERS} | {peer: ("onnxruntime",) for peer in ORT_PEERS}
-EXPORTERS = ("auto", "dynamo", "legacy")
 DIFF_TOLERANCE = 1e-3  # relative to the reference outputs' largest magnitude
 RESULT = "PEERS-RESULT "  # prefix of a child's result line on stdout (libraries print there too)
 V2_TYPES = {"float32": "FP32", "float64": "FP64", "float16": "FP16", "int64": "INT64", "int32": "INT32",
             "int16": "INT16", "int8": "INT8", "uint8": "UINT8", "bool": "BOOL"}
-EXPORT_BATCH = 2  # the example batch for ONNX export and OpenVINO conversion (1 could be specialised)
 
 
 # ---- pure: the report from JSON-able results ---------------------------------------------------
@@ -188,24 +164,16 @@ def markdown(summary: dict, header: str = "", plans: dict | None = None) -> str:
         lines += [f"### B = {batch}", ""]
         if plans and plans.get(batch):
             lines += [plans[batch], ""]
-        lines += ["| peer | median ms | vs packrat | max abs Δ vs eager | setup s | notes |",
-                  "|---|---:|---:|---:|---:|---|"]
+        cells = []
         for peer, row in rows.items():
             if "latency_ms" not in row:
-                lines.append(f"| {peer} | - | - | - | - | {_cell(row['error'])} |")
+                cells.append([peer, "-", "-", "-", "-", row["error"]])
                 continue
-            vs = f"{row['vs_packrat']:.2f}" if row.get("vs_packrat") is not None else "-"
-            setup = f"{row['setup_s']:.1f}" if row.get("setup_s") is not None else "-"
-            note = row.get("note", "")
-            if row.get("failed_rounds"):
-                note = (note + "; " if note else "") + f"{row['failed_rounds']} round(s) failed"
-            lines.append(f"| {peer} | {row['latency_ms']:.2f} | {vs} | {_diff_text(row)} | {setup} | {_cell(note)} |")
-        lines.append("")
+            failed = [f"{row['failed_rounds']} round(s) failed"] if row.get("failed_rounds") else []
+            cells.append([peer, f"{row['latency_ms']:.2f}", fmt_num(row.get("vs_packrat"), 2), _diff_text(row),
+                          fmt_num(row.get("setup_s")), "; ".join([row["note"]] * bool(row.get("note")) + failed)])
+        lines += [markdown_table(["peer", "median ms", "vs packrat", "max abs Δ vs eager", "setup s", "notes"], cells), ""]
     return "\n".join(lines).rstrip() + "\n"
-
-
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def v2_body(names: list[str], arrays: list, index: int) -> bytes:
@@ -235,14 +203,6 @@ def parse_cores(count: int | None, allowed: list[int]) -> list[int]:
     return list(allowed[:count])
 
 
-def parse_peers(text: str) -> list[str]:
-    peers = list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
-    unknown = [p for p in peers if p not in PEERS]
-    if unknown or not peers:
-        raise SystemExit(f"unknown peer(s) {unknown}: choose from {','.join(PEERS)}")
-    return peers
-
-
 def parse_ratio(text: str, threads: int) -> tuple[int, int]:
     """--ort-parallel-threads INTER:INTRA, T standing for the cores."""
     try:
@@ -263,7 +223,18 @@ def _first_output(result):
     return result
 
 
-class TorchRunner:
+class Runner:
+    """One peer at one B: run() a batch, outputs(run's result) as numpy, close()."""
+    note = ""
+
+    def outputs(self, result):
+        return result[0]
+
+    def close(self) -> None:
+        pass
+
+
+class TorchRunner(Runner):
     """eager, script, compile: models.prepare in that graph mode (call under inference_mode)."""
 
     def __init__(self, spec, batch: int, mode: str):
@@ -277,7 +248,6 @@ class TorchRunner:
 
             inductor_config.freezing = True
             self.module, self.inputs = torch.compile(spec.build(), dynamic=False), spec.example_inputs(batch)
-            self.note = ""
             return
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -291,20 +261,19 @@ class TorchRunner:
     def outputs(self, result):
         return _first_output(result).detach().float().numpy()
 
-    def close(self) -> None:
-        pass
-
 
 class OpenVinoModel:
-    """The zoo module converted once per process (ov.convert_model), compiled per B."""
+    """The zoo module's IR, as packrat converts it (built by the first process, read by the others),
+    read once per process and compiled per B."""
 
     def __init__(self, spec, threads: int):
         import openvino as ov
 
+        from packrat.models.runtimes import ensure_artefact
+
         started = time.perf_counter()
-        self.ov, self.spec, self.threads = ov, spec, threads
-        self.model = ov.convert_model(spec.build(), example_input=spec.example_inputs(EXPORT_BATCH))
-        self.core = ov.Core()
+        self.ov, self.spec, self.threads, self.core = ov, spec, threads, ov.Core()
+        self.model = self.core.read_model(str(ensure_artefact(spec, "openvino")))
         self.convert_s = time.perf_counter() - started
 
     def compile(self, batch: int, hint: str):
@@ -314,25 +283,19 @@ class OpenVinoModel:
                                                       "INFERENCE_PRECISION_HINT": "f32"})
 
 
-class OpenVinoLatency:
+class OpenVinoLatency(Runner):
     def __init__(self, converted: OpenVinoModel, batch: int):
         compiled = converted.compile(batch, "LATENCY")
         self.request = compiled.create_infer_request()
         self.inputs = [x.numpy() for x in converted.spec.example_inputs(batch)]
-        self.note = (f"convert_model {converted.convert_s:.1f} s; {compiled.get_property('NUM_STREAMS')} stream(s), "
+        self.note = (f"IR {converted.convert_s:.1f} s; {compiled.get_property('NUM_STREAMS')} stream(s), "
                      f"{compiled.get_property('INFERENCE_NUM_THREADS')} threads")
 
     def run(self):
         return self.request.infer(self.inputs, share_inputs=True)
 
-    def outputs(self, result):
-        return result[0]
 
-    def close(self) -> None:
-        pass
-
-
-class OpenVinoThroughput:
+class OpenVinoThroughput(Runner):
     def __init__(self, converted: OpenVinoModel, batch: int):
         compiled = converted.compile(1, "THROUGHPUT")
         requests = compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")
@@ -345,7 +308,7 @@ class OpenVinoThroughput:
             self.answers[index] = request.get_output_tensor(0).data.copy()
 
         self.queue.set_callback(done)
-        self.note = (f"convert_model {converted.convert_s:.1f} s; {compiled.get_property('NUM_STREAMS')} streams, "
+        self.note = (f"IR {converted.convert_s:.1f} s; {compiled.get_property('NUM_STREAMS')} streams, "
                      f"{requests} requests of batch 1")
 
     def run(self):
@@ -359,11 +322,8 @@ class OpenVinoThroughput:
 
         return np.concatenate(result)
 
-    def close(self) -> None:
-        pass
 
-
-class OrtRunner:
+class OrtRunner(Runner):
     def __init__(self, session, spec, batch: int, note: str):
         names = [s.name for s in spec.inputs]
         arrays = [x.numpy() for x in spec.example_inputs(batch)]
@@ -373,12 +333,6 @@ class OrtRunner:
 
     def run(self):
         return self.session.run(None, self.feeds)
-
-    def outputs(self, result):
-        return result[0]
-
-    def close(self) -> None:
-        pass
 
 
 def ort_session(path: str, threads: int, parallel: tuple[int, int] | None):
@@ -398,7 +352,7 @@ def ort_session(path: str, threads: int, parallel: tuple[int, int] | None):
     return session, threads_text
 
 
-class PoolRunner:
+class PoolRunner(Runner):
     """packrat, fat: an InstancePool of the given instances; a run is B requests, all answered."""
 
     def __init__(self, spec, model: str, instances: list[dict], mode: str, batch: int):
@@ -452,17 +406,18 @@ def child(peer: str, config: dict, round_index: int) -> dict:
 
 
 def prepare_shared(peer: str, spec, config: dict, shared: dict) -> None:
-    """What a peer's process prepares once for every B (not in any B's setup): OpenVINO's
-    conversion, onnxruntime's session."""
+    """What a peer's process prepares once for every B (not in any B's setup): OpenVINO's IR,
+    onnxruntime's session (of packrat's artefacts, built by the first process that needs them)."""
     threads = len(config["cores"])
     if peer in OPENVINO_PEERS and "openvino" not in shared:
         shared["openvino"] = OpenVinoModel(spec, threads)
     if peer in ORT_PEERS and "ort" not in shared:
+        from packrat.models.runtimes import ensure_artefact
+
         begun = time.perf_counter()
         parallel = tuple(config["ort_parallel"]) if peer == "onnxruntime-parallel" else None
-        session, threads_text = ort_session(config["onnx"]["path"], threads, parallel)
-        shared["ort"] = (session, f"{config['onnx']['exporter']} exporter; {threads_text}; session "
-                                  f"{time.perf_counter() - begun:.1f} s")
+        session, threads_text = ort_session(str(ensure_artefact(spec, "onnxruntime")), threads, parallel)
+        shared["ort"] = (session, f"{threads_text}; model and session {time.perf_counter() - begun:.1f} s")
 
 
 def runner_for(peer: str, spec, batch: int, config: dict, shared: dict):
@@ -491,14 +446,8 @@ def time_batch(peer: str, spec, batch: int, config: dict, shared: dict, round_in
             timed = round_index > 0  # round 0: eager's outputs only, the reference when eager is not a peer
             for _ in range(config["warmup"] if timed else 0):
                 runner.run()
-            times, result = [], None
-            for _ in range(config["iters"] if timed else 0):
-                t0 = time.perf_counter()
-                result = runner.run()
-                times.append((time.perf_counter() - t0) * 1e3)
-            if result is None:
-                result = runner.run()
-            output = np.asarray(runner.outputs(result), dtype=np.float32)
+            times = [elapsed_ms(runner.run) for _ in range(config["iters"] if timed else 0)]
+            output = np.asarray(runner.outputs(runner.run()), dtype=np.float32)
         finally:
             runner.close()
     path = Path(config["scratch"]) / "outputs" / f"{peer}-r{round_index}-b{batch}.npy"
@@ -506,43 +455,6 @@ def time_batch(peer: str, spec, batch: int, config: dict, shared: dict, round_in
     np.save(path, output)
     return {"latency_ms": statistics.median(times) if times else None, "samples_ms": times, "setup_s": setup_s,
             "note": runner.note, "output": str(path)}
-
-
-def build_onnx(config: dict, exporter: str) -> dict:
-    """Export the zoo module to ONNX with a dynamic batch axis (in a pinned child, once)."""
-    pin(config["cores"])
-    import torch
-
-    from packrat.models.zoo import resolve
-
-    spec = resolve(config["model"])
-    names = [s.name for s in spec.inputs]
-    examples = spec.example_inputs(EXPORT_BATCH)
-    path = Path(config["scratch"]) / "onnx" / "model.onnx"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tries = ([e for e in ("dynamo", "legacy") if e != "dynamo" or importlib.util.find_spec("onnxscript")]
-             if exporter == "auto" else [exporter])
-    failures = []
-    for name in tries:
-        started = time.perf_counter()
-        try:
-            with torch.no_grad():
-                if name == "dynamo":
-                    batch = torch.export.Dim("batch", min=1, max=4096)
-                    torch.onnx.export(spec.build(), examples, str(path), dynamo=True, input_names=names,
-                                      output_names=["output"], dynamic_shapes=tuple({0: batch} for _ in names),
-                                      verbose=False)
-                else:
-                    torch.onnx.export(spec.build(), examples, str(path), dynamo=False, input_names=names,
-                                      output_names=["output"], opset_version=17,
-                                      dynamic_axes={n: {0: "batch"} for n in [*names, "output"]})
-            return {"path": str(path), "exporter": name, "export_s": time.perf_counter() - started,
-                    "failures": failures}
-        except Exception as exc:
-            failures.append(f"{name}: {error_text(exc)}")
-    if exporter == "auto" and not importlib.util.find_spec("onnxscript"):
-        failures.append("dynamo: not tried (pip install onnxscript)")
-    return {"error": "ONNX export failed: " + "; ".join(failures)}
 
 
 # ---- the parent --------------------------------------------------------------------------------
@@ -613,12 +525,10 @@ def pool_plans(args, cores: list[int]) -> dict:
     return pools
 
 
-def run_child(args, command: list[str], env: dict) -> dict:
-    return child_json(command, marker=RESULT, env=env, timeout=args.timeout)
-
-
-def child_command(args, config_path: Path, peer: str, round_index: int) -> list[str]:
-    return [sys.executable, __file__, "--child", peer, "--config", str(config_path), "--round", str(round_index)]
+def run_child(args, env: dict, config_path: Path, peer: str, round_index: int) -> dict:
+    """One peer's run in a fresh process (child): its result."""
+    return child_json([sys.executable, __file__, "--child", peer, "--config", str(config_path), "--round",
+                       str(round_index)], marker=RESULT, env=env, timeout=args.timeout)
 
 
 def add_diffs(runs: dict[str, list[dict]], reference: dict[str, str]) -> None:
@@ -654,10 +564,9 @@ def _progress(round_index: int, peer: str, result: dict) -> str:
 
 
 def run(args) -> int:
-    allowed = _physical_cores()
-    cores = parse_cores(args.cores, allowed)
+    cores = parse_cores(args.cores, list(local_topology(None).cores))
     threads = len(cores)
-    peers = parse_peers(args.peers)
+    peers = args.peers
     skipped = {peer: why for peer in peers if (why := missing_packages(peer))}
     active = [p for p in peers if p not in skipped]
     found = versions()
@@ -669,29 +578,13 @@ def run(args) -> int:
                   "ort_parallel": list(parse_ratio(args.ort_parallel_threads, threads))}
         if any(p in POOL_PEERS for p in active):
             config["pools"] = pool_plans(args, cores)
-        if any(p in ORT_PEERS for p in active):
-            config_path = Path(scratch) / "config.json"
-            config_path.write_text(json.dumps(config))
-            built = run_child(args, [sys.executable, __file__, "--build-onnx", args.onnx_exporter,
-                                     "--config", str(config_path)], env)
-            if "error" in built:
-                print(f"onnx: {built['error']}", flush=True)
-                for peer in ORT_PEERS:
-                    if peer in active:
-                        skipped[peer] = built["error"]
-                active = [p for p in active if p not in ORT_PEERS]
-            else:
-                print(f"onnx: exported with the {built['exporter']} exporter in {built['export_s']:.1f} s"
-                      + (f" (failed first: {'; '.join(built['failures'])})" if built["failures"] else ""), flush=True)
-                config["onnx"] = built
         config_path = Path(scratch) / "config.json"
         config_path.write_text(json.dumps(config))
         runs: dict[str, list[dict]] = {peer: [] for peer in active}
         if "eager" not in active and active:  # outputs to compare with: eager's, once, untimed
-            reference = run_child(args, child_command(args, config_path, "eager", 0), env)
-            runs["_reference"] = [reference]
+            runs["_reference"] = [run_child(args, env, config_path, "eager", 0)]
         for round_index, peer in in_rounds(active, args.rounds, rng):
-            result = run_child(args, child_command(args, config_path, peer, round_index), env)
+            result = run_child(args, env, config_path, peer, round_index)
             runs[peer].append(result)
             print(_progress(round_index, peer, result), flush=True)
         add_diffs(runs, reference_outputs(runs))
@@ -703,9 +596,7 @@ def run(args) -> int:
     summary = summarise(runs, args.batches, skipped)
     pools = config.get("pools", {})
     header = (f"{args.model}, T = {threads} cores {cores}; torch {found['torch']}, openvino {found['openvino']}, "
-              f"onnxruntime {found['onnxruntime']}"
-              + (f" ({config['onnx']['exporter']} ONNX exporter)" if config.get("onnx") else "")
-              + f"; medians over {args.rounds} round(s) of each run's median of {args.iters} timed batches "
+              f"onnxruntime {found['onnxruntime']}; medians over {args.rounds} round(s) of each run's median of {args.iters} timed batches "
               f"(after {args.warmup} warm-up); vs packrat = peer / packrat (above 1: packrat is faster)"
               + (f"; {pools['mode_note']}" if pools.get("mode_note") else ""))
     table = markdown(summary, header, pools.get("lines"))
@@ -713,19 +604,13 @@ def run(args) -> int:
     if args.json:
         meta = {"model": args.model, "threads": threads, "cores": cores, "batches": args.batches,
                 "rounds": args.rounds, "iters": args.iters, "warmup": args.warmup, "seed": args.seed,
-                "peers": peers, "versions": found, "onnx": config.get("onnx"),
+                "peers": peers, "versions": found,
                 "ort_parallel_threads": config["ort_parallel"],
                 "pools": {k: v for k, v in pools.items() if k != "lines"}, "plans": pools.get("lines", {}),
                 "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
         write_json(args.json, {"meta": meta, "runs": runs, "summary": summary, "markdown": table})
         print(f"all figures: {args.json}")
     return 0
-
-
-def _physical_cores() -> list[int]:
-    from packrat.machine.topology import detect
-
-    return list(detect().cores)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -738,16 +623,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=10, help="timed batches per peer and B in a round (default 10)")
     p.add_argument("--warmup", type=int, default=2,
                    help="untimed batches per peer and B before them, besides the setup's first run (default 2)")
-    p.add_argument("--peers", default=",".join(PEERS), help=f"comma list (default: all: {','.join(PEERS)})")
+    p.add_argument("--peers", type=name_list(PEERS, "peer"), default=list(PEERS),
+                   help=f"comma list (default: all: {','.join(PEERS)})")
     p.add_argument("--profile", type=Path, default=None,
                    help="packrat's profile CSV, as `packrat profile` writes it (default profiles/MODEL.csv)")
     p.add_argument("--latency", choices=("loaded", "isolated"), default=None,
                    help="which profiled figure to plan with (default: the profile's primary one)")
     p.add_argument("--packrat-mode", choices=("compile", "script", "eager"), default=None,
                    help="graph mode of packrat's and fat's instances (default: the profile's mode)")
-    p.add_argument("--onnx-exporter", choices=EXPORTERS, default="auto",
-                   help="torch.onnx exporter: dynamo (needs onnxscript), legacy (TorchScript-based), or auto: "
-                        "dynamo, then legacy if it fails (default auto)")
     p.add_argument("--ort-parallel-threads", default="T:1", metavar="INTER:INTRA",
                    help="onnxruntime-parallel's inter-op and intra-op threads, T for the cores (default T:1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the round orders (default 0)")
@@ -756,16 +639,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--child", choices=PEERS, help=argparse.SUPPRESS)
     p.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--build-onnx", choices=EXPORTERS, help=argparse.SUPPRESS)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.child or args.build_onnx:
-        config = json.loads(args.config.read_text())
-        result = child(args.child, config, args.round) if args.child else build_onnx(config, args.build_onnx)
-        print(RESULT + json.dumps(result), flush=True)
+    if args.child:
+        print(RESULT + json.dumps(child(args.child, json.loads(args.config.read_text()), args.round)), flush=True)
         return 0
     if args.rounds < 1 or args.iters < 1 or args.warmup < 0:
         raise SystemExit("--rounds and --iters must be >= 1, --warmup >= 0")

@@ -25,11 +25,13 @@ import json
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
 from benchmarks.common import doc_parser, markdown_table
 from packrat.bench.results import write_json
+from packrat.bench.rounds import in_rounds
 
 # layout → (nodes' cores, each replica's batch as a multiple of B)
 LAYOUTS = {"one node (cores 0-1), batch B": ([[0, 1]], 1),
@@ -38,23 +40,31 @@ LAYOUTS = {"one node (cores 0-1), batch B": ([[0, 1]], 1),
 WARMUP_S = 10
 
 
-def run_layout(name: str, nodes: list[list[int]], batch: int, args: argparse.Namespace, out: Path) -> dict:
-    from packrat.loadtest.runner import run_locust
-
+@contextmanager
+def deployed(nodes: list[list[int]], batch: int, args: argparse.Namespace):
+    """A local cluster of `nodes`, packrat's Ray Serve app on it with replicas of batch `batch`:
+    (the cluster, a run_locust of 2B users against it with the model's payload)."""
     from packrat.bench.payloads import build_payload
-    from packrat.frontends import ray_serve
     from packrat.bench.ray_local import LocalCluster
     from packrat.deploy.torchserve import free_port
+    from packrat.frontends import ray_serve
+    from packrat.loadtest.runner import run_locust
 
-    started = time.monotonic()
     with LocalCluster(nodes, port=free_port()).start() as cluster, \
             ray_serve.deployed({"model": args.model, "profiles": [str(args.profile.resolve())], "max_batch": batch},
                                address=cluster.address, port=free_port()) as (url, model):
-        deploy_s = time.monotonic() - started
-        users = 2 * args.batch
-        run_locust(url, model, users, WARMUP_S, out / "warmup", payload=build_payload(model))
-        result = run_locust(url, model, users, args.duration, out, payload=build_payload(model),
-                            csv_prefix=f"{len(nodes)}nodes_b{batch}")
+        def load(seconds: float, where: Path, **kw):
+            return run_locust(url, model, 2 * args.batch, seconds, where, payload=build_payload(model), **kw)
+
+        yield cluster, load
+
+
+def run_layout(name: str, nodes: list[list[int]], batch: int, args: argparse.Namespace, out: Path) -> dict:
+    started = time.monotonic()
+    with deployed(nodes, batch, args) as (_, load):
+        deploy_s, users = time.monotonic() - started, 2 * args.batch
+        load(WARMUP_S, out / "warmup")
+        result = load(args.duration, out, csv_prefix=f"{len(nodes)}nodes_b{batch}")
     return {"layout": name, "nodes": nodes, "replica_batch": batch, "users": users, "start_s": round(deploy_s, 1),
             "requests": result.requests, "failures": result.failures, "p50_ms": result.p50_ms,
             "p99_ms": result.p99_ms, "throughput_rps": round(result.throughput_rps, 2)}
@@ -65,18 +75,9 @@ def kill_run(args: argparse.Namespace, out: Path) -> dict:
     a third of it and started again at two thirds. Failures, and throughput in each third."""
     import threading
 
-    from packrat.loadtest.runner import run_locust
-
-    from packrat.bench.payloads import build_payload
-    from packrat.frontends import ray_serve
-    from packrat.bench.ray_local import LocalCluster
-    from packrat.deploy.torchserve import free_port
-
     third = args.duration / 3
-    with LocalCluster([[0], [1]], port=free_port()).start() as cluster, \
-            ray_serve.deployed({"model": args.model, "profiles": [str(args.profile.resolve())], "max_batch": args.batch},
-                               address=cluster.address, port=free_port()) as (url, model):
-        run_locust(url, model, 2 * args.batch, WARMUP_S, out / "warmup", payload=build_payload(model))
+    with deployed([[0], [1]], args.batch, args) as (cluster, load):
+        load(WARMUP_S, out / "warmup")
         events = {}
 
         def chaos() -> None:
@@ -89,8 +90,7 @@ def kill_run(args: argparse.Namespace, out: Path) -> dict:
 
         thread = threading.Thread(target=chaos)
         thread.start()
-        result = run_locust(url, model, 2 * args.batch, args.duration, out, payload=build_payload(model),
-                            csv_prefix="kill")
+        result = load(args.duration, out, csv_prefix="kill")
         thread.join()
     phases = {"before": (0, events["killed"]), "one node": (events["killed"], events["restarted"]),
               "after restart": (events["restarted"], float("inf"))}
@@ -136,12 +136,11 @@ def main() -> int:
         print(json.dumps(result))
         return 0
     rows = []
-    for round_index in range(args.rounds):
-        for name, (nodes, multiple) in LAYOUTS.items():
-            row = {**run_layout(name, nodes, multiple * args.batch, args, args.out / f"round{round_index}"),
-                   "round": round_index}
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    for round_index, name in in_rounds(list(LAYOUTS), args.rounds):  # each round in a rotated order
+        nodes, multiple = LAYOUTS[name]
+        rows.append({**run_layout(name, nodes, multiple * args.batch, args, args.out / f"round{round_index - 1}"),
+                     "round": round_index - 1})
+        print(json.dumps(rows[-1]), flush=True)
     write_json(args.out / "ray_nodes.json", rows)
     print(summary(rows))
     return 0

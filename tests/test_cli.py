@@ -237,10 +237,14 @@ def test_bench_passes_payload_tokenizer_users_and_kills(tmp_path, monkeypatch):
                  "--batch-size", "2,4", "--rounds", "3", "--out", str(out)]) == 0
     assert calls["args"][:2] == ("gpt2", [2, 4]) and calls["args"][5] == [UsersPattern(1, True), UsersPattern(2, True)]
     assert calls["kw"] == {"payload": "text", "tokenizer": out / "tokenizer" / "tokenizer.json", "kill_every": 5.0,
-                           "rounds": 3, "graph_mode": "eager"}  # the stock handler runs the profile's mode
+                           "rounds": 3, "graph_mode": "eager",  # the stock handler runs the profile's mode
+                           "configs": bench_server.SERVER_CONFIGS, "max_batch_delay_ms": 100}
     assert calls["kw"]["tokenizer"].is_file()
     assert main(["bench", "--model", "resnet50", "--out", str(out)]) == 0
-    assert calls["kw"] == {"payload": "jpeg", "tokenizer": None, "kill_every": None, "rounds": 1, "graph_mode": "eager"}
+    assert main(["bench", "--model", "resnet50", "--out", str(out), "--configs", "packrat-fat,stock",
+                 "--max-batch-delay", "50"]) == 0
+    assert calls["kw"] == {"payload": "jpeg", "tokenizer": None, "kill_every": None, "rounds": 1, "graph_mode": "eager",
+                           "configs": bench_server.SERVER_CONFIGS[:2], "max_batch_delay_ms": 50}
     assert main(["bench", "--model", "resnet50", "--payload", "raw", "--tokenizer", str(out / "tokenizer"),
                  "--out", str(out)]) == 0
     assert calls["kw"]["payload"] == "raw" and calls["kw"]["tokenizer"] == out / "tokenizer" / "tokenizer.json"
@@ -289,8 +293,9 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
         ("packrat-plan", 4, "B", 0), ("packrat-plan", 8, "2B", 0)]
     table = bench_server.format_server_results(runs, kills=True).splitlines()
     assert table[0].split() == ["config", "users", "requests", "failures", "p50", "ms", "p95", "ms", "p99", "ms",
-                                "req/s", "kills"]
-    assert table[1].split()[-1] == "-" and table[3].split()[-1] == "0" and "8 (2B)" in table[2]
+                                "req/s", "kills", "p50", "vs", "stock", "p99", "vs", "stock"]
+    assert table[1].split()[-3] == "-" and table[3].split()[-3] == "0" and "8 (2B)" in table[2]
+    assert table[4].split()[-2:] == ["1.00", "1.00"]  # packrat-fat at 8 users over stock at 8
 
     events.clear()
     bench_server.server_bench("tiny", 4, tmp_path / "p.csv", tmp_path, duration_s=1,

@@ -105,6 +105,9 @@ def test_server_bench_rotates_rounds_and_pools_them(tmp_path, monkeypatch):
     assert loads[3][1] == "load-u4-r1" and loads[-1][1] == "load-u4-r3"
     assert [(r.config, r.rounds, r.load.requests, r.load.throughput_rps, r.kills) for r in runs] == [
         ("stock", 3, 30, 2.0, None), ("packrat-fat", 3, 30, 2.0, 0), ("packrat-plan", 3, 30, 2.0, 0)]
+    assert runs[2].round_medians == {"p50_ms": 50.0, "p99_ms": 50.0, "throughput_rps": 2.0}
+    assert runs[2].vs_stock == {"p50": 1.0, "p99": 1.0, "rounds_p50": 1.0, "rounds_p99": 1.0}
+    assert "rounds vs stock" in bench_server.format_server_results(runs).splitlines()[0]
 
 
 # --- the demo --------------------------------------------------------------------------------------

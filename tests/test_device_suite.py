@@ -39,6 +39,7 @@ def suite(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return out, done
 
 
+@pytest.mark.integration
 def test_runs_every_step_within_budget(suite):
     out, done = suite
     assert done.stdout.strip() == str(out / "SUMMARY.md")  # stdout: only the summary's path
@@ -52,6 +53,7 @@ def test_runs_every_step_within_budget(suite):
     assert machine["threads"] == T and len(machine["cores"]) == T and machine["settings"]["SUITE_MODEL"] == "tiny"
 
 
+@pytest.mark.integration
 def test_profile(suite):
     out, _ = suite
     profile = load(out / "tiny.csv")
@@ -67,6 +69,7 @@ def test_profile(suite):
         assert sum(i["threads"] for i in p["instances"]) <= T and p["expected_latency_ms"] > 0
 
 
+@pytest.mark.integration
 def test_pool_bench(suite):
     out, _ = suite
     [result] = json.loads((out / "pool-bench" / "pool-bench.json").read_text())
@@ -74,6 +77,7 @@ def test_pool_bench(suite):
     assert all(result["median_ms"][k] > 0 for k in ("in-process", "pool-fat", "pool-plan"))
 
 
+@pytest.mark.integration
 def test_oracle(suite):
     out, _ = suite
     report = json.loads((out / "oracle.json").read_text())
@@ -86,6 +90,7 @@ def test_oracle(suite):
     assert report["summaries"][0]["best"] in labels
 
 
+@pytest.mark.integration
 def test_ios(suite):
     out, _ = suite
     report = json.loads((out / "ios-networks" / f"tiny-b1-t{min(2, T)}.json").read_text())
@@ -93,6 +98,7 @@ def test_ios(suite):
     assert all(report[k] > 0 for k in ("compare_sequential_ms", "compare_greedy_ms", "compare_ios_ms"))
 
 
+@pytest.mark.integration
 def test_summary(suite):
     out, _ = suite
     text = (out / "SUMMARY.md").read_text()
@@ -111,6 +117,7 @@ def test_summary(suite):
     assert "| 2 | " in sections[1] and "| 2 | " in sections[2]  # a row for B = 2
 
 
+@pytest.mark.slow
 def test_help_and_bad_settings(tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "SUITE_PROFILE_KIND" in done.stdout

@@ -79,6 +79,7 @@ def test_script_mode_traces_the_program(saved):
         assert close(traced(*examples), module(*examples))
 
 
+@pytest.mark.integration
 def test_two_inputs_eager_and_compiled(tmp_path):
     torch.manual_seed(0)  # the same program bytes every run: the compiled package is found in this machine's cache
     module = TwoInputs().eval()

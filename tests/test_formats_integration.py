@@ -37,7 +37,8 @@ from packrat.models.zoo import prepare, resolve
 from packrat.machine.topology import detect
 from packrat.settings import Settings
 
-pytestmark = [pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+"),
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+"),
               pytest.mark.skipif(shutil.which("curl") is None, reason="sends what curl sends, with curl")]
 
 PROFILE = "threads,batch,latency_ms\n" + "".join(

@@ -40,6 +40,7 @@ def expected():
 
 
 @pytest.mark.parametrize("handler_class", [PackratHandler, StockHandler])
+@pytest.mark.slow
 def test_mixed_batch_bad_requests_fail_alone(tmp_path, expected, handler_class):
     samples, classes = expected
     handler = handler_class()
@@ -71,6 +72,7 @@ def test_mixed_batch_bad_requests_fail_alone(tmp_path, expected, handler_class):
             handler.engine.close()
 
 
+@pytest.mark.slow
 def test_a_batch_reaches_the_instance_whole_and_the_status_says_where_its_time_went(tmp_path, expected):
     """The handler submits TorchServe's batch together: one sub-batch per batch (ordinary mode
     starts instances at once, so a request submitted alone would go out alone)."""
@@ -91,6 +93,7 @@ def test_a_batch_reaches_the_instance_whole_and_the_status_says_where_its_time_w
         handler.engine.close()
 
 
+@pytest.mark.slow
 def test_describe_returns_the_status(tmp_path):
     handler = PackratHandler()
     context = make_context(tmp_path)
@@ -103,6 +106,7 @@ def test_describe_returns_the_status(tmp_path):
         handler.engine.close()
 
 
+@pytest.mark.slow
 def test_packrat_handler_plans_for_the_worker_cores(tmp_path):
     handler = PackratHandler()
     handler.initialize(make_context(tmp_path, batch=4))
@@ -120,6 +124,7 @@ def test_packrat_handler_plans_for_the_worker_cores(tmp_path):
         fat.engine.close()
 
 
+@pytest.mark.slow
 def test_instances_gather_only_when_requests_arrive_one_by_one(tmp_path):
     """TorchServe hands the handler whole batches, so an idle instance never waits for the rest of
     its share (gather 0 ms); an asynchronous front end (Ray Serve's, one request at a time) waits
@@ -156,6 +161,7 @@ def test_instances_run_the_model_as_its_profile_measured_it(tmp_path):
     assert "measured in script mode but the instances run in eager mode" in mode_mismatch("script", "eager")
 
 
+@pytest.mark.slow
 def test_an_eager_profile_is_served_eager(tmp_path):
     context = make_context(tmp_path)
     (tmp_path / "profile.csv").write_text("# mode: eager\n" + PROFILE)

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
               pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning"),
               pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing`:FutureWarning")]
 
-from model_checks import two_threads  # noqa: E402,F401 (autouse fixture)
+from model_checks import marked, two_threads  # noqa: E402,F401 (autouse fixture)
 from packrat.models.zoo import prepare, resolve  # noqa: E402
 from packrat.models.hf import LABELS_DIR  # noqa: E402
 from packrat.settings import Settings  # noqa: E402
@@ -173,8 +173,9 @@ def test_output_and_padding_invariance(hf_dir, name):
 
 # Compiling costs ~15 s a model on 2 cores: one model (token types) compiles here, into this
 # machine's cache (the saved directories are the same bytes every run, so later runs load it).
-@pytest.mark.parametrize(("name", "mode"), [("bert-cls", "script"), ("distilbert", "script"), ("roberta", "script"),
-                                            ("gpt2", "script"), ("bert-cls", "compile")])
+@pytest.mark.parametrize(("name", "mode"), marked([("bert-cls", "script"), ("distilbert", "script"), ("roberta", "script"),
+                                                   ("gpt2", "script"), ("bert-cls", "compile")],
+                                                  pytest.mark.integration, {("bert-cls", "compile")}))
 def test_graph_modes_match_eager(hf_dir, name, mode):
     spec = resolve(f"hf:{hf_dir[name]}", (16,))
     eager, examples, _ = prepare(spec, 2, "eager")
@@ -188,6 +189,7 @@ def test_graph_modes_match_eager(hf_dir, name, mode):
 
 
 @pytest.mark.skipif(__import__("shutil").which("java") is None, reason="TorchServe needs Java 11+")
+@pytest.mark.integration
 def test_served_through_torchserve_with_text_and_named_inputs(hf_dir, tmp_path):
     """`packrat archive` ships the directory; text is tokenised with its tokenizer.json and
     answered with id2label's names; KServe v2 with named inputs gives the same logits as the

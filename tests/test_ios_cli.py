@@ -6,10 +6,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from packrat.ios_scheduler.graph import capture
 from packrat.ios_scheduler.runtime import ScheduledModule
 from packrat.ios_scheduler.schedule import Schedule
 from packrat.models.zoo import resolve
+
+pytestmark = pytest.mark.slow  # each test runs ios-schedule in a process of its own
 
 
 def ios_schedule(*args: str) -> subprocess.CompletedProcess:

@@ -11,6 +11,7 @@ from packrat.ios_scheduler.codegen import compile_group
 from packrat.ios_scheduler.graph import capture
 from packrat.ios_scheduler.runtime import ScheduledModule, _fuse_full_width
 from packrat.models.zoo import ZOO, resolve
+from model_checks import marked
 
 
 class Diamond(nn.Module):
@@ -46,7 +47,7 @@ def test_consecutive_full_width_stages_fuse_and_others_do_not():
 
 
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "a-function-per-operator"])
-@pytest.mark.parametrize("name", list(ZOO))
+@pytest.mark.parametrize("name", marked(list(ZOO), pytest.mark.slow, {"bert_base", "gpt2", "randwire", "nasnet"}))
 def test_generated_groups_equal_the_original_on_every_zoo_network(name, fuse):
     spec = resolve(name)
     module, x = spec.build().eval(), spec.example_inputs(1)

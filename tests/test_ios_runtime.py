@@ -18,6 +18,7 @@ from packrat.ios_scheduler.runtime import MergedConv, ScheduledModule, WorkerSet
 from packrat.ios_scheduler.schedule import Schedule, StagePlan
 from packrat.models.zoo import ZOO, resolve
 from packrat.models.inception import InceptionA, InceptionE
+from model_checks import marked
 
 CORES = sorted(os.sched_getaffinity(0))
 
@@ -84,6 +85,7 @@ def test_sequential_and_greedy_schedules_give_the_same_outputs(block):
         assert_runs_like(ScheduledModule(gm, schedule), module, x)
 
 
+@pytest.mark.slow
 def test_optimize_then_compile_equals_the_original():
     torch.manual_seed(2)
     module, x = InceptionA(16, 8).eval(), torch.randn(1, 16, 8, 8)
@@ -140,7 +142,7 @@ def test_a_schedule_must_cover_the_graph(block):
         ScheduledModule(gm, Schedule("e", 1, 1, [StagePlan("parallel", (("conv",),), (1,))]))
 
 
-@pytest.mark.parametrize("name", list(ZOO))
+@pytest.mark.parametrize("name", marked(list(ZOO), pytest.mark.slow, set(ZOO) - {"tiny", "tiny_text", "squeezenet"}))
 def test_zoo_networks_run_by_a_greedy_schedule_equal_the_original(name):
     spec = resolve(name)
     module, x = spec.build(), spec.example_inputs(1)
@@ -162,6 +164,7 @@ def test_a_merge_stage_in_a_compiled_block_equals_the_original():
     assert_runs_like(compiled, module, x)
 
 
+@pytest.mark.slow
 def test_optimize_over_several_parts_measures_the_right_operators():
     torch.manual_seed(4)
     x = torch.randn(1, 16, 8, 8)
@@ -175,6 +178,7 @@ def test_optimize_over_several_parts_measures_the_right_operators():
     assert_runs_like(ios_scheduler.compile(module, schedule), module, x)
 
 
+@pytest.mark.integration
 def test_ios_compiled_instances_in_the_profiler_and_the_pool(tmp_path):
     from packrat.profiling import profiler
     from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request

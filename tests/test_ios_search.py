@@ -224,6 +224,7 @@ def test_a_chain_is_not_a_stage_of_its_own():
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(2, 9), density=st.floats(0.0, 0.5), threads=st.integers(2, 4))
+@pytest.mark.slow
 def test_confirmed_choices_are_optimal_despite_lucky_first_timings(seed, n, density, threads):
     """Each concurrent stage's first timing comes out at half its cost (a lucky run), later ones
     exact: measuring the chosen stages again makes the schedule optimal by the true costs."""

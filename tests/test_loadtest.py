@@ -300,6 +300,7 @@ def stub():
     server.server_close()
 
 
+@pytest.mark.integration
 def test_steady_run_counts_every_request(stub, tmp_path):
     host, seen = stub
     log = tmp_path / "requests.tsv"
@@ -319,6 +320,7 @@ def test_steady_run_counts_every_request(stub, tmp_path):
     assert r.history and (tmp_path / "locust_stats_history.csv").exists()
 
 
+@pytest.mark.integration
 def test_wrong_token_fails_every_request(stub, tmp_path, monkeypatch):
     host, seen = stub
     monkeypatch.setenv(BODY_FILE.name, "/nonexistent")  # must not leak: the body given is what is sent
@@ -331,6 +333,7 @@ def test_wrong_token_fails_every_request(stub, tmp_path, monkeypatch):
     assert {(length, kind) for length, _, kind in seen} == {(len(synthetic_jpeg()), "image/jpeg")}
 
 
+@pytest.mark.integration
 def test_step_load_stops_by_itself(stub, tmp_path):
     host, _ = stub
     r = run_locust(host, "tiny", users=2, duration_s=4, out_dir=tmp_path, token=TOKEN,
@@ -341,6 +344,7 @@ def test_step_load_stops_by_itself(stub, tmp_path):
     assert [label for _, label in r.markers] == ["1 users", "2 users"]
 
 
+@pytest.mark.integration
 def test_locust_errors_raise_with_its_stderr(tmp_path):
     with pytest.raises(RuntimeError, match="No such file"):
         run_locust("http://127.0.0.1:9", "tiny", users=1, duration_s=1, out_dir=tmp_path, payload=(b"x", "text/plain"),

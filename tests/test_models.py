@@ -11,7 +11,7 @@ from packrat.models.zoo import compiled_package, DEFAULT_MODEL, ZOO, prepare, re
 from packrat.models.spec import ModelSpec
 from packrat.models.tiny import TinyNet
 from packrat.settings import COMPILE_CACHE_ENV
-from model_checks import close, two_threads  # noqa: F401 (autouse fixture)
+from model_checks import close, marked, two_threads  # noqa: F401 (autouse fixture)
 
 # Tests script/save tiny models themselves; TorchScript's deprecation notices are noise here.
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.:DeprecationWarning")
@@ -86,7 +86,7 @@ def test_example_input(name):
             spec.example_input(3)
 
 
-@pytest.mark.parametrize("name", list(OUTPUT_DIM))
+@pytest.mark.parametrize("name", marked(list(OUTPUT_DIM), pytest.mark.slow, {"bert_base", "gpt2", "inception_v3", "randwire"}))
 def test_build_shapes_and_determinism(name):
     spec = ZOO[name]
     model = spec.build()
@@ -112,8 +112,10 @@ def test_tiny_is_tiny():
 
 # Compiling takes 10-60 s a model on 2 cores: the big networks are checked in script mode here and
 # compiled in the benchmarks (graph_modes.py, peers.py check outputs against eager).
-@pytest.mark.parametrize(("name", "mode"), [("tiny", "compile"), ("tiny_text", "compile"), ("tiny", "script"),
-                                            ("resnet50", "script"), ("bert_base", "script"), ("gpt2", "script")])
+@pytest.mark.parametrize(("name", "mode"), marked(marked(
+    [("tiny", "compile"), ("tiny_text", "compile"), ("tiny", "script"), ("resnet50", "script"), ("bert_base", "script"),
+     ("gpt2", "script")], pytest.mark.integration, {("tiny", "compile"), ("tiny_text", "compile")}),
+    pytest.mark.slow, {("resnet50", "script"), ("bert_base", "script"), ("gpt2", "script")}))
 def test_graph_mode_matches_eager(name, mode):
     spec = resolve(name, (16,)) if spec_is_text(name) else ZOO[name]
     graph, x, used = prepare(spec, batch=1, graph_mode=mode)  # compile: this machine's cache, built once
@@ -135,6 +137,7 @@ def spec_is_text(name: str) -> bool:
     return len(ZOO[name].inputs) > 1
 
 
+@pytest.mark.integration
 def test_compiled_package_is_built_once_and_reused():
     """A later start loads the package an earlier one built: the cache keeps one package for the
     model, which the later start does not touch (nor add to), and the answers are the same."""
@@ -155,6 +158,7 @@ def test_compiled_package_is_built_once_and_reused():
             assert close(first(*spec.example_inputs(count)), ZOO["tiny"].build()(*spec.example_inputs(count)))
 
 
+@pytest.mark.integration
 def test_a_shipped_package_is_used_before_the_machines(tmp_path):
     spec = ZOO["tiny"]
     prepare(spec, batch=1, graph_mode="compile")
@@ -205,6 +209,7 @@ def test_inception_blocks_are_fx_traceable():
 # --- resolve() -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_resolve_zoo_name_and_shape_override():
     assert resolve("tiny") is ZOO["tiny"]
     short = resolve("bert_base", input_shape=(16,))
@@ -271,7 +276,7 @@ def test_resolve_file_needs_shape(tmp_path):
 
 
 
-@pytest.mark.parametrize("name", ["tiny_text", "bert_base", "gpt2"])
+@pytest.mark.parametrize("name", marked(["tiny_text", "bert_base", "gpt2"], pytest.mark.slow, {"bert_base", "gpt2"}))
 def test_a_padded_sample_gets_the_answer_it_gets_alone(name):
     """Text of n tokens, run alone unpadded, and padded to the model's length beside another
     sample (on the right for encoders, on the left for GPT-2, masked), gives the same answer."""

@@ -47,6 +47,7 @@ def test_spec(name):
 
 
 @pytest.mark.parametrize("name", IOS_MODELS)
+@pytest.mark.slow
 def test_shapes_determinism_and_fx_trace(name):
     spec = ZOO[name]
     model = spec.build()
@@ -63,6 +64,7 @@ def test_shapes_determinism_and_fx_trace(name):
 
 
 @pytest.mark.parametrize("name", IOS_MODELS)
+@pytest.mark.slow
 def test_graph_mode_matches_eager(name):
     spec = ZOO[name]
     assert spec.scriptable

@@ -44,6 +44,7 @@ def cores_of(e: Engine) -> set[int]:
 
 
 @pytest.mark.skipif(CORES < 2, reason="needs two cores")
+@pytest.mark.slow
 def test_two_models_split_the_cores_and_one_grows_when_the_other_leaves(tmp_path, monkeypatch):
     monkeypatch.setenv(NODE_DIR_ENV.name, str(tmp_path / "node"))
     first = engine(tmp_path, "a")

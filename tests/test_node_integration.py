@@ -15,7 +15,8 @@ from packrat.deploy import archive, torchserve
 from packrat.settings import Settings
 from test_serving_integration import PROFILE
 
-pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")]
 
 
 def answered(server, model: str) -> int:

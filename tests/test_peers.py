@@ -84,9 +84,9 @@ def test_missing_packages_and_parsing():
         "not installed (pip install openvino)"
     assert peers.missing_packages("onnxruntime", installed=lambda name: True) is None
     assert peers.missing_packages("eager", installed=lambda name: False) is None
-    assert peers.parse_peers("eager,fat,eager") == ["eager", "fat"]
+    assert peers.parser().parse_args(["--peers", "eager,fat,eager"]).peers == ["eager", "fat"]
     with pytest.raises(SystemExit):
-        peers.parse_peers("eager,tensorrt")
+        peers.parser().parse_args(["--peers", "eager,tensorrt"])
     assert peers.parse_ratio("T:1", 8) == (8, 1) and peers.parse_ratio("2:4", 8) == (2, 4)
     with pytest.raises(SystemExit):
         peers.parse_ratio("0:1", 8)
@@ -110,6 +110,7 @@ def _installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+@pytest.mark.integration
 def test_smoke_run_on_tiny(tmp_path):
     """One real run: tiny, B = 1 and 2, one round of two timed batches, against a made-up profile."""
     from packrat.profiling.profiles import ProfileWriter
@@ -125,7 +126,7 @@ def test_smoke_run_on_tiny(tmp_path):
     out = tmp_path / "peers.json"
     done = subprocess.run([sys.executable, str(_PATH), "--model", "tiny", "--batches", "1,2", "--rounds", "1",
                            "--iters", "2", "--warmup", "1", "--cores", "1", "--peers", ",".join(chosen),
-                           "--profile", str(profile), "--onnx-exporter", "legacy", "--json", str(out)],
+                           "--profile", str(profile), "--json", str(out)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())

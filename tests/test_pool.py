@@ -102,6 +102,7 @@ def two_instances(batches=(4, 2)) -> list[InstanceConfig]:
     pytest.param(two_instances((3, 3)), id="homogeneous"),
     pytest.param(two_instances((4, 2)), id="heterogeneous"),
 ])
+@pytest.mark.slow
 def test_answers_equal_the_models_in_order(configs, reference):
     requests, expected = reference
     with InstancePool(TINY, configs) as pool:
@@ -110,6 +111,7 @@ def test_answers_equal_the_models_in_order(configs, reference):
             assert_same(pool.infer(requests[:n]), expected[:n])
 
 
+@pytest.mark.integration
 def test_compiled_instances_answer_like_the_model_at_every_count(reference):
     """Instances in compile mode (the default) load the packages of their batch ladder (4, 2, 1)
     and answer any number of requests: padded to a package's size, or in chunks."""
@@ -120,6 +122,7 @@ def test_compiled_instances_answer_like_the_model_at_every_count(reference):
             assert_same(pool.infer(requests[:n]), expected[:n])
 
 
+@pytest.mark.slow
 def test_requests_from_many_threads_each_get_their_own_answer(reference):
     requests, expected = reference
     with InstancePool(TINY, two_instances((2, 2))) as pool:
@@ -128,6 +131,7 @@ def test_requests_from_many_threads_each_get_their_own_answer(reference):
         assert pool.health().answered == len(requests) and pool.outstanding == 0
 
 
+@pytest.mark.slow
 def test_bad_requests_are_answered_alone(reference):
     requests, expected = reference
     bad = [Request(b"not a tensor", RAW), Request(b"[" * 100_000 + b"]" * 100_000, "application/json"),
@@ -140,6 +144,7 @@ def test_bad_requests_are_answered_alone(reference):
         assert json.loads(answer.body) == {"error": answer.reason} and "\n" not in answer.reason
 
 
+@pytest.mark.slow
 def test_oversized_body_is_refused_before_it_is_shipped():
     with InstancePool(TINY, [InstanceConfig(1, 1, (CORES[0],))],
                       codec=CodecConfig.for_model(resolve("tiny"), max_body_bytes=1000)) as pool:
@@ -147,6 +152,7 @@ def test_oversized_body_is_refused_before_it_is_shipped():
     assert answer.status == 413 and "1001 bytes" in answer.reason
 
 
+@pytest.mark.slow
 def test_instances_are_pinned_with_their_threads():
     configs = two_instances((2, 2))
     with InstancePool(TINY, configs) as pool:
@@ -163,6 +169,7 @@ def wait_until(condition, what: str, timeout: float = 60) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_killed_instance_loses_no_request_and_is_respawned(reference):
     requests, expected = reference
     with InstancePool(TINY, two_instances((4, 2))) as pool:
@@ -175,6 +182,7 @@ def test_killed_instance_loses_no_request_and_is_respawned(reference):
         assert_same(pool.infer(requests), expected)
 
 
+@pytest.mark.slow
 def test_kill_during_a_stream_of_requests(reference):
     requests, expected = reference
     with InstancePool(TINY, two_instances((4, 2))) as pool:
@@ -185,6 +193,7 @@ def test_kill_during_a_stream_of_requests(reference):
         assert pool.respawns >= 1
 
 
+@pytest.mark.slow
 def test_double_kill_keeps_requests_waiting_and_answers_them_all(reference):
     """kill -9 of the only instance, then of its replacement while it loads: a fault that heals in
     seconds costs no request. Requests wait for the next respawn instead of being refused."""
@@ -201,6 +210,7 @@ def test_double_kill_keeps_requests_waiting_and_answers_them_all(reference):
         assert pool.health().ready == 1 and pool.health().refused == 0
 
 
+@pytest.mark.slow
 def test_stopped_instance_is_killed_by_the_watchdog_and_its_requests_rerun(reference):
     """SIGSTOP (what a deadlock or a stuck OpenMP barrier looks like): the batch it holds passes its
     deadline, the watchdog kills the instance, its requests run elsewhere, and it is respawned."""
@@ -220,6 +230,7 @@ def test_stopped_instance_is_killed_by_the_watchdog_and_its_requests_rerun(refer
         assert_same(pool.infer(requests), expected)
 
 
+@pytest.mark.slow
 def test_model_that_no_longer_loads_fails_fast_with_the_load_error(reference, tmp_path):
     """An instance dies and its model file is gone: after a few attempts that fail while loading,
     waiting requests and new ones are answered 503 with the error at once; when the file is back,
@@ -244,6 +255,7 @@ def test_model_that_no_longer_loads_fails_fast_with_the_load_error(reference, tm
         assert_same(pool.infer(requests[:2]), expected[:2])
 
 
+@pytest.mark.slow
 def test_pool_process_killed_leaves_no_instance_and_no_segment_behind(reference):
     """The TorchServe worker killed with -9: its instances exit on their own, and the next pool
     (the restarted worker's) starts with no segment of the dead one left in /dev/shm."""
@@ -266,6 +278,7 @@ def test_pool_process_killed_leaves_no_instance_and_no_segment_behind(reference)
         assert not any(name.startswith(f"packrat-{parent.pid}-") for name in shm_segments())
 
 
+@pytest.mark.slow
 def test_close_leaves_no_process_or_shared_memory(reference):
     requests, _ = reference
     before = shm_segments()
@@ -281,6 +294,7 @@ def test_close_leaves_no_process_or_shared_memory(reference):
         pool.submit(requests[0])
 
 
+@pytest.mark.slow
 def test_instance_that_cannot_start_fails_the_pool_cleanly():
     before = shm_segments()
     with pytest.raises(PoolError, match="instance 0 failed to start: .*"):
@@ -293,6 +307,7 @@ def test_rejects_overlapping_cores():
         InstancePool(TINY, [InstanceConfig(1, 1, (0,)), InstanceConfig(1, 1, (0,))])
 
 
+@pytest.mark.slow
 def test_reconfigure_under_load_keeps_answers_right_and_reuses_instances(reference):
     requests, expected = reference
     core = CORES[0]
@@ -332,6 +347,7 @@ def test_reconfigure_under_load_keeps_answers_right_and_reuses_instances(referen
                    for p in everyone + first)  # close() stops the parked instances too
 
 
+@pytest.mark.slow
 def test_failed_reconfigure_leaves_the_pool_serving(reference):
     requests, expected = reference
     with InstancePool(TINY, [InstanceConfig(1, 2, (CORES[0],))]) as pool:
@@ -348,6 +364,7 @@ def test_batches_above_the_plan_use_the_capacity_in_one_round():
     assert split_sizes(12, [4, 2], [8, 4]) == [8, 4]
 
 
+@pytest.mark.slow
 def test_an_instance_exits_when_its_pool_process_dies_while_it_loads():
     code = ("from packrat.serving.pool.instance_pool import InstancePool; "
             "from packrat.serving.pool.api import InstanceConfig, ModelConfig; "
@@ -381,6 +398,7 @@ def test_warm_up_time_leaves_out_waiting_for_a_core():
     assert warm_up(waiting, examples, threads=1) < 10
 
 
+@pytest.mark.slow
 def test_a_fat_instance_decodes_photos_on_its_threads_and_reports_its_stages():
     """Photos decoded on the instance's threads answer as in this process, a bad one alone; every
     sub-batch's stages are kept: all there, none negative, adding up to the total."""
@@ -401,6 +419,7 @@ def test_a_fat_instance_decodes_photos_on_its_threads_and_reports_its_stages():
     assert health.sub_batches == 3 and health.requests_per_sub_batch == 4
 
 
+@pytest.mark.slow
 def test_requests_submitted_together_reach_the_instance_as_one_batch():
     """As TorchServe's ordinary worker hands a batch to the handler: one by one, but together;
     gather 0 ms, so without together() the first could go out alone."""

@@ -51,6 +51,7 @@ def fake_stats(latency: float) -> dict:
     return {"latency_ms": latency, "p50_ms": 1.0, "p99_ms": 2.0, "std_ms": 0.1, "iterations": 3}
 
 
+@pytest.mark.integration
 def test_one_real_point_runs_pinned_with_its_threads():
     core = detect().cores[-1]
     stats = profiler.measure_point(FAST, 1, 2, [core])
@@ -61,6 +62,7 @@ def test_one_real_point_runs_pinned_with_its_threads():
     assert 0 < stats["p50_ms"] <= stats["p99_ms"]
 
 
+@pytest.mark.integration
 def test_failed_point_names_the_point():
     with pytest.raises(ProfilingError, match="threads=1 batch=1 failed: .*unknown model"):
         profiler.measure_point(profiler.ProfileSettings(model="no_such_model", iters=1), 1, 1, [0])
@@ -141,6 +143,7 @@ def test_older_isolated_profile_refuses_loaded_points(tmp_path, monkeypatch):
                      progress=False)
 
 
+@pytest.mark.integration
 def test_loaded_point_runs_copies_on_disjoint_pinned_cores(started):
     topo = two_cores()
     row = profiler.measure(dataclasses.replace(FAST, contention=True), 1, 2, topo)
@@ -153,6 +156,7 @@ def test_loaded_point_runs_copies_on_disjoint_pinned_cores(started):
     assert len(started) == 2 and all(copy.proc.returncode == 0 for copy in started)  # stopped by closing stdin
 
 
+@pytest.mark.integration
 def test_one_copy_fits_so_the_point_is_measured_once(monkeypatch):
     monkeypatch.setattr(profiler, "measure_loaded", lambda *a: pytest.fail("no room for a second copy"))
     row = profiler.measure(dataclasses.replace(FAST, contention=True), 2, 1, two_cores())
@@ -163,6 +167,7 @@ def test_one_copy_fits_so_the_point_is_measured_once(monkeypatch):
     (profiler.ProfileSettings(model="no_such_model", iters=1), 60.0, "unknown model"),
     (FAST, 0.01, "a copy was not ready within 0.01 s"),
 ])
+@pytest.mark.integration
 def test_failed_loaded_point_names_it_and_leaves_no_copy(started, settings, timeout, reason):
     cores = [[c] for c in two_cores().cores]
     with pytest.raises(ProfilingError, match=f"threads=1 batch=1 under load \\(2 copies\\) failed: .*{reason}"):
@@ -170,6 +175,7 @@ def test_failed_loaded_point_names_it_and_leaves_no_copy(started, settings, time
     assert len(started) == 2 and all(copy.proc.returncode is not None for copy in started)
 
 
+@pytest.mark.integration
 def test_loaded_copy_runs_once_per_run_line_until_stdin_closes():
     core = detect().cores[-1]
     cmd = [sys.executable, "-m", "packrat.profiling.point", "--model", "tiny", "--threads", "1", "--batch", "1",
@@ -205,6 +211,7 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+@pytest.mark.integration
 def test_ctrl_c_leaves_a_valid_file_that_resumes_and_no_copy_running(tmp_path):
     out = tmp_path / "tiny.csv"
     cmd = [sys.executable, "-m", "packrat.cli", "profile", "--model", "tiny", "--threads", "1",

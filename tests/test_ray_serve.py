@@ -20,8 +20,9 @@ pytest.importorskip("ray.serve", reason="Ray Serve is an optional extra: pip ins
 from packrat.bench.ray_local import LocalCluster, wait_for  # noqa: E402
 from packrat.deploy.torchserve import free_port  # noqa: E402
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or shutil.which("taskset") is None,
-                                reason="two pinned nodes need two cores and taskset")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or shutil.which("taskset") is None,
+                                 reason="two pinned nodes need two cores and taskset")]
 
 PROFILE = "# model: tiny\n# mode: script\nthreads,batch,latency_ms\n" + "".join(
     f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in (1, 2) for b in (1, 2, 4))

@@ -17,7 +17,8 @@ from packrat.models.zoo import prepare, resolve
 from packrat.settings import Settings
 from test_serving_integration import PROFILE, post
 
-pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")]
 
 
 def test_step_load_reconfigures_without_losing_a_request(tmp_path, capsys):

@@ -21,7 +21,8 @@ from packrat.models.zoo import prepare, resolve
 from packrat.machine.topology import detect
 from packrat.settings import Settings
 
-pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")]
 
 PROFILE = "threads,batch,latency_ms\n" + "".join(
     f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in range(1, detect().num_cores + 1) for b in (1, 2, 4))

@@ -1,21 +1,40 @@
-"""The pool alone, without TorchServe or Java (`packrat bench --pool-only`): the model called in this
-process, the same with the codec's decode/encode around it, the fat pool and the planned pool
-answering raw requests, measured in interleaved rounds so machine noise hits them alike; medians
-and ratios are reported."""
+"""The pool alone, without TorchServe or Java (`packrat bench --pool-only`): B request bodies (the
+model's natural payload, or another) answered four ways, in interleaved rounds so that machine
+noise hits them alike, after one warm-up call of each:
+
+  in-process        the bare model called in this process on the example batch (no codec)
+  in-process-codec  the bodies decoded, run and encoded in this process through
+                    packrat.serving.inference.answer_batch: what the stock handler does
+  pool-fat          the fat pool ⟨1 instance, T threads, B⟩ answering the bodies
+  pool-plan         the planned pool answering them
+
+Both pools get the batch whole, as TorchServe's ordinary worker hands it over (together, gather
+0 ms). Reported: the medians and their ratios, and where the time goes: each pool's stages (the
+median ms per sub-batch of packrat.serving.pool.stages, as `packrat status` shows them) beside
+the in-process decode, model and encode.
+
+The in-process cases warm each other: the bare model run just before the handler path made that
+path 4-11 % faster at B = 1 (issue 25), so the bare model closes every round, and the pool's tax
+is best measured without it (cases in-process-codec,pool-fat)."""
 
 from __future__ import annotations
 
 import statistics
+import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from packrat.bench.rounds import elapsed_ms, interleaved, medians
+from packrat.bench.rounds import elapsed_ms, medians, round_order
 from packrat.machine.budget import cpu_budget
 from packrat.planning.planner import serving_plan
 from packrat.profiling.profiles import load
 
 if TYPE_CHECKING:
     from packrat.serving.pool.instance_pool import InstancePool
+
+CASES = ("in-process", "in-process-codec", "pool-fat", "pool-plan")
+IN_PROCESS_STAGES = ("decode", "model", "encode")  # the laps answer_batch stamps
 
 
 def answered(pool: InstancePool, requests: list) -> list:
@@ -27,28 +46,33 @@ def answered(pool: InstancePool, requests: list) -> list:
     return answers
 
 
-def _codec_path(codec, module, bodies: list[tuple[bytes, str]]) -> None:
-    """The work the packrat path adds to the model, done in this process: decode each request,
-    run the batch, encode each answer."""
-    from packrat.serving.inference import batched
+def case_rounds(cases, rounds: int, progress=None) -> dict[str, list[float]]:
+    """Each case's figures over `rounds` rounds, the others in a rotated order and the bare model
+    ("in-process", when among them) last in every round: it warms whatever runs right after it."""
+    others = [name for name in cases if name != "in-process"]
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for round_index in range(rounds):
+        for name in round_order(others, round_index) + (["in-process"] if "in-process" in cases else []):
+            samples[name].append(cases[name]())
+        if progress:
+            progress()
+    return samples
 
-    decoded = [codec.decode(body, kind) for body, kind in bodies]
-    outputs = module(*batched([d.samples for d in decoded]))
-    [codec.encode(row.unsqueeze(0), d) for row, d in zip(outputs, decoded)]
 
-
-def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, progress=None) -> dict:
-    """Median latency (ms) of each configuration at batch `batch` on this machine's cores:
-    the model in this process, plus the codec (decode/encode), the fat pool and the planned
-    pool (both answering `batch` raw-tensor requests, codec inside the instances), over
-    `rounds` interleaved rounds after one warm-up call of each; `progress()` after each round."""
+def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, progress=None, *,
+               payload: str | None = None, tokenizer: Path | None = None, cases=CASES) -> dict:
+    """Median latency (ms) of each of `cases` at batch `batch` on this machine's cores, over `rounds`
+    rounds (case_rounds), with B bodies of `payload` (None: the model's natural one; a text payload
+    needs `tokenizer` when the model ships none); `progress()` after each round. The model runs in
+    the profile's graph mode, in this process as in the pools."""
     import torch
 
+    from packrat.bench.payloads import build_payload, natural_payload
     from packrat.codec.codec import Codec
     from packrat.codec.config import CodecConfig
-    from packrat.codec.forms import sample_request
     from packrat.models.modes import served
     from packrat.models.zoo import prepare, resolve
+    from packrat.serving.inference import answer_batch
     from packrat.serving.pool.api import ModelConfig, Request
     from packrat.serving.pool.instance_pool import InstancePool
 
@@ -59,50 +83,89 @@ def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, pro
     fat_plan, _ = serving_plan(items, threads, batch, topology, "fat")
     plan, fallback = serving_plan(items, threads, batch, topology, "auto")
     spec = resolve(model)
-    inputs = spec.example_inputs(batch)
-    bodies = [sample_request(spec.inputs, sample) for sample in zip(*inputs)]
-    requests = [Request(body, kind) for body, kind in bodies]
+    body, content_type = build_payload(model, payload)
+    bodies = [(body, content_type)] * batch
+    requests = [Request(body, content_type)] * batch
     torch.set_num_threads(threads)
-    module, _, _ = prepare(spec, batch, mode)
-    codec = Codec(CodecConfig.for_model(spec))
+    module, inputs, mode = prepare(spec, batch, mode)
+    codec_config = CodecConfig.for_model(spec, tokenizer=str(tokenizer) if tokenizer else None)
+    codec = Codec(codec_config)
     config = ModelConfig(model, graph_mode=mode)  # as the profile measured it, like the server
+    laps: list[list[float]] = []
     overhead: list[float] = []
-    with InstancePool.from_plan(config, fat_plan) as fat, InstancePool.from_plan(config, plan) as planned:
-        def fat_pool() -> float:
-            ms = elapsed_ms(lambda: answered(fat, requests))
-            overhead.append(ms - fat.last_compute_ms)
-            return ms
 
-        with torch.inference_mode():
-            runs = {
-                "in-process": lambda: module(*inputs),
-                "in-process-codec": lambda: _codec_path(codec, module, bodies),
-                "pool-fat": lambda: answered(fat, requests),
-                "pool-plan": lambda: answered(planned, requests),
-            }
-            for fn in runs.values():  # warm-up
-                fn()
-            timed = {name: (lambda fn=fn: elapsed_ms(fn)) for name, fn in runs.items()}
-            samples = interleaved({**timed, "pool-fat": fat_pool}, rounds, progress=progress)
-    median = medians(samples)
+    def handler_path() -> float:
+        stamps = [time.monotonic()]  # answer_batch adds the end of each of its stages
+        answers = answer_batch(module, codec, bodies, laps=stamps)
+        if answers[0].status != 200:
+            raise RuntimeError(f"in-process answer {answers[0].status}: {answers[0].reason}")
+        laps.append(stamps)
+        return (stamps[-1] - stamps[0]) * 1e3
+
+    with ExitStack() as stack:
+        pools = {name: stack.enter_context(InstancePool.from_plan(config, planned, codec=codec_config, gather_ms=0.0))
+                 for name, planned in (("pool-fat", fat_plan), ("pool-plan", plan)) if name in cases}
+        stack.enter_context(torch.inference_mode())
+
+        def pool_case(name: str):
+            def run() -> float:
+                ms = elapsed_ms(lambda: answered(pools[name], requests))
+                if name == "pool-fat":
+                    overhead.append(ms - pools[name].last_compute_ms)
+                return ms
+            return run
+
+        runs = {"in-process": lambda: elapsed_ms(lambda: module(*inputs)), "in-process-codec": handler_path}
+        chosen = {name: runs.get(name) or pool_case(name) for name in CASES if name in cases}
+        for run in chosen.values():  # warm-up: every path once
+            run()
+        for collected in (laps, overhead, *(pool.stages for pool in pools.values())):
+            collected.clear()
+        median = medians(case_rounds(chosen, rounds, progress))
+        stage_ms = {name: pool.stages.medians() for name, pool in pools.items()}
+        per_sub_batch = {name: pool.stages.requests_per_sub_batch() for name, pool in pools.items()}
+    if laps:
+        stage_ms["in-process-codec"] = {stage: statistics.median((stamps[i + 1] - stamps[i]) * 1e3 for stamps in laps)
+                                        for i, stage in enumerate(IN_PROCESS_STAGES)}
+
+    def ratio(top: str, bottom: str) -> float | None:
+        return median[top] / median[bottom] if top in median and bottom in median else None
+
+    codec_ratio = ratio("in-process-codec", "in-process")
     return {
-        "model": model, "batch": batch, "threads": threads, "rounds": rounds,
+        "model": model, "batch": batch, "threads": threads, "rounds": rounds, "mode": mode,
+        "payload": payload or natural_payload(model), "content_type": content_type, "cases": list(chosen),
         "plan": plan.describe(), "fallback": fallback, "predicted_plan_ms": plan.expected_latency_ms,
         "predicted_fat_ms": fat_plan.expected_latency_ms,
         "median_ms": median,
-        "transport_overhead_ms": statistics.median(overhead),
-        "codec_overhead": median["in-process-codec"] / median["in-process"] - 1,
-        "plan_speedup_over_fat": median["pool-fat"] / median["pool-plan"],
+        "transport_overhead_ms": statistics.median(overhead) if overhead else None,
+        "codec_overhead": codec_ratio - 1 if codec_ratio is not None else None,
+        "pool_vs_in_process": ratio("pool-fat", "in-process-codec"),
+        "plan_speedup_over_fat": ratio("pool-fat", "pool-plan"),
+        "stage_ms": stage_ms, "requests_per_sub_batch": per_sub_batch,
     }
 
 
 def format_pool_results(results: list[dict]) -> str:
-    head = (f"{'B':>4}  {'in-process':>10}  {'+codec':>8}  {'pool fat':>9}  {'pool plan':>9}  "
-            f"{'codec ovh':>9}  {'transport':>9}  {'plan/fat':>8}  plan")
-    lines = [head]
+    """The medians per B, with the ratios the cases allow; then each path's stages per B."""
+    from packrat.loadtest import align
+    from packrat.serving.pool.stages import STAGES
+
+    def num(value, spec: str = ".1f", unit: str = "") -> str:
+        return "-" if value is None else f"{value:{spec}}{unit}"
+
+    cases = [name for name in CASES if any(name in r["median_ms"] for r in results)]
+    lines = [["B", *cases, "codec ovh", "pool / codec", "transport", "fat / plan", "plan"]]
     for r in results:
-        m = r["median_ms"]
-        lines.append(f"{r['batch']:>4}  {m['in-process']:>10.1f}  {m['in-process-codec']:>8.1f}  {m['pool-fat']:>9.1f}  "
-                     f"{m['pool-plan']:>9.1f}  {r['codec_overhead']:>+9.1%}  {r['transport_overhead_ms']:>7.2f}ms"
-                     f"  {r['plan_speedup_over_fat']:>7.2f}×  {r['plan']}")
-    return "\n".join(lines)
+        lines.append([str(r["batch"]), *(num(r["median_ms"].get(name)) for name in cases),
+                      num(r["codec_overhead"], "+.1%"), num(r["pool_vs_in_process"], ".3f"),
+                      num(r["transport_overhead_ms"], ".2f", " ms"), num(r["plan_speedup_over_fat"], ".2f", "×"),
+                      r["plan"]])
+    columns = [(name, r) for name in CASES for r in results if name in r["stage_ms"]]
+    stages = [stage for stage in (*STAGES, "total") if any(stage in r["stage_ms"][name] for name, r in columns)]
+    if not columns:
+        return align(lines)
+    breakdown = [["stage (median ms)", *(f"{name} B={r['batch']}" for name, r in columns)]]
+    breakdown += [[stage, *(num(r["stage_ms"][name].get(stage), ".2f") for name, r in columns)] for stage in stages]
+    breakdown.append(["requests/sub-batch", *(num(r["requests_per_sub_batch"].get(name), ".2f") for name, r in columns)])
+    return f"{align(lines)}\n\n{align(breakdown)}"

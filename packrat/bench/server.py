@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ class ServerRun:
     kills: int | None  # pool instances killed during the runs; None: no pool (stock)
     load: LoadResult
     rounds: int = 1  # locust runs pooled into `load`
+    round_medians: dict | None = None  # rounds > 1: the medians of the rounds' p50_ms, p99_ms, throughput_rps
+    vs_stock: dict | None = None  # p50, p99 over stock's at the same users (pooled; rounds_p50, rounds_p99: medians')
 
 
 def pooled(results: Sequence[LoadResult], run_s: float) -> LoadResult:
@@ -99,7 +102,7 @@ def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, d
     with ExitStack() as stack:
         servers = {}
         for config in configs:
-            mar = _archive(config, model, batch, profile_path, out_dir / config[0] / "model_store",
+            mar = config_archive(config, model, batch, profile_path, out_dir / config[0] / "model_store",
                            tokenizer=tokenizer, graph_mode=graph_mode, max_batch_delay_ms=max_batch_delay_ms)
             servers[config[0]] = stack.enter_context(warmed_server(config[0], model, mar, out_dir / config[0],
                                                                    max(n for n, _ in counts), warmup_s, log,
@@ -114,14 +117,35 @@ def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, d
                 measured.setdefault((name, n), []).append(
                     _loaded(servers[name], model, n, duration_s, where, body, kill_every, log))
     patterns = dict(counts)
-    return [ServerRun(batch, name, n, patterns[n], payload,
-                      sum(kills for _, kills in runs) if handlers[name] == "packrat" else None,
-                      pooled([result for result, _ in runs], duration_s), rounds)
-            for (name, n), runs in measured.items()]
+    runs = [ServerRun(batch, name, n, patterns[n], payload,
+                      sum(kills for _, kills in results) if handlers[name] == "packrat" else None,
+                      pooled([result for result, _ in results], duration_s), rounds,
+                      round_medians([result for result, _ in results], duration_s) if rounds > 1 else None)
+            for (name, n), results in measured.items()]
+    stock = {run.users: run for run in runs if run.config == "stock"}
+    for run in runs:
+        if run.users in stock:
+            run.vs_stock = vs(run, stock[run.users])
+    return runs
 
 
-def _archive(config: tuple, model: str, batch: int, profile_path: Path, store: Path, *, tokenizer: Path | None,
-             graph_mode: str | None, max_batch_delay_ms: int) -> Path:
+def round_medians(results: Sequence[LoadResult], run_s: float) -> dict[str, float]:
+    """The medians of each round's p50, p99 and requests answered per second of load."""
+    rounds = [pooled([result], run_s) for result in results]
+    return {key: statistics.median(getattr(r, key) for r in rounds) for key in ("p50_ms", "p99_ms", "throughput_rps")}
+
+
+def vs(run: ServerRun, stock: ServerRun) -> dict[str, float]:
+    """run's p50 and p99 over stock's: pooled, and (with rounds) the medians of the rounds'."""
+    ratios = {key: getattr(run.load, f"{key}_ms") / getattr(stock.load, f"{key}_ms") for key in ("p50", "p99")}
+    if run.round_medians and stock.round_medians:
+        ratios.update({f"rounds_{key}": run.round_medians[f"{key}_ms"] / stock.round_medians[f"{key}_ms"]
+                       for key in ("p50", "p99")})
+    return ratios
+
+
+def config_archive(config: tuple, model: str, batch: int, profile_path: Path | None, store: Path, *,
+                   tokenizer: Path | None = None, graph_mode: str | None = None, max_batch_delay_ms: int = 100) -> Path:
     """The archive of one configuration (name, handler, plan mode[, more settings]),
     built into `store`: fixed plans, no node sharing (the servers stand side by side, each measured
     alone); the stock handler runs the model in `graph_mode`."""
@@ -155,16 +179,27 @@ def latency_rows(runs: Sequence[ServerRun]) -> dict[str, LoadResult]:
 
 
 def format_server_results(runs: Sequence[ServerRun], kills: bool = False) -> str:
-    """One line per run: config, users, requests, failures, p50/p95/p99, req/s (and kills: "-" without a pool)."""
+    """One line per run: config, users, requests, failures, p50/p95/p99, req/s (and kills: "-" without a pool);
+    with rounds, the medians of the rounds' p50/p99/req/s; beside stock, p50 and p99 over stock's."""
     from packrat.loadtest import align, load_cells
 
+    rounds, ratios = any(r.round_medians for r in runs), any(r.vs_stock for r in runs)
     head = ["config", "users", "requests", "failures", "p50 ms", "p95 ms", "p99 ms", "req/s"]
-    lines = [head + (["kills"] if kills else [])]
+    lines = [head + (["kills"] if kills else []) + (["rounds: p50/p99/req/s"] if rounds else [])
+             + (["p50 vs stock", "p99 vs stock"] if ratios else []) + (["rounds vs stock"] if rounds and ratios else [])]
     for r in runs:
         users = f"{r.users} ({r.users_pattern})" if r.users_pattern != str(r.users) else str(r.users)
         line = [r.config, users] + load_cells(r.load)
         if kills:
             line.append("-" if r.kills is None else str(r.kills))
+        if rounds:
+            m = r.round_medians
+            line.append(f"{m['p50_ms']:.0f}/{m['p99_ms']:.0f}/{m['throughput_rps']:.1f}" if m else "-")
+        if ratios:
+            ratio = r.vs_stock or {}
+            line += [f"{ratio[key]:.2f}" if key in ratio else "-" for key in ("p50", "p99")]
+            if rounds:
+                line.append(f"{ratio['rounds_p50']:.2f}/{ratio['rounds_p99']:.2f}" if "rounds_p50" in ratio else "-")
         lines.append(line)
     return align(lines)
 
@@ -190,10 +225,11 @@ def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, w
 def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, duration: float,
                      users=None, as_json: bool = False, *, payload: str | None = None,
                      tokenizer: Path | None = None, kill_every: float | None = None, rounds: int = 1,
-                     graph_mode: str | None = None, warmup_s: float = WARMUP_S) -> list[ServerRun]:
+                     graph_mode: str | None = None, warmup_s: float = WARMUP_S, configs=SERVER_CONFIGS,
+                     max_batch_delay_ms: int = 100) -> list[ServerRun]:
     """server_bench for every batch size (graph_mode: the profile's, for the stock handler): the
     table per batch (or JSON), the latency plots and OUT/server-bench.json = {model, payload,
-    users, kill_every_s, duration_s, rounds, runs: [ServerRun, ...]}; returns the runs."""
+    users, kill_every_s, duration_s, rounds, max_batch_delay_ms, runs: [ServerRun, ...]}; returns the runs."""
     from packrat.loadtest import plot_latency_distributions
     from packrat.bench.payloads import natural_payload
     from packrat.models.modes import served
@@ -204,14 +240,15 @@ def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, d
     for batch in batches:
         batch_runs = server_bench(model, batch, profile, out / f"B{batch}", duration_s=duration, users=users,
                                   payload=payload, tokenizer=tokenizer, kill_every_s=kill_every,
-                                  rounds=rounds, graph_mode=served(graph_mode), warmup_s=warmup_s,
-                                  log=(lambda *_: None) if as_json else print)
+                                  rounds=rounds, graph_mode=served(graph_mode), warmup_s=warmup_s, configs=configs,
+                                  max_batch_delay_ms=max_batch_delay_ms, log=(lambda *_: None) if as_json else print)
         runs += batch_runs
         png = plot_latency_distributions(latency_rows(batch_runs), out / f"latency-B{batch}.png")
         if not as_json:
             counts = ", ".join(f"{p}={n}" if p != str(n) else p for n, p in users_for_batch(users, batch))
             each = (f"{duration:.0f} s each" if rounds == 1 else
                     f"{rounds} interleaved rounds of {duration:.0f} s each, pooled")
+            each += f", maxBatchDelay {max_batch_delay_ms} ms"
             print(f"\n{model}, batch size {batch}, payload {payload}, users {counts}, {each} "
                   f"(locust runs on the same {cpu_budget().cores} cores as the server)")
             if kill_every is not None:
@@ -220,7 +257,7 @@ def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, d
             print(format_server_results(batch_runs, kills=kill_every is not None))
             print(f"latency distributions: {png}")
     report = {"model": model, "payload": payload, "users": [str(p) for p in users], "kill_every_s": kill_every,
-              "duration_s": duration, "rounds": rounds, "runs": runs}
+              "duration_s": duration, "rounds": rounds, "max_batch_delay_ms": max_batch_delay_ms, "runs": runs}
     write_json(out / "server-bench.json", report)
     if as_json:
         print(json.dumps(json.loads((out / "server-bench.json").read_text()), indent=2))

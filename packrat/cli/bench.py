@@ -7,13 +7,13 @@ import argparse
 import json
 from pathlib import Path
 
-from packrat.bench.pool import format_pool_results, pool_bench
+from packrat.bench.pool import CASES, format_pool_results, pool_bench
 from packrat.bench.results import write_json
-from packrat.bench.server import run_server_bench
+from packrat.bench.server import SERVER_CONFIGS, run_server_bench
 from packrat.bench.step import format_step_results, step_bench
 from packrat.bench.users import BATCH_USERS
 from packrat.cli.args import model_args, tokenizer_path, users_list
-from packrat.cli.types import int_list, positive
+from packrat.cli.types import int_list, name_list, positive
 from packrat.profiling.default_profile import resolve_profile
 from packrat.profiling.profiles import load
 
@@ -29,7 +29,9 @@ def add_bench_parser(sub) -> None:
                                    "--users pattern and round, in a rotated order (optionally killing pool "
                                    "instances, --kill-every). Prints p50/p95/p99, throughput, failures and kills "
                                    "(rounds pooled), and writes a PNG of the latency distributions and the JSON "
-                                   "results. --pool-only measures the pool without TorchServe or Java.",
+                                   "results. --pool-only measures the pool without TorchServe or Java: the bare "
+                                   "model and the stock handler's path in this process against the fat and the "
+                                   "planned pool, with the pools' stages.",
                        epilog="example: packrat bench --model resnet50 --batch-size 2,4,8 --duration 30")
     model_args(p)
     p.add_argument("--batch-size", type=int_list, default=[8], help="batch sizes, e.g. 2,4,8 (default: 8)")
@@ -50,8 +52,19 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--kill-every", type=positive(float), default=None, metavar="S",
                    help="during each measured run of the packrat configurations, kill -9 one pool instance every "
                         "S seconds (round robin); the kills are counted in the table and JSON")
+    p.add_argument("--configs", type=name_list([c[0] for c in SERVER_CONFIGS], "configuration"),
+                   default=[c[0] for c in SERVER_CONFIGS], metavar="NAMES",
+                   help="the servers, of stock,packrat-fat,packrat-plan (default: all); each is compared with "
+                        "stock when stock is among them")
+    p.add_argument("--max-batch-delay", type=positive(int), default=100, metavar="MS",
+                   help="TorchServe's maxBatchDelay in every archive (default: 100)")
     p.add_argument("--pool-only", action="store_true",
-                   help="no TorchServe: in-process model vs fat pool vs handler path vs planned pool")
+                   help="no TorchServe: the model in-process, bare and through the stock handler's path "
+                        "(decode, run, encode), against the fat and the planned pool answering the same bodies")
+    p.add_argument("--cases", type=name_list(CASES, "case"), default=list(CASES), metavar="NAMES",
+                   help=f"with --pool-only, which of {','.join(CASES)} (default: all). The in-process cases warm "
+                        "each other (the bare model runs last in each round): the pool's tax is best measured "
+                        "with in-process-codec,pool-fat")
     p.add_argument("--rounds", type=positive(int), default=None,
                    help="interleaved rounds. Through TorchServe: each configuration is loaded once per round, the "
                         "servers kept up side by side and taken in a rotated order, and its rounds pooled into one "
@@ -89,20 +102,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from packrat.bench.payloads import check_payload, natural_payload
 
     out = args.out
-    if args.pool_only:  # the pool gets tensors: no payload, no tokenizer
-        profile = resolve_profile(args.model, args.profile, batch_sizes=args.batch_size,
-                                  input_shape=args.input_shape)
-        results, rounds = [], args.rounds or POOL_ROUNDS
-        for batch in args.batch_size:
-            with tqdm(total=rounds, desc=f"pool bench B={batch}", disable=args.json) as bar:
-                results.append(pool_bench(args.model, batch, profile, rounds, progress=bar.update))
-        write_json(out / "pool-bench.json", results)
-        print(json.dumps(results, indent=2) if args.json else format_pool_results(results))
-        return 0
     payload = args.payload or natural_payload(args.model, args.input_shape)
     check_payload(args.model, payload, args.input_shape)
     tokenizer = bench_tokenizer(args.model, payload, args.tokenizer, args.demo_tokenizer, out)
     profile = resolve_profile(args.model, args.profile, batch_sizes=args.batch_size, input_shape=args.input_shape)
+    if args.pool_only:
+        results, rounds = [], args.rounds or POOL_ROUNDS
+        for batch in args.batch_size:
+            with tqdm(total=rounds, desc=f"pool bench B={batch}", disable=args.json) as bar:
+                results.append(pool_bench(args.model, batch, profile, rounds, progress=bar.update, payload=payload,
+                                          tokenizer=tokenizer, cases=args.cases))
+        write_json(out / "pool-bench.json", results)
+        print(json.dumps(results, indent=2) if args.json else format_pool_results(results))
+        return 0
     if args.shape == "step":
         results = step_bench(args.model, args.batch_size[-1], profile, out, cycles=args.cycles,
                              step_s=args.step_seconds, payload=payload, tokenizer=tokenizer,
@@ -118,6 +130,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     run_server_bench(args.model, args.batch_size, profile, out, args.duration, args.users, args.json,
                      payload=payload, tokenizer=tokenizer, kill_every=args.kill_every, rounds=args.rounds or 1,
-                     graph_mode=load(profile).metadata.get("mode"))
+                     graph_mode=load(profile).metadata.get("mode"),
+                     configs=tuple(c for c in SERVER_CONFIGS if c[0] in args.configs),
+                     max_batch_delay_ms=args.max_batch_delay)
     return 0
 

@@ -19,6 +19,22 @@ def int_list(text: str) -> list[int]:
     return sorted(values)
 
 
+def name_list(choices=(), what: str = "name"):
+    """argparse type for 'a,b': the names in order, duplicates dropped; with `choices`, each one of them."""
+
+    def parse(text: str) -> list[str]:
+        names = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+        unknown = [name for name in names if choices and name not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {unknown[0]!r}: choose from {', '.join(choices)}")
+        if not names:
+            raise argparse.ArgumentTypeError(f"{text!r} names nothing")
+        return names
+
+    parse.__name__ = f"{what} list"  # argparse names the type in its errors
+    return parse
+
+
 def positive(kind: type, zero: bool = False):
     """argparse type: a number > 0 (>= 0 with zero=True) of the given kind."""
 

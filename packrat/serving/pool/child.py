@@ -86,7 +86,7 @@ def set_intra_op_threads(threads: int) -> None:
 
 class Decoders:
     """Decodes a batch's requests in parallel on the instance's cores. JPEG decoding and resizing
-    release the GIL (benchmarks/pool_tax.py, 4 ResNet-50 photos: 18.0 ms on 2 decoders against 23.0
+    release the GIL (issue 25, 4 ResNet-50 photos: 18.0 ms on 2 decoders against 23.0
     in turn, BENCHMARKS.md); tokenising holds it, so only image models get decoders. A lone
     request is decoded on the calling thread: a hop to a decoder would only add to it. Each decoder runs one intra-op thread: its tensor
     work must not lead an OpenMP team of its own, since a second team in the process makes every
