@@ -20,31 +20,25 @@ seconds. Every --every seconds from the first request, the next fault of --fault
   reconfigure  a forced switch (torchserve_control.request_reconfigure) to the plan for B//2 (at
                least 1), B, B//2, ... in turn (the estimator is off: nothing else switches)
 
-For every fault: the time, the pids hit and recovery_s, until the server serves at full strength
-again (polled every 0.25 s, bounded by the next fault): the processes hit gone from the process
-table (a zombie is not gone) or resumed, a killed worker succeeded, a forced switch running its
-plan, every worker READY and the handler's pool health ready == instances, respawning == 0. With
-the stock handler only the worker checks apply.
+Per fault: its pids and recovery_s, until the server is at full strength again (polled every
+0.25 s, bounded by the next fault): the processes hit gone (a zombie is not) or resumed, a killed
+worker succeeded, a forced switch running its plan, every worker READY and the pool's health
+ready == instances, respawning == 0 (stock: the worker checks only). Every request is logged
+(loadtest.requestlog); a failure in flight when a fault struck is that fault's, any other the window
+it ended in's. The client waits --request-timeout + 60 s, so the server's deadline (504) shows,
+unless --client-timeout is shorter (a request never answered then fails with status 0).
 
-The locustfile logs every request (loadtest.requestlog). A failure in flight when a fault struck
-goes to that fault's window, any other to the window it ended in ("before faults" before the
-first). The client waits --request-timeout + 60 s, so the server's own deadline (504) is what shows,
-unless --client-timeout is shorter: then a request never answered fails with status 0.
-
-Resources, every --sample-every seconds and after warm-up and after the run: RSS and open file
-descriptors of the TorchServe worker(s) and their instances, and the /dev/shm segments named like
-the pool's (psm_*, packrat-<pid>-*: every process on the machine's) and this server's own. After
-`torchserve.stop` and up to --grace s, any process or segment of this server still there is a
-leftover. Soak mode (--soak): the same server and load with no faults, sampling every
---sample-every s, then the same leftover check.
+Resources, every --sample-every s and after warm-up and the run: RSS and open files of the
+worker(s) and instances, the /dev/shm segments named like the pool's (everyone's) and this
+server's own. After `torchserve.stop` and up to --grace s, any process or segment of this server
+still there is a leftover. --soak: the same load with no faults, sampled over time.
 
 Output (printed, and under "markdown" in the --json file with every figure behind it): per fault
-kind, the failures in its windows by HTTP status (0 = no answer) and the median and max recovery;
-per fault, its pids, recovery_s, the failures and answers in its window, notes (a double-kill's
-replacement killed loading or serving; the pool's counters that moved: requeued, respawn_failures,
-watchdog_kills, refused, expired); overall, requests, failures by status and reason, p50/p99 and max
-latency, answers later than the deadline, RSS after the run over after warm-up, leftovers; soak, a
-row per sample. Locust runs on the same cores as the server. Progress goes to stderr.
+kind, failures by HTTP status (0 = no answer) and recovery; per fault, pids, recovery_s, failures
+and answers in its window, notes (the pool's counters that moved: requeued, respawn_failures,
+watchdog_kills, refused, expired); overall, requests, failures by status and reason, p50/p99/max,
+answers past the deadline, RSS after the run over after warm-up, leftovers; soak, a row per
+sample. Locust runs on the same cores as the server. Progress goes to stderr.
 """
 from __future__ import annotations
 
@@ -201,14 +195,9 @@ def fmt_counts(counts: Mapping[str, int]) -> str:
 
 def format_leftovers(left: Mapping) -> str:
     processes, segments = left.get("processes", []), left.get("segments", [])
-    if not processes and not segments:
-        return "none"
-    parts = []
-    if processes:
-        parts.append(f"{len(processes)} process(es): " + ", ".join(f"{p['pid']} {p['what']}" for p in processes))
-    if segments:
-        parts.append(f"{len(segments)} segment(s): " + ", ".join(segments))
-    return "; ".join(parts)
+    parts = [f"{len(processes)} process(es): " + ", ".join(f"{p['pid']} {p['what']}" for p in processes)] * bool(processes)
+    parts += [f"{len(segments)} segment(s): " + ", ".join(segments)] * bool(segments)
+    return "; ".join(parts) or "none"
 
 
 def format_report(report: Mapping) -> str:
@@ -290,12 +279,9 @@ class Tracker:
         self.segments: set[str] = set()
         self._lock = threading.Lock()
 
-    def java(self) -> int | None:
-        return faults.torchserve_pid(self.run_dir)
-
     def served(self) -> tuple[list[psutil.Process], list[psutil.Process]]:
         """(TorchServe's Python workers, the pool instances under them), both remembered."""
-        java = self.java()
+        java = faults.torchserve_pid(self.run_dir)
         if java is None:
             return [], []
         workers, instances = faults.pool_instances(java, WORKER_MARKER), faults.pool_instances(java)
@@ -791,8 +777,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--payload", choices=PAYLOAD_KINDS, default="jpeg", help="request body (default jpeg)")
     p.add_argument("--max-batch-delay", type=count, default=100, help="TorchServe maxBatchDelay ms (default 100)")
     p.add_argument("--soak", action="store_true", help="soak mode: steady load, no faults, samples over time")
-    p.add_argument("--sample-every", type=number, default=30.0,
-                   help="seconds between resource samples (default 30)")
+    p.add_argument("--sample-every", type=number, default=30.0, help="seconds between resource samples (default 30)")
     p.add_argument("--grace", type=number, default=15.0,
                    help="after stop, how long leftovers may take to go before they count (default 15)")
     p.add_argument("--seed", type=int, default=0, help="seed for choosing victims (default 0)")

@@ -1,15 +1,9 @@
-"""What the benchmarks share beyond the bench stage (packrat/bench/: interleaved rounds, the clock,
-pools answering, JSON result files): their command lines, child processes, pool requests and
-markdown output.
+"""What the benchmarks share beyond the bench stage (packrat/bench/: rounds, the clock, pools
+answering, result files): command lines, child processes, pool requests, markdown output.
 
-A benchmark runs as a script (`.venv/bin/python benchmarks/X.py`), so Python puts benchmarks/
-on sys.path, not the repo root; each puts the root there before it imports this module:
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-    from benchmarks.common import ...
-
-Nothing here imports torch at import time (of packrat, only packrat.bench.rounds and the
-settings' names): a benchmark that only formats figures (device_suite_summary.py) stays light.
+A benchmark runs as a script, so Python puts benchmarks/ on sys.path, not the repo root; each puts
+the root there first: `sys.path.insert(0, str(Path(__file__).resolve().parents[1]))`. Nothing
+here imports torch at import time: a script that only formats figures stays light.
 """
 
 from __future__ import annotations
@@ -18,18 +12,12 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from packrat.bench.rounds import elapsed_ms
 from packrat.settings import COMPILE_CACHE_ENV
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-# ---- command lines -------------------------------------------------------------------------------
 
 def doc_parser(doc: str, examples: str = "") -> argparse.ArgumentParser:
     """A parser whose help is the benchmark's docstring: its first paragraph as the description,
@@ -61,17 +49,6 @@ def local_topology(threads: int | None):
         raise SystemExit(f"--threads {threads}: this process may use only {topology.num_cores} cores")
     return detect(set(topology.cores[:threads]))
 
-
-# ---- timing --------------------------------------------------------------------------------------
-
-def median_ms(fn: Callable[[], object], iters: int, warmup: int = 0) -> float:
-    """The median wall time (ms) of `iters` calls of fn, after `warmup` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    return statistics.median(elapsed_ms(fn) for _ in range(iters))
-
-
-# ---- child processes -----------------------------------------------------------------------------
 
 def first_cores(count: int) -> list[int]:
     """The first `count` of the cores this process may run on."""
@@ -122,18 +99,14 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc)}"
 
 
-# ---- pools ---------------------------------------------------------------------------------------
-
-def pool_requests(spec, batch: int) -> list:
+def pool_requests(spec, batch: int, v2: bool = False) -> list:
     """The zoo spec's example batch as `batch` pool requests, one per sample, as a client sends
-    them (raw tensor bytes for one input, a KServe v2 JSON body for several)."""
+    them (raw tensor bytes for one input, a KServe v2 JSON body for several, or always with `v2`)."""
     from packrat.codec.forms import sample_request
     from packrat.serving.pool.api import Request
 
-    return [Request(*sample_request(spec.inputs, sample)) for sample in zip(*spec.example_inputs(batch))]
+    return [Request(*sample_request(spec.inputs, sample, v2)) for sample in zip(*spec.example_inputs(batch))]
 
-
-# ---- output --------------------------------------------------------------------------------------
 
 def fmt_num(value: float | None, digits: int = 1) -> str:
     """`value` with `digits` decimals; "-" for None, NaN or infinity."""

@@ -2,11 +2,10 @@
 
     python benchmarks/device_suite_summary.py OUT_DIR
 
-Reads OUT_DIR/machine.json and OUT_DIR/steps.tsv (the suite's log: one `cmd` row per command, one
-`step` row per finished step) and each step's files; writes OUT_DIR/SUMMARY.md: the machine, the
-time each step took against its budget, then per step its commands and its tables, in the layout
-of BENCHMARKS.md. A step not run yet, or stopped at its budget, says so; the suite calls this after
-every step, so an interrupted run still has a summary of what finished.
+Reads OUT_DIR/machine.json, OUT_DIR/steps.tsv (the suite's log: a `cmd` row per command, a `step`
+row per finished step) and each step's files; writes OUT_DIR/SUMMARY.md: the machine, each step's
+time against its budget, its commands and tables in BENCHMARKS.md's layout. The suite calls this
+after every step, so an interrupted run still has a summary of what finished.
 """
 
 from __future__ import annotations

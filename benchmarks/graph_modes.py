@@ -31,10 +31,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import child_json, doc_parser, first_cores, fresh_compile_caches, markdown_table, median_ms, pin
+from benchmarks.common import child_json, doc_parser, first_cores, fmt_num, fresh_compile_caches, \
+    markdown_table, pin
 from benchmarks.peers import TorchRunner
 from packrat.bench.results import write_json
-from packrat.bench.rounds import in_rounds
+from packrat.bench.rounds import elapsed_ms, in_rounds
 from packrat.cli.types import int_list, name_list
 
 MODES = ("eager", "script", "compile", "torch-compile")
@@ -62,16 +63,11 @@ def child(model: str, mode: str, threads: int, batches: list[int], iters: int) -
         for batch in batches:
             example = spec.example_inputs(batch)
             outputs[batch] = runners[batch](*example)
-            latency_ms[batch] = median_ms(lambda: runners[batch](*example), iters, warmup=1)
+            runners[batch](*example)  # the second warm run
+            latency_ms[batch] = statistics.median(elapsed_ms(lambda: runners[batch](*example)) for _ in range(iters))
         reference = prepare(spec, batches[-1], graph_mode=False)[0](*spec.example_inputs(batches[-1]))
         error = float((outputs[batches[-1]] - reference).abs().max())
     return {"start_s": start_s, "latency_ms": latency_ms, "max_abs_diff": error}
-
-
-def run_child(args, mode: str, env: dict) -> dict:
-    command = [sys.executable, __file__, "--child", mode, "--model", args.model, "--threads", str(args.threads),
-               "--batches", ",".join(map(str, args.batches)), "--iters", str(args.iters)]
-    return child_json(command, env=env)
 
 
 def summarise(results: dict[str, list[dict]], batches: list[int]) -> dict[str, dict]:
@@ -100,10 +96,8 @@ def markdown(summary: dict[str, dict], batches: list[int]) -> str:
             rows.append([mode, row["error"]])
             continue
         ratios = [f"{row['latency_ms'][b] / script[b]:.2f}×" if script else "" for b in batches]
-        later = f"{row['later_start_s']:.1f}" if row["later_start_s"] is not None else ""
-        first = f"{row['first_start_s']:.1f}" if row["first_start_s"] is not None else ""
-        rows.append([mode, first, later, *(f"{row['latency_ms'][b]:.1f}" for b in batches), *ratios,
-                     f"{row['max_abs_diff']:.1e}"])
+        rows.append([mode, fmt_num(row["first_start_s"]), fmt_num(row["later_start_s"]),
+                     *(f"{row['latency_ms'][b]:.1f}" for b in batches), *ratios, f"{row['max_abs_diff']:.1e}"])
     return markdown_table(head, rows)
 
 
@@ -132,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         env = fresh_compile_caches(Path(scratch))
         results: dict[str, list[dict]] = {mode: [] for mode in modes}
         for round_index, mode in in_rounds(modes, args.rounds, rng):
-            result = run_child(args, mode, env)
+            result = child_json([sys.executable, __file__, "--child", mode, "--model", args.model, "--threads",
+                                 str(args.threads), "--batches", ",".join(map(str, args.batches)), "--iters",
+                                 str(args.iters)], env=env)
             results[mode].append(result)
             print(f"round {round_index} {mode}: {result}", flush=True)
     summary = summarise(results, args.batches)

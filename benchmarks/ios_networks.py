@@ -5,12 +5,10 @@ add up, and sequential vs greedy vs IOS latency, each case measured side by side
     .venv/bin/python benchmarks/ios_networks.py [--models inception_v3,squeezenet,randwire,nasnet]
                                                 [--batches 1,8] [--threads 2] [--out out/ios-networks]
 
-Runs one `ios-schedule` at a time (nothing else should run), keeps each report, schedule and
-stage-cost table in --out (a finished case is not run again) and prints the table that
-BENCHMARKS.md records. "kept" is what `optimize()` keeps after its end-to-end check;
-"predicted" is the kept schedule's summed stage costs, "measured" its whole run in the check;
-"timed again" is the same stages measured once more right before the check (the search itself
-takes minutes, during which this VM's speed drifts).
+One `ios-schedule` at a time; each report, schedule and stage-cost table kept in --out (a finished
+case is not run again); prints BENCHMARKS.md's table. "kept": what `optimize()` keeps after its
+end-to-end check; "predicted": its summed stage costs, "measured": its run in the check, "timed
+again": the same stages right before the check (the search takes minutes; the VM drifts).
 """
 
 from __future__ import annotations

@@ -3,13 +3,12 @@
     GOMP_SPINCOUNT=10000 .venv/bin/python benchmarks/ios_switch.py [--models randwire,inception_v3] [--rounds 61]
 
 Two measurements, in interleaved shuffled rounds, medians (2 threads):
-1. the executor's hand-off: nothing run through `WorkerSet.run` on the calling thread (one
-   group on every core), on one 1-thread worker, and on two at once;
-2. per network (batch 1): S, a full-width stretch of 30 operators run as one generated
-   function, and P, a stage of two 1-thread groups of one operator each, each timed alone
-   (right after itself) and right after the other. "S after P" - "S alone" is the switch back
-   to the full-width team; "P after S" - "P alone" the switch into the stage; their sum is
-   what `StageTimer.switch_cost` adds to every concurrent candidate.
+1. the executor's hand-off: nothing run through `WorkerSet.run` on the calling thread (one group
+   on every core), on one 1-thread worker, and on two at once;
+2. per network (batch 1): S, a full-width stretch of 30 operators as one generated function, and
+   P, a stage of two 1-thread groups of one operator each, each timed after itself and after the
+   other. "S after P" - "S alone" is the switch back to the full-width team, "P after S" - "P alone"
+   the switch into the stage; their sum is what `StageTimer.switch_cost` adds to every candidate.
 """
 
 from __future__ import annotations

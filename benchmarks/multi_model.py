@@ -4,11 +4,10 @@ per model and a static split of the cores, under closed-loop locust load per mod
 Configurations (--configs):
   packrat-node   one TorchServe, a packrat archive per model: the models plan the cores together
   stock          one TorchServe, a stock archive per model (TorchServe's default workers and threads)
-  per-model      one packrat TorchServe per model, each planning for every core (share_node off): today
-  static-split   one packrat TorchServe per model, each pinned to its own ⌊T/n⌋ cores (share_node off);
-                 with more models than cores, models beyond the cores share them round robin
-Every model is also served alone (a packrat server of its own on every core, nothing else loaded) at
-each users count of the schedule: throughputs are normalised to that.
+  per-model      one packrat TorchServe per model, each planning for every core (share_node off)
+  static-split   the same, each pinned to its own ⌊T/n⌋ cores (round robin past one model a core)
+Every model is also served alone (per-model, nothing else loaded) at each users count of the
+schedule: throughputs are normalised to that.
 
 Parts (--part):
   targets  the 2-core case of issue 24: two models (--pair, default resnet50,squeezenet), USERS
@@ -16,10 +15,10 @@ Parts (--part):
   mix      three models (--mix, default resnet50,bert_base,squeezenet; BERT gets text through a demo
            tokenizer) under a load whose mix shifts every --phase-s: image-heavy, text-heavy, both
 
-Each model has one locust process with a step schedule; phase statistics come from its request
-log, leaving out each phase's first --settle-s seconds (a new mix, the node moving); failures are
-counted over the whole run. For packrat-node the node's plan.json is read every second: each model's
-cores over time (a plot per part) and every move with its reason and duration.
+Each model has a locust process with a step schedule; phase statistics come from its request log,
+leaving out each phase's first --settle-s seconds; failures count over the whole run. For
+packrat-node the node's plan.json is read every second: each model's cores over time (a plot per
+part) and every move with its reason and duration.
 
     .venv/bin/python benchmarks/multi_model.py --part targets
     .venv/bin/python benchmarks/multi_model.py --part mix --phase-s 60
@@ -76,22 +75,6 @@ def mix_phases(models: list[str], heavy: int, light: int, seconds: float, settle
 
 # ---- servers ------------------------------------------------------------------------------------
 
-@dataclass
-class Served:
-    server: object  # packrat.deploy.torchserve.Server
-    token: str | None
-    cores: list[int]
-
-
-def settings_for(model: str, handler: str, batch: int, tokenizer: Path | None, share_node: bool):
-    from packrat.profiling.profiles import default_path
-    from packrat.settings import Settings
-
-    profiles = [default_path(model)] if handler == "packrat" else []
-    return Settings(model, profiles=profiles, max_batch=batch, share_node=share_node,
-                    tokenizer=tokenizer if model == "bert_base" else None)
-
-
 @contextmanager
 def pinned(cores: list[int]):
     """This process (and what it starts: Java, the workers, their pools) on `cores` meanwhile."""
@@ -104,17 +87,22 @@ def pinned(cores: list[int]):
 
 
 def start_server(stack: ExitStack, run_dir: Path, models: list[str], handler: str, args, tokenizer,
-                 share_node: bool, cores: list[int]) -> Served:
+                 share_node: bool, cores: list[int]) -> tuple:
+    """One TorchServe serving `models` with `handler`, pinned to `cores`: (the server, its inference key)."""
     from packrat.deploy import archive, torchserve
+    from packrat.profiling.profiles import default_path
+    from packrat.settings import Settings
 
-    mars = [archive.build(settings_for(m, handler, args.batch_size, tokenizer, share_node), run_dir / "model_store",
+    mars = [archive.build(Settings(m, profiles=[default_path(m)] if handler == "packrat" else [],
+                                   max_batch=args.batch_size, share_node=share_node,
+                                   tokenizer=tokenizer if m == "bert_base" else None), run_dir / "model_store",
                           handler=handler, max_batch_delay_ms=args.max_batch_delay) for m in models]
     print(f"   starting TorchServe for {', '.join(models)} ({handler}) on cores {cores}", flush=True)
     with pinned(cores):
         server = torchserve.start(torchserve.Server(run_dir, models[0], torchserve.Ports.free(), models=tuple(models)),
                                   mars, timeout=900)
     stack.callback(torchserve.stop, server)
-    return Served(server, server.key("inference"), cores)
+    return server, server.key("inference")
 
 
 def static_blocks(models: list[str], cores: list[int]) -> dict[str, list[int]]:
@@ -125,8 +113,8 @@ def static_blocks(models: list[str], cores: list[int]) -> dict[str, list[int]]:
     return {m: cores[i * width:(i + 1) * width] for i, m in enumerate(models)}
 
 
-def start_config(stack: ExitStack, config: str, models: list[str], out: Path, args, tokenizer) -> dict[str, Served]:
-    """Each model's server under `config` ({model: Served}); the node's directory is fresh."""
+def start_config(stack: ExitStack, config: str, models: list[str], out: Path, args, tokenizer) -> dict[str, tuple]:
+    """Each model's (server, key) under `config`; the node's directory is fresh."""
     cores = sorted(os.sched_getaffinity(0))
     if config in ("packrat-node", "stock"):
         handler = "packrat" if config == "packrat-node" else "stock"
@@ -139,7 +127,7 @@ def start_config(stack: ExitStack, config: str, models: list[str], out: Path, ar
 
 # ---- load and statistics ------------------------------------------------------------------------
 
-def load_models(served: dict[str, Served], phases: list[Phase], payloads: dict, out: Path) -> tuple[float, dict]:
+def load_models(served: dict[str, tuple], phases: list[Phase], payloads: dict, out: Path) -> tuple[float, dict]:
     """One locust process per model running its users of each phase; (launch time, {model: records})."""
     from packrat.loadtest import run_locust
     from packrat.loadtest.requestlog import read_request_log
@@ -148,12 +136,12 @@ def load_models(served: dict[str, Served], phases: list[Phase], payloads: dict, 
     launched = time.time()
 
     def one(model: str):
-        s = served[model]
+        server, token = served[model]
         log = out / f"requests-{model}.log"
         steps = {STEP_USERS.name: ",".join(str(p.users[model]) for p in phases),
                  STEP_SECONDS.name: ",".join(f"{p.seconds:g}" for p in phases)}
-        run_locust(s.server.inference_url, model, max(p.users[model] for p in phases), total, out / model,
-                   payload=payloads[model], token=s.token, shape="step", env=steps, request_log=log, timeout_s=60)
+        run_locust(server.inference_url, model, max(p.users[model] for p in phases), total, out / model,
+                   payload=payloads[model], token=token, shape="step", env=steps, request_log=log, timeout_s=60)
         return read_request_log(log)
 
     with ThreadPoolExecutor(len(served)) as pool:
@@ -256,24 +244,14 @@ def plot_cores(samples: list, phases: list[Phase], path: Path) -> Path:
     return path
 
 
-def replot(path: Path) -> None:
-    """The cores-over-time plots again, from a finished run's JSON."""
-    for part, results in json.loads(path.read_text()).items():
-        node = results["configs"].get("packrat-node")
-        if node:
-            phases = [Phase(p["name"], p["users"], p["seconds"], p["settle_s"]) for p in results["phases"]]
-            print(plot_cores(node["cores_over_time"], phases, path.parent / f"cores-{part}.png"))
-
-
 # ---- runs ---------------------------------------------------------------------------------------
 
 def payloads_for(models: list[str], out: Path) -> tuple[dict, Path | None]:
     from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
     from packrat.bench.payloads import build_payload
 
-    tokenizer = None
-    if "bert_base" in models:
-        tokenizer = build_demo_tokenizer(out / "tokenizer", demo_tokenizer_kind("bert_base"))
+    tokenizer = build_demo_tokenizer(out / "tokenizer", demo_tokenizer_kind("bert_base")) if "bert_base" in models \
+        else None
     return {m: build_payload(m) for m in models}, tokenizer
 
 
@@ -284,10 +262,9 @@ def measure_alone(models: list[str], users_counts: set[int], args, out: Path, pa
         counts = sorted(u for u in users_counts if u > 0)
         phases = [Phase("warm-up", {model: max(counts)}, 10.0, 10.0, measured=False)] + \
                  [Phase(f"{u} users", {model: u}, args.alone_s, 0.0) for u in counts]
+        print(f"-- alone: {model}, users {counts}", flush=True)
         with ExitStack() as stack:
-            served = {model: start_server(stack, out / "alone" / model, [model], "packrat", args, tokenizer, False,
-                                          sorted(os.sched_getaffinity(0)))}
-            print(f"-- alone: {model}, users {counts}", flush=True)
+            served = start_config(stack, "per-model", [model], out / "alone", args, tokenizer)
             launched, records = load_models(served, phases, payloads, out / "alone" / model)
         stats = summarise(phases, launched, records, {})
         alone[model] = {u: stats[f"{u} users"]["models"][model] for u in counts}
@@ -359,12 +336,7 @@ def main() -> int:
                         help="seconds of each phase left out of its statistics (default: 10)")
     parser.add_argument("--alone-s", type=float, default=20.0)
     parser.add_argument("--out", type=Path, default=Path("out/multi_model"))
-    parser.add_argument("--replot", type=Path, default=None, metavar="JSON",
-                        help="only draw the cores-over-time plots again from a run's multi_model.json")
     args = parser.parse_args()
-    if args.replot:
-        replot(args.replot)
-        return 0
     if len(args.pair) != 2:
         parser.error("--pair names two models")
     out = args.out.resolve()

@@ -131,11 +131,9 @@ def _split(total: int, weights: Sequence[int]) -> list[int]:
 
 
 def balanced_configs(threads: int, batch: int) -> list[Config]:
-    """The candidates when there are too many to enumerate: for every instance count
-    k ≤ min(T, B), threads split as evenly as possible over k instances with no core idle, and
-    ⌊T/k⌋ threads each (idle cores when k does not divide T); each thread split paired with B in
-    proportion to the threads, and with B split evenly (the extra requests to the instances with
-    the most threads, then to those with the fewest). At most 6·min(T, B) configurations."""
+    """The candidates when there are too many to enumerate: for every instance count k ≤ min(T, B),
+    threads split evenly with no core idle, and ⌊T/k⌋ each; each paired with B split in proportion
+    to the threads, and evenly (the extra requests to the most threads, then the fewest)."""
     found: dict[Config, None] = {}
     for k in range(1, min(threads, batch) + 1):
         even = _split(threads, [1] * k)  # descending: the extra threads go first
@@ -167,40 +165,26 @@ def rank_key(config: Config, threads: int, batch: int) -> tuple:
 
 
 def spread_order(n: int) -> list[int]:
-    """0..n-1, ends first, then midpoints coarse to fine: 0, n-1, (n-1)//2, ..."""
-    if n <= 0:
-        return []
-    order, seen = [], set()
-
-    def add(i: int) -> None:
-        if i not in seen:
-            seen.add(i)
-            order.append(i)
-
-    add(0)
-    add(n - 1)
-    intervals = [(0, n - 1)]
+    """0..n-1, ends first, then midpoints coarse to fine: 0, n-1, (n-1)//2, ... (the intervals'
+    insides are disjoint, so every midpoint is new)."""
+    order, intervals = list(dict.fromkeys([0, n - 1])) if n > 0 else [], [(0, n - 1)]
     while intervals:
         following = []
         for low, high in intervals:
             if high - low > 1:
-                middle = (low + high) // 2
-                add(middle)
-                following += [(low, middle), (middle, high)]
+                order.append((low + high) // 2)
+                following += [(low, order[-1]), (order[-1], high)]
         intervals = following
     return order
 
 
 def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFIGS, keep: Iterable[Config] = (),
                    exhaustive_limit: int = EXHAUSTIVE_LIMIT, family: str = "all") -> tuple[list[Config], int | None]:
-    """The configurations to time for T = threads, B = batch, and how many feasible ones exist
-    (None: more than exhaustive_limit, so the candidates were balanced_configs, or family
-    "identical", whose candidates are identical_configs and which counts nothing).
-
-    Every configuration in `keep` (e.g. the planner's choices, the fat ⟨T, B⟩) is included; the
-    rest, up to max_configs in all (None: no bound), are the candidates ranked by rank_key and
-    taken round robin over instance counts in spread_order (each round, the best not yet taken of
-    each count). Returned sorted by rank_key; no duplicates. ValueError for an infeasible keep."""
+    """The configurations to time for T = threads, B = batch, sorted by rank_key, and how many
+    feasible ones exist (None past exhaustive_limit, where the candidates are balanced_configs, and
+    for family "identical", whose candidates are identical_configs). Every one in `keep` is
+    included (ValueError if infeasible); the rest, up to max_configs in all (None: no bound), are
+    the candidates by rank_key, taken round robin over instance counts in spread_order."""
     kept: list[Config] = []
     for config in keep:
         config = canonical(config)
@@ -474,12 +458,6 @@ def plan_batches(args, profile: Profile | None, topology: Topology) -> list[dict
     return plans
 
 
-def estimate(plans: list[dict], profile: Profile, args) -> list[dict[str, float]]:
-    isolated = dict(profile.isolated)
-    loaded = dict(profile.latency) if profile.loaded else None
-    return [batch_estimate_s(p["configs"], args.rounds, args.warmup, isolated, loaded) for p in plans]
-
-
 def print_plans(plans: list[dict], estimates: list[dict] | None, args) -> None:
     for i, p in enumerate(plans):
         feasible_text = (f"of {p['feasible']} feasible" if p["feasible"] is not None
@@ -522,8 +500,9 @@ def trim_hint(plans: list[dict], estimates: list[dict], rounds: int, warmup: int
             f"each, then --merge (per B: {shares})")
 
 
-def time_batch(plan: dict, args, topology: Topology, costs: dict | None, bar) -> dict:
-    """Start every configuration's pool for this B, warm them up, time them in interleaved rounds."""
+def time_batch(plan: dict, args, topology: Topology, costs: dict, bar) -> dict:
+    """Start every configuration's pool for this B, warm them up, time them in interleaved rounds;
+    `bar` (tqdm) advances by the `costs` estimated for each step."""
     from packrat.models.zoo import resolve
     from packrat.serving.pool.api import InstanceConfig, ModelConfig
     from packrat.serving.pool.instance_pool import InstancePool
@@ -532,17 +511,11 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict | None, bar) ->
     requests = pool_requests(resolve(args.model), batch)
     results = {c: {"label": label(c), "config": [list(s) for s in c], "cores": None, "samples_ms": [],
                    "median_ms": None, "error": None} for c in plan["configs"]}
-
-    def advance(seconds: float) -> None:
-        if bar is not None:
-            bar.update(seconds)
-
     start_time = time.monotonic()
     with ExitStack() as stack:
         pools = {}
         for n, config in enumerate(plan["configs"], start=1):
-            if bar is not None:
-                bar.set_description(f"B={batch}: pool {n}/{len(plan['configs'])}")
+            bar.set_description(f"B={batch}: pool {n}/{len(plan['configs'])}")
             cores = topology.assign([t for t, _ in config])
             results[config]["cores"] = cores
             try:
@@ -551,9 +524,8 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict | None, bar) ->
                 pools[config] = stack.enter_context(InstancePool(model, instances))
             except Exception as exc:  # reported, not fatal
                 results[config]["error"] = f"pool did not start: {error_text(exc)}"
-            advance(costs["start"][config] if costs else 0)
-        if bar is not None:
-            bar.set_description(f"B={batch}: warm-up")
+            bar.update(costs["start"][config])
+        bar.set_description(f"B={batch}: warm-up")
         for config, pool in list(pools.items()):
             try:
                 for _ in range(args.warmup):
@@ -561,10 +533,9 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict | None, bar) ->
             except Exception as exc:
                 results[config]["error"] = f"warm-up failed: {exc}"
                 del pools[config]
-            advance(costs["call"][config] * args.warmup if costs else 0)
+            bar.update(costs["call"][config] * args.warmup)
         for r, config in in_rounds(list(pools), args.rounds, random.Random(args.seed * 1_000_003 + batch * 1009)):
-            if bar is not None:
-                bar.set_description(f"B={batch}: round {r}/{args.rounds}")
+            bar.set_description(f"B={batch}: round {r}/{args.rounds}")
             if config not in pools:
                 continue
             try:
@@ -572,7 +543,7 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict | None, bar) ->
             except Exception as exc:
                 results[config]["error"] = f"round {r} failed: {exc}"
                 del pools[config]
-            advance(costs["call"][config] if costs else 0)
+            bar.update(costs["call"][config])
     for result in results.values():
         if result["samples_ms"] and not result["error"]:
             result["median_ms"] = statistics.median(result["samples_ms"])
@@ -587,8 +558,7 @@ def _meta(args, topology: Topology, profile_path: Path, profile: Profile) -> dic
 
     return {"model": args.model, "threads": topology.num_cores, "cores": topology.cores, "rounds": args.rounds,
             "warmup": args.warmup, "max_configs": args.max_configs, "family": args.family, "seed": args.seed,
-            "cpu": cpu_model(),
-            "torch": torch.__version__, "python": platform.python_version(), "profile": str(profile_path),
+            "cpu": cpu_model(), "torch": torch.__version__, "python": platform.python_version(), "profile": str(profile_path),
             "profile_metadata": profile.metadata, "profile_loaded": profile.loaded,
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
@@ -601,7 +571,10 @@ def run(args) -> int:
     if profile is not None and not profile.loaded:
         print(f"note: {profile_path} has no loaded figures; the loaded planner is not evaluated", file=sys.stderr)
     plans = plan_batches(args, profile, topology)
-    estimates = estimate(plans, profile, args) if profile is not None else None
+    isolated, loaded, estimates = None, None, None
+    if profile is not None:
+        isolated, loaded = dict(profile.isolated), dict(profile.latency) if profile.loaded else None
+        estimates = [batch_estimate_s(p["configs"], args.rounds, args.warmup, isolated, loaded) for p in plans]
     print(f"{args.model} on T={topology.num_cores} (cores {topology.cores}), profile "
           f"{profile_path if profile is not None else '(not measured yet)'}")
     print_plans(plans, estimates, args)
@@ -609,8 +582,6 @@ def run(args) -> int:
         return 0
     from tqdm import tqdm
 
-    isolated = dict(profile.isolated)
-    loaded = dict(profile.latency) if profile.loaded else None
     json_path = args.json or Path("out") / f"oracle-{Path(args.model).stem.replace(':', '_')}.json"
     meta = _meta(args, topology, profile_path, profile)
     entries: list[dict] = []
@@ -641,45 +612,29 @@ def build_parser() -> argparse.ArgumentParser:
         "  benchmarks/oracle.py --merge out/bert-a.json out/bert-b.json"))
     parser.add_argument("--model", default="resnet50", help="zoo name, as for `packrat profile` (default: resnet50)")
     parser.add_argument("--batches", type=int_list, default=[1, 2, 4, 8, 16],
-                        help="batch sizes B, e.g. 1,2,4,8,16 (the default); also the profile's batches when it is "
-                             "measured")
+                        help="batch sizes B (default 1,2,4,8,16); also the profile's when it is measured")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="T, the cores to use: the first T of this process's cores (default: all of them)")
-    parser.add_argument("--rounds", type=positive_int, default=10,
-                        help="interleaved rounds; each times every configuration once, in a shuffled order "
-                             "(default: 10)")
+    parser.add_argument("--rounds", type=positive_int, default=10, help="interleaved rounds (default: 10)")
     parser.add_argument("--warmup", type=nonnegative_int, default=1,
-                        help="untimed calls per configuration before the rounds, besides the instances' own "
-                             "warm-up at their batch (default: 1)")
+                        help="untimed calls per configuration before the rounds (default: 1)")
     parser.add_argument("--max-configs", type=positive_int, default=MAX_CONFIGS,
-                        help=f"at most this many configurations per B, the planner's choices and the fat ⟨T, B⟩ "
-                             f"always among them; the rest by rank, round robin over instance counts (default: "
-                             f"{MAX_CONFIGS}). Enumeration is exhaustive up to {EXHAUSTIVE_LIMIT} feasible "
-                             "configurations, else from the balanced family (see above)")
+                        help=f"at most this many configurations per B (default: {MAX_CONFIGS}; see above)")
     parser.add_argument("--family", choices=FAMILIES, default="all",
-                        help="which configurations: all (every feasible one up to the bound above, the default) or "
-                             f"identical ({IDENTICAL_TEXT}: a handful per B, for many cores)")
+                        help=f"all (every feasible one, up to the bound above; the default) or identical ({IDENTICAL_TEXT})")
     parser.add_argument("--profile", type=Path, default=None,
-                        help="profile CSV with loaded and isolated figures (default: profiles/oracle-MODEL.csv, "
-                             "measured first with contention over t = 1..T and --batches when missing or "
-                             "incomplete)")
+                        help="profile CSV with loaded and isolated figures (default: profiles/oracle-MODEL.csv, measured)")
     parser.add_argument("--profile-min-time", type=float, default=PROFILE_MIN_TIME_S, metavar="S",
-                        help=f"when measuring the profile: timed runs for at least S s per point (default: "
-                             f"{PROFILE_MIN_TIME_S:g})")
+                        help=f"when measuring the profile: at least S s per point (default: {PROFILE_MIN_TIME_S:g})")
     parser.add_argument("--json", type=Path, default=None,
-                        help="write everything here: every configuration's samples and median, the planner's "
-                             "choices and predictions, the summaries (default: out/oracle-MODEL.json); written "
-                             "after each B")
+                        help="every figure, written after each B (default: out/oracle-MODEL.json)")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
-                        help="measure nothing: print the table and verdicts of these runs' JSON files together "
-                             "(with --profile: the planner's choices and predictions from that profile instead)")
+                        help="measure nothing: one report of these runs' JSON (with --profile: that profile's choices)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rounds' shuffles (default: 0)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="print the configurations, the planner's choices and the run-time estimate; time "
-                             "nothing (and measure no profile)")
+                        help="print the configurations, the planner's choices and the estimate; measure nothing")
     parser.add_argument("--profile-only", action="store_true",
-                        help="measure (or complete) the profile, print the configurations and the estimate, time "
-                             "nothing: the profile in a command of its own")
+                        help="measure (or complete) the profile, print the configurations and the estimate")
     parser.add_argument("--verbose", action="store_true", help="also list every configuration to be timed")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser

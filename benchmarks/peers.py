@@ -67,10 +67,7 @@ POOL_PEERS = ("packrat", "fat")
 OPENVINO_PEERS = ("openvino-latency", "openvino-throughput")
 ORT_PEERS = ("onnxruntime", "onnxruntime-parallel")
 NEEDS = {peer: ("openvino",) for peer in OPENVINO_PEERS} | {peer: ("onnxruntime",) for peer in ORT_PEERS}
-DIFF_TOLERANCE = 1e-3  # relative to the reference outputs' largest magnitude
 RESULT = "PEERS-RESULT "  # prefix of a child's result line on stdout (libraries print there too)
-V2_TYPES = {"float32": "FP32", "float64": "FP64", "float16": "FP16", "int64": "INT64", "int32": "INT32",
-            "int16": "INT16", "int8": "INT8", "uint8": "UINT8", "bool": "BOOL"}
 
 
 # ---- pure: the report from JSON-able results ---------------------------------------------------
@@ -82,20 +79,12 @@ def missing_packages(peer: str, installed=lambda name: importlib.util.find_spec(
 
 
 def diff_stats(output, reference) -> dict:
-    """Largest absolute difference of `output` from `reference` (numpy arrays), and relative to the
-    reference's largest magnitude; differs when that exceeds DIFF_TOLERANCE."""
-    import numpy as np
+    """packrat.models.runtimes.deviation of `output` from `reference`, and whether it differs by more
+    than packrat's TOLERANCE of the reference's largest magnitude (or cannot be compared)."""
+    from packrat.models.runtimes import TOLERANCE, deviation
 
-    output, reference = np.asarray(output, dtype=np.float64), np.asarray(reference, dtype=np.float64)
-    if output.shape != reference.shape:
-        return {"max_abs_diff": None, "relative_diff": None, "differs": True,
-                "why": f"shape {list(output.shape)} vs eager's {list(reference.shape)}"}
-    if not (np.isfinite(output).all() and np.isfinite(reference).all()):
-        return {"max_abs_diff": None, "relative_diff": None, "differs": True, "why": "non-finite outputs"}
-    worst = float(np.abs(output - reference).max()) if output.size else 0.0
-    scale = float(np.abs(reference).max()) if reference.size else 0.0
-    relative = worst / scale if scale > 0 else worst
-    return {"max_abs_diff": worst, "relative_diff": relative, "differs": relative > DIFF_TOLERANCE}
+    found = deviation(output, reference)
+    return {**found, "differs": "why" in found or found["relative_diff"] > TOLERANCE}
 
 
 def ratio(ms: float | None, packrat_ms: float | None) -> float | None:
@@ -142,12 +131,9 @@ def summarise(runs: dict[str, list[dict]], batches: list[int], skipped: dict[str
         for row in rows.values():
             if "latency_ms" in row:
                 row["vs_packrat"] = ratio(row["latency_ms"], packrat_ms)
-        summary[batch] = {peer: rows[peer] for peer in sorted(rows, key=_peer_order)}
+        summary[batch] = {peer: rows[peer] for peer in sorted(rows, key=lambda p: (PEERS.index(p) if p in PEERS
+                                                                                    else len(PEERS), p))}
     return summary
-
-
-def _peer_order(peer: str) -> tuple[int, str]:
-    return (PEERS.index(peer) if peer in PEERS else len(PEERS), peer)
 
 
 def _diff_text(row: dict) -> str:
@@ -174,16 +160,6 @@ def markdown(summary: dict, header: str = "", plans: dict | None = None) -> str:
                           fmt_num(row.get("setup_s")), "; ".join([row["note"]] * bool(row.get("note")) + failed)])
         lines += [markdown_table(["peer", "median ms", "vs packrat", "max abs Δ vs eager", "setup s", "notes"], cells), ""]
     return "\n".join(lines).rstrip() + "\n"
-
-
-def v2_body(names: list[str], arrays: list, index: int) -> bytes:
-    """A KServe v2 request for sample `index` of the batch `arrays` (numpy, one per named input)."""
-    inputs = []
-    for name, array in zip(names, arrays):
-        sample = array[index:index + 1]
-        inputs.append({"name": name, "shape": list(sample.shape), "datatype": V2_TYPES[str(sample.dtype)],
-                       "data": sample.reshape(-1).tolist()})
-    return json.dumps({"inputs": inputs}, separators=(",", ":")).encode()
 
 
 def v2_output(body: bytes):
@@ -356,17 +332,14 @@ class PoolRunner(Runner):
     """packrat, fat: an InstancePool of the given instances; a run is B requests, all answered."""
 
     def __init__(self, spec, model: str, instances: list[dict], mode: str, batch: int):
-        from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
+        from packrat.serving.pool.api import InstanceConfig, ModelConfig
         from packrat.serving.pool.instance_pool import InstancePool
 
         configs = [InstanceConfig(i["threads"], i["batch"], tuple(i["cores"]), 0, i.get("expected_ms"),
                                   i.get("runtime", "inductor")) for i in instances]
         self.pool = InstancePool(ModelConfig(model, graph_mode=mode), configs)
         self.requests = pool_requests(spec, batch)
-        arrays = [x.numpy() for x in spec.example_inputs(batch)]
-        names = [s.name for s in spec.inputs]
-        # v2 JSON whatever the inputs: its answers hold the outputs, to compare with eager's
-        self.checks = [Request(v2_body(names, arrays, i), "application/json") for i in range(batch)]
+        self.checks = pool_requests(spec, batch, v2=True)  # v2 answers hold the outputs, to compare with eager's
         used = self.pool.mode
         self.note = self.pool.describe() + (f"; {used}" if used == mode else f"; ran {used}, not {mode}")
 
@@ -460,23 +433,17 @@ def time_batch(peer: str, spec, batch: int, config: dict, shared: dict, round_in
 # ---- the parent --------------------------------------------------------------------------------
 
 def versions() -> dict[str, str]:
-    found = {}
-    for name in ("torch", "openvino", "onnxruntime", "onnx", "onnxscript"):
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = "not installed"
-    return found
+    return {name: importlib.metadata.version(name) if importlib.util.find_spec(name) else "not installed"
+            for name in ("torch", "openvino", "onnxruntime", "onnx", "onnxscript")}
 
 
 def pool_plans(args, cores: list[int]) -> dict:
     """packrat's plan and the fat instance per B, and the pools' graph mode, for the children."""
-    from packrat.models.modes import MODES
-    from packrat.errors import NoPlanError
-    from packrat.planning.planner import Planner
-    from packrat.errors import ProfileError
-    from packrat.profiling.profiles import load
+    from packrat.errors import NoPlanError, ProfileError
     from packrat.machine.topology import detect
+    from packrat.models.modes import MODES
+    from packrat.planning.planner import Planner
+    from packrat.profiling.profiles import load
 
     threads, topology = len(cores), detect(set(cores))
     path = args.profile or default_profile_path(args.model)
@@ -531,35 +498,29 @@ def run_child(args, env: dict, config_path: Path, peer: str, round_index: int) -
                        str(round_index)], marker=RESULT, env=env, timeout=args.timeout)
 
 
-def add_diffs(runs: dict[str, list[dict]], reference: dict[str, str]) -> None:
-    """Each run's output difference from eager's at that B (the first eager run's outputs)."""
+def add_diffs(runs: dict[str, list[dict]]) -> None:
+    """Each run's output difference from eager's at that B (the first eager run's outputs, or the
+    untimed "_reference" run's); the output files' names dropped (they go with the scratch folder)."""
     import numpy as np
 
-    for peer_runs in runs.values():
-        for run in peer_runs:
-            for batch, entry in run.get("batches", {}).items():
-                if entry.get("output") and reference.get(batch):
-                    entry.update(diff_stats(np.load(entry["output"]), np.load(reference[batch])))
+    def entries(peers):
+        return [(b, e) for peer in peers for run in runs.get(peer, []) for b, e in run.get("batches", {}).items()]
 
-
-def reference_outputs(runs: dict[str, list[dict]]) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for run in runs.get("eager", []) + runs.get("_reference", []):
-        for batch, entry in run.get("batches", {}).items():
-            if entry.get("output") and batch not in found:
-                found[batch] = entry["output"]
-    return found
+    reference: dict[str, str | None] = {}
+    for batch, entry in entries(["eager", "_reference"]):
+        reference[batch] = reference.get(batch) or entry.get("output")
+    for batch, entry in entries(list(runs)):
+        output = entry.pop("output", None)
+        if output and reference.get(batch):
+            entry.update(diff_stats(np.load(output), np.load(reference[batch])))
 
 
 def _progress(round_index: int, peer: str, result: dict) -> str:
     if "error" in result:
         return f"round {round_index} {peer}: {result['error']}"
-    parts = []
-    for batch in sorted(result["batches"], key=int):
-        entry = result["batches"][batch]
-        parts.append(f"B={batch} " + (f"{entry['latency_ms']:.2f} ms (setup {entry['setup_s']:.1f} s)"
-                                      if entry.get("latency_ms") is not None
-                                      else entry.get("error") or entry.get("skipped") or "?"))
+    parts = [f"B={batch} " + (f"{e['latency_ms']:.2f} ms (setup {e['setup_s']:.1f} s)" if e.get("latency_ms") is not None
+                              else e.get("error") or e.get("skipped") or "?")
+             for batch, e in sorted(result["batches"].items(), key=lambda item: int(item[0]))]
     return f"round {round_index} {peer} ({result['child_s']:.0f} s): " + "; ".join(parts)
 
 
@@ -587,11 +548,7 @@ def run(args) -> int:
             result = run_child(args, env, config_path, peer, round_index)
             runs[peer].append(result)
             print(_progress(round_index, peer, result), flush=True)
-        add_diffs(runs, reference_outputs(runs))
-    for peer_runs in runs.values():  # the output files went with the scratch directory
-        for run in peer_runs:
-            for entry in run.get("batches", {}).values():
-                entry.pop("output", None)
+        add_diffs(runs)
     runs.pop("_reference", None)
     summary = summarise(runs, args.batches, skipped)
     pools = config.get("pools", {})

@@ -1,12 +1,9 @@
 """One Ray node against two on the same cores: packrat's Ray Serve front end under locust.
 
-Layouts, on this machine's cores 0 and 1 (packrat/bench/ray_local.py pins each node with taskset):
-  one node, batch B:  a single node on cores 0-1; its replica plans batch B for 2 cores;
-  one node, batch 2B: the same node, its replica planning batch 2B (it holds every user);
-  two nodes:          a node on core 0 and one on core 1; a replica on each plans batch B for 1 core.
-A replica's batch is its `max_batch` (and Ray Serve's max_ongoing_requests). Locust runs 2B
-closed-loop users against /predictions/MODEL for --duration seconds: p50, p99, throughput and
-failures. Rounds alternate the layouts (each starts a fresh cluster); the summary gives medians.
+Layouts on cores 0 and 1 (packrat/bench/ray_local.py pins each node): one node on both, its
+replica planning batch B or 2B (every user) for 2 cores; two nodes, one a core, a replica on each
+planning batch B for 1 core. 2B closed-loop locust users load /predictions/MODEL for --duration s;
+each round runs every layout (a fresh cluster each), in a rotated order; the summary gives medians.
 
     python benchmarks/ray_nodes.py --model resnet50 --profile out/bench17/resnet50-compile.csv \
         --batch 4 --duration 60 --rounds 2 --out out/ray_nodes

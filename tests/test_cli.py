@@ -305,6 +305,24 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
     assert [e[3] for e in events if e[0] == "locust"] == ["image/jpeg", "image/jpeg"]  # tiny's natural payload
 
 
+def test_pool_bench_rotates_the_cases_and_runs_the_bare_model_last():
+    from packrat.bench.pool import case_rounds, format_pool_results
+
+    order = []
+    cases = {name: (lambda name=name: order.append(name) or 1.0) for name in ("in-process", "pool-fat", "pool-plan")}
+    assert case_rounds(cases, 2) == {"in-process": [1.0, 1.0], "pool-fat": [1.0, 1.0], "pool-plan": [1.0, 1.0]}
+    assert order == ["pool-fat", "pool-plan", "in-process", "pool-plan", "pool-fat", "in-process"]
+    result = {"batch": 4, "median_ms": {"in-process-codec": 100.0, "pool-fat": 101.0}, "codec_overhead": None,
+              "pool_vs_in_process": 1.01, "transport_overhead_ms": 0.5, "plan_speedup_over_fat": None,
+              "plan": "1×⟨2 threads, batch 4⟩", "stage_ms": {"pool-fat": {"queue": 0.1, "model": 90.0, "total": 100.0},
+                                                            "in-process-codec": {"decode": 9.0, "model": 90.0}},
+              "requests_per_sub_batch": {"pool-fat": 4.0}}
+    head, row, _, stages, *rest = format_pool_results([result]).splitlines()
+    assert head.split()[:3] == ["B", "in-process-codec", "pool-fat"] and "1.010" in row and "-" in row
+    assert stages.split() == ["stage", "(median", "ms)", "in-process-codec", "B=4", "pool-fat", "B=4"]
+    assert [line.split()[0] for line in rest] == ["queue", "decode", "model", "total", "requests/sub-batch"]
+
+
 def test_server_bench_json_has_payload_users_and_kills(tmp_path, monkeypatch, capsys):
     from packrat.loadtest import LoadResult
 

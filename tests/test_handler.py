@@ -32,7 +32,7 @@ def with_requests(context: Context, content_types: list[str]) -> Context:
 
 @pytest.fixture(scope="module")
 def expected():
-    module, _, _ = prepare(resolve("tiny"), 2)
+    module, _, _ = prepare(resolve("tiny"), 2, "eager")  # the model itself: nothing compiled for the reference
     samples = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         logits = module(samples)

@@ -222,8 +222,10 @@ def test_a_chain_is_not_a_stage_of_its_own():
     assert IOSSearch([0b10, 0], 2, lambda g, s, limit: 1.0, prune=False).stage_candidates(0b11)
 
 
+# Up to 8 operators: every concurrent stage lucky at first makes the search re-solve once per stage
+# it confirms, and a sparse graph of 9 takes up to 300 re-solves (~30 s for that one example).
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(2, 9), density=st.floats(0.0, 0.5), threads=st.integers(2, 4))
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 8), density=st.floats(0.0, 0.5), threads=st.integers(2, 4))
 @pytest.mark.slow
 def test_confirmed_choices_are_optimal_despite_lucky_first_timings(seed, n, density, threads):
     """Each concurrent stage's first timing comes out at half its cost (a lucky run), later ones

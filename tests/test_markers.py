@@ -18,8 +18,9 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
 # Calls that start what the integration marker stands for: `torchserve.start(...)` (packrat.deploy's
-# server starter), a local Ray cluster, a locust run. A monkeypatched stand-in is not a call of them.
-STARTERS = {("torchserve", "start"), (None, "LocalCluster"), (None, "run_locust")}
+# server starter) or waiting for a server started otherwise, a local Ray cluster, a locust run. A
+# monkeypatched stand-in is not a call of them.
+STARTERS = {("torchserve", "start"), ("torchserve", "wait_ready"), (None, "LocalCluster"), (None, "run_locust")}
 
 
 def _marks(node: ast.AST) -> set[str]:

@@ -95,12 +95,13 @@ def test_missing_packages_and_parsing():
         peers.parse_cores(4, [0, 1])
 
 
-def test_v2_body_and_answer():
-    ids = np.arange(6, dtype=np.int64).reshape(2, 3)
-    mask = np.ones((2, 3), dtype=np.int64)
-    body = json.loads(peers.v2_body(["input_ids", "attention_mask"], [ids, mask], 1))
-    assert body == {"inputs": [{"name": "input_ids", "shape": [1, 3], "datatype": "INT64", "data": [3, 4, 5]},
-                               {"name": "attention_mask", "shape": [1, 3], "datatype": "INT64", "data": [1, 1, 1]}]}
+def test_v2_requests_and_answer():
+    from packrat.models.zoo import resolve
+
+    requests = peers.pool_requests(resolve("tiny"), 2, v2=True)
+    assert len(requests) == 2 and {r.content_type for r in requests} == {"application/json"}
+    body = json.loads(requests[1].body)["inputs"][0]
+    assert body["datatype"] == "FP32" and len(body["data"]) == np.prod(body["shape"])
     answer = json.dumps({"model_name": "m", "outputs": [{"name": "output0", "shape": [1, 2], "datatype": "FP32",
                                                          "data": [0.5, -1.0]}]}).encode()
     assert peers.v2_output(answer).tolist() == [[0.5, -1.0]]

@@ -27,6 +27,7 @@ from packrat.models.zoo import prepare, resolve
 from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
 from packrat.serving.pool.instance_pool import InstancePool
 from packrat.errors import PoolError
+from packrat.serving.pool import supervisor
 from packrat.serving.pool.supervisor import Watchdog
 from packrat.serving.pool.dispatch import split_sizes
 from packrat.serving.pool.stages import STAGES
@@ -48,7 +49,7 @@ def raw(sample: torch.Tensor) -> Request:
 @pytest.fixture(scope="module")
 def reference():
     """20 distinct requests for the tiny model, and the answers the model gives in this process."""
-    module, _, _ = prepare(resolve("tiny"), 4)
+    module, _, _ = prepare(resolve("tiny"), 4, "eager")  # the model itself: nothing compiled for the reference
     inputs = torch.randn(20, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     requests = [raw(x) for x in inputs]
     codec = Codec(CodecConfig.for_model(resolve("tiny")))
@@ -231,11 +232,12 @@ def test_stopped_instance_is_killed_by_the_watchdog_and_its_requests_rerun(refer
 
 
 @pytest.mark.slow
-def test_model_that_no_longer_loads_fails_fast_with_the_load_error(reference, tmp_path):
+def test_model_that_no_longer_loads_fails_fast_with_the_load_error(reference, tmp_path, monkeypatch):
     """An instance dies and its model file is gone: after a few attempts that fail while loading,
     waiting requests and new ones are answered 503 with the error at once; when the file is back,
     service resumes by itself."""
     requests, expected = reference
+    monkeypatch.setattr(supervisor, "BACKOFF_S", (0.2, 1.0))  # the same attempts, without seconds between them
     module, example, _ = prepare(resolve("tiny"), 1, graph_mode=False)
     path = tmp_path / "tiny.pt"
     with torch.no_grad(), warnings.catch_warnings():

@@ -44,6 +44,7 @@ def test_difference_is_relative_to_the_largest_output():
 
 @pytest.mark.parametrize("model", ["tiny", "tiny_text"])
 @pytest.mark.parametrize("runtime", OTHERS)
+@pytest.mark.integration
 def test_a_runtime_answers_as_eager_at_every_batch_size(runtime, model):
     spec = resolve(model)
     run, examples = runtimes.prepare_runtime(spec, runtime, 4, 1)
@@ -148,6 +149,7 @@ def test_a_resumed_profile_names_the_runtimes_added_to_it(tmp_path):
 # ---- serving: a plan that mixes runtimes -----------------------------------------------------------
 
 @pytest.mark.parametrize("runtime", OTHERS)
+@pytest.mark.integration
 def test_a_pool_mixing_runtimes_answers_as_the_model(runtime):
     import os
 
@@ -170,6 +172,7 @@ def test_a_pool_mixing_runtimes_answers_as_the_model(runtime):
 
 # ---- profiling and serving with the runtimes installed -------------------------------------------
 
+@pytest.mark.integration
 def test_the_profiler_measures_each_runtime_and_records_a_refused_one(monkeypatch, tmp_path):
     from packrat.machine.topology import detect
     from packrat.profiling import profiler
@@ -213,6 +216,7 @@ def test_the_profiler_measures_each_point_under_every_runtime_back_to_back(monke
 
 
 @pytest.mark.parametrize("runtime", OTHERS)
+@pytest.mark.integration
 def test_the_profiler_measures_a_point_under_another_runtime(runtime, tmp_path):
     from packrat.machine.topology import detect
     from packrat.profiling import profiler

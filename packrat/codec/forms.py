@@ -82,11 +82,13 @@ def from_json(samples: Samples, body) -> Decoded:
     raise RequestError(400, f'JSON body must be an object with "data", "text", "inputs" or "instances"{names}')
 
 
-def sample_request(inputs: tuple[InputSpec, ...], sample: tuple[torch.Tensor, ...]) -> tuple[bytes, str]:
+def sample_request(inputs: tuple[InputSpec, ...], sample: tuple[torch.Tensor, ...], v2: bool = False
+                   ) -> tuple[bytes, str]:
     """(body, content type) of a request for one sample (each input without its batch dimension)
     that the codec reads back exactly: raw little-endian bytes for a single-input model, a KServe
-    v2 JSON body with one entry per input otherwise (benchmarks and load tests send these)."""
-    if len(inputs) == 1:
+    v2 JSON body with one entry per input otherwise, or always with `v2` (benchmarks and load tests
+    send these; a v2 request gets every output back)."""
+    if len(inputs) == 1 and not v2:
         array = sample[0].contiguous().numpy()
         return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes(), "application/octet-stream"
     entries = [{"name": spec.name, "shape": list(tensor.shape), "data": tensor.flatten().tolist(),

@@ -66,21 +66,29 @@ def parse(text: str) -> tuple[str, ...]:
     return names
 
 
-def difference(output, reference) -> str | None:
-    """Why `output` is not `reference` (arrays or tensors) within TOLERANCE, or None if it is."""
+def deviation(output, reference) -> dict:
+    """How far `output` is from `reference` (arrays or tensors): max_abs_diff, and relative_diff to the
+    reference's largest magnitude; both None, with why, when the shapes differ or a value is not finite."""
     import numpy as np
 
     output, reference = np.asarray(output, dtype=np.float64), np.asarray(reference, dtype=np.float64)
     if output.shape != reference.shape:
-        return f"output shape {list(output.shape)}, eager's {list(reference.shape)}"
+        return {"max_abs_diff": None, "relative_diff": None,
+                "why": f"output shape {list(output.shape)}, eager's {list(reference.shape)}"}
     if not (np.isfinite(output).all() and np.isfinite(reference).all()):
-        return "non-finite outputs"
+        return {"max_abs_diff": None, "relative_diff": None, "why": "non-finite outputs"}
     worst = float(np.abs(output - reference).max()) if output.size else 0.0
     scale = float(np.abs(reference).max()) if reference.size else 0.0
-    relative = worst / scale if scale > 0 else worst
-    if relative > TOLERANCE:
-        return f"outputs differ from eager's by {worst:.3g} ({relative:.2%} of the largest output; at most {TOLERANCE:.1%})"
-    return None
+    return {"max_abs_diff": worst, "relative_diff": worst / scale if scale > 0 else worst}
+
+
+def difference(output, reference) -> str | None:
+    """Why `output` is not `reference` (arrays or tensors) within TOLERANCE, or None if it is."""
+    found = deviation(output, reference)
+    if found.get("why") or found["relative_diff"] <= TOLERANCE:
+        return found.get("why")
+    return (f"outputs differ from eager's by {found['max_abs_diff']:.3g} ({found['relative_diff']:.2%} of the "
+            f"largest output; at most {TOLERANCE:.1%})")
 
 
 # ---- artefacts: built once per model, checked against eager -----------------------------------
