@@ -173,6 +173,7 @@ def test_measures_less_than_the_grid_where_scaling_flattens():
 
 @pytest.mark.skipif(not REFERENCE, reason="reference profiles not present")
 @pytest.mark.parametrize("path", REFERENCE, ids=lambda p: p.stem)
+@pytest.mark.slow
 def test_published_tables_replayed_give_every_plan_for_t_up_to_16_and_b_up_to_1024(path):
     table = load(path).latency
     grid = replay(table, max_batch=1024)

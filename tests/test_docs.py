@@ -21,9 +21,11 @@ TOOLS = ("handlers", "loadtest", "ios_scheduler")
 TEXTS = sorted({ROOT / "README.md", ROOT / "config.properties", ROOT / "pyproject.toml", ROOT / "deploy" / "Dockerfile",
                 *ROOT.glob("scripts/*.sh"), *(p for folder in ("packrat", *TOOLS) for p in (ROOT / folder).rglob("*.py"))})
 DOTTED = re.compile(r"(?<![\w/.-])packrat(?:\.[A-Za-z_]\w*)+")
-FOLDERS = sorted({p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")} |
-                 {p.name for p in (ROOT / "packrat").iterdir() if p.is_dir() and p.name != "__pycache__"}, key=len,
-                 reverse=True)
+# The project's own folders, not what running it leaves behind (profiles/, out/, model_store/: the
+# README names files in them that need not exist).
+LAYOUT = ("packrat", *TOOLS, "tests", "benchmarks", "scripts", "deploy")
+FOLDERS = sorted({*LAYOUT, *(p.name for p in (ROOT / "packrat").iterdir() if p.is_dir() and p.name != "__pycache__")},
+                 key=len, reverse=True)
 # A path from the project root, or from packrat/ as README's map writes them: a file or a folder/.
 SLASHED = re.compile(r"(?<![\w/.$~-])((?:%s)(?:/[\w.-]+)+)" % "|".join(map(re.escape, FOLDERS)))
 FILE_OR_FOLDER = re.compile(r"\.(py|xml|csv|sh|md|json|toml|yaml|yml|txt|png|cfg|properties)$|/$")

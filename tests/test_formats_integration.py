@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -66,22 +67,38 @@ def huge_png() -> bytes:
     return bytes(png)
 
 
-def start(tmp_path_factory, model: str, oip: bool = False, **settings) -> torchserve.Server:
-    run_dir = tmp_path_factory.mktemp(model)
+def build(run_dir: Path, model: str, **settings) -> Path:
     profile = run_dir / "profile.csv"
     profile.write_text(PROFILE)
-    mar = archive.build(Settings(model, profiles=[profile], max_batch=4, **settings), run_dir / "model_store")
+    return archive.build(Settings(model, profiles=[profile], max_batch=4, **settings), run_dir / "model_store")
+
+
+def start(tmp_path_factory, model: str, oip: bool = False, **settings) -> torchserve.Server:
+    run_dir = tmp_path_factory.mktemp(model)
     server = torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True, oip=oip)
-    return torchserve.start(server, mar, timeout=180)
+    return torchserve.start(server, build(run_dir, model, **settings), timeout=180)
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory):
+def served(tmp_path_factory):
+    """One TorchServe (one Java start and stop, not one per model) for the image and the text tests:
+    tiny with labels and a body limit, tiny_text with a shipped tokenizer; (server, tokenizer)."""
     labels = tmp_path_factory.mktemp("labels") / "index_to_name.json"
     labels.write_text(json.dumps(LABELS))
-    srv = start(tmp_path_factory, "tiny", oip=True, labels=labels, max_body_bytes=MAX_BODY)
-    yield srv
+    tokenizer = build_demo_tokenizer(tmp_path_factory.mktemp("tokenizer"), "wordpiece",
+                                     text="the quick brown fox jumps over the lazy dog")
+    mars = [build(tmp_path_factory.mktemp("tiny"), "tiny", labels=labels, max_body_bytes=MAX_BODY),
+            build(tmp_path_factory.mktemp("tiny_text"), "tiny_text", tokenizer=tokenizer)]
+    server = torchserve.Server(tmp_path_factory.mktemp("served"), "tiny", torchserve.Ports.free(), token_auth=True,
+                               oip=True, models=("tiny", "tiny_text"))
+    srv = torchserve.start(server, mars, timeout=180)
+    yield srv, tokenizer
     torchserve.stop(srv)
+
+
+@pytest.fixture(scope="module")
+def images(served):
+    return served[0]
 
 
 def post(srv, body: bytes, content_type: str | None, model: str | None = None, method: str = "POST",
@@ -256,12 +273,9 @@ def test_tritonclient_over_the_open_inference_protocol(images, text_server):
 
 
 @pytest.fixture(scope="module")
-def text_server(tmp_path_factory):
-    tokenizer = build_demo_tokenizer(tmp_path_factory.mktemp("tokenizer"), "wordpiece",
-                                     text="the quick brown fox jumps over the lazy dog")
-    srv = start(tmp_path_factory, "tiny_text", oip=True, tokenizer=tokenizer)
-    yield srv, tokenizer
-    torchserve.stop(srv)
+def text_server(served):
+    srv, tokenizer = served
+    return dataclasses.replace(srv, model="tiny_text"), tokenizer  # the same server, asked about tiny_text
 
 
 def test_text_with_the_shipped_tokenizer(text_server):

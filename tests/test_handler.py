@@ -14,6 +14,7 @@ from packrat.handlers.stock_handler import StockHandler
 from packrat.models.zoo import prepare, resolve
 from packrat.machine.topology import detect
 from packrat.settings import Settings
+from model_checks import marked
 
 PROFILE = "threads,batch,latency_ms\n" + "".join(
     f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in range(1, detect().num_cores + 1) for b in (1, 2, 4))
@@ -39,7 +40,8 @@ def expected():
     return samples, [torch.softmax(row, 0).topk(5).indices.tolist() for row in logits]
 
 
-@pytest.mark.parametrize("handler_class", [PackratHandler, StockHandler])
+@pytest.mark.parametrize("handler_class", marked([PackratHandler, StockHandler], pytest.mark.integration,
+                                                 {StockHandler}))  # the stock handler compiles in this process
 @pytest.mark.slow
 def test_mixed_batch_bad_requests_fail_alone(tmp_path, expected, handler_class):
     samples, classes = expected
