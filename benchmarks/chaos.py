@@ -70,8 +70,7 @@ from packrat.bench.results import write_json
 from packrat.bench.server import config_archive, warmed_server
 from packrat.deploy import torchserve
 from packrat.frontends import torchserve_control
-from packrat.cli.args import users_list
-from packrat.cli.types import name_list, positive
+from packrat.cli.types import name_list, positive, users_list
 from packrat.profiling.default_profile import resolve_profile
 
 FAULT_KINDS = ("kill", "double-kill", "stop", "worker", "reconfigure")

@@ -7,7 +7,6 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from packrat.bench.users import parse_users
 from packrat.deploy import archive
 from packrat.machine.budget import cpu_budget
 from packrat.machine.topology import Topology
@@ -20,14 +19,6 @@ DEFAULT_BATCHES = "1,2,4,8,16,32,64"
 
 
 DEFAULT_RUN_DIR = Path(".packrat/serve")
-
-
-def users_list(text: str) -> list:
-    """argparse type for --users: patterns relative to the batch size B, e.g. B,2B or 4,2B."""
-    try:
-        return parse_users(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def tokenizer_path(text: str) -> Path:

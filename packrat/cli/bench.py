@@ -12,8 +12,8 @@ from packrat.bench.results import write_json
 from packrat.bench.server import SERVER_CONFIGS, run_server_bench
 from packrat.bench.step import format_step_results, step_bench
 from packrat.bench.users import BATCH_USERS
-from packrat.cli.args import model_args, tokenizer_path, users_list
-from packrat.cli.types import int_list, name_list, positive
+from packrat.cli.args import model_args, tokenizer_path
+from packrat.cli.types import int_list, name_list, positive, users_list
 from packrat.profiling.default_profile import resolve_profile
 from packrat.profiling.profiles import load
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from packrat.bench.demo import (DEMO_BATCHES, DEMO_DURATION_S, DEMO_GRAPH_MODE, DEMO_MODEL, DEMO_ROUNDS, DEMO_USERS,
                                 DEMO_WARMUP_S, demo_profile_path, print_verdict, print_where_fat, showcase_batch)
 from packrat.bench.server import run_server_bench
-from packrat.cli.args import local_cores, users_list
+from packrat.cli.args import local_cores
 from packrat.cli.bench import bench_tokenizer
 from packrat.cli.output import print_plan_table
-from packrat.cli.types import int_list, positive
+from packrat.cli.types import int_list, positive, users_list
 from packrat.models.modes import MODES
 from packrat.profiling.default_profile import measure_profile
 

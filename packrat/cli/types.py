@@ -84,3 +84,13 @@ def for_model(entries, model: str, models, flag: str, *, bare_for_one: bool = Fa
     if bare and bare_for_one and len(models) > 1:
         raise ValueError(f"with several models, give {flag} as NAME=VALUE (models: {', '.join(models)})")
     return [value for name, value in entries if name == model] or bare
+
+
+def users_list(text: str) -> list:
+    """argparse type for --users: patterns relative to the batch size B, e.g. B,2B or 4,2B."""
+    from packrat.bench.users import parse_users
+
+    try:
+        return parse_users(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
