@@ -96,17 +96,27 @@ shell_words() {  # the arguments as one command line, quoting only where the she
 
 # ---- preflight: python, torch, the cores -------------------------------------------------------
 
-"$PY" -c 'import torch, numpy, tqdm' 2>/dev/null \
-    || die "$PY cannot import torch, numpy and tqdm (run bash scripts/setup.sh, or install them)"
-read -r ALL_CORES T CPUS < <("$PY" - "${SUITE_THREADS:-0}" <<'EOF'
-import sys
-from packrat.machine.topology import detect
+# One python (torch loads once): the imports every step needs, the cores, and OUT/machine.json.
+read -r ALL_CORES T CPUS < <("$PY" - "${SUITE_THREADS:-0}" "$OUT/machine.json" "$PY" <<'EOF'
+import datetime, json, os, platform, sys
+try:
+    import numpy, torch, tqdm  # noqa: F401
+except ImportError:
+    print("no-torch")
+    sys.exit()
+from packrat.machine.topology import cpu_model, detect
 cores = detect().cores
 wanted = int(sys.argv[1]) or len(cores)
-chosen = cores[:max(1, min(wanted, len(cores)))]
+chosen = list(cores[:max(1, min(wanted, len(cores)))])
+json.dump({"cpu": cpu_model(), "threads": len(chosen), "cores": chosen, "logical_cpus": os.cpu_count(),
+           "torch": torch.__version__, "python": platform.python_version(), "python_path": sys.argv[3],
+           "date": datetime.datetime.now().isoformat(timespec="seconds"),
+           "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SUITE_")}},
+          open(sys.argv[2], "w"), indent=2)
 print(len(cores), len(chosen), ",".join(map(str, chosen)))
 EOF
 )
+[[ ${ALL_CORES:-} != no-torch ]] || die "$PY cannot import torch, numpy and tqdm (run bash scripts/setup.sh, or install them)"
 [[ -n ${CPUS:-} ]] || die "could not read the cores with packrat.machine.topology (SUITE_THREADS, if set, must be a number)"
 if [[ -n ${SUITE_THREADS:-} && $SUITE_THREADS -gt $ALL_CORES ]]; then
     say "SUITE_THREADS=$SUITE_THREADS: packrat sees only $ALL_CORES cores; using T=$T"
@@ -124,17 +134,6 @@ IOS_THREADS=${ios_threads:-$T}
 
 STEPS_TSV=$OUT/steps.tsv
 : >"$STEPS_TSV"
-"$PY" - "$OUT/machine.json" "$T" "$CPUS" "$PY" <<'EOF'
-import datetime, json, os, platform, sys
-import torch
-from packrat.machine.topology import cpu_model
-path, threads, cpus, python = sys.argv[1:]
-settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SUITE_")}
-json.dump({"cpu": cpu_model(), "threads": int(threads), "cores": [int(c) for c in cpus.split(",")],
-           "logical_cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-           "python_path": python, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-           "settings": settings}, open(path, "w"), indent=2)
-EOF
 say "$MODEL on T=$T cores ($CPUS), python $PY, results in $OUT"
 
 # ---- steps ----------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ batch sizes in a shuffled order: at each B it prepares ("setup s"), runs --warmu
 then --iters timed ones and keeps their median. Per B the table gives the median over rounds, its
 ratio to packrat's (peer / packrat: above 1, packrat is faster) and the largest absolute difference
 of the outputs from eager's (DIFFERS above 1e-3 of their largest magnitude). The compile caches are
-fresh per run of this script: round 1's setups compile cold, later rounds load what it built. A peer
+fresh per run (unless --keep-caches): round 1's setups compile cold, later rounds load what it built. A peer
 whose packages are missing is reported "not installed (pip install ...)" and skipped
 (pip install -e '.[peers]' installs them all). --json OUT keeps every figure.
 """
@@ -533,7 +533,7 @@ def run(args) -> int:
     found = versions()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="packrat-peers-") as scratch:
-        env = fresh_compile_caches(Path(scratch))
+        env = None if args.keep_caches else fresh_compile_caches(Path(scratch))  # None: this environment's
         config = {"model": args.model, "cores": cores, "batches": args.batches, "iters": args.iters,
                   "warmup": args.warmup, "seed": args.seed, "scratch": scratch,
                   "ort_parallel": list(parse_ratio(args.ort_parallel_threads, threads))}
@@ -593,6 +593,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the round orders (default 0)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one peer's process may take (default 3600)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write every figure here")
+    p.add_argument("--keep-caches", action="store_true", help="this environment's compile caches, not fresh ones: "
+                   "setups load what an earlier run built (the tests' smoke run shares the suite's)")
     p.add_argument("--child", choices=PEERS, help=argparse.SUPPRESS)
     p.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)

@@ -24,12 +24,30 @@ follows `packrat reconfigure` (a control file it polls).
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 import time
 from concurrent.futures import Future
 
 from ts.metrics.metric_type_enum import MetricTypes
-from ts.torch_handler.base_handler import BaseHandler
+
+# TorchServe's BaseHandler imports openvino.torch when it is installed, for torch.compile backends this
+# handler never uses (the instances run the model, each in a process of its own that imports what its
+# runtime needs): 2-3 s of every worker's start on 2 cores. It is marked absent for that import alone,
+# with BaseHandler's warning that OpenVINO is then not enabled (the instances' OpenVINO runtime is).
+_HIDDEN, _base_log = "openvino.torch", logging.getLogger("ts.torch_handler.base_handler")
+_hide, _level = _HIDDEN not in sys.modules, _base_log.level
+if _hide:
+    sys.modules[_HIDDEN] = None
+    _base_log.setLevel(logging.ERROR)
+try:
+    from ts.torch_handler.base_handler import BaseHandler
+finally:
+    if _hide:
+        _base_log.setLevel(_level)
+        if sys.modules.get(_HIDDEN, 0) is None:
+            del sys.modules[_HIDDEN]
 
 from packrat.handlers import common
 from packrat.frontends.torchserve_control import read_reconfigure_request

@@ -59,15 +59,8 @@ from torch import fx, nn
 from torch.nn import functional as F
 
 from .codegen import compile_group
+from .openmp import OPENMP_ENV, openmp_env  # noqa: F401 (defined without torch, for commands; used from here too)
 from .schedule import Schedule
-
-
-OPENMP_ENV = {"GOMP_SPINCOUNT": "10000"}  # idle OpenMP threads sleep after ~0.1 ms, not ~3 ms
-
-
-def openmp_env() -> dict:
-    """This process's environment plus OPENMP_ENV, for a child that will run IOS schedules."""
-    return {**os.environ, **OPENMP_ENV}
 
 
 @contextmanager

@@ -157,12 +157,21 @@ class IOSSearch:
         self.candidates = self.stopped = self.skipped = 0
         self._known: dict[Candidate, tuple[float, bool]] = {}  # candidate -> (cost, exact)
         self._candidates: dict[int, list[Candidate]] = {}
+        # A state's endings, and an ending's ops one by one, do not change between the DP's passes
+        # (confirm re-runs it once per stage it measures again): computed once each.
+        self._endings: dict[int, list[int]] = {}
+        self._sequential: dict[int, float] = {}
 
     # ---- endings ------------------------------------------------------------------------------
 
     def endings(self, state: int) -> list[int]:
         """Every non-empty successor-closed subset of `state` with at most max_ending ops,
         smallest first (so the search has a schedule of `state` to compare with early)."""
+        if state not in self._endings:
+            self._endings[state] = self._find_endings(state)
+        return self._endings[state]
+
+    def _find_endings(self, state: int) -> list[int]:
         ops = _ops_of(state)
         found: set[int] = set()
         ordered: list[int] = []
@@ -227,20 +236,27 @@ class IOSSearch:
         return cost
 
     def sequential(self, ending: int) -> float:
-        """The ops of `ending` one by one, each on every thread."""
-        return sum(self.cost_of(("parallel", ((op,),), (self.threads,))) for op in _ops_of(ending))
+        """The ops of `ending` one by one, each on every thread (measured in full, never measured
+        again: confirm leaves one operator on every thread alone)."""
+        if ending not in self._sequential:
+            self._sequential[ending] = sum(self.cost_of(("parallel", ((op,),), (self.threads,)))
+                                           for op in _ops_of(ending))
+        return self._sequential[ending]
 
     def best_stage(self, ending: int, limit: float = INF) -> Stage | None:
         """The cheapest way to run the ops of `ending` as one stage; candidates that cannot
         come below `limit` may be left at an estimate above it."""
         if self.prune:  # running E's ops one by one is always possible instead
             limit = min(limit, self.sequential(ending))
-        best: Stage | None = None
-        for kind, groups, split in self.stage_candidates(ending):
-            cost = self.cost_of((kind, groups, split), limit if best is None else min(limit, best.cost))
-            if cost < INF and (best is None or cost < best.cost):
-                best = Stage(kind, groups, split, cost)
-        return best
+        best, best_cost = None, INF
+        known = self._known
+        for candidate in self.stage_candidates(ending):
+            bound = limit if best is None else min(limit, best_cost)
+            hit = known.get(candidate)  # cost_of's answer when it needs no measurement, without the call
+            cost = hit[0] if hit is not None and (hit[1] or hit[0] > bound) else self.cost_of(candidate, bound)
+            if cost < INF and (best is None or cost < best_cost):
+                best, best_cost = candidate, cost
+        return None if best is None else Stage(*best, best_cost)
 
     # ---- the DP -------------------------------------------------------------------------------
 

@@ -67,30 +67,30 @@ def huge_png() -> bytes:
     return bytes(png)
 
 
-def build(run_dir: Path, model: str, **settings) -> Path:
+def build(run_dir: Path, model: str, name: str | None = None, **settings) -> Path:
     profile = run_dir / "profile.csv"
     profile.write_text(PROFILE)
-    return archive.build(Settings(model, profiles=[profile], max_batch=4, **settings), run_dir / "model_store")
-
-
-def start(tmp_path_factory, model: str, oip: bool = False, **settings) -> torchserve.Server:
-    run_dir = tmp_path_factory.mktemp(model)
-    server = torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True, oip=oip)
-    return torchserve.start(server, build(run_dir, model, **settings), timeout=180)
+    return archive.build(Settings(model, profiles=[profile], max_batch=4, **settings), run_dir / "model_store",
+                         name=name)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """One TorchServe (one Java start and stop, not one per model) for the image and the text tests:
-    tiny with labels and a body limit, tiny_text with a shipped tokenizer; (server, tokenizer)."""
+    """One TorchServe (one Java start and stop, not one per model) for the image and the text tests
+    and the one that kills instances and a worker: tiny with labels and a body limit, tiny_text
+    with a shipped tokenizer (the two plan the cores together, as models on one server do), and
+    tiny once more as "tiny_alone": one instance (plan fat), out of the node (share_node off), so
+    that no move of the node's plan starts or parks an instance while that test counts them;
+    (server, tokenizer)."""
     labels = tmp_path_factory.mktemp("labels") / "index_to_name.json"
     labels.write_text(json.dumps(LABELS))
     tokenizer = build_demo_tokenizer(tmp_path_factory.mktemp("tokenizer"), "wordpiece",
                                      text="the quick brown fox jumps over the lazy dog")
     mars = [build(tmp_path_factory.mktemp("tiny"), "tiny", labels=labels, max_body_bytes=MAX_BODY),
-            build(tmp_path_factory.mktemp("tiny_text"), "tiny_text", tokenizer=tokenizer)]
+            build(tmp_path_factory.mktemp("tiny_text"), "tiny_text", tokenizer=tokenizer),
+            build(tmp_path_factory.mktemp("tiny_alone"), "tiny", name="tiny_alone", plan="fat", share_node=False)]
     server = torchserve.Server(tmp_path_factory.mktemp("served"), "tiny", torchserve.Ports.free(), token_auth=True,
-                               oip=True, models=("tiny", "tiny_text"))
+                               oip=True, models=("tiny", "tiny_text", "tiny_alone"))
     srv = torchserve.start(server, mars, timeout=180)
     yield srv, tokenizer
     torchserve.stop(srv)
@@ -133,7 +133,7 @@ def curl(srv, body: bytes, how: str, header: str | None = None, tmp=Path(tempfil
 def expected_classes(body: bytes, content_type: str | None) -> list[int]:
     """What the model says about this body in this process (same codec, same model)."""
     spec = resolve("tiny")
-    module, _, _ = prepare(spec, 1)
+    module, _, _ = prepare(spec, 1, "eager")  # the model itself: nothing compiled for the reference
     (reply,) = answer_batch(module, Codec(CodecConfig.for_model(spec)), [(body, content_type)])
     assert reply.status == 200
     return [p["class"] for p in json.loads(reply.body)["predictions"]]
@@ -168,7 +168,7 @@ def test_kserve_v2_tensors(images):
     assert status == 200 and body["id"] == "r1" and body["model_name"] == "tiny"
     (output,) = body["outputs"]
     assert output["shape"] == [2, 10] and output["datatype"] == "FP32"
-    module, _, _ = prepare(resolve("tiny"), 2)
+    module, _, _ = prepare(resolve("tiny"), 2, "eager")
     with torch.inference_mode():
         torch.testing.assert_close(torch.tensor(output["data"]).view(2, 10), module(x), rtol=1e-4, atol=1e-4)
 
@@ -220,7 +220,7 @@ def test_tritonclient_over_the_open_inference_protocol(images, text_server):
     auth = {"Authorization": f"Bearer {images.key('inference')}"}
     assert client.is_server_live(headers=auth) and client.is_server_ready(headers=auth)
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
-    module, _, _ = prepare(resolve("tiny"), 2)
+    module, _, _ = prepare(resolve("tiny"), 2, "eager")
     with torch.inference_mode():
         want = module(x).numpy()
     for binary in (True, False):
@@ -267,7 +267,7 @@ def test_tritonclient_over_the_open_inference_protocol(images, text_server):
         tensor.set_data_from_numpy(value.numpy())
     text = http.InferenceServerClient(f"127.0.0.1:{srv.ports.inference}", network_timeout=120)
     result = text.infer("tiny_text", given, headers={"Authorization": f"Bearer {srv.key('inference')}"})
-    module, _, _ = prepare(resolve("tiny_text"), 1)
+    module, _, _ = prepare(resolve("tiny_text"), 1, "eager")
     with torch.inference_mode():
         np.testing.assert_allclose(result.as_numpy("output0"), module(ids, mask).numpy(), rtol=1e-4, atol=1e-4)
 
@@ -281,7 +281,7 @@ def text_server(served):
 def test_text_with_the_shipped_tokenizer(text_server):
     srv, tokenizer = text_server
     spec = resolve("tiny_text")
-    module, _, _ = prepare(spec, 1)
+    module, _, _ = prepare(spec, 1, "eager")
     codec = Codec(CodecConfig.for_model(spec, tokenizer=str(tokenizer)))
     (want,) = answer_batch(module, codec, [(b"the quick brown fox", "text/plain")])
     status, body = post(srv, b"the quick brown fox", "text/plain; charset=utf-8")
@@ -292,46 +292,59 @@ def test_text_with_the_shipped_tokenizer(text_server):
     assert status == 413 and "too long" in body["error"]
 
 
-def test_instance_killed_twice_and_the_worker_killed_lose_no_request(tmp_path_factory):
+def worker_of(srv) -> psutil.Process:
+    """The TorchServe worker (Python) serving srv.model, by the pid the management API gives."""
+    request = urllib.request.Request(f"{srv.management_url}/models/{srv.model}",
+                                     headers={"Authorization": f"Bearer {srv.key('management')}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        (worker,) = [w for entry in json.loads(response.read()) for w in entry["workers"]]
+    return psutil.Process(worker["pid"])
+
+
+@pytest.fixture(scope="module")
+def alone(served):
+    srv, _ = served
+    return dataclasses.replace(srv, model="tiny_alone")  # the same server, asked about tiny_alone
+
+
+def test_instance_killed_twice_and_the_worker_killed_lose_no_request(alone):
     """kill -9 of the only instance, then of its replacement while it starts: requests sent meanwhile
     wait for the next respawn and are answered (a fault that heals in seconds costs no request).
     Then kill -9 of the TorchServe Python worker: TorchServe restarts it, the old worker's instances
-    exit, no shared-memory segment of it is left, and the new worker serves."""
-    srv = start(tmp_path_factory, "tiny", plan="fat")
-    try:
-        jpeg = image_bytes("JPEG")
-        assert post(srv, jpeg, "image/jpeg")[0] == 200
+    exit, no shared-memory segment of it is left, and the new worker serves. (The shared server's
+    tiny_alone; the models beside it are left alone.)"""
+    srv = alone
+    jpeg = image_bytes("JPEG")
 
-        def instances() -> list[int]:
-            return [p.pid for p in pool_instances(torchserve_pid(srv.run_dir))]
+    def instances(root: int) -> list[int]:
+        return [p.pid for p in pool_instances(root)]
 
-        (first,) = instances()
-        os.kill(first, signal.SIGKILL)  # the pool notices at once: it watches every instance's socket
-        deadline = time.monotonic() + 30
-        while not (found := [p for p in instances() if p != first]):
-            assert time.monotonic() < deadline, "no replacement was started"
-            time.sleep(0.01)
-        os.kill(found[0], signal.SIGKILL)
-        with ThreadPoolExecutor(4) as clients:
-            statuses = list(clients.map(lambda _: post(srv, jpeg, "image/jpeg")[0], range(8)))
-        assert statuses == [200] * 8
-        health = torchserve.handler_status(srv)["health"]
-        assert health["ready"] == 1 and not health.get("unavailable") and health["respawn_failures"] >= 1
-        assert health["refused"] == 0
+    assert post(srv, jpeg, "image/jpeg")[0] == 200
+    worker = worker_of(srv)
+    (first,) = instances(worker.pid)
+    os.kill(first, signal.SIGKILL)  # the pool notices at once: it watches every instance's socket
+    deadline = time.monotonic() + 30
+    while not (found := [p for p in instances(worker.pid) if p != first]):
+        assert time.monotonic() < deadline, "no replacement was started"
+        time.sleep(0.01)
+    os.kill(found[0], signal.SIGKILL)
+    with ThreadPoolExecutor(4) as clients:
+        statuses = list(clients.map(lambda _: post(srv, jpeg, "image/jpeg")[0], range(8)))
+    assert statuses == [200] * 8
+    health = torchserve.handler_status(srv)["health"]
+    assert health["ready"] == 1 and not health.get("unavailable") and health["respawn_failures"] >= 1
+    assert health["refused"] == 0
 
-        worker = next(p for p in psutil.Process(torchserve_pid(srv.run_dir)).children()
-                      if "model_service_worker" in " ".join(p.cmdline()))
-        old_instances = instances()
-        worker.kill()
-        deadline = time.monotonic() + 120
-        while True:  # TorchServe restarts the worker; what it does with requests meanwhile is its own
-            with contextlib.suppress(TimeoutError, urllib.error.URLError):
-                if post(srv, jpeg, "image/jpeg", timeout=5)[0] == 200:
-                    break
-            assert time.monotonic() < deadline, "the restarted worker did not serve"
-            time.sleep(0.5)
-        torchserve.wait_ready(srv, 60)
-        assert not set(old_instances) & set(instances()), "the dead worker's instances outlived it"
-        assert not [p for p in Path("/dev/shm").glob(f"packrat-{worker.pid}-*")], "stale segments"
-    finally:
-        torchserve.stop(srv)
+    old_instances = instances(worker.pid)
+    worker.kill()
+    deadline = time.monotonic() + 120
+    while True:  # TorchServe restarts the worker; what it does with requests meanwhile is its own
+        with contextlib.suppress(TimeoutError, urllib.error.URLError):
+            if post(srv, jpeg, "image/jpeg", timeout=5)[0] == 200:
+                break
+        assert time.monotonic() < deadline, "the restarted worker did not serve"
+        time.sleep(0.5)
+    torchserve.wait_ready(srv, 60)
+    assert worker_of(srv).pid != worker.pid
+    assert not set(old_instances) & set(instances(torchserve_pid(srv.run_dir))), "the dead worker's instances outlived it"
+    assert not [p for p in Path("/dev/shm").glob(f"packrat-{worker.pid}-*")], "stale segments"

@@ -57,6 +57,40 @@ def reference():
     return requests, [json.loads(answer.body) for answer in answers]
 
 
+def wait_until(condition, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def whole(pool: InstancePool) -> bool:
+    """Every instance serving, none being respawned."""
+    health = pool.health()
+    return health.ready == len(pool.pids()) and not health.respawning
+
+
+@pytest.fixture(scope="module")
+def shared():
+    """shared(configs, **settings): a pool of the tiny model started once for the module and
+    handed, whole (an earlier test may have killed an instance), to every test that asks for the
+    same instances and settings. Each instance is a fresh Python importing torch, so tests that
+    only send requests to a pool, or kill an instance and see it respawned, share it; tests of how
+    a pool starts, fails or closes make their own."""
+    pools: dict = {}
+
+    def pool(configs: list[InstanceConfig], **settings) -> InstancePool:
+        key = (tuple(configs), tuple(sorted(settings.items())))
+        if key not in pools:
+            pools[key] = InstancePool(TINY, configs, **settings)
+        wait_until(lambda: whole(pools[key]), "a shared pool did not get whole again")
+        return pools[key]
+
+    yield pool
+    for started in pools.values():
+        started.close()
+
+
 def assert_same(answers, expected) -> None:
     """Same classes in the same order, scores equal up to float noise (thread counts differ)."""
     assert [a.status for a in answers] == [200] * len(expected)
@@ -104,12 +138,12 @@ def two_instances(batches=(4, 2)) -> list[InstanceConfig]:
     pytest.param(two_instances((4, 2)), id="heterogeneous"),
 ])
 @pytest.mark.slow
-def test_answers_equal_the_models_in_order(configs, reference):
+def test_answers_equal_the_models_in_order(configs, reference, shared):
     requests, expected = reference
-    with InstancePool(TINY, configs) as pool:
-        assert pool.mode == "script"
-        for n in (1, 2, 5, 6, 13, 20):  # smaller, equal and larger than the plan's batch
-            assert_same(pool.infer(requests[:n]), expected[:n])
+    pool = shared(configs)
+    assert pool.mode == "script"
+    for n in (1, 2, 5, 6, 13, 20):  # smaller, equal and larger than the plan's batch
+        assert_same(pool.infer(requests[:n]), expected[:n])
 
 
 @pytest.mark.integration
@@ -124,21 +158,21 @@ def test_compiled_instances_answer_like_the_model_at_every_count(reference):
 
 
 @pytest.mark.slow
-def test_requests_from_many_threads_each_get_their_own_answer(reference):
+def test_requests_from_many_threads_each_get_their_own_answer(reference, shared):
     requests, expected = reference
-    with InstancePool(TINY, two_instances((2, 2))) as pool:
-        futures = [pool.submit(r) for r in requests]  # all queued at once, dispatched as instances free up
-        assert_same([f.result(timeout=60) for f in futures], expected)
-        assert pool.health().answered == len(requests) and pool.outstanding == 0
+    pool = shared(two_instances((2, 2)))
+    answered = pool.health().answered
+    futures = [pool.submit(r) for r in requests]  # all queued at once, dispatched as instances free up
+    assert_same([f.result(timeout=60) for f in futures], expected)
+    assert pool.health().answered - answered == len(requests) and pool.outstanding == 0
 
 
 @pytest.mark.slow
-def test_bad_requests_are_answered_alone(reference):
+def test_bad_requests_are_answered_alone(reference, shared):
     requests, expected = reference
     bad = [Request(b"not a tensor", RAW), Request(b"[" * 100_000 + b"]" * 100_000, "application/json"),
            Request(b'{"inputs": NaN}', "application/json"), Request(b"", None), Request(b"x" * 100, "image/jpeg")]
-    with InstancePool(TINY, two_instances((2, 2))) as pool:
-        answers = pool.infer([requests[0], *bad, requests[1]])
+    answers = shared(two_instances((2, 2))).infer([requests[0], *bad, requests[1]])
     assert_same([answers[0], answers[-1]], expected[:2])
     for answer in answers[1:-1]:
         assert 400 <= answer.status < 500, answer
@@ -154,61 +188,56 @@ def test_oversized_body_is_refused_before_it_is_shipped():
 
 
 @pytest.mark.slow
-def test_instances_are_pinned_with_their_threads():
+def test_instances_are_pinned_with_their_threads(shared):
     configs = two_instances((2, 2))
-    with InstancePool(TINY, configs) as pool:
-        for pid, config in zip(pool.pids(), configs):
-            process = psutil.Process(pid)
-            assert process.cpu_affinity() == list(config.cores)
-            assert process.num_threads() >= config.threads
-
-
-def wait_until(condition, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
+    pool = shared(configs)
+    for pid, config in zip(pool.pids(), configs):
+        process = psutil.Process(pid)
+        assert process.cpu_affinity() == list(config.cores)
+        assert process.num_threads() >= config.threads
 
 
 @pytest.mark.slow
-def test_killed_instance_loses_no_request_and_is_respawned(reference):
+def test_killed_instance_loses_no_request_and_is_respawned(reference, shared):
     requests, expected = reference
-    with InstancePool(TINY, two_instances((4, 2))) as pool:
-        victim = pool.pids()[0]
-        os.kill(victim, signal.SIGKILL)
-        assert_same(pool.infer(requests[:12]), expected[:12])
-        wait_until(lambda: victim not in pool.pids() and pool.health().ready == len(pool.pids()),
-                   "instance was not respawned")
-        assert pool.respawns == 1
-        assert_same(pool.infer(requests), expected)
+    pool = shared(two_instances((4, 2)))
+    respawns, victim = pool.respawns, pool.pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    assert_same(pool.infer(requests[:12]), expected[:12])
+    wait_until(lambda: victim not in pool.pids() and pool.health().ready == len(pool.pids()),
+               "instance was not respawned")
+    assert pool.respawns - respawns == 1
+    assert_same(pool.infer(requests), expected)
 
 
 @pytest.mark.slow
-def test_kill_during_a_stream_of_requests(reference):
+def test_kill_during_a_stream_of_requests(reference, shared):
     requests, expected = reference
-    with InstancePool(TINY, two_instances((4, 2))) as pool:
-        for round_ in range(30):
-            if round_ in (5, 15):
-                os.kill(pool.pids()[-1], signal.SIGKILL)
-            assert_same(pool.infer(requests[:6]), expected[:6])
-        assert pool.respawns >= 1
+    pool = shared(two_instances((4, 2)))
+    respawns = pool.respawns
+    for round_ in range(30):
+        if round_ in (5, 15):
+            os.kill(pool.pids()[-1], signal.SIGKILL)
+        assert_same(pool.infer(requests[:6]), expected[:6])
+    assert pool.respawns - respawns >= 1
 
 
 @pytest.mark.slow
-def test_double_kill_keeps_requests_waiting_and_answers_them_all(reference):
+def test_double_kill_keeps_requests_waiting_and_answers_them_all(reference, shared, monkeypatch):
     """kill -9 of the only instance, then of its replacement while it loads: a fault that heals in
     seconds costs no request. Requests wait for the next respawn instead of being refused."""
     requests, expected = reference
-    with InstancePool(TINY, [InstanceConfig(1, 2, (CORES[0],))]) as pool:
-        first = pool.pids()[0]
-        os.kill(first, signal.SIGKILL)  # noticed at once: the pool watches every instance's socket
-        wait_until(lambda: pool.pids()[0] != first, "no replacement was started", timeout=10)
-        os.kill(pool.pids()[0], signal.SIGKILL)  # the replacement, while it loads
-        waiting = [pool.submit(r) for r in requests[:6]]
-        wait_until(lambda: pool.health().respawn_failures >= 1, "the failed respawn was not noticed")
-        assert pool.health().unavailable is None  # killed from outside: the next attempt has a fair chance
-        assert_same([f.result(timeout=60) for f in waiting], expected[:6])
-        assert pool.health().ready == 1 and pool.health().refused == 0
+    monkeypatch.setattr(supervisor, "BACKOFF_S", (0.2, 1.0))  # the same attempts, sooner
+    pool = shared([InstanceConfig(1, 2, (CORES[0],))])
+    before, first = pool.health(), pool.pids()[0]
+    os.kill(first, signal.SIGKILL)  # noticed at once: the pool watches every instance's socket
+    wait_until(lambda: pool.pids()[0] != first, "no replacement was started", timeout=10)
+    os.kill(pool.pids()[0], signal.SIGKILL)  # the replacement, while it loads
+    waiting = [pool.submit(r) for r in requests[:6]]
+    wait_until(lambda: pool.health().respawn_failures > before.respawn_failures, "the failed respawn was not noticed")
+    assert pool.health().unavailable is None  # killed from outside: the next attempt has a fair chance
+    assert_same([f.result(timeout=60) for f in waiting], expected[:6])
+    assert pool.health().ready == 1 and pool.health().refused == before.refused
 
 
 @pytest.mark.slow
@@ -237,7 +266,7 @@ def test_model_that_no_longer_loads_fails_fast_with_the_load_error(reference, tm
     waiting requests and new ones are answered 503 with the error at once; when the file is back,
     service resumes by itself."""
     requests, expected = reference
-    monkeypatch.setattr(supervisor, "BACKOFF_S", (0.2, 1.0))  # the same attempts, without seconds between them
+    monkeypatch.setattr(supervisor, "BACKOFF_S", (0.05, 0.5))  # the same attempts, without seconds between them
     module, example, _ = prepare(resolve("tiny"), 1, graph_mode=False)
     path = tmp_path / "tiny.pt"
     with torch.no_grad(), warnings.catch_warnings():
@@ -300,7 +329,8 @@ def test_close_leaves_no_process_or_shared_memory(reference):
 def test_instance_that_cannot_start_fails_the_pool_cleanly():
     before = shm_segments()
     with pytest.raises(PoolError, match="instance 0 failed to start: .*"):
-        InstancePool(ModelConfig("tiny", input_shape=(5, 32, 32)), [InstanceConfig(1, 2, (CORES[0],))])
+        InstancePool(ModelConfig("tiny", input_shape=(5, 32, 32), graph_mode="script"),
+                     [InstanceConfig(1, 2, (CORES[0],))])
     assert shm_segments() - before == set()
 
 
@@ -350,14 +380,14 @@ def test_reconfigure_under_load_keeps_answers_right_and_reuses_instances(referen
 
 
 @pytest.mark.slow
-def test_failed_reconfigure_leaves_the_pool_serving(reference):
+def test_failed_reconfigure_leaves_the_pool_serving(reference, shared):
     requests, expected = reference
-    with InstancePool(TINY, [InstanceConfig(1, 2, (CORES[0],))]) as pool:
-        before = pool.pids()
-        with pytest.raises(PoolError, match="exited while starting|failed to start"):
-            pool.reconfigure([InstanceConfig(1, 2, (4096,))])  # no such core: the instance cannot pin
-        assert pool.pids() == before
-        assert_same(pool.infer(requests[:4]), expected[:4])
+    pool = shared([InstanceConfig(1, 2, (CORES[0],))])
+    before = pool.pids()
+    with pytest.raises(PoolError, match="exited while starting|failed to start"):
+        pool.reconfigure([InstanceConfig(1, 2, (4096,))])  # no such core: the instance cannot pin
+    assert pool.pids() == before
+    assert_same(pool.infer(requests[:4]), expected[:4])
 
 
 def test_batches_above_the_plan_use_the_capacity_in_one_round():
@@ -382,6 +412,21 @@ def test_an_instance_exits_when_its_pool_process_dies_while_it_loads():
                "the instance outlived its pool's process", timeout=10)
 
 
+def test_an_instance_sees_its_pool_process_gone_even_if_it_died_before_the_instance_looked():
+    """The instance is told its pool process's pid: a pool process that died before the instance
+    could read os.getppid() (which by then names whoever adopted it) is noticed all the same."""
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    code = ("import time; from packrat.serving.pool.child import exit_with_parent; "
+            f"exit_with_parent(parent={gone.pid}); time.sleep(60)")
+    orphan = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        assert orphan.wait(timeout=30) == 0
+    finally:
+        orphan.kill()
+        orphan.wait()
+
+
 def test_warm_up_time_leaves_out_waiting_for_a_core():
     """The watchdog's yardstick: a warm-up that waits (here it sleeps, as one at low priority
     beside busy instances waits for a core) counts only the time it computed."""
@@ -401,7 +446,16 @@ def test_warm_up_time_leaves_out_waiting_for_a_core():
 
 
 @pytest.mark.slow
-def test_a_fat_instance_decodes_photos_on_its_threads_and_reports_its_stages():
+def fat_pool(shared) -> InstancePool:
+    """One instance on every core, batch 4, gather 0 ms (as TorchServe's ordinary worker has it):
+    stage figures from now on only (the count since start stays: compare it before and after)."""
+    pool = shared([InstanceConfig(len(CORES), 4, tuple(CORES))], gather_ms=0)
+    pool.stages.clear()
+    return pool
+
+
+@pytest.mark.slow
+def test_a_fat_instance_decodes_photos_on_its_threads_and_reports_its_stages(shared):
     """Photos decoded on the instance's threads answer as in this process, a bad one alone; every
     sub-batch's stages are kept: all there, none negative, adding up to the total."""
     photo, kind = build_payload("tiny", "jpeg")
@@ -409,30 +463,32 @@ def test_a_fat_instance_decodes_photos_on_its_threads_and_reports_its_stages():
                 Request(memoryview(photo), kind)]
     module, _, _ = prepare(resolve("tiny"), 4, graph_mode="script")
     expected = answer_batch(module, Codec(CodecConfig.for_model(resolve("tiny"))), [(r.body, kind) for r in requests])
-    with InstancePool(TINY, [InstanceConfig(len(CORES), 4, tuple(CORES))]) as pool:
-        for _ in range(3):
-            answers = pool.infer(requests)
-            assert [(a.status, json.loads(a.body)) for a in answers] == [(e.status, json.loads(e.body)) for e in expected]
-        health = pool.health()
+    pool = fat_pool(shared)
+    sub_batches = pool.stages.sub_batches
+    for _ in range(3):
+        answers = pool.infer(requests)
+        assert [(a.status, json.loads(a.body)) for a in answers] == [(e.status, json.loads(e.body)) for e in expected]
+    health = pool.health()
     assert [a.status for a in answers] == [200, 400, 200, 200]
     assert list(health.stage_ms) == [*STAGES, "total"] and all(ms >= 0 for ms in health.stage_ms.values())
     assert sum(health.stage_ms[stage] for stage in STAGES) == pytest.approx(health.stage_ms["total"])
     assert health.stage_ms["model"] > 0 and health.stage_ms["decode"] > 0
-    assert health.sub_batches == 3 and health.requests_per_sub_batch == 4
+    assert health.sub_batches - sub_batches == 3 and health.requests_per_sub_batch == 4
 
 
 @pytest.mark.slow
-def test_requests_submitted_together_reach_the_instance_as_one_batch():
+def test_requests_submitted_together_reach_the_instance_as_one_batch(shared):
     """As TorchServe's ordinary worker hands a batch to the handler: one by one, but together;
     gather 0 ms, so without together() the first could go out alone."""
     rows = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(2))
-    with InstancePool(TINY, [InstanceConfig(len(CORES), 4, tuple(CORES))], gather_ms=0) as pool:
-        for _ in range(20):
-            with pool.together():
-                futures = []
-                for row in rows:
-                    futures.append(pool.submit(raw(row)))
-                    time.sleep(0.001)  # the dispatch thread has every chance to run between two submits
-            assert all(f.result(timeout=60).ok for f in futures)
-        health = pool.health()
-    assert (health.sub_batches, health.requests_per_sub_batch) == (20, 4)
+    pool = fat_pool(shared)
+    sub_batches = pool.stages.sub_batches
+    for _ in range(20):
+        with pool.together():
+            futures = []
+            for row in rows:
+                futures.append(pool.submit(raw(row)))
+                time.sleep(0.001)  # the dispatch thread has every chance to run between two submits
+        assert all(f.result(timeout=60).ok for f in futures)
+    health = pool.health()
+    assert (health.sub_batches - sub_batches, health.requests_per_sub_batch) == (20, 4)

@@ -23,6 +23,11 @@ from packrat.machine.topology import Topology, detect
 
 FAST = profiler.ProfileSettings(model="tiny", warmup=1, iters=5)
 ISOLATED = dataclasses.replace(FAST, contention=False)
+# Real points whose claim is pinning, threads, copies or Ctrl-C, not a graph mode, run eager: nothing
+# is compiled for them (an AOTInductor package of tiny at 1 thread costs 10-30 s to build on 2 cores).
+# The default mode's real point is test_one_copy_fits_so_the_point_is_measured_once, at ⟨2 threads,
+# batch 1⟩, a package the compile tests of test_models.py build anyway.
+EAGER = dataclasses.replace(FAST, graph_mode="eager")
 
 
 def two_cores() -> Topology:
@@ -54,10 +59,10 @@ def fake_stats(latency: float) -> dict:
 @pytest.mark.integration
 def test_one_real_point_runs_pinned_with_its_threads():
     core = detect().cores[-1]
-    stats = profiler.measure_point(FAST, 1, 2, [core])
+    stats = profiler.measure_point(EAGER, 1, 2, [core])
     assert stats["cores"] == [core]
     assert stats["torch_threads"] == 1
-    assert stats["mode"] == "compile"
+    assert stats["mode"] == "eager"  # the mode asked for, as the point ran it
     assert stats["iterations"] == 5
     assert 0 < stats["p50_ms"] <= stats["p99_ms"]
 
@@ -146,12 +151,12 @@ def test_older_isolated_profile_refuses_loaded_points(tmp_path, monkeypatch):
 @pytest.mark.integration
 def test_loaded_point_runs_copies_on_disjoint_pinned_cores(started):
     topo = two_cores()
-    row = profiler.measure(dataclasses.replace(FAST, contention=True), 1, 2, topo)
+    row = profiler.measure(dataclasses.replace(EAGER, contention=True), 1, 2, topo)
     assert row["threads"] == 1 and row["batch"] == 2 and row["copies"] == 2
     assert sorted(map(tuple, row["copy_cores"])) == [(c,) for c in topo.cores]  # each copy on its own core
     assert row["iterations"] == FAST.iters  # lockstep rounds, each as slow as the slowest copy
     assert row["latency_ms"] >= row["copy_ms"] > 0
-    assert row["latency_ms"] > 0 and row["isolated_ms"] > 0 and row["mode"] == "compile"
+    assert row["latency_ms"] > 0 and row["isolated_ms"] > 0 and row["mode"] == "eager"
     assert set(COLUMNS) <= set(row)
     assert len(started) == 2 and all(copy.proc.returncode == 0 for copy in started)  # stopped by closing stdin
 
@@ -161,6 +166,7 @@ def test_one_copy_fits_so_the_point_is_measured_once(monkeypatch):
     monkeypatch.setattr(profiler, "measure_loaded", lambda *a: pytest.fail("no room for a second copy"))
     row = profiler.measure(dataclasses.replace(FAST, contention=True), 2, 1, two_cores())
     assert row["copies"] == 1 and row["latency_ms"] == row["isolated_ms"]
+    assert row["mode"] == "compile" and row["torch_threads"] == 2  # the default mode, at the point's threads
 
 
 @pytest.mark.parametrize("settings,timeout,reason", [
@@ -179,7 +185,7 @@ def test_failed_loaded_point_names_it_and_leaves_no_copy(started, settings, time
 def test_loaded_copy_runs_once_per_run_line_until_stdin_closes():
     core = detect().cores[-1]
     cmd = [sys.executable, "-m", "packrat.profiling.point", "--model", "tiny", "--threads", "1", "--batch", "1",
-           "--cores", str(core), "--warmup", "1", "--loaded"]
+           "--cores", str(core), "--warmup", "1", "--graph-mode", "eager", "--loaded"]
     with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
         word, _, actual = proc.stdout.readline().partition(" ")  # loaded and warm, waiting
         assert word == "ready" and json.loads(actual)["cores"] == [core]
@@ -214,9 +220,12 @@ def group_members(pgid: int) -> list[int]:
 @pytest.mark.integration
 def test_ctrl_c_leaves_a_valid_file_that_resumes_and_no_copy_running(tmp_path):
     out = tmp_path / "tiny.csv"
+    # One runtime: the others' artefacts are test_runtimes.py's. Eager: nothing to compile. Each point
+    # still takes seconds (a fresh process per point and per copy), so the interrupt, sent as soon as
+    # the first point's row is written, lands while the second point is measured.
     cmd = [sys.executable, "-m", "packrat.cli", "profile", "--model", "tiny", "--threads", "1",
-           "--batches", "1-2", "--warmup", "1", "--min-time", "2", "--contention", "--runtimes", "inductor",
-           "--out", str(out), "--quiet"]  # one runtime: the others' artefacts are test_runtimes.py's
+           "--batches", "1-2", "--warmup", "1", "--min-time", "0.5", "--contention", "--runtimes", "inductor",
+           "--graph-mode", "eager", "--out", str(out), "--quiet"]
     # Ctrl-C's default action even when this test runs in the background (where SIGINT is ignored and
     # a child would inherit that), then Python's KeyboardInterrupt.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,

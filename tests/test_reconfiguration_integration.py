@@ -4,6 +4,7 @@ request still gets the right answer."""
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,28 +30,45 @@ def test_step_load_reconfigures_without_losing_a_request(tmp_path, capsys):
                         max_batch_delay_ms=30)
     server = torchserve.start(torchserve.Server(tmp_path / "run", "tiny", torchserve.Ports.free(), token_auth=False), mar,
                            timeout=180)
-    module, _, _ = prepare(resolve("tiny"), 2)
+    module, _, _ = prepare(resolve("tiny"), 2, "eager")  # the model itself: nothing compiled for the reference
     samples = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(9))
     with torch.inference_mode():
         expected = [torch.softmax(row, 0).topk(5).indices.tolist() for row in module(samples)]
     bodies = [s.numpy().tobytes() for s in samples]
     wrong: list[str] = []
 
-    def client(index: int, until: float) -> int:
+    def client(index: int, stop: threading.Event) -> int:
         sent = 0
-        while time.monotonic() < until:
+        while not stop.is_set():
             status, body = post(server, bodies[index], "application/octet-stream", token=None)
             if status != 200 or [p["class"] for p in body["predictions"]] != expected[index]:
                 wrong.append(f"{status} {body}")
             sent += 1
         return sent
 
+    def load(clients: int, until, then_s: float = 0.0, timeout_s: float = 90.0) -> int:
+        """`clients` closed-loop clients until until(the reconfigurations so far) holds, and then_s
+        longer: each step of the load lasts until the handler has followed it (seconds here, more on
+        a slow day)."""
+        stop = threading.Event()
+        with ThreadPoolExecutor(clients) as pool:
+            sending = [pool.submit(client, i, stop) for i in range(clients)]
+            deadline = time.monotonic() + timeout_s
+            try:
+                while not until(records := torchserve.handler_status(server)["reconfigurations"]):
+                    assert time.monotonic() < deadline, f"no such reconfiguration in {timeout_s:.0f} s: {records}"
+                    time.sleep(0.25)
+                time.sleep(then_s)
+            finally:
+                stop.set()
+            return sum(future.result() for future in sending)
+
     try:
         sent = 0
-        for clients, seconds in ((1, 5.0), (16, 6.0), (1, 6.0)):  # low → high → low
-            until = time.monotonic() + seconds
-            with ThreadPoolExecutor(clients) as pool:
-                sent += sum(pool.map(lambda i: client(i, until), range(clients)))
+        # low → high → low: down from the plan for B=8, up with the load, and back down after it
+        sent += load(1, lambda records: records and records[-1]["to_batch"] < 4)
+        sent += load(16, lambda records: records[-1]["to_batch"] >= 4)
+        sent += load(1, lambda records: records[-1]["to_batch"] == 1, then_s=2.0)  # and served on the last plan
         assert wrong == []
         status = torchserve.handler_status(server)
         records = status["reconfigurations"]

@@ -161,8 +161,10 @@ def test_a_pool_mixing_runtimes_answers_as_the_model(runtime):
     expected = answer_batch(spec.build(), codec, [(r.body, r.content_type) for r in requests])
     configs = [InstanceConfig(1, 2, (cores[0],), runtime=runtime),
                InstanceConfig(1, 2, (cores[-1],), runtime="inductor")]
-    with InstancePool(ModelConfig("tiny"), configs) as pool:
-        assert pool.mode == "compile"  # torch's instances' mode; the other runs its runtime
+    # torch's instance eager: what is mixed is the runtimes, not a graph mode (compile would build
+    # tiny's packages at 1 thread, 10-30 s on 2 cores, for this test alone)
+    with InstancePool(ModelConfig("tiny", graph_mode="eager"), configs) as pool:
+        assert pool.mode == "eager"  # torch's instances' mode; the other runs its runtime
         answers = pool.infer(requests)
     assert [a.status for a in answers] == [200] * len(requests)
     for answer, want in zip(answers, expected):
@@ -182,7 +184,7 @@ def test_the_profiler_measures_each_runtime_and_records_a_refused_one(monkeypatc
 
     monkeypatch.setattr(runtimes, "ensure_artefact", check)
     said = []
-    settings = profiler.ProfileSettings("tiny", warmup=1, iters=2)
+    settings = profiler.ProfileSettings("tiny", warmup=1, iters=2, graph_mode="eager")  # a real point, nothing compiled
     topology = detect(set(sorted(__import__("os").sched_getaffinity(0))[:1]))
     out = tmp_path / "tiny.csv"
     profile = profiler.run(settings, [1], [1], out, topology, progress=False,

@@ -60,7 +60,7 @@ def post(srv, body: bytes, content_type: str, token: str | None = "inference"):
 
 
 def test_good_and_bad_requests_concurrently(server):
-    module, _, _ = prepare(resolve("tiny"), 2)
+    module, _, _ = prepare(resolve("tiny"), 2, "eager")  # the model itself: nothing compiled for the reference
     samples = torch.randn(24, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():
         expected = [torch.softmax(row, 0).topk(5).indices.tolist() for row in module(samples)]
@@ -157,7 +157,7 @@ def test_a_profile_of_ios_instances_is_served_by_them(tmp_path):
     server = torchserve.start(torchserve.Server(run_dir, "tiny", torchserve.Ports.free(), token_auth=False), mar, timeout=180)
     try:
         x = torch.randn(3, 32, 32)
-        module, _, _ = prepare(spec, 1)
+        module, _, _ = prepare(spec, 1, "eager")
         with torch.inference_mode():
             top5 = torch.softmax(module(x[None])[0], 0).topk(5).indices.tolist()
         status, body = post(server, x.numpy().tobytes(), "application/octet-stream", token=None)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import psutil
 
+from packrat.deploy.torchserve import free_port
+
 
 def _ray_command() -> str:
     exe = Path(sys.executable).with_name("ray")
@@ -57,8 +59,10 @@ class LocalCluster:
         self._ray(cores, "--address", self.address)
 
     def _ray(self, cores: list[int], *args: str) -> None:
+        # Each node's dashboard agent on a port of its own: on Ray's default (52365) every node after
+        # the first retries the head's port for ~3 s before its raylet registers.
         cmd = ["taskset", "-c", ",".join(map(str, cores)), _ray_command(), "start", "--num-cpus", str(len(cores)),
-               "--disable-usage-stats", *args]
+               "--disable-usage-stats", "--dashboard-agent-listen-port", str(free_port()), *args]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"ray start failed: {(done.stderr or done.stdout).strip().splitlines()[-3:]}")
@@ -111,7 +115,7 @@ def _children(process: psutil.Process) -> list[psutil.Process]:
         return []
 
 
-def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.5):
+def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.1):
     """condition()'s first truthy value within timeout_s, else TimeoutError naming `what`."""
     deadline = time.monotonic() + timeout_s
     while not (value := condition()):

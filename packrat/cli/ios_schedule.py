@@ -8,13 +8,12 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-from torch import fx
-
-from packrat.ios_scheduler.api import DEFAULT_MAX_PART_SIZE
+# torch is imported in main(), after the restart with the OpenMP settings: loaded once, not twice.
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from packrat.ios_scheduler.api import DEFAULT_MAX_PART_SIZE
+
     parser = argparse.ArgumentParser(
         prog="ios-schedule",
         description="Inter-operator scheduling for CPU: group the model's independent operators into stages whose "
@@ -45,12 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from packrat.ios_scheduler.runtime import OPENMP_ENV, openmp_env
+    from packrat.ios_scheduler.openmp import OPENMP_ENV, openmp_env
 
     if argv is None and any(os.environ.get(key) != value for key, value in OPENMP_ENV.items()):
         # libgomp reads its settings once, when torch loads: restart this command with them
         os.execve(sys.executable, [sys.executable, "-m", "packrat.cli.ios_schedule", *sys.argv[1:]], openmp_env())
+    args = build_parser().parse_args(argv)
+    import torch
+    from torch import fx
+
     from packrat.ios_scheduler import api
     from packrat.ios_scheduler.timing import CostTable
     from packrat.models.zoo import resolve

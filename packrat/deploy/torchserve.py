@@ -22,12 +22,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
+
 from packrat.errors import ServeError
 from packrat.frontends.torchserve_control import CONTROL_DIR, control_file
 from packrat.settings import CONTROL_DIR_ENV
 
 LOG_CONFIG = Path(__file__).parent / "log4j2.xml"
 STATE_FILE = "server.json"
+JAVA_CLASS = "org.pytorch.serve.ModelServer"  # in Java's command line, as `torchserve --stop` checks
 OIP_ENV = "TS_OPEN_INFERENCE_PROTOCOL"  # "oip": TorchServe serves the KServe v2 / Open Inference Protocol paths
 
 
@@ -291,18 +294,21 @@ def wait_ready(server: Server, timeout: float, model: str | None = None) -> None
             return
         if not java_running(server):
             raise ServeError(f"TorchServe exited while starting; see {server.run_dir / 'logs'}: {log_tail(server)}")
-        time.sleep(0.5)
+        time.sleep(0.2)
     raise ServeError(f"model {model} not READY after {timeout:.0f} s (workers: {worker_status(server, model)}); "
                      f"see {server.run_dir / 'logs'}: {log_tail(server)}")
 
 
 def java_running(server: Server) -> bool:
-    pid_file = server.run_dir / "tmp" / ".model_server.pid"
     try:
-        os.kill(int(pid_file.read_text().strip()), 0)
+        os.kill(int(_pid_file(server).read_text().strip()), 0)
         return True
     except (OSError, ValueError):
         return False
+
+
+def _pid_file(server: Server) -> Path:
+    return server.run_dir / "tmp" / ".model_server.pid"
 
 
 def log_tail(server: Server, lines: int = 3) -> str:
@@ -317,9 +323,31 @@ def log_tail(server: Server, lines: int = 3) -> str:
 
 
 def stop(server: Server, timeout: float = 60.0) -> None:
-    """torchserve --stop, waiting for Java (and so the workers and their pools) to exit."""
-    cmd = [str(Path(sys.executable).parent / "torchserve"), "--stop", "--foreground"]
+    """torchserve --stop, then wait for Java (and so the workers and their pools) to exit. Not
+    `--foreground`'s wait: it lasts until the exited Java has been reaped as well, which the
+    orphan's new parent (init) may leave for seconds."""
+    java = _java(server)
+    cmd = [str(Path(sys.executable).parent / "torchserve"), "--stop"]
     subprocess.run(cmd, cwd=server.run_dir, env=server.env(), capture_output=True, text=True, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while java is not None and not _exited(java) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _java(server: Server) -> psutil.Process | None:
+    """The server's Java process, as its pid file names it (None if there is none)."""
+    try:
+        java = psutil.Process(int(_pid_file(server).read_text().strip()))
+        return java if JAVA_CLASS in java.cmdline() else None
+    except (OSError, ValueError, psutil.Error):
+        return None
+
+
+def _exited(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 # ---- requests to the running handler ------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The instance process: ``python -m packrat.serving.pool FD``, one per planned instance.
+"""The instance process: ``python -m packrat.serving.pool FD PARENT_PID``, one per planned instance.
 
 It receives its settings over the socket FD, pins itself to its cores, sets its thread counts,
 loads the model and a ``codec.Codec``, warms up, says it is ready (with how long a full planned
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import pickle
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,15 +24,17 @@ from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.core_locks import holding
 
 
-def exit_with_parent(cleanup=None, interval_s: float = 0.5) -> None:
+def exit_with_parent(cleanup=None, interval_s: float = 0.5, parent: int | None = None) -> None:
     """Exit this process when its parent is gone, after `cleanup()`. Instances use it to go even
     while still loading (they notice the parent's death on their socket only once they serve); the
     handler uses it so that the pool never outlives `torchserve --stop`, whatever keeps the worker
     alive (TorchServe's asynchronous worker, no longer used, kept non-daemon threads blocked forever
-    once Java had gone).
+    once Java had gone). `parent`: the pid the parent had (an instance is told it): one that died
+    before this call is noticed too, where os.getppid() would already name the process that
+    adopted this one.
     (Not PR_SET_PDEATHSIG: it fires when the spawning *thread* ends, and respawns come from
     short-lived threads.)"""
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -123,10 +126,16 @@ def load(model: ModelConfig, config: InstanceConfig):
     return prepare(spec, config.batch, graph_mode=model.graph_mode, compile_cache=model.compile_cache)
 
 
-def main(conn: Connection) -> None:
-    exit_with_parent()
-    model, config, codec_config, nice = conn.recv()
-    os.sched_setaffinity(0, config.cores)  # before any parallel region starts OpenMP's threads
+def main(conn: Connection, parent: int | None = None) -> None:
+    exit_with_parent(parent=parent)
+    model, config, codec_pickle, nice = conn.recv()
+    # Pinned before torch is imported (reading the codec's settings imports it) and before any
+    # parallel region starts OpenMP's threads: a thread inherits the affinity of the one starting it.
+    os.sched_setaffinity(0, config.cores)
+    codec_config = pickle.loads(codec_pickle)
+    # Niced once torch is imported, as it always was (the import came with the settings): an
+    # instance niced from the start took 3x as long to come up beside a busy pool (test_pool's
+    # reconfiguration under load on 2 busy cores: 37 s against 11).
     if nice:
         os.nice(nice)  # warming up beside a live pool: yield its cores to it (threads inherit this)
     import torch

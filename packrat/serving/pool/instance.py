@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -67,6 +68,7 @@ class Instance:
         self.sent_locked = False  # whether the batch it runs now holds the core locks
         self.slot = None  # the supervisor's memory of this instance's respawn attempts
         self.segment: SharedMemory | None = None
+        self._stopping = False  # stop() was called: asked to exit, or killed
         # A fresh interpreter (not fork: that would copy the server's threads and torch
         # state; not multiprocessing's spawn: that re-imports the caller's __main__).
         parent_sock, child_sock = socket.socketpair()
@@ -77,11 +79,13 @@ class Instance:
             from packrat.ios_scheduler.runtime import openmp_env
 
             env = openmp_env()
-        self.process = subprocess.Popen([sys.executable, "-m", "packrat.serving.pool", str(child_fd)], pass_fds=(child_fd,),
-                                        env=env)
+        self.process = subprocess.Popen([sys.executable, "-m", "packrat.serving.pool", str(child_fd), str(os.getpid())],
+                                        pass_fds=(child_fd,), env=env)
         os.close(child_fd)  # our copy: the socket must close when the child exits
         try:
-            self.conn.send((model, config, codec, nice))
+            # The codec's settings pickled apart: reading them imports torch, which the instance
+            # does only once it is pinned (threads started on import inherit the affinity).
+            self.conn.send((model, config, pickle.dumps(codec), nice))
         except OSError:  # it died before it could be told what to load: wait_ready says how
             pass
 
@@ -167,12 +171,29 @@ class Instance:
             self.segment.unlink()
             self.segment = None
 
-    def close(self, timeout: float = 5.0) -> None:
-        self.ready = False
+    def stop(self) -> None:
+        """Tell it to exit, without waiting for it (close() waits), so that a pool's instances all
+        stop at once. A serving instance reads the request after the batch it runs; one still
+        loading would read it only once loaded, so it is killed now rather than after close()'s
+        timeout."""
+        if self._stopping:
+            return
+        self._stopping, serving, self.ready = True, self.ready, False
+        if not serving:
+            self.kill()
+            return
         try:
             self.conn.send(("stop",))
+        except OSError:  # already gone
+            pass
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop it (unless stop() already asked), wait up to `timeout` for it to exit, else kill it;
+        free its segment."""
+        self.stop()
+        try:
             self.process.wait(timeout)
-        except (OSError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
         self.conn.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -214,8 +215,7 @@ class Supervisor:
             for inst in fresh.values():
                 inst.wait_ready(self.start_timeout)
         except BaseException:
-            for inst in fresh.values():
-                inst.close()
+            close_all(fresh.values())
             raise
         if fresh and not all(inst.restore_priority() for inst in fresh.values()):
             log.warning("new instances keep nice %d: lowering it back needs CAP_SYS_NICE", warmup_nice)
@@ -236,8 +236,7 @@ class Supervisor:
                 jobs, inst.jobs = inst.jobs, []
                 self._requeue(jobs, f"instance {inst.index} was stopped by a reconfiguration")
         self._wake()
-        for inst in stopped:
-            inst.close()
+        close_all(stopped)
         return {"kept": len(kept), "started": len(fresh), "parked": len(retired), "stopped": len(stopped)}
 
     def close(self) -> list:
@@ -245,9 +244,19 @@ class Supervisor:
         with self._lock:
             instances, self.instances, self.parked = self.instances + self.parked, [], []
             jobs = [job for inst in instances for job in inst.jobs]
-        for inst in instances:
-            inst.close()
+        close_all(instances)
         return jobs
+
+
+def close_all(instances: Iterable[Instance], timeout: float = 5.0) -> None:
+    """Close instances side by side: all told to stop first, then each waited for (within
+    `timeout` of the first being told), so stopping N instances takes one exit, not N."""
+    instances = list(instances)
+    for inst in instances:
+        inst.stop()
+    deadline = time.monotonic() + timeout
+    for inst in instances:
+        inst.close(max(0.0, deadline - time.monotonic()))
 
 
 def exit_code(inst: Instance) -> int | None:
