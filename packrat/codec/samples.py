@@ -190,7 +190,7 @@ class Samples:
         if samples.shape[0] != count:
             raise RequestError(400, f"inputs disagree on the number of samples: {samples.shape[0]} for "
                                     f"{spec.name!r}, {count} for another")
-        if dtype.is_floating_point and not torch.isfinite(samples).all():
+        if dtype.is_floating_point and not all_finite(samples):
             raise RequestError(400, "inputs must be finite numbers: got NaN or infinity")
         vocab = spec.vocab_size
         if vocab and not dtype.is_floating_point:
@@ -236,3 +236,15 @@ def b64(value: str) -> bytes:
         return base64.b64decode(value + "=" * (-len(value) % 4), validate=True)
     except (binascii.Error, ValueError):
         raise RequestError(400, "undecodable body: image data is not base64") from None
+
+
+def all_finite(values: torch.Tensor) -> bool:
+    """No NaN or infinity among `values`. One pass that allocates nothing the size of the input:
+    a NaN anywhere makes both the minimum and the maximum NaN, an infinity one of them; 0.07 ms
+    for a 224x224 image where torch.isfinite(values).all() took 0.59 (a tenth of a light model's
+    batch; BENCHMARKS.md, issue 32)."""
+    if values.numel() == 0:
+        return True
+    low, high = torch.aminmax(values)
+    return bool(torch.isfinite(low)) and bool(torch.isfinite(high))
+

@@ -87,6 +87,16 @@ def set_intra_op_threads(threads: int) -> None:
     torch.get_num_threads()
 
 
+def torch_threads(config: InstanceConfig) -> int:
+    """torch's intra-op threads in an instance: its threads when torch runs the model; one when
+    another runtime does. torch then only decodes and encodes, and a team of OpenMP threads of its
+    own would spin on the instance's cores after each of those small parallel regions while the
+    runtime's threads want them: squeezenet at B = 1 on 2 cores ran 12.5 ms a batch under ONNX
+    Runtime and 10.4 under OpenVINO in the instance with a 2-thread torch against 7.2 and 7.3 with
+    one (profile points 7.0 and 7.5; BENCHMARKS.md, issue 32)."""
+    return config.threads if config.runtime == "inductor" else 1
+
+
 class Decoders:
     """Decodes a batch's requests in parallel on the instance's cores. JPEG decoding and resizing
     release the GIL (issue 25, 4 ResNet-50 photos: 18.0 ms on 2 decoders against 23.0
@@ -147,7 +157,7 @@ def main(conn: Connection, parent: int | None = None) -> None:
         codec = Codec(codec_config)
         # only images are worth decoding in parallel: tokenising holds the GIL, raw tensors are a copy
         decoders = Decoders(config.threads if codec.input_kind == "image" else 1)
-        set_intra_op_threads(config.threads)  # after the decoders took their one each
+        set_intra_op_threads(torch_threads(config))  # after the decoders took their one each
         module, examples, mode = load(model, config)
         with torch.inference_mode():
             warm_ms = warm_up(module, examples, config.threads)

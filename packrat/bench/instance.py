@@ -1,0 +1,106 @@
+"""An instance against its profile point (`benchmarks/instance_gap.py`): is a pool instance as fast
+as the profiler said it would be?
+
+For one model, runtime, thread count t and batch b on the same t cores, in interleaved rounds:
+
+  point     the profile point: a fresh process pinned to the cores (packrat.profiling.point, as
+            `packrat profile` measures it) timing `iters` calls of the model; its median
+  instance  a pool of one instance ⟨t, b, runtime⟩ on those cores answering b requests (raw tensor
+            bytes) `iters` times, whole batches as TorchServe hands them over; per batch its model
+            stage (the run alone, stamped inside the instance) and the whole batch (submitted →
+            every answer back: the hop, decode, run and encode)
+
+The instance is started once and kept between rounds (idle, it waits on its socket while the
+point runs); each round's point is a fresh process, as the profiler's are. Reported per case: the
+median over rounds of each round's median, the spread (smallest and largest round), the ratios
+model / point and batch / point, and the instance's stages (the medians of
+packrat.serving.pool.stages over the last round).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from packrat.bench.rounds import interleaved
+
+MEASURES = ("point", "model", "batch")
+
+
+def instance_gap(model: str, runtime: str, threads: int, batch: int, cores: tuple[int, ...], *, rounds: int = 3,
+                 iters: int = 30, warmup: int = 10, graph_mode: str = "compile", progress=None) -> dict:
+    """The figures of one case (the module's doc); `progress()` after each round."""
+    from packrat.bench.payloads import build_payload
+    from packrat.codec.config import CodecConfig
+    from packrat.models.zoo import resolve
+    from packrat.profiling.profiler import ProfileSettings, measure_point
+    from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
+    from packrat.serving.pool.instance_pool import InstancePool
+
+    spec = resolve(model)
+    point = ProfileSettings(model, warmup=warmup, iters=iters, graph_mode=graph_mode, runtime=runtime)
+    body, content_type = build_payload(model, "raw")
+    requests = [Request(body, content_type)] * batch
+    instance = InstanceConfig(threads, batch, tuple(cores), runtime=runtime)
+    samples: dict[str, list[float]] = {name: [] for name in MEASURES}
+    with InstancePool(ModelConfig(model, graph_mode=graph_mode), [instance], codec=CodecConfig.for_model(spec),
+                      gather_ms=0.0) as pool:
+        for _ in range(warmup):
+            _answer(pool, requests)
+
+        def point_round() -> float:
+            return measure_point(point, threads, batch, list(cores))["p50_ms"]
+
+        def instance_round() -> float:
+            pool.stages.clear()
+            batch_ms = [_timed_ms(lambda: _answer(pool, requests)) for _ in range(iters)]
+            samples["model"].append(pool.stages.medians()["model"])
+            return statistics.median(batch_ms)
+
+        timed = interleaved({"point": point_round, "batch": instance_round}, rounds, progress=progress)
+        stages = pool.stages.medians()
+        mode = pool.mode
+    samples.update(timed)
+    return summary(samples, model=model, runtime=runtime, threads=threads, batch=batch, mode=mode,
+                   stage_ms=stages)
+
+
+def _answer(pool, requests: list) -> None:
+    answers = pool.infer(requests)
+    bad = [a for a in answers if not a.ok]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {len(answers)} requests answered {bad[0].status}: {bad[0].reason}")
+
+
+def _timed_ms(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return (time.perf_counter() - started) * 1e3
+
+
+def summary(samples: dict[str, list[float]], **case) -> dict:
+    """Medians over rounds, their spread and the ratios to the point. Pure."""
+    median = {name: statistics.median(values) for name, values in samples.items()}
+    return {**case, "rounds": len(samples["point"]), "median_ms": median,
+            "spread_ms": {name: [min(values), max(values)] for name, values in samples.items()},
+            "model_vs_point": median["model"] / median["point"], "batch_vs_point": median["batch"] / median["point"]}
+
+
+def format_gaps(results: list[dict]) -> str:
+    """A markdown table of instance_gap results."""
+    lines = ["| model | runtime | t | b | point ms | instance model ms | model / point | instance batch ms "
+             "| batch / point | decode | encode | hop |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        med, spread, stages = r["median_ms"], r["spread_ms"], r["stage_ms"]
+        hop = sum(stages.get(s, 0.0) for s in ("queue", "copy", "send", "wake", "locks", "reply", "hand_out"))
+        cells = [r["model"], r["runtime"], r["threads"], r["batch"],
+                 _with_spread(med["point"], spread["point"]), _with_spread(med["model"], spread["model"]),
+                 f"{r['model_vs_point']:.3f}", _with_spread(med["batch"], spread["batch"]), f"{r['batch_vs_point']:.3f}",
+                 f"{stages.get('decode', 0.0):.2f}", f"{stages.get('encode', 0.0):.2f}", f"{hop:.2f}"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def _with_spread(value: float, spread: list[float]) -> str:
+    return f"{value:.2f} ({spread[0]:.2f}–{spread[1]:.2f})"
