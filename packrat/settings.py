@@ -81,6 +81,10 @@ REQUEST_TIMEOUT_S = 120.0  # waiting and running longer: 504 (as TorchServe's de
 MAX_QUEUE = 1000  # requests waiting beyond this are answered 503 at once (TorchServe's job_queue_size)
 HANG_FACTOR = 10.0  # a batch may take this many times its expected latency ...
 HANG_FLOOR_S = 5.0  # ... and at least this long, before its instance counts as hung
+# A runtime other than inductor takes a profile point only when faster than inductor's figure by more
+# than either point's spread (std over its iterations) and by at least this fraction: two profiles of
+# one model otherwise picked different runtimes on noise (issue 32).
+RUNTIME_MARGIN = 0.02
 PLANS = ("auto", "fat")
 # How the pool recovers requests; None keeps the pool's own default (above).
 RECOVERY_KEYS = ("request_timeout_s", "max_queue", "batch_timeout_s", "hang_factor", "hang_floor_s")

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from packrat.bench.instance import format_gaps, summary
 from packrat.codec.samples import all_finite
-from packrat.serving.pool.api import InstanceConfig
 from packrat.serving.pool.child import torch_threads
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "instance_gap.py"
@@ -31,9 +30,10 @@ def test_all_finite_agrees_with_isfinite(values, dtype):
 
 
 def test_torch_runs_one_thread_beside_another_runtime():
-    assert torch_threads(InstanceConfig(4, 2, (0, 1, 2, 3))) == 4  # torch runs the model: all of them
+    for mode in ("compile", "eager", "script", "ios"):
+        assert torch_threads(mode, 4) == 4  # torch runs the model: all of them
     for runtime in ("openvino", "onnxruntime"):
-        assert torch_threads(InstanceConfig(4, 2, (0, 1, 2, 3), runtime=runtime)) == 1
+        assert torch_threads(runtime, 4) == 1
 
 
 def test_summary_takes_medians_over_rounds_and_ratios_to_the_point():

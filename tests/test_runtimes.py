@@ -114,6 +114,29 @@ def test_a_profile_takes_the_fastest_runtime_per_point(tmp_path):
     assert [i.runtime for i in plan.instances] == ["openvino", "openvino"]
 
 
+def test_a_runtime_takes_a_point_only_when_faster_beyond_the_noise(tmp_path):
+    """Columns: threads,batch,latency_ms,isolated_ms,copies,p50_ms,p99_ms,std_ms,iterations,runtime."""
+    path = tmp_path / "p.csv"
+    _write(path, "1,1,10,10,1,,,0.1,,inductor\n1,1,9.9,9.9,1,,,0.1,,openvino\n"  # 1 % faster: noise
+                 "1,2,20,20,1,,,0.5,,inductor\n1,2,18,18,1,,,3,,openvino\n"  # faster, but within its spread
+                 "1,4,40,40,1,,,0.5,,inductor\n1,4,30,30,1,,,1,,onnxruntime\n1,4,35,35,1,,,1,,openvino\n"
+                 "2,1,8,8,1,,,,,openvino\n2,1,7,7,1,,,,,onnxruntime\n")  # no inductor figure: the fastest
+    profile = profiles.load(path)
+    assert profile.runtimes == {(1, 1): "inductor", (1, 2): "inductor", (1, 4): "onnxruntime", (2, 1): "onnxruntime"}
+    assert profile.latency == {(1, 1): 10.0, (1, 2): 20.0, (1, 4): 30.0, (2, 1): 7.0}
+
+
+def test_the_runtime_chosen_does_not_depend_on_the_rows_order():
+    rows = [("openvino", 9.0, 0.2), ("inductor", 10.0, 0.2), ("onnxruntime", 8.5, 0.2)]
+    chosen = set()
+    for shift in range(len(rows)):
+        profile = profiles.Profile(latency={})
+        for runtime, latency, spread in rows[shift:] + rows[:shift]:
+            profile.add(runtime, 1, 1, latency, latency, spread)
+        chosen.add((profile.runtimes[1, 1], profile.latency[1, 1]))
+    assert chosen == {("onnxruntime", 8.5)}
+
+
 def test_a_profile_refuses_a_duplicate_point_of_one_runtime(tmp_path):
     path = tmp_path / "p.csv"
     _write(path, "1,1,10,10,1,,,,,openvino\n1,1,9,9,1,,,,,openvino\n")
@@ -170,6 +193,62 @@ def test_a_pool_mixing_runtimes_answers_as_the_model(runtime):
     for answer, want in zip(answers, expected):
         got, want = json.loads(answer.body)["predictions"], json.loads(want.body)["predictions"]
         assert [p["class"] for p in got] == [p["class"] for p in want]
+
+
+def test_an_instance_falls_back_to_the_points_next_runtime(monkeypatch):
+    from packrat.serving.pool import child
+
+    def load_runtime(spec, model, config, runtime):
+        if runtime == "openvino":
+            raise runtimes.RuntimeRefused("openvino cannot run tiny: made up")
+        return "module", (), runtime
+
+    monkeypatch.setattr(child, "load_runtime", load_runtime)
+    model = ModelConfig("tiny", graph_mode="eager")
+    *_, mode, why = child.load(model, InstanceConfig(1, 2, (0,), runtime="openvino", fallbacks=("onnxruntime",)))
+    assert mode == "onnxruntime" and why.startswith("runs onnxruntime instead of openvino: openvino: RuntimeRefused")
+    *_, mode, why = child.load(model, InstanceConfig(1, 2, (0,), runtime="onnxruntime"))
+    assert (mode, why) == ("onnxruntime", None)
+
+
+def test_fallbacks_come_from_the_profile_fastest_first(tmp_path):
+    from packrat.serving.pool.api import configs_for
+
+    path = tmp_path / "p.csv"
+    _write(path, "1,1,10,10,1,,,,,inductor\n1,1,8,8,1,,,,,openvino\n1,1,9,9,1,,,,,onnxruntime\n")
+    profile = profiles.load(path)
+    assert profile.fallbacks() == {(1, 1): ("openvino", "onnxruntime", "inductor")}
+    plan = Planner(profile.items(), 1, 1, profile.runtimes).plan(1, 1)
+    (config,) = configs_for(plan, 0, profile.fallbacks())
+    assert (config.runtime, config.fallbacks) == ("openvino", ("onnxruntime", "inductor"))
+
+
+def test_an_artefact_is_keyed_by_its_runtimes_version(monkeypatch):
+    spec = resolve("tiny")
+    monkeypatch.setattr(runtimes, "version", lambda runtime: "1.0")
+    old = runtimes.artefact_path(spec, "onnxruntime")
+    monkeypatch.setattr(runtimes, "version", lambda runtime: "1.1")
+    assert runtimes.artefact_path(spec, "onnxruntime") != old and "-1.1.onnx" in str(runtimes.artefact_path(spec, "onnxruntime"))
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not all(map(runtimes.installed, ("openvino", "onnxruntime"))), reason="needs both runtimes")
+def test_a_pool_whose_runtimes_are_refused_here_serves_with_inductor(monkeypatch, tmp_path):
+    """Both other runtimes refused on this machine (their refusals in the compile cache): the instance
+    runs inductor, says why in the log and the health, and answers."""
+    monkeypatch.setenv(COMPILE_CACHE_ENV.name, str(tmp_path))
+    spec = resolve("tiny")
+    for runtime in ("openvino", "onnxruntime"):
+        runtimes.refusal(runtimes.artefact_path(spec, runtime)).write_text(f"{runtime} refused here: made up\n")
+    inputs = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    requests = [Request(x.numpy().tobytes(), "application/octet-stream") for x in inputs]
+    config = InstanceConfig(1, 2, (0,), runtime="openvino", fallbacks=("onnxruntime",))
+    with InstancePool(ModelConfig("tiny", graph_mode="eager"), [config]) as pool:
+        assert pool.mode == "eager"
+        assert [a.status for a in pool.infer(requests)] == [200, 200]
+        (line,) = pool.health().fallbacks
+    assert line.startswith("instance 0 runs inductor instead of openvino: openvino: ")
+    assert "onnxruntime refused here: made up" in line
 
 
 # ---- profiling and serving with the runtimes installed -------------------------------------------

@@ -15,7 +15,7 @@ from packrat.errors import ServeError
 MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"eager"|"ios", "health": {"instances", '
               '"ready", "respawning", "respawn_failures", "unavailable", "queued", "answered", "refused", "stage_ms": '
               '{"queue", "copy", "send", "wake", "locks", "decode", "model", "encode", "reply", "hand_out", "total"}, '
-              '"sub_batches", "requests_per_sub_batch", ...}, '
+              '"sub_batches", "requests_per_sub_batch", "fallbacks", ...}, '
               '"reconfigurations": [{"from_batch", "to_batch", "reason", "seconds", "failed_requests", ...}], '
               '"cpu_budget": {"cores", "source", "detail"}, "profile": "NAME: why it was chosen", "node": {...}}')
 
@@ -82,6 +82,8 @@ def print_model(name: str, status: dict, last: int) -> None:
         print(f"recovery: {health.get('watchdog_kills', 0)} hung instance(s) killed by the watchdog, "
               f"{health.get('requeued', 0)} request(s) re-run after losing their instance, "
               f"{health.get('expired', 0)} past their deadline (504)")
+        for line in health.get("fallbacks", []):
+            print(f"runtime fallback: {line}")
         if health.get("stage_ms"):
             print(hop_text(health))
     records = status["reconfigurations"]

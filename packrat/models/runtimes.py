@@ -26,6 +26,7 @@ imported where it is used, so CLIs read RUNTIMES without paying for it.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -48,6 +49,17 @@ class RuntimeRefused(Exception):
 def installed(runtime: str) -> bool:
     package = PACKAGES.get(runtime)
     return package is None or importlib.util.find_spec(package) is not None
+
+
+def version(runtime: str) -> str:
+    """The installed version of the runtime's package ("" for inductor, or when it is missing)."""
+    package = PACKAGES.get(runtime)
+    if package is None:
+        return ""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 def installed_runtimes() -> tuple[str, ...]:
@@ -94,12 +106,14 @@ def difference(output, reference) -> str | None:
 # ---- artefacts: built once per model, checked against eager -----------------------------------
 
 def artefact_path(spec, runtime: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where `runtime`'s artefact for `spec` lives: beside its compiled packages, named by their key."""
+    """Where `runtime`'s artefact for `spec` lives: beside its compiled packages, named by their key
+    and the runtime's version (a conversion, or a refusal, made by one version is not trusted by
+    another: an upgrade converts and checks again)."""
     from packrat.models import compiled
     from packrat.models.spec import SEED
 
     key = compiled.package_key(f"{spec.name}:{SEED}", spec.sources, spec.inputs)
-    return Path(cache_dir or compiled.default_cache_dir()) / f"{spec.name}-{key}{SUFFIXES[runtime]}"
+    return Path(cache_dir or compiled.default_cache_dir()) / f"{spec.name}-{key}-{version(runtime)}{SUFFIXES[runtime]}"
 
 
 def artefact_files(path: Path) -> list[Path]:

@@ -18,8 +18,9 @@ can be planned from directly.
 
 Runtimes: a ``runtime`` column (inductor, openvino, onnxruntime; packrat/models/runtimes.py) lets a
 profile hold each point under several runtimes; a file without it holds inductor's. The profile's
-L(t, b) is then the fastest runtime's figure, and ``runtimes`` says which runtime that is, so the
-planner takes, point by point, the fastest runtime measured.
+L(t, b) is then inductor's figure unless another runtime is faster beyond the noise (by more than
+either point's ``std_ms`` and by RUNTIME_MARGIN), and ``runtimes`` says which runtime that is, so
+the planner takes, point by point, a runtime that holds its lead.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packrat.errors import ProfileError
+from packrat.settings import RUNTIME_MARGIN
 
 REQUIRED = ("threads", "batch", "latency_ms")
 COLUMNS = ("threads", "batch", "latency_ms", "isolated_ms", "copies", "p50_ms", "p99_ms", "std_ms", "iterations",
@@ -61,25 +63,54 @@ class Profile:
     runtimes: dict[tuple[int, int], str] = field(default_factory=dict)  # the runtime whose figures those are
     # every runtime's figures: runtime -> (threads, batch) -> (primary, isolated)
     by_runtime: dict[str, dict[tuple[int, int], tuple[float, float]]] = field(default_factory=dict)
+    spread: dict[str, dict[tuple[int, int], float]] = field(default_factory=dict)  # runtime -> point -> std ms
 
     @property
     def measured_runtimes(self) -> list[str]:
         """The runtimes this profile holds points of, inductor first."""
         return sorted(self.by_runtime, key=lambda r: (r != DEFAULT_RUNTIME, r)) or [DEFAULT_RUNTIME]
 
-    def add(self, runtime: str, threads: int, batch: int, latency: float, isolated: float) -> None:
-        """One runtime's point; the profile's figure for ⟨t, b⟩ stays the fastest runtime's."""
+    def add(self, runtime: str, threads: int, batch: int, latency: float, isolated: float, spread: float = 0.0
+            ) -> None:
+        """One runtime's point (`spread`: the std of its iterations, 0 if unknown); the profile's
+        figure for ⟨t, b⟩ is then the one runtime_for chooses."""
         self.by_runtime.setdefault(runtime, {})[threads, batch] = (latency, isolated)
-        if (threads, batch) not in self.latency or latency < self.latency[threads, batch]:
-            self.latency[threads, batch], self.isolated[threads, batch] = latency, isolated
-            self.runtimes[threads, batch] = runtime
+        self.spread.setdefault(runtime, {})[threads, batch] = spread
+        chosen = self.runtime_for(threads, batch)
+        self.latency[threads, batch], self.isolated[threads, batch] = self.by_runtime[chosen][threads, batch]
+        self.runtimes[threads, batch] = chosen
+
+    def runtime_for(self, threads: int, batch: int) -> str:
+        """The runtime whose figure ⟨t, b⟩ takes: inductor's, unless another is faster beyond the
+        noise (faster by more than either point's spread and by RUNTIME_MARGIN at least; the fastest
+        such one). Without inductor's figure, the fastest."""
+        measured = {r: points[threads, batch][0] for r, points in self.by_runtime.items() if (threads, batch) in points}
+        if DEFAULT_RUNTIME not in measured:
+            return min(measured, key=lambda r: (measured[r], r))
+        default = measured[DEFAULT_RUNTIME]
+        chosen = DEFAULT_RUNTIME
+        for runtime, latency in sorted(measured.items()):
+            margin = max(self.spread[runtime][threads, batch], self.spread[DEFAULT_RUNTIME][threads, batch],
+                         RUNTIME_MARGIN * default)
+            if latency < default - margin and latency < measured[chosen]:
+                chosen = runtime
+        return chosen
+
+    def fallbacks(self) -> dict[tuple[int, int], tuple[str, ...]]:
+        """Each point's runtimes, fastest first: what an instance runs instead when the chosen one
+        fails on the serving machine."""
+        points: dict[tuple[int, int], list[tuple[float, str]]] = {}
+        for runtime, figures in self.by_runtime.items():
+            for point, (latency, _) in figures.items():
+                points.setdefault(point, []).append((latency, runtime))
+        return {point: tuple(r for _, r in sorted(found)) for point, found in points.items()}
 
     def only(self, runtimes) -> "Profile":
         """This profile with the points of `runtimes` alone (say, those installed where it is served)."""
         kept = Profile(latency={}, metadata=dict(self.metadata), rows=list(self.rows))
         for runtime in runtimes:
             for (t, b), (latency, isolated) in self.by_runtime.get(runtime, {}).items():
-                kept.add(runtime, t, b, latency, isolated)
+                kept.add(runtime, t, b, latency, isolated, self.spread[runtime][t, b])
         return kept
 
     def runtime_items(self, runtime: str, latency: str | None = None) -> list[tuple[int, int, float]]:
@@ -173,6 +204,7 @@ def load(path: str | Path) -> Profile:
             batch = _parse_number(row[columns["batch"]], int, "batch")
             latency = _parse_latency(row[columns["latency_ms"]], "latency_ms")
             isolated = _parse_latency(row["isolated_ms"], "isolated_ms") if loaded else latency
+            spread = _parse_number(row["std_ms"], float, "std_ms") if (row.get("std_ms") or "").strip() else 0.0
         except ValueError as exc:
             raise ProfileError(f"{where}: {exc}") from None
         if threads < 1 or batch < 1:
@@ -180,7 +212,7 @@ def load(path: str | Path) -> Profile:
         runtime = (row.get("runtime") or "").strip() or DEFAULT_RUNTIME
         if (threads, batch) in profile.by_runtime.get(runtime, {}):
             raise ProfileError(f"{where}: duplicate point threads={threads} batch={batch} runtime={runtime}")
-        profile.add(runtime, threads, batch, latency, isolated)
+        profile.add(runtime, threads, batch, latency, isolated, spread)
         profile.rows.append({k: v for k, v in row.items() if k is not None})
     if not profile.latency:
         raise ProfileError(f"{path}: no data rows")

@@ -49,6 +49,7 @@ class Engine:
         self.spec, self.codec = spec, codec_config(settings, spec, model_name, str(model_dir))
         self.max_batch = max_batch
         self._items, self._runtimes, self._plan_mode = profile.items(), profile.runtimes, settings.plan
+        self._fallbacks = profile.fallbacks()  # each point's runtimes, for an instance whose runtime fails here
         start_batch = min(settings.plan_batch or max_batch, max_batch)
         self.pool = self.controller = None
         self.topology, self.node, turns = self.budget.topology, None, False
@@ -71,14 +72,16 @@ class Engine:
         recovery = pool_settings(settings)
         if not asynchronous:  # the whole batch is here: nothing more comes until it is answered
             recovery.setdefault("gather_ms", 0.0)
-        self.pool = InstancePool.from_plan(model, plan, capacity=max_batch, codec=self.codec, **recovery)
+        self.pool = InstancePool.from_plan(model, plan, capacity=max_batch, fallbacks=self._fallbacks, codec=self.codec,
+                                           **recovery)
         if turns:
             self.pool.take_turns(self.node.lock_dir)
         mismatch = mode_mismatch(profile.metadata.get("mode"), self.pool.mode)
         if mismatch:
             log.warning(mismatch)
         estimator = BatchSizeEstimator(start_batch, max_batch, settings.estimator or EstimatorSettings())
-        self.controller = Controller(self.pool, plan, self.plan_for, lambda p: configs_for(p, max_batch), estimator)
+        self.controller = Controller(self.pool, plan, self.plan_for, lambda p: configs_for(p, max_batch, self._fallbacks),
+                                     estimator)
         self.reconfigure = settings.reconfigure  # follow the load, unless told not to
         if self.node is not None:
             self.node.applying = True

@@ -16,6 +16,8 @@ class InstanceConfig:
     capacity: int = 0  # most requests it takes at once when the queue is long; at least `batch`
     expected_ms: float | None = None  # the profile's L(threads, batch): the watchdog's yardstick
     runtime: str = "inductor"  # packrat.models.runtimes.RUNTIMES: the engine that runs this instance's model
+    fallbacks: tuple[str, ...] = ()  # runtimes to run it with instead, in order, if `runtime` fails here
+    # (inductor, the default, is always the last resort)
 
     @property
     def slots(self) -> int:
@@ -72,10 +74,15 @@ class Health:
     # last sub-batches, and their "total" (packrat.serving.pool.stages); empty before the first
     sub_batches: int = 0  # sub-batches answered since the pool started
     requests_per_sub_batch: float = 0.0  # their mean size over the same last sub-batches
+    fallbacks: list[str] = field(default_factory=list)  # instances running another runtime than planned, and why
 
 
-def configs_for(plan, capacity: int = 0) -> list[InstanceConfig]:
+def configs_for(plan, capacity: int = 0, fallbacks=None) -> list[InstanceConfig]:
     """One instance per planned ⟨threads, batch, cores⟩ of a planner.Plan; `capacity` lets
-    each take up to that many requests (e.g. TorchServe's batch size, when the plan is for less)."""
-    return [InstanceConfig(i.threads, i.batch, tuple(i.cores), capacity, i.latency_ms, i.runtime)
+    each take up to that many requests (e.g. TorchServe's batch size, when the plan is for less).
+    `fallbacks`: (threads, batch) -> the point's other runtimes, fastest first (a profile's
+    fallbacks()), for an instance whose runtime fails on this machine."""
+    fallbacks = fallbacks or {}
+    return [InstanceConfig(i.threads, i.batch, tuple(i.cores), capacity, i.latency_ms, i.runtime,
+                           tuple(r for r in fallbacks.get((i.threads, i.batch), ()) if r != i.runtime))
             for i in plan.instances]

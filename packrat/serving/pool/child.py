@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
+from packrat.models.runtimes import DEFAULT_RUNTIME, RUNTIMES
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.core_locks import holding
 
@@ -87,14 +88,15 @@ def set_intra_op_threads(threads: int) -> None:
     torch.get_num_threads()
 
 
-def torch_threads(config: InstanceConfig) -> int:
-    """torch's intra-op threads in an instance: its threads when torch runs the model; one when
+def torch_threads(mode: str, threads: int) -> int:
+    """torch's intra-op threads in an instance of `threads` threads running the model in `mode` (a
+    graph mode, or the runtime running it): all of them when torch runs the model; one when
     another runtime does. torch then only decodes and encodes, and a team of OpenMP threads of its
     own would spin on the instance's cores after each of those small parallel regions while the
     runtime's threads want them: squeezenet at B = 1 on 2 cores ran 12.5 ms a batch under ONNX
     Runtime and 10.4 under OpenVINO in the instance with a 2-thread torch against 7.2 and 7.3 with
     one (profile points 7.0 and 7.5; BENCHMARKS.md, issue 32)."""
-    return config.threads if config.runtime == "inductor" else 1
+    return 1 if mode in RUNTIMES and mode != DEFAULT_RUNTIME else threads
 
 
 class Decoders:
@@ -121,19 +123,40 @@ class Decoders:
 
 
 def load(model: ModelConfig, config: InstanceConfig):
+    """(module, example inputs, mode, why it runs another runtime than planned or None). A runtime
+    that fails here (not installed, refused for this model, or failing to load) gives way to the
+    point's next runtime, inductor last."""
     from packrat.models.zoo import prepare, resolve
 
     spec = resolve(model.model, model.input_shape)
     if model.ios_cache:
         from packrat.ios_scheduler.cache import prepare_ios
 
-        return prepare_ios(spec, config.batch, config.threads, model.ios_cache)
-    if config.runtime != "inductor":
-        from packrat.models.runtimes import prepare_runtime
+        return (*prepare_ios(spec, config.batch, config.threads, model.ios_cache), None)
+    failures = []
+    for runtime in dict.fromkeys((config.runtime, *config.fallbacks, DEFAULT_RUNTIME)):
+        if runtime == DEFAULT_RUNTIME:
+            break
+        try:
+            return (*load_runtime(spec, model, config, runtime), fell_back(config.runtime, runtime, failures))
+        except Exception as exc:  # this runtime cannot serve here: the next one may
+            failures.append(f"{runtime}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+    module, examples, mode = prepare(spec, config.batch, graph_mode=model.graph_mode, compile_cache=model.compile_cache)
+    return module, examples, mode, fell_back(config.runtime, DEFAULT_RUNTIME, failures)
 
-        module, examples = prepare_runtime(spec, config.runtime, config.batch, config.threads, model.compile_cache)
-        return module, examples, config.runtime
-    return prepare(spec, config.batch, graph_mode=model.graph_mode, compile_cache=model.compile_cache)
+
+def load_runtime(spec, model: ModelConfig, config: InstanceConfig, runtime: str):
+    from packrat.models.runtimes import prepare_runtime
+
+    module, examples = prepare_runtime(spec, runtime, config.batch, config.threads, model.compile_cache)
+    return module, examples, runtime
+
+
+def fell_back(planned: str, running: str, failures: list[str]) -> str | None:
+    """The line saying why an instance runs `running` instead of `planned`; None if it does not."""
+    if running == planned:
+        return None
+    return f"runs {running} instead of {planned}: " + "; ".join(failures)
 
 
 def main(conn: Connection, parent: int | None = None) -> None:
@@ -157,11 +180,12 @@ def main(conn: Connection, parent: int | None = None) -> None:
         codec = Codec(codec_config)
         # only images are worth decoding in parallel: tokenising holds the GIL, raw tensors are a copy
         decoders = Decoders(config.threads if codec.input_kind == "image" else 1)
-        set_intra_op_threads(torch_threads(config))  # after the decoders took their one each
-        module, examples, mode = load(model, config)
+        set_intra_op_threads(config.threads)  # after the decoders took their one each; what loading reads
+        module, examples, mode, fallback = load(model, config)
+        set_intra_op_threads(torch_threads(mode, config.threads))
         with torch.inference_mode():
             warm_ms = warm_up(module, examples, config.threads)
-        conn.send(("ready", mode, warm_ms))
+        conn.send(("ready", mode, warm_ms, fallback))
     except Exception as exc:  # report why, then exit: the parent decides what to do
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return

@@ -4,6 +4,7 @@ requests' bodies, and stopping or killing it. Knows nothing of queues or policie
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import pickle
 import signal
@@ -21,6 +22,8 @@ import psutil
 from packrat.codec.config import CodecConfig
 from packrat.errors import PoolError
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
+
+log = logging.getLogger("packrat.serving.pool")
 
 MIN_SEGMENT_BYTES = 1 << 20
 SEGMENT_PREFIX = "packrat-"  # /dev/shm/packrat-<owner pid>-<n>: sweep_stale_segments can tell whose it is
@@ -59,6 +62,7 @@ class Instance:
         self.index, self.config = index, config
         self.ready = False  # set once the instance has loaded its model and takes work
         self.mode = ""
+        self.fallback: str | None = None  # why it runs another runtime than its config's, if it does
         self.warm_ms = 0.0  # a full planned batch, timed in its warm-up
         self.jobs: list = []  # the dispatcher's jobs it runs now
         self.busy_since = 0.0  # monotonic time its current jobs were sent
@@ -106,7 +110,9 @@ class Instance:
             raise StartFailed(f"instance {self.index} exited while starting ({how})", by_signal=code < 0) from None
         if message[0] == "failed":
             raise StartFailed(f"instance {self.index} failed to start: {message[1]}")
-        _, self.mode, self.warm_ms = message
+        _, self.mode, self.warm_ms, self.fallback = message
+        if self.fallback:
+            log.warning("instance %d %s", self.index, self.fallback)
         self.ready = True
         return self.mode
 

@@ -106,9 +106,9 @@ class InstancePool:
         log.info("pool ready: %s (%s mode)", self.describe(), self.mode)
 
     @classmethod
-    def from_plan(cls, model: ModelConfig, plan, capacity: int = 0, **kwargs) -> "InstancePool":
-        """A pool for a planner.Plan: one instance per planned ⟨threads, batch, cores⟩."""
-        return cls(model, configs_for(plan, capacity), **kwargs)
+    def from_plan(cls, model: ModelConfig, plan, capacity: int = 0, fallbacks=None, **kwargs) -> "InstancePool":
+        """A pool for a planner.Plan: one instance per planned ⟨threads, batch, cores⟩ (api.configs_for)."""
+        return cls(model, configs_for(plan, capacity, fallbacks), **kwargs)
 
     @property
     def configs(self) -> list[InstanceConfig]:
@@ -240,7 +240,8 @@ class InstancePool:
                           s.respawn_failures, s.unavailable(), len(self.dispatcher.queue), counts.answered,
                           counts.refused, s.watchdog_kills, counts.expired, counts.requeued,
                           stage_ms=self.stages.means(), sub_batches=self.stages.sub_batches,
-                          requests_per_sub_batch=self.stages.requests_per_sub_batch())
+                          requests_per_sub_batch=self.stages.requests_per_sub_batch(),
+                          fallbacks=[f"instance {i.index} {i.fallback}" for i in s.instances if i.fallback])
 
     # ---- reconfiguration ------------------------------------------------------------------------
 
