@@ -179,3 +179,20 @@ def test_published_tables_replayed_give_every_plan_for_t_up_to_16_and_b_up_to_10
     grid = replay(table, max_batch=1024)
     assert worst_plan_ratio(table, grid.measured, max_batch=1024) == pytest.approx(1.0, abs=1e-9)
     assert len(grid.measured) < grid.grid_size
+
+
+def test_runtimes_grids_are_measured_back_to_back_and_each_stays_exact():
+    """Two runtimes' grids run together: every point either asks for is measured under both, one
+    right after the other; each grid's plans are still the full table's."""
+    threads, batches = [1, 2, 3, 4], [1, 2, 4, 8]
+    tables = {"inductor": {(t, b): 2.0 + b * (1.0 + 3.0 / t) for t in threads for b in batches},
+              "onnxruntime": {(t, b): 1.0 + b * (1.2 + 2.5 / t ** 0.8) for t in threads for b in batches}}
+    grids = {name: AdaptiveGrid(threads, batches) for name in tables}
+    order = []
+    adaptive.run_together(grids, lambda name, t, b: order.append((name, t, b)) or tables[name][t, b])
+    pairs = [order[i:i + 2] for i in range(0, len(order), 2)]
+    assert all([a[0], b[0]] == ["inductor", "onnxruntime"] and a[1:] == b[1:] for a, b in pairs)
+    for name, grid in grids.items():
+        assert grid.next_point() is None
+        assert worst_plan_ratio(tables[name], grid.measured) == pytest.approx(1.0)
+    assert len(order) < 2 * len(threads) * len(batches)  # still adaptive: not the whole grid

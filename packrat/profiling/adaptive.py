@@ -208,6 +208,27 @@ def run(grid: AdaptiveGrid, measure: Callable[[int, int], float],
     return grid.measured
 
 
+def run_together(grids: dict[str, AdaptiveGrid], measure: Callable[[str, int, int], float],
+                 on_point: Callable[[str, int, int, float], None] | None = None) -> None:
+    """Several runtimes' grids over the same threads × batches, measured back to back: the point
+    any grid asks for next (the smallest, when several ask) is measured under every runtime whose grid
+    lacks it, one right after the other, so that a machine drifting over minutes does not decide
+    which runtime is faster at it. A grid may so get points it would not have asked for; each grid
+    still stops only when no unmeasured point can change its plans. `measure(name, t, b)` gives a
+    latency in ms; `on_point(name, t, b, ms)` hears of each."""
+    while True:
+        asked = [point for point in (grid.next_point() for grid in grids.values()) if point is not None]
+        if not asked:
+            return
+        point = min(asked)
+        for name, grid in grids.items():
+            if point not in grid.measured:
+                latency = measure(name, *point)
+                grid.record(*point, latency)
+                if on_point:
+                    on_point(name, *point, latency)
+
+
 def resume(grid: AdaptiveGrid, points: Iterable[tuple[int, int, float]]) -> None:
     """Record points measured earlier (an interrupted run's file) that lie on the grid."""
     for t, b, latency in points:

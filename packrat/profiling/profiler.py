@@ -411,38 +411,39 @@ def run_adaptive(settings: ProfileSettings, threads: list[int], batches: list[in
     previous = profiles.load(out) if source is None and _existing(out, meta) else None
     _some_runtime(verdicts)
     grids = {}
+    for runtime in [r for r, why in verdicts.items() if not why]:
+        grids[runtime] = adaptive.AdaptiveGrid(threads, batches, tolerance=tolerance,
+                                               slack=adaptive.DEFAULT_SLACK if slack is None else slack)
+        if previous is not None:
+            adaptive.resume(grids[runtime], previous.runtime_items(runtime))
     with profiles.ProfileWriter(out, meta) as writer:
-        for runtime in [r for r, why in verdicts.items() if not why]:
-            grid = adaptive.AdaptiveGrid(threads, batches, tolerance=tolerance,
-                                         slack=adaptive.DEFAULT_SLACK if slack is None else slack)
-            if previous is not None:
-                adaptive.resume(grid, previous.runtime_items(runtime))
-            _adapt(grid, replace(settings, runtime=runtime), topology, source, writer, progress)
-            grids[runtime] = grid
+        _adapt(grids, settings, topology, source, writer, progress)
     result = profiles.load(out)
     parts = [_adaptive_result(replace(settings, runtime=r), grid, topology,
                               source.by_runtime[r] if source else None) for r, grid in grids.items()]
     return AdaptiveResult(result, *(sum(values) for values in zip(*parts)))
 
 
-def _adapt(grid, settings: ProfileSettings, topology: Topology, source: profiles.Profile | None,
+def _adapt(grids: dict, settings: ProfileSettings, topology: Topology, source: profiles.Profile | None,
            writer: profiles.ProfileWriter, progress: bool) -> None:
-    """Run the adaptive method on `grid`, measuring (or, replaying, looking up) each point it asks for."""
+    """Run the adaptive method on each runtime's grid, back to back (adaptive.run_together),
+    measuring (or, replaying, looking up) each point asked for."""
     from packrat.profiling import adaptive
 
-    named = "" if settings.runtime == DEFAULT_RUNTIME else f" {settings.runtime}"
-    bar = tqdm(total=grid.grid_size, initial=len(grid.measured), disable=not progress, unit="point",
-               bar_format="{desc}: {n_fmt}/{total_fmt} points of the grid [{elapsed}]")
+    several = list(grids) != [DEFAULT_RUNTIME]
+    bar = tqdm(total=sum(g.grid_size for g in grids.values()), initial=sum(len(g.measured) for g in grids.values()),
+               disable=not progress, unit="point", bar_format="{desc}: {n_fmt}/{total_fmt} points of the grid [{elapsed}]")
     with bar:
-        def measure_one(t: int, b: int) -> float:
-            bar.set_description_str(f"adaptive{named}, measuring threads={t} batch={b}")
-            row = _replay_row(source, t, b, settings.runtime) if source else measure(settings, t, b, topology)
+        def measure_one(runtime: str, t: int, b: int) -> float:
+            bar.set_description_str(f"adaptive{' ' + runtime if several else ''}, measuring threads={t} batch={b}")
+            row = (_replay_row(source, t, b, runtime) if source
+                   else measure(replace(settings, runtime=runtime), t, b, topology))
             writer.write(row)
             bar.update()
             return row["latency_ms"]
 
-        adaptive.run(grid, measure_one)
-        bar.set_description_str(f"adaptive{named}, done")
+        adaptive.run_together(grids, measure_one)
+        bar.set_description_str("adaptive, done")
 
 
 def _adaptive_result(settings: ProfileSettings, grid, topology: Topology,
