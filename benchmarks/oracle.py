@@ -423,7 +423,8 @@ def get_profile(args, topology: Topology, *, measure: bool) -> tuple[Path, Profi
                   f"point alone and, when t ≤ T/2, loaded; at least {_about(len(missing) * PROFILE_POINT_OVERHEAD_S)}"
                   " (the bar shows the time left); interrupted, the same command resumes it", flush=True)
             settings = profiler.ProfileSettings(model=args.model, warmup=PROFILE_WARMUP, iters=None,
-                                         min_time=args.profile_min_time, contention=True)
+                                         min_time=args.profile_min_time, contention=True,
+                                         isolated_too=True)
             profiler.run(settings, threads, args.batches, path, topology=topology, progress=not args.quiet)
     return path, (load(path) if path.exists() else None)
 

@@ -56,6 +56,8 @@ def test_only_required_columns_are_needed(tmp_path):
                                                              "isolated_ms column"),
     ("# latency: busy\nthreads,batch,latency_ms\n1,1,2\n", "metadata 'latency: busy' is neither loaded nor isolated"),
     ("# latency: loaded\nthreads,batch,latency_ms,isolated_ms\n1,1,2,\n", "row 3: isolated_ms is not a number"),
+    ("# latency: loaded\nthreads,batch,latency_ms,isolated_ms,copies\n1,1,2,,1\n", "row 3: isolated_ms is not a number"),
+    ("# latency: loaded\nthreads,batch,latency_ms,isolated_ms,copies\n1,1,2,,x\n", "row 3: copies is not an integer"),
     ("# latency: loaded\nthreads,batch,latency_ms,isolated_ms\n1,1,2,0\n", "row 3: isolated_ms must be > 0"),
 ])
 def test_rejections_name_file_row_and_problem(tmp_path, text, message):

@@ -101,7 +101,10 @@ def test_run_writes_metadata_and_resumes(tmp_path, monkeypatch):
     assert {row["copies"] for row in profile.rows} == {"1"} and profile.isolated == profile.latency
 
 
-def test_contention_measures_each_point_alone_then_beside_its_copies(tmp_path, monkeypatch):
+@pytest.mark.parametrize("isolated_too", [False, True])
+def test_contention_measures_each_point_as_it_is_served(tmp_path, monkeypatch, isolated_too):
+    """Loaded beside ⌊T/t⌋ - 1 copies where they fit, alone where they do not; alone as well only
+    when asked (isolated_too: the oracle's two figures)."""
     alone, loaded = [], []
 
     def fake_point(settings, t, b, cores):
@@ -117,14 +120,18 @@ def test_contention_measures_each_point_alone_then_beside_its_copies(tmp_path, m
     out = tmp_path / "tiny.csv"
     topo = Topology(((0, 1, 2, 3),))
     assert profiler.DEFAULT_CONTENTION == FAST.contention
-    profile = profiler.run(dataclasses.replace(FAST, contention=True), [1, 2, 3, 4], [2], out, topology=topo,
-                           progress=False)
-    assert alone == [(1, 2, (0,)), (2, 2, (0, 1)), (3, 2, (0, 1, 2)), (4, 2, (0, 1, 2, 3))]
+    settings = dataclasses.replace(FAST, contention=True, isolated_too=isolated_too)
+    profile = profiler.run(settings, [1, 2, 3, 4], [2], out, topology=topo, progress=False)
+    assert alone == ([(1, 2, (0,)), (2, 2, (0, 1))] if isolated_too else []) + [(3, 2, (0, 1, 2)), (4, 2, (0, 1, 2, 3))]
     assert loaded == [(1, 2, [[0], [1], [2], [3]]), (2, 2, [[0, 1], [2, 3]])]  # ⌊4/t⌋ > 1 copies only
     assert profile.loaded and profile.metadata["latency"] == "loaded"
     assert profile.latency == {(1, 2): 36.0, (2, 2): 18.0, (3, 2): 8.0, (4, 2): 6.0}
-    assert profile.isolated == {(1, 2): 24.0, (2, 2): 12.0, (3, 2): 8.0, (4, 2): 6.0}
+    assert profile.isolated == ({(1, 2): 24.0, (2, 2): 12.0} if isolated_too else {}) | {(3, 2): 8.0, (4, 2): 6.0}
     assert [row["copies"] for row in profile.rows] == ["4", "2", "1", "1"]
+    assert profile.figures == (("loaded", "isolated") if isolated_too else ("loaded",))
+    if not isolated_too:
+        with pytest.raises(ProfileError, match="only for the points served alone"):
+            profile.items("isolated")
 
 
 @pytest.mark.parametrize("first,then,flag", [(True, False, "--contention"), (False, True, "--isolated")])
@@ -151,7 +158,7 @@ def test_older_isolated_profile_refuses_loaded_points(tmp_path, monkeypatch):
 @pytest.mark.integration
 def test_loaded_point_runs_copies_on_disjoint_pinned_cores(started):
     topo = two_cores()
-    row = profiler.measure(dataclasses.replace(EAGER, contention=True), 1, 2, topo)
+    row = profiler.measure(dataclasses.replace(EAGER, contention=True, isolated_too=True), 1, 2, topo)
     assert row["threads"] == 1 and row["batch"] == 2 and row["copies"] == 2
     assert sorted(map(tuple, row["copy_cores"])) == [(c,) for c in topo.cores]  # each copy on its own core
     assert row["iterations"] == FAST.iters  # lockstep rounds, each as slow as the slowest copy

@@ -284,8 +284,8 @@ def test_the_profiler_measures_each_point_under_every_runtime_back_to_back(monke
 
     def fake_measure(settings, t, b, topology):
         order.append((t, b, settings.runtime))
-        return {"threads": t, "batch": b, "latency_ms": 10.0 * b / t, "p50_ms": 1.0, "p99_ms": 2.0, "std_ms": 0.1,
-                "iterations": 3, "runtime": settings.runtime}
+        return {"threads": t, "batch": b, "latency_ms": 10.0 * b / t, "isolated_ms": 10.0 * b / t, "copies": 1,
+                "p50_ms": 1.0, "p99_ms": 2.0, "std_ms": 0.1, "iterations": 3, "runtime": settings.runtime}
 
     monkeypatch.setattr(runtimes, "ensure_artefact", lambda spec, runtime, shipped=None: None)
     monkeypatch.setattr(profiler, "measure", fake_measure)

@@ -113,14 +113,17 @@ def contention_args(p: argparse.ArgumentParser) -> None:
     kind = p.add_mutually_exclusive_group()
     kind.add_argument("--contention", dest="contention", action="store_true",
                       default=profiler.DEFAULT_CONTENTION,
-                      help="measure each ⟨t, b⟩ alone and again while ⌊T/t⌋ copies of it, each pinned to its own "
-                           "t cores, run side by side, as a plan of that point runs them; the profile's latency_ms "
-                           "is then the loaded mean, isolated_ms the lone one. Costs about twice the time of "
-                           "--isolated for every t ≤ T/2" + default(True))
+                      help="measure each ⟨t, b⟩ while ⌊T/t⌋ copies of it, each pinned to its own t cores, run "
+                           "side by side, as a plan of that point serves them (the copies run at once: about the "
+                           "time of one lone measurement); a point no second copy fits beside is measured alone, "
+                           "as it is served" + default(True))
     kind.add_argument("--isolated", dest="contention", action="store_false",
-                      help="measure each ⟨t, b⟩ alone, with the rest of the machine idle: cheaper, but blind to "
-                           "the memory bandwidth and caches that instances share, so it over-predicts what many "
-                           "small instances gain" + default(False))
+                      help="measure each ⟨t, b⟩ alone, with the rest of the machine idle: blind to the memory "
+                           "bandwidth and caches that instances share, so it over-predicts what many small "
+                           "instances gain" + default(False))
+    p.add_argument("--isolated-too", action="store_true",
+                   help="with --contention, measure every point alone as well (isolated_ms; twice the time for "
+                        "t ≤ T/2): both figures, for `packrat plan --latency isolated` and the oracle benchmark")
 
 
 def adaptive_args(p: argparse.ArgumentParser) -> None:

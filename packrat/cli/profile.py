@@ -22,8 +22,8 @@ def add_profile_parser(sub) -> None:
                                    "size b of a grid. Each point runs in a fresh process pinned to t physical cores "
                                    "of one socket (torch.set_num_threads(t), one inter-op thread). With "
                                    f"--contention{' (the default)' if profiler.DEFAULT_CONTENTION else ''} each "
-                                   "point is also measured while ⌊T/t⌋ copies of it run side by side on the T "
-                                   "cores this process may use, as a plan of that point runs them. Points "
+                                   "point is measured while ⌊T/t⌋ copies of it run side by side on the T cores "
+                                   "this process may use, as a plan of that point serves them. Points "
                                    "already in --out are skipped, so an interrupted run resumes where it stopped.",
                        epilog="example: packrat profile --model resnet50 --threads 1-2 --batches 1,2,4,8,16 "
                               "--min-time 2 --out profiles/resnet50.csv")
@@ -74,7 +74,8 @@ def runtime_list(text: str) -> tuple[str, ...]:
 def profile_settings(args: argparse.Namespace) -> profiler.ProfileSettings:
     return profiler.ProfileSettings(model=args.model, warmup=args.warmup, iters=None if args.min_time else args.iters,
                              min_time=args.min_time, graph_mode=args.graph_mode, input_shape=args.input_shape,
-                             ios_cache=str(args.ios_cache) if args.ios else None, contention=args.contention)
+                             ios_cache=str(args.ios_cache) if args.ios else None, contention=args.contention,
+                                    isolated_too=args.isolated_too)
 
 
 def profile_grid(args: argparse.Namespace) -> tuple[list[int], list[int]]:

@@ -75,7 +75,7 @@ def resolve_profile(model: str, given: Path | None, *, batch_sizes=(),
     batches = sorted(set(DEMO_BATCHES) | set(batch_sizes))
     cores = cpu_budget().cores
     points = cores * len(batches)
-    # Measurements, not points: with contention (measure_profile's default) a loaded point takes two.
+    # Measurements, not points: a point measured both alone and loaded (isolated_too) takes two.
     runs = len(batches) * sum(profiler.measurements(profiler.ProfileSettings(model), t, Topology.virtual(cores))
                               for t in range(1, cores + 1))
     print(f"no profile at {path}: measuring one now ({points} points, about "

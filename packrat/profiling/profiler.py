@@ -1,9 +1,12 @@
 """Offline profiler: measures L(t, b) over a grid, each point in a fresh pinned process.
 
-Each point is measured alone (the isolated figure) and, with contention on, again
-as ⌊T/t⌋ copies of it on disjoint cores run each batch together, as a homogeneous plan
-of that point runs them (the loaded figure, the profile's latency_ms: the slowest copy
-of each round decides it, as it decides a plan's batch).
+By default (contention) each point is measured as ⌊T/t⌋ copies of it on disjoint cores run
+each batch together, as a homogeneous plan of that point runs them (the loaded figure, the
+profile's latency_ms: the slowest copy of each round decides it, as it decides a plan's batch);
+the copies run at once, so a loaded point costs about the wall time of a lone one. A point no
+second copy fits beside (t > T/2) is measured alone: it is served alone. With isolated_too, every
+point is also measured alone (two measurements where copies fit: what the oracle benchmark
+compares); with contention off, every point is measured alone only (the default before issue 32).
 
 Points are appended to the profile file as they finish, so Ctrl-C leaves a valid
 file and a later run with the same arguments measures only what is missing.
@@ -38,15 +41,20 @@ from packrat.models.runtimes import DEFAULT_RUNTIME
 from packrat.profiling import profiles
 from packrat.profiling.point import summarize
 
-# Whether `packrat profile` measures loaded figures unless told otherwise: only if they predict
-# served latency better, which the oracle benchmark decides (BENCHMARKS.md, issue 10). On the
-# 2-core VM they did not (mean |predicted/measured - 1| 8.4 % loaded vs 7.6 % isolated over
-# ResNet-50, Inception-v3 and BERT-base at B = 1..16), so isolated stays the default.
-DEFAULT_CONTENTION = False
+# Whether `packrat profile` measures loaded figures unless told otherwise. Issue 10's oracle found
+# them no better on the 2-core VM (mean |predicted/measured - 1| 8.4 % loaded vs 7.6 % isolated),
+# but then a loaded point cost two measurements and instances ran 6-14 % over their points anyway.
+# Issue 32: split plans served 16-35 % over their isolated predictions (BERT 2×⟨1, 4⟩ 1140 ms
+# predicted, 1542-1619 served), which picked wrong plans; a loaded point now costs one measurement,
+# so the profile measures as the planner serves (BENCHMARKS.md, issue 32).
+DEFAULT_CONTENTION = True
 # The loaded measurement's handshake: each phase (load and warm up, timed runs, stopping) may
 # take this many times the whole isolated measurement of the point, and never less than the floor.
 LOADED_TIMEOUT_FACTOR = 10.0
 LOADED_TIMEOUT_FLOOR_S = 60.0
+# ... and without a lone measurement to scale from (loaded only, the default), this long per phase:
+# loading and compiling a large model on a busy machine may take minutes.
+LOADED_TIMEOUT_NO_YARDSTICK_S = 600.0
 _LATENCY_FLAG = {"loaded": "--contention", "isolated": "--isolated"}  # `packrat profile`'s flags, for hints
 
 
@@ -59,7 +67,8 @@ class ProfileSettings:
     graph_mode: str = DEFAULT_MODE  # packrat.models.modes.MODES
     input_shape: tuple[int, ...] | None = None
     ios_cache: str | None = None  # profile IOS-compiled instances; schedules cached here
-    contention: bool = DEFAULT_CONTENTION  # also measure each point loaded by copies of itself
+    contention: bool = DEFAULT_CONTENTION  # measure each point loaded by copies of itself where they fit
+    isolated_too: bool = False  # with contention: measure every point alone as well (two measurements)
     runtime: str = DEFAULT_RUNTIME  # the runtime a point is measured under (run() sets it per runtime)
 
 
@@ -241,24 +250,30 @@ def _enough(settings: ProfileSettings, rounds: int, elapsed_s: float) -> bool:
 
 
 def measure(settings: ProfileSettings, threads: int, batch: int, topology: Topology) -> dict:
-    """One profile row for ⟨threads, batch⟩: measured alone and, with settings.contention and room
-    for more than one copy, loaded by ⌊T/t⌋ copies; latency_ms is then the loaded figure."""
-    started = time.monotonic()
-    isolated = measure_point(settings, threads, batch, topology.cores_for(threads))
-    row = {"threads": threads, "batch": batch, **isolated, "isolated_ms": isolated["latency_ms"], "copies": 1,
-           "runtime": settings.runtime}
+    """One profile row for ⟨threads, batch⟩: with settings.contention and room for more than one
+    copy, loaded by ⌊T/t⌋ copies (and alone first with isolated_too; else isolated_ms is left
+    empty); otherwise alone, latency_ms and isolated_ms the same figure."""
     copies = copies_for(threads, topology) if settings.contention else 1
+    row = {"threads": threads, "batch": batch, "copies": 1, "runtime": settings.runtime}
+    timeout = LOADED_TIMEOUT_FLOOR_S
+    if copies == 1 or settings.isolated_too:
+        started = time.monotonic()
+        isolated = measure_point(settings, threads, batch, topology.cores_for(threads))
+        row.update(isolated, isolated_ms=isolated["latency_ms"])
+        timeout = max(timeout, LOADED_TIMEOUT_FACTOR * (time.monotonic() - started))
     if copies > 1:
-        timeout = max(LOADED_TIMEOUT_FLOOR_S, LOADED_TIMEOUT_FACTOR * (time.monotonic() - started))
-        loaded = measure_loaded(settings, threads, batch, topology.assign([threads] * copies), timeout)
+        loaded = measure_loaded(settings, threads, batch, topology.assign([threads] * copies),
+                                timeout if settings.isolated_too else LOADED_TIMEOUT_NO_YARDSTICK_S)
         row.update(loaded, copies=copies)
+        row.setdefault("isolated_ms", None)
     return row
 
 
 def measurements(settings: ProfileSettings, threads: int, topology: Topology) -> int:
-    """Timed measurements a point with `threads` takes: 2 when it is also measured loaded, else 1.
-    (The copies of a loaded measurement run at once, so they take about one measurement's time.)"""
-    return 2 if settings.contention and copies_for(threads, topology) > 1 else 1
+    """Timed measurements a point with `threads` takes: 2 when it is measured both alone and
+    loaded (isolated_too), else 1. (The copies of a loaded measurement run at once, so they take
+    about one measurement's time.)"""
+    return 2 if settings.contention and settings.isolated_too and copies_for(threads, topology) > 1 else 1
 
 
 def _cost(settings: ProfileSettings, threads: int, batch: int, topology: Topology) -> float:

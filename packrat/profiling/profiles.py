@@ -5,11 +5,13 @@ latency in ms); any other column (p50_ms, p99_ms, std_ms, iterations, ...) is ke
 but optional. Lines starting with ``#`` before the header carry metadata as
 ``# key: value`` (model, mode, latency, torch version, CPU, cores, date).
 
-Two figures per point. A contention profile (``# latency: loaded``) holds in
-``latency_ms`` the loaded mean, measured while ``copies`` copies of the same point
+Two figures per point. A contention profile (``# latency: loaded``, the default since issue 32)
+holds in ``latency_ms`` the loaded mean, measured while ``copies`` copies of the same point
 ran side by side as a homogeneous plan runs them, and in ``isolated_ms`` the same
-point measured alone. An isolated profile (``# latency: isolated``, or no such key:
-every older file, and the published layout) holds only the isolated figure.
+point measured alone: for every point when it was asked for (``--isolated-too``), else only for
+the points no second copy fits beside (measured alone because they are served alone; the other
+points' ``isolated_ms`` is empty). An isolated profile (``# latency: isolated``, or no such key:
+every older file, and the published layout) holds only the isolated figure; describe() says so.
 
 ``load`` also reads the CSV layout published by the Packrat authors (columns
 ``benchmark,topology,...,intraop_threads,batch_size,latency(avg)``), keeping the
@@ -70,15 +72,20 @@ class Profile:
         """The runtimes this profile holds points of, inductor first."""
         return sorted(self.by_runtime, key=lambda r: (r != DEFAULT_RUNTIME, r)) or [DEFAULT_RUNTIME]
 
-    def add(self, runtime: str, threads: int, batch: int, latency: float, isolated: float, spread: float = 0.0
-            ) -> None:
-        """One runtime's point (`spread`: the std of its iterations, 0 if unknown); the profile's
-        figure for ⟨t, b⟩ is then the one runtime_for chooses."""
+    def add(self, runtime: str, threads: int, batch: int, latency: float, isolated: float | None,
+            spread: float = 0.0) -> None:
+        """One runtime's point (`isolated`: None when only its loaded figure was measured; `spread`:
+        the std of its iterations, 0 if unknown); the profile's figure for ⟨t, b⟩ is then the one
+        runtime_for chooses."""
         self.by_runtime.setdefault(runtime, {})[threads, batch] = (latency, isolated)
         self.spread.setdefault(runtime, {})[threads, batch] = spread
         chosen = self.runtime_for(threads, batch)
-        self.latency[threads, batch], self.isolated[threads, batch] = self.by_runtime[chosen][threads, batch]
+        self.latency[threads, batch], isolated = self.by_runtime[chosen][threads, batch]
         self.runtimes[threads, batch] = chosen
+        if isolated is None:
+            self.isolated.pop((threads, batch), None)
+        else:
+            self.isolated[threads, batch] = isolated
 
     def runtime_for(self, threads: int, batch: int) -> str:
         """The runtime whose figure ⟨t, b⟩ takes: inductor's, unless another is faster beyond the
@@ -124,8 +131,19 @@ class Profile:
 
     @property
     def figures(self) -> tuple[str, ...]:
-        """The figures this profile holds, primary first: ('loaded', 'isolated') or ('isolated',)."""
-        return LATENCIES if self.loaded else ("isolated",)
+        """The figures this profile holds for every point, primary first: ('loaded', 'isolated'),
+        ('loaded',) (isolated figures only where one copy fits) or ('isolated',)."""
+        if not self.loaded:
+            return ("isolated",)
+        return LATENCIES if set(self.isolated) == set(self.latency) else ("loaded",)
+
+    def describe(self) -> str:
+        """What its figures are, in a line (logged when a server plans with it)."""
+        if self.loaded:
+            alone = "" if "isolated" in self.figures else "; alone only where no second copy fits"
+            return f"loaded figures: each point measured while ⌊T/t⌋ copies of it ran side by side{alone}"
+        return ("isolated figures: each point measured alone on an idle machine (the default before issue 32); "
+                "plans of several instances may serve slower than predicted: re-profile to measure them loaded")
 
     @property
     def threads(self) -> list[int]:
@@ -143,6 +161,9 @@ class Profile:
         if latency == "loaded" and not self.loaded:
             raise ProfileError(f"{self.metadata.get('model', 'this')} profile has no loaded latencies: it was "
                                f"measured in isolation; re-run `packrat profile --contention`")
+        if latency == "isolated" and "isolated" not in self.figures:
+            raise ProfileError(f"{self.metadata.get('model', 'this')} profile has isolated latencies only for the "
+                               f"points served alone: re-run `packrat profile --contention --isolated-too`")
         table = self.isolated if latency == "isolated" else self.latency
         return [(t, b, table[t, b]) for t, b in sorted(table)]
 
@@ -203,7 +224,7 @@ def load(path: str | Path) -> Profile:
             threads = _parse_number(row[columns["threads"]], int, "threads")
             batch = _parse_number(row[columns["batch"]], int, "batch")
             latency = _parse_latency(row[columns["latency_ms"]], "latency_ms")
-            isolated = _parse_latency(row["isolated_ms"], "isolated_ms") if loaded else latency
+            isolated = latency if not loaded else _isolated(row)
             spread = _parse_number(row["std_ms"], float, "std_ms") if (row.get("std_ms") or "").strip() else 0.0
         except ValueError as exc:
             raise ProfileError(f"{where}: {exc}") from None
@@ -230,6 +251,15 @@ def _parse_latency(text: str, what: str) -> float:
     if value <= 0:
         raise ValueError(f"{what} must be > 0, got {value}")
     return value
+
+
+def _isolated(row: dict[str, str]) -> float | None:
+    """A loaded row's lone figure: None where it was not measured, which only a point measured with
+    copies beside it may lack (a point served alone is measured alone)."""
+    copies = (row.get("copies") or "").strip()
+    if not (row["isolated_ms"] or "").strip() and copies and _parse_number(copies, int, "copies") > 1:
+        return None
+    return _parse_latency(row["isolated_ms"], "isolated_ms")
 
 
 def _kind(metadata: dict[str, str]) -> str:

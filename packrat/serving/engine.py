@@ -42,8 +42,9 @@ class Engine:
                  asynchronous: bool):
         self.budget: CpuBudget = cpu_budget(settings.cores, "the archive's `cores` setting")
         log.info("packrat CPU budget: %s", self.budget.describe())
-        profile, self.profile_choice = chosen_profile(settings, model_dir, self.budget)
-        log.info("packrat profile: %s", self.profile_choice)
+        profile, choice = chosen_profile(settings, model_dir, self.budget)
+        self.profile_choice = f"{choice}; {profile.describe()}"
+        (log.info if profile.loaded else log.warning)("packrat profile: %s", self.profile_choice)
         profile = runnable_here(profile)
         model, spec = model_config(settings, str(model_dir), profile.metadata.get("mode"))
         self.spec, self.codec = spec, codec_config(settings, spec, model_name, str(model_dir))
