@@ -61,6 +61,9 @@ COMPILE_CACHE_ENV = EnvVar("PACKRAT_COMPILE_CACHE", Path, "~/.cache/packrat/comp
 NODE_DIR_ENV = EnvVar("PACKRAT_NODE_DIR", Path, "/tmp/packrat-node-{uid}",
                       "where the engines serving on one set of cores agree on one plan of them (a folder per "
                       "core set)")
+SERVED_DIR_ENV = EnvVar("PACKRAT_SERVED_DIR", Path, "~/.cache/packrat/served",
+                        "where an engine keeps the latencies its instances served where they differed from the "
+                        "profile's (one file per model and profile), so a restart plans with them")
 CONTROL_DIR_ENV = EnvVar("PACKRAT_CONTROL_DIR", Path, None,
                          "set by `packrat serve` for its handlers: the folder of control files they poll "
                          "(`packrat reconfigure` requests)")
@@ -68,7 +71,7 @@ TORCH_SPEC_ENV = EnvVar("PACKRAT_TORCH_SPEC", str, "torch==2.13.0",
                         "read by scripts/setup.sh: the torch requirement it installs")
 TORCH_INDEX_ENV = EnvVar("PACKRAT_TORCH_INDEX", str, "https://download.pytorch.org/whl/cpu",
                          "read by scripts/setup.sh: the package index torch comes from (CPU wheels)")
-ENVIRONMENT = (CORES_ENV, COMPILE_CACHE_ENV, NODE_DIR_ENV, CONTROL_DIR_ENV, TORCH_SPEC_ENV, TORCH_INDEX_ENV)
+ENVIRONMENT = (CORES_ENV, COMPILE_CACHE_ENV, NODE_DIR_ENV, SERVED_DIR_ENV, CONTROL_DIR_ENV, TORCH_SPEC_ENV, TORCH_INDEX_ENV)
 
 
 # ---- defaults: what a reader uses for a setting left out -----------------------------------------

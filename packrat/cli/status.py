@@ -16,7 +16,9 @@ MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"ea
               '"ready", "respawning", "respawn_failures", "unavailable", "queued", "answered", "refused", "stage_ms": '
               '{"queue", "copy", "send", "wake", "locks", "decode", "model", "encode", "reply", "hand_out", "total"}, '
               '"sub_batches", "requests_per_sub_batch", "fallbacks", ...}, '
-              '"reconfigurations": [{"from_batch", "to_batch", "reason", "seconds", "failed_requests", ...}], '
+              '"reconfigurations": [{"from_batch", "to_batch", "reason", "seconds", "failed_requests", ...}], "served": '
+              '{"instances": [{"threads", "batch", "runtime", "predicted_ms", "planned_ms", "served_ms", "samples"}], '
+              '"corrections": [{"threads", "batch", "runtime", "profile_ms", "served_ms", "samples", "at"}]}, '
               '"cpu_budget": {"cores", "source", "detail"}, "profile": "NAME: why it was chosen", "node": {...}}')
 
 
@@ -86,12 +88,36 @@ def print_model(name: str, status: dict, last: int) -> None:
             print(f"runtime fallback: {line}")
         if health.get("stage_ms"):
             print(hop_text(health))
+    for line in served_lines(status.get("served")):
+        print(line)
     records = status["reconfigurations"]
     print(f"{len(records)} reconfiguration(s){' (newest last)' if records else ''}")
     for r in records[-last:]:
         outcome = f"FAILED: {r['error']}" if r.get("error") else r.get("plan", "")
         print(f"  B {r['from_batch']:>3} → {r['to_batch']:<3} {r['seconds']:6.2f} s  failed requests "
               f"{r['failed_requests']}  {r['reason']}  {outcome}")
+
+
+def served_lines(served: dict | None) -> list[str]:
+    """Each instance's model time as the profile predicted it, as planned (corrected) and as served;
+    then the corrections the served figures made."""
+    if not served:
+        return []
+    lines = []
+    for i in served["instances"]:
+        got = f"{i['served_ms']:.2f} ms ({i['samples']} batches)" if i["served_ms"] is not None else "not yet"
+        planned = "" if i["planned_ms"] == i["predicted_ms"] else f", planned with {num(i['planned_ms'])} ms"
+        lines.append(f"served ⟨{i['threads']} threads, batch {i['batch']}{runtime_text(i['runtime'])}⟩: predicted "
+                     f"{num(i['predicted_ms'])} ms{planned}, served {got}")
+    for c in served["corrections"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["at"]))
+        lines.append(f"correction {when}: ⟨{c['threads']} threads, batch {c['batch']}{runtime_text(c['runtime'])}⟩ "
+                     f"profile {c['profile_ms']:.2f} ms → served {c['served_ms']:.2f} ms ({c['samples']} batches)")
+    return lines
+
+
+def num(value) -> str:
+    return "?" if value is None else f"{value:.2f}"
 
 
 def hop_text(health: dict) -> str:

@@ -181,12 +181,16 @@ class _Copy:
         except OSError:
             raise _CopyFailed(self._reason()) from None
 
-    def stop(self, grace: float) -> None:
-        """Close stdin (the copy then exits after its current run); kill it if it takes over `grace` s."""
+    def close_input(self) -> None:
+        """Close stdin: the copy exits after its current run."""
         try:
             self.proc.stdin.close()
         except OSError:
             pass  # already gone
+
+    def stop(self, grace: float) -> None:
+        """Close stdin (the copy then exits after its current run); kill it if it takes over `grace` s."""
+        self.close_input()
         try:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
@@ -227,6 +231,8 @@ def measure_loaded(settings: ProfileSettings, threads: int, batch: int, core_set
         raise ProfilingError(f"measuring threads={threads} batch={batch} under load "
                              f"({len(core_sets)} copies) failed: {exc}") from None
     finally:
+        for copy in copies:  # all told at once: they exit side by side, not one after another
+            copy.close_input()
         for copy in copies:
             copy.stop(timeout if ok else 0)  # on failure (or Ctrl-C) no copy is left running
     return {**summarize(rounds), "copy_ms": statistics.fmean(own), "mode": ready[0]["mode"],

@@ -112,6 +112,20 @@ class Profile:
                 points.setdefault(point, []).append((latency, runtime))
         return {point: tuple(r for _, r in sorted(found)) for point, found in points.items()}
 
+    def points(self) -> dict[tuple[int, int, str], float]:
+        """Every runtime's primary figure, keyed (threads, batch, runtime)."""
+        return {(t, b, runtime): latency for runtime, figures in self.by_runtime.items()
+                for (t, b), (latency, _) in figures.items()}
+
+    def corrected(self, figures) -> "Profile":
+        """This profile with the primary figures of some (threads, batch, runtime) replaced by
+        `figures` (what its instances served); each point's runtime chosen again on them."""
+        kept = Profile(latency={}, metadata=dict(self.metadata), rows=list(self.rows))
+        for runtime, points in self.by_runtime.items():
+            for (t, b), (latency, isolated) in points.items():
+                kept.add(runtime, t, b, figures.get((t, b, runtime), latency), isolated, self.spread[runtime][t, b])
+        return kept
+
     def only(self, runtimes) -> "Profile":
         """This profile with the points of `runtimes` alone (say, those installed where it is served)."""
         kept = Profile(latency={}, metadata=dict(self.metadata), rows=list(self.rows))

@@ -23,8 +23,10 @@ from packrat.planning.node import topology_of
 from packrat.planning.planner import serving_plan
 from packrat.profiling.profiles import Profile, chosen
 from packrat.serving.controller import Controller
+from packrat.serving.correcting import PlanCorrector, corrections_file
 from packrat.serving.estimator import BatchSizeEstimator, EstimatorSettings
 from packrat.serving.node import NodeMember, node_dir
+from packrat.serving.served import worth_switching
 from packrat.serving.pool.api import Answer, ModelConfig, configs_for
 from packrat.serving.pool.instance_pool import InstancePool
 from packrat.serving.pool.supervisor import Watchdog
@@ -42,10 +44,13 @@ class Engine:
                  asynchronous: bool):
         self.budget: CpuBudget = cpu_budget(settings.cores, "the archive's `cores` setting")
         log.info("packrat CPU budget: %s", self.budget.describe())
-        profile, choice = chosen_profile(settings, model_dir, self.budget)
+        profile, profile_path, choice = chosen_profile(settings, model_dir, self.budget)
         self.profile_choice = f"{choice}; {profile.describe()}"
         (log.info if profile.loaded else log.warning)("packrat profile: %s", self.profile_choice)
         profile = runnable_here(profile)
+        # The profile as served here: its figures corrected by what the instances serve (served.py)
+        self.corrector = PlanCorrector(profile, corrections_file(model_name, profile_path))
+        profile = self.corrector.profile
         model, spec = model_config(settings, str(model_dir), profile.metadata.get("mode"))
         self.spec, self.codec = spec, codec_config(settings, spec, model_name, str(model_dir))
         self.max_batch = max_batch
@@ -136,15 +141,38 @@ class Engine:
         return plan
 
     def arrive(self, count: int = 1) -> None:
-        """`count` requests arrived together: one observation of the load for the controller."""
+        """`count` requests arrived together: one observation of the load for the controller, and
+        now and then a look at what the instances served against what the plan predicted."""
         if self.node is not None:
             self.node.meter.arrive(count)
-        if not self.reconfigure:
-            return
         try:
-            self.controller.arrive(count)
+            if self.corrector.due():
+                self.check_served()
+            if self.reconfigure:
+                self.controller.arrive(count)
         except Exception as exc:  # a failed switch decision must never cost a request
             log.warning("packrat load estimate not updated: %s", exc)
+
+    def check_served(self) -> None:
+        """Correct the profile where the instances served otherwise than it predicted (served.py);
+        re-plan on the corrected figures and switch when that plan is better by a margin."""
+        corrections = self.corrector.update(self.pool.served_figures())
+        if not corrections:
+            return
+        for c in corrections:
+            log.info("packrat served ⟨%d threads, batch %d, %s⟩ in %.2f ms (median of %d batches), the profile "
+                     "says %.2f ms: planning with the served figure", c.threads, c.batch, c.runtime, c.served_ms,
+                     c.samples, c.profile_ms)
+        self._items, self._runtimes = self.corrector.profile.items(), self.corrector.profile.runtimes
+        plan = self.controller.plan
+        current_ms, proposed = self.corrector.expected_ms(plan), self.plan_for(plan.batch)
+        if not self.reconfigure or proposed.describe() == plan.describe():
+            return
+        if worth_switching(current_ms, proposed.expected_latency_ms):
+            reason = (f"served latencies: {plan.describe()} takes {current_ms:.1f} ms as served, "
+                      f"{proposed.describe()} is expected to take {proposed.expected_latency_ms:.1f} ms")
+            log.info("packrat re-plans: %s", reason)
+            self.controller.request(plan.batch, reason)
 
     def submit(self, request) -> Future:
         """A future of the request's Answer, from the live pool. Never raises: our own failure
@@ -159,7 +187,8 @@ class Engine:
     def status(self) -> dict:
         """The controller's status (plan, mode, health, reconfigurations) with where the CPU
         budget and the profile came from."""
-        status = {**self.controller.status(), "cpu_budget": self.budget.to_json(), "profile": self.profile_choice}
+        status = {**self.controller.status(), "cpu_budget": self.budget.to_json(), "profile": self.profile_choice,
+                  "served": self.corrector.status(self.controller.plan, self.pool.served_figures())}
         if self.node is not None:
             status["node"] = self.node.status()
         return status
@@ -170,12 +199,13 @@ class Engine:
         self.pool.close()
 
 
-def chosen_profile(settings: Settings, model_dir: str | Path, budget: CpuBudget) -> tuple[Profile, str]:
-    """The profile to plan with on this machine, and a line saying which and why."""
+def chosen_profile(settings: Settings, model_dir: str | Path, budget: CpuBudget) -> tuple[Profile, Path, str]:
+    """The profile to plan with on this machine, its file, and a line saying which and why."""
     if not settings.profiles:
         raise ValueError("the packrat settings name no profile: build the archive with `packrat archive --profile`")
-    profile, index, why = chosen([Path(model_dir) / name for name in settings.profiles], budget.cores)
-    return profile, f"{settings.profiles[index]}: {why}"
+    paths = [Path(model_dir) / name for name in settings.profiles]
+    profile, index, why = chosen(paths, budget.cores)
+    return profile, paths[index], f"{settings.profiles[index]}: {why}"
 
 
 def runnable_here(profile: Profile) -> Profile:

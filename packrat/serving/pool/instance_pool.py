@@ -48,6 +48,7 @@ from packrat.serving.pool.dispatch import Dispatcher, split_sizes
 from packrat.serving.pool.instance import Instance, sweep_stale_segments
 from packrat.serving.pool.stages import StageTimes
 from packrat.serving.pool.supervisor import Supervisor, Watchdog
+from packrat.serving.served import ServedLatencies, served_key
 from packrat.settings import GATHER_MS, MAX_QUEUE, REQUEST_TIMEOUT_S
 
 __all__ = ["Answer", "Health", "InstanceConfig", "InstancePool", "ModelConfig", "PoolError", "Request",
@@ -55,6 +56,7 @@ __all__ = ["Answer", "Health", "InstanceConfig", "InstancePool", "ModelConfig", 
 
 log = logging.getLogger("packrat.serving.pool")
 
+SETTLE_S = 2.0  # after a reconfiguration or a lost instance, model times are left out this long (served.py)
 LOOK_EVERY_S = 0.2  # the dispatch loop's longest sleep: watchdog and deadlines are checked this often
 
 
@@ -83,6 +85,7 @@ class InstancePool:
             codec = CodecConfig.for_model(resolve(model.model, model.input_shape))
         self.model, self.codec = model, codec
         self.mode = ""
+        self.served = ServedLatencies()  # model-stage times per ⟨threads, batch, runtime⟩ (served.py)
         self.last_compute_ms = 0.0  # the last answered sub-batch's time in its instance (locks, codec, model)
         self.stages = StageTimes()  # where the recent sub-batches' time went (stages.py)
         self._lock = threading.RLock()
@@ -223,6 +226,7 @@ class InstancePool:
             replies, instance_stamps = inst.receive()
         except (EOFError, OSError):  # its socket closed: the process is gone
             with self._lock:
+                self.served.settle(time.monotonic() + SETTLE_S)
                 self.supervisor.lost(inst)
             return
         received = time.monotonic()
@@ -231,7 +235,14 @@ class InstancePool:
             self.dispatcher.answered(jobs, [Answer(*reply) for reply in replies])
             if jobs:  # none: a reconfiguration took them back while they ran (they run again elsewhere)
                 self.stages.add((*inst.sent_stamps, *instance_stamps, received, time.monotonic()), len(jobs))
+                key = served_key(inst.config.threads, inst.config.batch, inst.mode)
+                self.served.add(key, (instance_stamps[3] - instance_stamps[2]) * 1e3, len(jobs), received)
             self.last_compute_ms = (instance_stamps[-1] - instance_stamps[0]) * 1e3
+
+    def served_figures(self) -> dict:
+        """Each served ⟨threads, batch, runtime⟩ with enough samples: (median ms, its error, samples)."""
+        with self._lock:
+            return self.served.figures()
 
     def health(self) -> Health:
         with self._lock:
@@ -264,6 +275,8 @@ class InstancePool:
         """Switch to new instances without stopping service (see Supervisor.reconfigure)."""
         check_cores(configs)
         counts = self.supervisor.reconfigure(configs, warmup_nice)
+        with self._lock:
+            self.served.settle(time.monotonic() + SETTLE_S)
         log.info("pool reconfigured: %s (%s)", self.describe(), ", ".join(f"{v} {k}" for k, v in counts.items()))
         return counts
 

@@ -1,0 +1,55 @@
+"""A plan picked on split figures 30 % too optimistic, corrected from what its instances serve.
+
+    .venv/bin/python benchmarks/served_correction.py --profile profiles/squeezenet.csv --model squeezenet
+                                                     [--batch 4] [--seconds 150] [--skew 0.7] [--json OUT]
+
+The profile's points with fewer threads than this machine's cores are made --skew times their
+figure; the engine (in this process, no TorchServe) serves the plan they pick under a closed loop of
+--batch users for --seconds (packrat/bench/correction.py). Printed: the plan the skewed profile
+picked, the plan the true profile picks, when the engine switched on the served figures and to
+what, the plan it ended on, requests sent and failed, and each instance's predicted and served
+model time.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import doc_parser
+from packrat.bench.correction import correction_run
+from packrat.bench.results import write_json
+
+
+def build_parser():
+    parser = doc_parser(__doc__)
+    parser.add_argument("--model", default="squeezenet")
+    parser.add_argument("--profile", type=Path, required=True, help="the model's (true) profile")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=150.0)
+    parser.add_argument("--skew", type=float, default=0.7, help="factor on the split points' figures")
+    parser.add_argument("--json", type=Path, default=None)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    result = correction_run(args.model, args.profile, args.batch, args.seconds, args.skew,
+                            progress=lambda s: print(f"\r{s:5.0f} s", end="", file=sys.stderr, flush=True))
+    print(file=sys.stderr)
+    print(f"skewed profile's plan: {result['first_plan']}; the true profile's: {result['plan_from_the_true_profile']}")
+    for switch in result["switches"]:
+        print(f"switched to {switch['plan']} (after {switch['started_at'] - result['switches'][0]['started_at'] + result['first_switch_after_s']:.1f} s, "
+              f"took {switch['seconds']:.1f} s, {switch['failed_requests']} failed): {switch['reason']}")
+    print(f"final plan: {result['final_plan']}; requests sent {result['sent']}, failed {result['failed']}")
+    for i in result["served"]["instances"]:
+        print(f"  ⟨{i['threads']}, {i['batch']}, {i['runtime']}⟩ predicted {i['predicted_ms']} ms, planned with "
+              f"{i['planned_ms']}, served {i['served_ms']} ({i['samples']} batches)")
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

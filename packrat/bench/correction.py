@@ -1,0 +1,110 @@
+"""A plan made on wrong figures, corrected while it serves (`benchmarks/served_correction.py`).
+
+A profile's split points (t < T) are made `skew` times their figure (0.7: 30 % too optimistic),
+the engine serves the plan they pick under a steady closed loop of B users (each sends one raw
+tensor request, waits for the answer, sends the next), and the run records when the engine
+switched on the served figures, to which plan, how many requests failed, and whether it stayed.
+The engine runs in this process as a front end would drive it (arrive, then submit), without
+TorchServe; its served-latency file lives in a temporary folder, so the run starts from the
+profile alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from packrat.profiling.profiles import load
+
+
+def skewed_profile(source: Path, out: Path, skew: float, cores: int) -> None:
+    """`source` with every point of fewer than `cores` threads made `skew` times as fast (its
+    latency_ms, and isolated_ms where there is one)."""
+    lines = source.read_text().splitlines(keepends=True)
+    meta = [line for line in lines if line.startswith("#")]
+    rows = list(csv.DictReader(line for line in lines if not line.startswith("#")))
+    fields = list(rows[0])
+    for row in rows:
+        if int(row["threads"]) < cores:
+            for column in ("latency_ms", "isolated_ms"):
+                if (row.get(column) or "").strip():
+                    row[column] = f"{float(row[column]) * skew:.4f}"
+    body = io.StringIO()
+    writer = csv.DictWriter(body, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    out.write_text("".join(meta) + body.getvalue())
+
+
+def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: float = 0.7,
+                   progress=None) -> dict:
+    """The run of the module's doc; `progress(elapsed_s)` about once a second."""
+    from packrat.bench.payloads import build_payload
+    from packrat.planning.planner import serving_plan
+    from packrat.serving.engine import Engine
+    from packrat.serving.pool.api import Request
+    from packrat.settings import SERVED_DIR_ENV, Settings
+
+    with tempfile.TemporaryDirectory(prefix="packrat-correction-") as folder:
+        folder = Path(folder)
+        os.environ[SERVED_DIR_ENV.name] = str(folder / "served")
+        cores = len(os.sched_getaffinity(0))
+        skewed_profile(profile, folder / "profile.csv", skew, cores)
+        true_plan = _plan(serving_plan, load(profile), cores, batch)
+        settings = Settings(model=model, profiles=("profile.csv",), max_batch=batch, plan_batch=batch,
+                            share_node=False)
+        body, content_type = build_payload(model, "raw")
+        engine = Engine(settings, folder, model, max_batch=batch, asynchronous=True)
+        first_plan = engine.controller.plan.describe()
+        counts = {"sent": 0, "failed": 0}
+        lock, stop = threading.Lock(), threading.Event()
+
+        def user() -> None:
+            while not stop.is_set():
+                engine.arrive(1)
+                status = engine.submit(Request(body, content_type)).result().status
+                with lock:
+                    counts["sent"] += 1
+                    counts["failed"] += status != 200
+
+        users = [threading.Thread(target=user, daemon=True) for _ in range(batch)]
+        started, wall_started = time.monotonic(), time.time()
+        for thread in users:
+            thread.start()
+        try:
+            while time.monotonic() - started < seconds:
+                time.sleep(1.0)
+                if progress:
+                    progress(time.monotonic() - started)
+        finally:
+            stop.set()
+            for thread in users:
+                thread.join(60)
+            status = engine.status()
+            engine.close()
+    switches = [r for r in status["reconfigurations"] if r["reason"].startswith("served latencies")]
+    return {"model": model, "batch": batch, "skew": skew, "seconds": seconds, "cores": cores,
+            "first_plan": first_plan, "plan_from_the_true_profile": true_plan,
+            "final_plan": _describe(status), "switches": switches,
+            "first_switch_after_s": switches[0]["started_at"] - wall_started if switches else None,
+            "all_reconfigurations": status["reconfigurations"], "served": status["served"], **counts}
+
+
+def _plan(serving_plan, profile, cores: int, batch: int) -> str:
+    from packrat.machine.topology import Topology
+
+    plan, _ = serving_plan(profile.items(), cores, batch, Topology.virtual(cores), "auto", profile.runtimes)
+    return plan.describe()
+
+
+def _describe(status: dict) -> str:
+    from packrat.planning.planner import Instance, Plan
+
+    plan = status["plan"]
+    instances = tuple(Instance(i["threads"], i["batch"], 0.0, tuple(i["cores"]), i["runtime"]) for i in plan["instances"])
+    return Plan(plan["threads"], plan["batch"], instances, None, None).describe()

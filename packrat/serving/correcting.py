@@ -1,0 +1,106 @@
+"""The engine's profile, corrected by what its instances serve (the rules: served.py), and kept on
+file so that a restart plans with the corrections: one JSON file per model and profile under
+the served-latency folder (settings.SERVED_DIR_ENV), named by a digest of the profile's bytes (a profile taken again starts afresh).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from pathlib import Path
+
+from packrat.profiling.profiles import Profile
+from packrat.serving.served import Correction, corrections_from, served_key
+from packrat.settings import SERVED_DIR_ENV
+
+log = logging.getLogger(__name__)
+CHECK_EVERY_S = 5.0  # how often the served figures are compared with the planned ones
+
+
+def corrections_file(model_name: str, profile_path: Path) -> Path:
+    """Where the corrections of `model_name` served with the profile at `profile_path` are kept."""
+    digest = hashlib.sha256(Path(profile_path).read_bytes()).hexdigest()[:16]
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", model_name)
+    return SERVED_DIR_ENV.get() / f"{safe}-{digest}.json"
+
+
+class PlanCorrector:
+    """The profile to plan with: `base`, its figures corrected by the served ones kept at `path`
+    (None: kept in memory only) and by those update() finds."""
+
+    def __init__(self, base: Profile, path: Path | None, clock=time.monotonic, wall=time.time,
+                 every_s: float = CHECK_EVERY_S):
+        self.base, self.path, self.clock, self.wall, self.every_s = base, path, clock, wall, every_s
+        self.corrections = self._load()
+        self.profile = self._corrected()
+        self._next_check = clock() + every_s
+
+    def due(self) -> bool:
+        """Whether a check is due (once per every_s)."""
+        now = self.clock()
+        if now < self._next_check:
+            return False
+        self._next_check = now + self.every_s
+        return True
+
+    def update(self, served: dict) -> list[Correction]:
+        """Take the pool's served figures ((threads, batch, runtime) -> (median ms, error, samples));
+        returns the corrections they made (the profile to plan with is then `profile`)."""
+        now = self.wall()
+        corrections = corrections_from(served, self.base.points(), self.corrections, now)
+        changed = [c for key, c in corrections.items() if self.corrections.get(key) != c]
+        if not changed and corrections.keys() == self.corrections.keys():
+            return []
+        self.corrections = corrections
+        self.profile = self._corrected()
+        self._save()
+        return changed
+
+    def expected_ms(self, plan) -> float:
+        """The plan's latency on the corrected figures: its slowest instance's."""
+        points = self.profile.points()
+        return max(points.get((i.threads, i.batch, i.runtime), i.latency_ms) for i in plan.instances)
+
+    def status(self, plan, served: dict) -> dict:
+        """Predicted (the profile's figure), planned with (corrected) and served per instance of
+        `plan`, and every correction."""
+        base, planned = self.base.points(), self.profile.points()
+        instances = []
+        for i in plan.instances:
+            key = served_key(i.threads, i.batch, i.runtime)
+            median, _, samples = served.get(key, (None, None, 0))
+            instances.append({"threads": i.threads, "batch": i.batch, "runtime": i.runtime,
+                              "predicted_ms": base.get(key), "planned_ms": planned.get(key),
+                              "served_ms": median, "samples": samples})
+        return {"instances": instances, "corrections": [c.to_json() for c in self.corrections.values()]}
+
+    def _corrected(self) -> Profile:
+        return self.base.corrected({key: c.served_ms for key, c in self.corrections.items()})
+
+    def _load(self) -> dict:
+        if self.path is None or not self.path.exists():
+            return {}
+        try:
+            found = [Correction(**entry) for entry in json.loads(self.path.read_text())["corrections"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged file costs the corrections only
+            log.warning("packrat: ignoring the served latencies in %s: %s", self.path, exc)
+            return {}
+        kept = corrections_from({}, self.base.points(), {c.key: c for c in found}, self.wall())
+        if kept:
+            log.info("packrat: planning with %d served latencies kept in %s", len(kept), self.path)
+        return kept
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            partial = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            partial.write_text(json.dumps({"corrections": [c.to_json() for c in self.corrections.values()]}, indent=1))
+            partial.replace(self.path)
+        except OSError as exc:  # not kept for a restart, but still planned with
+            log.warning("packrat: cannot keep the served latencies in %s: %s", self.path, exc)

@@ -1,0 +1,128 @@
+"""What the plan predicted against what its instances serve, and the profile corrected by it.
+Pure: numbers in, numbers out (the engine feeds it the pool's timings and acts on its verdicts).
+
+Every answered sub-batch that ran its instance's whole planned batch gives one sample of the
+instance's model stage (the run alone, stamped inside the instance: the figure a profile point
+measures) under its key ⟨threads, batch, runtime⟩. A key's served figure is the median of its last
+WINDOW samples, once it has MIN_SAMPLES; samples taken while the pool settles (a reconfiguration,
+an instance killed and respawned) are left out: its first batches, and its neighbours', run slow.
+
+A served figure corrects the profile's when they disagree beyond the noise: by more than
+CORRECTION_MARGIN and by more than twice the median's own uncertainty (from the samples' spread).
+A correction then stands for the point on this machine (the engine keeps it beside the profile, so
+a restart starts from it) until a later served figure disagrees with it in turn. The engine plans
+with the corrected figures and switches only when the new plan is better by SWITCH_MARGIN, on the
+corrected figures of both: each switch rests on a figure not known before, and each figure is
+corrected once unless it moves beyond the noise again, so plans do not flap.
+
+A figure corrected upwards is never served again (the plans avoid it); so that a slow patch (a
+noisy neighbour) does not bar a point forever, a correction expires after MAX_AGE_S, and all of
+them when the profile is taken again (their file names the profile's date).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import asdict, dataclass
+
+WINDOW = 50  # samples per key the served figure is the median of
+MIN_SAMPLES = 20  # ... and it needs at least this many
+CORRECTION_MARGIN = 0.05  # a served figure corrects the profile's beyond this relative difference ...
+NOISE_FACTOR = 2.0  # ... and beyond this many times the median's standard error
+SWITCH_MARGIN = 0.05  # a corrected plan replaces the served one only when faster by this much
+MAX_AGE_S = 24 * 3600.0  # a correction older than this is dropped: the point gets another chance
+DEFAULT_RUNTIME = "inductor"  # packrat.models.runtimes.DEFAULT_RUNTIME (serving's pure parts import no models)
+OTHER_RUNTIMES = ("openvino", "onnxruntime")
+
+Key = tuple[int, int, str]  # (threads, batch, runtime)
+
+
+def served_key(threads: int, batch: int, mode: str) -> Key:
+    """The key of an instance of `threads` and planned `batch` that runs in `mode` (a graph mode, or
+    the runtime it runs: an instance that fell back runs another runtime than planned)."""
+    return threads, batch, mode if mode in OTHER_RUNTIMES else DEFAULT_RUNTIME
+
+
+@dataclass(frozen=True)
+class Correction:
+    threads: int
+    batch: int
+    runtime: str
+    profile_ms: float  # the profile's figure
+    served_ms: float  # what the instances served: the figure planned with from now on
+    samples: int
+    at: float  # unix time it was made
+
+    @property
+    def key(self) -> Key:
+        return self.threads, self.batch, self.runtime
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class ServedLatencies:
+    """The last WINDOW model-stage samples per key. Not thread-safe: the pool adds and the engine
+    reads under the pool's lock."""
+
+    def __init__(self, window: int = WINDOW):
+        self._window = window
+        self._samples: dict[Key, deque[float]] = {}
+        self._settling_until = 0.0
+
+    def add(self, key: Key, model_ms: float, requests: int, now: float) -> None:
+        """One answered sub-batch: kept when it ran the key's whole batch and the pool is not settling."""
+        if requests != key[1] or now < self._settling_until or not model_ms > 0:
+            return
+        self._samples.setdefault(key, deque(maxlen=self._window)).append(model_ms)
+
+    def settle(self, until: float) -> None:
+        """Leave out what is served until then, and forget what was gathered (a switch, a fault)."""
+        self._settling_until = max(self._settling_until, until)
+        self._samples.clear()
+
+    def figures(self, min_samples: int = MIN_SAMPLES) -> dict[Key, tuple[float, float, int]]:
+        """Each key with enough samples: (median ms, its standard error in ms, samples)."""
+        found = {}
+        for key, samples in self._samples.items():
+            if len(samples) >= min_samples:
+                found[key] = (statistics.median(samples), median_error(samples), len(samples))
+        return found
+
+
+def median_error(samples) -> float:
+    """The standard error of the median of `samples`, from their median absolute deviation (robust
+    to the odd slow batch): 1.253 σ / √n with σ = 1.4826 MAD."""
+    middle = statistics.median(samples)
+    mad = statistics.median(abs(x - middle) for x in samples)
+    return 1.253 * 1.4826 * mad / math.sqrt(len(samples))
+
+
+def disagrees(planned_ms: float, served_ms: float, error_ms: float) -> bool:
+    """Whether a served figure differs from the one planned with beyond the noise."""
+    gap = abs(served_ms - planned_ms)
+    return gap > CORRECTION_MARGIN * planned_ms and gap > NOISE_FACTOR * error_ms
+
+
+def corrections_from(served: dict[Key, tuple[float, float, int]], profile_ms: dict[Key, float],
+                     current: dict[Key, Correction], now: float, max_age_s: float = MAX_AGE_S
+                     ) -> dict[Key, Correction]:
+    """The corrections to plan with: `current` ones younger than max_age_s, replaced or joined by a
+    new one for every served key whose figure disagrees with the one planned with (the current
+    correction's, else the profile's). Keys the profile lacks are left alone."""
+    kept = {key: c for key, c in current.items() if now - c.at <= max_age_s and key in profile_ms}
+    for key, (median, error, samples) in served.items():
+        if key not in profile_ms:
+            continue
+        planned = kept[key].served_ms if key in kept else profile_ms[key]
+        if disagrees(planned, median, error):
+            kept[key] = Correction(*key, profile_ms[key], median, samples, now)
+    return kept
+
+
+def worth_switching(current_ms: float, proposed_ms: float, margin: float = SWITCH_MARGIN) -> bool:
+    """Whether a plan expected to take `proposed_ms` should replace one expected (on the same
+    corrected figures) to take `current_ms`."""
+    return proposed_ms < current_ms * (1 - margin)

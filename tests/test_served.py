@@ -1,0 +1,167 @@
+"""Plans corrected from what is served (packrat/serving/served.py, correcting.py, the engine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from packrat.planning.planner import Instance, Plan
+from packrat.profiling.profiles import Profile
+from packrat.serving import served
+from packrat.serving.correcting import PlanCorrector, corrections_file
+from packrat.serving.served import Correction, ServedLatencies, corrections_from, disagrees, served_key
+from packrat.settings import SERVED_DIR_ENV
+
+NOW = 1_700_000_000.0
+
+
+def profile_of(points: dict) -> Profile:
+    profile = Profile(latency={})
+    for (t, b, runtime), latency in points.items():
+        profile.add(runtime, t, b, latency, latency)
+    return profile
+
+
+def test_only_whole_planned_batches_outside_settling_are_samples():
+    latencies = ServedLatencies(window=5)
+    key = (1, 2, "inductor")
+    latencies.add(key, 10.0, 1, now=1.0)  # a sub-batch of 1: a smaller batch than the point
+    latencies.settle(until=5.0)
+    latencies.add(key, 99.0, 2, now=4.0)  # while settling
+    for ms in (10.0, 11.0, 12.0, 13.0, 14.0, 15.0):
+        latencies.add(key, ms, 2, now=6.0)
+    assert latencies.figures(min_samples=6) == {}
+    (median, error, samples), = latencies.figures(min_samples=5).values()
+    assert (median, samples) == (13.0, 5) and error > 0  # the last 5
+
+
+def test_the_key_is_the_runtime_the_instance_runs():
+    assert served_key(2, 4, "compile") == (2, 4, "inductor") == served_key(2, 4, "eager")
+    assert served_key(2, 4, "openvino") == (2, 4, "openvino")
+
+
+def test_a_figure_is_corrected_beyond_the_noise_only():
+    assert not disagrees(100.0, 104.0, 0.1)  # within the margin
+    assert not disagrees(100.0, 120.0, 12.0)  # beyond the margin, within twice its error
+    assert disagrees(100.0, 120.0, 1.0) and disagrees(100.0, 80.0, 1.0)  # either way
+
+
+def test_corrections_replace_join_expire_and_leave_unknown_points_alone():
+    profile_ms = {(1, 2, "inductor"): 10.0, (2, 4, "inductor"): 20.0}
+    old = Correction(2, 4, "inductor", 20.0, 30.0, 50, NOW - served.MAX_AGE_S - 1)
+    got = corrections_from({(1, 2, "inductor"): (13.0, 0.1, 30), (9, 9, "inductor"): (5.0, 0.1, 30)},
+                           profile_ms, {old.key: old}, NOW)
+    assert list(got) == [(1, 2, "inductor")] and got[1, 2, "inductor"].served_ms == 13.0
+    # a later figure is judged against the correction, not the profile: no flapping on noise
+    again = corrections_from({(1, 2, "inductor"): (13.3, 0.1, 30)}, profile_ms, got, NOW + 60)
+    assert again == got
+
+
+def plan_of(*instances: tuple[int, int, float], threads: int = 2) -> Plan:
+    chosen = tuple(Instance(t, b, ms) for t, b, ms in instances)
+    return Plan(threads, sum(b for _, b, _ in instances), chosen, max(ms for *_, ms in instances), None)
+
+
+def test_an_optimistic_split_is_corrected_and_the_faster_plan_expected(tmp_path):
+    profile = profile_of({(1, 2, "inductor"): 7.0, (2, 4, "inductor"): 12.0})
+    corrector = PlanCorrector(profile, tmp_path / "served.json", wall=lambda: NOW)
+    split = plan_of((1, 2, 7.0), (1, 2, 7.0))
+    assert corrector.expected_ms(split) == 7.0
+    made = corrector.update({(1, 2, "inductor"): (15.0, 0.2, 40)})
+    assert [(c.key, c.profile_ms, c.served_ms) for c in made] == [((1, 2, "inductor"), 7.0, 15.0)]
+    assert corrector.expected_ms(split) == 15.0 and corrector.profile.latency[1, 2] == 15.0
+    assert corrector.update({(1, 2, "inductor"): (15.1, 0.2, 40)}) == []  # the same figure: nothing new
+    status = corrector.status(split, {(1, 2, "inductor"): (15.1, 0.2, 40)})
+    assert status["instances"][0] == {"threads": 1, "batch": 2, "runtime": "inductor", "predicted_ms": 7.0,
+                                      "planned_ms": 15.0, "served_ms": 15.1, "samples": 40}
+    # kept on file: a restart plans with it
+    restarted = PlanCorrector(profile, tmp_path / "served.json", wall=lambda: NOW + 10)
+    assert restarted.profile.latency[1, 2] == 15.0
+    assert json.loads((tmp_path / "served.json").read_text())["corrections"][0]["served_ms"] == 15.0
+
+
+def test_a_correction_can_change_a_points_runtime():
+    profile = profile_of({(1, 1, "inductor"): 10.0, (1, 1, "openvino"): 8.0})
+    assert profile.runtimes[1, 1] == "openvino"
+    corrector = PlanCorrector(profile, None, wall=lambda: NOW)
+    corrector.update({(1, 1, "openvino"): (12.0, 0.1, 30)})
+    assert corrector.profile.runtimes[1, 1] == "inductor" and corrector.profile.latency[1, 1] == 10.0
+
+
+def test_a_damaged_file_costs_the_corrections_only(tmp_path, caplog):
+    path = tmp_path / "served.json"
+    path.write_text("{not json")
+    corrector = PlanCorrector(profile_of({(1, 1, "inductor"): 1.0}), path)
+    assert corrector.corrections == {} and "ignoring the served latencies" in caplog.text
+
+
+def test_the_file_is_named_by_the_model_and_the_profiles_bytes(tmp_path):
+    profile = tmp_path / "p.csv"
+    profile.write_text("threads,batch,latency_ms\n1,1,2\n")
+    first = corrections_file("my/model", profile)
+    assert first.name.startswith("my_model-") and first.suffix == ".json"
+    profile.write_text("threads,batch,latency_ms\n1,1,3\n")  # taken again: its corrections start afresh
+    assert corrections_file("my/model", profile) != first
+    assert str(first).startswith(os.environ[SERVED_DIR_ENV.name])
+
+
+@pytest.mark.integration
+def test_the_engine_leaves_a_plan_whose_split_figures_were_too_optimistic(tmp_path):
+    """tiny's profile says two 1-thread instances of batch 2 take 0.002 ms and the fat instance
+    0.004 ms: the split is planned, served far slower, corrected, and the engine switches to the
+    fat plan without failing a request; a restart starts from the correction."""
+    from packrat.serving.engine import Engine
+    from packrat.serving.pool.api import Request
+    from packrat.settings import Settings
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    (tmp_path / "profile.csv").write_text("# model: tiny\n# mode: eager\nthreads,batch,latency_ms\n"
+                                          "1,2,0.002\n2,4,0.004\n1,4,0.01\n2,2,0.01\n")
+    settings = Settings(model="tiny", profiles=("profile.csv",), max_batch=4, share_node=False, reconfigure=False)
+    body = bytes(3 * 32 * 32 * 4)
+    engine = Engine(settings, tmp_path, "tiny", max_batch=4, asynchronous=False)
+    try:
+        assert engine.controller.plan.describe() == "2×⟨1 threads, batch 2⟩"
+        engine.reconfigure = True  # follows what is served, not the load (which stays at 4)
+        answers = []
+        deadline = time.monotonic() + 60
+        while not engine.controller.reconfigurations and time.monotonic() < deadline:
+            futures = [engine.submit(Request(body, "application/octet-stream")) for _ in range(4)]
+            answers += [f.result(30).status for f in futures]
+            if len(answers) % 40 == 0:
+                engine.check_served()
+        engine.controller.wait_idle(60)
+        (record,) = engine.controller.reconfigurations
+        assert record.error is None and record.reason.startswith("served latencies")
+        assert engine.controller.plan.describe() == "1×⟨2 threads, batch 4⟩"
+        assert set(answers) == {200} and record.failed_requests == 0
+        status = engine.status()["served"]
+        (correction,) = status["corrections"]
+        assert (correction["threads"], correction["batch"], correction["profile_ms"]) == (1, 2, 0.002)
+    finally:
+        engine.close()
+    restarted = Engine(settings, tmp_path, "tiny", max_batch=4, asynchronous=False)
+    try:
+        assert restarted.controller.plan.describe() == "1×⟨2 threads, batch 4⟩"
+    finally:
+        restarted.close()
+
+
+def test_status_prints_predicted_planned_served_and_each_correction():
+    from packrat.cli.status import served_lines
+
+    lines = served_lines({"instances": [
+        {"threads": 1, "batch": 2, "runtime": "inductor", "predicted_ms": 7.0, "planned_ms": 15.0, "served_ms": 15.1,
+         "samples": 40},
+        {"threads": 1, "batch": 2, "runtime": "openvino", "predicted_ms": 6.0, "planned_ms": 6.0, "served_ms": None,
+         "samples": 0}],
+        "corrections": [Correction(1, 2, "inductor", 7.0, 15.0, 40, NOW).to_json()]})
+    assert lines[0] == "served ⟨1 threads, batch 2⟩: predicted 7.00 ms, planned with 15.00 ms, served 15.10 ms (40 batches)"
+    assert lines[1] == "served ⟨1 threads, batch 2, openvino⟩: predicted 6.00 ms, served not yet"
+    assert lines[2].startswith("correction ") and lines[2].endswith(
+        ": ⟨1 threads, batch 2⟩ profile 7.00 ms → served 15.00 ms (40 batches)")
+    assert served_lines(None) == []
