@@ -55,9 +55,19 @@ def test_corrections_replace_join_expire_and_leave_unknown_points_alone():
     got = corrections_from({(1, 2, "inductor"): (13.0, 0.1, 30), (9, 9, "inductor"): (5.0, 0.1, 30)},
                            profile_ms, {old.key: old}, NOW)
     assert list(got) == [(1, 2, "inductor")] and got[1, 2, "inductor"].served_ms == 13.0
-    # a later figure is judged against the correction, not the profile: no flapping on noise
-    again = corrections_from({(1, 2, "inductor"): (13.3, 0.1, 30)}, profile_ms, got, NOW + 60)
+    # a later figure is judged against the correction, not the profile, with a wider margin: the
+    # machine drifts, and a plan must not flap on it
+    again = corrections_from({(1, 2, "inductor"): (14.5, 0.1, 30)}, profile_ms, got, NOW + 60)
     assert again == got
+    moved = corrections_from({(1, 2, "inductor"): (15.5, 0.1, 30)}, profile_ms, got, NOW + 60)
+    assert moved[1, 2, "inductor"].served_ms == 15.5
+
+
+def test_a_switch_needs_a_margin_and_a_cool_down():
+    assert served.worth_switching(100.0, 90.0, None)
+    assert not served.worth_switching(100.0, 96.0, None)  # within the margin
+    assert not served.worth_switching(100.0, 50.0, served.COOLDOWN_S - 1)  # too soon after the last
+    assert served.worth_switching(100.0, 50.0, served.COOLDOWN_S)
 
 
 def plan_of(*instances: tuple[int, int, float], threads: int = 2) -> Plan:

@@ -50,6 +50,7 @@ class Engine:
         profile = runnable_here(profile)
         # The profile as served here: its figures corrected by what the instances serve (served.py)
         self.corrector = PlanCorrector(profile, corrections_file(model_name, profile_path))
+        self._served_switch_at: float | None = None  # the last switch made on served figures (monotonic)
         profile = self.corrector.profile
         model, spec = model_config(settings, str(model_dir), profile.metadata.get("mode"))
         self.spec, self.codec = spec, codec_config(settings, spec, model_name, str(model_dir))
@@ -168,11 +169,13 @@ class Engine:
         current_ms, proposed = self.corrector.expected_ms(plan), self.plan_for(plan.batch)
         if not self.reconfigure or proposed.describe() == plan.describe():
             return
-        if worth_switching(current_ms, proposed.expected_latency_ms):
+        since = None if self._served_switch_at is None else time.monotonic() - self._served_switch_at
+        if worth_switching(current_ms, proposed.expected_latency_ms, since):
             reason = (f"served latencies: {plan.describe()} takes {current_ms:.1f} ms as served, "
                       f"{proposed.describe()} is expected to take {proposed.expected_latency_ms:.1f} ms")
             log.info("packrat re-plans: %s", reason)
-            self.controller.request(plan.batch, reason)
+            if self.controller.request(plan.batch, reason):
+                self._served_switch_at = time.monotonic()
 
     def submit(self, request) -> Future:
         """A future of the request's Answer, from the live pool. Never raises: our own failure

@@ -10,10 +10,12 @@ an instance killed and respawned) are left out: its first batches, and its neigh
 A served figure corrects the profile's when they disagree beyond the noise: by more than
 CORRECTION_MARGIN and by more than twice the median's own uncertainty (from the samples' spread).
 A correction then stands for the point on this machine (the engine keeps it beside the profile, so
-a restart starts from it) until a later served figure disagrees with it in turn. The engine plans
-with the corrected figures and switches only when the new plan is better by SWITCH_MARGIN, on the
-corrected figures of both: each switch rests on a figure not known before, and each figure is
-corrected once unless it moves beyond the noise again, so plans do not flap.
+a restart starts from it) until a later served figure disagrees with it by more than
+RECORRECTION_MARGIN. The engine plans with the corrected figures and switches only when the new
+plan is better by SWITCH_MARGIN, on the corrected figures of both, and COOLDOWN_S after its last
+switch on served figures. The margins and the cool-down are there because this VM drifts: one run
+served the same ⟨1 thread, batch 1⟩ point in 10.6, 14.0 and 15.3 ms a minute apart, and with a 5 %
+margin alone the plan went round four plans ten times in 150 s (BENCHMARKS.md, issue 32).
 
 A figure corrected upwards is never served again (the plans avoid it); so that a slow patch (a
 noisy neighbour) does not bar a point forever, a correction expires after MAX_AGE_S, and all of
@@ -31,7 +33,9 @@ WINDOW = 50  # samples per key the served figure is the median of
 MIN_SAMPLES = 20  # ... and it needs at least this many
 CORRECTION_MARGIN = 0.05  # a served figure corrects the profile's beyond this relative difference ...
 NOISE_FACTOR = 2.0  # ... and beyond this many times the median's standard error
-SWITCH_MARGIN = 0.05  # a corrected plan replaces the served one only when faster by this much
+RECORRECTION_MARGIN = 0.15  # a corrected figure is corrected again only beyond this (the machine drifts)
+SWITCH_MARGIN = 0.05  # a corrected plan replaces the served one only when faster by this much ...
+COOLDOWN_S = 60.0  # ... and this long after the last switch made on served figures
 MAX_AGE_S = 24 * 3600.0  # a correction older than this is dropped: the point gets another chance
 DEFAULT_RUNTIME = "inductor"  # packrat.models.runtimes.DEFAULT_RUNTIME (serving's pure parts import no models)
 OTHER_RUNTIMES = ("openvino", "onnxruntime")
@@ -100,10 +104,10 @@ def median_error(samples) -> float:
     return 1.253 * 1.4826 * mad / math.sqrt(len(samples))
 
 
-def disagrees(planned_ms: float, served_ms: float, error_ms: float) -> bool:
+def disagrees(planned_ms: float, served_ms: float, error_ms: float, margin: float = CORRECTION_MARGIN) -> bool:
     """Whether a served figure differs from the one planned with beyond the noise."""
     gap = abs(served_ms - planned_ms)
-    return gap > CORRECTION_MARGIN * planned_ms and gap > NOISE_FACTOR * error_ms
+    return gap > margin * planned_ms and gap > NOISE_FACTOR * error_ms
 
 
 def corrections_from(served: dict[Key, tuple[float, float, int]], profile_ms: dict[Key, float],
@@ -117,12 +121,14 @@ def corrections_from(served: dict[Key, tuple[float, float, int]], profile_ms: di
         if key not in profile_ms:
             continue
         planned = kept[key].served_ms if key in kept else profile_ms[key]
-        if disagrees(planned, median, error):
+        if disagrees(planned, median, error, RECORRECTION_MARGIN if key in kept else CORRECTION_MARGIN):
             kept[key] = Correction(*key, profile_ms[key], median, samples, now)
     return kept
 
 
-def worth_switching(current_ms: float, proposed_ms: float, margin: float = SWITCH_MARGIN) -> bool:
+def worth_switching(current_ms: float, proposed_ms: float, since_last_s: float | None,
+                    margin: float = SWITCH_MARGIN, cooldown_s: float = COOLDOWN_S) -> bool:
     """Whether a plan expected to take `proposed_ms` should replace one expected (on the same
-    corrected figures) to take `current_ms`."""
-    return proposed_ms < current_ms * (1 - margin)
+    corrected figures) to take `current_ms`, `since_last_s` after the last switch made on served
+    figures (None: none yet)."""
+    return proposed_ms < current_ms * (1 - margin) and (since_last_s is None or since_last_s >= cooldown_s)
