@@ -167,11 +167,10 @@ def test_status_prints_predicted_planned_served_and_each_correction():
     lines = served_lines({"instances": [
         {"threads": 1, "batch": 2, "runtime": "inductor", "predicted_ms": 7.0, "planned_ms": 15.0, "served_ms": 15.1,
          "samples": 40},
-        {"threads": 1, "batch": 2, "runtime": "openvino", "predicted_ms": 6.0, "planned_ms": 6.0, "served_ms": None,
-         "samples": 0}],
+        {"threads": 1, "batch": 2, "runtime": "openvino", "predicted_ms": 6.0, "planned_ms": 6.0, "samples": 0}],
         "corrections": [Correction(1, 2, "inductor", 7.0, 15.0, 40, NOW).to_json()]})
     assert lines[0] == "served ⟨1 threads, batch 2⟩: predicted 7.00 ms, planned with 15.00 ms, served 15.10 ms (40 batches)"
-    assert lines[1] == "served ⟨1 threads, batch 2, openvino⟩: predicted 6.00 ms, served not yet"
+    assert lines[1] == "served ⟨1 threads, batch 2, openvino⟩: predicted 6.00 ms, served not yet"  # null dropped
     assert lines[2].startswith("correction ") and lines[2].endswith(
         ": ⟨1 threads, batch 2⟩ profile 7.00 ms → served 15.00 ms (40 batches)")
     assert served_lines(None) == []

@@ -104,11 +104,12 @@ def served_lines(served: dict | None) -> list[str]:
     if not served:
         return []
     lines = []
-    for i in served["instances"]:
-        got = f"{i['served_ms']:.2f} ms ({i['samples']} batches)" if i["served_ms"] is not None else "not yet"
-        planned = "" if i["planned_ms"] == i["predicted_ms"] else f", planned with {num(i['planned_ms'])} ms"
+    for i in served["instances"]:  # TorchServe drops the nulls of a handler's JSON: hence get()
+        served_ms, predicted, planned = i.get("served_ms"), i.get("predicted_ms"), i.get("planned_ms")
+        got = f"{served_ms:.2f} ms ({i.get('samples', 0)} batches)" if served_ms is not None else "not yet"
+        planned = "" if planned == predicted else f", planned with {num(planned)} ms"
         lines.append(f"served ⟨{i['threads']} threads, batch {i['batch']}{runtime_text(i['runtime'])}⟩: predicted "
-                     f"{num(i['predicted_ms'])} ms{planned}, served {got}")
+                     f"{num(predicted)} ms{planned}, served {got}")
     for c in served["corrections"]:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["at"]))
         lines.append(f"correction {when}: ⟨{c['threads']} threads, batch {c['batch']}{runtime_text(c['runtime'])}⟩ "
