@@ -159,6 +159,7 @@ def test_instances_run_the_model_as_its_profile_measured_it(tmp_path):
     assert model_config(settings.replace(graph_mode="compile"), str(tmp_path), "eager")[0].graph_mode == "compile"
     assert model_config(settings, str(tmp_path), "script")[0].compile_cache == str(tmp_path)
     assert mode_mismatch("script", "script") is None and mode_mismatch(None, "eager") is None
+    assert mode_mismatch("compile", "onnxruntime") is None  # a pool of another runtime runs no graph mode
     assert "measured in script mode but the instances run in eager mode" in mode_mismatch("script", "eager")
 
 

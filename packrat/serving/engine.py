@@ -254,8 +254,13 @@ def served_mode(settings: Settings, profiled_mode: str | None) -> str:
 
 def mode_mismatch(profiled_mode: str | None, running_mode: str) -> str | None:
     """Why the plan may not hold, when the instances run the model otherwise than its profile
-    measured it (say, tracing failed in the worker and they fell back to eager); None if they match."""
-    if not profiled_mode or profiled_mode == running_mode:
+    measured it (say, tracing failed in the worker and they fell back to eager); None if they match.
+    A pool whose instances all run another runtime (OpenVINO, ONNX Runtime) runs no graph mode:
+    nothing to compare."""
+    from packrat.models.runtimes import DEFAULT_RUNTIME, RUNTIMES
+
+    if not profiled_mode or profiled_mode == running_mode or (running_mode in RUNTIMES and
+                                                             running_mode != DEFAULT_RUNTIME):
         return None
     return (f"the profile was measured in {profiled_mode} mode but the instances run in {running_mode} mode: "
             f"the plan rests on latencies they may not have; profile the model as it is served")
