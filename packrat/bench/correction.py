@@ -45,7 +45,6 @@ def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: 
                    progress=None) -> dict:
     """The run of the module's doc; `progress(elapsed_s)` about once a second."""
     from packrat.bench.payloads import build_payload
-    from packrat.planning.planner import serving_plan
     from packrat.serving.engine import Engine
     from packrat.serving.pool.api import Request
     from packrat.settings import SERVED_DIR_ENV, Settings
@@ -55,7 +54,7 @@ def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: 
         os.environ[SERVED_DIR_ENV.name] = str(folder / "served")
         cores = len(os.sched_getaffinity(0))
         skewed_profile(profile, folder / "profile.csv", skew, cores)
-        true_plan = _plan(serving_plan, load(profile), cores, batch)
+        true_plan = _plan(load(profile), cores, batch)
         settings = Settings(model=model, profiles=("profile.csv",), max_batch=batch, plan_batch=batch,
                             share_node=False)
         body, content_type = build_payload(model, "raw")
@@ -95,8 +94,9 @@ def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: 
             "all_reconfigurations": status["reconfigurations"], "served": status["served"], **counts}
 
 
-def _plan(serving_plan, profile, cores: int, batch: int) -> str:
+def _plan(profile, cores: int, batch: int) -> str:
     from packrat.machine.topology import Topology
+    from packrat.planning.planner import serving_plan
 
     plan, _ = serving_plan(profile.items(), cores, batch, Topology.virtual(cores), "auto", profile.runtimes)
     return plan.describe()

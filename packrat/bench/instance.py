@@ -20,9 +20,9 @@ packrat.serving.pool.stages over the last round).
 from __future__ import annotations
 
 import statistics
-import time
 
-from packrat.bench.rounds import interleaved
+from packrat.bench.pool import answered
+from packrat.bench.rounds import elapsed_ms, interleaved
 
 MEASURES = ("point", "model", "batch")
 
@@ -46,14 +46,14 @@ def instance_gap(model: str, runtime: str, threads: int, batch: int, cores: tupl
     with InstancePool(ModelConfig(model, graph_mode=graph_mode), [instance], codec=CodecConfig.for_model(spec),
                       gather_ms=0.0) as pool:
         for _ in range(warmup):
-            _answer(pool, requests)
+            answered(pool, requests)
 
         def point_round() -> float:
             return measure_point(point, threads, batch, list(cores))["p50_ms"]
 
         def instance_round() -> float:
             pool.stages.clear()
-            batch_ms = [_timed_ms(lambda: _answer(pool, requests)) for _ in range(iters)]
+            batch_ms = [elapsed_ms(lambda: answered(pool, requests)) for _ in range(iters)]
             samples["model"].append(pool.stages.medians()["model"])
             return statistics.median(batch_ms)
 
@@ -63,19 +63,6 @@ def instance_gap(model: str, runtime: str, threads: int, batch: int, cores: tupl
     samples.update(timed)
     return summary(samples, model=model, runtime=runtime, threads=threads, batch=batch, mode=mode,
                    stage_ms=stages)
-
-
-def _answer(pool, requests: list) -> None:
-    answers = pool.infer(requests)
-    bad = [a for a in answers if not a.ok]
-    if bad:
-        raise RuntimeError(f"{len(bad)} of {len(answers)} requests answered {bad[0].status}: {bad[0].reason}")
-
-
-def _timed_ms(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return (time.perf_counter() - started) * 1e3
 
 
 def summary(samples: dict[str, list[float]], **case) -> dict:

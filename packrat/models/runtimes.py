@@ -62,6 +62,12 @@ def version(runtime: str) -> str:
         return ""
 
 
+def runtime_of(mode: str) -> str:
+    """The runtime of an instance that runs the model in `mode`: a graph mode (compile, script,
+    eager, ios) is torch's, inductor; another runtime's name is that runtime."""
+    return mode if mode in RUNTIMES else DEFAULT_RUNTIME
+
+
 def installed_runtimes() -> tuple[str, ...]:
     return tuple(r for r in RUNTIMES if installed(r))
 

@@ -55,7 +55,7 @@ class Engine:
         model, spec = model_config(settings, str(model_dir), profile.metadata.get("mode"))
         self.spec, self.codec = spec, codec_config(settings, spec, model_name, str(model_dir))
         self.max_batch = max_batch
-        self._items, self._runtimes, self._plan_mode = profile.items(), profile.runtimes, settings.plan
+        self._plan_mode = settings.plan
         self._fallbacks = profile.fallbacks()  # each point's runtimes, for an instance whose runtime fails here
         start_batch = min(settings.plan_batch or max_batch, max_batch)
         self.pool = self.controller = None
@@ -112,7 +112,7 @@ class Engine:
     def _describe(self) -> dict:
         """What this model tells the node: its profile, the batch it plans for, the requests in hand."""
         batch = self.controller.estimator.current if self.controller is not None else self._batch_now
-        return {"items": [list(item) for item in self._items], "batch": batch,
+        return {"items": [list(item) for item in self.corrector.profile.items()], "batch": batch,
                 "outstanding": self.pool.outstanding if self.pool is not None else 0}
 
     def _move(self, cores: tuple[int, ...], turns: bool) -> None:
@@ -135,8 +135,9 @@ class Engine:
     def plan_for(self, batch: int):
         """The plan for `batch` on this model's cores (the fat one where the archive says so)."""
         topology = self.topology
-        plan, fallback = serving_plan(self._items, topology.num_cores, batch, topology, self._plan_mode,
-                                      self._runtimes)
+        profile = self.corrector.profile  # the profile as corrected by what was served
+        plan, fallback = serving_plan(profile.items(), topology.num_cores, batch, topology, self._plan_mode,
+                                      profile.runtimes)
         if fallback:
             log.warning(fallback)
         return plan
@@ -164,7 +165,6 @@ class Engine:
             log.info("packrat served ⟨%d threads, batch %d, %s⟩ in %.2f ms (median of %d batches), the profile "
                      "says %.2f ms: planning with the served figure", c.threads, c.batch, c.runtime, c.served_ms,
                      c.samples, c.profile_ms)
-        self._items, self._runtimes = self.corrector.profile.items(), self.corrector.profile.runtimes
         plan = self.controller.plan
         current_ms, proposed = self.corrector.expected_ms(plan), self.plan_for(plan.batch)
         if not self.reconfigure or proposed.describe() == plan.describe():
@@ -257,10 +257,9 @@ def mode_mismatch(profiled_mode: str | None, running_mode: str) -> str | None:
     measured it (say, tracing failed in the worker and they fell back to eager); None if they match.
     A pool whose instances all run another runtime (OpenVINO, ONNX Runtime) runs no graph mode:
     nothing to compare."""
-    from packrat.models.runtimes import DEFAULT_RUNTIME, RUNTIMES
+    from packrat.models.runtimes import DEFAULT_RUNTIME, runtime_of
 
-    if not profiled_mode or profiled_mode == running_mode or (running_mode in RUNTIMES and
-                                                             running_mode != DEFAULT_RUNTIME):
+    if not profiled_mode or profiled_mode == running_mode or runtime_of(running_mode) != DEFAULT_RUNTIME:
         return None
     return (f"the profile was measured in {profiled_mode} mode but the instances run in {running_mode} mode: "
             f"the plan rests on latencies they may not have; profile the model as it is served")

@@ -29,6 +29,8 @@ import statistics
 from collections import deque
 from dataclasses import asdict, dataclass
 
+from packrat.models.runtimes import runtime_of
+
 WINDOW = 50  # samples per key the served figure is the median of
 MIN_SAMPLES = 20  # ... and it needs at least this many
 CORRECTION_MARGIN = 0.05  # a served figure corrects the profile's beyond this relative difference ...
@@ -37,8 +39,6 @@ RECORRECTION_MARGIN = 0.15  # a corrected figure is corrected again only beyond 
 SWITCH_MARGIN = 0.05  # a corrected plan replaces the served one only when faster by this much ...
 COOLDOWN_S = 60.0  # ... and this long after the last switch made on served figures
 MAX_AGE_S = 24 * 3600.0  # a correction older than this is dropped: the point gets another chance
-DEFAULT_RUNTIME = "inductor"  # packrat.models.runtimes.DEFAULT_RUNTIME (serving's pure parts import no models)
-OTHER_RUNTIMES = ("openvino", "onnxruntime")
 
 Key = tuple[int, int, str]  # (threads, batch, runtime)
 
@@ -46,7 +46,7 @@ Key = tuple[int, int, str]  # (threads, batch, runtime)
 def served_key(threads: int, batch: int, mode: str) -> Key:
     """The key of an instance of `threads` and planned `batch` that runs in `mode` (a graph mode, or
     the runtime it runs: an instance that fell back runs another runtime than planned)."""
-    return threads, batch, mode if mode in OTHER_RUNTIMES else DEFAULT_RUNTIME
+    return threads, batch, runtime_of(mode)
 
 
 @dataclass(frozen=True)

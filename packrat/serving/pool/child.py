@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
-from packrat.models.runtimes import DEFAULT_RUNTIME, RUNTIMES
+from packrat.models.runtimes import DEFAULT_RUNTIME, runtime_of
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.core_locks import holding
 
@@ -96,7 +96,7 @@ def torch_threads(mode: str, threads: int) -> int:
     runtime's threads want them: squeezenet at B = 1 on 2 cores ran 12.5 ms a batch under ONNX
     Runtime and 10.4 under OpenVINO in the instance with a 2-thread torch against 7.2 and 7.3 with
     one (profile points 7.0 and 7.5; BENCHMARKS.md, issue 32)."""
-    return 1 if mode in RUNTIMES and mode != DEFAULT_RUNTIME else threads
+    return threads if runtime_of(mode) == DEFAULT_RUNTIME else 1
 
 
 class Decoders:
