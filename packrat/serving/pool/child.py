@@ -93,9 +93,9 @@ def torch_threads(mode: str, threads: int) -> int:
     graph mode, or the runtime running it): all of them when torch runs the model; one when
     another runtime does. torch then only decodes and encodes, and a team of OpenMP threads of its
     own would spin on the instance's cores after each of those small parallel regions while the
-    runtime's threads want them: squeezenet at B = 1 on 2 cores ran 12.5 ms a batch under ONNX
-    Runtime and 10.4 under OpenVINO in the instance with a 2-thread torch against 7.2 and 7.3 with
-    one (profile points 7.0 and 7.5; BENCHMARKS.md, issue 32)."""
+    runtime's threads want them: SqueezeNet's model stage against its profile point went from
+    1.61 to 1.10 under OpenVINO and from 1.57 to 1.29 under ONNX Runtime at b = 1 with one torch
+    thread (BENCHMARKS.md, issue 32)."""
     return threads if runtime_of(mode) == DEFAULT_RUNTIME else 1
 
 
