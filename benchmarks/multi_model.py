@@ -6,8 +6,19 @@ Configurations (--configs):
   stock          one TorchServe, a stock archive per model (TorchServe's default workers and threads)
   per-model      one packrat TorchServe per model, each planning for every core (share_node off)
   static-split   the same, each pinned to its own ⌊T/n⌋ cores (round robin past one model a core)
-Every model is also served alone (per-model, nothing else loaded) at each users count of the
-schedule: throughputs are normalised to that.
+Every model is also served alone (per-model, nothing else loaded, one model after another) at each
+users count of the schedule: "alone", what throughputs are normalised to.
+
+Rounds (--rounds; BENCHMARKS.md's figures use 3 or more): each runs alone and every configuration
+once, in an order rotated by one a round (round r starts at the r-th of alone then --configs), so
+the VM's drift in speed is spread over all of them. Within a round (packrat/bench/multi_model.py):
+each model's throughput over alone's ("of alone"; its slowdown is the inverse; per phase their sum
+and the worst slowdown), and packrat-node's lead over each other configuration (its of alone over
+the other's: per model, for the worst model and for the sum). Reported per configuration, phase and
+model: each figure's median over the rounds with its spread (min–max), failures summed; for
+packrat-node also each model's expected slowdown (the node plan in force at the phase's end). The
+tables (printed, and in multi_model.md) and multi_model.json (each round's order, figures, node
+moves and cores; then the summary) hold every figure that BENCHMARKS.md quotes.
 
 Parts (--part):
   targets  the 2-core case of issue 24: two models (--pair, default resnet50,squeezenet), USERS
@@ -16,42 +27,32 @@ Parts (--part):
            tokenizer) under a load whose mix shifts every --phase-s: image-heavy, text-heavy, both
 
 Each model has a locust process with a step schedule; phase statistics come from its request log,
-leaving out each phase's first --settle-s seconds; failures count over the whole run. For
-packrat-node the node's plan.json is read every second: each model's cores over time (a plot per
-part) and every move with its reason and duration.
+leaving out each phase's first --settle-s seconds; failures count over every whole run. For
+packrat-node the node's plan is read every second: each model's cores over time (a plot per
+part and round) and every move with its reason and duration.
 
     .venv/bin/python benchmarks/multi_model.py --part targets
-    .venv/bin/python benchmarks/multi_model.py --part mix --phase-s 60
+    .venv/bin/python benchmarks/multi_model.py --part mix --phase-s 60 --rounds 3
 """
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
 from benchmarks.common import doc_parser, fmt_num, markdown_table
+from packrat.bench.multi_model import LEAD, Phase, alone_phase, normalised, over_all_rounds, schedule, summarise
+from packrat.bench.results import write_json
 from packrat.cli.types import name_list
 from packrat.loadtest.env import STEP_SECONDS, STEP_USERS
-from packrat.bench.results import write_json
 
 CONFIGS = ("packrat-node", "stock", "per-model", "static-split")
-
-
-@dataclass(frozen=True)
-class Phase:
-    name: str
-    users: dict[str, int]  # per model; 0: no load
-    seconds: float
-    settle_s: float  # left out of the phase's statistics
-    measured: bool = True
+CELLS = (("p50_ms", 0), ("p99_ms", 0), ("rps", 1), ("of_alone", 2), ("slowdown", 2), ("expected_slowdown", 2))
 
 
 def target_phases(models: list[str], users: int, seconds: float, settle_s: float) -> list[Phase]:
@@ -127,8 +128,8 @@ def start_config(stack: ExitStack, config: str, models: list[str], out: Path, ar
 
 # ---- load and statistics ------------------------------------------------------------------------
 
-def load_models(served: dict[str, tuple], phases: list[Phase], payloads: dict, out: Path) -> tuple[float, dict]:
-    """One locust process per model running its users of each phase; (launch time, {model: records})."""
+def load_models(served: dict[str, tuple], phases: list[Phase], payloads: dict, out: Path) -> dict:
+    """One locust process per model running its users of each phase: {model: (launch time, records)}."""
     from packrat.loadtest import run_locust
     from packrat.loadtest.requestlog import read_request_log
 
@@ -145,64 +146,33 @@ def load_models(served: dict[str, tuple], phases: list[Phase], payloads: dict, o
         return read_request_log(log)
 
     with ThreadPoolExecutor(len(served)) as pool:
-        records = dict(zip(served, pool.map(one, served)))
-    return launched, records
-
-
-def phase_stats(records, begin: float, end: float) -> dict:
-    inside = [r for r in records if begin <= r.start < end]
-    good = [r.response_ms for r in inside if not r.failed]
-    q = statistics.quantiles(good, n=100) if len(good) >= 2 else [float("nan")] * 99
-    return {"requests": len(inside), "failures": sum(r.failed for r in inside), "p50_ms": q[49], "p99_ms": q[98],
-            "rps": len(good) / (end - begin)}
-
-
-def summarise(phases: list[Phase], launched: float, records: dict, alone: dict) -> dict:
-    """Per measured phase: each loaded model's statistics, its throughput over alone's at its users,
-    their sum and the worst slowdown; failures over the whole run."""
-    out, start = {}, launched + 1.0  # locust's users start about a second after launch
-    for phase in phases:
-        begin, end = start + phase.settle_s, start + phase.seconds
-        start += phase.seconds
-        if not phase.measured:
-            continue
-        models = {}
-        for model, recs in records.items():
-            if phase.users[model] == 0:
-                continue
-            stats = phase_stats(recs, begin, end)
-            base = alone.get(model, {}).get(phase.users[model])
-            stats["of_alone"] = stats["rps"] / base["rps"] if base else None
-            models[model] = stats
-        ratios = [m["of_alone"] for m in models.values() if m["of_alone"]]
-        out[phase.name] = {"models": models, "sum_of_alone": sum(ratios) if ratios else None,
-                           "worst_slowdown": max(1 / r for r in ratios) if ratios else None}
-    out["failed_requests"] = sum(r.failed for recs in records.values() for r in recs)
-    out["requests"] = sum(len(recs) for recs in records.values())
-    return out
+        return {model: (launched, records) for model, records in zip(served, pool.map(one, served))}
 
 
 # ---- the node over time -------------------------------------------------------------------------
 
 def node_watch(root: Path):
-    """A Periodic that reads the node's plan.json every second: each model's cores and turns over
-    time (`samples`), and the last state seen (`state`, with the moves)."""
+    """A Periodic that reads the node's plan (packrat.serving.node.read_state) every second: each model's cores and turns over
+    time (`samples`), its expected slowdown (`plans`), and the last state seen (`state`, with the moves)."""
     from packrat.bench.faults import Periodic
 
     class NodeWatch(Periodic):
         def __init__(self):
             super().__init__(1.0, "node-watch")
-            self.samples, self.state = [], {}
+            self.samples, self.plans, self.state = [], [], {}
 
         def tick(self) -> None:
-            try:
-                state = json.loads((root / "plan.json").read_text())
-            except (OSError, ValueError):
+            from packrat.serving.node import read_state
+
+            state = read_state(root)
+            if state is None:
                 return
             self.state = state
             names = state.get("target", {}).get("names", {})
             step = state["steps"][state["step"]] if state.get("steps") else {}
             self.samples.append((time.time(), {names.get(k, k): (cores, locked) for k, (cores, locked) in step.items()}))
+            shares = (state.get("target", {}).get("plan") or {}).get("models", {})
+            self.plans.append((time.time(), {names.get(k, k): s.get("slowdown") for k, s in shares.items()}))
 
     return NodeWatch()
 
@@ -255,69 +225,108 @@ def payloads_for(models: list[str], out: Path) -> tuple[dict, Path | None]:
     return {m: build_payload(m) for m in models}, tokenizer
 
 
-def measure_alone(models: list[str], users_counts: set[int], args, out: Path, payloads, tokenizer) -> dict:
-    """{model: {users: {"rps", "p50_ms", "p99_ms"}}}: each model alone on a packrat server of its own."""
-    alone = {}
+def measure_alone(models: list[str], phases: list[Phase], args, out: Path, payloads, tokenizer) -> dict:
+    """Each model through `phases` (a phase per users count) alone on a packrat server of its own, one
+    after the other: one summary, as if they were one configuration."""
+    runs = {}
     for model in models:
-        counts = sorted(u for u in users_counts if u > 0)
-        phases = [Phase("warm-up", {model: max(counts)}, 10.0, 10.0, measured=False)] + \
-                 [Phase(f"{u} users", {model: u}, args.alone_s, 0.0) for u in counts]
-        print(f"-- alone: {model}, users {counts}", flush=True)
         with ExitStack() as stack:
-            served = start_config(stack, "per-model", [model], out / "alone", args, tokenizer)
-            launched, records = load_models(served, phases, payloads, out / "alone" / model)
-        stats = summarise(phases, launched, records, {})
-        alone[model] = {u: stats[f"{u} users"]["models"][model] for u in counts}
-        print(f"   {model} alone: " + ", ".join(f"{u} users {alone[model][u]['rps']:.1f} req/s"
-                                                for u in counts), flush=True)
-    return alone
+            served = start_config(stack, "per-model", [model], out, args, tokenizer)
+            runs.update(load_models(served, phases, payloads, out / model))
+    return summarise(phases, runs)
 
 
-def run_part(part: str, models: list[str], phases: list[Phase], args, out: Path) -> dict:
-    payloads, tokenizer = payloads_for(models, out)
-    users_counts = {u for p in phases for u in p.users.values()}
-    alone = measure_alone(models, users_counts, args, out, payloads, tokenizer)
-    results = {"part": part, "models": models, "alone": alone,
-               "phases": [{"name": p.name, "users": p.users, "seconds": p.seconds, "settle_s": p.settle_s}
-                          for p in phases], "configs": {}}
+def measure_config(config: str, models: list[str], phases: list[Phase], args, out: Path, payloads, tokenizer,
+                   plot: Path) -> tuple[dict, dict]:
+    """One configuration through `phases`: its summary and, for packrat-node, the node's moves and
+    cores over time (plotted at `plot`)."""
     from packrat.serving.node import node_dir
     from packrat.settings import NODE_DIR_ENV
 
-    for config in args.configs:
-        print(f"-- {part}: {config}", flush=True)
-        node_base = (out / config / "node").resolve()
-        os.environ[NODE_DIR_ENV.name] = str(node_base)  # a fresh node for this configuration's servers
-        with ExitStack() as stack:
-            served = start_config(stack, config, models, out, args, tokenizer)
-            watch = stack.enter_context(node_watch(node_dir(sorted(os.sched_getaffinity(0)), node_base)))
-            launched, records = load_models(served, phases, payloads, out / config)
-        summary = summarise(phases, launched, records, alone)
-        if config == "packrat-node":
-            summary["moves"] = watch.state.get("moves", [])
-            summary["cores_over_time"] = [(round(t - launched, 1), s) for t, s in watch.samples]
-            summary["cores_plot"] = str(plot_cores(summary["cores_over_time"], phases, out / f"cores-{part}.png"))
-        results["configs"][config] = summary
-        print(report_config(config, summary), flush=True)
+    node_base = (out / config / "node").resolve()
+    os.environ[NODE_DIR_ENV.name] = str(node_base)  # a fresh node for this configuration's servers
+    with ExitStack() as stack:
+        served = start_config(stack, config, models, out, args, tokenizer)
+        watch = stack.enter_context(node_watch(node_dir(sorted(os.sched_getaffinity(0)), node_base)))
+        runs = load_models(served, phases, payloads, out / config)
+    if config != "packrat-node":
+        return summarise(phases, runs), {}
+    launched = next(iter(runs.values()))[0]
+    cores = [(round(t - launched, 1), s) for t, s in watch.samples]
+    return summarise(phases, runs, watch.plans), {"moves": watch.state.get("moves", []), "cores_over_time": cores,
+                                                   "cores_plot": str(plot_cores(cores, phases, plot))}
+
+
+def run_part(part: str, models: list[str], phases: list[Phase], args, out: Path) -> dict:
+    """alone and every configuration in rotated rounds; each round's figures and their summary."""
+    payloads, tokenizer = payloads_for(models, out)
+    counts = sorted({u for p in phases for u in p.users.values() if u > 0})
+    alone = [Phase("warm-up", dict.fromkeys(models, max(counts)), 10.0, 10.0, measured=False)] + \
+            [Phase(alone_phase(u), dict.fromkeys(models, u), args.alone_s, 0.0) for u in counts]
+    rounds = []
+    for r, order in enumerate(schedule(args.configs, args.rounds), 1):
+        configs, node = {}, {}
+        for item in order:
+            print(f"-- {part}, round {r} of {args.rounds}: {item}", flush=True)
+            if item == "alone":
+                configs[item] = measure_alone(models, alone, args, out / f"round{r}" / "alone", payloads, tokenizer)
+            else:
+                configs[item], found = measure_config(item, models, phases, args, out / f"round{r}", payloads,
+                                                      tokenizer, out / f"cores-{part}-round{r}.png")
+                node.update(found)
+            print("   " + "; ".join(f"{phase}: " + ", ".join(f"{m} {s['rps']:.1f} req/s"
+                                                        for m, s in body["models"].items())
+                                    for phase, body in configs[item]["phases"].items()), flush=True)
+        rounds.append({"round": r, "order": order, **normalised(configs), "node": node})
+    results = {"part": part, "models": models, "rounds": args.rounds,
+               "phases": [{"name": p.name, "users": p.users, "seconds": p.seconds, "settle_s": p.settle_s}
+                          for p in phases],
+               "summary": over_all_rounds(rounds), "per_round": rounds}
+    print(report(results), flush=True)
     return results
 
 
-def report_config(config: str, summary: dict) -> str:
+def spread_text(figure: dict | None, digits: int) -> str:
+    """An over_rounds figure as "median (min–max)"; "-" for none."""
+    if not figure:
+        return "-"
+    low, high = figure["spread"]
+    return f"{fmt_num(figure['median'], digits)} ({fmt_num(low, digits)}–{fmt_num(high, digits)})"
+
+
+def report(results: dict) -> str:
+    """A part's tables (markdown): per configuration, phase and model the medians over rounds with
+    their spread; packrat-node's leads; failures over all rounds; each round's order and node moves."""
+    summary, n = results["summary"], results["rounds"]
     rows = []
-    for phase, body in summary.items():
-        if not isinstance(body, dict) or "models" not in body:
-            continue
-        for model, s in body["models"].items():
-            rows.append([config, phase, model, s["requests"], s["failures"], fmt_num(s["p50_ms"], 0),
-                         fmt_num(s["p99_ms"], 0), fmt_num(s["rps"]), fmt_num(s["of_alone"], 2)])
-        rows.append([config, phase, "sum / worst slowdown", "", "", "", "", "", f"{fmt_num(body['sum_of_alone'], 2)} / "
-                     f"{fmt_num(body['worst_slowdown'], 2)}"])
-    table = markdown_table(["config", "phase", "model", "requests", "failed", "p50 ms", "p99 ms", "req/s",
-                            "of alone"], rows)
-    moves = summary.get("moves")
-    tail = f"\nfailed requests over the whole run: {summary['failed_requests']} of {summary['requests']}"
-    if moves is not None:
-        tail += "\nnode moves: " + "; ".join(f"{m['reason']} ({fmt_num(m['seconds'], 2)} s)" for m in moves)
-    return table + tail
+    for config, body in summary["configs"].items():
+        for phase, figures in body["phases"].items():
+            for model, s in figures["models"].items():
+                rows.append([config, phase, model, s["users"], f"{s['failures']} of {s['requests']}",
+                             *(spread_text(s.get(key), digits) for key, digits in CELLS)])
+            if figures.get("sum_of_alone"):
+                rows.append([config, phase, "sum / worst", "", "", "", "", "", spread_text(figures["sum_of_alone"], 2),
+                             spread_text(figures["worst_slowdown"], 2), ""])
+    parts = [f"### {results['part']}: medians over {n} round(s) (min–max)",
+             markdown_table(["config", "phase", "model", "users", "failed", "p50 ms", "p99 ms", "req/s", "of alone",
+                             "slowdown", "expected slowdown"], rows)]
+    others = list(summary["leads"])
+    if others:
+        rows = []
+        for phase, body in summary["configs"][LEAD]["phases"].items():
+            rows += [[phase, model, *(spread_text(summary["leads"][o][phase]["models"][model], 2) for o in others)]
+                     for model in body["models"]]
+            rows += [[phase, what, *(spread_text(summary["leads"][o][phase][key], 2) for o in others)]
+                     for what, key in (("worst model", "worst"), ("sum", "sum"))]
+        parts += [f"{LEAD}'s lead, of alone over the other's (each round's ratio; medians, min–max):",
+                  markdown_table(["phase", "model", *(f"/ {o}" for o in others)], rows)]
+    parts += [f"failed requests over the {n} round(s): " + ", ".join(
+        f"{c} {b['failed_requests']} of {b['requests']}" for c, b in summary["configs"].items())]
+    lines = []
+    for r in results["per_round"]:
+        moves = "; ".join(f"{m['reason']} ({fmt_num(m['seconds'], 2)} s)" for m in r["node"].get("moves", []))
+        lines.append(f"round {r['round']}: {', '.join(r['order'])}" + (f"; node moves: {moves}" if moves else ""))
+    return "\n\n".join(parts + ["\n".join(lines)])
 
 
 def main() -> int:
@@ -335,10 +344,14 @@ def main() -> int:
     parser.add_argument("--settle-s", type=float, default=10.0,
                         help="seconds of each phase left out of its statistics (default: 10)")
     parser.add_argument("--alone-s", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, each running alone and every configuration "
+                        "once in a rotated order (default 3; BENCHMARKS.md's figures use 3 or more)")
     parser.add_argument("--out", type=Path, default=Path("out/multi_model"))
     args = parser.parse_args()
     if len(args.pair) != 2:
         parser.error("--pair names two models")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     out = args.out.resolve()
     results = {}
     if args.part in ("targets", "both"):
@@ -348,7 +361,8 @@ def main() -> int:
         phases = mix_phases(args.mix, args.users, args.light_users, args.phase_s, args.settle_s)
         results["mix"] = run_part("mix", args.mix, phases, args, out / "mix")
     write_json(out / "multi_model.json", results)
-    print(f"wrote {out / 'multi_model.json'}")
+    (out / "multi_model.md").write_text("\n\n".join(report(part) for part in results.values()) + "\n")
+    print(f"wrote {out / 'multi_model.json'} and {out / 'multi_model.md'}")
     return 0
 
 

@@ -43,3 +43,7 @@ class PoolError(RuntimeError):
 
 class ProfilingError(RuntimeError):
     """A measurement process failed; the message says which point and why."""
+
+
+class MoveFailed(RuntimeError):
+    """A model could not move to the cores the node gave it; it serves where it was."""

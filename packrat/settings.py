@@ -84,6 +84,7 @@ REQUEST_TIMEOUT_S = 120.0  # waiting and running longer: 504 (as TorchServe's de
 MAX_QUEUE = 1000  # requests waiting beyond this are answered 503 at once (TorchServe's job_queue_size)
 HANG_FACTOR = 10.0  # a batch may take this many times its expected latency ...
 HANG_FLOOR_S = 5.0  # ... and at least this long, before its instance counts as hung
+TURN_MS = 100.0  # the longest turn on time-shared cores (BENCHMARKS.md, issue 33)
 # A runtime other than inductor takes a profile point only when faster than inductor's figure by more
 # than either point's spread (std over its iterations) and by at least this fraction: two profiles of
 # one model otherwise picked different runtimes on noise (issue 32).
@@ -182,7 +183,10 @@ class Settings:
                                          minimum=0, metavar="S")
     estimator: EstimatorSettings | None = setting(None, "the batch-size estimator's settings")
     share_node: bool = setting(True, "plan the cores with the other packrat models served on the same cores "
-                                     "(serving/node.py; --no-share-node: this model plans alone)")
+                                     "(serving/node/; --no-share-node: this model plans alone)")
+    turn_ms: float = setting(TURN_MS, "on cores time-shared with other models, the longest turn one batch takes "
+                                      "before the others get theirs: a longer batch runs in several turns",
+                             above=0, metavar="MS")
     slo_ms: float | None = setting(None, "the model's latency objective in ms: the machine's cores are then "
                                          "planned to serve the most load within every model's objective, and "
                                          "`packrat status` names a model that cannot meet it (default: none; "

@@ -113,6 +113,7 @@ def node_status(member: str, generation: int) -> dict:
     return {"plan": {"batch": 4, "threads": 1, "instances": [{"threads": 1, "batch": 4, "cores": [0]}]},
             "mode": "compile", "reconfigurations": [],
             "node": {"member": member, "generation": generation, "step": 0, "plan": plan, "members": members,
+                     "planned_by": "a-1-1", "epoch": 2,
                      "moves": moves, "share": {"cores": [0], "takes_turns": False}}}
 
 
@@ -129,7 +130,7 @@ def test_status_shows_every_model_and_the_node(two_models, capsys, tmp_path):
     assert main(["status", "--run-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "model a (compile)" in out and "model b (compile)" in out
-    assert "node: 2 cores planned together (plan 3)" in out
+    assert "node: 2 cores planned together (plan 3, by a, epoch 2)" in out
     assert "cannot meet the latency objective of: b" in out
     assert "load saturated" in out and "load 12.5 req/s" in out and "SLO 50 ms" in out
     assert "1 move(s)" in out and "3.25 s  members a, b" in out

@@ -24,7 +24,7 @@ class FakeInstance:
     def __init__(self, batch: int, capacity: int = 0, ready: bool = True):
         self.config = InstanceConfig(1, batch, (0,), capacity)
         self.ready, self.jobs, self.batches = ready, [], []
-        self.warm_ms, self.hung, self.busy_since = 0.0, False, 0.0
+        self.warm_ms, self.hung, self.busy_since, self.waiting_turn = 0.0, False, 0.0, False
 
     @property
     def idle(self) -> bool:
@@ -150,7 +150,9 @@ def test_watchdog_names_only_instances_past_their_allowance():
     slow.jobs, fine.jobs = ["a"], ["b"]
     fine.busy_since = 1.0
     assert dog.overdue([slow, fine, idle], now=2.5) == [slow]
-    slow.hung = True  # already being killed
+    slow.waiting_turn = True  # its batch waits for another model's turn: not running
+    assert dog.overdue([slow, fine, idle], now=2.5) == []
+    slow.waiting_turn, slow.hung = False, True  # already being killed
     assert dog.overdue([slow, fine, idle], now=2.5) == []
 
 

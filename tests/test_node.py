@@ -11,9 +11,10 @@ import time
 import pytest
 
 from packrat.bench.payloads import build_payload
+from packrat.errors import MoveFailed
 from packrat.machine.topology import Topology, detect
 from packrat.serving.engine import Engine
-from packrat.serving.node import LoadMeter, NodeMember, NodeOwner
+from packrat.serving.node import LoadMeter, NodeMember, NodeOwner, read_state
 from packrat.serving.pool.api import Request
 from packrat.serving.pool.core_locks import holding, lock_path
 from packrat.settings import NODE_DIR_ENV, Settings
@@ -82,7 +83,7 @@ def test_ownership_passes_on_when_the_owner_leaves(tmp_path):
 
     def member(name: str) -> NodeMember:
         return NodeMember(tmp_path, name, topology, lambda cores, turns: applied[name].append((cores, turns)),
-                          lambda: {"items": items, "batch": 2, "outstanding": 1})
+                          lambda: {"items": items, "batch": 2, "working": 1})
 
     x, y = member("x"), member("y")
     assert x.join(5) is not None and x.is_owner
@@ -102,18 +103,22 @@ def test_ownership_passes_on_when_the_owner_leaves(tmp_path):
 def test_a_member_that_stops_beating_is_dropped(tmp_path):
     def member(name: str) -> NodeMember:
         return NodeMember(tmp_path, name, Topology.virtual(1), lambda *_: None,
-                          lambda: {"items": [[1, 1, 5.0]], "batch": 1, "outstanding": 0})
+                          lambda: {"items": [[1, 1, 5.0]], "batch": 1, "working": 0})
 
     quiet = member("quiet")
     quiet.step(apply=False)
-    os.close(quiet._owner_fd)  # as if it hung: the lock is free, its heartbeat grows old
-    quiet._owner_fd = None
+    lapse(quiet)  # as if it hung: its lease and its heartbeat grow old
     path = next((tmp_path / "members").glob("quiet-*.json"))
     path.write_text(_stale(path.read_text()))
     other = member("other")
     other.step()
     assert other.is_owner and not path.exists()
     other.leave()
+
+
+def lapse(member: NodeMember) -> None:
+    """Its lease unrenewed for an hour (as if the owner hung)."""
+    os.utime(member.root / "owner" / f"epoch-{member.lease.epoch}.json", (0, 0))
 
 
 def _stale(text: str) -> str:
@@ -178,12 +183,11 @@ def test_load_shifts_move_the_node_only_past_the_hysteresis(tmp_path):
 
     now = [1000.0]
     owner = NodeOwner(tmp_path, Topology.virtual(2), improvement=0.15, dwell_s=20.0, clock=lambda: now[0])
-    (tmp_path / "members").mkdir()
     resnet = ((1, 4, 384.0), (2, 4, 198.0), (1, 2, 190.0), (2, 2, 100.0), (1, 1, 95.0), (2, 1, 52.0))
     squeeze = ((1, 4, 95.0), (2, 4, 52.0), (1, 2, 48.0), (2, 2, 27.0), (1, 1, 25.0), (2, 1, 14.0))
 
     def beat(name: str, items, rate) -> None:
-        state = json.loads((tmp_path / "plan.json").read_text()) if (tmp_path / "plan.json").exists() else {}
+        state = read_state(tmp_path) or {}
         applied = [state["generation"], state["step"]] if state.get("steps") else None
         (tmp_path / "members" / f"{name}.json").write_text(json.dumps({
             "id": name, "model": name, "pid": os.getpid(), "heartbeat": now[0], "items": items, "batch": 4,
@@ -194,7 +198,7 @@ def test_load_shifts_move_the_node_only_past_the_hysteresis(tmp_path):
             for name, items in (("r", resnet), ("s", squeeze)):
                 beat(name, items, rates[name])
             owner.tick()
-        return json.loads((tmp_path / "plan.json").read_text())
+        return read_state(tmp_path)
 
     state = settle({"r": None, "s": None})  # both saturated: one core each
     assert state["target"]["allocation"] == {"r": [[0], False], "s": [[1], False]} or \
@@ -220,25 +224,48 @@ def test_load_shifts_move_the_node_only_past_the_hysteresis(tmp_path):
 def test_a_member_beats_but_moves_nothing_until_its_engine_serves(tmp_path):
     """While its pool starts, a member keeps its heartbeat (so it is not dropped as stale) and
     applies no step; once applying, it catches up with the plan."""
-    import json
 
     moves = []
     member = NodeMember(tmp_path, "m", Topology.virtual(2), lambda cores, turns: moves.append((cores, turns)),
-                        lambda: {"items": [[1, 1, 5.0], [2, 1, 3.0]], "batch": 1, "outstanding": 0})
+                        lambda: {"items": [[1, 1, 5.0], [2, 1, 3.0]], "batch": 1, "working": 0})
     assert member.join()[0] == (0, 1)
     member.applying = False
     other = NodeMember(tmp_path, "o", Topology.virtual(2), lambda *_: None,
-                       lambda: {"items": [[1, 1, 5.0], [2, 1, 3.0]], "batch": 1, "outstanding": 0})
+                       lambda: {"items": [[1, 1, 5.0], [2, 1, 3.0]], "batch": 1, "working": 0})
     other.step(apply=False)  # its heartbeat: a member joins
     beat, applied = next((tmp_path / "members").glob("m-*.json")).stat().st_mtime_ns, member.applied
     for _ in range(3):  # it owns the node: it publishes the plan with `o`, but applies none of it
         member.step()
-    state = json.loads((tmp_path / "plan.json").read_text())
+    state = read_state(tmp_path)
     assert state["generation"] > applied[0] and member.applied == applied and moves == []
     assert next((tmp_path / "members").glob("m-*.json")).stat().st_mtime_ns > beat
     member.applying = True
     member.step()
-    state = json.loads((tmp_path / "plan.json").read_text())
+    state = read_state(tmp_path)
     assert member.applied == [state["generation"], state["step"]]
     other.leave()
     member.leave()
+
+
+@pytest.mark.skipif(CORES < 2, reason="needs two cores")
+@pytest.mark.slow
+def test_a_move_whose_switch_fails_leaves_the_model_serving_where_it_was(tmp_path, monkeypatch):
+    monkeypatch.setenv(NODE_DIR_ENV.name, str(tmp_path / "node"))
+    alone = engine(tmp_path, "a")
+    try:
+        before, cores = alone.topology.cores, cores_of(alone)
+        monkeypatch.setattr(alone.pool, "reconfigure", _no_compiler)
+        with pytest.raises(MoveFailed, match="no compiler here"):
+            alone._move((before[0],), False)
+        assert alone.topology.cores == before and cores_of(alone) == cores  # not moved, not said to be
+        assert alone.submit(_request()).result(30).ok
+        monkeypatch.undo()
+        monkeypatch.setenv(NODE_DIR_ENV.name, str(tmp_path / "node"))
+        alone._move((before[0],), False)  # the same move, once the switch works
+        assert list(alone.topology.cores) == [before[0]] and cores_of(alone) == {before[0]}
+    finally:
+        alone.close()
+
+
+def _no_compiler(configs):
+    raise RuntimeError("no compiler here")

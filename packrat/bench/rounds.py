@@ -1,13 +1,15 @@
 """Interleaved rounds: every case measured once a round, in an order that changes from round to
-round, so that a busy machine's drift hits every case alike; and the clock they are timed with.
+round, so that a busy machine's drift hits every case alike; the clock they are timed with; and
+their figures over the rounds as medians with their spread.
 
 Imports nothing but the standard library: the benchmarks' light scripts use it too."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 
 def elapsed_ms(fn: Callable[[], object]) -> float:
@@ -56,3 +58,24 @@ def interleaved(cases: Mapping[str, Callable[[], float]], rounds: int, rng=None,
 def medians(samples: Mapping[str, Sequence[float]]) -> dict[str, float]:
     """Each case's median."""
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def median_spread(values: Sequence) -> dict | None:
+    """{"median", "spread": [min, max]} of the finite numbers among `values` (None, NaN and
+    anything not a number left out); None when there are none."""
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    return {"median": statistics.median(numbers), "spread": [min(numbers), max(numbers)]} if numbers else None
+
+
+def over_rounds(rounds: Sequence, summed: Collection[str] = (), kept: Collection[str] = ()):
+    """Rounds' results of one shape (nested dicts of numbers) as one of that shape: each number its
+    median_spread over the rounds that have it; under a key in `summed` the total, under one in
+    `kept` the first round's value (what is the same every round)."""
+    dicts = [r for r in rounds if isinstance(r, dict)]
+    if not dicts:
+        return median_spread(rounds)
+    merged = {}
+    for key in dict.fromkeys(k for d in dicts for k in d):
+        values = [d[key] for d in dicts if key in d]
+        merged[key] = sum(values) if key in summed else values[0] if key in kept else over_rounds(values, summed, kept)
+    return merged

@@ -149,15 +149,21 @@ def node_view(statuses: dict[str, dict]) -> dict | None:
             "idle": share.get("idle"), "plan": share.get("plan_text"),
             "expected_latency_ms": share.get("expected_latency_ms"), "alone_latency_ms": share.get("alone_latency_ms"),
             "slowdown": share.get("slowdown"), "rate_rps": member.get("rate_rps"), "batch": member.get("batch"),
-            "slo_ms": member.get("slo_ms"), "pid": member.get("pid")}
+            "slo_ms": member.get("slo_ms"), "pid": member.get("pid"), "serves_on": member.get("serves_on"),
+            "moving": member.get("moving") is not None, "failed": (member.get("failed") or {}).get("reason")}
+    planner = node.get("planned_by")
     return {"directory": node.get("directory"), "generation": node.get("generation"), "cores": plan.get("cores"),
+            "planned_by": name.get(planner, planner), "epoch": node.get("epoch"), "holding": node.get("holding"),
             "objective": plan.get("objective"), "worst_score": plan.get("worst_score"),
             "missed_slo": [name.get(m, m) for m in plan.get("missed_slo", [])], "models": models,
             "moves": node.get("moves", [])}
 
 
 def print_node(node: dict, last: int) -> None:
-    print(f"node: {node['cores']} cores planned together (plan {node['generation']}); objective: {node['objective']}")
+    print(f"node: {node['cores']} cores planned together (plan {node['generation']}, by {node['planned_by']}, "
+          f"epoch {node['epoch']}); objective: {node['objective']}")
+    if node["holding"]:
+        print(f"  holding every model where it serves after a failed move: {node['holding']}")
     if node["missed_slo"]:
         print(f"  cannot meet the latency objective of: {', '.join(node['missed_slo'])}")
     for model, share in sorted(node["models"].items()):
@@ -166,10 +172,24 @@ def print_node(node: dict, last: int) -> None:
         slowdown = f", slowdown {share['slowdown']:.2f}" if share.get("slowdown") is not None else ""
         slo = f", SLO {share['slo_ms']:g} ms" if share.get("slo_ms") else ""
         print(f"  {model:<16} cores {cores_text(tuple(share['cores']))}{turns}: {share['plan']}; load {rate}, "
-              f"batch {share['batch']}{slowdown}{slo}")
+              f"batch {share['batch']}{slowdown}{slo}{where_it_serves(share)}")
     moves = node["moves"]
     print(f"{len(moves)} move(s) of the node's cores{' (newest last)' if moves else ''}")
     for move in moves[-last:]:
         took = f"{move['seconds']:6.2f} s" if move.get("seconds") is not None else "  in progress"
         when = time.strftime("%H:%M:%S", time.localtime(move["started_at"]))
-        print(f"  {when} {took}  {move['reason']}: {move['plan']}")
+        failed = f"  FAILED: {move['failed']}" if move.get("failed") else ""
+        print(f"  {when} {took}  {move['reason']}: {move['plan']}{failed}")
+
+
+def where_it_serves(share: dict) -> str:
+    """What a model's heartbeat says beside its planned share: moving, a failed move, or other cores."""
+    notes = []
+    serves_on = share.get("serves_on")
+    if serves_on and list(serves_on[0]) != list(share["cores"]):
+        notes.append(f"serves on cores {cores_text(tuple(serves_on[0]))}")
+    if share.get("moving"):
+        notes.append("moving")
+    if share.get("failed"):
+        notes.append(f"its last move failed: {share['failed']}")
+    return f" ({'; '.join(notes)})" if notes else ""

@@ -135,9 +135,12 @@ class Controller:
             with self._lock:
                 self._switching = None
 
-    def replan(self, reason: str) -> Reconfiguration:
-        """Serve the plan for today's batch again, as plan_for makes it now (say, the node moved this
-        model's cores), waiting for a switch under way to end first; blocks until it serves."""
+    def replan(self, reason: str, plan_for: Callable[[int], Plan] | None = None,
+               committed: Callable[[], None] | None = None) -> Reconfiguration:
+        """Serve the plan for today's batch again, as `plan_for` (default: the controller's) makes
+        it now (say, the node moved this model's cores), waiting for a switch under way to end
+        first; blocks until it serves. `committed()` runs once the new plan serves, before any other
+        switch may start (so a switch that follows the load plans where this one went)."""
         while True:
             with self._lock:
                 if self._switching is None:
@@ -146,20 +149,23 @@ class Controller:
                     break
             self.wait_idle(1.0)
         try:
-            return self.switch(target, reason)
+            record = self.switch(target, reason, plan_for)
+            if record.error is None and committed is not None:
+                committed()
+            return record
         finally:
             with self._lock:
                 self._switching = None
 
     # ---- switching ----------------------------------------------------------------------------
 
-    def switch(self, target: int, reason: str) -> Reconfiguration:
+    def switch(self, target: int, reason: str, plan_for: Callable[[int], Plan] | None = None) -> Reconfiguration:
         """Serve the plan for `target` from now on (one attempt; runs in the background thread)."""
         started, wall = self.clock(), time.time()
         old = self.plan
         record = Reconfiguration(old.batch, target, reason, 0.0, 0, wall)
         try:
-            plan = self.plan_for(target)
+            plan = (plan_for or self.plan_for)(target)
             record.plan = plan.describe()
             self.pool.reconfigure(self.configs_for(plan))
             self.plan = plan

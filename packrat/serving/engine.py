@@ -14,8 +14,9 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from packrat.codec.config import CodecConfig
-from packrat.errors import PoolError
+from packrat.errors import MoveFailed, PoolError
 from packrat.machine.budget import CpuBudget, cpu_budget
+from packrat.machine.topology import Topology
 from packrat.models import modes
 from packrat.models.spec import ModelSpec
 from packrat.models.zoo import HF_PREFIX, resolve
@@ -56,6 +57,7 @@ class Engine:
         self.spec, self.codec = spec, codec_config(settings, spec, model_name, str(model_dir))
         self.max_batch = max_batch
         self._plan_mode = settings.plan
+        self._turn_ms = settings.turn_ms
         self._fallbacks = profile.fallbacks()  # each point's runtimes, for an instance whose runtime fails here
         start_batch = min(settings.plan_batch or max_batch, max_batch)
         self.pool = self.controller = None
@@ -82,7 +84,7 @@ class Engine:
         self.pool = InstancePool.from_plan(model, plan, capacity=max_batch, fallbacks=self._fallbacks, codec=self.codec,
                                            **recovery)
         if turns:
-            self.pool.take_turns(self.node.lock_dir)
+            self.pool.take_turns(self.node.lock_dir, self._turn_ms)
         mismatch = mode_mismatch(profile.metadata.get("mode"), self.pool.mode)
         if mismatch:
             log.warning(mismatch)
@@ -113,18 +115,22 @@ class Engine:
         """What this model tells the node: its profile, the batch it plans for, the requests in hand."""
         batch = self.controller.estimator.current if self.controller is not None else self._batch_now
         return {"items": [list(item) for item in self.corrector.profile.items()], "batch": batch,
-                "outstanding": self.pool.outstanding if self.pool is not None else 0}
+                "working": self.pool.working if self.pool is not None else 0}
 
     def _move(self, cores: tuple[int, ...], turns: bool) -> None:
         """Serve on `cores` from now on, in turns with other models or not: turns are taken before
-        the cores change and given up after, so no core ever runs two models' threads at once."""
+        the cores change and given up after, so no core ever runs two models' threads at once. The
+        model's cores change only once its pool serves there: when the switch fails this raises, and
+        the pool serves where it was (taking turns if asked to)."""
         if turns:
-            self.pool.take_turns(self.node.lock_dir)
+            self.pool.take_turns(self.node.lock_dir, self._turn_ms)
         if tuple(cores) != tuple(self.topology.cores):
-            self.topology = topology_of(self.budget.topology, cores)
-            record = self.controller.replan(f"the node moved this model to cores {list(cores)}")
+            target = topology_of(self.budget.topology, cores)
+            record = self.controller.replan(f"the node moved this model to cores {list(cores)}",
+                                            plan_for=lambda batch: self.plan_for(batch, target),
+                                            committed=lambda: setattr(self, "topology", target))
             if record.error:
-                raise RuntimeError(record.error)
+                raise MoveFailed(record.error)
         if not turns:
             self.pool.take_turns(None)
             return
@@ -132,9 +138,9 @@ class Engine:
         while self.pool.runs_unlocked() and time.monotonic() < deadline:  # a batch from before the turns
             time.sleep(0.005)
 
-    def plan_for(self, batch: int):
-        """The plan for `batch` on this model's cores (the fat one where the archive says so)."""
-        topology = self.topology
+    def plan_for(self, batch: int, topology: Topology | None = None):
+        """The plan for `batch` on this model's cores, or `topology`'s (the fat one where the archive says so)."""
+        topology = topology or self.topology
         profile = self.corrector.profile  # the profile as corrected by what was served
         plan, fallback = serving_plan(profile.items(), topology.num_cores, batch, topology, self._plan_mode,
                                       profile.runtimes)

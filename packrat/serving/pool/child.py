@@ -12,6 +12,7 @@ only moves bytes. Bodies are read as slices of the segment, not copied out of it
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import pickle
@@ -56,19 +57,23 @@ def attach(name: str, size: int) -> mmap.mmap:
         return mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ)
 
 
-def warm_up(module, examples: tuple, threads: int) -> float:
+def warm_up(module, examples: tuple, threads: int, turn=contextlib.nullcontext) -> float:
     """Run every batch size the instance will see soon (halving down to 1), so a graph mode's
     compilation or specialisation per shape happens here, not on a live request. Returns the full batch's second run in ms
     as it would take with its `threads` cores to itself: the wall time, or the CPU time per thread
     when that is less. A warm-up beside busy instances (at low priority during a reconfiguration)
-    mostly waits for a core, and the watchdog's allowance for this instance rests on this figure."""
+    mostly waits for a core, and the watchdog's allowance for this instance rests on this figure.
+    Where the cores are time-shared, each timed run takes its turn (`turn()`: the core locks); the
+    first run of each shape, which may compile for seconds, runs outside the turns, at the low
+    priority of a warm-up beside a live pool, so it does not hold the other models off."""
     size = full = examples[0].shape[0]
     full_ms = 0.0
     while size >= 1:
         inputs = [example[:size] for example in examples]
         module(*inputs)
-        started, cpu_started = time.perf_counter(), time.process_time()
-        module(*inputs)
+        with turn():
+            started, cpu_started = time.perf_counter(), time.process_time()
+            module(*inputs)
         if size == full:
             wall_ms = (time.perf_counter() - started) * 1e3
             cpu_ms = (time.process_time() - cpu_started) * 1e3
@@ -161,7 +166,7 @@ def fell_back(planned: str, running: str, failures: list[str]) -> str | None:
 
 def main(conn: Connection, parent: int | None = None) -> None:
     exit_with_parent(parent=parent)
-    model, config, codec_pickle, nice = conn.recv()
+    model, config, codec_pickle, nice, locks = conn.recv()
     # Pinned before torch is imported (reading the codec's settings imports it) and before any
     # parallel region starts OpenMP's threads: a thread inherits the affinity of the one starting it.
     os.sched_setaffinity(0, config.cores)
@@ -184,19 +189,18 @@ def main(conn: Connection, parent: int | None = None) -> None:
         module, examples, mode, fallback = load(model, config)
         set_intra_op_threads(torch_threads(mode, config.threads))
         with torch.inference_mode():
-            warm_ms = warm_up(module, examples, config.threads)
+            warm_ms = warm_up(module, examples, config.threads, lambda: holding(locks, config.cores))
         conn.send(("ready", mode, warm_ms, fallback))
     except Exception as exc:  # report why, then exit: the parent decides what to do
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    serve(conn, module, codec, decoders, config)
+    serve(conn, module, codec, decoders, config, warm_ms)
 
 
-def serve(conn: Connection, module, codec, decoders: "Decoders", config: InstanceConfig) -> None:
+def serve(conn: Connection, module, codec, decoders: "Decoders", config: InstanceConfig, warm_ms: float) -> None:
     """Answer batches until told to stop or the parent is gone. Each answer carries the stamps of
-    its batch's stages here (packrat.serving.pool.stages): received, locked, decoded, run, encoded."""
-    from packrat.serving.inference import answer_batch
-
+    its batch's stages here (packrat.serving.pool.stages): received, locked, decoded, run, encoded,
+    and how many turns it took."""
     view = None  # the input segment, as a memoryview: a body is a slice of it, never a copy
     while True:
         try:
@@ -206,11 +210,48 @@ def serve(conn: Connection, module, codec, decoders: "Decoders", config: Instanc
         received = time.monotonic()
         if message[0] == "stop":
             return
-        _, items, new_segment, locks = message
+        _, items, new_segment, locks, turn_ms = message
         if new_segment:
             view = memoryview(attach(*new_segment))
         bodies = [(view[offset:offset + size], kind, header) for offset, size, kind, header in items]
+        sizes = turn_sizes(len(bodies), warm_ms / config.batch, turn_ms if locks is not None else None)
+        answers, stamps = run_in_turns(conn, module, codec, decoders, config, locks, bodies, sizes, received)
+        conn.send(("answers", answers, stamps, len(sizes)))
+
+
+def turn_sizes(requests: int, request_ms: float, turn_ms: float | None) -> list[int]:
+    """The requests of each turn: all in one, unless a turn of them would run past `turn_ms` (the
+    cores are time-shared and another model waits): then near-equal turns that fit it, one request
+    at least."""
+    if not turn_ms or request_ms <= 0 or requests * request_ms <= turn_ms:
+        return [requests]
+    per_turn = max(1, int(turn_ms // request_ms))
+    turns = -(-requests // per_turn)
+    return [requests // turns + (i < requests % turns) for i in range(turns)]
+
+
+def run_in_turns(conn: Connection, module, codec, decoders: "Decoders", config: InstanceConfig, locks: str | None,
+                 bodies: list, sizes: list[int], received: float) -> tuple[list, list[float]]:
+    """Answer `bodies` in turns of `sizes`, each holding the cores' locks (when `locks`); the parent
+    hears when each turn begins and ends, so its watchdog counts running, not waiting. Stamps:
+    received, then decode, model and encode summed over the turns, ending when the last one did
+    (the waits for turns all fall in the "locks" stage)."""
+    from packrat.serving.inference import answer_batch
+
+    answers, spent, start = [], [0.0, 0.0, 0.0], 0
+    for number, size in enumerate(sizes):
+        part = bodies[start:start + size]
+        start += size
         with holding(locks, config.cores):  # cores taken in turns with another model's instances
-            stamps = [received, time.monotonic()]
-            answers = answer_batch(module, codec, bodies, decoders.mapper(len(bodies)), stamps)
-        conn.send(("answers", answers, stamps))
+            laps = [time.monotonic()]
+            if locks is not None:  # its turn began: the parent's watchdog counts from now
+                conn.send(("locked", laps[0]))
+            answers += answer_batch(module, codec, part, decoders.mapper(len(part)), laps)
+        for stage in range(3):
+            spent[stage] += laps[stage + 1] - laps[stage]
+        if number + 1 < len(sizes):
+            conn.send(("waiting",))
+    stamps = [received, laps[-1] - sum(spent)]
+    for seconds in spent:
+        stamps.append(stamps[-1] + seconds)
+    return answers, stamps

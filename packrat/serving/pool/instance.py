@@ -58,17 +58,20 @@ def sweep_stale_segments(shm_dir: Path = SHM_DIR) -> list[str]:
 class Instance:
     """One instance process, its input segment and the jobs it runs."""
 
-    def __init__(self, index: int, model: ModelConfig, config: InstanceConfig, codec: CodecConfig, nice: int = 0):
+    def __init__(self, index: int, model: ModelConfig, config: InstanceConfig, codec: CodecConfig, nice: int = 0,
+                 locks: str | None = None):
         self.index, self.config = index, config
         self.ready = False  # set once the instance has loaded its model and takes work
         self.mode = ""
         self.fallback: str | None = None  # why it runs another runtime than its config's, if it does
         self.warm_ms = 0.0  # a full planned batch, timed in its warm-up
         self.jobs: list = []  # the dispatcher's jobs it runs now
-        self.busy_since = 0.0  # monotonic time its current jobs were sent
+        self.busy_since = 0.0  # monotonic time its current jobs were sent, or began to run after a turn's wait
+        self.waiting_turn = False  # its batch waits for another model's turn on its cores (not running yet)
         self.sent_stamps: tuple[float, ...] = ()  # their stamps up to the send (stages.py)
         self.hung = False  # killed by the watchdog
-        self.locks: str | None = None  # the node's core-lock directory while its cores are time-shared
+        self.locks = locks  # the node's core-lock directory while its cores are time-shared
+        self.turn_ms: float | None = None  # then, the longest turn: a longer batch runs in several
         self.sent_locked = False  # whether the batch it runs now holds the core locks
         self.slot = None  # the supervisor's memory of this instance's respawn attempts
         self.segment: SharedMemory | None = None
@@ -89,7 +92,7 @@ class Instance:
         try:
             # The codec's settings pickled apart: reading them imports torch, which the instance
             # does only once it is pinned (threads started on import inherit the affinity).
-            self.conn.send((model, config, pickle.dumps(codec), nice))
+            self.conn.send((model, config, pickle.dumps(codec), nice, locks))
         except OSError:  # it died before it could be told what to load: wait_ready says how
             pass
 
@@ -144,17 +147,32 @@ class Instance:
             items.append((offset, len(body), job.request.content_type, job.request.header_length))
             offset += len(body)
         copied = time.monotonic()
-        message = ForkingPickler.dumps(("infer", items, new_segment, self.locks))  # what conn.send would do
+        message = ForkingPickler.dumps(("infer", items, new_segment, self.locks, self.turn_ms))  # what conn.send would do
         sending = time.monotonic()  # before the write: the instance may run before the write returns to us
         self.jobs, self.busy_since, self.sent_locked = jobs, sending, self.locks is not None
+        self.waiting_turn = self.sent_locked
         self.sent_stamps = (min(job.queued_at for job in jobs), dispatched, copied, sending)
         self.conn.send_bytes(message)
 
-    def receive(self) -> tuple[list, list[float]]:
-        """The answers to its current jobs and the instance's stamps of their stages (stages.py);
-        EOFError/OSError once it died."""
-        _, answers, stamps = self.conn.recv()
-        return answers, stamps
+    def receive(self) -> tuple[list, list[float], int] | None:
+        """The answers to its current jobs, the instance's stamps of their stages (stages.py) and the
+        turns they took; None when it only said a turn began (it holds its cores' locks: from then
+        on its batch runs, and the watchdog's clock starts) or ended with more to come (waiting
+        again); EOFError/OSError once it died."""
+        message = self.conn.recv()
+        if message[0] in ("locked", "waiting"):
+            if message[0] == "locked":
+                self.busy_since = message[1]
+            self.waiting_turn = message[0] == "waiting"
+            return None
+        _, answers, stamps, turns = message
+        self.waiting_turn = False
+        return answers, stamps, turns
+
+    @property
+    def working(self) -> int:
+        """Requests it runs now on cores it holds (none while its batch waits for a turn)."""
+        return 0 if self.waiting_turn else len(self.jobs)
 
     @property
     def alive(self) -> bool:

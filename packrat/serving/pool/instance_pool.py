@@ -127,6 +127,13 @@ class InstancePool:
         return self.supervisor.respawns
 
     @property
+    def working(self) -> int:
+        """Requests running on cores their instance holds: the pool's work, without the queue and
+        without batches waiting for another model's turn."""
+        with self._lock:
+            return sum(inst.working for inst in self._everyone())
+
+    @property
     def outstanding(self) -> int:
         """Requests queued or running now."""
         with self._lock:
@@ -222,21 +229,25 @@ class InstancePool:
         return max(0.0, min(t for t in (LOOK_EVERY_S, gathering, next_deadline) if t is not None))
 
     def _collect(self, inst: Instance) -> None:
-        try:
-            replies, instance_stamps = inst.receive()
+        try:  # in the loop's thread, as the watchdog: it reads a turn's start between two of these
+            received = inst.receive()
         except (EOFError, OSError):  # its socket closed: the process is gone
             with self._lock:
                 self.served.settle(time.monotonic() + SETTLE_S)
                 self.supervisor.lost(inst)
             return
+        if received is None:  # only its turn began
+            return
+        replies, instance_stamps, turns = received
         received = time.monotonic()
         with self._lock:
             jobs, inst.jobs = inst.jobs, []
             self.dispatcher.answered(jobs, [Answer(*reply) for reply in replies])
             if jobs:  # none: a reconfiguration took them back while they ran (they run again elsewhere)
                 self.stages.add((*inst.sent_stamps, *instance_stamps, received, time.monotonic()), len(jobs))
-                key = served_key(inst.config.threads, inst.config.batch, inst.mode)
-                self.served.add(key, (instance_stamps[3] - instance_stamps[2]) * 1e3, len(jobs), received)
+                if turns == 1:  # a batch run in several turns is not the profile's point
+                    key = served_key(inst.config.threads, inst.config.batch, inst.mode)
+                    self.served.add(key, (instance_stamps[3] - instance_stamps[2]) * 1e3, len(jobs), received)
             self.last_compute_ms = (instance_stamps[-1] - instance_stamps[0]) * 1e3
 
     def served_figures(self) -> dict:
@@ -256,14 +267,14 @@ class InstancePool:
 
     # ---- reconfiguration ------------------------------------------------------------------------
 
-    def take_turns(self, lock_dir: str | None) -> None:
+    def take_turns(self, lock_dir: str | None, turn_ms: float | None = None) -> None:
         """From the next batch on, every instance holds its cores' locks in `lock_dir` while it runs
-        one (the node gave these cores to several models, in turns); None: the cores are this
-        model's alone. No instance is restarted."""
+        one (the node gave these cores to several models, in turns), a batch longer than `turn_ms`
+        in several turns; None: the cores are this model's alone. No instance is restarted."""
         with self._lock:
-            self.supervisor.core_locks = lock_dir
+            self.supervisor.core_locks, self.supervisor.turn_ms = lock_dir, turn_ms
             for inst in self._everyone():
-                inst.locks = lock_dir
+                inst.locks, inst.turn_ms = lock_dir, turn_ms
 
     def runs_unlocked(self) -> bool:
         """Whether a batch sent without the core locks is still running (a change to turns holds

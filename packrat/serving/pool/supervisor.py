@@ -49,8 +49,9 @@ class Watchdog:
         return max(self.floor_s, self.factor * expected_ms / 1e3)
 
     def overdue(self, instances: Iterable, now: float) -> list:
-        """Instances whose current batch has run past its allowance."""
-        return [inst for inst in instances if inst.jobs and not inst.hung
+        """Instances whose current batch has run past its allowance. A batch waiting for its turn on
+        cores another model holds is not running: its clock starts when the turn does."""
+        return [inst for inst in instances if inst.jobs and not inst.hung and not inst.waiting_turn
                 and now - inst.busy_since > self.allowance_s(inst.config, inst.warm_ms, len(inst.jobs))]
 
 
@@ -84,11 +85,12 @@ class Supervisor:
         self.instances: list[Instance] = []
         self.parked: list[Instance] = []  # retired by the last switch; reused if the plan comes back
         self.core_locks: str | None = None  # while the cores are time-shared: the node's core-lock directory
+        self.turn_ms: float | None = None  # and the longest turn an instance takes on them
         self.respawns = self.respawning = self.respawn_failures = self.watchdog_kills = 0
 
     def spawn(self, config: InstanceConfig, index: int, nice: int = 0, slot: Slot | None = None) -> Instance:
-        inst = Instance(index, self.model, config, self.codec, nice)
-        inst.locks = self.core_locks
+        inst = Instance(index, self.model, config, self.codec, nice, self.core_locks)
+        inst.turn_ms = self.turn_ms
         inst.slot = slot or Slot()  # carried from one respawn attempt to the next
         return inst
 

@@ -1,0 +1,112 @@
+"""Turns on time-shared cores: granted in order, cut to a quantum, and a wait for one is not running
+(the watchdog leaves a waiting instance alone, the load meter does not count it as work)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, strategies as st
+
+from packrat.bench.payloads import build_payload
+from packrat.machine.topology import detect
+from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
+from packrat.serving.pool.child import turn_sizes
+from packrat.serving.pool.core_locks import holding
+from packrat.serving.pool.instance_pool import InstancePool
+from packrat.serving.pool.supervisor import Watchdog
+
+CORE = detect().cores[0]
+
+
+@given(st.integers(1, 64), st.floats(0.1, 500), st.one_of(st.none(), st.floats(1, 1000)))
+def test_turns_fit_the_quantum_and_answer_every_request(requests, request_ms, turn_ms):
+    sizes = turn_sizes(requests, request_ms, turn_ms)
+    assert sum(sizes) == requests and min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+    if turn_ms is None or requests * request_ms <= turn_ms:
+        assert sizes == [requests]
+    elif request_ms <= turn_ms:
+        assert max(sizes) * request_ms <= turn_ms  # every turn fits
+    else:
+        assert sizes == [1] * requests  # one request each, the least a turn can run
+
+
+WAITER = """
+import sys, time
+from packrat.serving.pool.core_locks import holding
+print("asking", flush=True)
+with holding(sys.argv[1], [0]):
+    print(time.monotonic(), flush=True)
+"""
+
+
+def test_turns_are_granted_in_the_order_they_were_asked_for(tmp_path):
+    """Three processes ask, one after another, for a core this one holds: they get it in that order
+    (what core_locks relies on: Linux wakes a freed flock's waiters in the order they blocked)."""
+    waiters = []
+    with holding(tmp_path, [0]):
+        for number in range(1, 4):
+            waiters.append(subprocess.Popen([sys.executable, "-c", WAITER, str(tmp_path)], stdout=subprocess.PIPE,
+                                            text=True))
+            assert waiters[-1].stdout.readline().strip() == "asking"
+            time.sleep(0.3)  # blocked on the lock
+    granted = [float(waiter.communicate(timeout=30)[0]) for waiter in waiters]
+    assert granted == sorted(granted)
+
+
+STOPPED = """
+import fcntl, os, sys
+descriptor = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+print("asking", flush=True)
+fcntl.flock(descriptor, fcntl.LOCK_EX)
+"""
+
+
+def test_a_stopped_waiter_holds_nobody_up(tmp_path):
+    stopped = subprocess.Popen([sys.executable, "-c", STOPPED, str(tmp_path / "core-0.lock")],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        with holding(tmp_path, [0]):
+            assert stopped.stdout.readline().strip() == "asking"
+            time.sleep(0.3)  # blocked on the lock
+            os.kill(stopped.pid, signal.SIGSTOP)
+            waiter = subprocess.Popen([sys.executable, "-c", WAITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+            time.sleep(0.5)
+        assert len(waiter.communicate(timeout=10)[0].split()) == 2  # asked, and got the core past the stopped one
+    finally:
+        stopped.kill()
+        stopped.wait()
+
+
+def test_an_instance_waiting_for_its_turn_is_not_killed_nor_counted_as_working(tmp_path):
+    """Another model holds the core far longer than the watchdog allows a batch: the instance waits,
+    is not killed, and its batch runs (and is answered) once the turn comes."""
+    request = Request(*build_payload("tiny"))
+    with InstancePool(ModelConfig("tiny", graph_mode="script"), [InstanceConfig(1, 2, (CORE,))],
+                      watchdog=Watchdog(factor=1.0, floor_s=0.3)) as pool:
+        pool.take_turns(str(tmp_path), turn_ms=1e-3)  # every request a turn of its own
+        with holding(tmp_path, [CORE]):  # another model's batch, running long
+            with pool.together():
+                futures = [pool.submit(request), pool.submit(request)]
+            time.sleep(2.0)
+            assert not any(f.done() for f in futures)
+            assert pool.outstanding == 2 and pool.working == 0
+            assert pool.health().watchdog_kills == 0
+        answers = [f.result(30) for f in futures]
+        assert [a.status for a in answers] == [200, 200]
+        assert pool.health().watchdog_kills == 0 and pool.working == 0
+
+
+def test_a_batch_cut_into_turns_gives_the_same_answers(tmp_path):
+    requests = [Request(*build_payload("tiny")) for _ in range(3)]
+    with InstancePool(ModelConfig("tiny", graph_mode="script"), [InstanceConfig(1, 3, (CORE,))]) as pool:
+        whole = [json.loads(a.body)["predictions"] for a in pool.infer(requests)]
+        pool.take_turns(str(tmp_path), turn_ms=1e-3)  # three turns of one
+        cut = [json.loads(a.body)["predictions"] for a in pool.infer(requests)]
+    assert [[p["class"] for p in a] for a in cut] == [[p["class"] for p in a] for a in whole]
+    assert [[p["score"] for p in a] for a in cut] == [pytest.approx([p["score"] for p in a], abs=1e-4) for a in whole]
