@@ -16,10 +16,10 @@ from hypothesis import given, strategies as st
 from packrat.bench.payloads import build_payload
 from packrat.machine.topology import detect
 from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
-from packrat.serving.pool.child import turn_sizes
 from packrat.serving.pool.core_locks import holding
 from packrat.serving.pool.instance_pool import InstancePool
 from packrat.serving.pool.supervisor import Watchdog
+from packrat.serving.pool.turns import turn_sizes
 
 CORE = detect().cores[0]
 
@@ -110,3 +110,28 @@ def test_a_batch_cut_into_turns_gives_the_same_answers(tmp_path):
         cut = [json.loads(a.body)["predictions"] for a in pool.infer(requests)]
     assert [[p["class"] for p in a] for a in cut] == [[p["class"] for p in a] for a in whole]
     assert [[p["score"] for p in a] for a in cut] == [pytest.approx([p["score"] for p in a], abs=1e-4) for a in whole]
+
+
+def test_a_turn_holds_its_cores_until_it_ends(tmp_path):
+    import fcntl
+
+    from packrat.serving.pool.core_locks import lock_path
+    from packrat.serving.pool.turns import Turn
+
+    turn = Turn([0])
+    turn.begin(str(tmp_path))
+    other = os.open(lock_path(tmp_path, 0), os.O_RDWR)  # another open file: as another process sees it
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        turn.begin(str(tmp_path))  # the same turn goes on
+        assert turn.held and not turn.spent(60_000) and turn.spent(None)
+        time.sleep(0.02)
+        assert turn.spent(10)  # its 10 ms are up
+        turn.end()
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(other, fcntl.LOCK_UN)
+        turn.begin(None)
+        assert not turn.held
+    finally:
+        os.close(other)

@@ -16,9 +16,12 @@ cores each, in turn, than with one core each.
 Latency of model m in a block of c cores, with s_j = the planner's optimal latency for B_j on c
 cores and r_j = λ_j / B_j batches a second (u_j = r_j·s_j, the share of the block's time it needs):
   - no saturated member, Σu < 1: s_m + Σ_j r_j·s_j² / (2(1 - Σu))   (batches queue FIFO, M/D/1)
-  - saturated members S (or Σ_{j∉S} u_j ≥ 1, when every member counts as saturated): a saturated model
-    waits for one turn of every saturated member, stretched by the others' share,
-    Σ_{j∈S} s_j / (1 - Σ_{j∉S} u_j); a light one waits for the batch running, s_m + mean_{j∈S} s_j.
+  - saturated members S (or Σ_{j∉S} u_j ≥ 1, when every member counts as saturated): the saturated
+    models take turns of equal time (pool/turns.py), t_j = max(q, s_j / B_j): the quantum q
+    (`turn_ms`), or one request where a request takes longer. A cycle of turns lasts
+    C = Σ_{j∈S} t_j / (1 - Σ_{j∉S} u_j), stretched by the light members' share, and model i runs
+    t_i of its s_i in each: its latency is s_i·C/t_i (× TURN_COST where several take turns); a
+    light one waits for the turn running, s_m + mean_{j∈S} t_j.
 A model's *alone* latency is the same formula with it alone on all T cores; its slowdown is the
 ratio (for a saturated model, the inverse of its throughput against alone).
 
@@ -42,8 +45,10 @@ import numpy as np
 from packrat.errors import NoPlanError
 from packrat.machine.topology import Topology
 from packrat.planning.planner import Item, Plan, Planner
+from packrat.settings import TURN_MS  # the quantum q of a turn on time-shared cores
 
 INF = math.inf
+TURN_COST = 1.05  # a margin for what turns cost that a split does not: hand-offs, the next model's cold caches
 MAX_GROUPED = 8  # busy models beyond this are not tried in every grouping (Bell(8) = 4,140 already)
 
 
@@ -135,7 +140,7 @@ def service_ms(load: ModelLoad, max_cores: int) -> np.ndarray:
     return planner.table[:, load.batch].copy()
 
 
-def block_latencies(loads: Sequence[ModelLoad], service: Sequence[float]) -> list[float]:
+def block_latencies(loads: Sequence[ModelLoad], service: Sequence[float], turn_ms: float = TURN_MS) -> list[float]:
     """Expected latency (ms) of each model taking turns on one block, given each one's service time
     there (see the module's docstring)."""
     if any(not math.isfinite(s) for s in service):
@@ -149,10 +154,10 @@ def block_latencies(loads: Sequence[ModelLoad], service: Sequence[float]) -> lis
     light = sum(u for u in shares if u is not None)
     if not saturated or light >= 1:  # over capacity: every member takes what it gets
         saturated, shares, light = list(range(len(loads))), [None] * len(loads), 0.0
-    turn = sum(service[i] for i in saturated)
-    cycle = turn / (1 - light)
-    running = turn / len(saturated)
-    return [cycle if shares[i] is None else service[i] + running for i in range(len(loads))]
+    turns = {i: max(turn_ms, service[i] / loads[i].batch) for i in saturated}
+    cycle = sum(turns.values()) / (1 - light) * (TURN_COST if len(saturated) > 1 else 1.0)
+    running = sum(turns.values()) / len(saturated)
+    return [service[i] * cycle / turns[i] if shares[i] is None else service[i] + running for i in range(len(loads))]
 
 
 def score(load: ModelLoad, latency: float, alone: float) -> float:

@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from packrat.models.runtimes import DEFAULT_RUNTIME, runtime_of
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.core_locks import holding
+from packrat.serving.pool.turns import GRACE_S, Turn, turn_sizes
 
 
 def exit_with_parent(cleanup=None, interval_s: float = 0.5, parent: int | None = None) -> None:
@@ -200,10 +201,13 @@ def main(conn: Connection, parent: int | None = None) -> None:
 def serve(conn: Connection, module, codec, decoders: "Decoders", config: InstanceConfig, warm_ms: float) -> None:
     """Answer batches until told to stop or the parent is gone. Each answer carries the stamps of
     its batch's stages here (packrat.serving.pool.stages): received, locked, decoded, run, encoded,
-    and how many turns it took."""
+    and how many turns it took (turns.py)."""
     view = None  # the input segment, as a memoryview: a body is a slice of it, never a copy
+    turn = Turn(config.cores)
     while True:
         try:
+            if turn.held and (turn.spent(turn.quantum) or not conn.poll(GRACE_S)):
+                turn.end()  # its time is up, or no batch follows at once: the cores go to the next in line
             message = conn.recv()
         except (EOFError, OSError):  # the parent is gone: nobody to answer
             return
@@ -214,27 +218,18 @@ def serve(conn: Connection, module, codec, decoders: "Decoders", config: Instanc
         if new_segment:
             view = memoryview(attach(*new_segment))
         bodies = [(view[offset:offset + size], kind, header) for offset, size, kind, header in items]
-        sizes = turn_sizes(len(bodies), warm_ms / config.batch, turn_ms if locks is not None else None)
-        answers, stamps = run_in_turns(conn, module, codec, decoders, config, locks, bodies, sizes, received)
+        turn.quantum = turn_ms if locks is not None else None
+        sizes = turn_sizes(len(bodies), warm_ms / config.batch, turn.quantum)
+        answers, stamps = run_in_turns(conn, module, codec, decoders, turn, locks, bodies, sizes, received)
         conn.send(("answers", answers, stamps, len(sizes)))
 
 
-def turn_sizes(requests: int, request_ms: float, turn_ms: float | None) -> list[int]:
-    """The requests of each turn: all in one, unless a turn of them would run past `turn_ms` (the
-    cores are time-shared and another model waits): then near-equal turns that fit it, one request
-    at least."""
-    if not turn_ms or request_ms <= 0 or requests * request_ms <= turn_ms:
-        return [requests]
-    per_turn = max(1, int(turn_ms // request_ms))
-    turns = -(-requests // per_turn)
-    return [requests // turns + (i < requests % turns) for i in range(turns)]
-
-
-def run_in_turns(conn: Connection, module, codec, decoders: "Decoders", config: InstanceConfig, locks: str | None,
+def run_in_turns(conn: Connection, module, codec, decoders: "Decoders", turn: Turn, locks: str | None,
                  bodies: list, sizes: list[int], received: float) -> tuple[list, list[float]]:
-    """Answer `bodies` in turns of `sizes`, each holding the cores' locks (when `locks`); the parent
-    hears when each turn begins and ends, so its watchdog counts running, not waiting. Stamps:
-    received, then decode, model and encode summed over the turns, ending when the last one did
+    """Answer `bodies` in parts of `sizes`, each in a turn holding the cores' locks (when `locks`),
+    a new turn when the last one has run its time; the parent hears when each part begins to run
+    and when one ends with more to come, so its watchdog counts running, not waiting. Stamps:
+    received, then decode, model and encode summed over the parts, ending when the last one did
     (the waits for turns all fall in the "locks" stage)."""
     from packrat.serving.inference import answer_batch
 
@@ -242,15 +237,18 @@ def run_in_turns(conn: Connection, module, codec, decoders: "Decoders", config: 
     for number, size in enumerate(sizes):
         part = bodies[start:start + size]
         start += size
-        with holding(locks, config.cores):  # cores taken in turns with another model's instances
-            laps = [time.monotonic()]
-            if locks is not None:  # its turn began: the parent's watchdog counts from now
-                conn.send(("locked", laps[0]))
-            answers += answer_batch(module, codec, part, decoders.mapper(len(part)), laps)
+        if number and turn.spent(turn.quantum):
+            turn.end()
+            conn.send(("waiting",))
+        turn.begin(locks)
+        laps = [time.monotonic()]
+        if locks is not None:  # it runs from now: the parent's watchdog counts from here
+            conn.send(("locked", laps[0]))
+        answers += answer_batch(module, codec, part, decoders.mapper(len(part)), laps)
         for stage in range(3):
             spent[stage] += laps[stage + 1] - laps[stage]
-        if number + 1 < len(sizes):
-            conn.send(("waiting",))
+    if locks is None:
+        turn.end()
     stamps = [received, laps[-1] - sum(spent)]
     for seconds in spent:
         stamps.append(stamps[-1] + seconds)
