@@ -278,6 +278,7 @@ def run_part(part: str, models: list[str], phases: list[Phase], args, out: Path)
                                                         for m, s in body["models"].items())
                                     for phase, body in configs[item]["phases"].items()), flush=True)
         rounds.append({"round": r, "order": order, **normalised(configs), "node": node})
+        write_json(out / "rounds-so-far.json", rounds)  # a later round's crash keeps these
     results = {"part": part, "models": models, "rounds": args.rounds,
                "phases": [{"name": p.name, "users": p.users, "seconds": p.seconds, "settle_s": p.settle_s}
                           for p in phases],

@@ -90,3 +90,17 @@ def test_the_archive_ships_compiled_packages_only_for_the_mode_served(tmp_path, 
     assert compiled == []
     archive.build(Settings("tiny", max_batch=2), tmp_path, handler="stock")  # the default mode: compile
     assert len(compiled) == 1
+
+
+def test_a_node_archive_ships_the_packages_of_every_share_the_node_may_give(tmp_path):
+    from packrat.profiling.profiles import load
+
+    path = tmp_path / "p.csv"
+    # a fixed cost per batch: on 4 cores one fat instance is best; on 1 core, ⟨1 thread, batch 4⟩
+    path.write_text("threads,batch,latency_ms\n" + "".join(
+        f"{t},{b},{10 + b * 8.0 / t}\n" for t in (1, 2, 4) for b in (1, 2, 4)))
+    profile = load(path)
+    alone = archive.planned_instances(profile, 4, "packrat", 4)
+    shared = archive.planned_instances(profile, 4, "packrat", 4, node=True)
+    assert (4, 4) in alone and (1, 4) not in alone
+    assert alone < shared and (1, 4) in shared  # the plan on one core, the share of a crowded node

@@ -193,3 +193,23 @@ def test_a_stopped_owner_loses_its_lease_but_not_its_place(tmp_path):
         stopped.kill()
         stopped.wait()
         y.leave()
+
+
+def test_a_killed_owner_is_replaced_at_once_and_leaves_the_plan(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    engine = Engine()
+    y = member(tmp_path, "y", engine)
+    try:
+        assert owner.stdout.readline().strip() == "True"
+        joined(y, engine)
+        owner.kill()
+        owner.wait()
+        y.step()  # its pid is gone: no need to wait out the lease
+        assert y.is_owner
+        for _ in range(10):
+            y.step()
+        assert list(y.status()["members"]) == [y.id] and y.share == ((0, 1), False)
+        assert "members changed: now y" in read_state(tmp_path)["moves"][-1]["reason"]
+    finally:
+        owner.kill()
+        y.leave()

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
@@ -135,3 +136,43 @@ def test_a_turn_holds_its_cores_until_it_ends(tmp_path):
         assert not turn.held
     finally:
         os.close(other)
+
+
+def holders(lock_dir) -> set[int]:
+    """Pids holding a flock on a lock file of `lock_dir` (/proc/locks names them by inode)."""
+    inodes = {path.stat().st_ino for path in Path(lock_dir).glob("core-*.lock")}
+    found = set()
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "FLOCK" in fields and "->" not in fields and int(fields[5].split(":")[2]) in inodes:
+            found.add(int(fields[4]))
+    return found
+
+
+def test_an_instance_stopped_while_holding_the_cores_is_killed_and_the_other_model_goes_on(tmp_path):
+    """Two models in turns on one core; one's instance is stopped (SIGSTOP) in the middle of its turn:
+    its own watchdog kills it (its requests run again on the respawned instance), and the other
+    model's requests, which waited meanwhile, are all answered."""
+    request = Request(*build_payload("tiny"))
+    model = ModelConfig("tiny", graph_mode="script")
+    with InstancePool(model, [InstanceConfig(1, 1, (CORE,))], watchdog=Watchdog(factor=1.0, floor_s=1.0)) as first, \
+            InstancePool(model, [InstanceConfig(1, 1, (CORE,))], watchdog=Watchdog(factor=1.0, floor_s=1.0)) as second:
+        for pool in (first, second):
+            pool.take_turns(str(tmp_path), turn_ms=60_000)  # a turn lasts while batches follow each other
+        victim = first.pids()[0]
+        stopped = False
+        futures = {"first": [], "second": []}
+        deadline = time.monotonic() + 60
+        while not stopped:
+            assert time.monotonic() < deadline, "the first model's instance never held the core"
+            futures["first"].append(first.submit(request))
+            futures["second"].append(second.submit(request))
+            if victim in holders(tmp_path):
+                os.kill(victim, signal.SIGSTOP)
+                stopped = True
+            time.sleep(0.002)
+        for _ in range(5):  # more requests while it is stopped
+            futures["second"].append(second.submit(request))
+        answers = {name: [f.result(60) for f in batch] for name, batch in futures.items()}
+        assert all(a.status == 200 for batch in answers.values() for a in batch)
+        assert first.health().watchdog_kills >= 1 and second.health().watchdog_kills == 0

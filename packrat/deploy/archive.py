@@ -95,7 +95,8 @@ def build(settings: Settings, out_dir: Path, *, name: str | None = None, handler
             extra += cached_schedules(spec.name, Path(ios_cache))
         if mode == "compile":
             extra += compiled_files(spec, settings.max_batch,
-                                    planned_instances(chosen, settings.max_batch, handler, budget.cores))
+                                    planned_instances(chosen, settings.max_batch, handler, budget.cores,
+                                                      settings.share_node))
         if chosen is not None:
             extra += runtime_files(spec, chosen.measured_runtimes)
         packed = settings.replace(model=model_ref, profiles=tuple(profile_names), ios=mode == "ios",
@@ -135,21 +136,27 @@ def shipped_profiles(paths: tuple[str, ...], staging: Path, cores: int):
     return names, chosen
 
 
-def planned_instances(profile, batch_size: int, handler: str, cores: int) -> set[tuple[int, int]] | None:
+def planned_instances(profile, batch_size: int, handler: str, cores: int, node: bool = False
+                      ) -> set[tuple[int, int]] | None:
     """The ⟨threads, batch⟩ of the instances the server will start first on a machine like this
     one, with `cores` cores budgeted: the plan of `profile` (a loaded Profile) for its batch size and
-    the fat instance (the stock handler: the fat one alone); None when the profile cannot plan it
-    (then every size up to the batch is shipped)."""
+    the fat instance (the stock handler: the fat one alone); with `node` (the model shares the
+    machine's cores with others), the plans for every share the node may give it, 1 to `cores`
+    cores, so that no move waits for a compiler. None when the profile cannot plan it (then every
+    size up to the batch is shipped)."""
     from packrat.errors import NoPlanError
     from packrat.planning.planner import plan
 
     if handler != "packrat":
         return {(cores, batch_size)}
-    try:
-        chosen = plan(profile.items(), cores, batch_size)
-    except (NoPlanError, ValueError):
-        return None
-    return {(i.threads, i.batch) for i in chosen.instances} | {(cores, batch_size)}
+    shapes = {(cores, batch_size)}
+    for share in range(1 if node else cores, cores + 1):
+        try:
+            shapes |= {(i.threads, i.batch) for i in plan(profile.items(), share, batch_size).instances}
+        except (NoPlanError, ValueError):
+            if share == cores:
+                return None
+    return shapes
 
 
 def runtime_files(spec, runtimes: list[str]) -> list[Path]:

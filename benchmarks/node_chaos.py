@@ -1,0 +1,122 @@
+"""The node under faults (issue 33): several packrat models in one TorchServe, each under
+closed-loop locust load, while the faults of packrat/bench/node_chaos.py strike one at a time.
+
+    .venv/bin/python benchmarks/node_chaos.py                     # resnet50, squeezenet, bert_base
+    .venv/bin/python benchmarks/node_chaos.py --faults owner-kill,owner-stop --window-s 40
+
+Each model gets --users closed-loop users for the whole run (JPEG, or text for BERT); after
+--warmup-s, each fault of --faults strikes in a window of --window-s seconds of its own (the
+re-register and move faults act on --target). Printed and written (--out: node_chaos.json with every
+figure, node_chaos.md): per fault what was done, how long the node was not whole and when it was
+whole again (from the fault's start and from the end of the injected condition), the lease's
+epochs, and per model the requests sent in the window, those that failed (with reasons) and their
+p99; `packrat status` during and after each fault is in the JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import doc_parser, fmt_num, markdown_table
+from packrat.bench import node_chaos
+from packrat.bench.results import write_json
+from packrat.cli.types import name_list
+from packrat.settings import NODE_DIR_ENV
+
+
+def start(models: list[str], out: Path, users_batch: int):
+    """TorchServe with a packrat archive per model (model API on): (server, {model: archive})."""
+    from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+    from packrat.deploy import archive, torchserve
+    from packrat.profiling.profiles import default_path
+    from packrat.settings import Settings
+
+    tokenizer = build_demo_tokenizer(out / "tokenizer", demo_tokenizer_kind("bert_base")) \
+        if "bert_base" in models else None
+    mars = {m: archive.build(Settings(m, profiles=[default_path(m)], max_batch=users_batch,
+                                      tokenizer=tokenizer if m == "bert_base" else None),
+                             out / "model_store", max_batch_delay_ms=30) for m in models}
+    server = torchserve.Server(out / "run", models[0], torchserve.Ports.free(), models=tuple(models), model_api=True)
+    return torchserve.start(server, list(mars.values()), timeout=900), mars
+
+
+def load(server, models: list[str], users: int, seconds: float, out: Path) -> dict:
+    """Locust per model for `seconds`, in threads: {model: request records} once they end."""
+    from packrat.bench.payloads import build_payload
+    from packrat.loadtest import run_locust
+    from packrat.loadtest.requestlog import read_request_log
+
+    records: dict = {}
+
+    def one(model: str) -> None:
+        log = out / f"requests-{model}.log"
+        run_locust(server.inference_url, model, users, seconds, out / model, payload=build_payload(model),
+                   token=server.key("inference"), request_log=log, timeout_s=120)
+        records[model] = read_request_log(log)
+
+    threads = [threading.Thread(target=one, args=(m,), daemon=True) for m in models]
+    for thread in threads:
+        thread.start()
+    return {"threads": threads, "records": records}
+
+
+def table(rows: list[dict], models: list[str]) -> str:
+    return markdown_table(
+        ["fault", "what", "not whole (s)", "whole again (s) from start / end"] + [f"{m}: sent, failed, p99 ms" for m in models],
+        [[r["kind"], r["what"], fmt_num(r["not_whole_s"], 2),
+          f"{fmt_num(r['whole_again_s'], 2)} / {fmt_num(r['whole_after_fault_ended_s'], 2)}"]
+         + [f"{r['models'][m]['sent']}, {r['models'][m]['failed']}, {fmt_num(r['models'][m]['p99_ms'], 0)}"
+            for m in models] for r in rows])
+
+
+def main() -> int:
+    parser = doc_parser(__doc__)
+    parser.add_argument("--models", type=name_list(), default=["resnet50", "squeezenet", "bert_base"])
+    parser.add_argument("--target", default="squeezenet", help="the model the re-register and move faults act on")
+    parser.add_argument("--faults", type=name_list(node_chaos.FAULTS, "fault"), default=list(node_chaos.FAULTS))
+    parser.add_argument("--users", type=int, default=2, help="closed-loop users per model (default: 2)")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--warmup-s", type=float, default=60.0)
+    parser.add_argument("--window-s", type=float, default=45.0, help="each fault's window (default: 45)")
+    parser.add_argument("--stop-s", type=float, default=30.0, help="how long a stopped process stays stopped")
+    parser.add_argument("--slow-s", type=float, default=20.0, help="how long a slow move's new instances stop")
+    parser.add_argument("--fail-s", type=float, default=10.0, help="how long new instances are killed in a failing move")
+    parser.add_argument("--out", type=Path, default=Path("out/node_chaos"))
+    args = parser.parse_args()
+    if args.target not in args.models:
+        parser.error("--target must be one of --models")
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ[NODE_DIR_ENV.name] = str(out / "node")  # a fresh node for this server
+    from packrat.deploy import torchserve
+    from packrat.serving.node import node_dir
+
+    server, mars = start(args.models, out, args.batch_size)
+    try:
+        seconds = args.warmup_s + len(args.faults) * args.window_s + 5
+        running = load(server, args.models, args.users, seconds, out)
+        node = node_chaos.NodeDir(node_dir(sorted(os.sched_getaffinity(0))))
+        chaos = node_chaos.Chaos(server, mars, node, stop_s=args.stop_s, slow_s=args.slow_s, fail_s=args.fail_s,
+                                 window_s=args.window_s, log=lambda text: print(text, flush=True))
+        time.sleep(args.warmup_s)
+        print(f"-- warm: node whole {node.whole(set(args.models))}", flush=True)
+        faults = [chaos.strike(kind, args.target) for kind in args.faults]
+        for thread in running["threads"]:
+            thread.join()
+    finally:
+        torchserve.stop(server)
+    rows = node_chaos.summary(faults, running["records"])
+    write_json(out / "node_chaos.json", {"models": args.models, "users": args.users, "faults": rows})
+    text = table(rows, args.models)
+    (out / "node_chaos.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""The node under faults (issue 33): several packrat models in one TorchServe, each under
+closed-loop locust load, while faults strike one at a time (benchmarks/node_chaos.py runs it).
+
+Faults (FAULTS), each given a window of its own:
+  owner-kill     SIGKILL of the worker holding the node's lease (TorchServe starts a new one)
+  owner-stop     SIGSTOP of that worker for `stop_s`, then SIGCONT
+  instance-stop  SIGSTOP of a pool instance while it holds a core lock (a model in turns), SIGCONT
+                 after `stop_s` unless its pool's watchdog killed it first
+  re-register    the target model unregistered through the management API, then registered again
+  move-slow      the target unregistered while every new instance of the other models (they grow
+                 onto its cores: a move) is stopped for `slow_s`
+  move-fail      the target registered again while every new instance of the other models (they
+                 give it cores: a move) is killed as it appears, for `fail_s`
+
+Watched every `POLL_S` from each fault's start to the end of its window: whether the node is
+*whole* (every live model has cores, every member applied the plan's last step, and two models'
+cores meet only where both take turns; a hold after a failed move is whole), who holds the lease,
+and `packrat status` in the middle of the fault and at its end. From the request logs: per model
+and fault, requests sent, failed (with their reasons) and the p99 of those sent in the window.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from packrat.bench.faults import pool_instances
+from packrat.serving.node import read_state
+from packrat.serving.node.files import Lease, read_json
+
+FAULTS = ("owner-kill", "owner-stop", "instance-stop", "re-register", "move-slow", "move-fail")
+POLL_S = 0.25
+NEW_INSTANCE_POLL_S = 0.02
+
+
+# ---- the node's state, read from its directory (pure parts first) -------------------------------
+
+def whole(state: dict | None, members: list[dict], models: set[str]) -> bool:
+    """Every model of `models` has cores, every member applied the plan's last step and moves
+    nothing, and two members' cores meet only where both take turns."""
+    by_model = {m["model"]: m for m in members}
+    if not state or not state.get("steps") or models - set(by_model):
+        return False
+    last = [state["generation"], len(state["steps"]) - 1]
+    if state["step"] != last[1] or any(m.get("applied") != last or m.get("moving") or not m.get("share")
+                                       for m in members):
+        return False
+    for a, b in itertools.combinations(members, 2):
+        if set(a["share"][0]) & set(b["share"][0]) and not (a["share"][1] and b["share"][1]):
+            return False
+    return True
+
+
+def window_figures(records: list, start: float, end: float) -> dict:
+    """Requests sent in [start, end): how many, how many failed (by reason) and their p99 (ms)."""
+    sent = [r for r in records if start <= r.start < end]
+    failed = [r for r in sent if r.failed]
+    latencies = sorted(r.response_ms for r in sent if not r.failed)
+    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
+    return {"sent": len(sent), "failed": len(failed), "p99_ms": p99,
+            "reasons": dict(Counter((r.reason or str(r.status))[:80] for r in failed))}
+
+
+class NodeDir:
+    """The node as its directory shows it."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def members(self) -> list[dict]:
+        return [m for m in (read_json(p) for p in (self.root / "members").glob("*.json")) if m]
+
+    def whole(self, models: set[str]) -> bool:
+        return whole(read_state(self.root), self.members(), models)
+
+    def lease(self) -> dict:
+        epoch, path = Lease(self.root, "observer").newest()
+        return {"epoch": epoch, **(read_json(path) if path else {})}
+
+    def worker(self, model: str) -> int | None:
+        return next((m["pid"] for m in self.members() if m["model"] == model and psutil.pid_exists(m["pid"])), None)
+
+    def model_of(self, pid: int) -> str | None:
+        return next((m["model"] for m in self.members() if m["pid"] == pid), None)
+
+
+def lock_holders(lock_dir: Path) -> set[int]:
+    """Pids holding a flock on the node's core locks (/proc/locks names the files by inode)."""
+    inodes = {path.stat().st_ino for path in lock_dir.glob("core-*.lock")}
+    found = set()
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "FLOCK" in fields and "->" not in fields and int(fields[5].split(":")[2]) in inodes:
+            found.add(int(fields[4]))
+    return found
+
+
+def signal_quietly(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+# ---- one fault ----------------------------------------------------------------------------------
+
+@dataclass
+class Fault:
+    kind: str
+    started: float  # unix time
+    target: str = ""
+    what: str = ""  # what was done, in words
+    ended: float | None = None  # unix time the injected condition ended (the last kill, SIGCONT, the register)
+    samples: list = field(default_factory=list)  # (unix time, whole, lease epoch)
+    status: dict = field(default_factory=dict)  # "during" / "after": `packrat status` text
+
+    def figures(self) -> dict:
+        broken = [t for t, is_whole, _ in self.samples if not is_whole]
+        last_broken = max(broken, default=None)
+        epochs = sorted({epoch for _, _, epoch in self.samples})
+        return {"kind": self.kind, "target": self.target, "what": self.what,
+                "not_whole_s": round(len(broken) * POLL_S, 2),
+                "whole_again_s": round(last_broken + POLL_S - self.started, 2) if last_broken else 0.0,
+                "whole_after_fault_ended_s": round(max(0.0, last_broken + POLL_S - self.ended), 2)
+                if last_broken and self.ended else 0.0,
+                "lease_epochs": epochs, "whole_at_end": bool(self.samples and self.samples[-1][1])}
+
+
+class Chaos:
+    """The faults, struck at one server: `server` (packrat.deploy.torchserve.Server, model API on),
+    `mars` {model: archive}, `node` its NodeDir; `status()` gives `packrat status`'s text."""
+
+    def __init__(self, server, mars: dict[str, Path], node: NodeDir, *, stop_s: float = 30.0, slow_s: float = 20.0,
+                 fail_s: float = 10.0, window_s: float = 45.0, log=print):
+        self.server, self.mars, self.node = server, mars, node
+        self.stop_s, self.slow_s, self.fail_s, self.window_s, self.log = stop_s, slow_s, fail_s, window_s, log
+        self.live = set(mars)
+
+    def status(self) -> str:
+        run = subprocess.run([sys.executable, "-m", "packrat.cli", "status", "--run-dir", str(self.server.run_dir)],
+                             capture_output=True, text=True, timeout=60)
+        return run.stdout or run.stderr
+
+    def strike(self, kind: str, target: str) -> Fault:
+        """One fault, watched to the end of its window."""
+        fault = Fault(kind, time.time(), target)
+        stop = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(fault, stop), daemon=True)
+        watcher.start()
+        try:
+            getattr(self, kind.replace("-", "_"))(fault)
+        finally:
+            fault.ended = fault.ended or time.time()
+            fault.status["during"] = fault.status.get("during") or self.status()
+            while time.time() < fault.started + self.window_s:
+                time.sleep(POLL_S)
+            stop.set()
+            watcher.join()
+            fault.status["after"] = self.status()
+        self.log(f"   {kind}: {fault.what}; {fault.figures()}")
+        return fault
+
+    def _watch(self, fault: Fault, stop: threading.Event) -> None:
+        while not stop.wait(POLL_S):
+            fault.samples.append((time.time(), self.node.whole(self.live), self.node.lease().get("epoch")))
+
+    # ---- the faults ---------------------------------------------------------------------------
+
+    def owner_kill(self, fault: Fault) -> None:
+        pid = self.node.lease()["pid"]
+        fault.target = self.node.model_of(pid) or "?"
+        signal_quietly(pid, signal.SIGKILL)
+        fault.what = f"SIGKILL of the owner's worker (pid {pid}, {fault.target})"
+
+    def owner_stop(self, fault: Fault) -> None:
+        pid = self.node.lease()["pid"]
+        fault.target = self.node.model_of(pid) or "?"
+        signal_quietly(pid, signal.SIGSTOP)
+        fault.what = f"SIGSTOP of the owner's worker (pid {pid}, {fault.target}) for {self.stop_s:g} s"
+        try:
+            time.sleep(self.stop_s / 2)
+            fault.status["during"] = self.status()
+            time.sleep(self.stop_s / 2)
+        finally:
+            signal_quietly(pid, signal.SIGCONT)
+
+    def instance_stop(self, fault: Fault) -> None:
+        instances = {p.pid: model for model in self.live if (w := self.node.worker(model))
+                     for p in pool_instances(w)}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            held = lock_holders(self.node.root / "cores") & set(instances)
+            if held:
+                pid = held.pop()
+                fault.target = instances[pid]
+                signal_quietly(pid, signal.SIGSTOP)
+                fault.what = f"SIGSTOP of {fault.target}'s instance {pid} while it held a core lock"
+                time.sleep(self.stop_s / 2)
+                fault.status["during"] = self.status()
+                time.sleep(self.stop_s / 2)
+                signal_quietly(pid, signal.SIGCONT)  # unless its watchdog killed it
+                return
+            time.sleep(0.005)
+        fault.what = "no instance held a core lock in 20 s (no model took turns): not struck"
+
+    def re_register(self, fault: Fault) -> None:
+        from packrat.deploy import torchserve
+
+        self._unregister(fault.target)
+        time.sleep(5)
+        torchserve.register(self.server, self.mars[fault.target], fault.target)
+        self.live.add(fault.target)
+        fault.what = f"{fault.target} unregistered, and registered again 5 s later"
+
+    def move_slow(self, fault: Fault) -> None:
+        stopped = self._during_moves(lambda: self._unregister(fault.target), signal.SIGSTOP, self.slow_s)
+        time.sleep(max(0.0, self.slow_s - (time.time() - fault.started)))
+        for pid in stopped:
+            signal_quietly(pid, signal.SIGCONT)
+        fault.what = (f"{fault.target} unregistered; {len(stopped)} new instance(s) of the models moving onto its "
+                      f"cores stopped for {self.slow_s:g} s")
+
+    def move_fail(self, fault: Fault) -> None:
+        from packrat.deploy import torchserve
+
+        def register() -> None:
+            torchserve.register(self.server, self.mars[fault.target], fault.target)
+            self.live.add(fault.target)
+
+        killed = self._during_moves(register, signal.SIGKILL, self.fail_s)
+        fault.what = (f"{fault.target} registered; {len(killed)} new instance(s) of the models moving to give it "
+                      f"cores killed as they appeared, for {self.fail_s:g} s")
+
+    def _unregister(self, model: str) -> None:
+        from packrat.deploy import torchserve
+
+        self.live.discard(model)
+        torchserve.unregister(self.server, model)
+
+    def _during_moves(self, action, sig: int, seconds: float) -> list[int]:
+        """Run `action` while every new instance of the other live models gets `sig` as it appears,
+        for `seconds`; the pids signalled."""
+        others = {m: self.node.worker(m) for m in self.live}
+        known = {p.pid for w in others.values() if w for p in pool_instances(w)}
+        hit: list[int] = []
+        done = threading.Event()
+
+        def signal_new() -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                for worker in others.values():
+                    for proc in pool_instances(worker) if worker else []:
+                        if proc.pid not in known and signal_quietly(proc.pid, sig):
+                            known.add(proc.pid)
+                            hit.append(proc.pid)
+                time.sleep(NEW_INSTANCE_POLL_S)
+            done.set()
+
+        hitter = threading.Thread(target=signal_new, daemon=True)
+        hitter.start()
+        action()
+        done.wait(seconds + 5)
+        return hit
+
+
+def summary(faults: list[Fault], records: dict[str, list]) -> list[dict]:
+    """A row per fault: its figures and each model's requests in its window."""
+    rows = []
+    for fault in faults:
+        end = fault.started + max(POLL_S, (fault.samples[-1][0] - fault.started) if fault.samples else POLL_S)
+        rows.append({**fault.figures(), "models": {m: window_figures(r, fault.started, end) for m, r in records.items()},
+                     "status": fault.status})
+    return rows
+

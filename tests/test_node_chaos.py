@@ -1,0 +1,41 @@
+"""The node chaos run's judgements, on plain data: when the node is whole, and a fault window's figures."""
+
+from __future__ import annotations
+
+from packrat.bench.node_chaos import Fault, POLL_S, whole, window_figures
+from packrat.loadtest.requestlog import RequestRecord
+
+STATE = {"generation": 4, "step": 1, "steps": [{}, {}]}
+
+
+def member(model: str, cores, locked: bool, applied=(4, 1), moving=None) -> dict:
+    return {"model": model, "share": [list(cores), locked], "applied": list(applied), "moving": moving}
+
+
+def test_whole_means_every_model_placed_settled_and_apart_unless_in_turns():
+    apart = [member("a", [0], False), member("b", [1], False)]
+    assert whole(STATE, apart, {"a", "b"})
+    assert not whole(STATE, apart, {"a", "b", "c"})  # c is live but has no cores
+    assert whole(STATE, [member("a", [0, 1], True), member("b", [1], True)], {"a", "b"})  # turns
+    assert not whole(STATE, [member("a", [0, 1], False), member("b", [1], True)], {"a", "b"})  # a does not take them
+    assert not whole(STATE, [member("a", [0], False), member("b", [1], False, applied=(4, 0))], {"a", "b"})
+    assert not whole(STATE, [member("a", [0], False, moving=[4, 1]), member("b", [1], False)], {"a", "b"})
+    assert not whole({**STATE, "step": 0}, apart, {"a", "b"})  # a move under way
+    assert not whole(None, apart, {"a", "b"})
+
+
+def test_a_windows_figures_count_what_was_sent_in_it():
+    records = [RequestRecord(10.0 + i, 100.0 + i, 200, False) for i in range(100)] + \
+              [RequestRecord(50.5, 3.0, 503, True, "no instance"), RequestRecord(500.0, 1.0, 500, True, "late")]
+    figures = window_figures(records, 40.0, 60.0)
+    assert figures["sent"] == 21 and figures["failed"] == 1 and figures["reasons"] == {"no instance": 1}
+    assert figures["p99_ms"] == 149.0
+
+
+def test_a_fault_is_whole_again_after_its_last_broken_sample():
+    fault = Fault("owner-kill", started=100.0, ended=101.0)
+    fault.samples = [(100.25, True, 1), (100.5, False, 1), (103.0, False, 2), (103.25, True, 2)]
+    figures = fault.figures()
+    assert figures["not_whole_s"] == 2 * POLL_S and figures["lease_epochs"] == [1, 2]
+    assert figures["whole_again_s"] == 3.25 and figures["whole_after_fault_ended_s"] == 2.25
+    assert figures["whole_at_end"]
