@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -27,42 +26,6 @@ from packrat.bench import node_chaos
 from packrat.bench.results import write_json
 from packrat.cli.types import name_list
 from packrat.settings import NODE_DIR_ENV
-
-
-def start(models: list[str], out: Path, users_batch: int):
-    """TorchServe with a packrat archive per model (model API on): (server, {model: archive})."""
-    from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
-    from packrat.deploy import archive, torchserve
-    from packrat.profiling.profiles import default_path
-    from packrat.settings import Settings
-
-    tokenizer = build_demo_tokenizer(out / "tokenizer", demo_tokenizer_kind("bert_base")) \
-        if "bert_base" in models else None
-    mars = {m: archive.build(Settings(m, profiles=[default_path(m)], max_batch=users_batch,
-                                      tokenizer=tokenizer if m == "bert_base" else None),
-                             out / "model_store", max_batch_delay_ms=30) for m in models}
-    server = torchserve.Server(out / "run", models[0], torchserve.Ports.free(), models=tuple(models), model_api=True)
-    return torchserve.start(server, list(mars.values()), timeout=900), mars
-
-
-def load(server, models: list[str], users: int, seconds: float, out: Path) -> dict:
-    """Locust per model for `seconds`, in threads: {model: request records} once they end."""
-    from packrat.bench.payloads import build_payload
-    from packrat.loadtest import run_locust
-    from packrat.loadtest.requestlog import read_request_log
-
-    records: dict = {}
-
-    def one(model: str) -> None:
-        log = out / f"requests-{model}.log"
-        run_locust(server.inference_url, model, users, seconds, out / model, payload=build_payload(model),
-                   token=server.key("inference"), request_log=log, timeout_s=120)
-        records[model] = read_request_log(log)
-
-    threads = [threading.Thread(target=one, args=(m,), daemon=True) for m in models]
-    for thread in threads:
-        thread.start()
-    return {"threads": threads, "records": records}
 
 
 def table(rows: list[dict], models: list[str]) -> str:
@@ -96,10 +59,10 @@ def main() -> int:
     from packrat.deploy import torchserve
     from packrat.serving.node import node_dir
 
-    server, mars = start(args.models, out, args.batch_size)
+    server, mars = node_chaos.start_server(args.models, out, args.batch_size)
     try:
         seconds = args.warmup_s + len(args.faults) * args.window_s + 5
-        running = load(server, args.models, args.users, seconds, out)
+        running = node_chaos.load(server, args.models, args.users, seconds, out)
         node = node_chaos.NodeDir(node_dir(sorted(os.sched_getaffinity(0))))
         chaos = node_chaos.Chaos(server, mars, node, stop_s=args.stop_s, slow_s=args.slow_s, fail_s=args.fail_s,
                                  window_s=args.window_s, log=lambda text: print(text, flush=True))

@@ -274,6 +274,42 @@ class Chaos:
         return hit
 
 
+def start_server(models: list[str], out: Path, users_batch: int):
+    """TorchServe with a packrat archive per model (model API on): (server, {model: archive})."""
+    from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+    from packrat.deploy import archive, torchserve
+    from packrat.profiling.profiles import default_path
+    from packrat.settings import Settings
+
+    tokenizer = build_demo_tokenizer(out / "tokenizer", demo_tokenizer_kind("bert_base")) \
+        if "bert_base" in models else None
+    mars = {m: archive.build(Settings(m, profiles=[default_path(m)], max_batch=users_batch,
+                                      tokenizer=tokenizer if m == "bert_base" else None),
+                             out / "model_store", max_batch_delay_ms=30) for m in models}
+    server = torchserve.Server(out / "run", models[0], torchserve.Ports.free(), models=tuple(models), model_api=True)
+    return torchserve.start(server, list(mars.values()), timeout=900), mars
+
+
+def load(server, models: list[str], users: int, seconds: float, out: Path) -> dict:
+    """Locust per model for `seconds`, in threads: {model: request records} once they end."""
+    from packrat.bench.payloads import build_payload
+    from packrat.loadtest import run_locust
+    from packrat.loadtest.requestlog import read_request_log
+
+    records: dict = {}
+
+    def one(model: str) -> None:
+        log = out / f"requests-{model}.log"
+        run_locust(server.inference_url, model, users, seconds, out / model, payload=build_payload(model),
+                   token=server.key("inference"), request_log=log, timeout_s=120)
+        records[model] = read_request_log(log)
+
+    threads = [threading.Thread(target=one, args=(m,), daemon=True) for m in models]
+    for thread in threads:
+        thread.start()
+    return {"threads": threads, "records": records}
+
+
 def summary(faults: list[Fault], records: dict[str, list]) -> list[dict]:
     """A row per fault: its figures and each model's requests in its window."""
     rows = []
