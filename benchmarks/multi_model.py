@@ -203,7 +203,7 @@ def plot_cores(samples: list, phases: list[Phase], path: Path) -> Path:
         start += phase.seconds
     ax.set_yticks(range(len(cores)), [f"core {c}" for c in cores])
     ax.set_ylim(-0.5, len(cores) - 0.5 + 0.35)
-    ax.set_xlabel("seconds (a core split between models: they take turns on it, a batch at a time)")
+    ax.set_xlabel("seconds (a core split between models: they take turns on it, of up to turn_ms each)")
     ax.set_title("packrat-node: the models on each core as the load shifts")
     ax.legend(handles=[matplotlib.patches.Patch(color=colour[m], label=m) for m in models],
               loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(cores) < 3 else -0.2), ncol=len(models),

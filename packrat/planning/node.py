@@ -7,7 +7,7 @@ None for a *saturated* one: a closed loop (or a queue) that takes whatever throu
 
 The planner splits the node's T cores into *blocks*, disjoint core sets, and gives each busy model
 one block: a block of one model is its own (a disjoint partition); a block of several is
-time-shared, the models taking turns a batch at a time under per-core locks, so two models'
+time-shared, the models taking turns of equal time under per-core locks, so two models'
 threads never run on one core at once. Inside its block a model runs its own ⟨i, t, b⟩ plan
 (planning/planner.py). Taking turns can beat a split: where one thread is far slower than two
 (ResNet-50 on a 2-core VM: L(1, 4) = 384 ms, L(2, 4) = 198 ms), two light loads do better with both
