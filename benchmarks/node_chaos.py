@@ -67,7 +67,7 @@ def main() -> int:
         chaos = node_chaos.Chaos(server, mars, node, stop_s=args.stop_s, slow_s=args.slow_s, fail_s=args.fail_s,
                                  window_s=args.window_s, log=lambda text: print(text, flush=True))
         time.sleep(args.warmup_s)
-        print(f"-- warm: node whole {node.whole(set(args.models))}", flush=True)
+        print(f"-- warm: node whole {node.whole()}", flush=True)
         faults = [chaos.strike(kind, args.target) for kind in args.faults]
         for thread in running["threads"]:
             thread.join()

@@ -14,14 +14,15 @@ def member(model: str, cores, locked: bool, applied=(4, 1), moving=None) -> dict
 
 def test_whole_means_every_model_placed_settled_and_apart_unless_in_turns():
     apart = [member("a", [0], False), member("b", [1], False)]
-    assert whole(STATE, apart, {"a", "b"})
-    assert not whole(STATE, apart, {"a", "b", "c"})  # c is live but has no cores
-    assert whole(STATE, [member("a", [0, 1], True), member("b", [1], True)], {"a", "b"})  # turns
-    assert not whole(STATE, [member("a", [0, 1], False), member("b", [1], True)], {"a", "b"})  # a does not take them
-    assert not whole(STATE, [member("a", [0], False), member("b", [1], False, applied=(4, 0))], {"a", "b"})
-    assert not whole(STATE, [member("a", [0], False, moving=[4, 1]), member("b", [1], False)], {"a", "b"})
-    assert not whole({**STATE, "step": 0}, apart, {"a", "b"})  # a move under way
-    assert not whole(None, apart, {"a", "b"})
+    assert whole(STATE, apart)
+    assert not whole(STATE, apart + [{"model": "c", "share": None, "applied": [4, 1]}])  # c has no cores
+    assert not whole(STATE, [])
+    assert whole(STATE, [member("a", [0, 1], True), member("b", [1], True)])  # turns
+    assert not whole(STATE, [member("a", [0, 1], False), member("b", [1], True)])  # a does not take them
+    assert not whole(STATE, [member("a", [0], False), member("b", [1], False, applied=(4, 0))])
+    assert not whole(STATE, [member("a", [0], False, moving=[4, 1]), member("b", [1], False)])
+    assert not whole({**STATE, "step": 0}, apart)  # a move under way
+    assert not whole(None, apart)
 
 
 def test_a_windows_figures_count_what_was_sent_in_it():

@@ -213,3 +213,19 @@ def test_a_killed_owner_is_replaced_at_once_and_leaves_the_plan(tmp_path):
     finally:
         owner.kill()
         y.leave()
+
+
+def test_a_chaos_run_can_make_a_models_moves_fail(tmp_path):
+    """The injected fault benchmarks/node_chaos.py uses: faults/move-MODEL.json fails that model's moves."""
+    first, second = Engine(), Engine()
+    x = member(tmp_path, "x", first)
+    joined(x, first)
+    (tmp_path / "faults").mkdir()
+    (tmp_path / "faults" / "move-x.json").write_text(json.dumps({"fail": "asked to"}))
+    y = member(tmp_path, "y", second)
+    joined(y, second, [x])
+    for _ in range(10):
+        x.step(), y.step()
+    assert "x could not move: RuntimeError: injected fault: asked to" in read_state(tmp_path)["moves"][-2]["failed"]
+    assert first.cores == (0, 1)
+    x.leave(), y.leave()

@@ -7,16 +7,17 @@ Faults (FAULTS), each given a window of its own:
   instance-stop  SIGSTOP of a pool instance while it holds a core lock (a model in turns), SIGCONT
                  after `stop_s` unless its pool's watchdog killed it first
   re-register    the target model unregistered through the management API, then registered again
-  move-slow      the target unregistered while every new instance of the other models (they grow
-                 onto its cores: a move) is stopped for `slow_s`
-  move-fail      the target registered again while every new instance of the other models (they
-                 give it cores: a move) is killed as it appears, for `fail_s`
+  move-slow      every other model's moves made to wait `slow_s` (the node's injected fault,
+                 member.NodeMember._injected), then the target unregistered: they grow onto its cores
+  move-fail      every other model's moves made to fail for `fail_s`, then the target registered
+                 again: they must give it cores
 
-Watched every `POLL_S` from each fault's start to the end of its window: whether the node is
-*whole* (every live model has cores, every member applied the plan's last step, and two models'
-cores meet only where both take turns; a hold after a failed move is whole), who holds the lease,
-and `packrat status` in the middle of the fault and at its end. From the request logs: per model
-and fault, requests sent, failed (with their reasons) and the p99 of those sent in the window.
+Before each fault the node is left to settle (whole, at most SETTLE_S). Watched every `POLL_S`
+from each fault's start to the end of its window: whether the node is *whole* (every model with a
+live worker has cores, every member applied the plan's last step, and two models' cores meet only
+where both take turns; a hold after a failed move is whole), who holds the lease, and `packrat
+status` in the middle of the fault and at its end. From the request logs: per model and fault,
+requests sent, failed (with their reasons) and the p99 of those sent in the window.
 """
 
 from __future__ import annotations
@@ -36,20 +37,19 @@ import psutil
 
 from packrat.bench.faults import pool_instances
 from packrat.serving.node import read_state
-from packrat.serving.node.files import Lease, read_json
+from packrat.serving.node.files import Lease, read_json, write_json
 
 FAULTS = ("owner-kill", "owner-stop", "instance-stop", "re-register", "move-slow", "move-fail")
 POLL_S = 0.25
-NEW_INSTANCE_POLL_S = 0.02
+SETTLE_S = 120.0
 
 
 # ---- the node's state, read from its directory (pure parts first) -------------------------------
 
-def whole(state: dict | None, members: list[dict], models: set[str]) -> bool:
-    """Every model of `models` has cores, every member applied the plan's last step and moves
-    nothing, and two members' cores meet only where both take turns."""
-    by_model = {m["model"]: m for m in members}
-    if not state or not state.get("steps") or models - set(by_model):
+def whole(state: dict | None, members: list[dict]) -> bool:
+    """Every member has cores, applied the plan's last step and moves nothing, and two members'
+    cores meet only where both take turns."""
+    if not state or not state.get("steps") or not members:
         return False
     last = [state["generation"], len(state["steps"]) - 1]
     if state["step"] != last[1] or any(m.get("applied") != last or m.get("moving") or not m.get("share")
@@ -78,10 +78,19 @@ class NodeDir:
         self.root = root
 
     def members(self) -> list[dict]:
-        return [m for m in (read_json(p) for p in (self.root / "members").glob("*.json")) if m]
+        """The members whose worker lives."""
+        return [m for m in (read_json(p) for p in (self.root / "members").glob("*.json"))
+                if m and psutil.pid_exists(m["pid"])]
 
-    def whole(self, models: set[str]) -> bool:
-        return whole(read_state(self.root), self.members(), models)
+    def whole(self) -> bool:
+        return whole(read_state(self.root), self.members())
+
+    def settle(self, timeout_s: float) -> float:
+        """Wait until the node is whole (at most `timeout_s`); the seconds waited."""
+        started = time.monotonic()
+        while not self.whole() and time.monotonic() - started < timeout_s:
+            time.sleep(POLL_S)
+        return time.monotonic() - started
 
     def lease(self) -> dict:
         epoch, path = Lease(self.root, "observer").newest()
@@ -122,6 +131,7 @@ class Fault:
     target: str = ""
     what: str = ""  # what was done, in words
     ended: float | None = None  # unix time the injected condition ended (the last kill, SIGCONT, the register)
+    settled_before_s: float = 0.0  # how long the node took to be whole before the fault
     samples: list = field(default_factory=list)  # (unix time, whole, lease epoch)
     status: dict = field(default_factory=dict)  # "during" / "after": `packrat status` text
 
@@ -129,7 +139,7 @@ class Fault:
         broken = [t for t, is_whole, _ in self.samples if not is_whole]
         last_broken = max(broken, default=None)
         epochs = sorted({epoch for _, _, epoch in self.samples})
-        return {"kind": self.kind, "target": self.target, "what": self.what,
+        return {"kind": self.kind, "target": self.target, "what": self.what, "settled_before_s": self.settled_before_s,
                 "not_whole_s": round(len(broken) * POLL_S, 2),
                 "whole_again_s": round(last_broken + POLL_S - self.started, 2) if last_broken else 0.0,
                 "whole_after_fault_ended_s": round(max(0.0, last_broken + POLL_S - self.ended), 2)
@@ -154,7 +164,8 @@ class Chaos:
 
     def strike(self, kind: str, target: str) -> Fault:
         """One fault, watched to the end of its window."""
-        fault = Fault(kind, time.time(), target)
+        settled = self.node.settle(SETTLE_S)
+        fault = Fault(kind, time.time(), target, settled_before_s=round(settled, 2))
         stop = threading.Event()
         watcher = threading.Thread(target=self._watch, args=(fault, stop), daemon=True)
         watcher.start()
@@ -173,7 +184,7 @@ class Chaos:
 
     def _watch(self, fault: Fault, stop: threading.Event) -> None:
         while not stop.wait(POLL_S):
-            fault.samples.append((time.time(), self.node.whole(self.live), self.node.lease().get("epoch")))
+            fault.samples.append((time.time(), self.node.whole(), self.node.lease().get("epoch")))
 
     # ---- the faults ---------------------------------------------------------------------------
 
@@ -224,23 +235,34 @@ class Chaos:
         fault.what = f"{fault.target} unregistered, and registered again 5 s later"
 
     def move_slow(self, fault: Fault) -> None:
-        stopped = self._during_moves(lambda: self._unregister(fault.target), signal.SIGSTOP, self.slow_s)
-        time.sleep(max(0.0, self.slow_s - (time.time() - fault.started)))
-        for pid in stopped:
-            signal_quietly(pid, signal.SIGCONT)
-        fault.what = (f"{fault.target} unregistered; {len(stopped)} new instance(s) of the models moving onto its "
-                      f"cores stopped for {self.slow_s:g} s")
+        others = self._inject(fault.target, {"delay_s": self.slow_s})
+        self._unregister(fault.target)
+        time.sleep(self.slow_s)
+        self._clear_injected()
+        fault.what = f"moves of {', '.join(others)} made to wait {self.slow_s:g} s; {fault.target} unregistered"
 
     def move_fail(self, fault: Fault) -> None:
         from packrat.deploy import torchserve
 
-        def register() -> None:
-            torchserve.register(self.server, self.mars[fault.target], fault.target)
-            self.live.add(fault.target)
+        others = self._inject(fault.target, {"fail": "a chaos run's move-fail"})
+        torchserve.register(self.server, self.mars[fault.target], fault.target)
+        self.live.add(fault.target)
+        time.sleep(max(0.0, self.fail_s - (time.time() - fault.started)))
+        self._clear_injected()
+        fault.what = f"moves of {', '.join(others)} made to fail for {self.fail_s:g} s; {fault.target} registered"
 
-        killed = self._during_moves(register, signal.SIGKILL, self.fail_s)
-        fault.what = (f"{fault.target} registered; {len(killed)} new instance(s) of the models moving to give it "
-                      f"cores killed as they appeared, for {self.fail_s:g} s")
+    def _inject(self, target: str, fault: dict) -> list[str]:
+        """The injected fault for every live model but `target`; their names."""
+        folder = self.node.root / "faults"
+        folder.mkdir(exist_ok=True)
+        others = sorted(self.live - {target})
+        for model in others:
+            write_json(folder / f"move-{model}.json", fault)
+        return others
+
+    def _clear_injected(self) -> None:
+        for path in (self.node.root / "faults").glob("move-*.json"):
+            path.unlink(missing_ok=True)
 
     def _unregister(self, model: str) -> None:
         from packrat.deploy import torchserve
@@ -248,30 +270,6 @@ class Chaos:
         self.live.discard(model)
         torchserve.unregister(self.server, model)
 
-    def _during_moves(self, action, sig: int, seconds: float) -> list[int]:
-        """Run `action` while every new instance of the other live models gets `sig` as it appears,
-        for `seconds`; the pids signalled."""
-        others = {m: self.node.worker(m) for m in self.live}
-        known = {p.pid for w in others.values() if w for p in pool_instances(w)}
-        hit: list[int] = []
-        done = threading.Event()
-
-        def signal_new() -> None:
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                for worker in others.values():
-                    for proc in pool_instances(worker) if worker else []:
-                        if proc.pid not in known and signal_quietly(proc.pid, sig):
-                            known.add(proc.pid)
-                            hit.append(proc.pid)
-                time.sleep(NEW_INSTANCE_POLL_S)
-            done.set()
-
-        hitter = threading.Thread(target=signal_new, daemon=True)
-        hitter.start()
-        action()
-        done.wait(seconds + 5)
-        return hit
 
 
 def start_server(models: list[str], out: Path, users_batch: int):

@@ -120,6 +120,7 @@ class NodeMember:
 
     def _move(self, share: Share, want: list[int] | None) -> None:
         try:
+            self._injected()
             self.apply(*share)
             self.share, self.failed = share, None
             if want is not None:
@@ -133,6 +134,16 @@ class NodeMember:
         finally:
             self.moving = None
             self._heartbeat()
+
+    def _injected(self) -> None:
+        """A fault a chaos run asks for (benchmarks/node_chaos.py): faults/move-MODEL.json in the
+        node directory, {"delay_s": S} to make this model's moves slow, {"fail": REASON} to make them fail."""
+        fault = read_json(self.root / "faults" / f"move-{self.model}.json") or {}
+        if fault.get("delay_s"):
+            log.warning("injected fault: this move waits %.0f s", fault["delay_s"])
+            time.sleep(fault["delay_s"])
+        if fault.get("fail"):
+            raise RuntimeError(f"injected fault: {fault['fail']}")
 
     def _after_silence(self) -> None:
         """A member silent for STALE_S (stuck, not stopped) has been dropped and its cores given away:
