@@ -8,8 +8,8 @@ Each model gets --users closed-loop users for the whole run (JPEG, or text for B
 --warmup-s, each fault of --faults strikes in a window of --window-s seconds of its own (the
 re-register and move faults act on --target). Printed and written (--out: node_chaos.json with every
 figure, node_chaos.md): per fault what was done, how long the node was not whole and when it was
-whole again (from the fault's start and from the end of the injected condition), the lease's
-epochs, and per model the requests sent in the window, those that failed (with reasons) and their
+whole again (from the fault's start and from the end of the injected condition), how long a move
+was under way, the lease's epochs, and per model the requests sent in the window, those that failed (with reasons) and their
 p99; `packrat status` during and after each fault is in the JSON.
 """
 
@@ -30,9 +30,11 @@ from packrat.settings import NODE_DIR_ENV
 
 def table(rows: list[dict], models: list[str]) -> str:
     return markdown_table(
-        ["fault", "what", "not whole (s)", "whole again (s) from start / end"] + [f"{m}: sent, failed, p99 ms" for m in models],
+        ["fault", "what", "not whole (s)", "whole again (s) from start / end", "moving (s)", "lease epochs"]
+        + [f"{m}: sent, failed, p99 ms" for m in models],
         [[r["kind"], r["what"], fmt_num(r["not_whole_s"], 2),
-          f"{fmt_num(r['whole_again_s'], 2)} / {fmt_num(r['whole_after_fault_ended_s'], 2)}"]
+          f"{fmt_num(r['whole_again_s'], 2)} / {fmt_num(r['whole_after_fault_ended_s'], 2)}",
+          fmt_num(r["moving_s"], 2), ",".join(map(str, r["lease_epochs"]))]
          + [f"{r['models'][m]['sent']}, {r['models'][m]['failed']}, {fmt_num(r['models'][m]['p99_ms'], 0)}"
             for m in models] for r in rows])
 

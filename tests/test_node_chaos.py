@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
-from packrat.bench.node_chaos import Fault, POLL_S, whole, window_figures
+from packrat.bench.node_chaos import Fault, POLL_S, in_motion, whole, window_figures
 from packrat.loadtest.requestlog import RequestRecord
 
 STATE = {"generation": 4, "step": 1, "steps": [{}, {}]}
 
 
-def member(model: str, cores, locked: bool, applied=(4, 1), moving=None) -> dict:
-    return {"model": model, "share": [list(cores), locked], "applied": list(applied), "moving": moving}
+def member(model: str, cores, locked: bool, applied=(4, 1)) -> dict:
+    return {"model": model, "share": [list(cores), locked], "applied": list(applied)}
 
 
-def test_whole_means_every_model_placed_settled_and_apart_unless_in_turns():
+def test_whole_means_every_model_placed_and_apart_unless_in_turns():
     apart = [member("a", [0], False), member("b", [1], False)]
-    assert whole(STATE, apart)
-    assert not whole(STATE, apart + [{"model": "c", "share": None, "applied": [4, 1]}])  # c has no cores
-    assert not whole(STATE, [])
-    assert whole(STATE, [member("a", [0, 1], True), member("b", [1], True)])  # turns
-    assert not whole(STATE, [member("a", [0, 1], False), member("b", [1], True)])  # a does not take them
-    assert not whole(STATE, [member("a", [0], False), member("b", [1], False, applied=(4, 0))])
-    assert not whole(STATE, [member("a", [0], False, moving=[4, 1]), member("b", [1], False)])
-    assert not whole({**STATE, "step": 0}, apart)  # a move under way
-    assert not whole(None, apart)
+    assert whole(apart) and not whole([])
+    assert not whole(apart + [{"model": "c", "share": None}])  # c has a worker but no cores yet
+    assert whole([member("a", [0, 1], True), member("b", [1], True)])  # turns
+    assert not whole([member("a", [0, 1], False), member("b", [1], True)])  # a does not take them
+
+
+def test_a_move_is_under_way_until_every_member_applied_the_last_step():
+    apart = [member("a", [0], False), member("b", [1], False)]
+    assert not in_motion(STATE, apart) and not in_motion(None, apart)
+    assert in_motion(STATE, [member("a", [0], False), member("b", [1], False, applied=(4, 0))])
+    assert in_motion({**STATE, "step": 0}, [member("a", [0], False, applied=(4, 0))])
 
 
 def test_a_windows_figures_count_what_was_sent_in_it():
@@ -35,8 +37,8 @@ def test_a_windows_figures_count_what_was_sent_in_it():
 
 def test_a_fault_is_whole_again_after_its_last_broken_sample():
     fault = Fault("owner-kill", started=100.0, ended=101.0)
-    fault.samples = [(100.25, True, 1), (100.5, False, 1), (103.0, False, 2), (103.25, True, 2)]
+    fault.samples = [(100.25, True, 1, False), (100.5, False, 1, True), (103.0, False, 2, True), (103.25, True, 2, False)]
     figures = fault.figures()
-    assert figures["not_whole_s"] == 2 * POLL_S and figures["lease_epochs"] == [1, 2]
+    assert figures["not_whole_s"] == figures["moving_s"] == 2 * POLL_S and figures["lease_epochs"] == [1, 2]
     assert figures["whole_again_s"] == 3.25 and figures["whole_after_fault_ended_s"] == 2.25
     assert figures["whole_at_end"]

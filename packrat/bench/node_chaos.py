@@ -14,8 +14,8 @@ Faults (FAULTS), each given a window of its own:
 
 Before each fault the node is left to settle (whole, at most SETTLE_S). Watched every `POLL_S`
 from each fault's start to the end of its window: whether the node is *whole* (every model with a
-live worker has cores, every member applied the plan's last step, and two models' cores meet only
-where both take turns; a hold after a failed move is whole), who holds the lease, and `packrat
+live worker has cores, and two models' cores meet only where both take turns, as each serves now),
+how long a move was under way, who holds the lease, and `packrat
 status` in the middle of the fault and at its end. From the request logs: per model and fault,
 requests sent, failed (with their reasons) and the p99 of those sent in the window.
 """
@@ -46,19 +46,21 @@ SETTLE_S = 120.0
 
 # ---- the node's state, read from its directory (pure parts first) -------------------------------
 
-def whole(state: dict | None, members: list[dict]) -> bool:
-    """Every member has cores, applied the plan's last step and moves nothing, and two members'
-    cores meet only where both take turns."""
-    if not state or not state.get("steps") or not members:
+def whole(members: list[dict]) -> bool:
+    """Every member has cores, and two members' cores meet only where both take turns (where each
+    serves now, as its heartbeat says: a move under way is whole, its steps are built to be)."""
+    if not members or any(not m.get("share") for m in members):
         return False
-    last = [state["generation"], len(state["steps"]) - 1]
-    if state["step"] != last[1] or any(m.get("applied") != last or m.get("moving") or not m.get("share")
-                                       for m in members):
+    return all(not (set(a["share"][0]) & set(b["share"][0])) or (a["share"][1] and b["share"][1])
+               for a, b in itertools.combinations(members, 2))
+
+
+def in_motion(state: dict | None, members: list[dict]) -> bool:
+    """A move under way: a step after this one, or a member that has not applied this one."""
+    if not state or not state.get("steps"):
         return False
-    for a, b in itertools.combinations(members, 2):
-        if set(a["share"][0]) & set(b["share"][0]) and not (a["share"][1] and b["share"][1]):
-            return False
-    return True
+    now = [state["generation"], state["step"]]
+    return state["step"] + 1 < len(state["steps"]) or any(m.get("applied") != now for m in members)
 
 
 def window_figures(records: list, start: float, end: float) -> dict:
@@ -83,7 +85,10 @@ class NodeDir:
                 if m and psutil.pid_exists(m["pid"])]
 
     def whole(self) -> bool:
-        return whole(read_state(self.root), self.members())
+        return whole(self.members())
+
+    def in_motion(self) -> bool:
+        return in_motion(read_state(self.root), self.members())
 
     def settle(self, timeout_s: float) -> float:
         """Wait until the node is whole (at most `timeout_s`); the seconds waited."""
@@ -132,18 +137,19 @@ class Fault:
     what: str = ""  # what was done, in words
     ended: float | None = None  # unix time the injected condition ended (the last kill, SIGCONT, the register)
     settled_before_s: float = 0.0  # how long the node took to be whole before the fault
-    samples: list = field(default_factory=list)  # (unix time, whole, lease epoch)
+    samples: list = field(default_factory=list)  # (unix time, whole, lease epoch, a move under way)
     status: dict = field(default_factory=dict)  # "during" / "after": `packrat status` text
 
     def figures(self) -> dict:
-        broken = [t for t, is_whole, _ in self.samples if not is_whole]
+        broken = [t for t, is_whole, *_ in self.samples if not is_whole]
         last_broken = max(broken, default=None)
-        epochs = sorted({epoch for _, _, epoch in self.samples})
+        epochs = sorted({epoch for _, _, epoch, _ in self.samples})
         return {"kind": self.kind, "target": self.target, "what": self.what, "settled_before_s": self.settled_before_s,
                 "not_whole_s": round(len(broken) * POLL_S, 2),
                 "whole_again_s": round(last_broken + POLL_S - self.started, 2) if last_broken else 0.0,
                 "whole_after_fault_ended_s": round(max(0.0, last_broken + POLL_S - self.ended), 2)
                 if last_broken and self.ended else 0.0,
+                "moving_s": round(sum(moving for *_, moving in self.samples) * POLL_S, 2),
                 "lease_epochs": epochs, "whole_at_end": bool(self.samples and self.samples[-1][1])}
 
 
@@ -184,7 +190,7 @@ class Chaos:
 
     def _watch(self, fault: Fault, stop: threading.Event) -> None:
         while not stop.wait(POLL_S):
-            fault.samples.append((time.time(), self.node.whole(), self.node.lease().get("epoch")))
+            fault.samples.append((time.time(), self.node.whole(), self.node.lease().get("epoch"), self.node.in_motion()))
 
     # ---- the faults ---------------------------------------------------------------------------
 
