@@ -162,6 +162,7 @@ class Chaos:
         self.server, self.mars, self.node = server, mars, node
         self.stop_s, self.slow_s, self.fail_s, self.window_s, self.log = stop_s, slow_s, fail_s, window_s, log
         self.live = set(mars)
+        self.notes: list[str] = []  # what went otherwise than asked, in words
 
     def status(self) -> str:
         run = subprocess.run([sys.executable, "-m", "packrat.cli", "status", "--run-dir", str(self.server.run_dir)],
@@ -172,6 +173,7 @@ class Chaos:
         """One fault, watched to the end of its window."""
         settled = self.node.settle(SETTLE_S)
         fault = Fault(kind, time.time(), target, settled_before_s=round(settled, 2))
+        self.notes = []
         stop = threading.Event()
         watcher = threading.Thread(target=self._watch, args=(fault, stop), daemon=True)
         watcher.start()
@@ -179,6 +181,7 @@ class Chaos:
             getattr(self, kind.replace("-", "_"))(fault)
         finally:
             fault.ended = fault.ended or time.time()
+            fault.what += "".join(f" ({note})" for note in self.notes)
             fault.status["during"] = fault.status.get("during") or self.status()
             while time.time() < fault.started + self.window_s:
                 time.sleep(POLL_S)
@@ -271,11 +274,23 @@ class Chaos:
             path.unlink(missing_ok=True)
 
     def _unregister(self, model: str) -> None:
+        """DELETE /models/MODEL. TorchServe 0.12 may answer 500 while the model is under load (a
+        ConcurrentModificationException as it fails the model's queued jobs) though the model goes:
+        then wait until it is gone, and say so."""
+        import urllib.error
+
         from packrat.deploy import torchserve
 
         self.live.discard(model)
-        torchserve.unregister(self.server, model)
-
+        try:
+            torchserve.unregister(self.server, model)
+        except urllib.error.HTTPError as exc:
+            self.notes.append(f"unregistering {model}: TorchServe answered {exc.code}")
+            deadline = time.monotonic() + 60
+            while torchserve.worker_status(self.server, model) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+            self.server.models = tuple(m for m in self.server.models if m != model)
+            self.server.save()
 
 
 def start_server(models: list[str], out: Path, users_batch: int):
