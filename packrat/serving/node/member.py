@@ -120,7 +120,7 @@ class NodeMember:
 
     def _move(self, share: Share, want: list[int] | None) -> None:
         try:
-            self._injected()
+            self._injected(share)
             self.apply(*share)
             self.share, self.failed = share, None
             if want is not None:
@@ -135,14 +135,19 @@ class NodeMember:
             self.moving = None
             self._heartbeat()
 
-    def _injected(self) -> None:
-        """A fault a chaos run asks for (benchmarks/node_chaos.py): faults/move-MODEL.json in the
-        node directory, {"delay_s": S} to make this model's moves slow, {"fail": REASON} to make them fail."""
+    def _injected(self, share: Share) -> None:
+        """A fault a chaos run asks for (benchmarks/node_chaos.py) in a move that changes this
+        model's cores: faults/move-MODEL.json in the node directory, {"delay_s": S} to make it slow,
+        {"fail": REASON} to make it fail as a switch does (after the turns asked for are taken)."""
         fault = read_json(self.root / "faults" / f"move-{self.model}.json") or {}
+        if self.share is None or share[0] == self.share[0]:
+            return
         if fault.get("delay_s"):
             log.warning("injected fault: this move waits %.0f s", fault["delay_s"])
             time.sleep(fault["delay_s"])
         if fault.get("fail"):
+            if share[1]:
+                self.apply(self.share[0], True)
             raise RuntimeError(f"injected fault: {fault['fail']}")
 
     def _after_silence(self) -> None:
