@@ -70,9 +70,11 @@ def test_archive_ships_every_profile_and_builds_for_the_one_chosen_here(tmp_path
     monkeypatch.setattr(topology, "cpu_model", lambda: "Other CPU")
     archive.build(Settings("tiny", profiles=profiles, max_batch=4, cores=1), tmp_path)
     assert compiled == [{(1, 4)}]  # the compile profile, planned for the 1 core asked for
-    archive.build(Settings("tiny", profiles=profiles[:1], max_batch=4), tmp_path)  # one profile, both cores
+    archive.build(Settings("tiny", profiles=profiles[:1], max_batch=4, share_node=False), tmp_path)  # both cores
     section = packrat_section(archived[-1][0])
     assert section["profiles"] == ["profile.csv"] and "cores" not in section and compiled[-1] == {(1, 2), (2, 4)}
+    archive.build(Settings("tiny", profiles=profiles[:1], max_batch=4), tmp_path)  # sharing the node, the default
+    assert compiled[-1] == {(1, 2), (2, 4), (1, 4)}  # and the plan for a share of one core
 
 
 def test_the_stock_handler_archive_needs_no_profile_and_a_packrat_one_does(tmp_path, archived):
