@@ -158,19 +158,20 @@ def test_an_instance_stopped_while_holding_the_cores_is_killed_and_the_other_mod
     with InstancePool(model, [InstanceConfig(1, 1, (CORE,))], watchdog=Watchdog(factor=1.0, floor_s=1.0)) as first, \
             InstancePool(model, [InstanceConfig(1, 1, (CORE,))], watchdog=Watchdog(factor=1.0, floor_s=1.0)) as second:
         for pool in (first, second):
-            pool.take_turns(str(tmp_path), turn_ms=60_000)  # a turn lasts while batches follow each other
+            pool.take_turns(str(tmp_path), turn_ms=50)
         victim = first.pids()[0]
         stopped = False
         futures = {"first": [], "second": []}
         deadline = time.monotonic() + 60
         while not stopped:
             assert time.monotonic() < deadline, "the first model's instance never held the core"
-            futures["first"].append(first.submit(request))
-            futures["second"].append(second.submit(request))
+            for name, pool in (("first", first), ("second", second)):
+                if pool.outstanding < 3:  # both kept busy, neither flooded
+                    futures[name].append(pool.submit(request))
             if victim in holders(tmp_path):
                 os.kill(victim, signal.SIGSTOP)
                 stopped = True
-            time.sleep(0.002)
+            time.sleep(0.001)
         for _ in range(5):  # more requests while it is stopped
             futures["second"].append(second.submit(request))
         answers = {name: [f.result(60) for f in batch] for name, batch in futures.items()}
