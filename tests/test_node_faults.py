@@ -166,14 +166,20 @@ time.sleep(120)
 """
 
 
-@pytest.mark.slow
-def test_a_stopped_owner_loses_its_lease_but_not_its_place(tmp_path):
-    stopped = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+def owner_and_member(tmp_path) -> tuple[subprocess.Popen, NodeMember]:
+    """A process that owns the node (in its own thread), and a member here that has joined it."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     engine = Engine()
     y = member(tmp_path, "y", engine)
+    assert owner.stdout.readline().strip() == "True"
+    joined(y, engine)
+    return owner, y
+
+
+@pytest.mark.slow
+def test_a_stopped_owner_loses_its_lease_but_not_its_place(tmp_path):
+    stopped, y = owner_and_member(tmp_path)
     try:
-        assert stopped.stdout.readline().strip() == "True"
-        joined(y, engine)
         assert not y.is_owner
         os.kill(stopped.pid, signal.SIGSTOP)
         deadline = time.monotonic() + LEASE_S + 5
@@ -196,12 +202,8 @@ def test_a_stopped_owner_loses_its_lease_but_not_its_place(tmp_path):
 
 
 def test_a_killed_owner_is_replaced_at_once_and_leaves_the_plan(tmp_path):
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    engine = Engine()
-    y = member(tmp_path, "y", engine)
+    owner, y = owner_and_member(tmp_path)
     try:
-        assert owner.stdout.readline().strip() == "True"
-        joined(y, engine)
         owner.kill()
         owner.wait()
         y.step()  # its pid is gone: no need to wait out the lease
