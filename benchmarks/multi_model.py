@@ -100,7 +100,8 @@ def start_server(stack: ExitStack, run_dir: Path, models: list[str], handler: st
                           handler=handler, max_batch_delay_ms=args.max_batch_delay) for m in models]
     print(f"   starting TorchServe for {', '.join(models)} ({handler}) on cores {cores}", flush=True)
     with pinned(cores):
-        server = torchserve.start(torchserve.Server(run_dir, models[0], torchserve.Ports.free(), models=tuple(models)),
+        server = torchserve.start(torchserve.Server(run_dir, models[0], torchserve.Ports.free(), models=tuple(models),
+                                                    served_dir=run_dir / "served"),
                                   mars, timeout=900)
     stack.callback(torchserve.stop, server)
     return server, server.key("inference")

@@ -500,6 +500,17 @@ def test_cores_flag(command, capsys):
     assert "argument --cores" in capsys.readouterr().err
 
 
+def test_a_server_given_a_served_dir_hands_it_to_its_handlers(tmp_path):
+    from packrat.deploy import torchserve
+    import os
+
+    from packrat.settings import SERVED_DIR_ENV
+
+    assert torchserve.Server(tmp_path / "run", "toy").env()[SERVED_DIR_ENV.name] == os.environ[SERVED_DIR_ENV.name]
+    own = torchserve.Server(tmp_path / "run", "toy", served_dir=tmp_path / "served")
+    assert own.env()[SERVED_DIR_ENV.name] == str(tmp_path / "served")
+
+
 def test_reconfigure_request_round_trip(tmp_path):
     from packrat.deploy import torchserve
     from packrat.frontends import torchserve_control

@@ -156,6 +156,22 @@ def test_watchdog_names_only_instances_past_their_allowance():
     assert dog.overdue([slow, fine, idle], now=2.5) == []
 
 
+def test_watchdog_times_a_waiting_instance_that_holds_its_cores_from_when_it_was_seen_so():
+    dog = Watchdog(factor=10, floor_s=1)
+    stuck = FakeInstance(1)
+    stuck.warm_ms, stuck.jobs, stuck.waiting_turn = 200, ["a"], True  # allowance 2 s, sent at 0
+    asked = []
+
+    def seen_holding_since(inst):
+        asked.append(inst)
+        return 2.1  # first seen holding its cores, without having said so, at 2.1 s
+
+    assert dog.overdue([stuck], now=1.5, silent_hold_since=seen_holding_since) == [] and asked == []  # not late yet
+    assert dog.overdue([stuck], now=3.0, silent_hold_since=seen_holding_since) == []  # held only 0.9 s
+    assert dog.overdue([stuck], now=4.2, silent_hold_since=seen_holding_since) == [stuck]
+    assert dog.overdue([stuck], now=9.0, silent_hold_since=lambda inst: None) == []  # another model holds them
+
+
 def test_a_slot_is_hopeless_only_after_load_failures_in_a_row():
     slot = Slot()
     for _ in range(2):

@@ -122,9 +122,11 @@ def test_every_model_idle_is_planned_as_busy():
 def test_slo_objective_names_the_model_that_misses():
     loads = [ModelLoad("resnet", RESNET_VM, 4, slo_ms=150.0), ModelLoad("squeeze", SQUEEZE_VM, 4, slo_ms=200.0)]
     plan = plan_node(loads, 2)
-    # 190 ms is ResNet's best even with both cores; in equal-time turns with SqueezeNet it would
-    # take 2 × 190 × TURN_COST: the plan keeps its miss smallest on a core of its own (384 ms)
-    assert "resnet" in plan.missed_slo and plan.share("resnet").score == pytest.approx(384 / 150)
+    # 190 ms is ResNet's best even with both cores; on a core of its own it takes 384 ms, in turns
+    # with SqueezeNet on both 190 × (100 + 48) × TURN_COST / 100: a turn of 100 ms against one of
+    # SqueezeNet's 48 ms batches, its turn (turn_length). The plan keeps its miss smallest so.
+    assert "resnet" in plan.missed_slo and plan.share("resnet").cores == (0, 1)
+    assert plan.share("resnet").score == pytest.approx(190 * 148 * TURN_COST / 100 / 150)
     assert "SLO" in plan.objective and "resnet" in plan.to_json()["missed_slo"]
     met = plan_node([ModelLoad("resnet", RESNET_VM, 4, slo_ms=400.0), ModelLoad("squeeze", SQUEEZE_VM, 4, slo_ms=100.0)], 2)
     assert met.missed_slo == () and met.worst <= 1
@@ -235,5 +237,6 @@ def test_evaluate_counts_overlapping_cores_as_turns():
     split = planner.plan().allocation()
     assert planner.evaluate(split) == pytest.approx(planner.plan().worst)
     overlapping_ = {"resnet": ((0, 1), True), "squeeze": ((1,), True)}
-    assert planner.evaluate(overlapping_) == pytest.approx(2 * TURN_COST)  # equal-time turns on both cores
+    # turns on both cores: SqueezeNet runs one 48 ms batch a cycle, ResNet-50 a 100 ms turn
+    assert planner.evaluate(overlapping_) == pytest.approx((100 + 48) * TURN_COST / 48)
     assert planner.evaluate({"resnet": ((0, 1), False)}) == math.inf  # a busy model with no cores

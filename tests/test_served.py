@@ -93,6 +93,18 @@ def test_an_optimistic_split_is_corrected_and_the_faster_plan_expected(tmp_path)
     assert json.loads((tmp_path / "served.json").read_text())["corrections"][0]["served_ms"] == 15.0
 
 
+def test_a_model_sharing_the_node_reads_the_kept_corrections_but_keeps_none_of_its_own(tmp_path):
+    profile = profile_of({(1, 2, "inductor"): 7.0, (2, 4, "inductor"): 12.0})
+    path = tmp_path / "served.json"
+    PlanCorrector(profile, path, wall=lambda: NOW).update({(1, 2, "inductor"): (15.0, 0.2, 40)})
+    member = PlanCorrector(profile, path, wall=lambda: NOW + 10, keep=False)
+    assert member.profile.latency[1, 2] == 15.0  # made with the cores to itself: planned with
+    assert member.update({(2, 4, "inductor"): (300.0, 1.0, 40)})  # served beside other models ...
+    assert member.profile.latency[2, 4] == 300.0  # ... planned with while it serves ...
+    kept = json.loads(path.read_text())["corrections"]
+    assert [(c["threads"], c["batch"]) for c in kept] == [(1, 2)]  # ... but not kept for a restart
+
+
 def test_a_correction_can_change_a_points_runtime():
     profile = profile_of({(1, 1, "inductor"): 10.0, (1, 1, "openvino"): 8.0})
     assert profile.runtimes[1, 1] == "openvino"

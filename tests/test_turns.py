@@ -17,7 +17,7 @@ from hypothesis import given, strategies as st
 from packrat.bench.payloads import build_payload
 from packrat.machine.topology import detect
 from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
-from packrat.serving.pool.core_locks import holding
+from packrat.serving.pool.core_locks import holders, holding
 from packrat.serving.pool.instance_pool import InstancePool
 from packrat.serving.pool.supervisor import Watchdog
 from packrat.serving.pool.turns import turn_sizes
@@ -39,7 +39,7 @@ def test_turns_fit_the_quantum_and_answer_every_request(requests, request_ms, tu
 
 WAITER = """
 import sys, time
-from packrat.serving.pool.core_locks import holding
+from packrat.serving.pool.core_locks import holders, holding
 print("asking", flush=True)
 with holding(sys.argv[1], [0]):
     print(time.monotonic(), flush=True)
@@ -125,28 +125,19 @@ def test_a_turn_holds_its_cores_until_it_ends(tmp_path):
     try:
         with pytest.raises(BlockingIOError):
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert holders(tmp_path) == {0: os.getpid()} and holders(tmp_path, [1]) == {}  # the kernel's word
         turn.begin(str(tmp_path))  # the same turn goes on
         assert turn.held and not turn.spent(60_000) and turn.spent(None)
         time.sleep(0.02)
         assert turn.spent(10)  # its 10 ms are up
         turn.end()
+        assert holders(tmp_path) == {}
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(other, fcntl.LOCK_UN)
         turn.begin(None)
         assert not turn.held
     finally:
         os.close(other)
-
-
-def holders(lock_dir) -> set[int]:
-    """Pids holding a flock on a lock file of `lock_dir` (/proc/locks names them by inode)."""
-    inodes = {path.stat().st_ino for path in Path(lock_dir).glob("core-*.lock")}
-    found = set()
-    for line in Path("/proc/locks").read_text().splitlines():
-        fields = line.split()
-        if "FLOCK" in fields and "->" not in fields and int(fields[5].split(":")[2]) in inodes:
-            found.add(int(fields[4]))
-    return found
 
 
 def test_an_instance_stopped_while_holding_the_cores_is_killed_and_the_other_model_goes_on(tmp_path):
@@ -168,7 +159,7 @@ def test_an_instance_stopped_while_holding_the_cores_is_killed_and_the_other_mod
             for name, pool in (("first", first), ("second", second)):
                 if pool.outstanding < 3:  # both kept busy, neither flooded
                     futures[name].append(pool.submit(request))
-            if victim in holders(tmp_path):
+            if victim in holders(tmp_path).values():
                 os.kill(victim, signal.SIGSTOP)
                 stopped = True
             time.sleep(0.001)

@@ -38,6 +38,7 @@ import psutil
 from packrat.bench.faults import pool_instances
 from packrat.serving.node import read_state
 from packrat.serving.node.files import Lease, read_json, write_json
+from packrat.serving.pool.core_locks import holders
 
 FAULTS = ("owner-kill", "owner-stop", "instance-stop", "re-register", "move-slow", "move-fail")
 POLL_S = 0.25
@@ -106,17 +107,6 @@ class NodeDir:
 
     def model_of(self, pid: int) -> str | None:
         return next((m["model"] for m in self.members() if m["pid"] == pid), None)
-
-
-def lock_holders(lock_dir: Path) -> set[int]:
-    """Pids holding a flock on the node's core locks (/proc/locks names the files by inode)."""
-    inodes = {path.stat().st_ino for path in lock_dir.glob("core-*.lock")}
-    found = set()
-    for line in Path("/proc/locks").read_text().splitlines():
-        fields = line.split()
-        if "FLOCK" in fields and "->" not in fields and int(fields[5].split(":")[2]) in inodes:
-            found.add(int(fields[4]))
-    return found
 
 
 def signal_quietly(pid: int, sig: int) -> bool:
@@ -220,7 +210,7 @@ class Chaos:
                      for p in pool_instances(w)}
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            held = lock_holders(self.node.root / "cores") & set(instances)
+            held = set(holders(self.node.root / "cores").values()) & set(instances)
             if held:
                 pid = held.pop()
                 fault.target = instances[pid]
@@ -305,7 +295,8 @@ def start_server(models: list[str], out: Path, users_batch: int):
     mars = {m: archive.build(Settings(m, profiles=[default_path(m)], max_batch=users_batch,
                                       tokenizer=tokenizer if m == "bert_base" else None),
                              out / "model_store", max_batch_delay_ms=30) for m in models}
-    server = torchserve.Server(out / "run", models[0], torchserve.Ports.free(), models=tuple(models), model_api=True)
+    server = torchserve.Server(out / "run", models[0], torchserve.Ports.free(), models=tuple(models), model_api=True,
+                                served_dir=out / "served")
     return torchserve.start(server, list(mars.values()), timeout=900), mars
 
 

@@ -212,7 +212,8 @@ def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, w
     from packrat.loadtest import run_locust
 
     log(f"-- {name}: starting TorchServe")
-    server = torchserve.start(torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True), mar)
+    server = torchserve.start(torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True,
+                                                     served_dir=run_dir / "served"), mar)
     try:
         token = server.key("inference")
         run_locust(server.inference_url, model, users, warmup_s, run_dir / "warmup", token=token, payload=payload)

@@ -26,7 +26,7 @@ import psutil
 
 from packrat.errors import ServeError
 from packrat.frontends.torchserve_control import CONTROL_DIR, control_file
-from packrat.settings import CONTROL_DIR_ENV
+from packrat.settings import CONTROL_DIR_ENV, SERVED_DIR_ENV
 
 LOG_CONFIG = Path(__file__).parent / "log4j2.xml"
 STATE_FILE = "server.json"
@@ -64,6 +64,9 @@ class Server:
     oip: bool = False  # the Open Inference Protocol (KServe v2: /v2/..., tritonclient) on as well
     models: tuple[str, ...] = ()  # every model it serves, `model` first
     model_api: bool = False  # registering and unregistering models through the management API
+    # Where its handlers keep served latencies (settings.SERVED_DIR_ENV); None: the user's. A benchmark
+    # gives each configuration its own, so that one's corrections do not plan another's.
+    served_dir: Path | None = None
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir).resolve()  # TorchServe rejects a relative TEMP
@@ -96,6 +99,8 @@ class Server:
         env.update(TEMP=str(self.run_dir / "tmp"), LOG_LOCATION=str(self.run_dir / "logs"),
                    METRICS_LOCATION=str(self.run_dir / "logs"))
         env[CONTROL_DIR_ENV.name] = str(self.control_dir)
+        if self.served_dir is not None:
+            env[SERVED_DIR_ENV.name] = str(self.served_dir)
         if self.oip:
             env[OIP_ENV] = "oip"
         return env

@@ -17,8 +17,13 @@ Latency of model m in a block of c cores, with s_j = the planner's optimal laten
 cores and r_j = λ_j / B_j batches a second (u_j = r_j·s_j, the share of the block's time it needs):
   - no saturated member, Σu < 1: s_m + Σ_j r_j·s_j² / (2(1 - Σu))   (batches queue FIFO, M/D/1)
   - saturated members S (or Σ_{j∉S} u_j ≥ 1, when every member counts as saturated): the saturated
-    models take turns of equal time (pool/turns.py), t_j = max(q, s_j / B_j): the quantum q
-    (`turn_ms`), or one request where a request takes longer. A cycle of turns lasts
+    models take turns (pool/turns.py). A batch longer than the quantum q (`turn_ms`) is cut into
+    turns of t_j = max(q, s_j / B_j) (one request where a request takes longer); a shorter one
+    is a turn of its own, t_j = s_j: a model's next batch reaches its pool only once the server
+    has had this one's answers (TorchServe hands a worker one batch at a time; a closed loop sends
+    again only when answered), which comes later than a turn waits for it, so a light model runs
+    one batch a turn, not q of them (measured, issue 33: SqueezeNet's 40 ms batches in turns with
+    ResNet-50's 100 ms ones ran one a cycle, at 0.18 of its throughput alone). A cycle of turns lasts
     C = Σ_{j∈S} t_j / (1 - Σ_{j∉S} u_j), stretched by the light members' share, and model i runs
     t_i of its s_i in each: its latency is s_i·C/t_i (× TURN_COST where several take turns); a
     light one waits for the turn running, s_m + mean_{j∈S} t_j.
@@ -140,6 +145,12 @@ def service_ms(load: ModelLoad, max_cores: int) -> np.ndarray:
     return planner.table[:, load.batch].copy()
 
 
+def turn_length(service: float, batch: int, turn_ms: float) -> float:
+    """A saturated model's turn (ms) on a time-shared block where its batch takes `service`: the
+    batch, when shorter than the quantum; else the quantum, or one request where that is longer."""
+    return service if service <= turn_ms else max(turn_ms, service / batch)
+
+
 def block_latencies(loads: Sequence[ModelLoad], service: Sequence[float], turn_ms: float = TURN_MS) -> list[float]:
     """Expected latency (ms) of each model taking turns on one block, given each one's service time
     there (see the module's docstring)."""
@@ -154,7 +165,7 @@ def block_latencies(loads: Sequence[ModelLoad], service: Sequence[float], turn_m
     light = sum(u for u in shares if u is not None)
     if not saturated or light >= 1:  # over capacity: every member takes what it gets
         saturated, shares, light = list(range(len(loads))), [None] * len(loads), 0.0
-    turns = {i: max(turn_ms, service[i] / loads[i].batch) for i in saturated}
+    turns = {i: turn_length(service[i], loads[i].batch, turn_ms) for i in saturated}
     cycle = sum(turns.values()) / (1 - light) * (TURN_COST if len(saturated) > 1 else 1.0)
     running = sum(turns.values()) / len(saturated)
     return [service[i] * cycle / turns[i] if shares[i] is None else service[i] + running for i in range(len(loads))]

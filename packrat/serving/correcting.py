@@ -30,11 +30,16 @@ def corrections_file(model_name: str, profile_path: Path) -> Path:
 
 class PlanCorrector:
     """The profile to plan with: `base`, its figures corrected by the served ones kept at `path`
-    (None: kept in memory only) and by those update() finds."""
+    (None: kept in memory only) and by those update() finds. With `keep` False the file is read
+    but not written: a model sharing the node with others serves beside a mix of models and loads
+    that comes and goes, so what it serves is not the point's figure on this machine (one such run
+    kept SqueezeNet's ⟨2 threads, batch 4⟩ at 369 ms against its profile's 11.4 for a day:
+    BENCHMARKS.md, issue 33)."""
 
     def __init__(self, base: Profile, path: Path | None, clock=time.monotonic, wall=time.time,
-                 every_s: float = CHECK_EVERY_S):
-        self.base, self.path, self.clock, self.wall, self.every_s = base, path, clock, wall, every_s
+                 every_s: float = CHECK_EVERY_S, keep: bool = True):
+        self.base, self.clock, self.wall, self.every_s = base, clock, wall, every_s
+        self.path, self.keep = path, keep
         self.corrections = self._load()
         self.profile = self._corrected()
         self._next_check = clock() + every_s
@@ -95,7 +100,7 @@ class PlanCorrector:
         return kept
 
     def _save(self) -> None:
-        if self.path is None:
+        if self.path is None or not self.keep:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -49,8 +49,10 @@ class Engine:
         self.profile_choice = f"{choice}; {profile.describe()}"
         (log.info if profile.loaded else log.warning)("packrat profile: %s", self.profile_choice)
         profile = runnable_here(profile)
-        # The profile as served here: its figures corrected by what the instances serve (served.py)
-        self.corrector = PlanCorrector(profile, corrections_file(model_name, profile_path))
+        # The profile as served here: its figures corrected by what the instances serve (served.py);
+        # kept for a restart only by a model that has its cores to itself
+        self.corrector = PlanCorrector(profile, corrections_file(model_name, profile_path),
+                                       keep=not settings.share_node)
         self._served_switch_at: float | None = None  # the last switch made on served figures (monotonic)
         profile = self.corrector.profile
         model, spec = model_config(settings, str(model_dir), profile.metadata.get("mode"))

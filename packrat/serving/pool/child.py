@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from packrat.models.runtimes import DEFAULT_RUNTIME, runtime_of
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.core_locks import holding
-from packrat.serving.pool.turns import GRACE_S, Turn, turn_sizes
+from packrat.serving.pool.turns import Turn, turn_sizes
 
 
 def exit_with_parent(cleanup=None, interval_s: float = 0.5, parent: int | None = None) -> None:
@@ -206,8 +206,6 @@ def serve(conn: Connection, module, codec, decoders: "Decoders", config: Instanc
     turn = Turn(config.cores)
     while True:
         try:
-            if turn.held and (turn.spent(turn.quantum) or not conn.poll(GRACE_S)):
-                turn.end()  # its time is up, or no batch follows at once: the cores go to the next in line
             message = conn.recv()
         except (EOFError, OSError):  # the parent is gone: nobody to answer
             return
@@ -247,8 +245,9 @@ def run_in_turns(conn: Connection, module, codec, decoders: "Decoders", turn: Tu
         answers += answer_batch(module, codec, part, decoders.mapper(len(part)), laps)
         for stage in range(3):
             spent[stage] += laps[stage + 1] - laps[stage]
-    if locks is None:
-        turn.end()
+    # The turn ends with the batch, before its answers go: the cores are held only while the parent
+    # knows the batch runs, so its watchdog sees a holder that stops (turns.py says why no longer)
+    turn.end()
     stamps = [received, laps[-1] - sum(spent)]
     for seconds in spent:
         stamps.append(stamps[-1] + seconds)

@@ -38,6 +38,27 @@ def _descriptor(path: Path) -> int:
     return _open[key]
 
 
+def holders(directory: str | Path, cores: Sequence[int] | None = None) -> dict[int, int]:
+    """Which process holds each core's lock now (core -> pid; a free core is left out), every core
+    with a lock file in `directory` unless `cores` are named. Read from /proc/locks, which names
+    the files by inode: the parent sees a holder that cannot say it holds (stopped, say)."""
+    files = {}
+    if cores is None:
+        cores = [int(path.stem.split("-")[1]) for path in Path(directory).glob("core-*.lock")]
+    for core in cores:
+        try:
+            stat = lock_path(directory, core).stat()
+        except FileNotFoundError:  # never locked: nobody holds it
+            continue
+        files[f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"] = core
+    found = {}
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()  # "1: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE 0 EOF"; a waiter's has "->"
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] in files:
+            found[files[fields[5]]] = int(fields[4])
+    return found
+
+
 @contextmanager
 def holding(directory: str | Path | None, cores: Sequence[int]) -> Iterator[None]:
     """Hold the locks of `cores` (none when `directory` is None) for the body of the block."""

@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Sequence
 
 from packrat.codec.config import CodecConfig
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
+from packrat.serving.pool.core_locks import holders
 from packrat.serving.pool.instance import Instance, StartFailed
 from packrat.settings import HANG_FACTOR, HANG_FLOOR_S  # the watchdog's defaults, declared with the schema
 
@@ -48,11 +49,24 @@ class Watchdog:
         expected_ms = max(config.expected_ms or 0.0, warm_ms) * max(1.0, requests / config.batch)
         return max(self.floor_s, self.factor * expected_ms / 1e3)
 
-    def overdue(self, instances: Iterable, now: float) -> list:
+    def overdue(self, instances: Iterable, now: float,
+                silent_hold_since: Callable[[Instance], float | None] = lambda _: None) -> list:
         """Instances whose current batch has run past its allowance. A batch waiting for its turn on
-        cores another model holds is not running: its clock starts when the turn does."""
-        return [inst for inst in instances if inst.jobs and not inst.hung and not inst.waiting_turn
-                and now - inst.busy_since > self.allowance_s(inst.config, inst.warm_ms, len(inst.jobs))]
+        cores another model holds is not running: its clock starts when the turn does. An instance
+        that has waited past its allowance is asked about (`silent_hold_since`): one seen holding
+        its cores without having said so (it took them and stopped, holding every other model on
+        them off) is timed from when it was first seen so."""
+        found = []
+        for inst in instances:
+            if not inst.jobs or inst.hung:
+                continue
+            allowance = self.allowance_s(inst.config, inst.warm_ms, len(inst.jobs))
+            start = inst.busy_since
+            if inst.waiting_turn and now - start > allowance:
+                start = silent_hold_since(inst)
+            if start is not None and now - start > allowance:
+                found.append(inst)
+        return found
 
 
 class Slot:
@@ -87,6 +101,7 @@ class Supervisor:
         self.core_locks: str | None = None  # while the cores are time-shared: the node's core-lock directory
         self.turn_ms: float | None = None  # and the longest turn an instance takes on them
         self.respawns = self.respawning = self.respawn_failures = self.watchdog_kills = 0
+        self._silent_holds: dict[tuple[int, float], float] = {}  # (pid, batch sent) -> first seen holding
 
     def spawn(self, config: InstanceConfig, index: int, nice: int = 0, slot: Slot | None = None) -> Instance:
         inst = Instance(index, self.model, config, self.codec, nice, self.core_locks)
@@ -107,8 +122,24 @@ class Supervisor:
 
     # ---- deaths, respawns, the watchdog (caller holds the lock unless said otherwise) ----------
 
+    def silent_hold_since(self, inst: Instance) -> float | None:
+        """When the instance, whose batch it says waits for a turn, was first seen holding the lock
+        of every core it has (the kernel's word, /proc/locks, not its own); None while it does not.
+        One that just took them and is about to say so is seen once and let be."""
+        key = (inst.pid, inst.busy_since)  # this batch's wait
+        try:
+            held = holders(inst.locks, inst.config.cores) if inst.locks is not None else {}
+        except OSError:
+            held = {}
+        if not all(held.get(core) == inst.pid for core in inst.config.cores):
+            self._silent_holds.pop(key, None)
+            return None
+        return self._silent_holds.setdefault(key, time.monotonic())
+
     def kill_overdue(self, now: float) -> None:
-        for inst in self.watchdog.overdue(self.instances + self.parked, now):
+        waiting = {(inst.pid, inst.busy_since) for inst in self.instances + self.parked if inst.waiting_turn}
+        self._silent_holds = {key: at for key, at in self._silent_holds.items() if key in waiting}
+        for inst in self.watchdog.overdue(self.instances + self.parked, now, self.silent_hold_since):
             allowance = self.watchdog.allowance_s(inst.config, inst.warm_ms, len(inst.jobs))
             log.error("instance %d (cores %s, pid %d) hung: a batch of %d has run %.1f s (allowance %.1f s); "
                       "killing it, its requests run again elsewhere", inst.index, list(inst.config.cores),

@@ -2,10 +2,14 @@
 
 A turn is up to `turn_ms` of this instance's work with its cores' locks held (core_locks.py). A
 batch longer than that runs in several turns (its requests split in near-equal parts), so a heavy
-model cannot hold a light one off for a whole batch; a light model's turn goes on across batches
-that follow each other (the next one asked for within GRACE_S) until it has run `turn_ms`, so its
-many short batches get the same time as another's long ones. Every model on the cores thus gets
-about the same share of their time: the node planner's model of turns (planning/node.py).
+model cannot hold a light one off for a whole batch; a shorter batch is one turn, ended when the
+batch is answered. A turn used to go on across batches that followed within 3 ms, to give a light
+model the quantum's time too; through TorchServe its next batch comes only once the server has had
+this one's answers (one batch at a time per worker; a closed loop sends again when answered), later
+than a turn can wait with the cores idle; and the cores so held were out of the parent's sight: an
+instance stopped then held them with no batch for its watchdog to time, and the other models
+waited for ever (test_turns.py's stopped holder timed out so). The node planner counts a light
+model's turn as one batch (planning/node.py, turn_length).
 """
 
 from __future__ import annotations
@@ -15,8 +19,6 @@ from contextlib import ExitStack
 from typing import Sequence
 
 from packrat.serving.pool.core_locks import holding
-
-GRACE_S = 0.003  # a turn waits this long for the parent's next batch before giving the cores back
 
 
 def turn_sizes(requests: int, request_ms: float, turn_ms: float | None) -> list[int]:
