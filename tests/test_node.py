@@ -83,7 +83,7 @@ def test_ownership_passes_on_when_the_owner_leaves(tmp_path):
 
     def member(name: str) -> NodeMember:
         return NodeMember(tmp_path, name, topology, lambda cores, turns: applied[name].append((cores, turns)),
-                          lambda: {"items": items, "batch": 2, "working": 1})
+                          lambda: {"items": items, "batch": 2, "in_hand": 1})
 
     x, y = member("x"), member("y")
     assert x.join(5) is not None and x.is_owner
@@ -100,10 +100,26 @@ def test_ownership_passes_on_when_the_owner_leaves(tmp_path):
     y.leave()
 
 
+def test_members_in_turns_learn_the_longest_request_on_their_cores(tmp_path):
+    """One core, two saturated models: they take turns, each told the longest request there (y's
+    40 ms), which the engine makes its turns' length at least."""
+    def member(name: str, request_ms: float) -> NodeMember:
+        return NodeMember(tmp_path, name, Topology.virtual(1), lambda *_: None,
+                          lambda: {"items": [[1, 1, request_ms]], "batch": 1, "in_hand": 1})
+
+    x, y = member("x", 10.0), member("y", 40.0)
+    x.step(), y.step()
+    for _ in range(6):
+        x.step(), y.step()
+    assert x.share == y.share == ((0,), True)
+    assert x.longest_request_ms == y.longest_request_ms == 40.0
+    x.leave(), y.leave()
+
+
 def test_a_member_that_stops_beating_is_dropped(tmp_path):
     def member(name: str) -> NodeMember:
         return NodeMember(tmp_path, name, Topology.virtual(1), lambda *_: None,
-                          lambda: {"items": [[1, 1, 5.0]], "batch": 1, "working": 0})
+                          lambda: {"items": [[1, 1, 5.0]], "batch": 1, "in_hand": 0})
 
     quiet = member("quiet")
     quiet.step(apply=False)
@@ -227,11 +243,11 @@ def test_a_member_beats_but_moves_nothing_until_its_engine_serves(tmp_path):
 
     moves = []
     member = NodeMember(tmp_path, "m", Topology.virtual(2), lambda cores, turns: moves.append((cores, turns)),
-                        lambda: {"items": [[1, 1, 5.0], [2, 1, 3.0]], "batch": 1, "working": 0})
+                        lambda: {"items": [[1, 1, 5.0], [2, 1, 3.0]], "batch": 1, "in_hand": 0})
     assert member.join()[0] == (0, 1)
     member.applying = False
     other = NodeMember(tmp_path, "o", Topology.virtual(2), lambda *_: None,
-                       lambda: {"items": [[1, 1, 5.0], [2, 1, 3.0]], "batch": 1, "working": 0})
+                       lambda: {"items": [[1, 1, 5.0], [2, 1, 3.0]], "batch": 1, "in_hand": 0})
     other.step(apply=False)  # its heartbeat: a member joins
     beat, applied = next((tmp_path / "members").glob("m-*.json")).stat().st_mtime_ns, member.applied
     for _ in range(3):  # it owns the node: it publishes the plan with `o`, but applies none of it

@@ -20,7 +20,7 @@ from packrat.serving.node import owner as owner_module
 from packrat.serving.node.files import LEASE_S
 
 ITEMS = [[t, b, 10.0 * b / t] for t in (1, 2) for b in (1, 2)]
-SATURATED = {"items": ITEMS, "batch": 2, "working": 1}
+SATURATED = {"items": ITEMS, "batch": 2, "in_hand": 1}
 
 
 class Engine:
@@ -158,7 +158,7 @@ from packrat.cli import status as cli_status
 from packrat.machine.topology import Topology
 from packrat.serving.node import NodeMember
 node = NodeMember(Path(sys.argv[1]), "stopped", Topology.virtual(2), lambda cores, turns: None,
-                  lambda: {"items": [[1, 1, 5.0], [2, 1, 3.0]], "batch": 1, "working": 1}, period_s=0.1)
+                  lambda: {"items": [[1, 1, 5.0], [2, 1, 3.0]], "batch": 1, "in_hand": 1}, period_s=0.1)
 node.join(10)
 node.start()
 print(node.is_owner, flush=True)

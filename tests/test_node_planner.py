@@ -144,6 +144,19 @@ def test_a_profile_that_cannot_cover_the_batch_is_refused():
         NodePlanner([ModelLoad("x", RESNET_VM, 16)], 2)
 
 
+def test_a_turn_is_as_long_as_the_longest_request_on_its_block():
+    """BERT's one request takes 280 ms on the core and cannot be cut: ResNet-50's turns there run
+    280 ms too (three or four of its 75 ms requests), not the 100 ms quantum, so each gets half."""
+    bert, resnet = ModelLoad("bert", ((1, 1, 280.0),), 1), ModelLoad("resnet", ((1, 4, 300.0),), 4)
+    cycle = (280 + 280) * TURN_COST
+    assert block_latencies([bert, resnet], [280.0, 300.0]) == pytest.approx([cycle, 300 * cycle / 280])
+    plan = plan_node([bert, resnet], 1)
+    assert [s.longest_request_ms for s in plan.shares] == [280.0, 280.0]
+    assert plan.to_json()["models"]["resnet"]["longest_request_ms"] == 280.0
+    alone = plan_node([resnet], 1)
+    assert alone.share("resnet").longest_request_ms is None and alone.to_json()["models"]["resnet"]["longest_request_ms"] is None
+
+
 def test_queueing_latency_rises_with_the_load():
     light, heavy = (ModelLoad("m", RESNET_VM, 4, rate=r) for r in (1.0, 15.0))
     (quiet,), (busy,) = block_latencies([light], [198.0]), block_latencies([heavy], [198.0])

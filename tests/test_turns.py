@@ -1,5 +1,5 @@
 """Turns on time-shared cores: granted in order, cut to a quantum, and a wait for one is not running
-(the watchdog leaves a waiting instance alone, the load meter does not count it as work)."""
+(the watchdog leaves a waiting instance alone, unless it holds its cores without having said so)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,11 @@ Latency of model m in a block of c cores, with s_j = the planner's optimal laten
 cores and r_j = λ_j / B_j batches a second (u_j = r_j·s_j, the share of the block's time it needs):
   - no saturated member, Σu < 1: s_m + Σ_j r_j·s_j² / (2(1 - Σu))   (batches queue FIFO, M/D/1)
   - saturated members S (or Σ_{j∉S} u_j ≥ 1, when every member counts as saturated): the saturated
-    models take turns (pool/turns.py). A batch longer than the quantum q (`turn_ms`) is cut into
-    turns of t_j = max(q, s_j / B_j) (one request where a request takes longer); a shorter one
+    models take turns (pool/turns.py) of up to the block's quantum q = max(`turn_ms`, the longest
+    request of any member, max_j s_j / B_j): a request cannot be cut, so a quantum shorter than
+    another member's request would give that member the longer turns (measured, issue 33:
+    ResNet-50 in 100 ms turns against BERT's 280 ms requests on one core got 0.15 of its
+    throughput alone). A batch longer than q is cut into turns of t_j = q; a shorter one
     is a turn of its own, t_j = s_j: a model's next batch reaches its pool only once the server
     has had this one's answers (TorchServe hands a worker one batch at a time; a closed loop sends
     again only when answered), which comes later than a turn waits for it, so a light model runs
@@ -88,6 +91,7 @@ class Share:
     score: float  # what the objective weighs: slowdown, or latency over the SLO
     slo_ms: float | None = None
     idle: bool = False
+    longest_request_ms: float | None = None  # where it takes turns: the longest request on its block
 
     @property
     def locked(self) -> bool:
@@ -102,7 +106,8 @@ class Share:
         return {"cores": list(self.cores), "shared_with": list(self.shared_with), "idle": self.idle, "slo_ms": self.slo_ms,
                 "plan": self.plan.to_json(), "plan_text": self.plan.describe(),
                 "expected_latency_ms": _finite(self.latency_ms), "alone_latency_ms": _finite(self.alone_ms),
-                "slowdown": _finite(self.slowdown), "score": _finite(self.score)}
+                "slowdown": _finite(self.slowdown), "score": _finite(self.score),
+                "longest_request_ms": _finite(self.longest_request_ms) if self.longest_request_ms else None}
 
 
 @dataclass(frozen=True)
@@ -145,10 +150,20 @@ def service_ms(load: ModelLoad, max_cores: int) -> np.ndarray:
     return planner.table[:, load.batch].copy()
 
 
-def turn_length(service: float, batch: int, turn_ms: float) -> float:
+def longest_request_ms(loads: Sequence[ModelLoad], service: Sequence[float]) -> float:
+    """The longest single request of the models on a block (a turn cannot be shorter)."""
+    return max(s / load.batch for load, s in zip(loads, service))
+
+
+def block_quantum(loads: Sequence[ModelLoad], service: Sequence[float], turn_ms: float) -> float:
+    """The longest turn a model takes on a block: `turn_ms`, or any member's request if longer."""
+    return max(turn_ms, longest_request_ms(loads, service))
+
+
+def turn_length(service: float, batch: int, quantum: float) -> float:
     """A saturated model's turn (ms) on a time-shared block where its batch takes `service`: the
-    batch, when shorter than the quantum; else the quantum, or one request where that is longer."""
-    return service if service <= turn_ms else max(turn_ms, service / batch)
+    batch, when it fits the quantum; else the quantum (cut at a request: about that long)."""
+    return service if service <= quantum else max(quantum, service / batch)
 
 
 def block_latencies(loads: Sequence[ModelLoad], service: Sequence[float], turn_ms: float = TURN_MS) -> list[float]:
@@ -165,7 +180,8 @@ def block_latencies(loads: Sequence[ModelLoad], service: Sequence[float], turn_m
     light = sum(u for u in shares if u is not None)
     if not saturated or light >= 1:  # over capacity: every member takes what it gets
         saturated, shares, light = list(range(len(loads))), [None] * len(loads), 0.0
-    turns = {i: turn_length(service[i], loads[i].batch, turn_ms) for i in saturated}
+    quantum = block_quantum(loads, service, turn_ms)
+    turns = {i: turn_length(service[i], loads[i].batch, quantum) for i in saturated}
     cycle = sum(turns.values()) / (1 - light) * (TURN_COST if len(saturated) > 1 else 1.0)
     running = sum(turns.values()) / len(saturated)
     return [service[i] * cycle / turns[i] if shares[i] is None else service[i] + running for i in range(len(loads))]
@@ -327,12 +343,14 @@ class NodePlanner:
         for index, (members, count) in enumerate(blocks):
             cores = placed[index]
             sub = topology_of(topology, cores)
-            latencies = block_latencies([self.loads[m] for m in members], [self.service[m][count] for m in members])
+            loads, service = [self.loads[m] for m in members], [self.service[m][count] for m in members]
+            latencies = block_latencies(loads, service)
+            longest = longest_request_ms(loads, service) if len(members) > 1 else None
             for m, latency in zip(members, latencies):
                 load = self.loads[m]
                 plan = Planner(list(load.items), count, load.batch).plan(count, load.batch, sub)
                 shares.append(Share(load.name, cores, self._names(shared_with[m]), plan, latency, self.alone[m],
-                                    score(load, latency, self.alone[m]), load.slo_ms))
+                                    score(load, latency, self.alone[m]), load.slo_ms, longest_request_ms=longest))
         for m, cores in idle_cores.items():
             shares.append(self._warm(m, cores, topology, shared_with[m]))
         shares.sort(key=lambda s: [load.name for load in self.loads].index(s.model))

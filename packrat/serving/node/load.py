@@ -1,4 +1,5 @@
-"""The load a member reports to the node: arrivals and working time over a sliding window."""
+"""The load a member reports to the node: arrivals, and how much of the time it had requests in
+hand, over a sliding window."""
 
 from __future__ import annotations
 
@@ -6,15 +7,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-BUSY_SATURATED = 0.85  # a pool working this share of the time takes whatever it gets: saturated
+BUSY_SATURATED = 0.85  # a pool with requests in hand this share of the time takes whatever it gets: saturated
 LOAD_WINDOW_S = 10.0
 
 
 @dataclass
 class LoadMeter:
-    """Arrivals and working time over a sliding window. A sample says whether the pool was working:
-    running a batch on cores it holds. Waiting for another model's turn is not work (else a light
-    model queued behind a heavy one would look saturated and be given more than it needs)."""
+    """Arrivals and requests in hand over a sliding window. A sample says whether the pool had
+    requests in hand: queued, running, or waiting for another model's turn on its cores. A pool
+    that always has some takes whatever it gets (a closed loop, a backlog): saturated; else its
+    load is its arrivals. The wait for a turn counts: issue 33 first left it out, and a closed
+    loop held back by turns then read as light: ResNet-50 at 4 users, in turns with BERT on one
+    core, ran 60 % of the time and read as 7 req/s, so the owner moved all three models into
+    turns on both cores and SqueezeNet's batches, alone on a core until then, waited 0 → 130 ms
+    each for their turn (BENCHMARKS.md). The watchdog still leaves a waiting batch alone."""
 
     window_s: float = LOAD_WINDOW_S
     clock: Callable[[], float] = time.monotonic
@@ -28,11 +34,11 @@ class LoadMeter:
     def arrive(self, count: int) -> None:
         self.arrivals.append((self.clock(), count))
 
-    def sample(self, working: int) -> None:
-        self.busy.append((self.clock(), working > 0))
+    def sample(self, in_hand: int) -> None:
+        self.busy.append((self.clock(), in_hand > 0))
 
     def rate(self) -> float | None:
-        """Requests a second, 0 when idle, None when saturated (working nearly all the window)."""
+        """Requests a second, 0 when idle, None when saturated (requests in hand nearly all the window)."""
         now = self.clock()
         self.arrivals = [a for a in self.arrivals if a[0] > now - self.window_s]
         self.busy = [b for b in self.busy if b[0] > now - self.window_s]

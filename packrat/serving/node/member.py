@@ -30,7 +30,7 @@ Share = tuple[tuple[int, ...], bool]  # cores, whether it takes turns on them
 class NodeMember:
     """`apply(cores, locked)` moves the engine to its share, blocking until it serves there; when it
     raises, the engine still serves on its old cores (taking turns if it did, or was asked to).
-    `describe()` gives what the heartbeat reports: {"batch", "items", "working"}."""
+    `describe()` gives what the heartbeat reports: {"batch", "items", "in_hand"}."""
 
     def __init__(self, root: Path, model: str, topology: Topology, apply: Callable[[tuple[int, ...], bool], None],
                  describe: Callable[[], dict], *, slo_ms: float | None = None, period_s: float = PERIOD_S,
@@ -38,6 +38,8 @@ class NodeMember:
         self.root, self.model, self.slo_ms = root, model, slo_ms
         self.id = f"{model}-{os.getpid()}-{id(self) % 10000}"
         self.apply, self.describe, self.period_s = apply, describe, period_s
+        # the longest request of a model this one takes turns with, in the plan: its turns may be as long
+        self.longest_request_ms: float | None = None
         self.meter = LoadMeter()
         self.owner = owner or NodeOwner(root, topology)
         self.lease = Lease(root, self.id)
@@ -105,6 +107,8 @@ class NodeMember:
             return
         mine = state["steps"][state["step"]].get(self.id)
         share = (tuple(mine[0]), bool(mine[1])) if mine is not None else None
+        planned = (((state.get("target") or {}).get("plan") or {}).get("models") or {}).get(self.id) or {}
+        self.longest_request_ms = planned.get("longest_request_ms")  # read by apply() for its turns
         if share is None or share == self.share or not apply:
             self.share, self.applied = share or self.share, want
             self._heartbeat()
@@ -162,7 +166,7 @@ class NodeMember:
 
     def _heartbeat(self) -> None:
         described = self.describe()
-        self.meter.sample(described.get("working", 0))
+        self.meter.sample(described.get("in_hand", 0))
         write_json(self._beat_path, {
             "id": self.id, "model": self.model, "pid": os.getpid(), "heartbeat": time.time(),
             "items": described["items"], "batch": described["batch"], "rate": self.meter.rate(),
