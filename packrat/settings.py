@@ -185,7 +185,8 @@ class Settings:
     share_node: bool = setting(True, "plan the cores with the other packrat models served on the same cores "
                                      "(serving/node/; --no-share-node: this model plans alone)")
     turn_ms: float = setting(TURN_MS, "on cores time-shared with other models, the longest turn one batch takes "
-                                      "before the others get theirs: a longer batch runs in several turns",
+                                      "before the others get theirs (longer where another model's single "
+                                      "request is): a longer batch runs in several turns",
                              above=0, metavar="MS")
     slo_ms: float | None = setting(None, "the model's latency objective in ms: the machine's cores are then "
                                          "planned to serve the most load within every model's objective, and "

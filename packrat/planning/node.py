@@ -25,8 +25,8 @@ cores and r_j = λ_j / B_j batches a second (u_j = r_j·s_j, the share of the bl
     is a turn of its own, t_j = s_j: a model's next batch reaches its pool only once the server
     has had this one's answers (TorchServe hands a worker one batch at a time; a closed loop sends
     again only when answered), which comes later than a turn waits for it, so a light model runs
-    one batch a turn, not q of them (measured, issue 33: SqueezeNet's 40 ms batches in turns with
-    ResNet-50's 100 ms ones ran one a cycle, at 0.18 of its throughput alone). A cycle of turns lasts
+    one batch a turn, not q of them (measured, issue 33: in turns with ResNet-50 and BERT,
+    SqueezeNet waited 100–300 ms for a turn before each of its 60 ms batches). A cycle of turns lasts
     C = Σ_{j∈S} t_j / (1 - Σ_{j∉S} u_j), stretched by the light members' share, and model i runs
     t_i of its s_i in each: its latency is s_i·C/t_i (× TURN_COST where several take turns); a
     light one waits for the turn running, s_m + mean_{j∈S} t_j.

@@ -141,9 +141,10 @@ class Supervisor:
         self._silent_holds = {key: at for key, at in self._silent_holds.items() if key in waiting}
         for inst in self.watchdog.overdue(self.instances + self.parked, now, self.silent_hold_since):
             allowance = self.watchdog.allowance_s(inst.config, inst.warm_ms, len(inst.jobs))
-            log.error("instance %d (cores %s, pid %d) hung: a batch of %d has run %.1f s (allowance %.1f s); "
+            how = "holds its cores' locks without running" if inst.waiting_turn else "has run"
+            log.error("instance %d (cores %s, pid %d) hung: a batch of %d %s %.1f s (allowance %.1f s); "
                       "killing it, its requests run again elsewhere", inst.index, list(inst.config.cores),
-                      inst.pid, len(inst.jobs), now - inst.busy_since, allowance)
+                      inst.pid, len(inst.jobs), how, now - inst.busy_since, allowance)
             inst.hung = True
             self.watchdog_kills += 1
             inst.kill()  # its socket closes: lost() follows from the dispatch loop
