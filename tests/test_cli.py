@@ -251,8 +251,8 @@ def test_bench_passes_payload_tokenizer_users_and_kills(tmp_path, monkeypatch):
 
 
 class FakeServer:
-    def __init__(self, run_dir, model, ports, token_auth):
-        self.run_dir, self.inference_url = run_dir, "http://127.0.0.1:1"
+    def __init__(self, run_dir, model, ports, token_auth, served_dir=None):
+        self.run_dir, self.inference_url, self.served_dir = run_dir, "http://127.0.0.1:1", served_dir
 
     def key(self, api):
         return "tok"
@@ -267,7 +267,8 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
                         lambda settings, out, **kw: events.append(("archive", {**asdict(settings), **kw})) or out / "m.mar")
     monkeypatch.setattr(bench_server.torchserve, "Server", FakeServer)
     monkeypatch.setattr(bench_server.torchserve.Ports, "free", classmethod(lambda cls: None))
-    monkeypatch.setattr(bench_server.torchserve, "start", lambda server, mar: events.append(("start",)) or server)
+    monkeypatch.setattr(bench_server.torchserve, "start",
+                        lambda server, mar: events.append(("start", server.served_dir)) or server)
     monkeypatch.setattr(bench_server.torchserve, "stop", lambda server: events.append(("stop",)))
 
     def fake_locust(host, model, users, duration_s, out_dir, **kw):
@@ -281,6 +282,8 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
                                      kill_every_s=0.01, log=lambda *_: None)
     starts = [e for e in events if e[0] == "start"]
     assert len(starts) == 3  # once per configuration, not per users pattern
+    served = [e[1] for e in starts]  # each configuration plans on its own served latencies, not another's
+    assert len(set(served)) == 3 and all(d.name == "served" for d in served)
     assert [e[0] for e in events[:9]] == ["archive", "start", "locust"] * 3  # side by side, then loaded
     loads = [e for e in events if e[0] == "locust"]
     assert [e[1] for e in loads] == ["warmup"] * 3 + ["load-u4", "load-u8"] * 3

@@ -72,7 +72,7 @@ def test_rotated_puts_each_configuration_in_every_place():
 
 
 class FakeServer:
-    def __init__(self, run_dir, model, ports, token_auth):
+    def __init__(self, run_dir, model, ports, token_auth, served_dir=None):
         self.run_dir, self.inference_url = run_dir, f"http://{Path(run_dir).name}"
 
     def key(self, api):
