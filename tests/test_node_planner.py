@@ -127,7 +127,7 @@ def test_slo_objective_names_the_model_that_misses():
     plan = plan_node(loads, 2)
     # 190 ms is ResNet's best even with both cores; on a core of its own it takes 384 ms, in turns
     # with SqueezeNet on both 190 × (100 + 48) × TURN_COST / 100: a turn of 100 ms against one of
-    # SqueezeNet's 48 ms batches, its turn (turn_length). The plan keeps its miss smallest so.
+    # SqueezeNet's 48 ms batches, its turn (turn_lengths). The plan keeps its miss smallest so.
     assert "resnet" in plan.missed_slo and plan.share("resnet").cores == (0, 1)
     assert plan.share("resnet").score == pytest.approx(190 * 148 * TURN_COST / 100 / 150)
     assert "SLO" in plan.objective and "resnet" in plan.to_json()["missed_slo"]
