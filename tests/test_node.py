@@ -164,7 +164,8 @@ def test_load_meter_tells_idle_light_and_saturated():
 
 def test_load_meter_measures_what_served_batches_spend_beyond_the_profile():
     """8 req/s in batches of 4 (a batch every 500 ms) with requests in hand 3 samples in 4: 125 ms
-    of each period away; decoding and encoding 12.4 ms a sub-batch of 4: 3.1 ms a request."""
+    of each period away; decoding and encoding 12.4 ms a sub-batch of 4: 3.1 ms a request. Away is
+    the least over the last minute (a starved window reads longer)."""
     now = [10.0]
     meter = LoadMeter(window_s=10, clock=lambda: now[0])
     assert meter.served_overheads({}, 0.0, 4) == {}
@@ -174,6 +175,17 @@ def test_load_meter_measures_what_served_batches_spend_beyond_the_profile():
         meter.sample(0 if i % 4 == 0 else 2)
     stages = {"locks": 30.0, "decode": 12.0, "model": 300.0, "encode": 0.4, "reply": 3.0, "total": 346.0}
     assert meter.served_overheads(stages, 4.0, 4) == pytest.approx({"request_ms": 3.1, "away_ms": 125.0})
+    for i in range(20):  # starved: in hand 1 sample in 4; the least away of the last minute stays
+        now[0] += 0.5
+        meter.arrive(4)
+        meter.sample(2 if i % 4 == 0 else 0)
+    assert meter.served_overheads(stages, 4.0, 4)["away_ms"] == pytest.approx(125.0)
+    now[0] += 61.0
+    for i in range(20):
+        now[0] += 0.5
+        meter.arrive(4)
+        meter.sample(2 if i % 4 == 0 else 0)
+    assert meter.served_overheads(stages, 4.0, 4)["away_ms"] == pytest.approx(375.0)
 
 
 def test_members_report_their_served_overheads_and_learn_their_turns(tmp_path):

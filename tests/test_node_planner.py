@@ -164,15 +164,15 @@ def test_a_turn_is_as_long_as_the_longest_request_on_its_block():
 def test_a_model_away_between_its_batches_asks_for_its_turns_less():
     """A closed loop whose batch spends 90 ms away (clients, front end) for 10 ms of turns asks for
     the cores 55 % of the time, so the other model waits for it that much less (the fixed point,
-    by hand: a's period 10 + 100 + 90, asking 110 of it; b's batch is three turns, each after a's
-    10 ms turn 55 % of the time)."""
+    by hand: a's batch in hand 10 + 100 of its 200 ms period; b's batch is three turns, each after
+    a's 10 ms turn 55 % of the time). Its own time away is in neither its latency nor its alone."""
     a = ModelLoad("a", ((1, 1, 10.0),), 1, away_ms=90.0)
     b = ModelLoad("b", ((1, 3, 300.0),), 3)
     assert block_latencies([a, b], [10.0, 300.0]) == pytest.approx(
-        [110 * TURN_COST + 90, (300 + 3 * 0.55 * 10) * TURN_COST])
+        [110 * TURN_COST, (300 + 3 * 0.55 * 10) * TURN_COST])
     always = block_latencies([ModelLoad("a", a.items, 1), b], [10.0, 300.0])
     assert always == pytest.approx([110 * TURN_COST, 330 * TURN_COST])  # away 0: the plain round robin
-    assert block_latencies([a], [10.0]) == [100.0]  # alone: its batch and its time away
+    assert block_latencies([a], [10.0]) == [10.0]
 
 
 def test_served_work_per_request_counts_in_every_point():

@@ -32,12 +32,17 @@ encoding) and r_j = λ_j / B_j batches a second (u_j = r_j·s_j, the share of th
     which gains most from a second core, to 4.74 of alone beside ResNet-50's 3.17). Each saturated
     model is a closed loop: a batch spends a_j = `away_ms` outside its turns (clients, front end)
     and asks for the cores the rest of its period, a share f_j; its batch waits, at each of its
-    s_j / t_j turns, one turn of every other model asking then:
-        P_j = (s_j + (s_j / t_j)·Σ_{k≠j} f_k·t_k)·K / (1 - Σ_{k∉S} u_k) + a_j,
-    K = TURN_COST where several take turns, f_j the fixed point (_asking_share). With a = 0 every
-    f is 1: the plain round robin, P_j = s_j·C/t_j over a cycle C = Σ t. A light member waits for
-    the turn running, s_m + mean_{j∈S} f_j·t_j.
-A model's *alone* latency is the same formula with it alone on all T cores (a saturated one: s + a);
+    s_j / t_j turns, one turn of every other model asking then, and is in hand for
+        H_j = (s_j + (s_j / t_j)·Σ_{k≠j} f_k·t_k)·K / (1 - Σ_{k∉S} u_k),
+    K = TURN_COST where several take turns, f_j = H_j / (H_j + a_j) the fixed point
+    (_asking_share). With a = 0 every f is 1: the plain round robin, H_j = s_j·C/t_j over a cycle
+    C = Σ t. Its slowdown is H_j over its H alone, the time away left out of both: away is not a
+    fixed think time but grows where the front end starves (measured, issue 33: SqueezeNet at 4
+    users, 10 ms of each batch away alone on a core, 95–122 ms in turns with ResNet-50 on a core
+    that ran model work without a break; counted in the ratio, it made those turns look cheap,
+    2.2–3.9 expected against 4.0–6.1 served). A light member waits for the turn running,
+    s_m + mean_{j∈S} f_j·t_j.
+A model's *alone* latency is the same formula with it alone on all T cores (a saturated one: s);
 its slowdown is the ratio (for a saturated model, the inverse of its throughput against alone).
 
 Objective: minimise the worst model's score, the slowdown (or, for a model with an SLO, its latency
@@ -203,7 +208,7 @@ def block_latencies(loads: Sequence[ModelLoad], service: Sequence[float], turn_m
                     alone: Sequence[float] | None = None) -> list[float]:
     """Expected latency (ms) of each model taking turns on one block, given each one's service time
     there and, to weigh their turns, their latencies alone (see the module's docstring); for a
-    saturated model, the period of its batches, its time away included."""
+    saturated model, the time its batch is in hand (waiting for and running its turns)."""
     return block_turns(loads, service, turn_ms, alone)[0]
 
 
@@ -231,7 +236,7 @@ def block_turns(loads: Sequence[ModelLoad], service: Sequence[float], turn_ms: f
     latencies = [service[i] + running for i in range(len(loads))]
     for n, i in enumerate(saturated):
         others = sum(asked) - asked[n]
-        latencies[i] = (service[i] + service[i] / turns[i] * others) * stretch + loads[i].away_ms
+        latencies[i] = (service[i] + service[i] / turns[i] * others) * stretch
     return latencies, turns
 
 

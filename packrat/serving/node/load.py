@@ -14,6 +14,9 @@ from typing import Callable
 # to 23 req/s (issue 33, third session); a closed loop with its time away covers both cases.
 BUSY_SATURATED = 0.5
 LOAD_WINDOW_S = 10.0
+# A closed loop's time away is reported as the least of the windows over this long: away measured
+# while the model's cores (and so its front end) are starved is not the loop's own think time.
+AWAY_MEMORY_S = 60.0
 
 
 @dataclass
@@ -31,6 +34,7 @@ class LoadMeter:
     clock: Callable[[], float] = time.monotonic
     arrivals: list[tuple[float, int]] = field(default_factory=list)
     busy: list[tuple[float, bool]] = field(default_factory=list)
+    aways: list[tuple[float, float]] = field(default_factory=list)  # (when, a window's time away a batch, ms)
     started: float = field(default=0.0)
 
     def __post_init__(self) -> None:
@@ -65,15 +69,19 @@ class LoadMeter:
         planner (ModelLoad): `request_ms`, one request's work inside its turn (decoding, encoding:
         the instance holds its cores from the "locks" stage on), and `away_ms`, the part of a batch's
         period (`batch` requests at the arrival rate) with no request in hand: for a closed loop,
-        the time its next batch spends with the clients and the server's front end. Measured, issue
-        33: a SqueezeNet batch of 4 took 11 ms in its profile and 43 served alone (16 of them
-        decoding JPEGs), so sharing its cores cost it far less than the profile said. Empty until
-        the pool has served."""
+        the time its next batch spends with the clients and the server's front end, when it does
+        not ask for its cores (the planner's asking share); the least over AWAY_MEMORY_S, as a
+        starved front end reads longer: SqueezeNet at 4 users spent 10 ms of each batch away alone
+        on a core and 95–122 ms in turns on a core that ran model work without a break (issue 33).
+        Empty until the pool has served."""
         if not stage_ms or requests_per_sub_batch <= 0:
             return {}
         inside = stage_ms.get("decode", 0.0) + stage_ms.get("encode", 0.0)
         overheads = {"request_ms": inside / requests_per_sub_batch}
-        arrivals = self.arrival_rate()
+        arrivals, now = self.arrival_rate(), self.clock()
         if arrivals > 0:
-            overheads["away_ms"] = (1 - self.in_hand_share()) * 1e3 * batch / arrivals
+            self.aways.append((now, (1 - self.in_hand_share()) * 1e3 * batch / arrivals))
+        self.aways = [a for a in self.aways if a[0] > now - AWAY_MEMORY_S]
+        if self.aways:
+            overheads["away_ms"] = min(away for _, away in self.aways)
         return overheads
