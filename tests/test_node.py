@@ -161,51 +161,6 @@ def test_load_meter_tells_idle_light_and_saturated():
     assert meter.rate() is None
 
 
-
-def test_load_meter_measures_what_served_batches_spend_beyond_the_profile():
-    """8 req/s in batches of 4 (a batch every 500 ms) with requests in hand 3 samples in 4: 125 ms
-    of each period away; decoding and encoding 12.4 ms a sub-batch of 4: 3.1 ms a request. Away is
-    the least over the last minute (a starved window reads longer)."""
-    now = [10.0]
-    meter = LoadMeter(window_s=10, clock=lambda: now[0])
-    assert meter.served_overheads({}, 0.0, 4) == {}
-    for i in range(20):
-        now[0] += 0.5
-        meter.arrive(4)
-        meter.sample(0 if i % 4 == 0 else 2)
-    stages = {"locks": 30.0, "decode": 12.0, "model": 300.0, "encode": 0.4, "reply": 3.0, "total": 346.0}
-    assert meter.served_overheads(stages, 4.0, 4) == pytest.approx({"request_ms": 3.1, "away_ms": 125.0})
-    for i in range(20):  # starved: in hand 1 sample in 4; the least away of the last minute stays
-        now[0] += 0.5
-        meter.arrive(4)
-        meter.sample(2 if i % 4 == 0 else 0)
-    assert meter.served_overheads(stages, 4.0, 4)["away_ms"] == pytest.approx(125.0)
-    now[0] += 61.0
-    for i in range(20):
-        now[0] += 0.5
-        meter.arrive(4)
-        meter.sample(2 if i % 4 == 0 else 0)
-    assert meter.served_overheads(stages, 4.0, 4)["away_ms"] == pytest.approx(375.0)
-
-
-def test_members_report_their_served_overheads_and_learn_their_turns(tmp_path):
-    """Two saturated models cut into turns on one core: each reports its decoding a request, and
-    the plan gives each its turn (equal here: alone, each would have the same one core)."""
-    def member(name: str, latency: float) -> NodeMember:
-        return NodeMember(tmp_path, name, Topology.virtual(1), lambda *_: None,
-                          lambda: {"items": [[1, 4, latency]], "batch": 4, "in_hand": 1,
-                                   "stage_ms": {"decode": 8.0, "model": latency}, "requests_per_sub_batch": 4.0})
-
-    x, y = member("x", 400.0), member("y", 200.0)
-    x.step(), y.step()
-    for _ in range(6):
-        x.step(), y.step()
-    assert x.share == y.share == ((0,), True)
-    assert x.turn_ms == y.turn_ms == 102.0  # x's request (100 ms run, 2 decoding): the longest on the core
-    seen = x.status()["members"]
-    assert {m["model"]: m["request_ms"] for m in seen.values()} == {"x": 2.0, "y": 2.0}
-    x.leave(), y.leave()
-
 HOLDER = """
 import sys, time
 from packrat.serving.pool.core_locks import holding

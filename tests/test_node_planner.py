@@ -20,10 +20,8 @@ from packrat.planning.node import (
     TURN_COST,
     plan_node,
     score,
-    served_items,
     service_ms,
     transition,
-    turn_lengths,
 )
 from packrat.profiling.profiles import load
 
@@ -63,8 +61,7 @@ def brute_force_worst(loads: list[ModelLoad], cores: int) -> float:
                 continue
             worst = 0.0
             for members, count in zip(grouping, split):
-                latencies = block_latencies([loads[m] for m in members], [service[m][count] for m in members],
-                                            alone=[alone[m] for m in members])
+                latencies = block_latencies([loads[m] for m in members], [service[m][count] for m in members])
                 worst = max(worst, *(score(loads[m], lat, alone[m]) for m, lat in zip(members, latencies)))
             best = min(best, worst)
     return best
@@ -127,7 +124,7 @@ def test_slo_objective_names_the_model_that_misses():
     plan = plan_node(loads, 2)
     # 190 ms is ResNet's best even with both cores; on a core of its own it takes 384 ms, in turns
     # with SqueezeNet on both 190 × (100 + 48) × TURN_COST / 100: a turn of 100 ms against one of
-    # SqueezeNet's 48 ms batches, its turn (turn_lengths). The plan keeps its miss smallest so.
+    # SqueezeNet's 48 ms batches, its turn (turn_length). The plan keeps its miss smallest so.
     assert "resnet" in plan.missed_slo and plan.share("resnet").cores == (0, 1)
     assert plan.share("resnet").score == pytest.approx(190 * 148 * TURN_COST / 100 / 150)
     assert "SLO" in plan.objective and "resnet" in plan.to_json()["missed_slo"]
@@ -156,48 +153,8 @@ def test_a_turn_is_as_long_as_the_longest_request_on_its_block():
     plan = plan_node([bert, resnet], 1)
     assert [s.longest_request_ms for s in plan.shares] == [280.0, 280.0]
     assert plan.to_json()["models"]["resnet"]["longest_request_ms"] == 280.0
-    assert plan.share("resnet").turn_ms == 280.0 and plan.share("bert").turn_ms is None  # its batch is one turn
     alone = plan_node([resnet], 1)
     assert alone.share("resnet").longest_request_ms is None and alone.to_json()["models"]["resnet"]["longest_request_ms"] is None
-
-
-def test_a_model_away_between_its_batches_asks_for_its_turns_less():
-    """A closed loop whose batch spends 90 ms away (clients, front end) for 10 ms of turns asks for
-    the cores 55 % of the time, so the other model waits for it that much less (the fixed point,
-    by hand: a's batch in hand 10 + 100 of its 200 ms period; b's batch is three turns, each after
-    a's 10 ms turn 55 % of the time). Its own time away is in neither its latency nor its alone."""
-    a = ModelLoad("a", ((1, 1, 10.0),), 1, away_ms=90.0)
-    b = ModelLoad("b", ((1, 3, 300.0),), 3)
-    assert block_latencies([a, b], [10.0, 300.0]) == pytest.approx(
-        [110 * TURN_COST, (300 + 3 * 0.55 * 10) * TURN_COST])
-    always = block_latencies([ModelLoad("a", a.items, 1), b], [10.0, 300.0])
-    assert always == pytest.approx([110 * TURN_COST, 330 * TURN_COST])  # away 0: the plain round robin
-    assert block_latencies([a], [10.0]) == [10.0]
-
-
-def test_served_work_per_request_counts_in_every_point():
-    load = ModelLoad("m", SQUEEZE_VM, 4, request_ms=4.0)
-    assert served_items(load)[-1] == (2, 4, 52.0 + 16.0) and served_items(ModelLoad("m", SQUEEZE_VM, 4)) == SQUEEZE_VM
-    # best on 2 cores: 2×⟨1, 2⟩, each instance decoding its own 2 requests (48 + 8 ms)
-    assert service_ms(load, 2)[2] == pytest.approx(56.0) and service_ms(ModelLoad("m", SQUEEZE_VM, 4), 2)[2] == 48.0
-
-
-def test_turns_are_weighted_by_what_the_block_costs_each_model():
-    """a loses 4× its time alone on the block, b 2×: a's turns are twice b's, so both slow down
-    alike (6.3) where equal turns gave 8.4 and 4.2. b's 75 ms requests set the floor: b's turn is
-    one request, a's twice that; a batch that fits its turn is one turn, unweighted."""
-    a, b = ModelLoad("a", ((1, 4, 400.0),), 4), ModelLoad("b", ((1, 4, 300.0),), 4)
-    light = ModelLoad("c", ((1, 1, 20.0),), 1)
-    assert turn_lengths([a, b, light], [400.0, 300.0, 20.0], [0, 1, 2], 100.0, alone=[100.0, 150.0, 10.0]) == \
-        pytest.approx({0: 150.0, 1: 75.0, 2: 20.0})
-    assert turn_lengths([a, b], [400.0, 300.0], [0, 1], 100.0) == {0: 100.0, 1: 100.0}
-    weighted = block_latencies([a, b], [400.0, 300.0], alone=[100.0, 150.0])
-    equal = block_latencies([a, b], [400.0, 300.0])
-    assert [w / alone for w, alone in zip(weighted, (100, 150))] == pytest.approx([6.3, 6.3])
-    assert [e / alone for e, alone in zip(equal, (100, 150))] == pytest.approx([8.4, 4.2])
-    planner = NodePlanner([ModelLoad("a", ((1, 4, 400.0), (2, 4, 100.0)), 4),
-                           ModelLoad("b", ((1, 4, 300.0), (2, 4, 150.0)), 4)], 2)  # alone: 100 and 150 ms
-    assert planner.turns([0, 1], 1)[1] == pytest.approx({0: 150.0, 1: 75.0})
 
 
 def test_queueing_latency_rises_with_the_load():
@@ -238,8 +195,7 @@ def model_loads(draw, name: str):
     base = draw(latencies)
     items = tuple((t, b, base * b / t ** draw(st.floats(0.3, 1.0))) for t in (1, 2, 3, 4) for b in (1, 2, 4))
     rate = draw(st.one_of(st.none(), st.just(0.0), st.floats(0.1, 100.0)))
-    return ModelLoad(name, items, batch, rate=rate, request_ms=draw(st.sampled_from([0.0, 2.0])),
-                     away_ms=draw(st.sampled_from([0.0, 50.0])))
+    return ModelLoad(name, items, batch, rate=rate)
 
 
 @settings(max_examples=40, deadline=None)

@@ -9,8 +9,8 @@ Faults (FAULTS), each given a window of its own:
   re-register    the target model unregistered through the management API, then registered again
   move-slow      every other model's moves made to wait `slow_s` (the node's injected fault,
                  member.NodeMember._injected), then the target unregistered: they grow onto its cores
-  move-fail      every other model's moves made to fail for `fail_s`, while the target is
-                 unregistered (they grow onto its cores) and registered again (they give cores up)
+  move-fail      every other model's moves made to fail for `fail_s`, then the target registered
+                 again: they must give it cores
 
 Before each fault the node is left to settle (whole, at most SETTLE_S). Watched every `POLL_S`
 from each fault's start to the end of its window: whether the node is *whole* (every model with a
@@ -241,28 +241,14 @@ class Chaos:
         fault.what = f"moves of {', '.join(others)} made to wait {self.slow_s:g} s; {fault.target} unregistered"
 
     def move_fail(self, fault: Fault) -> None:
-        """The others' moves fail while the target leaves (they would grow onto its cores) and comes
-        back (they would give cores up). Joining alone struck nothing in two runs: the target went
-        into turns on cores the others already shared in turns, so none of them moved."""
         from packrat.deploy import torchserve
 
-        if fault.target not in self.live:  # left by move-slow: back, and settled, before the fault begins
-            torchserve.register(self.server, self.mars[fault.target], fault.target)
-            self.live.add(fault.target)
-            fault.settled_before_s = round(self.node.settle(SETTLE_S), 2)
-            fault.started = time.time()
-        moves_before = len((read_state(self.node.root) or {}).get("moves", []))
         others = self._inject(fault.target, {"fail": "a chaos run's move-fail"})
-        self._unregister(fault.target)
-        time.sleep(self.fail_s / 2)
         torchserve.register(self.server, self.mars[fault.target], fault.target)
         self.live.add(fault.target)
         time.sleep(max(0.0, self.fail_s - (time.time() - fault.started)))
         self._clear_injected()
-        moves = (read_state(self.node.root) or {}).get("moves", [])[moves_before:]
-        failed = sum(1 for move in moves if move.get("failed"))
-        fault.what = (f"moves of {', '.join(others)} made to fail for {self.fail_s:g} s while {fault.target} was "
-                      f"unregistered and registered again: {failed} of {len(moves)} node moves failed")
+        fault.what = f"moves of {', '.join(others)} made to fail for {self.fail_s:g} s; {fault.target} registered"
 
     def _inject(self, target: str, fault: dict) -> list[str]:
         """The injected fault for every live model but `target`; their names."""

@@ -39,8 +39,7 @@ def add_status_parser(sub) -> None:
                    help=f"print one model's status (with one model, or --model) as {MODEL_JSON}; with several: "
                         '{"models": {NAME: <that>}, "node": {"objective", "worst_score", "missed_slo", "generation", '
                         '"models": {NAME: {"cores", "takes_turns_with", "plan", "expected_latency_ms", '
-                        '"alone_latency_ms", "slowdown", "rate_rps", "batch", "slo_ms", "request_ms", "away_ms"}}, '
-                        '"moves": [{"reason", '
+                        '"alone_latency_ms", "slowdown", "rate_rps", "batch", "slo_ms"}}, "moves": [{"reason", '
                         '"plan", "started_at", "seconds"}]}}')
     p.set_defaults(func=cmd_status)
 
@@ -150,8 +149,7 @@ def node_view(statuses: dict[str, dict]) -> dict | None:
             "idle": share.get("idle"), "plan": share.get("plan_text"),
             "expected_latency_ms": share.get("expected_latency_ms"), "alone_latency_ms": share.get("alone_latency_ms"),
             "slowdown": share.get("slowdown"), "rate_rps": member.get("rate_rps"), "batch": member.get("batch"),
-            "slo_ms": member.get("slo_ms"), "request_ms": member.get("request_ms"), "away_ms": member.get("away_ms"),
-            "pid": member.get("pid"), "serves_on": member.get("serves_on"),
+            "slo_ms": member.get("slo_ms"), "pid": member.get("pid"), "serves_on": member.get("serves_on"),
             "moving": member.get("moving") is not None, "failed": (member.get("failed") or {}).get("reason")}
     planner = node.get("planned_by")
     return {"directory": node.get("directory"), "generation": node.get("generation"), "cores": plan.get("cores"),
@@ -173,10 +171,8 @@ def print_node(node: dict, last: int) -> None:
         rate = "saturated" if share["rate_rps"] is None else f"{share['rate_rps']:.1f} req/s"
         slowdown = f", slowdown {share['slowdown']:.2f}" if share.get("slowdown") is not None else ""
         slo = f", SLO {share['slo_ms']:g} ms" if share.get("slo_ms") else ""
-        served = (f", served +{share['request_ms']:.1f} ms a request, {share['away_ms']:.0f} ms a batch away"
-                  if share.get("request_ms") is not None and share.get("away_ms") is not None else "")
         print(f"  {model:<16} cores {cores_text(tuple(share['cores']))}{turns}: {share['plan']}; load {rate}, "
-              f"batch {share['batch']}{slowdown}{slo}{served}{where_it_serves(share)}")
+              f"batch {share['batch']}{slowdown}{slo}{where_it_serves(share)}")
     moves = node["moves"]
     print(f"{len(moves)} move(s) of the node's cores{' (newest last)' if moves else ''}")
     for move in moves[-last:]:

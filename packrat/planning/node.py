@@ -14,36 +14,24 @@ threads never run on one core at once. Inside its block a model runs its own ⟨
 cores each, in turn, than with one core each.
 
 Latency of model m in a block of c cores, with s_j = the planner's optimal latency for B_j on c
-cores (each point plus B·`request_ms`, the served work of its requests inside a turn: decoding,
-encoding) and r_j = λ_j / B_j batches a second (u_j = r_j·s_j, the share of the block's time it needs):
+cores and r_j = λ_j / B_j batches a second (u_j = r_j·s_j, the share of the block's time it needs):
   - no saturated member, Σu < 1: s_m + Σ_j r_j·s_j² / (2(1 - Σu))   (batches queue FIFO, M/D/1)
   - saturated members S (or Σ_{j∉S} u_j ≥ 1, when every member counts as saturated): the saturated
-    models take turns (pool/turns.py) under the block's quantum q = max(`turn_ms`, the longest
+    models take turns (pool/turns.py) of up to the block's quantum q = max(`turn_ms`, the longest
     request of any member, max_j s_j / B_j): a request cannot be cut, so a quantum shorter than
     another member's request would give that member the longer turns (measured, issue 33:
     ResNet-50 in 100 ms turns against BERT's 280 ms requests on one core got 0.15 of its
-    throughput alone). A batch that fits q is a turn of its own, t_j = s_j: a model's next batch
-    reaches its pool only once the server has had this one's answers (TorchServe hands a worker one
-    batch at a time; a closed loop sends again only when answered), which comes later than a turn
-    waits for it, so a light model runs one batch a turn (measured, issue 33: in turns with
-    ResNet-50 and BERT, SqueezeNet waited 100–300 ms for a turn before each of its 60 ms batches).
-    Longer batches are cut into turns weighted by what the block costs each model, t_j ∝ s_j /
-    alone_j (turn_lengths: the duty cycle that evens out their slowdowns; equal turns slowed BERT,
-    which gains most from a second core, to 4.74 of alone beside ResNet-50's 3.17). Each saturated
-    model is a closed loop: a batch spends a_j = `away_ms` outside its turns (clients, front end)
-    and asks for the cores the rest of its period, a share f_j; its batch waits, at each of its
-    s_j / t_j turns, one turn of every other model asking then, and is in hand for
-        H_j = (s_j + (s_j / t_j)·Σ_{k≠j} f_k·t_k)·K / (1 - Σ_{k∉S} u_k),
-    K = TURN_COST where several take turns, f_j = H_j / (H_j + a_j) the fixed point
-    (_asking_share). With a = 0 every f is 1: the plain round robin, H_j = s_j·C/t_j over a cycle
-    C = Σ t. Its slowdown is H_j over its H alone, the time away left out of both: away is not a
-    fixed think time but grows where the front end starves (measured, issue 33: SqueezeNet at 4
-    users, 10 ms of each batch away alone on a core, 95–122 ms in turns with ResNet-50 on a core
-    that ran model work without a break; counted in the ratio, it made those turns look cheap,
-    2.2–3.9 expected against 4.0–6.1 served). A light member waits for the turn running,
-    s_m + mean_{j∈S} f_j·t_j.
-A model's *alone* latency is the same formula with it alone on all T cores (a saturated one: s);
-its slowdown is the ratio (for a saturated model, the inverse of its throughput against alone).
+    throughput alone). A batch longer than q is cut into turns of t_j = q; a shorter one
+    is a turn of its own, t_j = s_j: a model's next batch reaches its pool only once the server
+    has had this one's answers (TorchServe hands a worker one batch at a time; a closed loop sends
+    again only when answered), which comes later than a turn waits for it, so a light model runs
+    one batch a turn, not q of them (measured, issue 33: in turns with ResNet-50 and BERT,
+    SqueezeNet waited 100–300 ms for a turn before each of its 60 ms batches). A cycle of turns lasts
+    C = Σ_{j∈S} t_j / (1 - Σ_{j∉S} u_j), stretched by the light members' share, and model i runs
+    t_i of its s_i in each: its latency is s_i·C/t_i (× TURN_COST where several take turns); a
+    light one waits for the turn running, s_m + mean_{j∈S} t_j.
+A model's *alone* latency is the same formula with it alone on all T cores; its slowdown is the
+ratio (for a saturated model, the inverse of its throughput against alone).
 
 Objective: minimise the worst model's score, the slowdown (or, for a model with an SLO, its latency
 over the SLO: every SLO is met when that score is at most 1, and the plan with the most headroom
@@ -81,10 +69,6 @@ class ModelLoad:
     batch: int  # B, the batch its plan is for
     rate: float | None = None  # requests a second; 0: idle; None: saturated (takes what it gets)
     slo_ms: float | None = None  # its latency objective, if it has one
-    request_ms: float = 0.0  # served work a request adds to its batch's turn beyond the profile's model time
-    # (decoding its input, encoding its answer: done while the instance holds its cores)
-    away_ms: float = 0.0  # a saturated model's time a batch outside its turns: its clients, the server's
-    # front end, the pool's hops (a closed loop's think time: it does not wait for cores then)
 
     @property
     def idle(self) -> bool:
@@ -108,7 +92,6 @@ class Share:
     slo_ms: float | None = None
     idle: bool = False
     longest_request_ms: float | None = None  # where it takes turns: the longest request on its block
-    turn_ms: float | None = None  # where its batch is cut into turns: its planned turn (else its batch is one)
 
     @property
     def locked(self) -> bool:
@@ -124,8 +107,7 @@ class Share:
                 "plan": self.plan.to_json(), "plan_text": self.plan.describe(),
                 "expected_latency_ms": _finite(self.latency_ms), "alone_latency_ms": _finite(self.alone_ms),
                 "slowdown": _finite(self.slowdown), "score": _finite(self.score),
-                "longest_request_ms": _finite(self.longest_request_ms) if self.longest_request_ms else None,
-                "turn_ms": _finite(self.turn_ms) if self.turn_ms else None}
+                "longest_request_ms": _finite(self.longest_request_ms) if self.longest_request_ms else None}
 
 
 @dataclass(frozen=True)
@@ -164,16 +146,8 @@ class NodePlan:
 def service_ms(load: ModelLoad, max_cores: int) -> np.ndarray:
     """s[c]: the optimal latency of the model's batch on c cores, c = 0..max_cores (inf where the
     profile cannot cover it)."""
-    planner = Planner(list(served_items(load)), max_cores, load.batch)
+    planner = Planner(list(load.items), max_cores, load.batch)
     return planner.table[:, load.batch].copy()
-
-
-def served_items(load: ModelLoad) -> tuple[Item, ...]:
-    """The profile's points as a turn holds the cores for them: the model's run, plus the served work
-    of each request of the batch (`request_ms`)."""
-    if not load.request_ms:
-        return load.items
-    return tuple((threads, batch, latency + batch * load.request_ms) for threads, batch, latency in load.items)
 
 
 def longest_request_ms(loads: Sequence[ModelLoad], service: Sequence[float]) -> float:
@@ -186,77 +160,31 @@ def block_quantum(loads: Sequence[ModelLoad], service: Sequence[float], turn_ms:
     return max(turn_ms, longest_request_ms(loads, service))
 
 
-def turn_lengths(loads: Sequence[ModelLoad], service: Sequence[float], members: Sequence[int], quantum: float,
-                 alone: Sequence[float] | None = None) -> dict[int, float]:
-    """Each saturated member's turn (ms) on a time-shared block where its batch takes `service`. A
-    batch that fits the quantum is a turn of its own. Longer ones are cut into turns (at requests)
-    in proportion to what the block costs each model, service here over its latency `alone`: the
-    duty cycle that evens out their slowdowns, where equal turns would slow the model that scales
-    best with cores the most (measured, issue 33: BERT and ResNet-50 in equal turns on one core
-    served at 4.74 and 3.17 of alone). The model that loses most gets the quantum; no turn is
-    shorter than one of its requests, so turns may all grow to fit one. Without `alone`, equal turns."""
-    turns = {i: service[i] for i in members if service[i] <= quantum}
-    cut = [i for i in members if i not in turns]
-    if cut:
-        weight = {i: service[i] / alone[i] if alone else 1.0 for i in cut}
-        scale = max(quantum / max(weight.values()), *(service[i] / loads[i].batch / weight[i] for i in cut))
-        turns.update({i: min(service[i], scale * weight[i]) for i in cut})
-    return turns
+def turn_length(service: float, batch: int, quantum: float) -> float:
+    """A saturated model's turn (ms) on a time-shared block where its batch takes `service`: the
+    batch, when it fits the quantum; else the quantum (cut at a request: about that long)."""
+    return service if service <= quantum else max(quantum, service / batch)
 
 
-def block_latencies(loads: Sequence[ModelLoad], service: Sequence[float], turn_ms: float = TURN_MS,
-                    alone: Sequence[float] | None = None) -> list[float]:
+def block_latencies(loads: Sequence[ModelLoad], service: Sequence[float], turn_ms: float = TURN_MS) -> list[float]:
     """Expected latency (ms) of each model taking turns on one block, given each one's service time
-    there and, to weigh their turns, their latencies alone (see the module's docstring); for a
-    saturated model, the time its batch is in hand (waiting for and running its turns)."""
-    return block_turns(loads, service, turn_ms, alone)[0]
-
-
-def block_turns(loads: Sequence[ModelLoad], service: Sequence[float], turn_ms: float = TURN_MS,
-                alone: Sequence[float] | None = None) -> tuple[list[float], dict[int, float]]:
-    """block_latencies, and the saturated members' turns (ms) it counts on."""
+    there (see the module's docstring)."""
     if any(not math.isfinite(s) for s in service):
-        return [INF] * len(loads), {}
+        return [INF] * len(loads)
     rates = [load.batches_per_s() for load in loads]
     shares = [r * s / 1e3 if r is not None else None for r, s in zip(rates, service)]
     if None not in shares and sum(shares) < 1:
         wait = sum(r * s * s / 1e3 for r, s in zip(rates, service)) / (2 * (1 - sum(shares)))
-        return [s + wait for s in service], {}
+        return [s + wait for s in service]
     saturated = [i for i, u in enumerate(shares) if u is None]
     light = sum(u for u in shares if u is not None)
     if not saturated or light >= 1:  # over capacity: every member takes what it gets
         saturated, shares, light = list(range(len(loads))), [None] * len(loads), 0.0
     quantum = block_quantum(loads, service, turn_ms)
-    turns = turn_lengths(loads, service, saturated, quantum, alone)
-    asking = _asking_share([service[i] for i in saturated], [turns[i] for i in saturated],
-                           [loads[i].away_ms for i in saturated])
-    stretch = (TURN_COST if len(saturated) > 1 else 1.0) / (1 - light)
-    asked = [f * turns[j] for f, j in zip(asking, saturated)]  # each saturated model's turn, as often as it asks
-    running = sum(asked) / len(saturated)  # what a light batch waits for: the turn running when it comes
-    latencies = [service[i] + running for i in range(len(loads))]
-    for n, i in enumerate(saturated):
-        others = sum(asked) - asked[n]
-        latencies[i] = (service[i] + service[i] / turns[i] * others) * stretch
-    return latencies, turns
-
-
-def _asking_share(service: Sequence[float], turns: Sequence[float], away: Sequence[float],
-                  rounds: int = 100) -> list[float]:
-    """The share of the time each saturated model on a block asks for its cores (waits for or runs
-    its turns), the rest being its time away: a closed loop whose batch takes service s_i in
-    s_i / t_i turns, each after one turn of every other model asking then, has a period
-    P_i = a_i + s_i + (s_i / t_i)·Σ_j f_j t_j, and asks f_i = (P_i - a_i) / P_i of it. Solved by
-    iterating from f = 1 (every model always asking: the plain round robin); f falls monotonically
-    to the fixed point."""
-    asking = [1.0] * len(service)
-    for _ in range(rounds):
-        busy = [s + s / t * sum(f * tj for j, (f, tj) in enumerate(zip(asking, turns)) if j != i)
-                for i, (s, t) in enumerate(zip(service, turns))]
-        updated = [b / (b + a) if b + a > 0 else 1.0 for b, a in zip(busy, away)]
-        if max(abs(u - f) for u, f in zip(updated, asking)) < 1e-6:
-            return updated
-        asking = updated
-    return asking
+    turns = {i: turn_length(service[i], loads[i].batch, quantum) for i in saturated}
+    cycle = sum(turns.values()) / (1 - light) * (TURN_COST if len(saturated) > 1 else 1.0)
+    running = sum(turns.values()) / len(saturated)
+    return [service[i] * cycle / turns[i] if shares[i] is None else service[i] + running for i in range(len(loads))]
 
 
 def score(load: ModelLoad, latency: float, alone: float) -> float:
@@ -323,18 +251,9 @@ class NodePlanner:
     def _block_scores(self, members: list[int]) -> np.ndarray:
         scores = np.full((self.cores + 1, len(members)), INF)
         for c in range(1, self.cores + 1):
-            latencies = self.latencies(members, c)
+            latencies = block_latencies([self.loads[m] for m in members], [self.service[m][c] for m in members])
             scores[c] = [score(self.loads[m], lat, self.alone[m]) for m, lat in zip(members, latencies)]
         return scores
-
-    def latencies(self, members: Sequence[int], cores: int) -> list[float]:
-        """The members' expected latencies taking turns on a block of `cores` cores."""
-        return self.turns(members, cores)[0]
-
-    def turns(self, members: Sequence[int], cores: int) -> tuple[list[float], dict[int, float]]:
-        """block_turns for the members on `cores` cores, turns keyed by member index in `members`."""
-        return block_turns([self.loads[m] for m in members], [self.service[m][cores] for m in members],
-                           alone=[self.alone[m] for m in members])
 
     def busy(self) -> list[int]:
         busy = [i for i, load in enumerate(self.loads) if not load.idle]
@@ -401,7 +320,7 @@ class NodePlanner:
         worst = 0.0
         for cores, members in blocks:
             count = min(len(cores), self.cores)
-            latencies = self.latencies(members, count)
+            latencies = block_latencies([self.loads[m] for m in members], [self.service[m][count] for m in members])
             worst = max(worst, *(score(self.loads[m], lat, self.alone[m]) for m, lat in zip(members, latencies)))
         return worst
 
@@ -425,14 +344,13 @@ class NodePlanner:
             cores = placed[index]
             sub = topology_of(topology, cores)
             loads, service = [self.loads[m] for m in members], [self.service[m][count] for m in members]
-            latencies, turns = self.turns(members, count)
+            latencies = block_latencies(loads, service)
             longest = longest_request_ms(loads, service) if len(members) > 1 else None
-            for k, (m, latency) in enumerate(zip(members, latencies)):
+            for m, latency in zip(members, latencies):
                 load = self.loads[m]
                 plan = Planner(list(load.items), count, load.batch).plan(count, load.batch, sub)
                 shares.append(Share(load.name, cores, self._names(shared_with[m]), plan, latency, self.alone[m],
-                                    score(load, latency, self.alone[m]), load.slo_ms, longest_request_ms=longest,
-                                    turn_ms=turns[k] if len(members) > 1 and turns.get(k, INF) < service[k] else None))
+                                    score(load, latency, self.alone[m]), load.slo_ms, longest_request_ms=longest))
         for m, cores in idle_cores.items():
             shares.append(self._warm(m, cores, topology, shared_with[m]))
         shares.sort(key=lambda s: [load.name for load in self.loads].index(s.model))

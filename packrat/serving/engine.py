@@ -114,24 +114,18 @@ class Engine:
         return node, share[1]
 
     def _describe(self) -> dict:
-        """What this model tells the node: its profile, the batch it plans for, the requests in hand,
-        and where its served batches' time went (the pool's stages)."""
+        """What this model tells the node: its profile, the batch it plans for, the requests in hand."""
         batch = self.controller.estimator.current if self.controller is not None else self._batch_now
-        described = {"items": [list(item) for item in self.corrector.profile.items()], "batch": batch,
-                     "in_hand": self.pool.outstanding if self.pool is not None else 0}
-        if self.pool is not None:
-            health = self.pool.health()
-            described.update(stage_ms=health.stage_ms, requests_per_sub_batch=health.requests_per_sub_batch)
-        return described
+        return {"items": [list(item) for item in self.corrector.profile.items()], "batch": batch,
+                "in_hand": self.pool.outstanding if self.pool is not None else 0}
 
     def _move(self, cores: tuple[int, ...], turns: bool) -> None:
         """Serve on `cores` from now on, in turns with other models or not: turns are taken before
         the cores change and given up after, so no core ever runs two models' threads at once. The
         model's cores change only once its pool serves there: when the switch fails this raises, and
         the pool serves where it was (taking turns if asked to)."""
-        if turns:  # the planned turn; else as long as the longest request of a model on these cores, at least
-            self.pool.take_turns(self.node.lock_dir, self.node.turn_ms
-                                 or max(self._turn_ms, self.node.longest_request_ms or 0.0))
+        if turns:  # a turn as long as the longest request of a model on these cores, at least
+            self.pool.take_turns(self.node.lock_dir, max(self._turn_ms, self.node.longest_request_ms or 0.0))
         if tuple(cores) != tuple(self.topology.cores):
             target = topology_of(self.budget.topology, cores)
             record = self.controller.replan(f"the node moved this model to cores {list(cores)}",

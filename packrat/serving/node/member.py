@@ -30,8 +30,7 @@ Share = tuple[tuple[int, ...], bool]  # cores, whether it takes turns on them
 class NodeMember:
     """`apply(cores, locked)` moves the engine to its share, blocking until it serves there; when it
     raises, the engine still serves on its old cores (taking turns if it did, or was asked to).
-    `describe()` gives what the heartbeat reports: {"batch", "items", "in_hand"}, and what the pool
-    served ("stage_ms", "requests_per_sub_batch": see LoadMeter.served_overheads)."""
+    `describe()` gives what the heartbeat reports: {"batch", "items", "in_hand"}."""
 
     def __init__(self, root: Path, model: str, topology: Topology, apply: Callable[[tuple[int, ...], bool], None],
                  describe: Callable[[], dict], *, slo_ms: float | None = None, period_s: float = PERIOD_S,
@@ -41,7 +40,6 @@ class NodeMember:
         self.apply, self.describe, self.period_s = apply, describe, period_s
         # the longest request of a model this one takes turns with, in the plan: its turns may be as long
         self.longest_request_ms: float | None = None
-        self.turn_ms: float | None = None  # its own turn in the plan, where its batches are cut into turns
         self.meter = LoadMeter()
         self.owner = owner or NodeOwner(root, topology)
         self.lease = Lease(root, self.id)
@@ -111,7 +109,6 @@ class NodeMember:
         share = (tuple(mine[0]), bool(mine[1])) if mine is not None else None
         planned = (((state.get("target") or {}).get("plan") or {}).get("models") or {}).get(self.id) or {}
         self.longest_request_ms = planned.get("longest_request_ms")  # read by apply() for its turns
-        self.turn_ms = planned.get("turn_ms")
         if share is None or share == self.share or not apply:
             self.share, self.applied = share or self.share, want
             self._heartbeat()
@@ -173,8 +170,6 @@ class NodeMember:
         write_json(self._beat_path, {
             "id": self.id, "model": self.model, "pid": os.getpid(), "heartbeat": time.time(),
             "items": described["items"], "batch": described["batch"], "rate": self.meter.rate(),
-            **self.meter.served_overheads(described.get("stage_ms", {}), described.get("requests_per_sub_batch", 0.0),
-                                          described["batch"]),
             "slo_ms": self.slo_ms, "applied": self.applied, "moving": self.moving, "failed": self.failed,
             "share": [list(self.share[0]), self.share[1]] if self.share else None})
 
@@ -189,8 +184,7 @@ class NodeMember:
                 "plan": target.get("plan"), "holding": target.get("holding"), "generation": state.get("generation"),
                 "step": state.get("step"),
                 "members": {k: {"model": m["model"], "pid": m["pid"], "rate_rps": m["rate"], "batch": m["batch"],
-                                "slo_ms": m.get("slo_ms"), "request_ms": m.get("request_ms"), "away_ms": m.get("away_ms"),
-                                "serves_on": m.get("share"), "moving": m.get("moving"),
+                                "slo_ms": m.get("slo_ms"), "serves_on": m.get("share"), "moving": m.get("moving"),
                                 "failed": m.get("failed")} for k, m in members.items()},
                 "moves": state.get("moves", [])}
 

@@ -201,8 +201,7 @@ class NodeOwner:
 
 def _load(member: dict) -> ModelLoad:
     return ModelLoad(member["id"], tuple(tuple(item) for item in member["items"]), member["batch"],
-                     rate=member["rate"], slo_ms=member.get("slo_ms"), request_ms=member.get("request_ms", 0.0),
-                     away_ms=member.get("away_ms", 0.0))
+                     rate=member["rate"], slo_ms=member.get("slo_ms"))
 
 
 def _allocation(plan: NodePlan, members: dict) -> Allocation:

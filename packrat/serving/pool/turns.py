@@ -9,7 +9,7 @@ this one's answers (one batch at a time per worker; a closed loop sends again wh
 than a turn can wait with the cores idle; and the cores so held were out of the parent's sight: an
 instance stopped then held them with no batch for its watchdog to time, and the other models
 waited for ever (test_turns.py's stopped holder timed out so). The node planner counts a light
-model's turn as one batch (planning/node.py, turn_lengths).
+model's turn as one batch (planning/node.py, turn_length).
 """
 
 from __future__ import annotations
