@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/peers.py [--model resnet50] [--batches 1,4,8] [--cores N]
                                          [--rounds 3] [--iters 10] [--warmup 2] [--peers packrat,fat,eager,...]
-                                         [--profile profiles/MODEL.csv] [--json OUT]
+                                         [--profile profiles/MODEL.csv] [--later-profile CSV] [--json OUT]
 
 One zoo model at each batch size B of --batches, on T cores (the physical cores this process may
 use, or the first --cores of them). Every peer answers the same B samples (spec.example_inputs(B))
@@ -13,6 +13,8 @@ with all T cores:
                        each pinned to its cores and in the runtime the profile measured fastest at its
                        ⟨t, b⟩; a run is B requests (raw tensor bytes; KServe v2 JSON for several
                        inputs), all answered. Skipped at a B the profile cannot plan.
+  packrat-later        with --later-profile: the same, planned on a second profile of the model (taken
+                       later, e.g. an hour after the first): how far apart two profiles' plans serve.
   fat                  the same pool with one inductor instance ⟨T threads, batch B⟩: the pool's own
                        overhead (codec, shared memory, dispatch) made visible.
   eager, script        PyTorch eager; TorchScript (trace, freeze, optimize_for_inference).
@@ -60,10 +62,10 @@ from packrat.bench.rounds import elapsed_ms, in_rounds
 from packrat.profiling.profiles import default_path as default_profile_path
 from packrat.cli.types import int_list, name_list
 
-PEERS = ("packrat", "fat", "eager", "script", "compile", "torch-compile", "openvino-latency", "openvino-throughput",
+PEERS = ("packrat", "packrat-later", "fat", "eager", "script", "compile", "torch-compile", "openvino-latency", "openvino-throughput",
          "onnxruntime", "onnxruntime-parallel")
 TORCH_PEERS = ("eager", "script", "compile", "torch-compile")
-POOL_PEERS = ("packrat", "fat")
+POOL_PEERS = ("packrat", "packrat-later", "fat")
 OPENVINO_PEERS = ("openvino-latency", "openvino-throughput")
 ORT_PEERS = ("onnxruntime", "onnxruntime-parallel")
 NEEDS = {peer: ("openvino",) for peer in OPENVINO_PEERS} | {peer: ("onnxruntime",) for peer in ORT_PEERS}
@@ -438,25 +440,15 @@ def versions() -> dict[str, str]:
 
 
 def pool_plans(args, cores: list[int]) -> dict:
-    """packrat's plan and the fat instance per B, and the pools' graph mode, for the children."""
-    from packrat.errors import NoPlanError, ProfileError
+    """packrat's plan (and packrat-later's) and the fat instance per B, and the pools' graph mode,
+    for the children."""
     from packrat.machine.topology import detect
     from packrat.models.modes import MODES
-    from packrat.planning.planner import Planner
-    from packrat.profiling.profiles import load
 
-    threads, topology = len(cores), detect(set(cores))
+    topology = detect(set(cores))
     path = args.profile or default_profile_path(args.model)
-    pools: dict = {"packrat": {}, "fat": {}, "profile": str(path), "lines": {}}
-    profile, why = None, None
-    if not path.exists():
-        why = (f"no profile {path}: measure one with `packrat profile --model {args.model} "
-               f"--batches {','.join(map(str, args.batches))} --out {path}` (or give --profile)")
-    else:
-        try:
-            profile = load(path)
-        except ProfileError as exc:
-            why = f"profile unusable: {exc}"
+    profile, why = read_profile(args, path)
+    pools: dict = {"fat": {}, "profile": str(path), "lines": {}}
     mode = args.packrat_mode
     if mode is None:
         mode = (profile.metadata.get("mode") if profile else None) or "compile"
@@ -464,32 +456,66 @@ def pool_plans(args, cores: list[int]) -> dict:
             pools["mode_note"] = f"the profile's mode {mode!r} is not served here: its pools run compile"
             mode = "compile"
     pools["mode"] = mode
-    latency = None
     if profile is not None:
-        latency = args.latency or profile.figures[0]
-        pools.update(latency=latency, metadata=profile.metadata)
+        pools.update(latency=args.latency or profile.figures[0], metadata=profile.metadata)
     for batch in args.batches:
-        fat_ms = profile.isolated.get((threads, batch)) if profile is not None else None  # the watchdog's yardstick
-        pools["fat"][str(batch)] = {"instances": [{"threads": threads, "batch": batch, "cores": cores,
+        fat_ms = profile.isolated.get((len(cores), batch)) if profile is not None else None  # the watchdog's yardstick
+        pools["fat"][str(batch)] = {"instances": [{"threads": len(cores), "batch": batch, "cores": cores,
                                                    "expected_ms": fat_ms}]}
-        if profile is None:
-            pools["packrat"][str(batch)] = {"skipped": why}
-            continue
-        try:
-            items = profile.items(latency)
-            plan = Planner(items, threads, batch, profile.runtimes).plan(threads, batch, topology)
-        except (NoPlanError, ProfileError, ValueError) as exc:
-            pools["packrat"][str(batch)] = {"skipped": f"no plan for B={batch} from {path}: {exc}"}
-            pools["lines"][batch] = f"packrat: no plan for B={batch} from {path} ({exc})"
-            continue
-        pools["packrat"][str(batch)] = {"instances": [{"threads": i.threads, "batch": i.batch, "cores": list(i.cores),
-                                                       "expected_ms": i.latency_ms, "runtime": i.runtime}
-                                                      for i in plan.instances],
-                                        "describe": plan.describe(), "predicted_ms": plan.expected_latency_ms}
-        fat = f"{plan.fat_latency_ms:.1f} ms" if plan.fat_latency_ms else "not profiled"
-        pools["lines"][batch] = (f"packrat plan: {plan.describe()}, predicted {plan.expected_latency_ms:.1f} ms "
-                                 f"(fat ⟨{threads}, {batch}⟩ {fat}; {latency} latencies of {path}, {mode} mode)")
+    pools["packrat"] = plans_of(args, profile, why, path, cores, topology, pools["lines"], "packrat plan", mode)
+    if args.later_profile:
+        later, later_why = read_profile(args, args.later_profile)
+        pools["later_profile"] = str(args.later_profile)
+        pools["packrat-later"] = plans_of(args, later, later_why, args.later_profile, cores, topology,
+                                          pools.setdefault("later_lines", {}), "packrat-later plan", mode)
+    else:
+        pools["packrat-later"] = {str(b): {"skipped": "no --later-profile"} for b in args.batches}
+    for batch, line in pools.pop("later_lines", {}).items():
+        pools["lines"][batch] = "\n\n".join(filter(None, (pools["lines"].get(batch), line)))
     return pools
+
+
+def read_profile(args, path: Path):
+    """(the profile at `path`, None) or (None, why it cannot be used)."""
+    from packrat.errors import ProfileError
+    from packrat.profiling.profiles import load
+
+    if not path.exists():
+        return None, (f"no profile {path}: measure one with `packrat profile --model {args.model} "
+                      f"--batches {','.join(map(str, args.batches))} --out {path}` (or give --profile)")
+    try:
+        return load(path), None
+    except ProfileError as exc:
+        return None, f"profile unusable: {exc}"
+
+
+def plans_of(args, profile, why: str | None, path: Path, cores: list[int], topology, lines: dict, name: str,
+             mode: str) -> dict:
+    """Per B, the plan `profile` gives for all of `cores` (its instances and prediction), or why none;
+    a line per B about it goes into `lines`."""
+    from packrat.errors import NoPlanError, ProfileError
+    from packrat.planning.planner import Planner
+
+    plans, threads = {}, len(cores)
+    for batch in args.batches:
+        if profile is None:
+            plans[str(batch)] = {"skipped": why}
+            continue
+        latency = args.latency or profile.figures[0]
+        try:
+            plan = Planner(profile.items(latency), threads, batch, profile.runtimes).plan(threads, batch, topology)
+        except (NoPlanError, ProfileError, ValueError) as exc:
+            plans[str(batch)] = {"skipped": f"no plan for B={batch} from {path}: {exc}"}
+            lines[batch] = f"{name}: no plan for B={batch} from {path} ({exc})"
+            continue
+        plans[str(batch)] = {"instances": [{"threads": i.threads, "batch": i.batch, "cores": list(i.cores),
+                                            "expected_ms": i.latency_ms, "runtime": i.runtime}
+                                           for i in plan.instances],
+                             "describe": plan.describe(), "predicted_ms": plan.expected_latency_ms}
+        fat = f"{plan.fat_latency_ms:.1f} ms" if plan.fat_latency_ms else "not profiled"
+        lines[batch] = (f"{name}: {plan.describe()}, predicted {plan.expected_latency_ms:.1f} ms "
+                        f"(fat ⟨{threads}, {batch}⟩ {fat}; {latency} latencies of {path}, {mode} mode)")
+    return plans
 
 
 def run_child(args, env: dict, config_path: Path, peer: str, round_index: int) -> dict:
@@ -524,10 +550,19 @@ def _progress(round_index: int, peer: str, result: dict) -> str:
     return f"round {round_index} {peer} ({result['child_s']:.0f} s): " + "; ".join(parts)
 
 
+def with_later(peers: list[str], later_profile: Path | None) -> list[str]:
+    """The peers to run: packrat-later beside packrat when there is a later profile, never without."""
+    peers = [p for p in peers if p != "packrat-later"]
+    if later_profile is None:
+        return peers
+    at = peers.index("packrat") + 1 if "packrat" in peers else 0
+    return peers[:at] + ["packrat-later"] + peers[at:]
+
+
 def run(args) -> int:
     cores = parse_cores(args.cores, list(local_topology(None).cores))
     threads = len(cores)
-    peers = args.peers
+    peers = with_later(args.peers, args.later_profile)
     skipped = {peer: why for peer in peers if (why := missing_packages(peer))}
     active = [p for p in peers if p not in skipped]
     found = versions()
@@ -580,10 +615,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=10, help="timed batches per peer and B in a round (default 10)")
     p.add_argument("--warmup", type=int, default=2,
                    help="untimed batches per peer and B before them, besides the setup's first run (default 2)")
-    p.add_argument("--peers", type=name_list(PEERS, "peer"), default=list(PEERS),
-                   help=f"comma list (default: all: {','.join(PEERS)})")
+    p.add_argument("--peers", type=name_list(PEERS, "peer"), default=[p for p in PEERS if p != "packrat-later"],
+                   help=f"comma list (default: all: {','.join(PEERS)}; packrat-later only with --later-profile, "
+                   "which adds it)")
     p.add_argument("--profile", type=Path, default=None,
                    help="packrat's profile CSV, as `packrat profile` writes it (default profiles/MODEL.csv)")
+    p.add_argument("--later-profile", type=Path, default=None, metavar="CSV",
+                   help="a second profile of the model (e.g. taken an hour after --profile): the peer "
+                   "packrat-later serves its plans, beside packrat's")
     p.add_argument("--latency", choices=("loaded", "isolated"), default=None,
                    help="which profiled figure to plan with (default: the profile's primary one)")
     p.add_argument("--packrat-mode", choices=("compile", "script", "eager"), default=None,

@@ -142,3 +142,35 @@ def test_smoke_run_on_tiny(tmp_path):
             assert rows[peer]["max_abs_diff"] is not None and not rows[peer]["differs"], (peer, rows[peer])
         assert rows["packrat"]["vs_packrat"] == 1.0
     assert "### B = 2" in report["markdown"] and "packrat plan:" in report["markdown"]
+
+
+def test_packrat_later_runs_only_with_a_later_profile():
+    assert peers.with_later(["eager", "packrat", "fat"], None) == ["eager", "packrat", "fat"]
+    assert peers.with_later(["eager", "packrat", "fat"], Path("b.csv")) == ["eager", "packrat", "packrat-later", "fat"]
+    assert peers.with_later(["packrat-later", "eager"], None) == ["eager"]
+    assert peers.with_later(["eager"], Path("b.csv")) == ["packrat-later", "eager"]
+    assert "packrat-later" not in peers.parser().parse_args([]).peers
+
+
+def _profile(path: Path, split_ms: float) -> Path:
+    from packrat.profiling.profiles import ProfileWriter
+
+    with ProfileWriter(path, {"model": "tiny", "mode": "eager", "latency": "isolated"}) as writer:
+        for threads, batch, ms in ((1, 1, split_ms), (1, 2, 2 * split_ms), (2, 1, 6.0), (2, 2, 8.0)):
+            writer.write({"threads": threads, "batch": batch, "latency_ms": ms})
+    return path
+
+
+def test_two_profiles_plan_each_their_own_pool(tmp_path):
+    """packrat plans on --profile, packrat-later on --later-profile, side by side per B."""
+    early, later = _profile(tmp_path / "a.csv", 3.0), _profile(tmp_path / "b.csv", 30.0)
+    args = peers.parser().parse_args(["--model", "tiny", "--batches", "2", "--profile", str(early),
+                                      "--later-profile", str(later)])
+    pools = peers.pool_plans(args, [0, 1])
+    assert pools["packrat"]["2"]["describe"].startswith("2×") and pools["packrat"]["2"]["predicted_ms"] == 3.0
+    assert pools["packrat-later"]["2"]["describe"].startswith("1×") and pools["packrat-later"]["2"]["predicted_ms"] == 8.0
+    assert "packrat plan: 2×" in pools["lines"][2] and "packrat-later plan: 1×" in pools["lines"][2]
+    missing = peers.parser().parse_args(["--model", "tiny", "--batches", "2", "--profile", str(tmp_path / "none.csv"),
+                                         "--later-profile", str(later)])
+    pools = peers.pool_plans(missing, [0, 1])
+    assert "no profile" in pools["packrat"]["2"]["skipped"] and pools["lines"][2].startswith("packrat-later plan")
