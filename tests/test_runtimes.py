@@ -126,6 +126,27 @@ def test_a_runtime_takes_a_point_only_when_faster_beyond_the_noise(tmp_path):
     assert profile.latency == {(1, 1): 10.0, (1, 2): 20.0, (1, 4): 30.0, (2, 1): 7.0}
 
 
+def test_a_few_outliers_do_not_widen_a_points_spread(tmp_path):
+    """With mad_ms (the robust spread) the outliers behind a large std do not keep inductor: the
+    measured case of issue 32, ResNet-50 ⟨2, 4⟩; a profile without mad_ms weighs std_ms as before."""
+    from packrat.profiling.point import robust_spread, summarize
+
+    samples = [130.0, 131.0, 129.5, 130.5, 132.0, 131.5, 130.0, 129.0, 175.0, 170.0]
+    assert robust_spread(samples) < 2.5 < summarize(samples)["std_ms"]
+    assert summarize(samples)["mad_ms"] == robust_spread(samples)
+    row = "2,4,{ms},{ms},1,,,{std},,{runtime},{mad}\n"
+    path = tmp_path / "p.csv"
+    _write(path, row.format(ms=146.9, std=5.2, runtime="inductor", mad=4.0)
+           + row.format(ms=135.5, std=13.8, runtime="onnxruntime", mad=3.7))
+    assert profiles.load(path).runtimes[2, 4] == "onnxruntime"
+    _write(path, row.format(ms=146.9, std=5.2, runtime="inductor", mad="")
+           + row.format(ms=135.5, std=13.8, runtime="onnxruntime", mad=""))
+    assert profiles.load(path).runtimes[2, 4] == "inductor"
+    _write(path, "2,4,146.9,146.9,1,,,5.2,,inductor\n2,4,135.5,135.5,1,,,13.8,,onnxruntime\n",
+           header=",".join(profiles.NO_MAD_COLUMNS))
+    assert profiles.load(path).runtimes[2, 4] == "inductor"
+
+
 def test_the_runtime_chosen_does_not_depend_on_the_rows_order():
     rows = [("openvino", 9.0, 0.2), ("inductor", 10.0, 0.2), ("onnxruntime", 8.5, 0.2)]
     chosen = set()
@@ -153,6 +174,16 @@ def test_a_file_without_a_runtime_column_holds_inductors_points_only(tmp_path):
         with pytest.raises(ProfileError, match="no runtime column.*openvino"):
             writer.write({"threads": 2, "batch": 2, "latency_ms": 5.0, "isolated_ms": 5.0, "runtime": "openvino"})
     assert profiles.load(path).latency == {(1, 1): 10.0, (2, 1): 5.0}
+
+
+def test_a_profile_from_before_the_robust_spread_is_resumed_in_its_layout(tmp_path):
+    path = tmp_path / "old.csv"
+    _write(path, "1,1,10,10,1,,,0.5,,openvino\n", header=",".join(profiles.NO_MAD_COLUMNS))
+    with profiles.ProfileWriter(path, {"model": "tiny"}) as writer:
+        writer.write({"threads": 2, "batch": 1, "latency_ms": 5.0, "isolated_ms": 5.0, "std_ms": 0.2, "mad_ms": 0.1})
+    assert path.read_text().splitlines()[2] == ",".join(profiles.NO_MAD_COLUMNS)
+    profile = profiles.load(path)
+    assert profile.latency == {(1, 1): 10.0, (2, 1): 5.0} and profile.spread["inductor"][2, 1] == 0.2
 
 
 def test_a_resumed_profile_names_the_runtimes_added_to_it(tmp_path):

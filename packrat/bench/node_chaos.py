@@ -9,8 +9,8 @@ Faults (FAULTS), each given a window of its own:
   re-register    the target model unregistered through the management API, then registered again
   move-slow      every other model's moves made to wait `slow_s` (the node's injected fault,
                  member.NodeMember._injected), then the target unregistered: they grow onto its cores
-  move-fail      every other model's moves made to fail for `fail_s`, then the target registered
-                 again: they must give it cores
+  move-fail      every other model's moves made to fail for `fail_s` while the target is
+                 unregistered (they try to grow onto its cores), then the target registered again
 
 Before each fault the node is left to settle (whole, at most SETTLE_S). Watched every `POLL_S`
 from each fault's start to the end of its window: whether the node is *whole* (every model with a
@@ -241,14 +241,19 @@ class Chaos:
         fault.what = f"moves of {', '.join(others)} made to wait {self.slow_s:g} s; {fault.target} unregistered"
 
     def move_fail(self, fault: Fault) -> None:
+        """The others' moves fail while the target leaves (they would grow onto its cores: a move
+        that changes their cores, so the failure is struck; a joining model is often planned in
+        turns on cores the others keep, which moves no one), then it is registered again."""
         from packrat.deploy import torchserve
 
         others = self._inject(fault.target, {"fail": "a chaos run's move-fail"})
-        torchserve.register(self.server, self.mars[fault.target], fault.target)
-        self.live.add(fault.target)
+        self._unregister(fault.target)
         time.sleep(max(0.0, self.fail_s - (time.time() - fault.started)))
         self._clear_injected()
-        fault.what = f"moves of {', '.join(others)} made to fail for {self.fail_s:g} s; {fault.target} registered"
+        torchserve.register(self.server, self.mars[fault.target], fault.target)
+        self.live.add(fault.target)
+        fault.what = (f"moves of {', '.join(others)} made to fail for {self.fail_s:g} s while {fault.target} "
+                      f"was unregistered; then registered again")
 
     def _inject(self, target: str, fault: dict) -> list[str]:
         """The injected fault for every live model but `target`; their names."""

@@ -21,8 +21,10 @@ can be planned from directly.
 Runtimes: a ``runtime`` column (inductor, openvino, onnxruntime; packrat/models/runtimes.py) lets a
 profile hold each point under several runtimes; a file without it holds inductor's. The profile's
 L(t, b) is then inductor's figure unless another runtime is faster beyond the noise (by more than
-either point's ``std_ms`` and by RUNTIME_MARGIN), and ``runtimes`` says which runtime that is, so
-the planner takes, point by point, a runtime that holds its lead.
+either point's spread and by RUNTIME_MARGIN), and ``runtimes`` says which runtime that is, so
+the planner takes, point by point, a runtime that holds its lead. A point's spread is ``mad_ms``
+(1.4826 x the median absolute deviation of its batches: a few outliers do not widen it), or, in a
+profile from before it was recorded, ``std_ms``.
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ from packrat.settings import RUNTIME_MARGIN
 
 REQUIRED = ("threads", "batch", "latency_ms")
 COLUMNS = ("threads", "batch", "latency_ms", "isolated_ms", "copies", "p50_ms", "p99_ms", "std_ms", "iterations",
-           "runtime")
-# Layouts written before: without runtimes (inductor's points), and before contention profiles
-# (isolated ones). Both can still be appended to, with inductor's points.
-NO_RUNTIME_COLUMNS = COLUMNS[:-1]
+           "runtime", "mad_ms")
+# Layouts written before: without the robust spread, without runtimes (inductor's points), and
+# before contention profiles (isolated ones). All can still be appended to (the last two with
+# inductor's points).
+NO_MAD_COLUMNS = COLUMNS[:-1]
+NO_RUNTIME_COLUMNS = COLUMNS[:-2]
 LEGACY_COLUMNS = ("threads", "batch", "latency_ms", "p50_ms", "p99_ms", "std_ms", "iterations")
 DEFAULT_RUNTIME = "inductor"  # a row without a runtime: packrat.models.runtimes.DEFAULT_RUNTIME
 LATENCIES = ("loaded", "isolated")  # values of the `latency` metadata key and of items(latency=...)
@@ -65,7 +69,7 @@ class Profile:
     runtimes: dict[tuple[int, int], str] = field(default_factory=dict)  # the runtime whose figures those are
     # every runtime's figures: runtime -> (threads, batch) -> (primary, isolated)
     by_runtime: dict[str, dict[tuple[int, int], tuple[float, float]]] = field(default_factory=dict)
-    spread: dict[str, dict[tuple[int, int], float]] = field(default_factory=dict)  # runtime -> point -> std ms
+    spread: dict[str, dict[tuple[int, int], float]] = field(default_factory=dict)  # runtime -> point -> spread ms
 
     @property
     def measured_runtimes(self) -> list[str]:
@@ -75,7 +79,7 @@ class Profile:
     def add(self, runtime: str, threads: int, batch: int, latency: float, isolated: float | None,
             spread: float = 0.0) -> None:
         """One runtime's point (`isolated`: None when only its loaded figure was measured; `spread`:
-        the std of its iterations, 0 if unknown); the profile's figure for ⟨t, b⟩ is then the one
+        the noise of its iterations (_spread), 0 if unknown); the profile's figure for ⟨t, b⟩ is then the one
         runtime_for chooses."""
         self.by_runtime.setdefault(runtime, {})[threads, batch] = (latency, isolated)
         self.spread.setdefault(runtime, {})[threads, batch] = spread
@@ -239,7 +243,7 @@ def load(path: str | Path) -> Profile:
             batch = _parse_number(row[columns["batch"]], int, "batch")
             latency = _parse_latency(row[columns["latency_ms"]], "latency_ms")
             isolated = latency if not loaded else _isolated(row)
-            spread = _parse_number(row["std_ms"], float, "std_ms") if (row.get("std_ms") or "").strip() else 0.0
+            spread = _spread(row)
         except ValueError as exc:
             raise ProfileError(f"{where}: {exc}") from None
         if threads < 1 or batch < 1:
@@ -359,12 +363,21 @@ def _add_runtimes(path: Path, runtimes: str) -> None:
             return
 
 
+def _spread(row: dict) -> float:
+    """A point's noise, as runtime_for weighs it: its robust spread (mad_ms) where the profile has
+    it, else the std of its batches (older profiles), else 0."""
+    for column in ("mad_ms", "std_ms"):
+        if (row.get(column) or "").strip():
+            return _parse_number(row[column], float, column)
+    return 0.0
+
+
 def _appendable_columns(path: Path, kind: str) -> tuple[str, ...]:
     """The columns to append to `path` with: only a file in one of our layouts, holding
     measurements of the same kind (loaded or isolated), may be appended to."""
     metadata, body = _read_lines(path)
     header = tuple(body[0][1].strip().split(",")) if body else ()
-    if header not in (COLUMNS, NO_RUNTIME_COLUMNS, LEGACY_COLUMNS):
+    if header not in (COLUMNS, NO_MAD_COLUMNS, NO_RUNTIME_COLUMNS, LEGACY_COLUMNS):
         raise ProfileError(f"{path}: cannot append: header is {','.join(header)!r}, expected {','.join(COLUMNS)!r}")
     existing = _kind(metadata)
     if existing != kind:
