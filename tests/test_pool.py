@@ -427,6 +427,26 @@ def test_an_instance_sees_its_pool_process_gone_even_if_it_died_before_the_insta
         orphan.wait()
 
 
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds on this platform: the watcher polls")
+def test_the_parent_watcher_sleeps_until_the_parent_exits():
+    """The watcher waits on a pidfd and never wakes while the parent lives: a woken thread wants
+    the GIL, which a compiled model holds through its batch (it used to poll twice a second, and
+    then fought the model for a core every 5 ms until the batch ended)."""
+    code = ("import threading, time\n"
+            "from packrat.serving.pool.child import exit_with_parent\n"
+            "exit_with_parent()\n"
+            "time.sleep(0.3)\n"
+            "tid = next(t.native_id for t in threading.enumerate() if t.name == 'packrat-parent-watch')\n"
+            "def switches():\n"
+            "    with open(f'/proc/self/task/{tid}/status') as status:\n"
+            "        return sum(int(line.split()[1]) for line in status if 'ctxt_switches' in line)\n"
+            "before = switches()\n"
+            "time.sleep(1.6)\n"
+            "print(switches() - before)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "0", done.stdout + done.stderr
+
+
 def test_warm_up_time_leaves_out_waiting_for_a_core():
     """The watchdog's yardstick: a warm-up that waits (here it sleeps, as one at low priority
     beside busy instances waits for a core) counts only the time it computed."""

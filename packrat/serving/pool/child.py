@@ -16,6 +16,7 @@ import contextlib
 import mmap
 import os
 import pickle
+import select
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,12 +37,26 @@ def exit_with_parent(cleanup=None, interval_s: float = 0.5, parent: int | None =
     before this call is noticed too, where os.getppid() would already name the process that
     adopted this one.
     (Not PR_SET_PDEATHSIG: it fires when the spawning *thread* ends, and respawns come from
-    short-lived threads.)"""
+    short-lived threads.)
+
+    The watching thread blocks on a pidfd of the parent, without the GIL, and wakes only when the
+    parent exits. It used to poll os.getppid() every `interval_s` (still the way where there is no
+    pidfd): a woken Python thread wants the GIL, and an AOTInductor model runs its whole batch
+    holding it, so the watcher, once awake mid-batch, retried for the GIL every 5 ms until the batch
+    ended, each time taking a core from the model's threads: BERT-base ⟨2, 8⟩ ran 14–16 % over its
+    profile point in a pool instance, with 80 such wake-ups a batch (BENCHMARKS.md, issue 32)."""
     parent = os.getppid() if parent is None else parent
+    handle = parent_pidfd(parent)
 
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(interval_s)
+        if handle is not None:
+            waiter = select.poll()
+            waiter.register(handle, select.POLLIN)
+            while not waiter.poll():  # blocks without the GIL; readable once the parent has exited
+                pass
+        else:
+            while os.getppid() == parent:
+                time.sleep(interval_s)
         try:
             if cleanup is not None:
                 cleanup()
@@ -49,6 +64,19 @@ def exit_with_parent(cleanup=None, interval_s: float = 0.5, parent: int | None =
             os._exit(0)
 
     threading.Thread(target=watch, daemon=True, name="packrat-parent-watch").start()
+
+
+def parent_pidfd(parent: int) -> int | None:
+    """A pidfd of `parent` while it is still this process's parent; None where it is gone already
+    or pidfds are missing (Linux < 5.3): the watcher then polls os.getppid(), which sees either."""
+    try:
+        handle = os.pidfd_open(parent)
+    except (AttributeError, OSError):  # no pidfds here, or the parent is gone and reaped
+        return None
+    if os.getppid() == parent:  # opened while it was our parent: the pidfd names it, not a later holder of its pid
+        return handle
+    os.close(handle)
+    return None
 
 
 def attach(name: str, size: int) -> mmap.mmap:
