@@ -49,9 +49,10 @@ def main() -> int:
     parser.add_argument("--warmup-s", type=float, default=60.0)
     parser.add_argument("--window-s", type=float, default=45.0, help="each fault's window (default: 45)")
     parser.add_argument("--stop-s", type=float, default=30.0, help="how long a stopped process stays stopped")
-    parser.add_argument("--slow-s", type=float, default=20.0, help="how long the other models' moves wait while the target leaves (default: 20)")
+    parser.add_argument("--slow-s", type=float, default=20.0,
+                        help="how long the other models' moves wait while the target leaves and returns (default: 20)")
     parser.add_argument("--fail-s", type=float, default=10.0,
-                        help="how long the other models' moves fail while the target is away (default: 10)")
+                        help="how long the other models' moves fail while the target leaves and returns (default: 10)")
     parser.add_argument("--out", type=Path, default=Path("out/node_chaos"))
     args = parser.parse_args()
     if args.target not in args.models:

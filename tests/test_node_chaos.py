@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from packrat.bench.node_chaos import Fault, POLL_S, in_motion, whole, window_figures
+from packrat.bench.node_chaos import Fault, POLL_S, in_motion, moves_since, whole, window_figures
 from packrat.loadtest.requestlog import RequestRecord
 
 STATE = {"generation": 4, "step": 1, "steps": [{}, {}]}
@@ -42,3 +42,13 @@ def test_a_fault_is_whole_again_after_its_last_broken_sample():
     assert figures["not_whole_s"] == figures["moving_s"] == 2 * POLL_S and figures["lease_epochs"] == [1, 2]
     assert figures["whole_again_s"] == 3.25 and figures["whole_after_fault_ended_s"] == 2.25
     assert figures["whole_at_end"]
+
+
+def test_a_fault_window_says_whether_a_move_failed_in_it():
+    state = {"moves": [{"started_at": 90.0, "seconds": 30.0, "failed": "old"},
+                       {"started_at": 101.0, "seconds": 0.5, "failed": "b could not move: injected fault"},
+                       {"started_at": 102.0, "seconds": 3.2, "failed": None, "kind": "hold"},
+                       {"started_at": 115.0, "seconds": None, "failed": None}]}
+    assert moves_since(state, 100.0) == ("3 move(s) of the node, 1 failed, the slowest 3.2 s "
+                                         "(b could not move: injected fault)")
+    assert moves_since(None, 0.0) == "0 move(s) of the node, 0 failed"

@@ -8,9 +8,10 @@ Faults (FAULTS), each given a window of its own:
                  after `stop_s` unless its pool's watchdog killed it first
   re-register    the target model unregistered through the management API, then registered again
   move-slow      every other model's moves made to wait `slow_s` (the node's injected fault,
-                 member.NodeMember._injected), then the target unregistered: they grow onto its cores
-  move-fail      every other model's moves made to fail for `fail_s` while the target is
-                 unregistered (they try to grow onto its cores), then the target registered again
+                 member.NodeMember._injected) while the target is unregistered and registered again
+                 5 s later: their cores change on one of the two
+  move-fail      the same with every other model's moves made to fail for `fail_s`; the fault's line
+                 says how many moves the node made in the window and how many failed
 
 Before each fault the node is left to settle (whole, at most SETTLE_S). Watched every `POLL_S`
 from each fault's start to the end of its window: whether the node is *whole* (every model with a
@@ -43,6 +44,7 @@ from packrat.serving.pool.core_locks import holders
 FAULTS = ("owner-kill", "owner-stop", "instance-stop", "re-register", "move-slow", "move-fail")
 POLL_S = 0.25
 SETTLE_S = 120.0
+AFTER_RETURN_S = 5.0  # an injected move fault lasts at least this long after the target is back
 
 
 # ---- the node's state, read from its directory (pure parts first) -------------------------------
@@ -62,6 +64,17 @@ def in_motion(state: dict | None, members: list[dict]) -> bool:
         return False
     now = [state["generation"], state["step"]]
     return state["step"] + 1 < len(state["steps"]) or any(m.get("applied") != now for m in members)
+
+
+def moves_since(state: dict | None, started: float) -> str:
+    """The node's moves begun since `started` (unix time), in words: how many, how many failed, the
+    slowest, the first failure's reason."""
+    moves = [m for m in (state or {}).get("moves", []) if m["started_at"] >= started]
+    failed = [m for m in moves if m.get("failed")]
+    slowest = max((m["seconds"] for m in moves if m.get("seconds") is not None), default=None)
+    return (f"{len(moves)} move(s) of the node, {len(failed)} failed"
+            + (f", the slowest {slowest:.1f} s" if slowest is not None else "")
+            + (f" ({failed[0]['failed'][:120]})" if failed else ""))
 
 
 def window_figures(records: list, start: float, end: float) -> dict:
@@ -235,25 +248,31 @@ class Chaos:
 
     def move_slow(self, fault: Fault) -> None:
         others = self._inject(fault.target, {"delay_s": self.slow_s})
-        self._unregister(fault.target)
-        time.sleep(self.slow_s)
+        self._leave_and_return(fault.target)
+        time.sleep(max(AFTER_RETURN_S, self.slow_s - (time.time() - fault.started)))
         self._clear_injected()
-        fault.what = f"moves of {', '.join(others)} made to wait {self.slow_s:g} s; {fault.target} unregistered"
+        fault.what = (f"moves of {', '.join(others)} made to wait {self.slow_s:g} s while {fault.target} left and came "
+                      f"back; {moves_since(read_state(self.node.root), fault.started)}")
 
     def move_fail(self, fault: Fault) -> None:
-        """The others' moves fail while the target leaves (they would grow onto its cores: a move
-        that changes their cores, so the failure is struck; a joining model is often planned in
-        turns on cores the others keep, which moves no one), then it is registered again."""
+        others = self._inject(fault.target, {"fail": "a chaos run's move-fail"})
+        self._leave_and_return(fault.target)
+        time.sleep(max(AFTER_RETURN_S, self.fail_s - (time.time() - fault.started)))
+        self._clear_injected()
+        fault.what = (f"moves of {', '.join(others)} made to fail for {self.fail_s:g} s while {fault.target} left and "
+                      f"came back; {moves_since(read_state(self.node.root), fault.started)}")
+
+    def _leave_and_return(self, target: str) -> None:
+        """The target unregistered, then registered again 5 s later: the others' cores change on one of
+        the two (which one depends on the plan: a leaving model's cores may go to the others, or a
+        joining one be planned in turns on cores they keep), so an injected fault strikes."""
         from packrat.deploy import torchserve
 
-        others = self._inject(fault.target, {"fail": "a chaos run's move-fail"})
-        self._unregister(fault.target)
-        time.sleep(max(0.0, self.fail_s - (time.time() - fault.started)))
-        self._clear_injected()
-        torchserve.register(self.server, self.mars[fault.target], fault.target)
-        self.live.add(fault.target)
-        fault.what = (f"moves of {', '.join(others)} made to fail for {self.fail_s:g} s while {fault.target} "
-                      f"was unregistered; then registered again")
+        if target in self.live:
+            self._unregister(target)
+            time.sleep(5)
+        torchserve.register(self.server, self.mars[target], target)
+        self.live.add(target)
 
     def _inject(self, target: str, fault: dict) -> list[str]:
         """The injected fault for every live model but `target`; their names."""
