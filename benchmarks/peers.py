@@ -463,14 +463,15 @@ def pool_plans(args, cores: list[int]) -> dict:
         pools["fat"][str(batch)] = {"instances": [{"threads": len(cores), "batch": batch, "cores": cores,
                                                    "expected_ms": fat_ms}]}
     pools["packrat"] = plans_of(args, profile, why, path, cores, topology, pools["lines"], "packrat plan", mode)
+    later_lines: dict = {}
     if args.later_profile:
         later, later_why = read_profile(args, args.later_profile)
         pools["later_profile"] = str(args.later_profile)
         pools["packrat-later"] = plans_of(args, later, later_why, args.later_profile, cores, topology,
-                                          pools.setdefault("later_lines", {}), "packrat-later plan", mode)
+                                          later_lines, "packrat-later plan", mode)
     else:
         pools["packrat-later"] = {str(b): {"skipped": "no --later-profile"} for b in args.batches}
-    for batch, line in pools.pop("later_lines", {}).items():
+    for batch, line in later_lines.items():
         pools["lines"][batch] = "\n\n".join(filter(None, (pools["lines"].get(batch), line)))
     return pools
 
