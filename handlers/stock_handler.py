@@ -1,6 +1,6 @@
 """The baseline: a plain BaseHandler-style handler running the model in the worker process,
 with TorchServe's own workers and threads. Same decoding and answers as the packrat handler
-(packrat.serving.inference), so a comparison measures only how the cores are used."""
+(packrat.codec.batch), so a comparison measures only how the cores are used."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from packrat.handlers import common
 from packrat.codec.codec import Codec
 from packrat.models.zoo import prepare
 from packrat.serving.engine import codec_config, model_config
-from packrat.serving.inference import answer_batch
+from packrat.codec.batch import answer_batch
 from packrat.serving.pool.api import Answer
 
 

@@ -33,7 +33,7 @@ from packrat.deploy import archive
 from packrat.bench.faults import pool_instances, torchserve_pid
 from packrat.codec.codec import Codec
 from packrat.codec.config import CodecConfig
-from packrat.serving.inference import answer_batch
+from packrat.codec.batch import answer_batch
 from packrat.models.zoo import prepare, resolve
 from packrat.machine.topology import detect
 from packrat.settings import Settings

@@ -200,7 +200,7 @@ def test_served_through_torchserve_with_text_and_named_inputs(hf_dir, tmp_path):
     from packrat.deploy import archive
     from packrat.codec.codec import Codec
     from packrat.codec.config import CodecConfig
-    from packrat.serving.inference import answer_batch
+    from packrat.codec.batch import answer_batch
     from test_formats_integration import post
 
     model = f"hf:{hf_dir['bert-cls']}"

@@ -1,4 +1,4 @@
-"""answer_batch (packrat.serving.inference) as the pool's instances call it: decoding on a thread
+"""answer_batch (packrat.codec.batch) as the pool's instances call it: decoding on a thread
 pool, its stages stamped; and the instance's decoder threads (packrat.serving.pool.child)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from packrat.codec.codec import Codec
 from packrat.codec.config import CodecConfig
 from packrat.bench.payloads import build_payload
 from packrat.models.zoo import prepare, resolve
-from packrat.serving.inference import answer_batch
+from packrat.codec.batch import answer_batch
 from packrat.serving.pool.child import Decoders
 
 

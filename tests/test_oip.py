@@ -19,7 +19,7 @@ from packrat.handlers import common
 from packrat.codec.codec import Codec
 from packrat.codec.config import CodecConfig
 from packrat.errors import RequestError
-from packrat.serving.inference import answer_batch
+from packrat.codec.batch import answer_batch
 from packrat.models.spec import InputSpec
 from packrat.models.zoo import prepare, resolve
 from packrat.serving.pool.api import Answer

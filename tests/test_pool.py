@@ -22,7 +22,7 @@ from packrat.codec.codec import Codec
 
 from packrat.codec.config import CodecConfig
 from packrat.bench.payloads import build_payload
-from packrat.serving.inference import answer_batch
+from packrat.codec.batch import answer_batch
 from packrat.models.zoo import prepare, resolve
 from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
 from packrat.serving.pool.instance_pool import InstancePool

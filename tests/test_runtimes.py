@@ -16,7 +16,7 @@ from packrat.models import runtimes
 from packrat.models.zoo import resolve
 from packrat.planning.planner import Planner
 from packrat.profiling import profiles
-from packrat.serving.inference import answer_batch
+from packrat.codec.batch import answer_batch
 from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
 from packrat.serving.pool.instance_pool import InstancePool
 from packrat.settings import COMPILE_CACHE_ENV

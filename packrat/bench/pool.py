@@ -4,7 +4,7 @@ noise hits them alike, after one warm-up call of each:
 
   in-process        the bare model called in this process on the example batch (no codec)
   in-process-codec  the bodies decoded, run and encoded in this process through
-                    packrat.serving.inference.answer_batch: what the stock handler does
+                    packrat.codec.batch.answer_batch: what the stock handler does
   pool-fat          the fat pool ⟨1 instance, T threads, B⟩ answering the bodies
   pool-plan         the planned pool answering them
 
@@ -72,7 +72,7 @@ def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, pro
     from packrat.codec.config import CodecConfig
     from packrat.models.modes import served
     from packrat.models.zoo import prepare, resolve
-    from packrat.serving.inference import answer_batch
+    from packrat.codec.batch import answer_batch
     from packrat.serving.pool.api import ModelConfig, Request
     from packrat.serving.pool.instance_pool import InstancePool
 

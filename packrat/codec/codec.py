@@ -65,12 +65,14 @@ class Codec:
     def describe(self) -> str:
         return self.samples.describe()
 
-    def decode(self, body, content_type: str | None, header_length: int | str | None = None) -> Decoded:
+    def decode(self, body, content_type: str | None, header_length: int | str | None = None, into=None) -> Decoded:
         """The request's samples and how to answer it; RequestError and nothing else.
-        `header_length`: the KServe v2 binary extension's Inference-Header-Content-Length (as sent)."""
+        `header_length`: the KServe v2 binary extension's Inference-Header-Content-Length (as sent).
+        `into`: the request's row of the batch (batch.InputRows.row), where an image is decoded
+        straight into; the samples may then be views of it."""
         try:
             kind = (content_type or "").split(";")[0].strip().lower()
-            return forms.read_body(self.samples, body, kind, oip.header_length(header_length))
+            return forms.read_body(self.samples, body, kind, oip.header_length(header_length), into)
         except RequestError:
             raise
         except Exception as exc:  # a bug or a body nobody foresaw: still only this request's failure

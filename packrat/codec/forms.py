@@ -19,14 +19,14 @@ ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
 SNIFFED_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")  # say nothing
 
 
-def read_body(samples: Samples, body, kind: str, header_length: int | None) -> Decoded:
-    """A body as TorchServe or a front end hands it over (bytes, or text and JSON already decoded)."""
+def read_body(samples: Samples, body, kind: str, header_length: int | None, into=None) -> Decoded:
+    """A body as TorchServe or a front end hands it over (bytes, or text and JSON already decoded).
+    `into`: the request's row of the batch (a tensor per input) where an image is decoded straight
+    into, or None."""
     if isinstance(body, str):  # TorchServe decodes text/* bodies
         body, kind = body.encode("utf-8"), kind or "text/plain"
-    if isinstance(body, memoryview):
-        body = body.tobytes()
-    if isinstance(body, (bytes, bytearray)):
-        return from_bytes(samples, bytes(body), kind, header_length)
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return from_bytes(samples, body, kind, header_length, into)
     if body is None:
         raise RequestError(400, "empty request: send one input sample as the body")
     if isinstance(body, (dict, list)):  # TorchServe decodes JSON bodies
@@ -34,7 +34,15 @@ def read_body(samples: Samples, body, kind: str, header_length: int | None) -> D
     raise RequestError(400, f"unsupported request body: {type(body).__name__}")
 
 
-def from_bytes(samples: Samples, body: bytes, kind: str, header_length: int | None) -> Decoded:
+def from_bytes(samples: Samples, buffer: bytes | bytearray | memoryview, kind: str, header_length: int | None,
+               into=None) -> Decoded:
+    """A body of bytes in any bytes-like `buffer`. A raw tensor body is read where it lies (a
+    writable buffer, such as an instance's shared memory, is not copied); every other form from a
+    bytes copy of it, since parsers want bytes."""
+    if isinstance(buffer, memoryview) and buffer.ndim == 1 and buffer.itemsize == 1:
+        body = buffer  # sniffed by slices below; copied to bytes only where parsed
+    else:
+        body = buffer = memoryview(buffer).cast("B")
     limit = samples.config.max_body_bytes
     if len(body) > limit:
         raise RequestError(413, f"request too large: {len(body)} bytes (limit {limit})")
@@ -44,28 +52,29 @@ def from_bytes(samples: Samples, body: bytes, kind: str, header_length: int | No
                                 "body's type), or use curl -T FILE")
     if not body:
         raise RequestError(400, "empty request: send one input sample as the body")
+    head = bytes(body[:64])
     if header_length is not None:  # the KServe v2 binary extension says where its JSON ends
-        return kserve.v2(samples, *oip.split(body, header_length))
-    if body[:4] == ZIP_MAGIC:
-        return _plain(samples, samples.first_input(samples.one(samples.saved_tensor(body))))
-    if kind.startswith("image/") or (samples.input_kind == "image" and _is_image(body)):
-        return _plain(samples, samples.first_input(samples.image(body)))
+        return kserve.v2(samples, *oip.split(bytes(body), header_length))
+    if head[:4] == ZIP_MAGIC:
+        return _plain(samples, samples.first_input(samples.one(samples.saved_tensor(bytes(body)))))
+    if kind.startswith("image/") or (samples.input_kind == "image" and _is_image(head)):
+        return _plain(samples, samples.first_input(samples.image(body, _first(into))))
     if "json" in kind:
-        return _json_bytes(samples, body)
+        return _json_bytes(samples, bytes(body))
     json_error = None
     # text/plain text for a text model may well start with "[" or "{"
     sniffed = kind in SNIFFED_TYPES or (kind.startswith("text/") and not samples.takes_tokens)
-    if sniffed and body[:64].lstrip()[:1] in (b"{", b"["):
+    if sniffed and head.lstrip()[:1] in (b"{", b"["):
         try:
-            return _json_bytes(samples, body)
+            return _json_bytes(samples, bytes(body))
         except RequestError as exc:  # or raw bytes / text that merely start like JSON
             json_error = exc
-    text = as_text(body) if samples.takes_tokens or kind.startswith("text/") else None
+    text = as_text(bytes(body)) if samples.takes_tokens or kind.startswith("text/") else None
     if text is not None:
         return _plain(samples, samples.text_sample(text))
     if json_error is not None and len(body) != samples.raw_size():
         raise json_error
-    return _plain(samples, samples.first_input(samples.raw(body)))
+    return _plain(samples, samples.first_input(samples.raw(buffer)))
 
 
 def from_json(samples: Samples, body) -> Decoded:
@@ -112,6 +121,10 @@ def _json_bytes(samples: Samples, body: bytes) -> Decoded:
             raise
         return kserve.v2(samples, *binary)
     return from_json(samples, value)
+
+
+def _first(into):
+    return None if into is None else into[0]
 
 
 def _is_image(body: bytes) -> bool:

@@ -4,10 +4,13 @@ It receives its settings over the socket FD, pins itself to its cores, sets its 
 loads the model and a ``codec.Codec``, warms up, says it is ready (with how long a full planned
 batch took: the watchdog's measured yardstick), and then loops: read its requests' bodies from
 the input segment the parent wrote (POSIX shared memory the parent creates, grows and unlinks),
-answer them with ``inference.answer_batch`` and send the answers back with the stamps of the
+answer them with ``codec.batch.answer_batch`` and send the answers back with the stamps of the
 batch's stages (stages.py). Decoding and encoding thus run on the instance's cores, in parallel
 across instances, and a batch's requests are decoded in parallel on them (Decoders); the parent
-only moves bytes. Bodies are read as slices of the segment, not copied out of it first.
+only moves bytes. The segment starts with the batch's input rows (codec.batch.InputRows), which
+the model reads as they are: a raw tensor body the parent wrote straight into its row is the
+model's input without another copy, and an image is decoded into its row. Other bodies are read
+as slices of the segment, not copied out of it first.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import pickle
 import select
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
+from typing import NamedTuple
 
+from packrat.codec.batch import Decoders, set_intra_op_threads
 from packrat.models.runtimes import DEFAULT_RUNTIME, runtime_of
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.core_locks import holding
@@ -81,9 +85,10 @@ def parent_pidfd(parent: int) -> int | None:
 
 def attach(name: str, size: int) -> mmap.mmap:
     """Map a parent-owned segment without registering it with a resource tracker
-    (Python < 3.13 would otherwise unlink it when this process exits)."""
+    (Python < 3.13 would otherwise unlink it when this process exits). Writable: the batch's rows
+    are in it, and requests are decoded into them."""
     with open(f"/dev/shm/{name.lstrip('/')}", "r+b") as file:
-        return mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ)
+        return mmap.mmap(file.fileno(), size, access=mmap.ACCESS_WRITE)
 
 
 def warm_up(module, examples: tuple, threads: int, turn=contextlib.nullcontext) -> float:
@@ -111,17 +116,6 @@ def warm_up(module, examples: tuple, threads: int, turn=contextlib.nullcontext) 
     return full_ms
 
 
-def set_intra_op_threads(threads: int) -> None:
-    """This thread's torch intra-op threads, fixed now. torch reads its process-wide count into a
-    thread's own OpenMP setting on that thread's first parallel region, so a thread that has not
-    run one yet would take whatever count another thread set last: asking for the count runs that
-    first read here, with ours."""
-    import torch
-
-    torch.set_num_threads(threads)
-    torch.get_num_threads()
-
-
 def torch_threads(mode: str, threads: int) -> int:
     """torch's intra-op threads in an instance of `threads` threads running the model in `mode` (a
     graph mode, or the runtime running it): all of them when torch runs the model; one when
@@ -131,29 +125,6 @@ def torch_threads(mode: str, threads: int) -> int:
     1.61 to 1.10 under OpenVINO and from 1.57 to 1.29 under ONNX Runtime at b = 1 with one torch
     thread (BENCHMARKS.md, issue 32)."""
     return threads if runtime_of(mode) == DEFAULT_RUNTIME else 1
-
-
-class Decoders:
-    """Decodes a batch's requests in parallel on the instance's cores. JPEG decoding and resizing
-    release the GIL (issue 25, 4 ResNet-50 photos: 18.0 ms on 2 decoders against 23.0
-    in turn, BENCHMARKS.md); tokenising holds it, so only image models get decoders. A lone
-    request is decoded on the calling thread: a hop to a decoder would only add to it. Each decoder runs one intra-op thread: its tensor
-    work must not lead an OpenMP team of its own, since a second team in the process makes every
-    team sleep between parallel regions instead of spinning (BENCHMARKS.md, IOS: 1.3x slower
-    models). The threads start here, before the model's thread count is set for good
-    (set_intra_op_threads)."""
-
-    def __init__(self, threads: int):
-        self._pool = None
-        if threads > 1:
-            started = threading.Barrier(threads)
-            self._pool = ThreadPoolExecutor(threads, "packrat-decode", initializer=set_intra_op_threads,
-                                            initargs=(1,))
-            list(self._pool.map(lambda _: started.wait(), range(threads)))  # every thread up, not one reused
-
-    def mapper(self, requests: int):
-        """map() for a batch of `requests`: the decoders' when there is more than one to decode."""
-        return self._pool.map if self._pool is not None and requests > 1 else map
 
 
 def load(model: ModelConfig, config: InstanceConfig):
@@ -226,11 +197,15 @@ def main(conn: Connection, parent: int | None = None) -> None:
     serve(conn, module, codec, decoders, config, warm_ms)
 
 
-def serve(conn: Connection, module, codec, decoders: "Decoders", config: InstanceConfig, warm_ms: float) -> None:
+def serve(conn: Connection, module, codec, decoders: Decoders, config: InstanceConfig, warm_ms: float) -> None:
     """Answer batches until told to stop or the parent is gone. Each answer carries the stamps of
     its batch's stages here (packrat.serving.pool.stages): received, locked, decoded, run, encoded,
     and how many turns it took (turns.py)."""
+    from packrat.codec.batch import InputRows, RowsLayout
+
     view = None  # the input segment, as a memoryview: a body is a slice of it, never a copy
+    layout = RowsLayout.of(codec.config, config.slots)  # the batch's rows at its start, as the parent lays them
+    rows = None
     turn = Turn(config.cores)
     while True:
         try:
@@ -243,25 +218,43 @@ def serve(conn: Connection, module, codec, decoders: "Decoders", config: Instanc
         _, items, new_segment, locks, turn_ms = message
         if new_segment:
             view = memoryview(attach(*new_segment))
+            rows = InputRows(codec.config, layout, view)
         bodies = [(view[offset:offset + size], kind, header) for offset, size, kind, header in items]
+        in_rows = {index for index, (offset, size, *_) in enumerate(items)
+                   if index < layout.slots and offset == layout.row_offset(index) and size == layout.row_bytes}
         turn.quantum = turn_ms if locks is not None else None
         sizes = turn_sizes(len(bodies), warm_ms / config.batch, turn.quantum)
-        answers, stamps = run_in_turns(conn, module, codec, decoders, turn, locks, bodies, sizes, received)
+        answers, stamps = run_in_turns(conn, module, codec, decoders, turn, locks, Batch(bodies, rows, in_rows),
+                                       sizes, received)
         conn.send(("answers", answers, stamps, len(sizes)))
 
 
-def run_in_turns(conn: Connection, module, codec, decoders: "Decoders", turn: Turn, locks: str | None,
-                 bodies: list, sizes: list[int], received: float) -> tuple[list, list[float]]:
+class Batch(NamedTuple):
+    """A sub-batch as the parent sent it: the bodies (slices of the segment), the rows over the
+    segment the model reads, and which bodies the parent wrote straight into their rows."""
+    bodies: list
+    rows: object  # codec.batch.InputRows
+    in_rows: set[int]
+
+    def part(self, start: int, size: int) -> tuple[list, object, frozenset[int]]:
+        """(bodies, rows, in_rows) of the part from `start`, as answer_batch takes them."""
+        rows = self.rows.from_row(start) if self.rows is not None else None
+        return (self.bodies[start:start + size], rows,
+                frozenset(index - start for index in self.in_rows if start <= index < start + size))
+
+
+def run_in_turns(conn: Connection, module, codec, decoders: Decoders, turn: Turn, locks: str | None,
+                 batch: Batch, sizes: list[int], received: float) -> tuple[list, list[float]]:
     """Answer `bodies` in parts of `sizes`, each in a turn holding the cores' locks (when `locks`),
     a new turn when the last one has run its time; the parent hears when each part begins to run
     and when one ends with more to come, so its watchdog counts running, not waiting. Stamps:
     received, then decode, model and encode summed over the parts, ending when the last one did
     (the waits for turns all fall in the "locks" stage)."""
-    from packrat.serving.inference import answer_batch
+    from packrat.codec.batch import answer_batch
 
     answers, spent, start = [], [0.0, 0.0, 0.0], 0
     for number, size in enumerate(sizes):
-        part = bodies[start:start + size]
+        part, rows, in_rows = batch.part(start, size)
         start += size
         if number and turn.spent(turn.quantum):
             turn.end()
@@ -270,7 +263,7 @@ def run_in_turns(conn: Connection, module, codec, decoders: "Decoders", turn: Tu
         laps = [time.monotonic()]
         if locks is not None:  # it runs from now: the parent's watchdog counts from here
             conn.send(("locked", laps[0]))
-        answers += answer_batch(module, codec, part, decoders.mapper(len(part)), laps)
+        answers += answer_batch(module, codec, part, decoders.mapper(len(part) - len(in_rows)), laps, rows, in_rows)
         for stage in range(3):
             spent[stage] += laps[stage + 1] - laps[stage]
     # The turn ends with the batch, before its answers go: the cores are held only while the parent

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from packrat.codec.batch import RowsLayout
 from packrat.codec.config import CodecConfig
 from packrat.errors import PoolError
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
@@ -61,6 +62,7 @@ class Instance:
     def __init__(self, index: int, model: ModelConfig, config: InstanceConfig, codec: CodecConfig, nice: int = 0,
                  locks: str | None = None):
         self.index, self.config = index, config
+        self.layout = RowsLayout.of(codec, config.slots)  # where the batch's rows lie in the segment
         self.ready = False  # set once the instance has loaded its model and takes work
         self.mode = ""
         self.fallback: str | None = None  # why it runs another runtime than its config's, if it does
@@ -131,21 +133,31 @@ class Instance:
 
     def submit(self, jobs: list) -> None:
         """Write the bodies into the input segment (grown when they do not fit) and send their places.
+        A body of exactly one sample of the model's first input (a raw tensor) goes straight into
+        its request's row of the batch (codec.batch.RowsLayout), which the model reads as it is;
+        other bodies go after the rows, where the instance decodes them into their rows.
         The sub-batch's stamps up to the send (stages.py) are kept in `sent_stamps`."""
         dispatched = time.monotonic()
-        needed = sum(len(job.request.body) for job in jobs)
+        layout = self.layout
+        places, offset = [], layout.size
+        for index, job in enumerate(jobs):
+            size = len(job.request.body)
+            if index < layout.slots and size == layout.row_bytes:
+                places.append(layout.row_offset(index))
+            else:
+                places.append(offset)
+                offset += size
         new_segment = None
-        if self.segment is None or self.segment.size < needed:
+        if self.segment is None or self.segment.size < offset:
             self._release_segment()
             name = f"{SEGMENT_PREFIX}{os.getpid()}-{next(_segment_numbers)}"
-            self.segment = SharedMemory(name, create=True, size=max(MIN_SEGMENT_BYTES, 1 << (needed - 1).bit_length()))
+            self.segment = SharedMemory(name, create=True, size=max(MIN_SEGMENT_BYTES, 1 << (offset - 1).bit_length()))
             new_segment = (self.segment.name, self.segment.size)
-        items, offset = [], 0
-        for job in jobs:
+        items, buffer = [], self.segment.buf
+        for job, place in zip(jobs, places):
             body = job.request.body  # bytes, bytearray or memoryview: copied once, straight into the segment
-            self.segment.buf[offset:offset + len(body)] = body
-            items.append((offset, len(body), job.request.content_type, job.request.header_length))
-            offset += len(body)
+            buffer[place:place + len(body)] = body
+            items.append((place, len(body), job.request.content_type, job.request.header_length))
         copied = time.monotonic()
         message = ForkingPickler.dumps(("infer", items, new_segment, self.locks, self.turn_ms))  # what conn.send would do
         sending = time.monotonic()  # before the write: the instance may run before the write returns to us

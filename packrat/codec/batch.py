@@ -1,0 +1,286 @@
+"""Answering a batch of request bodies with a model and a codec: decode each, run the good ones
+as one batch, encode each. Shared by the pool's instance processes, the in-process (stock)
+handler and the profiler's served points, so all three answer alike. A request's own failure is
+answered alone: 4xx for bad input, 500 for ours (encoding, or the model failing on that input);
+its batch-mates are not touched.
+
+The batch's inputs live in ``InputRows``: one preallocated tensor per model input, a row per
+request. Each request is decoded into its row (an image's pixels normalised straight into it; a
+raw tensor body that already lies in its row, where the pool's parent wrote it, is not copied at
+all), and the model reads the first rows as they are: nothing is allocated, concatenated or
+copied per request between the request's bytes and the runtime. Without rows (or for a request
+carrying several samples) the samples are concatenated, as before rows existed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from packrat.codec.codec import Codec
+from packrat.codec.config import CodecConfig
+from packrat.errors import RequestError, error_body, first_line
+
+ALIGN = 64  # bytes: each input's rows start on a cache line
+
+
+class Reply(NamedTuple):
+    """One request's answer; pool.Answer(*reply) wraps it. A tuple, so it crosses from an instance
+    process to the parent as plain pickled data."""
+    status: int
+    body: bytes  # JSON, or a binary KServe v2 answer
+    reason: str = ""  # one line ("" when 200)
+    content_type: str = "application/json"
+    header_length: int | None = None  # binary KServe v2 answers: Inference-Header-Content-Length
+
+
+# ---- the batch buffer ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RowsLayout:
+    """Where each model input's rows lie in a buffer: `slots` rows of one sample each, input after
+    input, each input's rows starting on a cache line. Plain numbers, so the pool's parent (which
+    writes raw bodies into the first input's rows) and its instance (which reads them) agree."""
+    slots: int
+    regions: tuple[tuple[int, int], ...]  # (offset, bytes of one row) per input, in the model's order
+
+    @classmethod
+    def of(cls, config: CodecConfig, slots: int) -> "RowsLayout":
+        regions, offset = [], 0
+        for spec in config.input_specs():
+            row = _numel(spec.shape) * torch.empty((), dtype=getattr(torch, spec.dtype)).element_size()
+            regions.append((offset, row))
+            offset = _aligned(offset + row * slots)
+        return cls(slots, tuple(regions))
+
+    @property
+    def size(self) -> int:
+        """Bytes of every input's rows: a buffer's other contents (request bodies) start here."""
+        offset, row = self.regions[-1]
+        return _aligned(offset + row * self.slots)
+
+    @property
+    def row_bytes(self) -> int:
+        """One sample of the first input, in bytes: a raw tensor body of this size is written
+        straight into its row."""
+        return self.regions[0][1]
+
+    def row_offset(self, index: int) -> int:
+        """Where the first input's row `index` starts."""
+        return self.regions[0][0] + index * self.row_bytes
+
+
+class InputRows:
+    """One tensor per model input, (slots, *shape), over a buffer laid out by a RowsLayout: the
+    batch the model reads. Over shared memory in a pool instance; allocate() makes its own."""
+
+    def __init__(self, config: CodecConfig, layout: RowsLayout, buffer):
+        self.layout = layout
+        self.tensors = tuple(
+            torch.frombuffer(buffer, dtype=getattr(torch, spec.dtype), count=_numel(spec.shape) * layout.slots,
+                             offset=offset).view(layout.slots, *spec.shape)
+            for spec, (offset, _) in zip(config.input_specs(), layout.regions))
+        self.buffer = buffer  # kept alive while the tensors view it
+
+    def from_row(self, start: int) -> "InputRows":
+        """The rows from `start` on, as rows of their own (a batch answered in parts)."""
+        if start == 0:
+            return self
+        part = object.__new__(InputRows)
+        part.layout, part.buffer = self.layout, self.buffer
+        part.tensors = tuple(tensor[start:] for tensor in self.tensors)
+        return part
+
+    @classmethod
+    def allocate(cls, config: CodecConfig, slots: int) -> "InputRows":
+        layout = RowsLayout.of(config, slots)
+        return cls(config, layout, bytearray(layout.size))
+
+    @property
+    def slots(self) -> int:
+        return len(self.tensors[0])
+
+    def row(self, index: int) -> tuple[torch.Tensor, ...]:
+        return tuple(tensor[index] for tensor in self.tensors)
+
+    def put(self, index: int, samples: tuple[torch.Tensor, ...]) -> bool:
+        """Row `index` holds the one sample of each input in `samples` ((1, *shape) each) from now
+        on: copied in, unless it was decoded there. False (nothing done) for several samples."""
+        if index >= self.slots or any(len(sample) != 1 for sample in samples):
+            return False
+        for row, sample in zip(self.row(index), samples):
+            if sample.data_ptr() != row.data_ptr():
+                row.copy_(sample[0])
+        return True
+
+    def first(self, count: int) -> tuple[torch.Tensor, ...]:
+        """The first `count` rows of every input: the batch, as views."""
+        return tuple(tensor[:count] for tensor in self.tensors)
+
+    def taken(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
+        """The rows at `indices` (a batch with holes where requests failed), gathered (a copy)."""
+        if indices == list(range(len(indices))):
+            return self.first(len(indices))
+        where = torch.tensor(indices)
+        return tuple(tensor.index_select(0, where) for tensor in self.tensors)
+
+
+def _numel(shape) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+# ---- decoding side by side ---------------------------------------------------------------------
+
+def set_intra_op_threads(threads: int) -> None:
+    """This thread's torch intra-op threads, fixed now. torch reads its process-wide count into a
+    thread's own OpenMP setting on that thread's first parallel region, so a thread that has not
+    run one yet would take whatever count another thread set last: asking for the count runs that
+    first read here, with ours."""
+    torch.set_num_threads(threads)
+    torch.get_num_threads()
+
+
+class Decoders:
+    """Decodes a batch's requests in parallel on the instance's cores. JPEG decoding and resizing
+    release the GIL (issue 25, 4 ResNet-50 photos: 18.0 ms on 2 decoders against 23.0
+    in turn, BENCHMARKS.md); tokenising holds it, so only image models get decoders. A lone
+    request is decoded on the calling thread: a hop to a decoder would only add to it. Each decoder runs one intra-op thread: its tensor
+    work must not lead an OpenMP team of its own, since a second team in the process makes every
+    team sleep between parallel regions instead of spinning (BENCHMARKS.md, IOS: 1.3x slower
+    models). The threads start here, before the model's thread count is set for good
+    (set_intra_op_threads)."""
+
+    def __init__(self, threads: int):
+        self._pool = None
+        if threads > 1:
+            started = threading.Barrier(threads)
+            self._pool = ThreadPoolExecutor(threads, "packrat-decode", initializer=set_intra_op_threads,
+                                            initargs=(1,))
+            list(self._pool.map(lambda _: started.wait(), range(threads)))  # every thread up, not one reused
+
+    def mapper(self, requests: int):
+        """map() for a batch of `requests`: the decoders' when there is more than one to decode."""
+        return self._pool.map if self._pool is not None and requests > 1 else map
+
+
+# ---- a batch ---------------------------------------------------------------------------------------
+
+def answer_batch(module, codec: Codec, bodies: list[tuple], mapper=map, laps: list[float] | None = None,
+                 rows: InputRows | None = None, in_rows: frozenset[int] = frozenset()) -> list[Reply]:
+    """A reply for each (body, content type[, KServe v2 header length]), in order.
+
+    `mapper(fn, items)` decodes the bodies (map: one after another; the pool's instances pass a
+    thread pool's map). With `rows`, each request is decoded into its row and the model reads the
+    rows; `in_rows`: the indices whose bodies already lie in their row (raw tensors the pool's
+    parent wrote there): they are decoded where they lie, on this thread, since there is nothing to
+    do but check them. With `laps`, the time.monotonic() after decoding, after the model's run and
+    after encoding are appended to it (the pool's stage timing)."""
+    answers: list = [None] * len(bodies)
+    decode = _decoder(codec, rows)
+    indices = [i for i in range(len(bodies)) if i not in in_rows]
+    outcomes = {i: decode((i, bodies[i])) for i in sorted(in_rows)}
+    outcomes.update(zip(indices, mapper(decode, [(i, bodies[i]) for i in indices])))
+    decoded = {}
+    for index in range(len(bodies)):
+        outcome = outcomes[index]
+        if isinstance(outcome, Reply):
+            answers[index] = outcome
+        else:
+            decoded[index] = outcome
+    _lap(laps)
+    placed = rows is not None and all(placed for _, placed in decoded.values())
+    if placed and decoded:
+        outputs = run_rows(module, rows, list(decoded))
+    else:
+        outputs = run_each(module, {i: d.samples for i, (d, _) in decoded.items()})
+    _lap(laps)
+    for index, (item, _) in decoded.items():
+        output = outputs[index]
+        if isinstance(output, str):
+            answers[index] = error(500, output)
+            continue
+        try:
+            encoded = codec.encoded(output, item)
+            answers[index] = Reply(200, encoded.body, "", encoded.content_type, encoded.header_length)
+        except Exception as exc:  # our failure, this request's alone
+            answers[index] = error(500, f"cannot encode the answer: {type(exc).__name__}: {first_line(exc)}")
+    _lap(laps)
+    return answers
+
+
+def _decoder(codec: Codec, rows: InputRows | None):
+    """One request's decode, as (Decoded, whether it now lies in its row), or its RequestError as
+    its error reply (a mapper must not raise: one request's failure would cost the batch)."""
+    def decode(item: tuple):
+        index, request = item
+        try:
+            decoded = codec.decode(*request, into=rows.row(index) if rows is not None and index < rows.slots else None)
+        except RequestError as exc:
+            return error(exc.status, exc.reason)
+        return decoded, rows is not None and rows.put(index, decoded.samples)
+    return decode
+
+
+def _lap(laps: list[float] | None) -> None:
+    if laps is not None:
+        laps.append(time.monotonic())
+
+
+def run_rows(module, rows: InputRows, indices: list[int]) -> dict:
+    """Each index's outputs from one call on the rows (each request one sample in its row); if
+    that call fails, each request alone (run_each)."""
+    inputs = rows.taken(indices)
+    with torch.inference_mode():
+        try:
+            outputs = module(*inputs)
+            return {index: outputs[position:position + 1] for position, index in enumerate(indices)}
+        except Exception:
+            if len(indices) == 1:
+                return run_each(module, {indices[0]: tuple(tensor[:1] for tensor in inputs)})
+    return run_each(module, {index: tuple(tensor[position:position + 1] for tensor in inputs)
+                             for position, index in enumerate(indices)})
+
+
+def run_each(module, samples: dict) -> dict:
+    """Each key's outputs from one batched call; if that call fails, each key alone, so only
+    the inputs the model really fails on get the failure (a one-line reason instead of outputs).
+    A key's samples are one tensor per model input, each (k, ...): the call concatenates them
+    input by input and passes the inputs in order."""
+    if not samples:
+        return {}
+    with torch.inference_mode():
+        try:
+            outputs = module(*batched(list(samples.values())))
+            sizes = [len(s[0]) for s in samples.values()]
+            return dict(zip(samples, torch.split(outputs, sizes)))
+        except Exception as exc:
+            if len(samples) == 1:
+                return {next(iter(samples)): f"the model failed on this input: {type(exc).__name__}: {first_line(exc)}"}
+    result = {}
+    for key, value in samples.items():
+        result.update(run_each(module, {key: value}))
+    return result
+
+
+def batched(samples: list[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
+    """Several requests' inputs as one batch: each input's samples concatenated (a lone request's
+    taken as they are)."""
+    if len(samples) == 1:
+        return list(samples[0])
+    return [torch.cat(parts) for parts in zip(*samples)]
+
+
+def error(status: int, reason: str) -> Reply:
+    return Reply(status, error_body(reason), reason)
