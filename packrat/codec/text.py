@@ -4,6 +4,7 @@ with a Hugging Face tokenizer."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -39,8 +40,23 @@ class TextEncoder:
         """input_ids, attention_mask (1 on the text's tokens, 0 on the padding) and token_type_ids
         (the tokenizer's, 0 on the padding), each of the model's length."""
         if not text.strip():
-            raise RequestError(400, "empty text: send the text to run the model on")
-        encoding = self.tokenizer.encode(text)
+            raise _empty()
+        return self._row(self.tokenizer.encode(text))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[dict[str, torch.Tensor] | RequestError]:
+        """encode's row for each text, through one call of the tokenizer (Rust, which may spread the
+        texts over its threads). A text encode would refuse gets its RequestError in its place, not
+        raised: one empty or too long text fails alone."""
+        rows: list = [None if text.strip() else _empty() for text in texts]
+        kept = [i for i, row in enumerate(rows) if row is None]
+        for i, encoding in zip(kept, self.tokenizer.encode_batch([texts[i] for i in kept])):
+            try:
+                rows[i] = self._row(encoding)
+            except RequestError as exc:
+                rows[i] = exc
+        return rows
+
+    def _row(self, encoding) -> dict[str, torch.Tensor]:
         ids = encoding.ids
         if len(ids) > self.length:
             raise RequestError(413, f"text too long: {len(ids)} tokens, the model takes at most {self.length}")
@@ -52,6 +68,10 @@ class TextEncoder:
 
     def token_text(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)
+
+
+def _empty() -> RequestError:
+    return RequestError(400, "empty text: send the text to run the model on")
 
 
 def _padded(row: list[int], value: int, count: int, left: bool) -> list[int]:
