@@ -150,6 +150,10 @@ class Settings:
     input_shape: tuple[int, ...] | None = setting(None, "one input sample's shape, e.g. 3,224,224, for models "
                                                         "that do not say", metavar="SHAPE")
     graph_mode: str | None = setting(None, "how the instances run the model (default: the profile's mode)")
+    runtime: str | None = setting(None, "the runtime the stock handler runs the model with: inductor (the "
+                                        "default), openvino or onnxruntime (packrat instances take each "
+                                        "point's from the profile)", option=False,
+                                  choices=("inductor", "openvino", "onnxruntime"))
     ios: bool = setting(False, "instances run IOS schedules shipped beside the profile (the archive sets it from "
                                "the profile's mode)", option=False)
     tokenizer: str | None = setting(None, "a directory holding a Hugging Face tokenizer.json (or the file): token "

@@ -84,7 +84,7 @@ def test_plan_json_is_the_documented_object(profile, capsys):
                     "instances": [{"threads": 1, "batch": 2, "cores": body["instances"][0]["cores"], "runtime": "inductor"},
                                   {"threads": 1, "batch": 2, "cores": body["instances"][1]["cores"],
                                    "runtime": "inductor"}],
-                    "latency": "isolated"}
+                    "latency": "isolated", "basis": "model"}
     cores = [c for inst in body["instances"] for c in inst["cores"]]
     assert len(set(cores)) == 2
 
@@ -238,13 +238,14 @@ def test_bench_passes_payload_tokenizer_users_and_kills(tmp_path, monkeypatch):
     assert calls["args"][:2] == ("gpt2", [2, 4]) and calls["args"][5] == [UsersPattern(1, True), UsersPattern(2, True)]
     assert calls["kw"] == {"payload": "text", "tokenizer": out / "tokenizer" / "tokenizer.json", "kill_every": 5.0,
                            "rounds": 3, "graph_mode": "eager",  # the stock handler runs the profile's mode
-                           "configs": bench_server.SERVER_CONFIGS, "max_batch_delay_ms": 100}
+                           "stock_runtime": None, "configs": bench_server.SERVER_CONFIGS, "max_batch_delay_ms": 100}
     assert calls["kw"]["tokenizer"].is_file()
     assert main(["bench", "--model", "resnet50", "--out", str(out)]) == 0
     assert main(["bench", "--model", "resnet50", "--out", str(out), "--configs", "packrat-fat,stock",
-                 "--max-batch-delay", "50"]) == 0
+                 "--max-batch-delay", "50", "--stock-runtime", "onnxruntime"]) == 0
     assert calls["kw"] == {"payload": "jpeg", "tokenizer": None, "kill_every": None, "rounds": 1, "graph_mode": "eager",
-                           "configs": bench_server.SERVER_CONFIGS[:2], "max_batch_delay_ms": 50}
+                           "stock_runtime": "onnxruntime", "configs": bench_server.SERVER_CONFIGS[:2],
+                           "max_batch_delay_ms": 50}
     assert main(["bench", "--model", "resnet50", "--payload", "raw", "--tokenizer", str(out / "tokenizer"),
                  "--out", str(out)]) == 0
     assert calls["kw"]["payload"] == "raw" and calls["kw"]["tokenizer"] == out / "tokenizer" / "tokenizer.json"

@@ -191,3 +191,18 @@ def test_recovery_settings_from_the_archive_reach_the_pool():
     assert pool_settings(given) == {
         "request_timeout_s": 30.0, "max_queue": 50, "gather_ms": 10.0, "watchdog": Watchdog(factor=4.0, floor_s=2.0)}
     assert pool_settings(Settings("tiny", batch_timeout_s=9))["watchdog"].allowance_s(None, 0.0, 1) == 9
+
+
+@pytest.mark.integration
+def test_the_stock_handler_runs_the_runtime_it_is_given(tmp_path, expected):
+    """`runtime: onnxruntime` in the archive: stock runs what packrat's instances may run, so the two
+    handlers can be compared on one engine (issue 41); the answers are the model's."""
+    pytest.importorskip("onnxruntime")
+    samples, classes = expected
+    handler = StockHandler()
+    context = make_context(tmp_path, runtime="onnxruntime")
+    handler.initialize(context)
+    assert type(handler.model).__name__ == "OrtRunner"
+    with_requests(context, ["application/octet-stream"])
+    (response,) = handler.handle([{"body": bytearray(samples[0].numpy().tobytes())}], context)
+    assert [p["class"] for p in json.loads(response)["predictions"]] == classes[0]

@@ -15,7 +15,7 @@ from packrat.codec.config import CodecConfig
 from packrat.bench.payloads import build_payload
 from packrat.models.zoo import prepare, resolve
 from packrat.codec.batch import answer_batch
-from packrat.serving.pool.child import Decoders
+from packrat.codec.batch import Decoders
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_decoder_threads_run_one_intra_op_thread_and_leave_the_models_count():
     """A decoder's tensor work must not start a second OpenMP team, and the model's thread (here
     the main one) keeps its count even though torch's process-wide setting was last set to 1."""
     code = ("import json, torch\n"
-            "from packrat.serving.pool.child import Decoders, set_intra_op_threads\n"
+            "from packrat.codec.batch import Decoders, set_intra_op_threads\n"
             "decoders = Decoders(2)\n"
             "set_intra_op_threads(2)\n"
             "seen = list(decoders.mapper(4)(lambda _: ((torch.ones(100_000) * 2).sum(), torch.get_num_threads())[1],"

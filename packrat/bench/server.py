@@ -83,14 +83,15 @@ def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, d
                  users: Sequence[UsersPattern | int] = (BATCH_USERS,), payload: str | None = None,
                  tokenizer: Path | None = None, kill_every_s: float | None = None, warmup_s: float = WARMUP_S,
                  max_batch_delay_ms: int = 100, rounds: int = 1, graph_mode: str | None = None,
-                 configs=SERVER_CONFIGS, log=print) -> list[ServerRun]:
+                 stock_runtime: str | None = None, configs=SERVER_CONFIGS, log=print) -> list[ServerRun]:
     """Every configuration's server is started and warmed up, side by side (an idle server takes no
     CPU; each plans for the whole machine, as if alone). Then, `rounds` times, each is loaded by
     locust once per users pattern (ints are fixed counts), the configurations in an order rotated
     every round, so that the machine's drift on a shared VM hits them alike; one ServerRun per
     configuration and users count pools its rounds. payload None: the model's natural one.
     graph_mode: how the stock handler runs the model (None: the default mode); give the profile's,
-    so that stock and packrat differ only in how they use the cores. With kill_every_s, pool
+    so that stock and packrat differ only in how they use the cores; stock_runtime: the engine the
+    stock handler runs it with (None: inductor). With kill_every_s, pool
     instances of the packrat configurations are killed during the measured runs."""
     from packrat.bench.payloads import build_payload, natural_payload
 
@@ -103,7 +104,8 @@ def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, d
         servers = {}
         for config in configs:
             mar = config_archive(config, model, batch, profile_path, out_dir / config[0] / "model_store",
-                           tokenizer=tokenizer, graph_mode=graph_mode, max_batch_delay_ms=max_batch_delay_ms)
+                           tokenizer=tokenizer, graph_mode=graph_mode, stock_runtime=stock_runtime,
+                           max_batch_delay_ms=max_batch_delay_ms)
             servers[config[0]] = stack.enter_context(warmed_server(config[0], model, mar, out_dir / config[0],
                                                                    max(n for n, _ in counts), warmup_s, log,
                                                                    payload=body))
@@ -145,14 +147,17 @@ def vs(run: ServerRun, stock: ServerRun) -> dict[str, float]:
 
 
 def config_archive(config: tuple, model: str, batch: int, profile_path: Path | None, store: Path, *,
-                   tokenizer: Path | None = None, graph_mode: str | None = None, max_batch_delay_ms: int = 100) -> Path:
+                   tokenizer: Path | None = None, graph_mode: str | None = None, stock_runtime: str | None = None,
+                   max_batch_delay_ms: int = 100) -> Path:
     """The archive of one configuration (name, handler, plan mode[, more settings]),
     built into `store`: fixed plans, no node sharing (the servers stand side by side, each measured
-    alone); the stock handler runs the model in `graph_mode`."""
+    alone); the stock handler runs the model in `graph_mode`, with `stock_runtime`."""
     _, handler, plan_mode, *more = config
     extra = dict(more[0]) if more else {}
     if handler == "stock" and graph_mode is not None:
         extra.setdefault("graph_mode", graph_mode)
+    if handler == "stock" and stock_runtime is not None:
+        extra.setdefault("runtime", stock_runtime)
     settings = Settings(model, profiles=[profile_path] if handler == "packrat" else [], max_batch=batch,
                         plan=plan_mode, reconfigure=False, tokenizer=tokenizer, share_node=False, **extra)
     return archive.build(settings, store, name=model, handler=handler, max_batch_delay_ms=max_batch_delay_ms)
@@ -226,8 +231,8 @@ def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, w
 def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, duration: float,
                      users=None, as_json: bool = False, *, payload: str | None = None,
                      tokenizer: Path | None = None, kill_every: float | None = None, rounds: int = 1,
-                     graph_mode: str | None = None, warmup_s: float = WARMUP_S, configs=SERVER_CONFIGS,
-                     max_batch_delay_ms: int = 100) -> list[ServerRun]:
+                     graph_mode: str | None = None, stock_runtime: str | None = None, warmup_s: float = WARMUP_S,
+                     configs=SERVER_CONFIGS, max_batch_delay_ms: int = 100) -> list[ServerRun]:
     """server_bench for every batch size (graph_mode: the profile's, for the stock handler): the
     table per batch (or JSON), the latency plots and OUT/server-bench.json = {model, payload,
     users, kill_every_s, duration_s, rounds, max_batch_delay_ms, runs: [ServerRun, ...]}; returns the runs."""
@@ -241,7 +246,8 @@ def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, d
     for batch in batches:
         batch_runs = server_bench(model, batch, profile, out / f"B{batch}", duration_s=duration, users=users,
                                   payload=payload, tokenizer=tokenizer, kill_every_s=kill_every,
-                                  rounds=rounds, graph_mode=served(graph_mode), warmup_s=warmup_s, configs=configs,
+                                  rounds=rounds, graph_mode=served(graph_mode), stock_runtime=stock_runtime,
+                                  warmup_s=warmup_s, configs=configs,
                                   max_batch_delay_ms=max_batch_delay_ms, log=(lambda *_: None) if as_json else print)
         runs += batch_runs
         png = plot_latency_distributions(latency_rows(batch_runs), out / f"latency-B{batch}.png")

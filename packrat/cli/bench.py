@@ -14,6 +14,7 @@ from packrat.bench.step import format_step_results, step_bench
 from packrat.bench.users import BATCH_USERS
 from packrat.cli.args import model_args, tokenizer_path
 from packrat.cli.types import int_list, name_list, positive, users_list
+from packrat.models.runtimes import RUNTIMES
 from packrat.profiling.default_profile import resolve_profile
 from packrat.profiling.profiles import load
 
@@ -56,6 +57,9 @@ def add_bench_parser(sub) -> None:
                    default=[c[0] for c in SERVER_CONFIGS], metavar="NAMES",
                    help="the servers, of stock,packrat-fat,packrat-plan (default: all); each is compared with "
                         "stock when stock is among them")
+    p.add_argument("--stock-runtime", choices=RUNTIMES, default=None,
+                   help="the engine the stock handler runs the model with (default: inductor, in the profile's "
+                        "graph mode); e.g. onnxruntime, to compare with packrat instances that run it")
     p.add_argument("--max-batch-delay", type=positive(int), default=100, metavar="MS",
                    help="TorchServe's maxBatchDelay in every archive (default: 100)")
     p.add_argument("--pool-only", action="store_true",
@@ -130,7 +134,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     run_server_bench(args.model, args.batch_size, profile, out, args.duration, args.users, args.json,
                      payload=payload, tokenizer=tokenizer, kill_every=args.kill_every, rounds=args.rounds or 1,
-                     graph_mode=load(profile).metadata.get("mode"),
+                     graph_mode=load(profile).metadata.get("mode"), stock_runtime=args.stock_runtime,
                      configs=tuple(c for c in SERVER_CONFIGS if c[0] in args.configs),
                      max_batch_delay_ms=args.max_batch_delay)
     return 0

@@ -20,9 +20,22 @@ class Answers:
         self.config, self.text = config, text  # text: the TextEncoder, to spell next tokens
         self.labels = load_labels(config.labels) if config.labels else None
 
-    def encoded(self, outputs: torch.Tensor, decoded: Decoded) -> Encoded:
+    def tops(self, outputs: torch.Tensor) -> list[tuple[list[float], list[int]]] | None:
+        """A classifier's top-k (scores, classes) of each row of a batch's outputs, one sample a
+        row, found in one call for the batch; None for another task."""
+        if self.config.task != "classification" or outputs.dim() < 1 or not len(outputs):
+            return None
+        scores = torch.softmax(outputs.detach().float().reshape(len(outputs), -1), dim=1)
+        top, classes = scores.topk(min(TOP_K, scores.shape[1]), dim=1)
+        return list(zip(top.tolist(), classes.tolist()))
+
+    def encoded(self, outputs: torch.Tensor, decoded: Decoded, top=None) -> Encoded:
         """Compact UTF-8 JSON answering the request that `decoded` came from; a KServe v2 request
-        asking for binary outputs gets a JSON header and the raw outputs (packrat.codec.oip)."""
+        asking for binary outputs gets a JSON header and the raw outputs (packrat.codec.oip).
+        `top`: its one sample's tops() row, found with its batch's."""
+        if top is not None and decoded.form in ("plain", "kserve-v1"):
+            answer = {"predictions": [self._prediction(c, s) for s, c in zip(*top)]}
+            return _json(answer if decoded.form == "plain" else {"predictions": [answer]})
         outputs = outputs.detach().cpu()
         if decoded.form == "kserve-v2":
             outputs, head = kserve.answer_head(outputs, self.config.model_name, decoded.request_id)
@@ -34,7 +47,7 @@ class Answers:
             body = {"predictions": [self.answer(row) for row in outputs]}
         else:
             body = self.answer(outputs[0])
-        return Encoded(json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8"))
+        return _json(body)
 
     def answer(self, output: torch.Tensor) -> dict:
         """One sample's plain answer."""
@@ -55,6 +68,10 @@ class Answers:
     def _next_token(self, token: int, logit: float) -> dict:
         text = {"text": self.text.token_text(token)} if self.text is not None else {}
         return {"token": token, **text, "logit": logit}
+
+
+def _json(body) -> Encoded:
+    return Encoded(json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8"))
 
 
 def load_labels(path: str) -> dict[int, str]:

@@ -82,5 +82,6 @@ class Codec:
         """The body answering the request that `decoded` came from (see encoded())."""
         return self.encoded(outputs, decoded).body
 
-    def encoded(self, outputs: torch.Tensor, decoded: Decoded) -> Encoded:
-        return self.answers.encoded(outputs, decoded)
+    def encoded(self, outputs: torch.Tensor, decoded: Decoded, top=None) -> Encoded:
+        """`top`: the sample's top classes, when Answers.tops() found them for its whole batch."""
+        return self.answers.encoded(outputs, decoded, top)

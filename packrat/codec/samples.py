@@ -1,7 +1,8 @@
 """One model's inputs: values read from a request (an image, text, numbers, raw or torch.save
 bytes, named inputs) turned into input samples, and the checks every request form shares (shape,
 dtype, finite numbers, token ids in the vocabulary, inputs left out filled or refused, sample
-counts). Refusals are RequestErrors with a one-line reason."""
+counts). Refusals are RequestErrors with a one-line reason. Finite numbers are checked on the
+model's outputs, not here (codec.batch: an input is read only when its output is not finite)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from packrat.models.spec import InputSpec
 from packrat.models.spec import describe as describe_inputs
 
 SAMPLE_KEYS = ("data", "b64", "body", "text")  # where a JSON object keeps its one sample
+NOT_FINITE = "inputs must be finite numbers: got NaN or infinity"
 
 
 class Samples:
@@ -195,8 +197,6 @@ class Samples:
         if samples.shape[0] != count:
             raise RequestError(400, f"inputs disagree on the number of samples: {samples.shape[0]} for "
                                     f"{spec.name!r}, {count} for another")
-        if dtype.is_floating_point and not all_finite(samples):
-            raise RequestError(400, "inputs must be finite numbers: got NaN or infinity")
         vocab = spec.vocab_size
         if vocab and not dtype.is_floating_point:
             bad = samples[(samples < 0) | (samples >= vocab)]

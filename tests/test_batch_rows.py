@@ -1,0 +1,111 @@
+"""The batch's input rows (packrat.codec.batch): where each input's rows lie, requests decoded into
+their rows (a raw body already in its row read where it lies, an image normalised straight into
+it), the model run on the rows as they are, and answers equal to those of the path without rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from packrat.bench.payloads import build_payload
+from packrat.codec.batch import ALIGN, InputRows, RowsLayout, answer_batch
+from packrat.codec.codec import Codec
+from packrat.codec.config import CodecConfig
+from packrat.models.spec import InputSpec
+from packrat.models.zoo import prepare, resolve
+
+TEXT = CodecConfig((8,), "int64", "embedding", inputs=(
+    InputSpec("input_ids", (8,), "int64", 50), InputSpec("attention_mask", (8,), "int64", fill="ones")))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    module, _, _ = prepare(resolve("tiny"), 4, graph_mode="eager")
+    return module, Codec(CodecConfig.for_model(resolve("tiny")))
+
+
+def test_layout_puts_each_input_on_its_own_cache_lines():
+    layout = RowsLayout.of(TEXT, 3)
+    assert layout.regions == ((0, 64), (192, 64)) and layout.size == 384 and layout.row_bytes == 64
+    odd = RowsLayout.of(CodecConfig((3,), "float32", "embedding", inputs=(
+        InputSpec("a", (3,), "float32"), InputSpec("b", (5,), "int64"))), 5)
+    assert odd.regions[1][0] % ALIGN == 0 and odd.regions[1][0] >= 5 * 12
+    assert odd.row_offset(2) == 24 and odd.size % ALIGN == 0
+
+
+def test_rows_take_samples_and_know_the_ones_decoded_in_place():
+    rows = InputRows.allocate(TEXT, 3)
+    ids, mask = rows.row(1)
+    assert rows.put(1, (torch.arange(8)[None], torch.ones(1, 8, dtype=torch.int64)))
+    assert ids.tolist() == list(range(8)) and mask.tolist() == [1] * 8
+    in_place = rows.row(2)[0]
+    in_place.fill_(3)
+    assert rows.put(2, (in_place[None], torch.zeros(1, 8, dtype=torch.int64)))
+    assert not rows.put(0, (torch.zeros(2, 8, dtype=torch.int64), torch.zeros(2, 8, dtype=torch.int64)))
+    assert not rows.put(3, (torch.zeros(1, 8, dtype=torch.int64),) * 2)  # no such row
+    first = rows.first(3)[0]
+    assert first.data_ptr() == rows.tensors[0].data_ptr() and first.shape == (3, 8)
+    gathered = rows.taken([1, 2])[0]
+    assert gathered.tolist() == [list(range(8)), [3] * 8]
+    assert rows.from_row(1).row(0)[0].data_ptr() == ids.data_ptr()
+
+
+def raw_in_rows(codec: Codec, bodies: list[bytes]) -> tuple[InputRows, list[tuple]]:
+    """Rows with each body written into its row, as the pool's parent writes raw bodies."""
+    rows = InputRows.allocate(codec.config, len(bodies))
+    view = memoryview(rows.buffer)
+    placed = []
+    for index, body in enumerate(bodies):
+        start = rows.layout.row_offset(index)
+        view[start:start + len(body)] = body
+        placed.append((view[start:start + len(body)], "application/octet-stream"))
+    return rows, placed
+
+
+def test_raw_bodies_in_their_rows_answer_as_without_rows(tiny):
+    module, codec = tiny
+    samples = resolve("tiny").example_inputs(3)[0]
+    bodies = [sample.numpy().tobytes() for sample in samples]
+    rows, placed = raw_in_rows(codec, bodies)
+    seen = []
+    in_rows = answer_batch(lambda x: seen.append(x.data_ptr()) or module(x), codec, placed, rows=rows,
+                           in_rows=frozenset(range(3)))
+    assert seen == [rows.tensors[0].data_ptr()], "the model did not read the rows where they lie"
+    plain = answer_batch(module, codec, [(body, "application/octet-stream") for body in bodies])
+    assert [a.status for a in in_rows] == [200] * 3
+    for got, want in zip(in_rows, plain):
+        got, want = json.loads(got.body)["predictions"], json.loads(want.body)["predictions"]
+        assert [p["class"] for p in got] == [p["class"] for p in want]
+        assert [p["score"] for p in got] == pytest.approx([p["score"] for p in want], rel=1e-5)
+
+
+def test_a_failed_request_leaves_a_hole_its_batch_mates_do_not_see(tiny):
+    module, codec = tiny
+    photo, kind = build_payload("tiny", "jpeg")
+    rows = InputRows.allocate(codec.config, 3)
+    answers = answer_batch(module, codec, [(photo, kind), (b"not an image", "image/png"), (photo, kind)], rows=rows)
+    alone = answer_batch(module, codec, [(photo, kind)])
+    assert [a.status for a in answers] == [200, 400, 200]
+    assert json.loads(answers[2].body)["predictions"][0]["class"] == json.loads(alone[0].body)["predictions"][0]["class"]
+
+
+def test_images_are_decoded_straight_into_their_rows(tiny):
+    _, codec = tiny
+    photo, kind = build_payload("tiny", "jpeg")
+    rows = InputRows.allocate(codec.config, 2)
+    decoded = codec.decode(photo, kind, into=rows.row(1))
+    assert decoded.samples[0].data_ptr() == rows.row(1)[0].data_ptr()
+    assert torch.equal(decoded.samples[0][0], codec.decode(photo, kind).samples[0][0])
+
+
+def test_a_request_of_several_samples_takes_the_path_without_rows(tiny):
+    module, codec = tiny
+    sample = resolve("tiny").example_inputs(2)[0]
+    v1 = json.dumps({"instances": sample.tolist()}).encode()
+    rows = InputRows.allocate(codec.config, 2)
+    (one_of_two, several) = answer_batch(module, codec, [(sample[0].numpy().tobytes(), None), (v1, "application/json")],
+                                         rows=rows)
+    assert one_of_two.status == several.status == 200
+    assert len(json.loads(several.body)["predictions"]) == 2
