@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from packrat.bench.instance import format_gaps, summary
 from packrat.codec.samples import all_finite
-from packrat.serving.pool.child import torch_threads
+from packrat.models.runtimes import torch_threads
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "instance_gap.py"
 

@@ -33,9 +33,14 @@ def add_plan_parser(sub) -> None:
                    help="which profiled figure to plan with: loaded (measured beside copies of itself, from "
                         "`packrat profile --contention`) or isolated (measured alone) (default: the profile's "
                         "primary figure, loaded where it has one)")
+    p.add_argument("--model-only", action="store_true",
+                   help="plan on the model-only figures (latency_ms: the model alone) of a profile that holds served "
+                        "ones too (served_ms: each sub-batch decoded, run and encoded as an instance serves it, "
+                        "which plans are made on by default)")
     p.add_argument("--json", action="store_true",
                    help="print JSON: {threads, batch, expected_latency_ms, fat_latency_ms, instances: "
-                        "[{threads, batch, cores, runtime}], latency: loaded|isolated} (a list of them without --batch); "
+                        "[{threads, batch, cores, runtime}], latency: loaded|isolated, basis: served|model} (a list "
+                        "of them without --batch); "
                         "runtime: inductor, openvino or onnxruntime, the fastest the profile measured for that "
                         "⟨threads, batch⟩")
     p.set_defaults(func=cmd_plan)
@@ -43,6 +48,8 @@ def add_plan_parser(sub) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     profile = load(args.profile)
+    if args.model_only:
+        profile = profile.on("model")
     threads = args.threads or local_cores()
     batches = [args.batch] if args.batch else profile.batches
     latency = args.latency or profile.figures[0]
@@ -57,12 +64,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 raise
             skipped.append(f"B={batch}: no plan: {exc}")
     if args.json:
-        body = [{**p.to_json(), "latency": latency} for p in plans]
+        body = [{**p.to_json(), "latency": latency, "basis": profile.basis} for p in plans]
         print(json.dumps(body[0] if args.batch else body, indent=2))
     elif args.batch:
-        print_plan(plans[0], latency)
+        print_plan(plans[0], f"{latency}, served" if profile.basis == "served" else latency)
     else:
         print(f"Plans for T={threads} threads, model {profile.metadata.get('model', '?')} ({args.profile}), "
-              f"{latency} latencies, {profile.metadata['mode']} mode")
+              f"{latency} latencies, {profile.metadata['mode']} mode, "
+              f"{'served figures (' + str(profile.payload) + ')' if profile.basis == 'served' else 'model-only figures'}")
         print_plan_table(plans, skipped)
     return 0

@@ -20,7 +20,10 @@ def add_profile_parser(sub) -> None:
     p = sub.add_parser("profile", help="measure L(t, b) for a model, one fresh pinned process per point",
                        description="Measure the latency of one model instance for every thread count t and batch "
                                    "size b of a grid. Each point runs in a fresh process pinned to t physical cores "
-                                   "of one socket (torch.set_num_threads(t), one inter-op thread). With "
+                                   "of one socket (torch.set_num_threads(t), one inter-op thread), and is timed twice "
+                                   "with the same budget: the model alone (latency_ms), then the whole sub-batch as "
+                                   "an instance serves it from the model's payload, decode + model + encode "
+                                   "(served_ms, unless --model-only): plans are made on the served figure. With "
                                    f"--contention{' (the default)' if profiler.DEFAULT_CONTENTION else ''} each "
                                    "point is measured while ⌊T/t⌋ copies of it run side by side on the T cores "
                                    "this process may use, as a plan of that point serves them. Points "
@@ -56,6 +59,16 @@ def add_profile_parser(sub) -> None:
                         "threads and batch (searched once, then cached in --ios-cache)")
     ios_cache_arg(p)
     contention_args(p)
+    served = p.add_mutually_exclusive_group()
+    served.add_argument("--payload", choices=("jpeg", "text", "raw"), default=None,
+                        help="the request bodies each point's served figure (served_ms) answers: every run decodes "
+                             "a sub-batch of them into its rows, runs the model and encodes each answer, as a pool "
+                             "instance does (default: the model's natural payload: jpeg for an image model, text "
+                             "for a token model with a tokenizer, raw tensor bytes otherwise, token models without "
+                             "a tokenizer included)")
+    served.add_argument("--model-only", action="store_true",
+                        help="time the model alone on example tensors (latency_ms) and skip the served figure: "
+                             "the profile then plans on the model alone, blind to decoding and encoding")
     adaptive_args(p)
     p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -75,7 +88,7 @@ def profile_settings(args: argparse.Namespace) -> profiler.ProfileSettings:
     return profiler.ProfileSettings(model=args.model, warmup=args.warmup, iters=None if args.min_time else args.iters,
                              min_time=args.min_time, graph_mode=args.graph_mode, input_shape=args.input_shape,
                              ios_cache=str(args.ios_cache) if args.ios else None, contention=args.contention,
-                                    isolated_too=args.isolated_too)
+                                    isolated_too=args.isolated_too, served=not args.model_only, payload=args.payload)
 
 
 def profile_grid(args: argparse.Namespace) -> tuple[list[int], list[int]]:
@@ -107,7 +120,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     counts = ", ".join(f"{len(result.by_runtime[r])} {r}" for r in result.measured_runtimes)
-    print(f"{len(result.latency)} points in {out}" + (f" ({counts})" if len(result.by_runtime) > 1 else ""))
+    basis = f"; served figures from {result.payload} bodies" if result.basis == "served" else "; model-only figures"
+    print(f"{len(result.latency)} points in {out}" + (f" ({counts})" if len(result.by_runtime) > 1 else "") + basis)
     return 0
 
 

@@ -68,6 +68,17 @@ def runtime_of(mode: str) -> str:
     return mode if mode in RUNTIMES else DEFAULT_RUNTIME
 
 
+def torch_threads(mode: str, threads: int) -> int:
+    """torch's intra-op threads in an instance of `threads` threads running the model in `mode` (a
+    graph mode, or the runtime running it): all of them when torch runs the model; one when
+    another runtime does. torch then only decodes and encodes, and a team of OpenMP threads of its
+    own would spin on the instance's cores after each of those small parallel regions while the
+    runtime's threads want them: SqueezeNet's model stage against its profile point went from
+    1.61 to 1.10 under OpenVINO and from 1.57 to 1.29 under ONNX Runtime at b = 1 with one torch
+    thread (BENCHMARKS.md, issue 32). Pool instances and the profiler's served points set it alike."""
+    return threads if runtime_of(mode) == DEFAULT_RUNTIME else 1
+
+
 def installed_runtimes() -> tuple[str, ...]:
     return tuple(r for r in RUNTIMES if installed(r))
 
@@ -259,6 +270,10 @@ class OrtRunner:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         options.log_severity_level = 3  # warnings about unused initialisers are not the user's concern
+        # Its threads spin between the operators of a run, and stop when the run ends: spinning on
+        # after it took a core from the instance's decoders (4 JPEGs of a SqueezeNet batch: decoded
+        # in 9.1 ms on 2 decoders, as if on one, against 4.8 in-process; BENCHMARKS.md, issue 41).
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         wanted = {i.name for i in self.session.get_inputs()}  # an input the graph ignores may be gone
         self.names = [(i, s.name) for i, s in enumerate(spec.inputs) if s.name in wanted]

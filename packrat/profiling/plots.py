@@ -1,7 +1,8 @@
 """PNG plots of a profile: the L(t, b) heat-map and planned vs fat latency per batch.
 
 A contention profile holds two figures per point, loaded and isolated; each plot then
-has one panel per figure, loaded first, so the two predictions can be compared.
+has one panel per figure, loaded first, so the two predictions can be compared. The figures are
+those the profile plans on (Profile.basis): served ones where it has them, which the titles say.
 """
 
 from __future__ import annotations
@@ -134,10 +135,12 @@ def write_all(profile: Profile, threads: int, out_dir: str | Path) -> list[Path]
     name = profile.metadata.get("model", "model")
     # A model given as a path (hf:DIR, a file, package.module:factory) is named by its last part.
     stem = re.sub(r"[^\w.-]", "_", Path(name.rstrip("/")).name) or "model"
-    paths = [heatmap(profile, out_dir / f"{stem}-latency-heatmap.png", f"{name}: L(t, b) in ms")]
+    basis = (f", served from {profile.metadata.get('payload', '?')} bodies (decode + model + encode)"
+             if profile.basis == "served" else ", the model alone")
+    paths = [heatmap(profile, out_dir / f"{stem}-latency-heatmap.png", f"{name}: L(t, b) in ms{basis}")]
     plans = {latency: plans_per_batch(profile, threads, latency) for latency in profile.figures}
     plans = {latency: panel for latency, panel in plans.items() if panel}
     if plans:
         paths.append(plan_vs_fat(plans, out_dir / f"{stem}-plan-vs-fat-T{threads}.png",
-                                 f"{name}: planned vs fat latency at T={threads}"))
+                                 f"{name}: planned vs fat latency at T={threads}{basis}"))
     return paths

@@ -11,6 +11,18 @@ does: after loading and warming up it prints ``ready`` and a JSON object (mode, 
 for every ``run`` line on stdin runs the model once and prints its time in ms; it exits when
 stdin closes. The profiler sends ``run`` to all copies at once and waits for all of them,
 so each round takes as long as the slowest copy, like a batch split across a plan.
+
+With ``--payload KIND`` (jpeg, text, raw, or natural: the model's own, codec.payloads.served_payload)
+the point also measures its served figure: the whole sub-batch as a pool instance answers it, through
+the instance's own code (codec.batch.answer_batch, as packrat/serving/pool/child.py runs it): the
+codec of the model, decoders started before torch's thread count is set for the model, the instance's
+torch threads (models.runtimes.torch_threads), the batch's input rows with every body laid out as the
+pool's parent lays it (a raw tensor body of one sample straight into its row, where the instance
+reads it without decoding it again; other bodies after the rows, read as slices of the buffer). Each
+timed run answers `batch` copies of one request body; a reply other than 200 fails the point. The
+model-only figure is measured first, in the same process, then the served one with the same budget
+(--iters or --min-time), after SERVED_WARMUP untimed runs; loaded, a ``serve`` line runs one served
+batch as ``run`` runs the model.
 """
 
 from __future__ import annotations
@@ -24,6 +36,9 @@ import time
 
 from packrat.models.modes import DEFAULT_MODE, MODES
 from packrat.models.runtimes import DEFAULT_RUNTIME, RUNTIMES
+
+PAYLOADS = ("natural", "jpeg", "text", "raw")  # --payload: what a served point answers
+SERVED_WARMUP = 2  # untimed served runs (at most --warmup): the model is warm by then, the decoders are not
 
 
 def _pin(cores: list[int], threads: int) -> None:
@@ -59,18 +74,101 @@ def time_model(module, examples: tuple, warmup: int, iters: int | None, min_time
     return samples
 
 
-def serve_runs(module, examples: tuple, actual: dict) -> None:
-    """The --loaded protocol: say ready (with `actual`), then one timed run per `run` line until stdin closes."""
+def serve_runs(module, examples: tuple, actual: dict, served: "ServedBatch | None" = None) -> None:
+    """The --loaded protocol: say ready (with `actual`), then one timed run per `run` line (the model
+    alone) or `serve` line (a served batch, with `served`) until stdin closes."""
     import torch
 
     print("ready " + json.dumps(actual), flush=True)
-    with torch.inference_mode():
-        for line in sys.stdin:
-            if line.strip() != "run":
-                return
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "serve" and served is not None:
+            print(f"{served.run(module)[0]:.4f}", flush=True)
+            continue
+        if command != "run":
+            return
+        with torch.inference_mode():
             t0 = time.perf_counter()
             module(*examples)
             print(f"{(time.perf_counter() - t0) * 1e3:.4f}", flush=True)
+
+
+class ServedFailed(RuntimeError):
+    """A served batch answered a request with another status than 200: the point is not timed."""
+
+
+class ServedBatch:
+    """One sub-batch of `batch` requests, each `body`, as a pool instance serves it: bodies laid out in
+    one buffer as the pool's parent lays them in the instance's segment (Instance.submit), the
+    batch's input rows at its start (codec.batch.RowsLayout, InputRows), and answered with
+    answer_batch on the instance's decoders."""
+
+    def __init__(self, codec, decoders, body: bytes, content_type: str, batch: int):
+        from packrat.codec.batch import InputRows, RowsLayout
+
+        self.codec, self.decoders = codec, decoders
+        layout = RowsLayout.of(codec.config, batch)
+        places, end = [], layout.size
+        for index in range(batch):  # a body of one sample of the first input goes straight into its row
+            if len(body) == layout.row_bytes:
+                places.append(layout.row_offset(index))
+            else:
+                places.append(end)
+                end += len(body)
+        view = memoryview(bytearray(end))
+        self.body, self.places, self.view = body, places, view
+        self.rows = InputRows(codec.config, layout, view)
+        self.bodies = [(view[place:place + len(body)], content_type, None) for place in places]
+        self.in_rows = frozenset(index for index, place in enumerate(places)
+                                 if place == layout.row_offset(index) and len(body) == layout.row_bytes)
+
+    def run(self, module) -> tuple[float, list[float]]:
+        """Answer the batch once, from the bodies' copy into the buffer on (the pool's parent makes it
+        before the instance starts): its time in ms, and its stages' (decode, model, encode) in ms.
+        ServedFailed when a reply is not 200."""
+        from packrat.codec.batch import answer_batch
+
+        t0 = time.perf_counter()
+        for place in self.places:  # the parent's one copy of each body into the segment, on the batch's path
+            self.view[place:place + len(self.body)] = self.body
+        laps = [time.monotonic()]
+        replies = answer_batch(module, self.codec, self.bodies,
+                               self.decoders.mapper(len(self.bodies) - len(self.in_rows)), laps, self.rows,
+                               self.in_rows)
+        elapsed = (time.perf_counter() - t0) * 1e3
+        failed = [(index, reply) for index, reply in enumerate(replies) if reply.status != 200]
+        if failed:
+            index, reply = failed[0]
+            raise ServedFailed(f"served batch: {len(failed)} of {len(replies)} requests failed; request {index} "
+                               f"answered {reply.status}: {reply.reason}")
+        return elapsed, [(b - a) * 1e3 for a, b in zip(laps, laps[1:])]
+
+
+def time_served(served: ServedBatch, module, warmup: int, iters: int | None, min_time: float | None) -> dict:
+    """The served figure's statistics (served_ms, served_mad_ms, ...) and its stages' mean ms, over
+    `iters` served batches or as many as fit in `min_time` s (≥ 3), after `warmup` untimed ones."""
+    for _ in range(warmup):
+        served.run(module)
+    samples, stages = [], []
+    start = time.perf_counter()
+    while True:
+        elapsed, laps = served.run(module)
+        samples.append(elapsed)
+        stages.append(laps)
+        if iters is not None and len(samples) >= iters:
+            break
+        if min_time is not None and len(samples) >= 3 and time.perf_counter() - start >= min_time:
+            break
+    means = [statistics.fmean(column) for column in zip(*stages)]
+    return {**served_summary(samples), **{f"served_{stage}_ms": ms for stage, ms in
+                                          zip(("decode", "model", "encode"), means)}}
+
+
+def served_summary(samples: list[float]) -> dict[str, float | int]:
+    """summarize() of served batches, its keys named served_*: served_ms the mean."""
+    stats = summarize(samples)
+    return {"served_ms": stats["latency_ms"], **{f"served_{key}": value for key, value in stats.items()
+                                                 if key != "latency_ms"}}
 
 
 def summarize(samples: list[float]) -> dict[str, float | int]:
@@ -109,22 +207,60 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--runtime", default=DEFAULT_RUNTIME, choices=RUNTIMES,
                         help="the engine that runs the model (inductor: torch, in --graph-mode)")
     parser.add_argument("--ios-cache", default=None, help="run the model by its IOS schedule (cached here)")
+    parser.add_argument("--payload", default=None, choices=PAYLOADS,
+                        help="also measure the served figure: a sub-batch of these bodies decoded, run and "
+                             "encoded as a pool instance does (natural: the model's own payload)")
     parser.add_argument("--loaded", action="store_true",
                         help="one of several copies measured together: say ready, then run once per "
                              "'run' line on stdin, printing the time, until stdin closes")
     return parser
 
 
+def _spec(args: argparse.Namespace):
+    from packrat.models.zoo import resolve
+
+    shape = tuple(int(x) for x in args.input_shape.split(",")) if args.input_shape else None
+    return resolve(args.model, shape)
+
+
 def _prepare(args: argparse.Namespace):
     """(module, example inputs, mode) for the point, built after torch's thread settings."""
     import torch
 
-    from packrat.models.zoo import prepare, resolve
-
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
-    shape = tuple(int(x) for x in args.input_shape.split(",")) if args.input_shape else None
-    spec = resolve(args.model, shape)
+    return _load(args, _spec(args))
+
+
+def _prepare_served(args: argparse.Namespace):
+    """(module, example inputs, mode, ServedBatch) for a served point, in a pool instance's order
+    (packrat/serving/pool/child.py main()): the codec; the decoders, each taking one intra-op
+    thread, before torch's count is set; the point's threads while loading; then the instance's
+    torch threads for the mode it runs."""
+    import torch
+
+    from packrat.codec.batch import Decoders, set_intra_op_threads
+    from packrat.codec.codec import Codec
+    from packrat.codec.config import CodecConfig
+    from packrat.codec.payloads import check_payload_of, payload_of, served_payload
+    from packrat.models.runtimes import torch_threads
+
+    torch.set_num_interop_threads(1)
+    spec = _spec(args)
+    codec = Codec(CodecConfig.for_model(spec))
+    kind = served_payload(spec) if args.payload == "natural" else args.payload
+    check_payload_of(spec, kind, args.model)
+    decoders = Decoders(args.threads if codec.input_kind == "image" else 1)
+    set_intra_op_threads(args.threads)
+    module, examples, mode = _load(args, spec)
+    set_intra_op_threads(torch_threads(mode, args.threads))
+    return module, examples, mode, ServedBatch(codec, decoders, *payload_of(spec, kind), args.batch)
+
+
+def _load(args: argparse.Namespace, spec):
+    """(module, example inputs, mode): the model as the point runs it."""
+    from packrat.models.zoo import prepare
+
     if args.ios_cache:
         from packrat.ios_scheduler.cache import prepare_ios
 
@@ -142,15 +278,24 @@ def main(argv: list[str] | None = None) -> int:
     _pin([int(c) for c in args.cores.split(",")], args.threads)
     import torch
 
-    module, examples, mode = _prepare(args)
+    served = None
+    if args.payload:
+        module, examples, mode, served = _prepare_served(args)
+    else:
+        module, examples, mode = _prepare(args)
     # What the process really runs with, so callers can check the pinning took.
     actual = {"mode": mode, "cores": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}
     if args.loaded:
         warm_up(module, examples, args.warmup)
-        serve_runs(module, examples, actual)
+        for _ in range(min(SERVED_WARMUP, args.warmup) if served else 0):
+            served.run(module)
+        serve_runs(module, examples, actual, served)
         return 0
     samples = time_model(module, examples, args.warmup, args.iters, args.min_time)
-    print(json.dumps({**summarize(samples), **actual}), flush=True)
+    result = {**summarize(samples), **actual}
+    if served is not None:
+        result.update(time_served(served, module, min(SERVED_WARMUP, args.warmup), args.iters, args.min_time))
+    print(json.dumps(result), flush=True)
     return 0
 
 

@@ -11,6 +11,13 @@ compares); with contention off, every point is measured alone only (the default 
 Points are appended to the profile file as they finish, so Ctrl-C leaves a valid
 file and a later run with the same arguments measures only what is missing.
 
+Served figures (issue 41, by default): every measurement of a point also times the whole sub-batch as a
+pool instance serves it from the model's natural payload (or the one asked for): decode, model,
+encode (packrat/profiling/point.py), in the same process and with the same budget, right after the
+model alone; the profile keeps both (profiles.py) and plans on the served one. Loaded, the copies
+run their served batches in lockstep rounds after their model rounds. A file of an older layout, or
+one taken model-only, is resumed model-only (said), so a profile never mixes the two.
+
 Runtimes (packrat/models/runtimes.py): every point is measured under each runtime asked for, in
 its own fresh process, the runtime's artefact built (and checked against eager) once before its
 first point. A runtime that cannot run the model, or whose outputs differ from eager's, is
@@ -39,7 +46,7 @@ from packrat.machine.topology import Topology, cpu_model
 from packrat.models.modes import DEFAULT_MODE
 from packrat.models.runtimes import DEFAULT_RUNTIME
 from packrat.profiling import profiles
-from packrat.profiling.point import summarize
+from packrat.profiling.point import served_summary, summarize
 
 # Whether `packrat profile` measures loaded figures unless told otherwise. Issue 10's oracle found
 # them no better on the 2-core VM (mean |predicted/measured - 1| 8.4 % loaded vs 7.6 % isolated),
@@ -70,6 +77,8 @@ class ProfileSettings:
     contention: bool = DEFAULT_CONTENTION  # measure each point loaded by copies of itself where they fit
     isolated_too: bool = False  # with contention: measure every point alone as well (two measurements)
     runtime: str = DEFAULT_RUNTIME  # the runtime a point is measured under (run() sets it per runtime)
+    served: bool = True  # measure each point's served figure too (decode + model + encode of a sub-batch)
+    payload: str | None = None  # the bodies served points answer: jpeg, text, raw; None: the model's natural one
 
 
 def metadata(settings: ProfileSettings, topology: Topology, runtimes: dict[str, str | None] | None = None
@@ -82,6 +91,7 @@ def metadata(settings: ProfileSettings, topology: Topology, runtimes: dict[str, 
     spec = resolve(settings.model, settings.input_shape)
     runtimes = runtimes or {DEFAULT_RUNTIME: None}
     refused = "; ".join(why for why in runtimes.values() if why)
+    served = {"payload": payload_kind(settings, spec)} if settings.served else {}
     return {
         "model": settings.model,
         "mode": "ios" if settings.ios_cache else (settings.graph_mode if spec.scriptable else "eager"),
@@ -92,7 +102,26 @@ def metadata(settings: ProfileSettings, topology: Topology, runtimes: dict[str, 
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "runtimes": ",".join(r for r, why in runtimes.items() if not why),
         **({"refused": refused} if refused else {}),
+        **served,
     }
+
+
+def payload_kind(settings: ProfileSettings, spec=None) -> str:
+    """The payload served points answer: settings.payload, or the model's natural one as it is
+    served (codec.payloads.served_payload: a token model without a tokenizer takes token ids, raw);
+    ValueError when the model cannot take it."""
+    from packrat.codec.payloads import check_payload_of, served_payload
+    from packrat.models.zoo import resolve
+
+    spec = spec or resolve(settings.model, settings.input_shape)
+    kind = settings.payload or served_payload(spec)
+    check_payload_of(spec, kind, settings.model)
+    if kind == "text" and not getattr(spec, "tokenizer", None):
+        raise ValueError(f"a text payload needs a tokenizer: {settings.model} comes without one, so its instances "
+                         f"answer text with 400; profile it with --payload raw (token ids)")
+    if kind not in ("jpeg", "text", "raw"):
+        raise ValueError(f"a served point answers jpeg, text or raw bodies, not {kind}")
+    return kind
 
 
 def _command(settings: ProfileSettings, threads: int, batch: int, cores: list[int]) -> tuple[list[str], dict | None]:
@@ -107,6 +136,8 @@ def _command(settings: ProfileSettings, threads: int, batch: int, cores: list[in
     if settings.input_shape:
         cmd += ["--input-shape", ",".join(map(str, settings.input_shape))]
     cmd += ["--graph-mode", settings.graph_mode, "--runtime", settings.runtime]
+    if settings.served:
+        cmd += ["--payload", settings.payload or "natural"]
     if not settings.ios_cache:
         return cmd, None
     from packrat.ios_scheduler.runtime import openmp_env
@@ -174,9 +205,10 @@ class _Copy:
             if is_it(line):
                 return line
 
-    def send_run(self) -> None:
+    def send_run(self, command: str = "run") -> None:
+        """Ask for one run: `run` (the model alone) or `serve` (a served batch)."""
         try:
-            self.proc.stdin.write(b"run\n")
+            self.proc.stdin.write(command.encode() + b"\n")
             self.proc.stdin.flush()
         except OSError:
             raise _CopyFailed(self._reason()) from None
@@ -208,9 +240,10 @@ def measure_loaded(settings: ProfileSettings, threads: int, batch: int, core_set
     at once and waits for all of them, so a round takes as long as the slowest copy, as a batch
     split across a homogeneous plan does (the mean over copies would miss that the slowest one
     decides). One untimed round, then --iters rounds (or rounds for --min-time s, at least 3).
-    latency_ms is the mean round, copy_ms the mean of the copies' own run times. Each phase (ready,
-    a round, stopping) may take `timeout` s; on any failure every copy is killed and ProfilingError
-    names the point and the reason."""
+    latency_ms is the mean round, copy_ms the mean of the copies' own run times. With settings.served,
+    then as many rounds of served batches (one untimed first): served_ms and its spread. Each phase
+    (ready, a round, stopping) may take `timeout` s; on any failure every copy is killed and
+    ProfilingError names the point and the reason."""
     copies: list[_Copy] = []
     ok = False
     try:
@@ -226,6 +259,12 @@ def measure_loaded(settings: ProfileSettings, threads: int, batch: int, core_set
             wall, times = _round(copies, timeout)
             rounds.append(wall)
             own += times
+        served = []
+        if settings.served:
+            _round(copies, timeout, "serve")  # untimed, as the model's first lockstep round
+            started = time.monotonic()
+            while not _enough(settings, len(served), time.monotonic() - started):
+                served.append(_round(copies, timeout, "serve")[0])
         ok = True
     except (_CopyFailed, ValueError) as exc:  # ValueError: a line that is not what the protocol says
         raise ProfilingError(f"measuring threads={threads} batch={batch} under load "
@@ -236,14 +275,15 @@ def measure_loaded(settings: ProfileSettings, threads: int, batch: int, core_set
         for copy in copies:
             copy.stop(timeout if ok else 0)  # on failure (or Ctrl-C) no copy is left running
     return {**summarize(rounds), "copy_ms": statistics.fmean(own), "mode": ready[0]["mode"],
-            "copy_cores": [r["cores"] for r in ready]}
+            "copy_cores": [r["cores"] for r in ready], **(served_summary(served) if served else {})}
 
 
-def _round(copies: list[_Copy], timeout: float) -> tuple[float, list[float]]:
-    """Run every copy once, together: the wall time in ms, and each copy's own time."""
+def _round(copies: list[_Copy], timeout: float, command: str = "run") -> tuple[float, list[float]]:
+    """Run every copy once (`command`: run the model, or serve a batch), together: the wall time in
+    ms, and each copy's own time."""
     start = time.perf_counter()
     for copy in copies:
-        copy.send_run()
+        copy.send_run(command)
     deadline = time.monotonic() + timeout
     times = [float(copy.read_line(deadline, f"done within {timeout:g} s")) for copy in copies]
     return (time.perf_counter() - start) * 1e3, times
@@ -258,21 +298,28 @@ def _enough(settings: ProfileSettings, rounds: int, elapsed_s: float) -> bool:
 def measure(settings: ProfileSettings, threads: int, batch: int, topology: Topology) -> dict:
     """One profile row for ⟨threads, batch⟩: with settings.contention and room for more than one
     copy, loaded by ⌊T/t⌋ copies (and alone first with isolated_too; else isolated_ms is left
-    empty); otherwise alone, latency_ms and isolated_ms the same figure."""
+    empty); otherwise alone, latency_ms and isolated_ms the same figure. With settings.served, the
+    served figures beside them alike (served_ms, served_isolated_ms, served_mad_ms)."""
     copies = copies_for(threads, topology) if settings.contention else 1
     row = {"threads": threads, "batch": batch, "copies": 1, "runtime": settings.runtime}
     timeout = LOADED_TIMEOUT_FLOOR_S
     if copies == 1 or settings.isolated_too:
         started = time.monotonic()
         isolated = measure_point(settings, threads, batch, topology.cores_for(threads))
-        row.update(isolated, isolated_ms=isolated["latency_ms"])
+        row.update(isolated, isolated_ms=isolated["latency_ms"], served_isolated_ms=isolated.get("served_ms"))
         timeout = max(timeout, LOADED_TIMEOUT_FACTOR * (time.monotonic() - started))
     if copies > 1:
         loaded = measure_loaded(settings, threads, batch, topology.assign([threads] * copies),
                                 timeout if settings.isolated_too else LOADED_TIMEOUT_NO_YARDSTICK_S)
         row.update(loaded, copies=copies)
         row.setdefault("isolated_ms", None)
+        row.setdefault("served_isolated_ms", None)
     return row
+
+
+def planned_ms(row: dict) -> float:
+    """The figure of a measured row that plans are made on: served where measured, else the model's."""
+    return row["served_ms"] if row.get("served_ms") is not None else row["latency_ms"]
 
 
 def measurements(settings: ProfileSettings, threads: int, topology: Topology) -> int:
@@ -285,6 +332,30 @@ def measurements(settings: ProfileSettings, threads: int, topology: Topology) ->
 def _cost(settings: ProfileSettings, threads: int, batch: int, topology: Topology) -> float:
     """A point's expected share of the run, for the progress bar: time per run grows ∝ b / t."""
     return batch / threads * measurements(settings, threads, topology)
+
+
+def resumed(settings: ProfileSettings, out: Path, meta: dict[str, str], say=print
+            ) -> tuple[ProfileSettings, dict[str, str]]:
+    """`settings` and the head `meta` of a new profile, made to measure what `out` already holds:
+    served figures of one payload, or model-only ones. A file without served figures (an older
+    layout, or taken with --model-only) is resumed model-only when the payload was left to the
+    default (said); asked for a payload it cannot hold, or model-only figures into a served profile,
+    ProfileError."""
+    if not out.exists() or out.stat().st_size == 0:
+        return settings, meta
+    existing = profiles.load(out)
+    held = existing.metadata.get("payload")
+    wanted = meta.get("payload")
+    if held == wanted:
+        return settings, meta
+    if held is None and settings.payload is None:
+        say(f"{out} holds model-only figures: its missing points are measured model-only too "
+            f"(choose another --out for served figures)")
+        return replace(settings, served=False), {k: v for k, v in meta.items() if k != "payload"}
+    hint = f"resume it with --payload {held}" if held else "resume it with --model-only"
+    raise ProfileError(f"{out}: holds a profile with {f'payload {held!r}' if held else 'model-only figures'}, "
+                       f"not {f'payload {wanted!r}' if wanted else 'model-only ones'}; choose another --out "
+                       f"(or {hint})")
 
 
 def _existing(out: Path, meta: dict[str, str]) -> set[tuple[str, int, int]]:
@@ -338,15 +409,21 @@ def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: 
     too_many = [t for t in threads if t > topology.num_cores]
     if too_many:
         raise ValueError(f"--threads: {max(too_many)} exceeds the {topology.num_cores} cores this process may use")
+    if settings.served:
+        payload_kind(settings)  # a payload the model cannot take is refused before any runtime is built
     verdicts = check_runtimes(settings, runtimes, say)
     _some_runtime(verdicts)
     meta = metadata(settings, topology, verdicts)
+    notes: list[str] = []
+    settings, meta = resumed(settings, out, meta, notes.append)
     done = _existing(out, meta)
     # Each ⟨t, b⟩ under every runtime back to back: the planner picks the fastest runtime per point,
     # and a machine whose speed drifts over minutes (a shared VM) would otherwise decide that pick.
     todo = [(r, t, b) for t in sorted(threads) for b in sorted(batches)
             for r, why in verdicts.items() if not why and (r, t, b) not in done]
     # Progress is weighted by expected cost so the time-left estimate is useful.
+    for note in notes if todo else ():  # said only where a point is to be measured
+        say(note)
     costs = {point: _cost(settings, *point[1:], topology) for point in todo}
     bar = tqdm(total=sum(costs.values()), disable=not progress or not todo, unit="",
                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
@@ -389,6 +466,8 @@ def point_seconds(settings: ProfileSettings, threads: int, latency_ms: float, to
     """Estimated wall time of measuring one point: per measurement, start-up plus warm-up and timed runs."""
     runs_s = settings.warmup * latency_ms / 1e3
     runs_s += settings.min_time if settings.iters is None else settings.iters * latency_ms / 1e3
+    if settings.served:  # as many served runs after the model's: at least as long each
+        runs_s += settings.min_time if settings.iters is None else settings.iters * latency_ms / 1e3
     return measurements(settings, threads, topology) * (POINT_OVERHEAD_S + runs_s)
 
 
@@ -397,7 +476,10 @@ def _replay_row(source: profiles.Profile, threads: int, batch: int, runtime: str
     if (threads, batch) not in points:
         raise ProfilingError(f"the replayed profile has no point threads={threads} batch={batch} ({runtime})")
     latency, isolated = points[threads, batch]
-    return {"threads": threads, "batch": batch, "latency_ms": latency, "isolated_ms": isolated, "runtime": runtime}
+    row = {"threads": threads, "batch": batch, "latency_ms": latency, "isolated_ms": isolated, "runtime": runtime}
+    if (threads, batch) in source.served.get(runtime, {}):
+        row["served_ms"], row["served_isolated_ms"] = source.served[runtime][threads, batch]
+    return row
 
 
 def _replay_metadata(source: profiles.Profile, path: Path) -> dict[str, str]:
@@ -420,15 +502,18 @@ def run_adaptive(settings: ProfileSettings, threads: list[int], batches: list[in
     topology = topology or (Topology.virtual(max(threads)) if replay else cpu_budget().topology)
     source = profiles.load(replay) if replay else None
     if source:
-        settings = replace(settings, contention=source.loaded)  # for the time estimates
+        settings = replace(settings, contention=source.loaded, served=source.has_served)  # for the time estimates
         meta = _replay_metadata(source, Path(replay))
         out.unlink(missing_ok=True)
         verdicts = {runtime: None for runtime in source.measured_runtimes}
     else:
         if max(threads) > topology.num_cores:
             raise ValueError(f"--threads: {max(threads)} exceeds the {topology.num_cores} cores this process may use")
+        if settings.served:
+            payload_kind(settings)  # refused before any runtime is built
         verdicts = check_runtimes(settings, runtimes, say)
         meta = metadata(settings, topology, verdicts)
+        settings, meta = resumed(settings, out, meta, say)
     previous = profiles.load(out) if source is None and _existing(out, meta) else None
     _some_runtime(verdicts)
     grids = {}
@@ -461,7 +546,7 @@ def _adapt(grids: dict, settings: ProfileSettings, topology: Topology, source: p
                    else measure(replace(settings, runtime=runtime), t, b, topology))
             writer.write(row)
             bar.update()
-            return row["latency_ms"]
+            return planned_ms(row)  # the figure plans are made on: the served one where measured
 
         adaptive.run_together(grids, measure_one)
         bar.set_description_str("adaptive, done")

@@ -25,6 +25,20 @@ either point's spread and by RUNTIME_MARGIN), and ``runtimes`` says which runtim
 the planner takes, point by point, a runtime that holds its lead. A point's spread is ``mad_ms``
 (1.4826 x the median absolute deviation of its batches: a few outliers do not widen it), or, in a
 profile from before it was recorded, ``std_ms``.
+
+Served figures (issue 41): ``latency_ms`` and ``isolated_ms`` time the model alone on example tensors
+(the model-only figure); ``served_ms`` (and ``served_isolated_ms``, alone, where ``isolated_ms`` was
+measured; ``served_mad_ms``, its spread) time the whole sub-batch as a pool instance answers it from
+the model's natural payload, named by ``# payload: jpeg|text|raw``: each request's body decoded into
+its row of the batch, the model run on the rows, each answer encoded (codec.batch.answer_batch, with
+the instance's decoders and thread counts), measured the same way (loaded by copies, alone where
+measured, under every runtime). A profile whose every point has its served figure plans on it
+(``basis`` "served": ``latency``, ``isolated``, ``runtimes``, items() and the runtime chosen per
+point are then the served figures'); on("model") plans on the model-only ones. A profile without
+those columns (every older file, or one taken with ``--model-only``) plans on the model-only figures,
+as before. points() are the planned figures and model_points() the model-only ones: the pool times
+its instances' model stage alone, so served corrections (packrat.serving.served) compare with
+model_points() and corrected() moves a served figure by what the model's own changed.
 """
 
 from __future__ import annotations
@@ -39,15 +53,17 @@ from packrat.settings import RUNTIME_MARGIN
 
 REQUIRED = ("threads", "batch", "latency_ms")
 COLUMNS = ("threads", "batch", "latency_ms", "isolated_ms", "copies", "p50_ms", "p99_ms", "std_ms", "iterations",
-           "runtime", "mad_ms")
-# Layouts written before: without the robust spread, without runtimes (inductor's points), and
-# before contention profiles (isolated ones). All can still be appended to (the last two with
-# inductor's points).
-NO_MAD_COLUMNS = COLUMNS[:-1]
-NO_RUNTIME_COLUMNS = COLUMNS[:-2]
+           "runtime", "mad_ms", "served_ms", "served_isolated_ms", "served_mad_ms")
+# Layouts written before: without served figures, without the robust spread, without runtimes
+# (inductor's points), and before contention profiles (isolated ones). All can still be appended to
+# (with model-only figures; the last two with inductor's points only).
+NO_SERVED_COLUMNS = COLUMNS[:-3]
+NO_MAD_COLUMNS = NO_SERVED_COLUMNS[:-1]
+NO_RUNTIME_COLUMNS = NO_SERVED_COLUMNS[:-2]
 LEGACY_COLUMNS = ("threads", "batch", "latency_ms", "p50_ms", "p99_ms", "std_ms", "iterations")
 DEFAULT_RUNTIME = "inductor"  # a row without a runtime: packrat.models.runtimes.DEFAULT_RUNTIME
 LATENCIES = ("loaded", "isolated")  # values of the `latency` metadata key and of items(latency=...)
+BASES = ("served", "model")  # what a profile's planned figures time (Profile.basis, Profile.on)
 DEFAULT_FOLDER = Path("profiles")
 _PUBLISHED = {"threads": "intraop_threads", "batch": "batch_size", "latency_ms": "latency(avg)"}
 
@@ -60,16 +76,24 @@ def default_path(model: str, prefix: str = "") -> Path:
     return DEFAULT_FOLDER / f"{prefix}{Path(model).stem.replace(':', '_')}.csv"
 
 
+Point = tuple[int, int]  # (threads, batch)
+Figures = tuple[float, float | None]  # (primary, isolated: None where only the loaded one was measured)
+
+
 @dataclass
 class Profile:
-    latency: dict[tuple[int, int], float]  # (threads, batch) -> mean latency in ms: the primary figure
+    latency: dict[tuple[int, int], float]  # (threads, batch) -> mean latency in ms: the primary figure planned with
     metadata: dict[str, str] = field(default_factory=dict)
     rows: list[dict[str, str]] = field(default_factory=list)
     isolated: dict[tuple[int, int], float] = field(default_factory=dict)  # measured alone; == latency if isolated
     runtimes: dict[tuple[int, int], str] = field(default_factory=dict)  # the runtime whose figures those are
-    # every runtime's figures: runtime -> (threads, batch) -> (primary, isolated)
+    # every runtime's model-only figures: runtime -> (threads, batch) -> (primary, isolated)
     by_runtime: dict[str, dict[tuple[int, int], tuple[float, float]]] = field(default_factory=dict)
     spread: dict[str, dict[tuple[int, int], float]] = field(default_factory=dict)  # runtime -> point -> spread ms
+    # every runtime's served figures (decode + model + encode), where measured, and their spreads
+    served: dict[str, dict[Point, Figures]] = field(default_factory=dict)
+    served_spread: dict[str, dict[Point, float]] = field(default_factory=dict)
+    basis: str = "model"  # BASES: which figures latency, isolated and runtimes hold (load() says served when it can)
 
     @property
     def measured_runtimes(self) -> list[str]:
@@ -77,14 +101,30 @@ class Profile:
         return sorted(self.by_runtime, key=lambda r: (r != DEFAULT_RUNTIME, r)) or [DEFAULT_RUNTIME]
 
     def add(self, runtime: str, threads: int, batch: int, latency: float, isolated: float | None,
-            spread: float = 0.0) -> None:
+            spread: float = 0.0, served: tuple[float, float | None, float] | None = None) -> None:
         """One runtime's point (`isolated`: None when only its loaded figure was measured; `spread`:
-        the noise of its iterations (_spread), 0 if unknown); the profile's figure for ⟨t, b⟩ is then the one
-        runtime_for chooses."""
+        the noise of its iterations (_spread), 0 if unknown; `served`: its served figures (primary,
+        isolated or None, spread), None where not measured); the profile's figure for ⟨t, b⟩ is then
+        the one runtime_for chooses, on the figures of the profile's basis."""
         self.by_runtime.setdefault(runtime, {})[threads, batch] = (latency, isolated)
         self.spread.setdefault(runtime, {})[threads, batch] = spread
+        if served is not None:
+            self.served.setdefault(runtime, {})[threads, batch] = served[:2]
+            self.served_spread.setdefault(runtime, {})[threads, batch] = served[2]
+        else:
+            self.served.get(runtime, {}).pop((threads, batch), None)
+        self._choose(threads, batch)
+
+    def _tables(self) -> tuple[dict[str, dict[Point, Figures]], dict[str, dict[Point, float]]]:
+        """The figures planned with, and their spreads: the served ones or the model-only ones."""
+        if self.basis == "served":
+            return self.served, self.served_spread
+        return self.by_runtime, self.spread
+
+    def _choose(self, threads: int, batch: int) -> None:
+        """⟨t, b⟩'s planned figures: those of the runtime runtime_for chooses."""
         chosen = self.runtime_for(threads, batch)
-        self.latency[threads, batch], isolated = self.by_runtime[chosen][threads, batch]
+        self.latency[threads, batch], isolated = self._tables()[0][chosen][threads, batch]
         self.runtimes[threads, batch] = chosen
         if isolated is None:
             self.isolated.pop((threads, batch), None)
@@ -94,49 +134,90 @@ class Profile:
     def runtime_for(self, threads: int, batch: int) -> str:
         """The runtime whose figure ⟨t, b⟩ takes: inductor's, unless another is faster beyond the
         noise (faster by more than either point's spread and by RUNTIME_MARGIN at least; the fastest
-        such one). Without inductor's figure, the fastest."""
-        measured = {r: points[threads, batch][0] for r, points in self.by_runtime.items() if (threads, batch) in points}
+        such one). Without inductor's figure, the fastest. Chosen on the figures planned with (the
+        served ones where the profile plans on them: the runtime that serves fastest)."""
+        tables, spreads = self._tables()
+        measured = {r: points[threads, batch][0] for r, points in tables.items() if (threads, batch) in points}
         if DEFAULT_RUNTIME not in measured:
             return min(measured, key=lambda r: (measured[r], r))
         default = measured[DEFAULT_RUNTIME]
         chosen = DEFAULT_RUNTIME
         for runtime, latency in sorted(measured.items()):
-            margin = max(self.spread[runtime][threads, batch], self.spread[DEFAULT_RUNTIME][threads, batch],
+            margin = max(spreads[runtime][threads, batch], spreads[DEFAULT_RUNTIME][threads, batch],
                          RUNTIME_MARGIN * default)
             if latency < default - margin and latency < measured[chosen]:
                 chosen = runtime
         return chosen
 
+    @property
+    def has_served(self) -> bool:
+        """Whether every point, under every runtime, has its served figure (so it can be planned on)."""
+        return bool(self.by_runtime) and all(
+            set(points) == set(self.served.get(runtime, {})) for runtime, points in self.by_runtime.items())
+
+    @property
+    def payload(self) -> str | None:
+        """The payload the served figures were measured from (jpeg, text, raw), None without them."""
+        return self.metadata.get("payload") if self.has_served else None
+
+    def on(self, basis: str) -> "Profile":
+        """This profile planning on `basis`: "served" (ProfileError without served figures for every
+        point) or "model" (the model-only figures, which every profile has)."""
+        if basis not in BASES:
+            raise ValueError(f"basis must be one of {', '.join(BASES)}, not {basis!r}")
+        if basis == "served" and not self.has_served:
+            raise ProfileError(f"{self.metadata.get('model', 'this')} profile has no served figures for every point: "
+                               f"re-run `packrat profile` without --model-only into another --out")
+        return self if basis == self.basis else self._rebuilt(basis=basis)
+
+    def _rebuilt(self, runtimes=None, model_ms: dict | None = None, basis: str | None = None) -> "Profile":
+        """A copy (same metadata and rows) of the points of `runtimes` (all: None), the model-only
+        primary figures of some (threads, batch, runtime) replaced by `model_ms` (each such point's
+        served figure moved by as much), planning on `basis` (this one's: None)."""
+        kept = Profile(latency={}, metadata=dict(self.metadata), rows=list(self.rows), basis=basis or self.basis)
+        for runtime in self.by_runtime if runtimes is None else runtimes:
+            for (t, b), (latency, isolated) in self.by_runtime.get(runtime, {}).items():
+                new = (model_ms or {}).get((t, b, runtime), latency)
+                served = None
+                if (t, b) in self.served.get(runtime, {}):
+                    served_ms, served_isolated = self.served[runtime][t, b]
+                    if new != latency:  # corrected: the batch as served takes at least its model stage
+                        served_ms = max(served_ms + new - latency, new)
+                    served = (served_ms, served_isolated, self.served_spread[runtime][t, b])
+                kept.add(runtime, t, b, new, isolated, self.spread[runtime][t, b], served)
+        return kept
+
     def fallbacks(self) -> dict[tuple[int, int], tuple[str, ...]]:
-        """Each point's runtimes, fastest first: what an instance runs instead when the chosen one
-        fails on the serving machine."""
+        """Each point's runtimes, fastest first (on the planned figures): what an instance runs
+        instead when the chosen one fails on the serving machine."""
         points: dict[tuple[int, int], list[tuple[float, str]]] = {}
-        for runtime, figures in self.by_runtime.items():
+        for runtime, figures in self._tables()[0].items():
             for point, (latency, _) in figures.items():
                 points.setdefault(point, []).append((latency, runtime))
         return {point: tuple(r for _, r in sorted(found)) for point, found in points.items()}
 
     def points(self) -> dict[tuple[int, int, str], float]:
-        """Every runtime's primary figure, keyed (threads, batch, runtime)."""
+        """Every runtime's primary figure as planned with (served where the profile plans on served
+        figures), keyed (threads, batch, runtime)."""
+        return {(t, b, runtime): latency for runtime, figures in self._tables()[0].items()
+                for (t, b), (latency, _) in figures.items()}
+
+    def model_points(self) -> dict[tuple[int, int, str], float]:
+        """Every runtime's model-only primary figure, keyed (threads, batch, runtime): what a pool
+        instance's model stage (the run alone) is compared with."""
         return {(t, b, runtime): latency for runtime, figures in self.by_runtime.items()
                 for (t, b), (latency, _) in figures.items()}
 
     def corrected(self, figures) -> "Profile":
-        """This profile with the primary figures of some (threads, batch, runtime) replaced by
-        `figures` (what its instances served); each point's runtime chosen again on them."""
-        kept = Profile(latency={}, metadata=dict(self.metadata), rows=list(self.rows))
-        for runtime, points in self.by_runtime.items():
-            for (t, b), (latency, isolated) in points.items():
-                kept.add(runtime, t, b, figures.get((t, b, runtime), latency), isolated, self.spread[runtime][t, b])
-        return kept
+        """This profile with the model-only primary figures of some (threads, batch, runtime)
+        replaced by `figures` (what its instances' model stage served), a served figure moved by as
+        much as its model's (decoding and encoding kept as measured); each point's runtime chosen
+        again on them."""
+        return self._rebuilt(model_ms=figures)
 
     def only(self, runtimes) -> "Profile":
         """This profile with the points of `runtimes` alone (say, those installed where it is served)."""
-        kept = Profile(latency={}, metadata=dict(self.metadata), rows=list(self.rows))
-        for runtime in runtimes:
-            for (t, b), (latency, isolated) in self.by_runtime.get(runtime, {}).items():
-                kept.add(runtime, t, b, latency, isolated, self.spread[runtime][t, b])
-        return kept
+        return self._rebuilt(runtimes=list(runtimes))
 
     def runtime_items(self, runtime: str, latency: str | None = None) -> list[tuple[int, int, float]]:
         """One runtime's points as (threads, batch, ms), like items()."""
@@ -157,10 +238,17 @@ class Profile:
 
     def describe(self) -> str:
         """What its figures are, in a line (logged when a server plans with it)."""
+        if self.basis == "served":
+            what = (f"served figures (each sub-batch answered from {self.metadata.get('payload', '?')} bodies: "
+                    f"decode, model, encode, as an instance does); ")
+        elif self.has_served:
+            what = "model-only figures (asked for; the profile has served ones too); "
+        else:
+            what = "model-only figures (the model alone on example tensors, without decoding the requests); "
         if self.loaded:
             alone = "" if "isolated" in self.figures else "; alone only where no second copy fits"
-            return f"loaded figures: each point measured while ⌊T/t⌋ copies of it ran side by side{alone}"
-        return ("isolated figures: each point measured alone on an idle machine (the default before issue 32); "
+            return f"{what}loaded: each point measured while ⌊T/t⌋ copies of it ran side by side{alone}"
+        return (f"{what}isolated: each point measured alone on an idle machine (the default before issue 32); "
                 "plans of several instances may serve slower than predicted: re-profile to measure them loaded")
 
     @property
@@ -244,6 +332,7 @@ def load(path: str | Path) -> Profile:
             latency = _parse_latency(row[columns["latency_ms"]], "latency_ms")
             isolated = latency if not loaded else _isolated(row)
             spread = _spread(row)
+            served = _served(row, loaded)
         except ValueError as exc:
             raise ProfileError(f"{where}: {exc}") from None
         if threads < 1 or batch < 1:
@@ -251,10 +340,12 @@ def load(path: str | Path) -> Profile:
         runtime = (row.get("runtime") or "").strip() or DEFAULT_RUNTIME
         if (threads, batch) in profile.by_runtime.get(runtime, {}):
             raise ProfileError(f"{where}: duplicate point threads={threads} batch={batch} runtime={runtime}")
-        profile.add(runtime, threads, batch, latency, isolated, spread)
+        profile.add(runtime, threads, batch, latency, isolated, spread, served)
         profile.rows.append({k: v for k, v in row.items() if k is not None})
     if not profile.latency:
         raise ProfileError(f"{path}: no data rows")
+    if profile.has_served:  # a point's figure is what is served: planned on, wherever every point has it
+        profile = profile.on("served")
     # Profiles from before torch.compile became the default were all taken in TorchScript (or
     # eager, which they say): one without a mode reads as TorchScript, so it is served that way.
     profile.metadata.setdefault("mode", "script")
@@ -271,13 +362,24 @@ def _parse_latency(text: str, what: str) -> float:
     return value
 
 
-def _isolated(row: dict[str, str]) -> float | None:
+def _isolated(row: dict[str, str], column: str = "isolated_ms") -> float | None:
     """A loaded row's lone figure: None where it was not measured, which only a point measured with
     copies beside it may lack (a point served alone is measured alone)."""
     copies = (row.get("copies") or "").strip()
-    if not (row["isolated_ms"] or "").strip() and copies and _parse_number(copies, int, "copies") > 1:
+    if not (row.get(column) or "").strip() and copies and _parse_number(copies, int, "copies") > 1:
         return None
-    return _parse_latency(row["isolated_ms"], "isolated_ms")
+    return _parse_latency(row.get(column), column)
+
+
+def _served(row: dict[str, str], loaded: bool) -> tuple[float, float | None, float] | None:
+    """A row's served figures (primary, isolated or None, spread), None where it has none (a file
+    without the columns, or a point measured model-only)."""
+    if not (row.get("served_ms") or "").strip():
+        return None
+    served = _parse_latency(row["served_ms"], "served_ms")
+    isolated = _isolated(row, "served_isolated_ms") if loaded else served
+    spread = row.get("served_mad_ms") or ""
+    return served, isolated, _parse_number(spread, float, "served_mad_ms") if spread.strip() else 0.0
 
 
 def _kind(metadata: dict[str, str]) -> str:
@@ -309,7 +411,8 @@ class ProfileWriter:
 
     `metadata` heads a new file; its `latency` key (default isolated) says which kind of
     measurement is written, and appending to a file of the other kind is refused. A file in
-    the legacy layout (no isolated_ms, copies) is appended to in that layout."""
+    an older layout (the legacy one without isolated_ms and copies, or one without served
+    columns) is appended to in that layout: `served` says whether the file can hold served figures."""
 
     def __init__(self, path: str | Path, metadata: dict[str, str]):
         self.path = Path(path)
@@ -320,6 +423,7 @@ class ProfileWriter:
             _add_runtimes(self.path, metadata.get("runtimes", ""))
         self._file = self.path.open("a", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=columns, extrasaction="ignore")
+        self.served = "served_ms" in columns
         if new:
             for key, value in metadata.items():
                 self._file.write(f"# {key}: {value}\n")
@@ -377,7 +481,7 @@ def _appendable_columns(path: Path, kind: str) -> tuple[str, ...]:
     measurements of the same kind (loaded or isolated), may be appended to."""
     metadata, body = _read_lines(path)
     header = tuple(body[0][1].strip().split(",")) if body else ()
-    if header not in (COLUMNS, NO_MAD_COLUMNS, NO_RUNTIME_COLUMNS, LEGACY_COLUMNS):
+    if header not in (COLUMNS, NO_SERVED_COLUMNS, NO_MAD_COLUMNS, NO_RUNTIME_COLUMNS, LEGACY_COLUMNS):
         raise ProfileError(f"{path}: cannot append: header is {','.join(header)!r}, expected {','.join(COLUMNS)!r}")
     existing = _kind(metadata)
     if existing != kind:

@@ -53,10 +53,12 @@ class PlanCorrector:
         return True
 
     def update(self, served: dict) -> list[Correction]:
-        """Take the pool's served figures ((threads, batch, runtime) -> (median ms, error, samples));
-        returns the corrections they made (the profile to plan with is then `profile`)."""
+        """Take the pool's served figures ((threads, batch, runtime) -> (median ms, error, samples)):
+        each instance's model stage, compared with the profile's model-only figure (Profile.model_points;
+        a served figure the profile plans on moves by as much: Profile.corrected); returns the
+        corrections they made (the profile to plan with is then `profile`)."""
         now = self.wall()
-        corrections = corrections_from(served, self.base.points(), self.corrections, now)
+        corrections = corrections_from(served, self.base.model_points(), self.corrections, now)
         changed = [c for key, c in corrections.items() if self.corrections.get(key) != c]
         if not changed and corrections.keys() == self.corrections.keys():
             return []
@@ -71,9 +73,10 @@ class PlanCorrector:
         return max(points.get((i.threads, i.batch, i.runtime), i.latency_ms) for i in plan.instances)
 
     def status(self, plan, served: dict) -> dict:
-        """Predicted (the profile's figure), planned with (corrected) and served per instance of
-        `plan`, and every correction."""
-        base, planned = self.base.points(), self.profile.points()
+        """Predicted (the profile's model-only figure, as the served model stage is timed), planned
+        with (corrected; the served figure where the profile plans on those) and served per instance
+        of `plan`, and every correction."""
+        base, planned = self.base.model_points(), self.profile.points()
         instances = []
         for i in plan.instances:
             key = served_key(i.threads, i.batch, i.runtime)
@@ -94,7 +97,7 @@ class PlanCorrector:
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged file costs the corrections only
             log.warning("packrat: ignoring the served latencies in %s: %s", self.path, exc)
             return {}
-        kept = corrections_from({}, self.base.points(), {c.key: c for c in found}, self.wall())
+        kept = corrections_from({}, self.base.model_points(), {c.key: c for c in found}, self.wall())
         if kept:
             log.info("packrat: planning with %d served latencies kept in %s", len(kept), self.path)
         return kept

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from typing import NamedTuple
 
 from packrat.codec.batch import Decoders, set_intra_op_threads
-from packrat.models.runtimes import DEFAULT_RUNTIME, runtime_of
+from packrat.models.runtimes import DEFAULT_RUNTIME, torch_threads
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.core_locks import holding
 from packrat.serving.pool.turns import Turn, turn_sizes
@@ -114,17 +114,6 @@ def warm_up(module, examples: tuple, threads: int, turn=contextlib.nullcontext) 
             full_ms = min(wall_ms, cpu_ms / threads)
         size //= 2
     return full_ms
-
-
-def torch_threads(mode: str, threads: int) -> int:
-    """torch's intra-op threads in an instance of `threads` threads running the model in `mode` (a
-    graph mode, or the runtime running it): all of them when torch runs the model; one when
-    another runtime does. torch then only decodes and encodes, and a team of OpenMP threads of its
-    own would spin on the instance's cores after each of those small parallel regions while the
-    runtime's threads want them: SqueezeNet's model stage against its profile point went from
-    1.61 to 1.10 under OpenVINO and from 1.57 to 1.29 under ONNX Runtime at b = 1 with one torch
-    thread (BENCHMARKS.md, issue 32)."""
-    return threads if runtime_of(mode) == DEFAULT_RUNTIME else 1
 
 
 def load(model: ModelConfig, config: InstanceConfig):
