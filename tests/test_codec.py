@@ -308,6 +308,20 @@ def test_encode_batch_gives_encodes_rows_and_refuses_each_text_alone(bert_json, 
     assert encoder.encode_batch([]) == [] and encoder.encode_batch([""])[0].status == 400
 
 
+def test_a_batch_of_texts_is_tokenised_in_one_call_and_answered_as_one_by_one(bert, monkeypatch):
+    texts = [b"Hello world", b"the cat sat " * 4, b"  ", b"cats sat.", "hello"]  # one too long, one empty
+    bodies = [(text, "text/plain; charset=utf-8") for text in texts] + [(b"Hello world", None)]
+    one_by_one = answer_batch(lambda ids, *rest: ids.float(), bert, bodies)
+    calls = []
+    batch_call = bert.samples.text.encode_batch
+    monkeypatch.setattr(bert.samples.text, "encode_batch", lambda texts: calls.append(texts) or batch_call(texts))
+    monkeypatch.setattr(bert.samples.text.tokenizer, "encode", None)  # no text tokenised alone from here
+    batched = answer_batch(lambda ids, *rest: ids.float(), bert, bodies[:-1])
+    assert calls == [["Hello world", "the cat sat " * 4, "  ", "cats sat.", "hello"]]
+    assert [(a.status, a.body) for a in batched] == [(a.status, a.body) for a in one_by_one[:-1]]
+    assert [a.status for a in batched] == [200, 413, 400, 200, 200]
+
+
 def test_text_refusals(bert):
     assert (refusal(bert, "   ").status, refusal(bert, {"text": ""}).status) == (400, 400)
     assert refusal(bert, {"text": ""}).reason.startswith("empty text")

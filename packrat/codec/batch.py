@@ -191,8 +191,9 @@ def answer_batch(module, codec: Codec, bodies: list[tuple], mapper=map, laps: li
     answers: list = [None] * len(bodies)
     decode = _decoder(codec, rows)
     indices = [i for i in range(len(bodies)) if i not in in_rows]
-    outcomes = {i: decode((i, bodies[i])) for i in sorted(in_rows)}
-    outcomes.update(zip(indices, mapper(decode, [(i, bodies[i]) for i in indices])))
+    with codec.tokenized(bodies):  # a text model's texts tokenised in one call
+        outcomes = {i: decode((i, bodies[i])) for i in sorted(in_rows)}
+        outcomes.update(zip(indices, mapper(decode, [(i, bodies[i]) for i in indices])))
     decoded = {}
     for index in range(len(bodies)):
         outcome = outcomes[index]

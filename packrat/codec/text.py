@@ -3,6 +3,7 @@ with a Hugging Face tokenizer."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 
@@ -30,6 +31,7 @@ class TextEncoder:
             raise ValueError(f"cannot read tokenizer {path}: {first_line(exc)}") from None
         self.pad_id = _pad_id(self.tokenizer)
         self.length, self.pad_left, self.truncate = length, pad_left, truncate
+        self._ready: dict = {}  # text -> its row or RequestError, while a batch is prepared()
         self.tokenizer.no_padding()  # padding is ours: its side depends on the task
         if truncate:  # the tokenizer's own truncation keeps special tokens such as [SEP]
             self.tokenizer.enable_truncation(length, direction="left" if pad_left else "right")
@@ -38,10 +40,26 @@ class TextEncoder:
 
     def encode(self, text: str) -> dict[str, torch.Tensor]:
         """input_ids, attention_mask (1 on the text's tokens, 0 on the padding) and token_type_ids
-        (the tokenizer's, 0 on the padding), each of the model's length."""
+        (the tokenizer's, 0 on the padding), each of the model's length. A text `prepared()` for
+        its batch is not tokenised again."""
+        ready = self._ready.get(text)
+        if ready is not None:
+            if isinstance(ready, RequestError):
+                raise ready
+            return dict(ready)  # the caller may take entries out of its row
         if not text.strip():
             raise _empty()
         return self._row(self.tokenizer.encode(text))
+
+    @contextlib.contextmanager
+    def prepared(self, texts: Sequence[str]):
+        """Within the block, encode() answers these texts from one encode_batch call: a batch's
+        texts tokenised together, each request still decoded (and failing) alone."""
+        self._ready = dict(zip(texts, self.encode_batch(texts))) if texts else {}
+        try:
+            yield
+        finally:
+            self._ready = {}
 
     def encode_batch(self, texts: Sequence[str]) -> list[dict[str, torch.Tensor] | RequestError]:
         """encode's row for each text, through one call of the tokenizer (Rust, which may spread the

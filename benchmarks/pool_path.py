@@ -1,0 +1,195 @@
+"""Where a sub-batch's time goes on its way through the pool, stage by stage, for one or more code
+trees side by side (this one, and e.g. a checkout of an earlier commit), and against the profile.
+
+    .venv/bin/python benchmarks/pool_path.py [--model squeezenet] [--batches 1,4,8] [--payloads raw,jpeg]
+                                             [--runtime onnxruntime | --profile CSV] [--cores N]
+                                             [--batches-per-run 150] [--rounds 3] [--tree DIR ...] [--json OUT]
+
+Each run is a fresh process (pinned to the cores) that starts an InstancePool, warms it up, then
+answers --batches-per-run batches of B requests one batch at a time, as a closed-loop client holding a
+whole batch does (pool.infer: the batch submitted together). It reports the batch's wall time (median)
+and the pool's stage medians (packrat/serving/pool/stages.py: queue, copy, send, wake, locks, decode,
+model, encode, reply, hand_out; their total). The instances are either one instance of every core
+running --runtime (the default: onnxruntime, the engine the light models' plans pick here), or, with
+--profile, the plan the profile gives for (cores, B) and its predicted figure (served / predicted is
+then in the table: the profile's figure is the served one where it holds served figures).
+
+--tree DIR runs the same measurement with DIR's packrat first on the path (a `git worktree` of an
+earlier commit): the trees' runs are interleaved in rounds, each round in a shuffled order, so that a
+busy machine's drift hits every tree alike. Only pool APIs every tree since issue 25 has are used.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+# Nothing of packrat or benchmarks.common is imported here: a child runs its tree's packrat (PYTHONPATH).
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = "POOL-PATH-RESULT "
+STAGES = ("queue", "copy", "send", "wake", "locks", "decode", "model", "encode", "reply", "hand_out", "total")
+PAYLOADS = ("raw", "jpeg", "text")
+
+
+# ---- the child: one tree, one payload, one B ------------------------------------------------------
+
+def child(config: dict) -> dict:
+    """Run in a fresh process: the pool of `config["instances"]` answering batches of `config["batch"]`."""
+    import time
+
+    from packrat.bench.payloads import build_payload
+    from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
+    from packrat.serving.pool.instance_pool import InstancePool
+
+    os.sched_setaffinity(0, config["cores"])
+    body, kind = build_payload(config["model"], config["payload"])
+    requests = [Request(body, kind) for _ in range(config["batch"])]
+    instances = [InstanceConfig(i["threads"], i["batch"], tuple(i["cores"]), 0, i.get("expected_ms"),
+                                i.get("runtime", "inductor")) for i in config["instances"]]
+    with InstancePool(ModelConfig(config["model"]), instances) as pool:
+        for _ in range(config["warmup"]):
+            answered(pool, requests)
+        pool.stages.clear()
+        walls = []
+        for _ in range(config["runs"]):
+            started = time.perf_counter()
+            answered(pool, requests)
+            walls.append((time.perf_counter() - started) * 1e3)
+        return {"wall_ms": statistics.median(walls), "stages_ms": pool.stages.medians(), "runs": len(walls),
+                "describe": pool.describe()}
+
+
+def answered(pool, requests) -> None:
+    answers = pool.infer(requests)
+    failed = [a for a in answers if a.status != 200]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(answers)} requests failed: {failed[0].reason}")
+
+
+# ---- the parent -------------------------------------------------------------------------------------
+
+def instances_for(args, batch: int, cores: list[int]) -> tuple[list[dict], float | None, str]:
+    """The instances to run at B (and the profile's prediction, and a description)."""
+    if args.profile is None:
+        return [{"threads": len(cores), "batch": batch, "cores": cores, "runtime": args.runtime}], None, \
+            f"1×⟨{len(cores)}, {batch}, {args.runtime}⟩"
+    from packrat.machine.topology import detect
+    from packrat.planning.planner import Planner
+    from packrat.profiling.profiles import load
+
+    profile = load(args.profile)
+    plan = Planner(profile.items(), len(cores), batch, profile.runtimes).plan(len(cores), batch, detect(set(cores)))
+    return ([{"threads": i.threads, "batch": i.batch, "cores": list(i.cores), "expected_ms": i.latency_ms,
+              "runtime": i.runtime} for i in plan.instances], plan.expected_latency_ms, plan.describe())
+
+
+def run_one(tree: str, config: dict, timeout: float) -> dict:
+    from benchmarks.common import child_json
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p)}
+    command = [sys.executable, __file__, "--child", json.dumps(config)]
+    return child_json(command, marker=RESULT, env=env, cwd=tree, timeout=timeout)
+
+
+def summarise(results: list[dict]) -> dict:
+    """A cell's rounds: the medians of their wall and stage medians, and the rounds' spread."""
+    good = [r for r in results if "error" not in r]
+    if not good:
+        return {"error": results[-1]["error"]}
+    walls = [r["wall_ms"] for r in good]
+    stages = {stage: statistics.median(r["stages_ms"].get(stage, 0.0) for r in good) for stage in STAGES}
+    return {"wall_ms": statistics.median(walls), "wall_range_ms": [min(walls), max(walls)], "stages_ms": stages,
+            "rounds": len(good), "describe": good[0]["describe"]}
+
+
+def table(summary: dict) -> str:
+    from benchmarks.common import fmt_num, markdown_table
+
+    rows = []
+    for key, cell in summary.items():
+        tree, payload, batch = key.split("|")
+        if "error" in cell:
+            rows.append([tree, payload, batch, cell["error"]] + [""] * (len(STAGES) + 2))
+            continue
+        predicted = cell.get("predicted_ms")
+        low, high = cell["wall_range_ms"]
+        rows.append([tree, payload, batch, f"{fmt_num(cell['wall_ms'], 2)} ({fmt_num(low, 2)}–{fmt_num(high, 2)})",
+                     fmt_num(predicted, 2),
+                     fmt_num(cell["wall_ms"] / predicted, 2) if predicted else "-"]
+                    + [fmt_num(cell["stages_ms"][s], 3) for s in STAGES])
+    return markdown_table(["tree", "payload", "B", "wall ms (rounds)", "predicted", "served / predicted",
+                           *STAGES], rows)
+
+
+def parser():
+    from benchmarks.common import doc_parser
+    from packrat.cli.types import int_list, name_list
+
+    p = doc_parser(__doc__)
+    p.add_argument("--model", default="squeezenet")
+    p.add_argument("--batches", type=int_list, default=[1, 4, 8])
+    p.add_argument("--payloads", type=name_list(PAYLOADS, "payload"), default=["raw", "jpeg"])
+    p.add_argument("--runtime", default="onnxruntime", help="the one fat instance's runtime (without --profile)")
+    p.add_argument("--profile", type=Path, default=None, help="serve the plan this profile gives at each B")
+    p.add_argument("--cores", type=int, default=None, help="the first N cores this process may use (default: all)")
+    p.add_argument("--batches-per-run", type=int, default=150)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--tree", action="append", default=[], metavar="DIR",
+                   help="another checkout to measure beside this one (repeatable)")
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--json", type=Path, default=None)
+    return p
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:  # a run, in a fresh process of its own
+        print(RESULT + json.dumps(child(json.loads(argv[1]))), flush=True)
+        return 0
+    sys.path.insert(0, str(ROOT))  # the repo root: benchmarks.common
+    from benchmarks.common import first_cores, fmt_num
+
+    args = parser().parse_args(argv)
+    cores = first_cores(args.cores or len(os.sched_getaffinity(0)))
+    trees = [str(ROOT)] + [str(Path(t).resolve()) for t in args.tree]
+    cells, predicted = {}, {}
+    for batch in args.batches:
+        instances, expected, describe = instances_for(args, batch, cores)
+        predicted[batch] = expected
+        print(f"B = {batch}: {describe}" + (f", predicted {expected:.2f} ms" if expected else ""), flush=True)
+        for tree in trees:
+            for payload in args.payloads:
+                cells[(tree, payload, batch)] = {"model": args.model, "payload": payload, "batch": batch,
+                                                 "instances": instances, "cores": cores, "warmup": args.warmup,
+                                                 "runs": args.batches_per_run}
+    results: dict = {key: [] for key in cells}
+    for round_index in range(args.rounds):
+        order = list(cells)
+        random.Random(round_index).shuffle(order)
+        for key in order:
+            result = run_one(key[0], cells[key], args.timeout)
+            results[key].append(result)
+            name = "this tree" if key[0] == trees[0] else key[0]
+            print(f"round {round_index + 1}/{args.rounds} {name} {key[1]} B={key[2]}: "
+                  f"{result.get('error') or fmt_num(result['wall_ms'], 2) + ' ms'}", flush=True)
+    summary = {}
+    for (tree, payload, batch), runs in results.items():
+        cell = summarise(runs)
+        if predicted[batch]:
+            cell["predicted_ms"] = predicted[batch]
+        summary["|".join((Path(tree).name if tree != trees[0] else "this", payload, str(batch)))] = cell
+    print(f"\n{args.model}, cores {cores}, medians over {args.rounds} round(s) of each run's median of "
+          f"{args.batches_per_run} batches (stages: medians)\n")
+    print(table(summary))
+    if args.json:
+        args.json.write_text(json.dumps({"model": args.model, "cores": cores, "cells": summary}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
