@@ -2,7 +2,7 @@
 trees side by side (this one, and e.g. a checkout of an earlier commit), and against the profile.
 
     .venv/bin/python benchmarks/pool_path.py [--model squeezenet] [--batches 1,4,8] [--payloads raw,jpeg]
-                                             [--runtime onnxruntime | --profile CSV] [--cores N]
+                                             [--runtime onnxruntime | --profile CSV [--model-only-too]] [--cores N]
                                              [--batches-per-run 150] [--rounds 3] [--tree DIR ...] [--json OUT]
 
 Each run is a fresh process (pinned to the cores) that starts an InstancePool, warms it up, then
@@ -12,7 +12,9 @@ and the pool's stage medians (packrat/serving/pool/stages.py: queue, copy, send,
 model, encode, reply, hand_out; their total). The instances are either one instance of every core
 running --runtime (the default: onnxruntime, the engine the light models' plans pick here), or, with
 --profile, the plan the profile gives for (cores, B) and its predicted figure (served / predicted is
-then in the table: the profile's figure is the served one where it holds served figures).
+then in the table: the profile's figure is the served one where it holds served figures); with
+--model-only-too, beside it the plan the same profile's model-only figures give (the plan before
+profiles held served figures), predicted by the served figures of its instances.
 
 --tree DIR runs the same measurement with DIR's packrat first on the path (a `git worktree` of an
 earlier commit): the trees' runs are interleaved in rounds, each round in a shuffled order, so that a
@@ -72,19 +74,28 @@ def answered(pool, requests) -> None:
 
 # ---- the parent -------------------------------------------------------------------------------------
 
-def instances_for(args, batch: int, cores: list[int]) -> tuple[list[dict], float | None, str]:
-    """The instances to run at B (and the profile's prediction, and a description)."""
+def plans_for(args, batch: int, cores: list[int]) -> dict[str, tuple[list[dict], float | None, str]]:
+    """The instances to run at B, by name ("fixed", or the profile's "plan" and with --model-only-too
+    its "model-only plan"), each with the profile's prediction and a description."""
     if args.profile is None:
-        return [{"threads": len(cores), "batch": batch, "cores": cores, "runtime": args.runtime}], None, \
-            f"1×⟨{len(cores)}, {batch}, {args.runtime}⟩"
+        return {"fixed": ([{"threads": len(cores), "batch": batch, "cores": cores, "runtime": args.runtime}], None,
+                          f"1×⟨{len(cores)}, {batch}, {args.runtime}⟩")}
     from packrat.machine.topology import detect
     from packrat.planning.planner import Planner
     from packrat.profiling.profiles import load
 
     profile = load(args.profile)
-    plan = Planner(profile.items(), len(cores), batch, profile.runtimes).plan(len(cores), batch, detect(set(cores)))
-    return ([{"threads": i.threads, "batch": i.batch, "cores": list(i.cores), "expected_ms": i.latency_ms,
-              "runtime": i.runtime} for i in plan.instances], plan.expected_latency_ms, plan.describe())
+    bases = {"plan": profile} | ({"model-only plan": profile.on("model")} if args.model_only_too else {})
+    plans = {}
+    for name, basis in bases.items():
+        plan = Planner(basis.items(), len(cores), batch, basis.runtimes).plan(len(cores), batch, detect(set(cores)))
+        # what the served figures predict for it (a model-only plan's own figure leaves decoding out)
+        served = profile.on("served").points() if profile.has_served else None
+        served_ms = (max(served[i.threads, i.batch, i.runtime] for i in plan.instances) if served
+                     else plan.expected_latency_ms)
+        plans[name] = ([{"threads": i.threads, "batch": i.batch, "cores": list(i.cores), "expected_ms": i.latency_ms,
+                         "runtime": i.runtime} for i in plan.instances], served_ms, plan.describe())
+    return plans
 
 
 def run_one(tree: str, config: dict, timeout: float) -> dict:
@@ -111,17 +122,18 @@ def table(summary: dict) -> str:
 
     rows = []
     for key, cell in summary.items():
-        tree, payload, batch = key.split("|")
+        tree, plan_name, payload, batch = key.split("|")
         if "error" in cell:
-            rows.append([tree, payload, batch, cell["error"]] + [""] * (len(STAGES) + 2))
+            rows.append([tree, plan_name, payload, batch, cell["error"]] + [""] * (len(STAGES) + 2))
             continue
         predicted = cell.get("predicted_ms")
         low, high = cell["wall_range_ms"]
-        rows.append([tree, payload, batch, f"{fmt_num(cell['wall_ms'], 2)} ({fmt_num(low, 2)}–{fmt_num(high, 2)})",
+        rows.append([tree, f"{plan_name}: {cell['describe']}", payload, batch,
+                     f"{fmt_num(cell['wall_ms'], 2)} ({fmt_num(low, 2)}–{fmt_num(high, 2)})",
                      fmt_num(predicted, 2),
                      fmt_num(cell["wall_ms"] / predicted, 2) if predicted else "-"]
                     + [fmt_num(cell["stages_ms"][s], 3) for s in STAGES])
-    return markdown_table(["tree", "payload", "B", "wall ms (rounds)", "predicted", "served / predicted",
+    return markdown_table(["tree", "instances", "payload", "B", "wall ms (rounds)", "predicted", "served / predicted",
                            *STAGES], rows)
 
 
@@ -135,6 +147,9 @@ def parser():
     p.add_argument("--payloads", type=name_list(PAYLOADS, "payload"), default=["raw", "jpeg"])
     p.add_argument("--runtime", default="onnxruntime", help="the one fat instance's runtime (without --profile)")
     p.add_argument("--profile", type=Path, default=None, help="serve the plan this profile gives at each B")
+    p.add_argument("--model-only-too", action="store_true",
+                   help="with --profile: also serve the plan of its model-only figures (predicted: what its "
+                        "served figures say of that plan)")
     p.add_argument("--cores", type=int, default=None, help="the first N cores this process may use (default: all)")
     p.add_argument("--batches-per-run", type=int, default=150)
     p.add_argument("--warmup", type=int, default=20)
@@ -159,14 +174,15 @@ def main(argv=None) -> int:
     trees = [str(ROOT)] + [str(Path(t).resolve()) for t in args.tree]
     cells, predicted = {}, {}
     for batch in args.batches:
-        instances, expected, describe = instances_for(args, batch, cores)
-        predicted[batch] = expected
-        print(f"B = {batch}: {describe}" + (f", predicted {expected:.2f} ms" if expected else ""), flush=True)
-        for tree in trees:
-            for payload in args.payloads:
-                cells[(tree, payload, batch)] = {"model": args.model, "payload": payload, "batch": batch,
-                                                 "instances": instances, "cores": cores, "warmup": args.warmup,
-                                                 "runs": args.batches_per_run}
+        for plan_name, (instances, expected, describe) in plans_for(args, batch, cores).items():
+            print(f"B = {batch}, {plan_name}: {describe}" + (f", predicted {expected:.2f} ms" if expected else ""),
+                  flush=True)
+            for tree in trees:
+                for payload in args.payloads:
+                    key = (tree, plan_name, payload, batch)
+                    predicted[key] = expected
+                    cells[key] = {"model": args.model, "payload": payload, "batch": batch, "instances": instances,
+                                  "cores": cores, "warmup": args.warmup, "runs": args.batches_per_run}
     results: dict = {key: [] for key in cells}
     for round_index in range(args.rounds):
         order = list(cells)
@@ -175,14 +191,16 @@ def main(argv=None) -> int:
             result = run_one(key[0], cells[key], args.timeout)
             results[key].append(result)
             name = "this tree" if key[0] == trees[0] else key[0]
-            print(f"round {round_index + 1}/{args.rounds} {name} {key[1]} B={key[2]}: "
+            print(f"round {round_index + 1}/{args.rounds} {name} {key[1]} {key[2]} B={key[3]}: "
                   f"{result.get('error') or fmt_num(result['wall_ms'], 2) + ' ms'}", flush=True)
     summary = {}
-    for (tree, payload, batch), runs in results.items():
+    for key, runs in results.items():
+        tree, plan_name, payload, batch = key
         cell = summarise(runs)
-        if predicted[batch]:
-            cell["predicted_ms"] = predicted[batch]
-        summary["|".join((Path(tree).name if tree != trees[0] else "this", payload, str(batch)))] = cell
+        if predicted[key]:
+            cell["predicted_ms"] = predicted[key]
+        name = Path(tree).name if tree != trees[0] else "this"
+        summary["|".join((name, plan_name, payload, str(batch)))] = cell
     print(f"\n{args.model}, cores {cores}, medians over {args.rounds} round(s) of each run's median of "
           f"{args.batches_per_run} batches (stages: medians)\n")
     print(table(summary))
