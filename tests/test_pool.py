@@ -158,6 +158,21 @@ def test_compiled_instances_answer_like_the_model_at_every_count(reference):
 
 
 @pytest.mark.slow
+def test_a_batch_taken_whole_by_idle_instances_wakes_no_dispatch_thread(reference, shared, monkeypatch):
+    """A wake-up of the pool's dispatch thread is a thread taking a core from the instances while
+    their batch runs: a together() batch the idle instances take whole needs none; one they cannot
+    take whole leaves the rest to the dispatch thread, which is woken for it."""
+    requests, expected = reference
+    pool = shared(two_instances((2, 2)))
+    woken, wake = [], pool._wake
+    monkeypatch.setattr(pool, "_wake", lambda: woken.append(1) or wake())
+    assert_same(pool.infer(requests[:4]), expected[:4])
+    assert woken == []
+    assert_same(pool.infer(requests[:7]), expected[:7])  # 3 left for the loop to hand out
+    assert woken
+
+
+@pytest.mark.slow
 def test_requests_from_many_threads_each_get_their_own_answer(reference, shared):
     requests, expected = reference
     pool = shared(two_instances((2, 2)))
