@@ -19,6 +19,7 @@ torch's antialiased uint8 resize of the whole image, then a crop (1.06x on the s
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
 
@@ -57,11 +58,22 @@ def to_sample(data: bytes, shape: tuple[int, int, int], max_pixels: int,
 
     if out is not None and (tuple(out.shape) != tuple(shape) or out.dtype != torch.float32):
         raise ValueError(f"out must be float32 of shape {tuple(shape)}, not {out.dtype} {tuple(out.shape)}")
+    with refusals():
+        crop = _decode_crop(data, shape[1], shape[2], max_pixels)
+    return _normalise(crop, torch.empty(shape) if out is None else out)
+
+
+@contextlib.contextmanager
+def refusals():
+    """Pillow's failures within the block as the request's RequestError: 413 for a decompression
+    bomb (Pillow only warns between its two limits: a refusal too), 400 for anything that is no
+    image of FORMATS, truncated or corrupt."""
+    from PIL import Image
+
     with warnings.catch_warnings():
-        # Pillow only warns between its two bomb limits; make that a refusal too.
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
-            crop = _decode_crop(data, shape[1], shape[2], max_pixels)
+            yield
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
             raise RequestError(413, f"image too large: {first_line(exc)}") from None
         except RequestError:
@@ -70,7 +82,6 @@ def to_sample(data: bytes, shape: tuple[int, int, int], max_pixels: int,
             raise RequestError(400, f"not an image: none of {', '.join(FORMATS)} recognised the body") from None
         except Exception as exc:  # truncated or corrupt data
             raise RequestError(400, f"undecodable image: {type(exc).__name__}: {first_line(exc)}") from None
-    return _normalise(crop, torch.empty(shape) if out is None else out)
 
 
 def _decode_crop(data: bytes, height: int, width: int, max_pixels: int):
