@@ -1,4 +1,4 @@
-"""The batch's input rows (packrat.codec.batch): where each input's rows lie, requests decoded into
+"""The batch's input rows (packrat.codec.rows, packrat.codec.batch): where each input's rows lie, requests decoded into
 their rows (a raw body already in its row read where it lies, an image normalised straight into
 it), the model run on the rows as they are, and answers equal to those of the path without rows."""
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from packrat.bench.payloads import build_payload
-from packrat.codec.batch import ALIGN, InputRows, RowsLayout, answer_batch
+from packrat.codec.batch import answer_batch
+from packrat.codec.rows import ALIGN, InputRows, RowsLayout
 from packrat.codec.codec import Codec
 from packrat.codec.config import CodecConfig
 from packrat.models.spec import InputSpec

@@ -70,7 +70,7 @@ class Codec:
     def decode(self, body, content_type: str | None, header_length: int | str | None = None, into=None) -> Decoded:
         """The request's samples and how to answer it; RequestError and nothing else.
         `header_length`: the KServe v2 binary extension's Inference-Header-Content-Length (as sent).
-        `into`: the request's row of the batch (batch.InputRows.row), where an image is decoded
+        `into`: the request's row of the batch (rows.InputRows.row), where an image is decoded
         straight into; the samples may then be views of it."""
         try:
             kind = (content_type or "").split(";")[0].strip().lower()

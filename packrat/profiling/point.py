@@ -100,11 +100,11 @@ class ServedFailed(RuntimeError):
 class ServedBatch:
     """One sub-batch of `batch` requests, each `body`, as a pool instance serves it: bodies laid out in
     one buffer as the pool's parent lays them in the instance's segment (Instance.submit), the
-    batch's input rows at its start (codec.batch.RowsLayout, InputRows), and answered with
+    batch's input rows at its start (codec.rows.RowsLayout, InputRows), and answered with
     answer_batch on the instance's decoders."""
 
     def __init__(self, codec, decoders, body: bytes, content_type: str, batch: int):
-        from packrat.codec.batch import InputRows, RowsLayout
+        from packrat.codec.rows import InputRows, RowsLayout
 
         self.codec, self.decoders = codec, decoders
         layout = RowsLayout.of(codec.config, batch)

@@ -7,7 +7,7 @@ the input segment the parent wrote (POSIX shared memory the parent creates, grow
 answer them with ``codec.batch.answer_batch`` and send the answers back with the stamps of the
 batch's stages (stages.py). Decoding and encoding thus run on the instance's cores, in parallel
 across instances, and a batch's requests are decoded in parallel on them (Decoders); the parent
-only moves bytes. The segment starts with the batch's input rows (codec.batch.InputRows), which
+only moves bytes. The segment starts with the batch's input rows (codec.rows.InputRows), which
 the model reads as they are: a raw tensor body the parent wrote straight into its row is the
 model's input without another copy, and an image is decoded into its row. Other bodies are read
 as slices of the segment, not copied out of it first.
@@ -190,7 +190,7 @@ def serve(conn: Connection, module, codec, decoders: Decoders, config: InstanceC
     """Answer batches until told to stop or the parent is gone. Each answer carries the stamps of
     its batch's stages here (packrat.serving.pool.stages): received, locked, decoded, run, encoded,
     and how many turns it took (turns.py)."""
-    from packrat.codec.batch import InputRows, RowsLayout
+    from packrat.codec.rows import InputRows, RowsLayout
 
     view = None  # the input segment, as a memoryview: a body is a slice of it, never a copy
     layout = RowsLayout.of(codec.config, config.slots)  # the batch's rows at its start, as the parent lays them
@@ -222,7 +222,7 @@ class Batch(NamedTuple):
     """A sub-batch as the parent sent it: the bodies (slices of the segment), the rows over the
     segment the model reads, and which bodies the parent wrote straight into their rows."""
     bodies: list
-    rows: object  # codec.batch.InputRows
+    rows: object  # codec.rows.InputRows
     in_rows: set[int]
 
     def part(self, start: int, size: int) -> tuple[list, object, frozenset[int]]:

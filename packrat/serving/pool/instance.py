@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from packrat.codec.batch import RowsLayout
+from packrat.codec.rows import RowsLayout
 from packrat.codec.config import CodecConfig
 from packrat.errors import PoolError
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
@@ -134,7 +134,7 @@ class Instance:
     def submit(self, jobs: list) -> None:
         """Write the bodies into the input segment (grown when they do not fit) and send their places.
         A body of exactly one sample of the model's first input (a raw tensor) goes straight into
-        its request's row of the batch (codec.batch.RowsLayout), which the model reads as it is;
+        its request's row of the batch (codec.rows.RowsLayout), which the model reads as it is;
         other bodies go after the rows, where the instance decodes them into their rows.
         The sub-batch's stamps up to the send (stages.py) are kept in `sent_stamps`."""
         dispatched = time.monotonic()
