@@ -64,10 +64,10 @@ def test_corrections_replace_join_expire_and_leave_unknown_points_alone():
 
 
 def test_a_switch_needs_a_margin_and_a_cool_down():
-    assert served.worth_switching(100.0, 90.0, None)
-    assert not served.worth_switching(100.0, 96.0, None)  # within the margin
-    assert not served.worth_switching(100.0, 50.0, served.COOLDOWN_S - 1)  # too soon after the last
-    assert served.worth_switching(100.0, 50.0, served.COOLDOWN_S)
+    policy = served.SwitchPolicy(clock=lambda: 0.0)
+    assert policy.decide("a", 100.0, "b", 90.0) == "switch"
+    assert policy.decide("a", 100.0, "b", 96.0) == "keep"  # within the margin
+    assert policy.decide("a", 100.0, "a", 50.0) == "keep"  # the same plan
 
 
 def plan_of(*instances: tuple[int, int, float], threads: int = 2) -> Plan:
@@ -186,3 +186,35 @@ def test_status_prints_predicted_planned_served_and_each_correction():
     assert lines[2].startswith("correction ") and lines[2].endswith(
         ": ⟨1 threads, batch 2⟩ profile 7.00 ms → served 15.00 ms (40 batches)")
     assert served_lines(None) == []
+
+
+def test_a_switch_held_back_by_the_cool_down_happens_when_it_ends():
+    """The second correction of issue 42's run landed 10 s into the cool-down: the better plan it
+    found is held back, then switched to at the first look after the cool-down, with no new
+    correction; a plan that later figures make no better is dropped."""
+    now = [0.0]
+    policy = served.SwitchPolicy(cooldown_s=60.0, clock=lambda: now[0])
+    assert policy.decide("fat", 213.0, "one core", 66.6) == "switch"
+    policy.switched()
+    now[0] = 10.0
+    assert policy.decide("one core", 213.0, "both cores", 120.0) == "hold"
+    assert policy.status() == {"plan": "both cores", "current_ms": 213.0, "proposed_ms": 120.0,
+                               "cooldown_left_s": 50.0}
+    now[0] = 59.9
+    assert policy.decide("one core", 213.0, "both cores", 120.0) == "hold"
+    now[0] = 60.0
+    assert policy.decide("one core", 213.0, "both cores", 120.0) == "switch"
+    policy.switched()
+    assert policy.status() is None
+    now[0] = 70.0
+    assert policy.decide("both cores", 120.0, "other", 60.0) == "hold"
+    assert policy.decide("both cores", 120.0, "other", 118.0) == "keep" and policy.status() is None
+
+
+def test_status_says_which_plan_the_cool_down_holds_back():
+    from packrat.cli.status import served_lines
+
+    lines = served_lines({"instances": [], "corrections": [], "held_back": {
+        "plan": "1×⟨2 threads, batch 4⟩", "current_ms": 213.0, "proposed_ms": 120.0, "cooldown_left_s": 49.6}})
+    assert lines == ["held back by the cool-down (50 s left): 1×⟨2 threads, batch 4⟩, expected 120.00 ms "
+                     "against 213.00 ms as served"]

@@ -18,7 +18,8 @@ MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"ea
               '"sub_batches", "requests_per_sub_batch", "fallbacks", ...}, '
               '"reconfigurations": [{"from_batch", "to_batch", "reason", "seconds", "failed_requests", ...}], "served": '
               '{"instances": [{"threads", "batch", "runtime", "predicted_ms", "planned_ms", "served_ms", "samples"}], '
-              '"corrections": [{"threads", "batch", "runtime", "profile_ms", "served_ms", "samples", "at"}]}, '
+              '"corrections": [{"threads", "batch", "runtime", "profile_ms", "served_ms", "samples", "at"}], '
+              '"held_back": {"plan", "current_ms", "proposed_ms", "cooldown_left_s"} or null}, '
               '"cpu_budget": {"cores", "source", "detail"}, "profile": "NAME: why it was chosen", "node": {...}}')
 
 
@@ -110,6 +111,10 @@ def served_lines(served: dict | None) -> list[str]:
         planned = "" if planned == predicted else f", planned with {num(planned)} ms"
         lines.append(f"served ⟨{i['threads']} threads, batch {i['batch']}{runtime_text(i['runtime'])}⟩: predicted "
                      f"{num(predicted)} ms{planned}, served {got}")
+    held = served.get("held_back")
+    if held:
+        lines.append(f"held back by the cool-down ({held['cooldown_left_s']:.0f} s left): {held['plan']}, expected "
+                     f"{held['proposed_ms']:.2f} ms against {held['current_ms']:.2f} ms as served")
     for c in served["corrections"]:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["at"]))
         lines.append(f"correction {when}: ⟨{c['threads']} threads, batch {c['batch']}{runtime_text(c['runtime'])}⟩ "

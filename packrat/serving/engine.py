@@ -27,7 +27,7 @@ from packrat.serving.controller import Controller
 from packrat.serving.correcting import PlanCorrector, corrections_file
 from packrat.serving.estimator import BatchSizeEstimator, EstimatorSettings
 from packrat.serving.node import NodeMember, node_dir
-from packrat.serving.served import worth_switching
+from packrat.serving.served import SwitchPolicy
 from packrat.serving.pool.api import Answer, ModelConfig, configs_for
 from packrat.serving.pool.instance_pool import InstancePool
 from packrat.serving.pool.supervisor import Watchdog
@@ -53,7 +53,7 @@ class Engine:
         # kept for a restart only by a model that has its cores to itself
         self.corrector = PlanCorrector(profile, corrections_file(model_name, profile_path),
                                        keep=not settings.share_node)
-        self._served_switch_at: float | None = None  # the last switch made on served figures (monotonic)
+        self.switches = SwitchPolicy()  # when a plan on the corrected figures replaces the one served
         profile = self.corrector.profile
         model, spec = model_config(settings, str(model_dir), profile.metadata.get("mode"))
         self.spec, self.codec = spec, codec_config(settings, spec, model_name, str(model_dir))
@@ -167,23 +167,29 @@ class Engine:
         """Correct the profile where the instances served otherwise than it predicted (served.py);
         re-plan on the corrected figures and switch when that plan is better by a margin."""
         corrections = self.corrector.update(self.pool.served_figures())
-        if not corrections:
-            return
         for c in corrections:
             log.info("packrat served ⟨%d threads, batch %d, %s⟩ in %.2f ms (median of %d batches), the profile "
                      "says %.2f ms: planning with the served figure", c.threads, c.batch, c.runtime, c.served_ms,
                      c.samples, c.profile_ms)
+        if not self.reconfigure or not (corrections or self.corrector.corrections):
+            return  # nothing served disagreed with the profile: its plan stands
+        # Taken again at every look, not only on a new correction: a switch the cool-down held back
+        # happens when the cool-down ends (SwitchPolicy)
         plan = self.controller.plan
         current_ms, proposed = self.corrector.expected_ms(plan), self.plan_for(plan.batch)
-        if not self.reconfigure or proposed.describe() == plan.describe():
+        held = self.switches.held
+        verdict = self.switches.decide(plan.describe(), current_ms, proposed.describe(), proposed.expected_latency_ms)
+        if verdict == "hold" and (held is None or held.plan != proposed.describe()):
+            log.info("packrat holds back %s (expected %.1f ms against %.1f as served) until the cool-down ends in "
+                     "%.0f s", proposed.describe(), proposed.expected_latency_ms, current_ms,
+                     self.switches.status()["cooldown_left_s"])
+        if verdict != "switch":
             return
-        since = None if self._served_switch_at is None else time.monotonic() - self._served_switch_at
-        if worth_switching(current_ms, proposed.expected_latency_ms, since):
-            reason = (f"served latencies: {plan.describe()} takes {current_ms:.1f} ms as served, "
-                      f"{proposed.describe()} is expected to take {proposed.expected_latency_ms:.1f} ms")
-            log.info("packrat re-plans: %s", reason)
-            if self.controller.request(plan.batch, reason):
-                self._served_switch_at = time.monotonic()
+        reason = (f"served latencies: {plan.describe()} takes {current_ms:.1f} ms as served, "
+                  f"{proposed.describe()} is expected to take {proposed.expected_latency_ms:.1f} ms")
+        log.info("packrat re-plans: %s", reason)
+        if self.controller.request(plan.batch, reason):
+            self.switches.switched()
 
     def submit(self, request) -> Future:
         """A future of the request's Answer, from the live pool. Never raises: our own failure
@@ -199,7 +205,8 @@ class Engine:
         """The controller's status (plan, mode, health, reconfigurations) with where the CPU
         budget and the profile came from."""
         status = {**self.controller.status(), "cpu_budget": self.budget.to_json(), "profile": self.profile_choice,
-                  "served": self.corrector.status(self.controller.plan, self.pool.served_figures())}
+                  "served": {**self.corrector.status(self.controller.plan, self.pool.served_figures()),
+                             "held_back": self.switches.status()}}
         if self.node is not None:
             status["node"] = self.node.status()
         return status
