@@ -106,11 +106,46 @@ def test_a_model_sharing_the_node_reads_the_kept_corrections_but_keeps_none_of_i
 
 
 def test_a_correction_can_change_a_points_runtime():
+    """openvino served twice its figure; inductor, measured in the same profile run, is inferred at
+    half that ratio (10 × √2) and now leads; once served as profiled, its figure stands."""
     profile = profile_of({(1, 1, "inductor"): 10.0, (1, 1, "openvino"): 8.0})
     assert profile.runtimes[1, 1] == "openvino"
     corrector = PlanCorrector(profile, None, wall=lambda: NOW)
-    corrector.update({(1, 1, "openvino"): (12.0, 0.1, 30)})
-    assert corrector.profile.runtimes[1, 1] == "inductor" and corrector.profile.latency[1, 1] == 10.0
+    corrector.update({(1, 1, "openvino"): (16.0, 0.1, 30)})
+    assert corrector.profile.runtimes[1, 1] == "inductor"
+    assert corrector.profile.latency[1, 1] == pytest.approx(10.0 * 2 ** 0.5)
+    corrector.update({(1, 1, "openvino"): (16.0, 0.1, 30), (1, 1, "inductor"): (10.1, 0.1, 30)})
+    assert corrector.profile.latency[1, 1] == 10.0 and corrector.inferred == {}
+
+
+def test_a_correction_carries_halfway_to_the_points_that_share_its_cause():
+    profile_ms = {(1, 4, "openvino"): 64.2, (1, 4, "onnxruntime"): 66.6, (1, 2, "openvino"): 33.0,
+                  (1, 8, "openvino"): 130.0, (1, 16, "openvino"): 260.0, (2, 4, "openvino"): 40.0}
+    corrections = {(1, 4, "openvino"): Correction(1, 4, "openvino", 64.2, 213.0, 27, NOW)}
+    found = served.inferred_from(corrections, profile_ms)
+    ratio = (213.0 / 64.2) ** 0.5  # half the log-ratio: never as far as what was served
+    assert found[1, 4, "onnxruntime"].inferred_ms == pytest.approx(66.6 * ratio)
+    assert found[1, 4, "onnxruntime"].rule == "runtimes of a served point"
+    assert found[1, 2, "openvino"].inferred_ms == pytest.approx(33.0 * ratio)
+    assert found[1, 8, "openvino"].rule == "batches next to a served point"
+    assert (1, 16, "openvino") not in found and (2, 4, "openvino") not in found  # no shared cause: as profiled
+    assert (1, 2, "openvino") not in served.inferred_from(corrections, profile_ms, {(1, 2, "openvino")})
+    both = {**corrections, (1, 16, "openvino"): Correction(1, 16, "openvino", 260.0, 130.0, 30, NOW)}
+    between = served.inferred_from(both, profile_ms)[1, 8, "openvino"]  # both neighbours: their mean
+    assert between.inferred_ms == pytest.approx(130.0 * ((213.0 / 64.2) * 0.5) ** 0.25)
+
+
+def test_status_lists_the_inferred_figures():
+    from packrat.cli.status import served_lines
+
+    corrector = PlanCorrector(profile_of({(1, 1, "inductor"): 10.0, (1, 2, "inductor"): 20.0}), None,
+                              wall=lambda: NOW)
+    corrector.update({(1, 1, "inductor"): (40.0, 0.1, 30)})
+    (inferred,) = corrector.status(type("Plan", (), {"instances": []})(), {})["inferred"]
+    assert (inferred["batch"], inferred["inferred_ms"]) == (2, pytest.approx(40.0))
+    (line,) = served_lines({"instances": [], "corrections": [], "inferred": [inferred]})
+    assert line == ("inferred ⟨1 threads, batch 2⟩: profile 20.00 ms → 40.00 ms, not served (batches next to "
+                    "a served point: ⟨1, 1, inductor⟩)")
 
 
 def test_a_damaged_file_costs_the_corrections_only(tmp_path, caplog):

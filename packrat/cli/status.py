@@ -19,6 +19,7 @@ MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"ea
               '"reconfigurations": [{"from_batch", "to_batch", "reason", "seconds", "failed_requests", ...}], "served": '
               '{"instances": [{"threads", "batch", "runtime", "predicted_ms", "planned_ms", "served_ms", "samples"}], '
               '"corrections": [{"threads", "batch", "runtime", "profile_ms", "served_ms", "samples", "at"}], '
+              '"inferred": [{"threads", "batch", "runtime", "profile_ms", "inferred_ms", "rule", "source"}], '
               '"held_back": {"plan", "current_ms", "proposed_ms", "cooldown_left_s"} or null}, '
               '"cpu_budget": {"cores", "source", "detail"}, "profile": "NAME: why it was chosen", "node": {...}}')
 
@@ -111,6 +112,10 @@ def served_lines(served: dict | None) -> list[str]:
         planned = "" if planned == predicted else f", planned with {num(planned)} ms"
         lines.append(f"served ⟨{i['threads']} threads, batch {i['batch']}{runtime_text(i['runtime'])}⟩: predicted "
                      f"{num(predicted)} ms{planned}, served {got}")
+    for i in served.get("inferred", []):
+        lines.append(f"inferred ⟨{i['threads']} threads, batch {i['batch']}{runtime_text(i['runtime'])}⟩: profile "
+                     f"{i['profile_ms']:.2f} ms → {i['inferred_ms']:.2f} ms, not served ({i['rule']}: "
+                     f"{i['source']})")
     held = served.get("held_back")
     if held:
         lines.append(f"held back by the cool-down ({held['cooldown_left_s']:.0f} s left): {held['plan']}, expected "

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from packrat.profiling.profiles import Profile
-from packrat.serving.served import Correction, corrections_from, served_key
+from packrat.serving.served import Correction, corrections_from, inferred_from, served_key
 from packrat.settings import SERVED_DIR_ENV
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,8 @@ class PlanCorrector:
         self.base, self.clock, self.wall, self.every_s = base, clock, wall, every_s
         self.path, self.keep = path, keep
         self.corrections = self._load()
+        # figures carried from the corrections to the points that share their cause (served.py)
+        self.inferred = inferred_from(self.corrections, self.base.model_points())
         self.profile = self._corrected()
         self._next_check = clock() + every_s
 
@@ -60,11 +62,14 @@ class PlanCorrector:
         now = self.wall()
         corrections = corrections_from(served, self.base.model_points(), self.corrections, now)
         changed = [c for key, c in corrections.items() if self.corrections.get(key) != c]
-        if not changed and corrections.keys() == self.corrections.keys():
+        inferred = inferred_from(corrections, self.base.model_points(), set(served))
+        kept_changed = bool(changed) or corrections.keys() != self.corrections.keys()
+        if not kept_changed and inferred == self.inferred:
             return []
-        self.corrections = corrections
+        self.corrections, self.inferred = corrections, inferred
         self.profile = self._corrected()
-        self._save()
+        if kept_changed:  # inferred figures are not kept: they follow from the corrections
+            self._save()
         return changed
 
     def expected_ms(self, plan) -> float:
@@ -84,10 +89,13 @@ class PlanCorrector:
             instances.append({"threads": i.threads, "batch": i.batch, "runtime": i.runtime,
                               "predicted_ms": base.get(key), "planned_ms": planned.get(key),
                               "served_ms": median, "samples": samples})
-        return {"instances": instances, "corrections": [c.to_json() for c in self.corrections.values()]}
+        return {"instances": instances, "corrections": [c.to_json() for c in self.corrections.values()],
+                "inferred": [i.to_json() for i in self.inferred.values()]}
 
     def _corrected(self) -> Profile:
-        return self.base.corrected({key: c.served_ms for key, c in self.corrections.items()})
+        figures = {key: i.inferred_ms for key, i in self.inferred.items()}
+        figures.update((key, c.served_ms) for key, c in self.corrections.items())  # served beats inferred
+        return self.base.corrected(figures)
 
     def _load(self) -> dict:
         if self.path is None or not self.path.exists():

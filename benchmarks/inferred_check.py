@@ -1,0 +1,75 @@
+"""Whether figures inferred from a correction (packrat/serving/served.py, inferred_from) come closer
+to the truth than the profile's own, checked on pairs of profiles of one model.
+
+    .venv/bin/python benchmarks/inferred_check.py PROFILE_A PROFILE_B [PROFILE_A PROFILE_B ...] [--json OUT]
+
+For each pair, A plays the profile a server plans with and B what its instances would serve (another
+day, allocator or load: ../shared/reference-profiles has glibc and tcmalloc tables of the same 16-core
+machine; two `packrat profile` runs of one model are another such pair). Every point of B that differs
+from A by more than the correction margin is taken, in turn, as the one served point (a correction).
+For each figure the rules infer from it, the check counts whether the inferred figure is closer to
+B's than A's was, and reports per rule: how many figures, the share that came closer, and the
+median relative error |x - B| / B before (A) and after (inferred). Model-only figures are compared,
+as a served model stage is.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
+from benchmarks.common import doc_parser, fmt_num, markdown_table
+from packrat.profiling.profiles import load
+from packrat.serving.served import CORRECTION_MARGIN, Correction, inferred_from
+
+def figures(path: Path) -> dict:
+    return load(path).model_points()  # model-only figures, as served model stages are compared with
+
+
+def check(a: dict, b: dict) -> dict[str, list[tuple[float, float, float]]]:
+    """Per rule, (A's figure, inferred, B's) of every figure inferred over the trials."""
+    common = {key: ms for key, ms in a.items() if key in b}
+    wrong = [key for key in common if abs(b[key] - a[key]) > CORRECTION_MARGIN * a[key]]
+    found: dict[str, list] = {}
+    for served in wrong:
+        corrections = {served: Correction(*served, a[served], b[served], 30, 0.0)}
+        for key, inferred in inferred_from(corrections, common).items():
+            found.setdefault(inferred.rule, []).append((a[key], inferred.inferred_ms, b[key]))
+    return found
+
+
+def summary(found: dict) -> list[list]:
+    rows = []
+    for rule, triples in sorted(found.items()):
+        closer = sum(abs(x - truth) < abs(before - truth) for before, x, truth in triples)
+        before = statistics.median(abs(before - truth) / truth for before, _, truth in triples)
+        after = statistics.median(abs(x - truth) / truth for _, x, truth in triples)
+        rows.append([rule, len(triples), f"{closer / len(triples):.0%}", fmt_num(100 * before, 1) + " %",
+                     fmt_num(100 * after, 1) + " %"])
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = doc_parser(__doc__)
+    parser.add_argument("profiles", nargs="+", type=Path)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if len(args.profiles) % 2:
+        parser.error("give profiles in pairs: A B [A B ...]")
+    report = {}
+    for a_path, b_path in zip(args.profiles[::2], args.profiles[1::2]):
+        found = check(figures(a_path), figures(b_path))
+        rows = summary(found)
+        report[f"{a_path.name} -> {b_path.name}"] = rows
+        print(f"\n{a_path.name} planned, {b_path.name} served")
+        print(markdown_table(["rule", "figures inferred", "closer than the profile", "median error before",
+                              "after"], rows))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
