@@ -1,10 +1,11 @@
 """A plan picked on split figures 30 % too optimistic, corrected from what its instances serve.
 
     .venv/bin/python benchmarks/served_correction.py --profile profiles/squeezenet.csv --model squeezenet
-                                                     [--batch 4] [--seconds 150] [--skew 0.7] [--json OUT]
+                                                     [--batch 4] [--seconds 150] [--skew 0.7] [--point T,B]
+                                                     [--json OUT]
 
-The profile's points with fewer threads than this machine's cores are made --skew times their
-figure; the engine (in this process, no TorchServe) serves the plan they pick under a closed loop of
+The profile's points with fewer threads than this machine's cores (or --point alone, under every
+runtime) are made --skew times their figures (model-only and served); the engine (in this process, no TorchServe) serves the plan they pick under a closed loop of
 --batch users for --seconds (packrat/bench/correction.py). Printed: the plan the skewed profile
 picked, the plan the true profile picks, when the engine switched on the served figures and to
 what, the plan it ended on, requests sent and failed, and each instance's predicted and served
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: b
 from benchmarks.common import doc_parser
 from packrat.bench.correction import correction_run
 from packrat.bench.results import write_json
+from packrat.cli.types import int_list
 
 
 def build_parser():
@@ -29,6 +31,8 @@ def build_parser():
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=150.0)
     parser.add_argument("--skew", type=float, default=0.7, help="factor on the split points' figures")
+    parser.add_argument("--point", type=int_list, default=None, metavar="T,B",
+                        help="skew this ⟨threads, batch⟩ alone, under every runtime (default: every split point)")
     parser.add_argument("--json", type=Path, default=None)
     return parser
 
@@ -36,7 +40,8 @@ def build_parser():
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     result = correction_run(args.model, args.profile, args.batch, args.seconds, args.skew,
-                            progress=lambda s: print(f"\r{s:5.0f} s", end="", file=sys.stderr, flush=True))
+                            progress=lambda s: print(f"\r{s:5.0f} s", end="", file=sys.stderr, flush=True),
+                            point=tuple(args.point) if args.point else None)
     print(file=sys.stderr)
     print(f"skewed profile's plan: {result['first_plan']}; the true profile's: {result['plan_from_the_true_profile']}")
     for switch in result["switches"]:

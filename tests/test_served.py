@@ -253,3 +253,18 @@ def test_status_says_which_plan_the_cool_down_holds_back():
         "plan": "1×⟨2 threads, batch 4⟩", "current_ms": 213.0, "proposed_ms": 120.0, "cooldown_left_s": 49.6}})
     assert lines == ["held back by the cool-down (50 s left): 1×⟨2 threads, batch 4⟩, expected 120.00 ms "
                      "against 213.00 ms as served"]
+
+
+def test_a_skewed_profile_makes_one_point_faster_in_every_figure(tmp_path):
+    from packrat.bench.correction import skewed_profile
+
+    source = tmp_path / "p.csv"
+    source.write_text("# model: tiny\nthreads,batch,latency_ms,isolated_ms,runtime,served_ms,served_isolated_ms\n"
+                      "1,4,100,,inductor,120,\n1,4,90,,openvino,110,\n1,2,50,,inductor,60,\n2,4,60,60,inductor,70,70\n")
+    skewed_profile(source, tmp_path / "s.csv", 0.5, 2, point=(1, 4))
+    rows = (tmp_path / "s.csv").read_text().splitlines()
+    assert rows[0] == "# model: tiny"
+    assert rows[2:] == ["1,4,50.0000,,inductor,60.0000,", "1,4,45.0000,,openvino,55.0000,", "1,2,50,,inductor,60,",
+                        "2,4,60,60,inductor,70,70"]
+    skewed_profile(source, tmp_path / "all.csv", 0.5, 2)  # every split point
+    assert (tmp_path / "all.csv").read_text().splitlines()[4] == "1,2,25.0000,,inductor,30.0000,"

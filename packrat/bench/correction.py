@@ -1,6 +1,7 @@
 """A plan made on wrong figures, corrected while it serves (`benchmarks/served_correction.py`).
 
-A profile's split points (t < T) are made `skew` times their figure (0.7: 30 % too optimistic),
+A profile's split points (t < T), or one ⟨t, b⟩ under every runtime, are made `skew` times their
+figure (0.7: 30 % too optimistic),
 the engine serves the plan they pick under a steady closed loop of B users (each sends one raw
 tensor request, waits for the answer, sends the next), and the run records when the engine
 switched on the served figures, to which plan, how many requests failed, and whether it stayed.
@@ -22,16 +23,20 @@ from pathlib import Path
 from packrat.profiling.profiles import load
 
 
-def skewed_profile(source: Path, out: Path, skew: float, cores: int) -> None:
-    """`source` with every point of fewer than `cores` threads made `skew` times as fast (its
-    latency_ms, and isolated_ms where there is one)."""
+SKEWED = ("latency_ms", "isolated_ms", "served_ms", "served_isolated_ms")  # every figure a point may carry
+
+
+def skewed_profile(source: Path, out: Path, skew: float, cores: int, point: tuple[int, int] | None = None) -> None:
+    """`source` with every point of fewer than `cores` threads (or, given `point`, that ⟨threads,
+    batch⟩ alone, under every runtime) made `skew` times as fast: each of its SKEWED figures."""
     lines = source.read_text().splitlines(keepends=True)
     meta = [line for line in lines if line.startswith("#")]
     rows = list(csv.DictReader(line for line in lines if not line.startswith("#")))
     fields = list(rows[0])
     for row in rows:
-        if int(row["threads"]) < cores:
-            for column in ("latency_ms", "isolated_ms"):
+        chosen = (int(row["threads"]), int(row["batch"])) == point if point else int(row["threads"]) < cores
+        if chosen:
+            for column in SKEWED:
                 if (row.get(column) or "").strip():
                     row[column] = f"{float(row[column]) * skew:.4f}"
     body = io.StringIO()
@@ -42,8 +47,9 @@ def skewed_profile(source: Path, out: Path, skew: float, cores: int) -> None:
 
 
 def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: float = 0.7,
-                   progress=None) -> dict:
-    """The run of the module's doc; `progress(elapsed_s)` about once a second."""
+                   progress=None, point: tuple[int, int] | None = None) -> dict:
+    """The run of the module's doc (`point`: skew that ⟨threads, batch⟩ alone); `progress(elapsed_s)`
+    about once a second."""
     from packrat.bench.payloads import build_payload
     from packrat.serving.engine import Engine
     from packrat.serving.pool.api import Request
@@ -53,7 +59,7 @@ def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: 
         folder = Path(folder)
         os.environ[SERVED_DIR_ENV.name] = str(folder / "served")
         cores = len(os.sched_getaffinity(0))
-        skewed_profile(profile, folder / "profile.csv", skew, cores)
+        skewed_profile(profile, folder / "profile.csv", skew, cores, point)
         true_plan = _plan(load(profile), cores, batch)
         settings = Settings(model=model, profiles=("profile.csv",), max_batch=batch, plan_batch=batch,
                             share_node=False)
@@ -87,7 +93,7 @@ def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: 
             status = engine.status()
             engine.close()
     switches = [r for r in status["reconfigurations"] if r["reason"].startswith("served latencies")]
-    return {"model": model, "batch": batch, "skew": skew, "seconds": seconds, "cores": cores,
+    return {"model": model, "batch": batch, "skew": skew, "point": point, "seconds": seconds, "cores": cores,
             "first_plan": first_plan, "plan_from_the_true_profile": true_plan,
             "final_plan": _describe(status), "switches": switches,
             "first_switch_after_s": switches[0]["started_at"] - wall_started if switches else None,
