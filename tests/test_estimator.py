@@ -59,6 +59,29 @@ def test_noise_around_a_power_of_two_boundary_does_not_flap():
     assert feed(est, seconds) == []  # the average sits right at 4: hysteresis holds the target
 
 
+def test_a_closed_loop_whose_answers_come_back_together_is_seen_whole():
+    """4 users, the fat plan answering all four at once: their next requests arrive one by one, each
+    seen with those before it (1, 2, 3, 4); under a split plan the answers are staggered (about 4).
+    Both are a load of 4: no switch either way (the mean of 1..4, 2.5, once proposed B = 2)."""
+    together = BatchSizeEstimator(current=4, max_batch=8)
+    assert feed(together, [[1, 2, 3, 4] * 5] * 60) == []
+    staggered = BatchSizeEstimator(current=4, max_batch=8)
+    assert feed(staggered, [[4, 3, 4, 4, 3] * 4] * 60) == []
+    fewer = BatchSizeEstimator(current=4, max_batch=8)  # two users now: 1, 2, 1, 2, ...
+    assert feed(fewer, [[1, 2] * 10] * 30)[-1][1] == 2
+
+
+def test_the_peak_forgets_what_is_older_than_its_window():
+    from packrat.serving.estimator import PEAK_WINDOW_S
+
+    est = BatchSizeEstimator(current=8, max_batch=8, settings=EstimatorSettings(alpha=1.0))
+    est.observe(8, now=0.0)
+    est.observe(1, now=PEAK_WINDOW_S / 2)
+    assert est.average == 8  # the same wave
+    est.observe(1, now=PEAK_WINDOW_S * 2)
+    assert est.average == 1  # a sparse load after the burst: seen as it is
+
+
 def test_fast_oscillation_does_not_flap():
     est = BatchSizeEstimator(current=2, max_batch=8)
     seconds = [[8] * 10 if s % 2 else [1] * 10 for s in range(120)]  # 1 ↔ 8 every second

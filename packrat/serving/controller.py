@@ -73,7 +73,7 @@ class Controller:
         """`count` requests arrived together (TorchServe's batch; one by one from Ray Serve's
         front end); may start a switch in the background. The load is them plus the requests already in
         the pool: with U users in a closed loop that is about U, the batch the plan should be made for."""
-        self.estimator.observe(self.pool.outstanding + count)
+        self.estimator.observe(self.pool.outstanding + count, self.clock())
         self._maybe_switch()
 
     def submit(self, request):

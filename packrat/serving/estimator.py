@@ -15,8 +15,11 @@ as a target even when it is not a power of two.
 from __future__ import annotations
 
 from collections import Counter, deque
+from itertools import islice
 
 from packrat.settings import EstimatorSettings  # its fields, defaults and checks: the packrat: schema's
+
+PEAK_WINDOW_S = 0.5  # observations this recent make the peak the average takes (a wave of a closed loop)
 
 
 def floor_power_of_two(value: float) -> int:
@@ -39,12 +42,25 @@ class BatchSizeEstimator:
             raise ValueError(f"current batch {current} must be in 1..{max_batch}")
         self.current, self.max_batch, self.settings = current, max_batch, settings
         self.average: float | None = None
+        self._recent: deque[tuple[float | None, int]] = deque(maxlen=max_batch)  # (when, size): for the peak
         self.estimates: deque[int] = deque(maxlen=settings.window)
         self._next_check: float | None = None
 
-    def observe(self, size: int) -> None:
-        """One batch of `size` requests arrived."""
+    def observe(self, size: int, now: float | None = None) -> None:
+        """One batch of `size` requests arrived (with those already in the pool). What the average
+        takes is the largest of the last `current` observations: a closed loop of U users whose
+        answers come back together sends its next requests one by one, seen as 1, 2, ..., U, whose
+        mean (U + 1) / 2 would pull the target down to a plan whose staggered answers are then seen
+        as about U, and up again: ResNet-50 under 4 users, submitted one by one, went between
+        B = 4 and B = 2 every 6-13 s, 23 switches in 180 s (BENCHMARKS.md, issue 42). A front end
+        that hands over whole batches (TorchServe) sees each batch at once and is not changed.
+        `now` (the clock check() reads): observations older than PEAK_WINDOW_S are no part of the
+        peak, so a load that drops is seen within that time, however sparse its requests."""
         size = min(max(size, 1), self.max_batch)
+        while now is not None and self._recent and self._recent[0][0] < now - PEAK_WINDOW_S:
+            self._recent.popleft()
+        self._recent.append((now, size))
+        size = max(seen for _, seen in islice(reversed(self._recent), self.current))
         alpha = self.settings.alpha
         self.average = size if self.average is None else alpha * size + (1 - alpha) * self.average
 
