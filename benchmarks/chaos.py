@@ -63,7 +63,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
 from benchmarks.common import doc_parser, fmt_num, markdown_table as markdown
 from packrat.loadtest import run_locust
-from packrat.bench.payloads import PAYLOAD_KINDS
+from packrat.codec.payloads import PAYLOAD_KINDS
 from packrat.loadtest.requestlog import RequestRecord, read_request_log
 from packrat.bench import faults
 from packrat.bench.results import write_json

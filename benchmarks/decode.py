@@ -3,7 +3,7 @@
     taskset -c 1 .venv/bin/python benchmarks/decode.py [--rounds 7] [--shape 3,224,224] [--json OUT]
 
 Per image, from the request body to the normalised float32 sample, for two synthetic photos
-(packrat.bench.payloads.synthetic_jpeg): the 500x375 one the load tests send, and a 4000x3000
+(packrat.codec.payloads.synthetic_jpeg): the 500x375 one the load tests send, and a 4000x3000
 "camera" photo of about 4.5 MB. `reference` below is the pipeline before issue 41 (full-size
 decode, EXIF turn, RGB copy, resize of the whole image, crop, three float passes): the one copy of
 it, which tests/test_images.py compares packrat.codec.images.to_sample with. The new path writes
@@ -119,7 +119,7 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    from packrat.bench.payloads import synthetic_jpeg
+    from packrat.codec.payloads import synthetic_jpeg
 
     args = build_parser().parse_args(argv)
     pin(first_cores(1))

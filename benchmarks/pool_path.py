@@ -26,7 +26,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -43,7 +42,10 @@ def child(config: dict) -> dict:
     """Run in a fresh process: the pool of `config["instances"]` answering batches of `config["batch"]`."""
     import time
 
-    from packrat.bench.payloads import build_payload
+    try:
+        from packrat.codec.payloads import build_payload
+    except ImportError:  # a tree from before issue 41 kept them in the bench stage
+        from packrat.bench.payloads import build_payload
     from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
     from packrat.serving.pool.instance_pool import InstancePool
 

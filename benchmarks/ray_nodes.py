@@ -41,7 +41,7 @@ WARMUP_S = 10
 def deployed(nodes: list[list[int]], batch: int, args: argparse.Namespace):
     """A local cluster of `nodes`, packrat's Ray Serve app on it with replicas of batch `batch`:
     (the cluster, a run_locust of 2B users against it with the model's payload)."""
-    from packrat.bench.payloads import build_payload
+    from packrat.codec.payloads import build_payload
     from packrat.bench.ray_local import LocalCluster
     from packrat.deploy.torchserve import free_port
     from packrat.frontends import ray_serve

@@ -65,7 +65,7 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
             (rounded up to whole seconds).
     step:   1 -> users -> 1 -> users, each for duration_s / 4, unless `env` sets
             STEP_USERS / STEP_SECONDS (loadtest.env).
-    payload: (body, content type) of every request (packrat.bench.payloads.build_payload makes
+    payload: (body, content type) of every request (packrat.codec.payloads.build_payload makes
              one for a model); written to OUT_DIR/request.body for the locust process.
     timeout_s is the client-side timeout per request (the locustfile's default is 60 s);
     the whole run is killed after its expected length + 60 s.

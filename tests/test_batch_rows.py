@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from packrat.bench.payloads import build_payload
+from packrat.codec.payloads import build_payload
 from packrat.codec.batch import answer_batch
 from packrat.codec.rows import ALIGN, InputRows, RowsLayout
 from packrat.codec.codec import Codec

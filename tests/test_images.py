@@ -25,7 +25,7 @@ import pytest
 import torch
 from PIL import Image
 
-from packrat.bench.payloads import synthetic_jpeg
+from packrat.codec.payloads import synthetic_jpeg
 from packrat.codec.images import to_sample
 
 _PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "decode.py"

@@ -12,7 +12,7 @@ import pytest
 
 from packrat.codec.codec import Codec
 from packrat.codec.config import CodecConfig
-from packrat.bench.payloads import build_payload
+from packrat.codec.payloads import build_payload
 from packrat.models.zoo import prepare, resolve
 from packrat.codec.batch import answer_batch
 from packrat.codec.batch import Decoders

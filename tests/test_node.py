@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from packrat.bench.payloads import build_payload
+from packrat.codec.payloads import build_payload
 from packrat.errors import MoveFailed
 from packrat.machine.topology import Topology, detect
 from packrat.serving.engine import Engine

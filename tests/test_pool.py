@@ -21,7 +21,7 @@ from hypothesis import given, strategies as st
 from packrat.codec.codec import Codec
 
 from packrat.codec.config import CodecConfig
-from packrat.bench.payloads import build_payload
+from packrat.codec.payloads import build_payload
 from packrat.codec.batch import answer_batch
 from packrat.models.zoo import prepare, resolve
 from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from packrat.bench.payloads import build_payload
+from packrat.codec.payloads import build_payload
 from packrat.machine.topology import detect
 from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
 from packrat.serving.pool.core_locks import holders, holding

@@ -50,7 +50,7 @@ def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: 
                    progress=None, point: tuple[int, int] | None = None) -> dict:
     """The run of the module's doc (`point`: skew that ⟨threads, batch⟩ alone); `progress(elapsed_s)`
     about once a second."""
-    from packrat.bench.payloads import build_payload
+    from packrat.codec.payloads import build_payload
     from packrat.serving.engine import Engine
     from packrat.serving.pool.api import Request
     from packrat.settings import SERVED_DIR_ENV, Settings

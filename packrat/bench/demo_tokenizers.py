@@ -17,7 +17,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from packrat.bench.payloads import TEXT
+from packrat.codec.payloads import TEXT
 
 KINDS = ("wordpiece", "bpe")
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

@@ -30,7 +30,7 @@ MEASURES = ("point", "model", "batch")
 def instance_gap(model: str, runtime: str, threads: int, batch: int, cores: tuple[int, ...], *, rounds: int = 3,
                  iters: int = 30, warmup: int = 10, graph_mode: str = "compile", progress=None) -> dict:
     """The figures of one case (the module's doc); `progress()` after each round."""
-    from packrat.bench.payloads import build_payload
+    from packrat.codec.payloads import build_payload
     from packrat.codec.config import CodecConfig
     from packrat.models.zoo import resolve
     from packrat.profiling.profiler import ProfileSettings, measure_point

@@ -326,7 +326,7 @@ def start_server(models: list[str], out: Path, users_batch: int):
 
 def load(server, models: list[str], users: int, seconds: float, out: Path) -> dict:
     """Locust per model for `seconds`, in threads: {model: request records} once they end."""
-    from packrat.bench.payloads import build_payload
+    from packrat.codec.payloads import build_payload
     from packrat.loadtest import run_locust
     from packrat.loadtest.requestlog import read_request_log
 

@@ -67,7 +67,7 @@ def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, pro
     the profile's graph mode, in this process as in the pools."""
     import torch
 
-    from packrat.bench.payloads import build_payload, natural_payload
+    from packrat.codec.payloads import build_payload, natural_payload
     from packrat.codec.codec import Codec
     from packrat.codec.config import CodecConfig
     from packrat.models.modes import served

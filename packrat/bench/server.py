@@ -93,7 +93,7 @@ def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, d
     so that stock and packrat differ only in how they use the cores; stock_runtime: the engine the
     stock handler runs it with (None: inductor). With kill_every_s, pool
     instances of the packrat configurations are killed during the measured runs."""
-    from packrat.bench.payloads import build_payload, natural_payload
+    from packrat.codec.payloads import build_payload, natural_payload
 
     payload = payload or natural_payload(model)
     body = build_payload(model, payload)
@@ -237,7 +237,7 @@ def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, d
     table per batch (or JSON), the latency plots and OUT/server-bench.json = {model, payload,
     users, kill_every_s, duration_s, rounds, max_batch_delay_ms, runs: [ServerRun, ...]}; returns the runs."""
     from packrat.loadtest import plot_latency_distributions
-    from packrat.bench.payloads import natural_payload
+    from packrat.codec.payloads import natural_payload
     from packrat.models.modes import served
 
     payload = payload or natural_payload(model)

@@ -19,7 +19,7 @@ def step_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, low
     and with the plan fixed for the high and for the low batch size."""
     from packrat.loadtest import plot_timeline, run_locust
     from packrat.loadtest.env import STEP_SECONDS, STEP_USERS
-    from packrat.bench.payloads import build_payload
+    from packrat.codec.payloads import build_payload
 
     body = build_payload(model, payload)
     users = ",".join([str(low), str(batch)] * cycles + [str(low)])

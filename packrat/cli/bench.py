@@ -88,7 +88,7 @@ def bench_tokenizer(model: str, payload: str, given: Path | None, demo: bool, ou
     """The tokenizer.json the servers get: --tokenizer, or with --demo-tokenizer one built into OUT/tokenizer/.
     A text payload without either is an error."""
     from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
-    from packrat.bench.payloads import natural_payload
+    from packrat.codec.payloads import natural_payload
 
     if demo:
         if natural_payload(model) != "text":
@@ -103,7 +103,7 @@ def bench_tokenizer(model: str, payload: str, given: Path | None, demo: bool, ou
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from packrat.bench.payloads import check_payload, natural_payload
+    from packrat.codec.payloads import check_payload, natural_payload
 
     out = args.out
     payload = args.payload or natural_payload(args.model, args.input_shape)

@@ -51,7 +51,7 @@ def add_demo_parser(sub) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from packrat.bench.payloads import natural_payload
+    from packrat.codec.payloads import natural_payload
     from packrat.profiling import plots
 
     cores = local_cores()

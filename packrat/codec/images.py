@@ -54,8 +54,6 @@ def to_sample(data: bytes, shape: tuple[int, int, int], max_pixels: int,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """A float32 tensor of `shape` (3, H, W), or RequestError (413 for too many pixels). Written
     into `out` (float32 of `shape`, say a row of a batch buffer) when given, and `out` returned."""
-    from PIL import Image
-
     if out is not None and (tuple(out.shape) != tuple(shape) or out.dtype != torch.float32):
         raise ValueError(f"out must be float32 of shape {tuple(shape)}, not {out.dtype} {tuple(out.shape)}")
     with refusals():

@@ -1,6 +1,5 @@
 """The request body a client sends for one model sample, in each encoding the codec accepts: what
-load tests send (packrat/bench re-exports this module as packrat.bench.payloads) and what the
-profiler's served points answer (packrat/profiling/point.py).
+load tests and benchmarks send and what the profiler's served points answer (packrat/profiling/point.py).
 
 raw   the sample's tensor bytes (little-endian), application/octet-stream (a model of several
       inputs: a KServe v2 JSON body of them)

@@ -5,6 +5,7 @@ reads the first rows as they lie (codec.batch)."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -64,8 +65,7 @@ class InputRows:
         """The rows from `start` on, as rows of their own (a batch answered in parts)."""
         if start == 0:
             return self
-        part = object.__new__(InputRows)
-        part.layout, part.buffer = self.layout, self.buffer
+        part = copy.copy(self)
         part.tensors = tuple(tensor[start:] for tensor in self.tensors)
         return part
 
