@@ -25,6 +25,8 @@
 #   SUITE_PROFILE_KIND [isolated]     or contention (the loaded figures the oracle's loaded choice
 #                                     needs): about 2x the time, budget 480 s, best as a second
 #                                     command, SUITE_STEPS=profile,oracle, into another OUT_DIR
+#   SUITE_PROFILE_PAYLOAD [model-only] or raw, jpeg, text: also time each point's served figure from
+#                                     those bodies (plans on it), about 2x the profile's time
 #   SUITE_RUNTIMES [inductor]         the profile's runtimes, e.g. inductor,openvino,onnxruntime
 #   SUITE_GRAPH_MODE [script]         compile, the product's default, builds a package per <t, b>
 #                                     (10-35 s each for ResNet-50): a command of its own, larger budget
@@ -60,6 +62,8 @@ PROFILE_BATCHES=${SUITE_PROFILE_BATCHES:-1,2,4,8,16,32,64}
 PROFILE_KIND=${SUITE_PROFILE_KIND:-isolated}
 PROFILE_WARMUP=${SUITE_PROFILE_WARMUP:-1}
 PROFILE_MIN_TIME=${SUITE_PROFILE_MIN_TIME:-0.5}
+PROFILE_PAYLOAD=${SUITE_PROFILE_PAYLOAD:-model-only}
+if [[ $PROFILE_PAYLOAD == model-only ]]; then PAYLOAD_ARGS=(--model-only); else PAYLOAD_ARGS=(--payload "$PROFILE_PAYLOAD"); fi
 GRAPH_MODE=${SUITE_GRAPH_MODE:-script}
 RUNTIMES=${SUITE_RUNTIMES:-inductor}
 PEERS_MODEL=${SUITE_PEERS_MODEL:-$MODEL}
@@ -104,6 +108,11 @@ try:
 except ImportError:
     print("no-torch")
     sys.exit()
+try:  # the folders beside packrat/ import as packrat.* only once it is installed (pyproject.toml)
+    import packrat.ios_scheduler  # noqa: F401
+except ImportError:
+    print("no-install")
+    sys.exit()
 from packrat.machine.topology import cpu_model, detect
 cores = detect().cores
 wanted = int(sys.argv[1]) or len(cores)
@@ -117,6 +126,7 @@ print(len(cores), len(chosen), ",".join(map(str, chosen)))
 EOF
 )
 [[ ${ALL_CORES:-} != no-torch ]] || die "$PY cannot import torch, numpy and tqdm (run bash scripts/setup.sh, or install them)"
+[[ ${ALL_CORES:-} != no-install ]] || die "packrat is not installed in $PY (run bash scripts/setup.sh, or, beside a torch of your own: $PY -m pip install --no-deps --no-build-isolation -e .)"
 [[ -n ${CPUS:-} ]] || die "could not read the cores with packrat.machine.topology (SUITE_THREADS, if set, must be a number)"
 if [[ -n ${SUITE_THREADS:-} && $SUITE_THREADS -gt $ALL_CORES ]]; then
     say "SUITE_THREADS=$SUITE_THREADS: packrat sees only $ALL_CORES cores; using T=$T"
@@ -174,7 +184,7 @@ end() {
 
 PROFILE=$OUT/$MODEL.csv
 PROFILE_CMD=("$PY" -m packrat.cli profile --model "$MODEL" --adaptive --threads "1-$T" --batches "$PROFILE_BATCHES"
-             --warmup "$PROFILE_WARMUP" --min-time "$PROFILE_MIN_TIME" "--$PROFILE_KIND" --graph-mode "$GRAPH_MODE"
+             --warmup "$PROFILE_WARMUP" --min-time "$PROFILE_MIN_TIME" "${PAYLOAD_ARGS[@]}" "--$PROFILE_KIND" --graph-mode "$GRAPH_MODE"
              --runtimes "$RUNTIMES" --out "$PROFILE")
 if wants profile; then
     begin profile "adaptive profile of $MODEL, threads 1-$T, batches $PROFILE_BATCHES, $PROFILE_KIND"

@@ -74,7 +74,9 @@ def profile_tables(out: Path, machine: dict) -> list[str]:
     if path.exists():
         profile = load(path)
         batches, loaded = profile.batches, profile.loaded
-        lines += [f"{'Loaded mean (isolated mean)' if loaded else 'Isolated mean'} latency in ms; "
+        basis = ("served (decode, model and encode of the profile's payload)" if profile.basis == "served"
+                 else "model-only")
+        lines += [f"{'Loaded mean (isolated mean)' if loaded else 'Isolated mean'} {basis} latency in ms; "
                   "· = not measured (the adaptive profiler showed it cannot change a plan).", ""]
         cells = [[t, *((fmt_num(profile.latency[t, b]) + (f" ({fmt_num(profile.isolated[t, b])})" if loaded else ""))
                        if (t, b) in profile.latency else "·" for b in batches)] for t in profile.threads]

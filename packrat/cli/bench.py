@@ -116,7 +116,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             with tqdm(total=rounds, desc=f"pool bench B={batch}", disable=args.json) as bar:
                 results.append(pool_bench(args.model, batch, profile, rounds, progress=bar.update, payload=payload,
                                           tokenizer=tokenizer, cases=args.cases))
-        write_json(out / "pool-bench.json", results)
+            write_json(out / "pool-bench.json", results)  # after each batch size: an interrupted run keeps them
         print(json.dumps(results, indent=2) if args.json else format_pool_results(results))
         return 0
     if args.shape == "step":
