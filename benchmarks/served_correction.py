@@ -45,9 +45,12 @@ def main(argv=None) -> int:
     print(file=sys.stderr)
     print(f"skewed profile's plan: {result['first_plan']}; the true profile's: {result['plan_from_the_true_profile']}")
     for switch in result["switches"]:
-        print(f"switched to {switch['plan']} (after {switch['started_at'] - result['switches'][0]['started_at'] + result['first_switch_after_s']:.1f} s, "
-              f"took {switch['seconds']:.1f} s, {switch['failed_requests']} failed): {switch['reason']}")
-    print(f"final plan: {result['final_plan']}; requests sent {result['sent']}, failed {result['failed']}")
+        print(f"switched to {switch['plan']} after {switch['after_s']:.1f} s (took {switch['seconds']:.1f} s, "
+              f"{switch['failed_requests']} failed): {switch['reason']}")
+    for trial in result["served"]["trials"]["history"]:
+        print(f"trial of {trial['plan']} instead of {trial['previous']}: {trial['seconds']:.0f} s, {trial['outcome']}")
+    print(f"final plan: {result['final_plan']}, served since {result['final_plan_since_s']:.0f} s; "
+          f"requests sent {result['sent']}, failed {result['failed']}")
     for i in result["served"]["instances"]:
         print(f"  ⟨{i['threads']}, {i['batch']}, {i['runtime']}⟩ predicted {i['predicted_ms']} ms, planned with "
               f"{i['planned_ms']}, served {i['served_ms']} ({i['samples']} batches)")

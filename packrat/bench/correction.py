@@ -92,12 +92,15 @@ def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: 
                 thread.join(60)
             status = engine.status()
             engine.close()
-    switches = [r for r in status["reconfigurations"] if r["reason"].startswith("served latencies")]
+    switches = status["reconfigurations"]  # every plan change: on served figures, trials, the load
+    for switch in switches:
+        switch["after_s"] = switch["started_at"] - wall_started
     return {"model": model, "batch": batch, "skew": skew, "point": point, "seconds": seconds, "cores": cores,
             "first_plan": first_plan, "plan_from_the_true_profile": true_plan,
             "final_plan": _describe(status), "switches": switches,
-            "first_switch_after_s": switches[0]["started_at"] - wall_started if switches else None,
-            "all_reconfigurations": status["reconfigurations"], "served": status["served"], **counts}
+            "first_switch_after_s": switches[0]["after_s"] if switches else None,
+            "final_plan_since_s": (switches[-1]["after_s"] + switches[-1]["seconds"]) if switches else 0.0,
+            "served": status["served"], **counts}
 
 
 def _plan(profile, cores: int, batch: int) -> str:

@@ -20,7 +20,9 @@ MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"ea
               '{"instances": [{"threads", "batch", "runtime", "predicted_ms", "planned_ms", "served_ms", "samples"}], '
               '"corrections": [{"threads", "batch", "runtime", "profile_ms", "served_ms", "samples", "at"}], '
               '"inferred": [{"threads", "batch", "runtime", "profile_ms", "inferred_ms", "rule", "source"}], '
-              '"held_back": {"plan", "current_ms", "proposed_ms", "cooldown_left_s"} or null}, '
+              '"held_back": {"plan", "current_ms", "proposed_ms", "cooldown_left_s"} or null, "trials": {"active": '
+              '{"previous", "plan", "previous_ms", "expected_ms", "untried", "started_at", "served_ms", "batches"} or '
+              'null, "history": [{..., "outcome", "seconds"}]}}, '
               '"cpu_budget": {"cores", "source", "detail"}, "profile": "NAME: why it was chosen", "node": {...}}')
 
 
@@ -100,6 +102,9 @@ def print_model(name: str, status: dict, last: int) -> None:
               f"{r['failed_requests']}  {r['reason']}  {outcome}")
 
 
+TRIALS_SHOWN = 5  # the last trials of near-ties status prints
+
+
 def served_lines(served: dict | None) -> list[str]:
     """Each instance's model time as the profile predicted it, as planned (corrected) and as served;
     then the corrections the served figures made."""
@@ -120,6 +125,15 @@ def served_lines(served: dict | None) -> list[str]:
     if held:
         lines.append(f"held back by the cool-down ({held['cooldown_left_s']:.0f} s left): {held['plan']}, expected "
                      f"{held['proposed_ms']:.2f} ms against {held['current_ms']:.2f} ms as served")
+    trials = served.get("trials") or {}
+    for t in trials.get("history", [])[-TRIALS_SHOWN:]:
+        lines.append(f"trial {time.strftime('%H:%M:%S', time.localtime(t['started_at']))}: {t['plan']} instead of "
+                     f"{t['previous']} for {t['seconds']:.0f} s, {t['outcome']}")
+    active = trials.get("active")
+    if active:
+        served_ms = f", served {active['served_ms']:.2f} ms" if active.get("served_ms") is not None else ""
+        lines.append(f"trial under way: {active['plan']} instead of {active['previous']} ({active['previous_ms']:.2f} "
+                     f"ms as served), expected {active['expected_ms']:.2f} ms{served_ms}, {active['batches']} batches")
     for c in served["corrections"]:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["at"]))
         lines.append(f"correction {when}: ⟨{c['threads']} threads, batch {c['batch']}{runtime_text(c['runtime'])}⟩ "

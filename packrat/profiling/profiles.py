@@ -202,6 +202,10 @@ class Profile:
         return {(t, b, runtime): latency for runtime, figures in self._tables()[0].items()
                 for (t, b), (latency, _) in figures.items()}
 
+    def spread_ms(self, threads: int, batch: int, runtime: str) -> float:
+        """The noise of a point's figure as planned with (its iterations' spread; 0 where unknown)."""
+        return self._tables()[1].get(runtime, {}).get((threads, batch), 0.0)
+
     def model_points(self) -> dict[tuple[int, int, str], float]:
         """Every runtime's model-only primary figure, keyed (threads, batch, runtime): what a pool
         instance's model stage (the run alone) is compared with."""

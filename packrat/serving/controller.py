@@ -104,29 +104,39 @@ class Controller:
             self._start_switch(target, f"estimated batch size {target} "
                                        f"(moving average {self.estimator.average:.1f})")
 
-    def request(self, target: int, reason: str) -> bool:
-        """Switch to the plan for `target` now (an operator's request), in the background; False
-        while a switch is under way. A failed attempt (say, a new instance killed while it loads) is
-        tried again retry_s later, up to request_attempts in all, each one recorded. The estimator
-        then judges later load against the new plan."""
+    def request(self, target: int, reason: str, plan_for: Callable[[int], Plan] | None = None,
+                attempts: int | None = None) -> bool:
+        """Switch to the plan for `target` now (an operator's request; `plan_for`'s plan, default
+        the controller's), in the background; False while a switch is under way. A failed attempt
+        (say, a new instance killed while it loads) is tried again retry_s later, up to `attempts`
+        (default request_attempts) in all, each one recorded. The estimator then judges later load
+        against the new plan."""
         with self._lock:
             if self._switching is not None:
                 return False
             self.estimator.current = target
-            self._start_switch(target, reason, self.request_attempts)
+            self._start_switch(target, reason, attempts or self.request_attempts, plan_for)
             return True
 
-    def _start_switch(self, target: int, reason: str, attempts: int = 1) -> None:
+    @property
+    def switching(self) -> bool:
+        """Whether a switch is under way."""
+        return self._switching is not None
+
+    def _start_switch(self, target: int, reason: str, attempts: int = 1,
+                      plan_for: Callable[[int], Plan] | None = None) -> None:
         """Caller holds the lock and has checked no switch is under way."""
         self._building = target
-        self._switching = threading.Thread(target=self._switch_in_background, args=(target, reason, attempts),
-                                           daemon=True, name="packrat-reconfigure")
+        self._switching = threading.Thread(target=self._switch_in_background,
+                                           args=(target, reason, attempts, plan_for), daemon=True,
+                                           name="packrat-reconfigure")
         self._switching.start()
 
-    def _switch_in_background(self, target: int, reason: str, attempts: int) -> None:
+    def _switch_in_background(self, target: int, reason: str, attempts: int,
+                              plan_for: Callable[[int], Plan] | None = None) -> None:
         try:
             for attempt in range(1, attempts + 1):
-                record = self.switch(target, reason if attempt == 1 else f"{reason}, attempt {attempt}")
+                record = self.switch(target, reason if attempt == 1 else f"{reason}, attempt {attempt}", plan_for)
                 if record.error is None or attempt == attempts:
                     return
                 self.sleep(self.retry_s)

@@ -19,6 +19,7 @@ from packrat.settings import SERVED_DIR_ENV
 
 log = logging.getLogger(__name__)
 CHECK_EVERY_S = 5.0  # how often the served figures are compared with the planned ones
+LEFT_OUT_MS = 1e9  # a figure no plan takes (without())
 
 
 def corrections_file(model_name: str, profile_path: Path) -> Path:
@@ -72,10 +73,28 @@ class PlanCorrector:
             self._save()
         return changed
 
-    def expected_ms(self, plan) -> float:
-        """The plan's latency on the corrected figures: its slowest instance's."""
-        points = self.profile.points()
+    def record(self, served: dict) -> None:
+        """Plan with these served figures ((threads, batch, runtime) -> (median ms, error, samples))
+        whether or not they disagree with the profile beyond the noise: a trial measured them to
+        tell a near-tie apart (trials.py), and a point once served need not be tried again."""
+        now, base = self.wall(), self.base.model_points()
+        for key, (median, _, samples) in served.items():
+            if key in base:
+                self.corrections[key] = Correction(*key, base[key], median, samples, now)
+        self.inferred = inferred_from(self.corrections, base, set(served))
+        self.profile = self._corrected()
+        self._save()
+
+    def expected_ms(self, plan, served: dict | None = None) -> float:
+        """The plan's latency on the corrected figures (and `served` model-stage figures, keyed
+        (threads, batch, runtime), where given): its slowest instance's."""
+        points = (self._corrected(served).points() if served else self.profile.points())
         return max(points.get((i.threads, i.batch, i.runtime), i.latency_ms) for i in plan.instances)
+
+    def without(self, keys) -> Profile:
+        """The corrected profile with `keys` ((threads, batch, runtime)) left out: their figures so
+        large that no plan takes them (another runtime of the point may stand in)."""
+        return self._corrected({key: LEFT_OUT_MS for key in keys})
 
     def status(self, plan, served: dict) -> dict:
         """Predicted (the profile's model-only figure, as the served model stage is timed), planned
@@ -92,10 +111,10 @@ class PlanCorrector:
         return {"instances": instances, "corrections": [c.to_json() for c in self.corrections.values()],
                 "inferred": [i.to_json() for i in self.inferred.values()]}
 
-    def _corrected(self) -> Profile:
+    def _corrected(self, extra: dict | None = None) -> Profile:
         figures = {key: i.inferred_ms for key, i in self.inferred.items()}
         figures.update((key, c.served_ms) for key, c in self.corrections.items())  # served beats inferred
-        return self.base.corrected(figures)
+        return self.base.corrected({**figures, **(extra or {})})
 
     def _load(self) -> dict:
         if self.path is None or not self.path.exists():

@@ -27,10 +27,10 @@ from packrat.serving.controller import Controller
 from packrat.serving.correcting import PlanCorrector, corrections_file
 from packrat.serving.estimator import BatchSizeEstimator, EstimatorSettings
 from packrat.serving.node import NodeMember, node_dir
-from packrat.serving.served import SwitchPolicy
 from packrat.serving.pool.api import Answer, ModelConfig, configs_for
 from packrat.serving.pool.instance_pool import InstancePool
 from packrat.serving.pool.supervisor import Watchdog
+from packrat.serving.tuner import PlanTuner
 from packrat.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,6 @@ class Engine:
         # kept for a restart only by a model that has its cores to itself
         self.corrector = PlanCorrector(profile, corrections_file(model_name, profile_path),
                                        keep=not settings.share_node)
-        self.switches = SwitchPolicy()  # when a plan on the corrected figures replaces the one served
         profile = self.corrector.profile
         model, spec = model_config(settings, str(model_dir), profile.metadata.get("mode"))
         self.spec, self.codec = spec, codec_config(settings, spec, model_name, str(model_dir))
@@ -94,6 +93,8 @@ class Engine:
         self.controller = Controller(self.pool, plan, self.plan_for, lambda p: configs_for(p, max_batch, self._fallbacks),
                                      estimator)
         self.reconfigure = settings.reconfigure  # follow the load, unless told not to
+        # corrections, switches on them and trials of near-ties: the plan tuned to what is served
+        self.tuner = PlanTuner(self.controller, self.pool, self.corrector, self.plan_for)
         if self.node is not None:
             self.node.applying = True
 
@@ -140,10 +141,11 @@ class Engine:
         while self.pool.runs_unlocked() and time.monotonic() < deadline:  # a batch from before the turns
             time.sleep(0.005)
 
-    def plan_for(self, batch: int, topology: Topology | None = None):
-        """The plan for `batch` on this model's cores, or `topology`'s (the fat one where the archive says so)."""
+    def plan_for(self, batch: int, topology: Topology | None = None, profile: Profile | None = None):
+        """The plan for `batch` on this model's cores, or `topology`'s (the fat one where the archive
+        says so), on the profile as corrected by what was served, or on `profile`."""
         topology = topology or self.topology
-        profile = self.corrector.profile  # the profile as corrected by what was served
+        profile = profile or self.corrector.profile
         plan, fallback = serving_plan(profile.items(), topology.num_cores, batch, topology, self._plan_mode,
                                       profile.runtimes)
         if fallback:
@@ -164,32 +166,9 @@ class Engine:
             log.warning("packrat load estimate not updated: %s", exc)
 
     def check_served(self) -> None:
-        """Correct the profile where the instances served otherwise than it predicted (served.py);
-        re-plan on the corrected figures and switch when that plan is better by a margin."""
-        corrections = self.corrector.update(self.pool.served_figures())
-        for c in corrections:
-            log.info("packrat served ⟨%d threads, batch %d, %s⟩ in %.2f ms (median of %d batches), the profile "
-                     "says %.2f ms: planning with the served figure", c.threads, c.batch, c.runtime, c.served_ms,
-                     c.samples, c.profile_ms)
-        if not self.reconfigure or not (corrections or self.corrector.corrections):
-            return  # nothing served disagreed with the profile: its plan stands
-        # Taken again at every look, not only on a new correction: a switch the cool-down held back
-        # happens when the cool-down ends (SwitchPolicy)
-        plan = self.controller.plan
-        current_ms, proposed = self.corrector.expected_ms(plan), self.plan_for(plan.batch)
-        held = self.switches.held
-        verdict = self.switches.decide(plan.describe(), current_ms, proposed.describe(), proposed.expected_latency_ms)
-        if verdict == "hold" and (held is None or held.plan != proposed.describe()):
-            log.info("packrat holds back %s (expected %.1f ms against %.1f as served) until the cool-down ends in "
-                     "%.0f s", proposed.describe(), proposed.expected_latency_ms, current_ms,
-                     self.switches.status()["cooldown_left_s"])
-        if verdict != "switch":
-            return
-        reason = (f"served latencies: {plan.describe()} takes {current_ms:.1f} ms as served, "
-                  f"{proposed.describe()} is expected to take {proposed.expected_latency_ms:.1f} ms")
-        log.info("packrat re-plans: %s", reason)
-        if self.controller.request(plan.batch, reason):
-            self.switches.switched()
+        """Correct the profile where the instances served otherwise than it predicted; switch to a
+        better plan on the corrected figures, or try a near-tie (tuner.py)."""
+        self.tuner.look(self.reconfigure)
 
     def submit(self, request) -> Future:
         """A future of the request's Answer, from the live pool. Never raises: our own failure
@@ -206,7 +185,7 @@ class Engine:
         budget and the profile came from."""
         status = {**self.controller.status(), "cpu_budget": self.budget.to_json(), "profile": self.profile_choice,
                   "served": {**self.corrector.status(self.controller.plan, self.pool.served_figures()),
-                             "held_back": self.switches.status()}}
+                             **self.tuner.status()}}
         if self.node is not None:
             status["node"] = self.node.status()
         return status

@@ -164,6 +164,10 @@ class SwitchPolicy:
         self.held = None
         return "switch"
 
+    def calm(self) -> bool:
+        """Whether the cool-down is over and no switch is held back."""
+        return self.held is None and (self.last_switch is None or self.clock() - self.last_switch >= self.cooldown_s)
+
     def switched(self) -> None:
         """A switch the last "switch" asked for is under way: the cool-down starts."""
         self.last_switch, self.held = self.clock(), None

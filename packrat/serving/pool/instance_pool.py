@@ -48,7 +48,7 @@ from packrat.serving.pool.dispatch import Dispatcher, split_sizes
 from packrat.serving.pool.instance import Instance, sweep_stale_segments
 from packrat.serving.pool.stages import StageTimes
 from packrat.serving.pool.supervisor import Supervisor, Watchdog
-from packrat.serving.served import ServedLatencies, served_key
+from packrat.serving.served import MIN_SAMPLES, ServedLatencies, served_key
 from packrat.settings import GATHER_MS, MAX_QUEUE, REQUEST_TIMEOUT_S
 
 __all__ = ["Answer", "Health", "InstanceConfig", "InstancePool", "ModelConfig", "PoolError", "Request",
@@ -256,10 +256,10 @@ class InstancePool:
                     self.served.add(key, (instance_stamps[3] - instance_stamps[2]) * 1e3, len(jobs), received)
             self.last_compute_ms = (instance_stamps[-1] - instance_stamps[0]) * 1e3
 
-    def served_figures(self) -> dict:
-        """Each served ⟨threads, batch, runtime⟩ with enough samples: (median ms, its error, samples)."""
+    def served_figures(self, min_samples: int = MIN_SAMPLES) -> dict:
+        """Each served ⟨threads, batch, runtime⟩ with `min_samples` at least: (median ms, its error, samples)."""
         with self._lock:
-            return self.served.figures()
+            return self.served.figures(min_samples)
 
     def health(self) -> Health:
         with self._lock:

@@ -1,0 +1,145 @@
+"""The plan tuned to what is served: at every look (the engine's, every CHECK_EVERY_S), the profile
+is corrected by the served figures (correcting.py), the served plan is compared with the best one
+on the corrected figures (served.SwitchPolicy), and a near-tie the profile cannot settle is tried
+(trials.py). Every switch goes through the controller's zero-downtime reconfiguration."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from packrat.planning.planner import Plan
+from packrat.serving.correcting import PlanCorrector
+from packrat.serving.served import SwitchPolicy, served_key
+from packrat.serving.trials import GIVE_UP_SAMPLES, Trial, TrialPolicy, near_tie
+
+log = logging.getLogger(__name__)
+
+
+def plan_keys(plan: Plan) -> list:
+    return [served_key(i.threads, i.batch, i.runtime) for i in plan.instances]
+
+
+class PlanTuner:
+    """`controller` serves the plan (its plan, request(), switching, estimator); `pool` times it
+    (served_figures); `plan_for(batch, profile=...)` plans a batch on the corrected profile, or on
+    the one given."""
+
+    def __init__(self, controller, pool, corrector: PlanCorrector, plan_for: Callable[..., Plan],
+                 switches: SwitchPolicy | None = None, trials: TrialPolicy | None = None, wall=time.time):
+        self.controller, self.pool, self.corrector, self.plan_for = controller, pool, corrector, plan_for
+        self.switches = switches or SwitchPolicy()
+        self.trials = trials or TrialPolicy()
+        self.wall = wall
+        self._before: tuple[Plan, dict] | None = None  # the plan a trial replaced, and what it served
+
+    def look(self, reconfigure: bool = True) -> None:
+        """Correct the profile where the instances served otherwise than it predicted; then, when
+        the engine follows what is served (`reconfigure`), follow an active trial, or switch to a
+        better plan on the corrected figures, or try a near-tie."""
+        if self.trials.active is not None:
+            if reconfigure:
+                self._follow_trial()
+            return
+        served = self.pool.served_figures()
+        for c in self.corrector.update(served):
+            log.info("packrat served ⟨%d threads, batch %d, %s⟩ in %.2f ms (median of %d batches), the profile "
+                     "says %.2f ms: planning with the served figure", c.threads, c.batch, c.runtime, c.served_ms,
+                     c.samples, c.profile_ms)
+        if not reconfigure or self.controller.switching:
+            return
+        if self.corrector.corrections and self._switch_if_better() != "keep":
+            return
+        self._try_near_tie(served)
+
+    def status(self) -> dict:
+        return {"held_back": self.switches.status(), "trials": self.trials.status()}
+
+    # ---- a better plan on the corrected figures ---------------------------------------------------
+
+    def _switch_if_better(self) -> str:
+        """Taken again at every look, not only on a new correction: a switch the cool-down held
+        back happens when the cool-down ends (SwitchPolicy). Returns the verdict."""
+        plan = self.controller.plan
+        current_ms, proposed = self.corrector.expected_ms(plan), self.plan_for(plan.batch)
+        held = self.switches.held
+        verdict = self.switches.decide(plan.describe(), current_ms, proposed.describe(), proposed.expected_latency_ms)
+        if verdict == "hold" and (held is None or held.plan != proposed.describe()):
+            log.info("packrat holds back %s (expected %.1f ms against %.1f as served) until the cool-down ends in "
+                     "%.0f s", proposed.describe(), proposed.expected_latency_ms, current_ms,
+                     self.switches.status()["cooldown_left_s"])
+        if verdict == "switch":
+            reason = (f"served latencies: {plan.describe()} takes {current_ms:.1f} ms as served, "
+                      f"{proposed.describe()} is expected to take {proposed.expected_latency_ms:.1f} ms")
+            log.info("packrat re-plans: %s", reason)
+            if self.controller.request(plan.batch, reason):
+                self.switches.switched()
+        return verdict
+
+    # ---- near-ties, tried ------------------------------------------------------------------------
+
+    def _try_near_tie(self, served: dict) -> None:
+        """Serve, for a trial, the best plan without the served plan's slowest point, when the
+        profile cannot tell the two apart and it runs a point nothing has served yet."""
+        plan = self.controller.plan
+        keys = plan_keys(plan)
+        if (not self.trials.may_start() or not self.switches.calm() or any(k not in served for k in keys)
+                or self.controller.estimator.current != plan.batch):
+            return  # not while the load or the plan moves, nor before the served plan has its figures
+        points = self.corrector.profile.points()
+        slowest = max(keys, key=lambda k: points.get(k, 0.0))
+        other = self.plan_for(plan.batch, profile=self.corrector.without([slowest]))
+        untried = tuple(sorted({k for k in plan_keys(other) if k not in served and k not in self.corrector.corrections}))
+        if not untried or other.describe() == plan.describe():
+            return
+        profile = self.corrector.profile
+        other_slowest = max(plan_keys(other), key=lambda k: points.get(k, 0.0))
+        current_ms = self.corrector.expected_ms(plan, {k: served[k][0] for k in keys})
+        if not near_tie(current_ms, profile.spread_ms(*slowest), other.expected_latency_ms,
+                        profile.spread_ms(*other_slowest)):
+            return
+        reason = (f"trial: {other.describe()} is expected within the noise of {plan.describe()} "
+                  f"({other.expected_latency_ms:.1f} against {current_ms:.1f} ms as served)")
+        trial = Trial(plan.describe(), other.describe(), current_ms, other.expected_latency_ms, untried,
+                      self.trials.clock(), self.wall())
+        if self.controller.request(plan.batch, reason, plan_for=lambda _: other, attempts=1):
+            log.info("packrat %s", reason)
+            self.trials.start(trial)
+            self._before = (plan, {k: served[k] for k in keys})
+
+    def _follow_trial(self) -> None:
+        """End the active trial once its verdict is in: keep the plan tried when it served faster
+        than the one it replaced, else switch back; what both served is planned with from now on."""
+        trial = self.trials.active
+        if self.controller.switching:
+            return
+        plan = self.controller.plan
+        if plan.describe() != trial.plan:  # the switch failed, or the load moved the plan on
+            self._end("interrupted: the plan is now " + plan.describe())
+            return
+        figures = self.pool.served_figures(GIVE_UP_SAMPLES)
+        keys = plan_keys(plan)
+        served_ms = (self.corrector.expected_ms(plan, {k: figures[k][0] for k in keys})
+                     if all(k in figures for k in keys) else None)
+        verdict = self.trials.verdict(min((figures[k][2] if k in figures else 0) for k in keys), served_ms)
+        if verdict == "wait":
+            return
+        previous, before = self._before
+        if verdict != "inconclusive":
+            self.corrector.record({**before, **{k: figures[k] for k in keys}})
+        previous_ms = self.corrector.expected_ms(previous)
+        if verdict == "end" and served_ms <= previous_ms:
+            self._end(f"kept: served {served_ms:.1f} ms against {previous_ms:.1f}")
+            return
+        why = {"end": f"reverted: served {served_ms:.1f} ms against {previous_ms:.1f}",
+               "give up": f"given up: served {served_ms:.1f} ms against {previous_ms:.1f} after {trial.batches} batches",
+               "inconclusive": f"reverted: {trial.batches} batches in {self.trials.max_s:.0f} s"}[verdict]
+        self.controller.request(plan.batch, f"{why} ({trial.plan} tried)", plan_for=lambda _: previous, attempts=1)
+        self._end(why)
+
+    def _end(self, outcome: str) -> None:
+        trial = self.trials.finish(outcome)
+        self.switches.switched()  # the cool-down starts: no switch on paper right after a trial
+        log.info("packrat trial of %s against %s ended after %.0f s: %s", trial.plan, trial.previous,
+                 trial.seconds, outcome)
