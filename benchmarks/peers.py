@@ -15,6 +15,9 @@ with all T cores:
                        inputs), all answered. Skipped at a B the profile cannot plan.
   packrat-later        with --later-profile: the same, planned on a second profile of the model (taken
                        later, e.g. an hour after the first): how far apart two profiles' plans serve.
+                       With --served-corrections FILE (an engine's served-latency file), that profile
+                       (default --profile) corrected as the engine corrected it while it served: the
+                       plans packrat serves after serving a while.
   fat                  the same pool with one inductor instance ⟨T threads, batch B⟩: the pool's own
                        overhead (codec, shared memory, dispatch) made visible.
   eager, script        PyTorch eager; TorchScript (trace, freeze, optimize_for_inference).
@@ -466,6 +469,9 @@ def pool_plans(args, cores: list[int]) -> dict:
     later_lines: dict = {}
     if args.later_profile:
         later, later_why = read_profile(args, args.later_profile)
+        if later is not None and args.served_corrections:
+            later = served_as(later, args.served_corrections)
+            pools["served_corrections"] = str(args.served_corrections)
         pools["later_profile"] = str(args.later_profile)
         pools["packrat-later"] = plans_of(args, later, later_why, args.later_profile, cores, topology,
                                           later_lines, "packrat-later plan", mode)
@@ -474,6 +480,16 @@ def pool_plans(args, cores: list[int]) -> dict:
     for batch, line in later_lines.items():
         pools["lines"][batch] = "\n\n".join(filter(None, (pools["lines"].get(batch), line)))
     return pools
+
+
+def served_as(profile, corrections: Path):
+    """`profile` corrected by an engine's served-latency file, as that engine plans with it
+    (corrections, and the figures inferred from them)."""
+    from packrat.serving.correcting import PlanCorrector
+
+    if not corrections.exists():
+        raise SystemExit(f"peers.py: no served-latency file {corrections}")
+    return PlanCorrector(profile, corrections, keep=False).profile
 
 
 def read_profile(args, path: Path):
@@ -563,6 +579,8 @@ def with_later(peers: list[str], later_profile: Path | None) -> list[str]:
 def run(args) -> int:
     cores = parse_cores(args.cores, list(local_topology(None).cores))
     threads = len(cores)
+    if args.served_corrections and args.later_profile is None:  # the same profile, as served
+        args.later_profile = args.profile or default_profile_path(args.model)
     peers = with_later(args.peers, args.later_profile)
     skipped = {peer: why for peer in peers if (why := missing_packages(peer))}
     active = [p for p in peers if p not in skipped]
@@ -624,6 +642,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--later-profile", type=Path, default=None, metavar="CSV",
                    help="a second profile of the model (e.g. taken an hour after --profile): the peer "
                    "packrat-later serves its plans, beside packrat's")
+    p.add_argument("--served-corrections", type=Path, default=None, metavar="FILE",
+                   help="an engine's served-latency file (served_correction.py --served-dir, or the engine's "
+                        "own): packrat-later plans on the later profile (default --profile) corrected by it")
     p.add_argument("--latency", choices=("loaded", "isolated"), default=None,
                    help="which profiled figure to plan with (default: the profile's primary one)")
     p.add_argument("--packrat-mode", choices=("compile", "script", "eager"), default=None,

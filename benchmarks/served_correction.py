@@ -33,6 +33,9 @@ def build_parser():
     parser.add_argument("--skew", type=float, default=0.7, help="factor on the split points' figures")
     parser.add_argument("--point", type=int_list, default=None, metavar="T,B",
                         help="skew this ⟨threads, batch⟩ alone, under every runtime (default: every split point)")
+    parser.add_argument("--served-dir", type=Path, default=None, metavar="DIR",
+                        help="keep the engine's served-latency file here (default: a temporary folder): a later "
+                             "run starts from its corrections, and peers.py --served-corrections plans on them")
     parser.add_argument("--json", type=Path, default=None)
     return parser
 
@@ -41,7 +44,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     result = correction_run(args.model, args.profile, args.batch, args.seconds, args.skew,
                             progress=lambda s: print(f"\r{s:5.0f} s", end="", file=sys.stderr, flush=True),
-                            point=tuple(args.point) if args.point else None)
+                            point=tuple(args.point) if args.point else None, served_dir=args.served_dir)
     print(file=sys.stderr)
     print(f"skewed profile's plan: {result['first_plan']}; the true profile's: {result['plan_from_the_true_profile']}")
     for switch in result["switches"]:

@@ -7,7 +7,8 @@ tensor request, waits for the answer, sends the next), and the run records when 
 switched on the served figures, to which plan, how many requests failed, and whether it stayed.
 The engine runs in this process as a front end would drive it (arrive, then submit), without
 TorchServe; its served-latency file lives in a temporary folder, so the run starts from the
-profile alone.
+profile alone, unless `served_dir` names a folder to keep it in (a later run then starts from the
+corrections, as a restarted engine does).
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ def skewed_profile(source: Path, out: Path, skew: float, cores: int, point: tupl
 
 
 def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: float = 0.7,
-                   progress=None, point: tuple[int, int] | None = None) -> dict:
-    """The run of the module's doc (`point`: skew that ⟨threads, batch⟩ alone); `progress(elapsed_s)`
-    about once a second."""
+                   progress=None, point: tuple[int, int] | None = None, served_dir: Path | None = None) -> dict:
+    """The run of the module's doc (`point`: skew that ⟨threads, batch⟩ alone; `served_dir`: where
+    the served-latency file is kept); `progress(elapsed_s)` about once a second."""
     from packrat.codec.payloads import build_payload
     from packrat.serving.engine import Engine
     from packrat.serving.pool.api import Request
@@ -57,7 +58,7 @@ def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: 
 
     with tempfile.TemporaryDirectory(prefix="packrat-correction-") as folder:
         folder = Path(folder)
-        os.environ[SERVED_DIR_ENV.name] = str(folder / "served")
+        os.environ[SERVED_DIR_ENV.name] = str(served_dir or folder / "served")
         cores = len(os.sched_getaffinity(0))
         skewed_profile(profile, folder / "profile.csv", skew, cores, point)
         true_plan = _plan(load(profile), cores, batch)

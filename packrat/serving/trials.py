@@ -14,7 +14,7 @@ paper needs, at most MAX_TIE), and it is tried only when it runs a point nothing
 
 The cost of trying is bounded:
 - a trial serves at most TRIAL_BATCHES batches on the alternative (its served figure then has as
-  many samples as a correction needs), and at most TRIAL_MAX_S seconds;
+  many samples as a correction needs), and at most TRIAL_MAX_S seconds once its plan serves;
 - it is given up after GIVE_UP_SAMPLES batches when the alternative serves more than
   GIVE_UP_MARGIN slower than the plan it replaced;
 - trials start TRIAL_GAP_S apart at least, and a point is tried once: what a trial served is kept
@@ -58,6 +58,7 @@ class Trial:
     started_at: float  # unix time, for logs and timelines
     served_ms: float | None = None  # the plan tried, expected on what it served
     batches: int = 0  # the fewest batches any of its points served
+    serving_since: float | None = None  # the clock's time its plan began to serve (the switch done)
     outcome: str | None = None  # "kept", "reverted", "given up" or "interrupted", with why
     seconds: float = 0.0  # how long it lasted
 
@@ -84,7 +85,7 @@ class TrialPolicy:
         self.active = trial
 
     def verdict(self, batches: int, served_ms: float | None) -> str:
-        """"wait", "end" (its points served TRIAL_BATCHES batches, or it ran TRIAL_MAX_S with
+        """"wait", "end" (its points served TRIAL_BATCHES batches, or it served TRIAL_MAX_S with
         GIVE_UP_SAMPLES at least), "give up" (GIVE_UP_SAMPLES batches served more than GIVE_UP_MARGIN
         slower than the plan it replaced) or "inconclusive" (TRIAL_MAX_S with fewer batches), for the
         active trial whose points served `batches` batches at least, `served_ms` on their figures
@@ -95,7 +96,9 @@ class TrialPolicy:
             return "give up"
         if batches >= TRIAL_BATCHES:
             return "end"
-        if self.clock() - trial.started >= self.max_s:
+        if trial.serving_since is None:
+            trial.serving_since = self.clock()
+        if self.clock() - trial.serving_since >= self.max_s:
             return "end" if served_ms is not None else "inconclusive"
         return "wait"
 
