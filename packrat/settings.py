@@ -11,8 +11,9 @@ the key's name, the estimator's included). Values may arrive as strings (`serve 
 model=resnet50 max_batch=8`) and are converted. Files are named as the reader sees them: inside an
 archive, names relative to its model directory; for Ray, absolute paths.
 
-Environment variables are declared once, in ENVIRONMENT, and other modules use these constants (README
-lists them; tests/test_settings.py checks both). The load tests' variables are loadtest's own
+Environment variables are declared once, in ENVIRONMENT, and other modules use these constants
+(tests/test_settings.py checks it). The manual's settings and environment reference is written from this
+registry when it is built (docs/hooks.py). The load tests' variables are loadtest's own
 (loadtest/env.py), since loadtest imports nothing of packrat.
 """
 

@@ -1,5 +1,5 @@
-"""The project's config.properties as the README uses it: a plain `torchserve --start` from the
-project root serving packrat archives, with packrat's quiet log config."""
+"""The project's config.properties as the manual uses it (docs/torchserve.md): a plain
+`torchserve --start` from the project root serving packrat archives, with packrat's quiet log config."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from packrat.machine.topology import detect
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "config.properties"
-README = (ROOT / "README.md").read_text()
+MANUAL = (ROOT / "docs" / "torchserve.md").read_text()
 PROFILE = "threads,batch,latency_ms\n" + "".join(
     f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in range(1, detect().num_cores + 1) for b in (1, 2))
 
@@ -28,9 +28,9 @@ def properties(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if line.strip() and not line.startswith("#"))
 
 
-def readme_commands() -> list[list[str]]:
-    """The shell lines of the README's block "Without `packrat serve`" (archive, start, stop)."""
-    block = re.search(r"Without `packrat serve`:.*?```bash\n(.*?)```", README, re.S).group(1)
+def manual_commands() -> list[list[str]]:
+    """The shell lines of the manual's section "TorchServe without `packrat serve`" (archive, start, stop)."""
+    block = re.search(r"## TorchServe without `packrat serve`.*?```bash\n(.*?)```", MANUAL, re.S).group(1)
     return [line.split("#")[0].split() for line in block.splitlines() if line.strip()]
 
 
@@ -45,8 +45,8 @@ def test_the_log_config_it_names_is_there_from_the_project_root():
     assert (ROOT / paths[0]).resolve() == torchserve.LOG_CONFIG.resolve()  # the one `packrat serve` uses
 
 
-def test_the_readme_runs_it_from_the_project_root():
-    archive, start, stop = readme_commands()
+def test_the_manual_runs_it_from_the_project_root():
+    archive, start, stop = manual_commands()
     assert archive[:2] == ["packrat", "archive"] and stop == ["torchserve", "--stop", "--foreground"]
     assert start[:2] == ["torchserve", "--start"] and start[start.index("--ts-config") + 1] == "config.properties"
     assert start[start.index("--model-store") + 1] == properties(SHIPPED.read_text())["model_store"]
@@ -54,8 +54,8 @@ def test_the_readme_runs_it_from_the_project_root():
 
 @pytest.mark.integration
 @pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe needs Java 11+")
-def test_torchserve_starts_from_it_as_the_readme_says(tmp_path, monkeypatch):
-    """The README's three commands, run in a stand-in for the project root: `packrat/` is the
+def test_torchserve_starts_from_it_as_the_manual_says(tmp_path, monkeypatch):
+    """The manual's three commands, run in a stand-in for the project root: `packrat/` is the
     project's own (so vmargs' relative path resolves as it does from the root) and config.properties
     is the shipped file with free loopback ports in place of 8080-8082 and 7070-7071."""
     root = tmp_path / "root"
@@ -74,7 +74,7 @@ def test_torchserve_starts_from_it_as_the_readme_says(tmp_path, monkeypatch):
     assert {k: v for k, v in properties(config).items() if k not in moved} == \
         {k: v for k, v in properties(shipped).items() if k not in moved}
 
-    archive, start, stop = readme_commands()
+    archive, start, stop = manual_commands()
     profile = tmp_path / "tiny.csv"
     profile.write_text(PROFILE)
     monkeypatch.chdir(root)

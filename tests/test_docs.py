@@ -1,7 +1,8 @@
 """Names in the text that a newcomer follows: every module (`packrat.serving.engine`,
 `packrat.models.zoo.resolve`) and file (`packrat/deploy/log4j2.xml`, `serving/pool/child.py`) that
-README.md and the package's docstrings, comments and messages name exists, and the Ray Serve
-application builder has one spelling. (BENCHMARKS.md is left out: it names retired scripts on purpose.)"""
+README.md, BENCHMARKS.md, the manual (docs/) and the package's docstrings, comments and messages name
+exists, and the Ray Serve application builder has one spelling. (The benchmark pages, docs/benchmarks/,
+are left out: they name retired scripts on purpose, each with the commit that holds it.)"""
 
 from __future__ import annotations
 
@@ -18,15 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = tomllib.loads((ROOT / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {}).get(
     "package-dir", {})
 TOOLS = ("handlers", "loadtest", "ios_scheduler")
-TEXTS = sorted({ROOT / "README.md", ROOT / "config.properties", ROOT / "pyproject.toml", ROOT / "deploy" / "Dockerfile",
-                *ROOT.glob("scripts/*.sh"), *(p for folder in ("packrat", *TOOLS) for p in (ROOT / folder).rglob("*.py"))})
+MANUAL = [p for p in (ROOT / "docs").rglob("*.md") if "benchmarks" not in p.relative_to(ROOT / "docs").parts]
+TEXTS = sorted({ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "mkdocs.yml", *MANUAL, ROOT / "config.properties",
+                ROOT / "pyproject.toml", ROOT / "deploy" / "Dockerfile", *ROOT.glob("scripts/*.sh"), *(p for folder in ("packrat", *TOOLS) for p in (ROOT / folder).rglob("*.py"))})
 DOTTED = re.compile(r"(?<![\w/.-])packrat(?:\.[A-Za-z_]\w*)+")
 # The project's own folders, not what running it leaves behind (profiles/, out/, model_store/: the
-# README names files in them that need not exist).
-LAYOUT = ("packrat", *TOOLS, "tests", "benchmarks", "scripts", "deploy")
+# manual names files in them that need not exist).
+LAYOUT = ("packrat", *TOOLS, "tests", "benchmarks", "scripts", "deploy", "docs")
 FOLDERS = sorted({*LAYOUT, *(p.name for p in (ROOT / "packrat").iterdir() if p.is_dir() and p.name != "__pycache__")},
                  key=len, reverse=True)
-# A path from the project root, or from packrat/ as README's map writes them: a file or a folder/.
+# A path from the project root, or from packrat/ as the architecture page writes them: a file or a folder/.
 SLASHED = re.compile(r"(?<![\w/.$~-])((?:%s)(?:/[\w.-]+)+)" % "|".join(map(re.escape, FOLDERS)))
 FILE_OR_FOLDER = re.compile(r"\.(py|xml|csv|sh|md|json|toml|yaml|yml|txt|png|cfg|properties)$|/$")
 
@@ -70,8 +72,9 @@ def dotted_exists(name: str) -> bool:
     return False
 
 
-def slashed_exists(name: str) -> bool:
-    return any((base / name).exists() for base in (ROOT, ROOT / "packrat"))
+def slashed_exists(name: str, here: Path | None = None) -> bool:
+    """From the root, from packrat/, or (a link in the manual) from the folder of the file that names it."""
+    return any((base / name).exists() for base in (ROOT, ROOT / "packrat", *([here] if here else [])))
 
 
 def placeholder(name: str) -> bool:
@@ -79,21 +82,22 @@ def placeholder(name: str) -> bool:
     return name.rstrip("/").rsplit("/", 1)[-1].split(".")[0].isupper()
 
 
-def named(text: str) -> list[tuple[int, str]]:
-    """(line, name) of every module and path in `text` that should exist."""
+def named(text: str, here: Path | None = None) -> list[tuple[int, str]]:
+    """(line, name) of every module and path in `text` (a file in folder `here`) that should exist."""
     found = []
     for number, line in enumerate(text.splitlines(), 1):
         found += [(number, m.group(0)) for m in DOTTED.finditer(line) if not dotted_exists(m.group(0))]
         for m in SLASHED.finditer(line):
             name = m.group(1).rstrip(".")
-            if FILE_OR_FOLDER.search(name) and not placeholder(name) and not slashed_exists(name):
+            if FILE_OR_FOLDER.search(name) and not placeholder(name) and not slashed_exists(name, here):
                 found.append((number, name))
     return found
 
 
 @pytest.mark.parametrize("path", TEXTS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_module_and_file_it_names_exists(path):
-    assert not named(path.read_text(errors="replace"))
+    here = ROOT / "docs" if path.name == "mkdocs.yml" else path.parent  # mkdocs.yml names pages from docs/
+    assert not named(path.read_text(errors="replace"), here)
 
 
 def test_a_stale_name_is_caught():

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# Bottom to top, as README.md's architecture map draws them; a stage may import from its own rank or lower.
+# Bottom to top (docs/architecture.md's stage table lists them top down; tests/test_manual.py checks it);
+# a stage may import from its own rank or lower.
 STAGES = {
     "packrat.errors": 0, "packrat.settings": 0,
     "packrat.machine": 1,
@@ -62,7 +63,7 @@ def upward_imports(path: Path) -> list[str]:
     """The modules `path` imports from stages above its own."""
     relative = path.relative_to(ROOT).as_posix()
     own = stage(module_name(relative))
-    assert own is not None, f"{relative} is in no stage: add its folder to STAGES and README's map"
+    assert own is not None, f"{relative} is in no stage: add its folder to STAGES and docs/architecture.md's table"
     return sorted(module for module in imports(path)
                   if stage(module) is not None and STAGES[stage(module)] > STAGES[own])
 

@@ -1,5 +1,6 @@
-"""The README's examples as written: the JSON bodies its curl lines send decode for the model they
-name, and its torch.export snippet saves a program that packrat serves."""
+"""The examples of the README and the manual as written: the JSON bodies their curl lines send
+decode for the model they name (docs/requests.md holds the request table), and the torch.export
+snippet (docs/models.md) saves a program that packrat serves."""
 
 from __future__ import annotations
 
@@ -15,14 +16,17 @@ from packrat.codec.codec import Codec
 from packrat.codec.config import CodecConfig
 from packrat.models.zoo import prepare, resolve
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+# The README and every page of the manual a user copies commands from (the benchmark pages are measurements).
+TEXT = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+MODELS_PAGE = (ROOT / "docs" / "models.md").read_text()
 
 
 def inline_bodies() -> list[tuple[str, tuple[int, ...] | None, str]]:
     """(model, --input-shape, body) of every curl line that sends a tensor JSON body inline
     (-d '...'; text bodies need the archive's tokenizer and are checked end to end elsewhere)."""
     found = []
-    for line in README.splitlines():
+    for line in TEXT.splitlines():
         for body in re.findall(r"-d '(\{.*?\})'", line):
             if '"text"' in body:
                 continue
@@ -44,10 +48,10 @@ def test_there_are_inline_bodies_to_check():
 
 
 def test_the_export_snippet_saves_a_program_packrat_serves(tmp_path, monkeypatch):
-    snippet = re.search(r"#### `torch.export` programs.*?```python\n(.*?)```", README, re.S).group(1)
+    snippet = re.search(r"## `torch.export` programs.*?```python\n(.*?)```", MODELS_PAGE, re.S).group(1)
     monkeypatch.chdir(tmp_path)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
-    exec(snippet, {"torch": torch, "model": model})  # noqa: S102 (the README's own text)
+    exec(snippet, {"torch": torch, "model": model})  # noqa: S102 (the manual's own text)
     spec = resolve(str(tmp_path / "model.pt2"))
     assert spec.input_shape == (3, 224, 224)
     module, examples, used = prepare(spec, 3, "eager")

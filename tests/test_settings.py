@@ -156,19 +156,5 @@ def test_setup_sh_defaults_are_the_registrys():
         assert f"${{{var.name}:-{var.default}}}" in script
 
 
-def environment_table() -> str:
-    """README's list of the variables, as the registries declare them."""
-    parts = []
-    for registry, variables in (("packrat/settings.py", ENVIRONMENT), ("loadtest/env.py", loadtest_env.VARIABLES)):
-        parts += [f"Declared in `{registry}`:", "", "| variable | type | default | what it is |", "| --- | --- | --- | --- |"]
-        parts += [f"| `{var.name}` | {var.type.__name__} | {f'`{var.default}`' if var.default else 'none'} | {var.doc} |"
-                  for var in variables]
-        parts.append("")
-    return "\n".join(parts[:-1])
-
-
-def test_readme_lists_every_variable_as_the_registries_declare_it():
-    readme = (ROOT / "README.md").read_text()
-    table = re.search(r"<!-- environment: .*? -->\n(.*?)\n<!-- /environment -->", readme, re.S)
-    assert table, "README lacks the environment table's markers"
-    assert table.group(1) == environment_table(), f"paste into README:\n{environment_table()}"
+# The manual's list of the variables is written from ENVIRONMENT and loadtest's registry when it is
+# built (docs/hooks.py); tests/test_manual.py checks that it names every one.

@@ -11,7 +11,8 @@ from packrat.models.modes import DEFAULT_MODE
 from packrat.planning.planner import Plan
 from packrat.profiling.profiles import Profile, default_path as default_profile_path
 
-DEMO_MODEL = "bert_base"  # where splitting the cores pays even on two of them (README, "The two commands")
+# Where splitting the cores pays even on two of them (docs/benchmarks/demo.md, "Why BERT, and why eager").
+DEMO_MODEL = "bert_base"
 # Eager: on 2 cores, compiling BERT's packages for one thread count (batches 4, 2, 1) took 68 s,
 # and compile mode needs them for every thread count and batch size: longer than the whole eager
 # profile. All three servers run the same mode, so the comparison is of how the cores are used.

@@ -125,7 +125,7 @@ class K8sSpec:
             # would be refused by every pod but one.
             raise ValueError("with token authorisation every pod has its own random key, so a Service over "
                              f"{self.replicas} replicas would refuse most requests: use --replicas 1, or "
-                             "--no-token-auth and keep the Service inside the cluster (see README)")
+                             "--no-token-auth and keep the Service inside the cluster (see docs/kubernetes.md)")
 
     @property
     def name(self) -> str:
