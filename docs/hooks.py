@@ -105,6 +105,7 @@ def anchor(prog: str) -> str:
 
 
 def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of one of the project's commands (pyproject's [project.scripts])."""
     if name == "packrat":
         from packrat.cli.main import build_parser
     elif name == "ios-schedule":
@@ -124,17 +125,28 @@ def type_text(annotation: str) -> str:
     return shown + (" (optional)" if optional else "")
 
 
+BOUNDS = (("minimum", "≥"), ("above", ">"), ("maximum", "≤"), ("below", "<"))
+
+
 def checks_text(meta) -> str:
-    said = [f"{word} {meta[key]}" for key, word in (("minimum", "≥"), ("above", ">"), ("maximum", "≤"), ("below", "<"))
-            if key in meta]
+    """A field's checks in words: ≥ 1; one of `auto`, `fat`."""
+    said = [f"{word} {meta[key]}" for key, word in BOUNDS if key in meta]
     if "choices" in meta:
         said.append("one of " + ", ".join(f"`{choice}`" for choice in meta["choices"]))
     return "; ".join(said)
 
 
+def default_text(field: dataclasses.Field) -> str:
+    if field.default is dataclasses.MISSING:
+        return "required"
+    if field.default in (None, ()):
+        return "none"
+    return code(str(field.default).lower() if isinstance(field.default, bool) else str(field.default))
+
+
 def settings_reference(schema: type, options: dict[str, str] | None = None, prefix: str = "") -> str:
     """A table of `schema`'s fields (a frozen dataclass of settings.setting fields): the key, its type,
-    default, checks, the CLI option that sets it (`options`: key → option) and its doc. A nested
+    default, checks, the CLI options that set it (`options`: key → options) and its doc. A nested
     schema's fields (the estimator) follow as `name.field` rows."""
     options = options or {}
     rows = ["| key | type | default | checks | option | what it is |", "| --- | --- | --- | --- | --- | --- |"]
@@ -143,15 +155,11 @@ def settings_reference(schema: type, options: dict[str, str] | None = None, pref
         key, meta = prefix + field.name, field.metadata
         inner = schema_of(field.type)
         if inner is not None:
-            nested.append(settings_reference(inner, options, key + ".").split("\n", 2)[2])
-        default = field.default if field.default is not dataclasses.MISSING else None
-        rows.append("| " + " | ".join((
-            f"`{key}`", escape(type_text(field.type)), "required" if field.default is dataclasses.MISSING
-            else "none" if default in (None, ()) else code(str(default).lower() if isinstance(default, bool) else str(default)),
-            escape(checks_text(meta)),
-            ", ".join(code(name) for name in options.get(key, "").split()) or "–",
-            escape(meta.get("help", "")) + (" Per model: `NAME=VALUE` on the command line." if meta.get("per_model") else ""),
-        )) + " |")
+            nested += settings_reference(inner, options, key + ".").split("\n")[2:]  # its rows, not its header
+        doc = escape(meta.get("help", "")) + (" Per model: `NAME=VALUE`." if meta.get("per_model") else "")
+        flags = ", ".join(code(name) for name in options.get(key, "").split()) or "–"
+        cells = (f"`{key}`", escape(type_text(field.type)), default_text(field), escape(checks_text(meta)), flags, doc)
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows + nested)
 
 
@@ -159,18 +167,20 @@ def schema_of(annotation: str) -> type | None:
     """The nested schema a field's annotation names (EstimatorSettings), if any."""
     from packrat import settings
 
-    name = annotation.split("|")[0].strip()
-    found = getattr(settings, name, None)
+    found = getattr(settings, annotation.split("|")[0].strip(), None)
     return found if dataclasses.is_dataclass(found) else None
 
 
 def settings_options(parser: argparse.ArgumentParser) -> dict[str, str]:
     """Setting key → the options that set it, read off a parser (`packrat archive`'s): an option's
-    dest is its key with the dots as underscores (estimator_alpha for estimator.alpha)."""
-    from packrat import settings
+    dest is its key, a nested one's with an underscore for the dot (estimator_alpha: estimator.alpha)."""
+    from packrat.settings import Settings
 
-    keys = {field.name: field.name for field in dataclasses.fields(settings.Settings)}
-    keys.update({f"estimator_{field.name}": f"estimator.{field.name}" for field in dataclasses.fields(settings.EstimatorSettings)})
+    keys = {}
+    for field in dataclasses.fields(Settings):
+        inner = schema_of(field.type)
+        keys.update({f"{field.name}_{f.name}": f"{field.name}.{f.name}" for f in dataclasses.fields(inner)}
+                    if inner else {field.name: field.name})
     found: dict[str, list[str]] = {}
     for action in parser._actions:
         if action.dest in keys and action.option_strings:
@@ -182,9 +192,10 @@ def environment_reference(registries: list[tuple[str, tuple]]) -> str:
     """A table per registry (where it is declared, its EnvVar-like variables: name, type, default, doc)."""
     parts = []
     for where, variables in registries:
-        parts += [f"Declared in `{where}`:", "", "| variable | type | default | what it is |", "| --- | --- | --- | --- |"]
-        parts += [f"| `{var.name}` | {var.type.__name__} | {code(var.default) if var.default else 'none'} | {escape(var.doc)} |"
-                  for var in variables]
+        parts += [f"Declared in `{where}`:", "", "| variable | type | default | what it is |",
+                  "| --- | --- | --- | --- |"]
+        parts += [f"| `{var.name}` | {var.type.__name__} | {code(var.default) if var.default else 'none'} "
+                  f"| {escape(var.doc)} |" for var in variables]
         parts.append("")
     return "\n".join(parts).rstrip()
 

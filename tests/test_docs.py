@@ -21,7 +21,8 @@ PACKAGE_DIRS = tomllib.loads((ROOT / "pyproject.toml").read_text()).get("tool", 
 TOOLS = ("handlers", "loadtest", "ios_scheduler")
 MANUAL = [p for p in (ROOT / "docs").rglob("*.md") if "benchmarks" not in p.relative_to(ROOT / "docs").parts]
 TEXTS = sorted({ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "mkdocs.yml", *MANUAL, ROOT / "config.properties",
-                ROOT / "pyproject.toml", ROOT / "deploy" / "Dockerfile", *ROOT.glob("scripts/*.sh"), *(p for folder in ("packrat", *TOOLS) for p in (ROOT / folder).rglob("*.py"))})
+                ROOT / "pyproject.toml", ROOT / "deploy" / "Dockerfile", *ROOT.glob("scripts/*.sh"),
+                *(p for folder in ("packrat", *TOOLS) for p in (ROOT / folder).rglob("*.py"))})
 DOTTED = re.compile(r"(?<![\w/.-])packrat(?:\.[A-Za-z_]\w*)+")
 # The project's own folders, not what running it leaves behind (profiles/, out/, model_store/: the
 # manual names files in them that need not exist).
