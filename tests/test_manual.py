@@ -159,6 +159,39 @@ def test_the_profile_format_page_names_every_column():
     assert [column for column in COLUMNS if f"`{column}`" not in page] == []
 
 
+# Other tools' options the manual shows (TorchServe, Docker, Ray, kubectl, curl, locust, pytest, MkDocs).
+FOREIGN = {"--address", "--cpu-manager-policy", "--cpus", "--cpuset-cpus", "--data-binary", "--for", "--foreground",
+           "--head", "--headless", "--host", "--log-config", "--model-store", "--models", "--ncs", "--num-cpus",
+           "--port", "--rm", "--shm-size", "--start", "--stop", "--strict", "--strict-markers", "--ts-config"}
+
+
+def project_options() -> set[str]:
+    """Every option of packrat's commands (their parsers), of the benchmark scripts (read from their
+    source: they are run as scripts) and of scripts/*.sh."""
+    def walk(parser):
+        yield parser
+        for _, _, sub in hooks.subcommands(parser):
+            yield from walk(sub)
+
+    found = {option for name in ("packrat", "ios-schedule") for parser in walk(hooks.command_parser(name))
+             for action in parser._actions for option in action.option_strings}
+    found.update(o for p in (ROOT / "benchmarks").glob("*.py")
+                 for o in re.findall(r'add_argument\(\s*"(--[\w-]+)"', p.read_text()))
+    found.update(o for p in (ROOT / "scripts").glob("*.sh") for o in re.findall(r'"(--[\w-]+)"', p.read_text()))
+    return found
+
+
+def test_every_option_the_manual_names_exists():
+    """An option renamed in a parser cannot stay in the text: every --option of the README and the
+    guides is one of the project's commands' or scripts' (or another tool's the text shows)."""
+    known = project_options() | FOREIGN
+    pages = [ROOT / "README.md", *(p for p in DOCS.rglob("*.md") if "benchmarks" not in p.relative_to(DOCS).parts)]
+    named = {(p.relative_to(ROOT).as_posix(), option) for p in pages
+             for option in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", p.read_text())}
+    assert len(named) > 100
+    assert sorted((page, option) for page, option in named if option not in known) == []
+
+
 RUNS = r"(?:packrat |benchmarks/|ios-schedule|pytest|scripts/|\.ci/run|python|git )"
 COMMAND = re.compile(rf"`[^`]*{RUNS}[^`]*`|```[^\n]*\n[^`]*?{RUNS}[^`]*?```")
 
