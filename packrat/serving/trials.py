@@ -13,8 +13,9 @@ slowest point left out. It is a near-tie when it is expected within the noise of
 paper needs, at most MAX_TIE), and it is tried only when it runs a point nothing has served yet.
 
 The cost of trying is bounded:
-- a trial serves at most TRIAL_BATCHES batches on the alternative (its served figure then has as
-  many samples as a correction needs), and at most TRIAL_MAX_S seconds once its plan serves;
+- a trial ends at the first look (the engine looks every 5 s) after its plan served TRIAL_BATCHES
+  batches (its served figure then has as many samples as a correction needs), and TRIAL_MAX_S
+  seconds after its plan began to serve at most;
 - it is given up after GIVE_UP_SAMPLES batches when the alternative serves more than
   GIVE_UP_MARGIN slower than the plan it replaced;
 - trials start TRIAL_GAP_S apart at least, and a point is tried once: what a trial served is kept
