@@ -101,7 +101,7 @@ def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: 
             "final_plan": _describe(status), "switches": switches,
             "first_switch_after_s": switches[0]["after_s"] if switches else None,
             "final_plan_since_s": (switches[-1]["after_s"] + switches[-1]["seconds"]) if switches else 0.0,
-            "served": status["served"], **counts}
+            "served": status["served"], "health": status["health"], **counts}
 
 
 def _plan(profile, cores: int, batch: int) -> str:

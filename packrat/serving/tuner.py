@@ -12,7 +12,7 @@ from typing import Callable
 from packrat.planning.planner import Plan
 from packrat.serving.correcting import PlanCorrector
 from packrat.serving.served import SwitchPolicy, served_key
-from packrat.serving.trials import GIVE_UP_SAMPLES, Trial, TrialPolicy, near_tie
+from packrat.serving.trials import GIVE_UP_SAMPLES, KEEP_MARGIN, Trial, TrialPolicy, near_tie
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,8 @@ class PlanTuner:
 
     def _follow_trial(self) -> None:
         """End the active trial once its verdict is in: keep the plan tried when it served faster
-        than the one it replaced, else switch back; what both served is planned with from now on."""
+        than the one it replaced by KEEP_MARGIN, else switch back; what both served is planned with
+        from now on."""
         trial = self.trials.active
         if self.controller.switching:
             return
@@ -129,7 +130,7 @@ class PlanTuner:
         if verdict != "inconclusive":
             self.corrector.record({**before, **{k: figures[k] for k in keys}})
         previous_ms = self.corrector.expected_ms(previous)
-        if verdict == "end" and served_ms <= previous_ms:
+        if verdict == "end" and served_ms <= previous_ms * (1 - KEEP_MARGIN):
             self._end(f"kept: served {served_ms:.1f} ms against {previous_ms:.1f}")
             return
         why = {"end": f"reverted: served {served_ms:.1f} ms against {previous_ms:.1f}",
