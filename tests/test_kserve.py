@@ -244,7 +244,7 @@ def test_metrics_carry_packrats_figures_beside_kserves(server):
     for line in ('packrat_plan_batch{model="tiny"}', 'packrat_instances_ready{model="tiny"}',
                  'packrat_reconfigurations_total{model="tiny"}', 'request_predict_seconds_count{model_name="tiny"}'):
         assert line in text, line
-    assert 'packrat_instance_predicted_latency_ms{batch="' in text
+    assert 'packrat_instance_predicted_latency_ms{model="tiny",threads="' in text
 
 
 class Users:
