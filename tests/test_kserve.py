@@ -114,6 +114,39 @@ def test_archive_settings_take_torchserves_batch_delay_as_the_gather_wait(tmp_pa
     assert kserve_server.archive_settings(tmp_path).gather_ms == 3.0
 
 
+def test_metrics_count_every_reconfiguration_though_the_controller_keeps_its_last_few():
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from packrat.frontends.kserve_metrics import PackratCollector
+    from packrat.serving.pool.api import Health
+
+    def record(error=None):
+        return SimpleNamespace(error=error)
+
+    instance = SimpleNamespace(threads=2, batch=4, runtime="inductor")
+    controller = SimpleNamespace(plan=SimpleNamespace(batch=4, instances=[instance], expected_latency_ms=12.5),
+                                 reconfigurations=[record(), record("failed")])
+    rows = [{"threads": 2, "batch": 4, "runtime": "inductor", "predicted_ms": 11.0, "served_ms": 13.0}]
+    engine = SimpleNamespace(controller=controller, pool=SimpleNamespace(
+        served_figures=dict, health=lambda: Health(1, 1, 0, 0, None, 0, 7, 0), respawns=2),
+        corrector=SimpleNamespace(status=lambda plan, served: {"instances": rows, "corrections": [{}]}))
+    registry = CollectorRegistry()
+    registry.register(PackratCollector(lambda: {"m": SimpleNamespace(serving=engine), "other": object()}))
+    text = generate_latest(registry).decode()
+    assert 'packrat_reconfigurations_total{model="m"} 2.0' in text
+    assert 'packrat_reconfiguration_failures_total{model="m"} 1.0' in text
+    controller.reconfigurations = controller.reconfigurations[1:] + [record(), record()]  # two new, one dropped
+    text = generate_latest(registry).decode()
+    assert 'packrat_reconfigurations_total{model="m"} 4.0' in text
+    for line in ('packrat_plan_batch{model="m"} 4.0', 'packrat_plan_expected_latency_ms{model="m"} 12.5',
+                 'packrat_instance_served_latency_ms{model="m",threads="2",batch="4",runtime="inductor"} 13.0',
+                 'packrat_answered_requests_total{model="m"} 7.0', 'packrat_respawns_total{model="m"} 2.0',
+                 'packrat_corrections{model="m"} 1.0', 'packrat_instances_ready{model="m"} 1.0'):
+        assert line in text, line
+
+
 # ---- a real server ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

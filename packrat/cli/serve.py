@@ -131,10 +131,12 @@ def serve_on_ray(args: argparse.Namespace) -> int:
 
 def serve_on_kserve(args: argparse.Namespace) -> int:
     """The archives, as for TorchServe, served by a KServe model server started in the run dir."""
-    try:
-        from packrat.deploy import kserve
-    except ImportError as exc:
-        raise ServeError(f"--engine kserve needs the KServe SDK: pip install 'packrat[kserve]' ({exc})") from exc
+    import importlib.util
+
+    from packrat.deploy import kserve
+
+    if importlib.util.find_spec("kserve") is None:  # the server process imports it
+        raise ServeError("--engine kserve needs the KServe SDK: pip install 'packrat[kserve]'")
     run_dir = args.run_dir.resolve()
     names = served_names(args.models or ["resnet50"])
     mars = [archive_from_args(args, run_dir / "model_store", model=model, names=names)

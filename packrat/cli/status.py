@@ -92,10 +92,8 @@ def served_statuses(run_dir, model: str | None) -> dict[str, dict]:
 
 def running_kserve(run_dir):
     """The KServe server `packrat serve --engine kserve` left running in the run dir, or None."""
-    try:
-        from packrat.deploy import kserve
-    except ImportError:  # no KServe SDK: no KServe server either
-        return None
+    from packrat.deploy import kserve
+
     try:
         server = kserve.KServeServer.load(run_dir)
     except ServeError:

@@ -84,11 +84,14 @@ class PackratModel(kserve.Model):
 
     def __init__(self, name: str, model_dir: Path, settings: Settings):
         super().__init__(name)
+        self.closed = threading.Event()  # set once unloaded: readiness goes, `packrat reconfigure` stops
         self.serving = Engine(settings, model_dir, name, max_batch=settings.max_batch, asynchronous=True)
         self.max_body_bytes = settings.max_body_bytes
-        self.output = probe_output(self.serving)
-        self.metadata = model_metadata(name, self.serving.spec.inputs, self.output)
-        self._closed = threading.Event()
+        try:
+            self.metadata = model_metadata(name, self.serving.spec.inputs, probe_output(self.serving))
+        except BaseException:
+            self.serving.close()  # a model that failed to start holds no cores
+            raise
         self.ready = True
 
     def load(self) -> bool:
@@ -99,7 +102,7 @@ class PackratModel(kserve.Model):
     async def healthy(self) -> bool:
         """Ready while the pool can serve: an instance is ready, or a respawn with a fair chance is
         under way (requests wait for it); not once every instance fails to load, or after unload."""
-        return not self._closed.is_set() and self.serving.pool.health().unavailable is None
+        return not self.closed.is_set() and self.serving.pool.health().unavailable is None
 
     def get_input_types(self) -> list[dict]:
         return self.metadata["inputs"]
@@ -126,24 +129,28 @@ class PackratModel(kserve.Model):
         holds 503 at once (the pool's close) and leaving the node, whose other models may grow onto
         its cores. KServe calls this from its event loop, which must not wait for the close."""
         self.ready = False
-        self._closed.set()
+        self.closed.set()
         threading.Thread(target=self.serving.close, name=f"packrat-unload-{self.name}").start()
 
     def status(self) -> dict:
         return {**self.serving.status(), "metadata": self.metadata}
 
 
-def probe_output(engine: Engine) -> dict:
-    """The model's real output ({"datatype", "shape"}), from one request of zeros through the
-    engine, so the metadata says what answers hold; this also proves the pool serves."""
-    zeros = [torch.zeros((1, *spec.shape), dtype=getattr(torch, spec.dtype)) for spec in engine.spec.inputs]
+def probe_output(engine: Engine) -> dict | None:
+    """The model's real output ({"datatype", "shape"}) from one request of zeros through the engine
+    (inputs a request may leave out, such as an attention mask, left to the codec to fill), so the
+    metadata says what answers hold; None, with a warning, if the model does not answer it."""
+    given = [spec for spec in engine.spec.inputs if spec.fill is None] or list(engine.spec.inputs[:1])
+    zeros = [torch.zeros((1, *spec.shape), dtype=getattr(torch, spec.dtype)) for spec in given]
     inputs = [{"name": spec.name, "shape": list(x.shape), "datatype": oip.datatype(x.dtype)}
-              for spec, x in zip(engine.spec.inputs, zeros)]
+              for spec, x in zip(given, zeros)]
     body, length = oip.request({"inputs": inputs, "parameters": {"binary_data_output": True}},
                                [x.numpy().tobytes() for x in zeros])
     answer = engine.submit(Request(body, "application/octet-stream", length)).result()
     if not answer.ok:
-        raise RuntimeError(f"the model does not answer a request of zeros: {answer.reason}")
+        log.warning("packrat: the model did not answer a request of zeros (%s): its metadata names no output "
+                    "shape", answer.reason)
+        return None
     output = oip.split(answer.body, answer.header_length)[0]["outputs"][0]
     return {"datatype": output["datatype"], "shape": output["shape"]}
 
@@ -227,7 +234,7 @@ class PackratRepository(ModelRepository):
         control_dir = CONTROL_DIR_ENV.get()
         if control_dir:  # `packrat reconfigure` asks through a file, as with TorchServe
             follow_reconfigure_requests(model.serving.controller, control_dir, name, settings.max_batch,
-                                        until=model._closed)
+                                        until=model.closed)
         return model
 
     def _model_dir(self, name: str) -> Path:
