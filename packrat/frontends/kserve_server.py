@@ -68,7 +68,7 @@ from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer, Request
 from packrat.settings import CONTROL_DIR_ENV, MAX_BODY_BYTES, Settings
 
-log = logging.getLogger("packrat.kserve")
+log = logging.getLogger(__name__)
 MODEL_CONFIG = "model-config.yaml"  # an archive's TorchServe config: batching, and packrat's settings
 GRPC_HEADROOM = 1 << 20  # a gRPC message may exceed the body limit by its header; the engine still refuses the rest
 # gRPC status of each HTTP status an Answer carries (400 and the others: invalid argument)
