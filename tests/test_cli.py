@@ -668,3 +668,26 @@ def test_serve_on_kserve_starts_the_server_on_loopback_and_status_asks_it(tmp_pa
     assert cli.main(["status", "--run-dir", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == status
     assert cli.build_parser().parse_args(["stop", "--engine", "kserve"]).engine == "kserve"
+
+
+def test_servers_follow_reconfigure_requests_newer_than_their_start(tmp_path):
+    """The loop both the TorchServe handler and the KServe server run: a request made before it
+    started is old news; a newer one switches the controller (cut to the largest batch) until stopped."""
+    import threading
+
+    from packrat.frontends import torchserve_control
+
+    asked = []
+    controller = SimpleNamespace(request=lambda batch, reason: asked.append(batch) or True)
+    torchserve_control.request_reconfigure(tmp_path, "toy", 2)
+    stop = threading.Event()
+    thread = torchserve_control.follow_reconfigure_requests(controller, tmp_path, "toy", max_batch=8, until=stop)
+    time.sleep(torchserve_control.POLL_S * 1.5)
+    assert asked == []
+    torchserve_control.request_reconfigure(tmp_path, "toy", 64)
+    deadline = time.monotonic() + 10
+    while not asked and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    thread.join(5)
+    assert asked == [8] and not thread.is_alive()
