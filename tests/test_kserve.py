@@ -30,7 +30,7 @@ from packrat.frontends import kserve_server  # noqa: E402
 from packrat.models.zoo import resolve  # noqa: E402
 from packrat.serving.pool.api import Answer  # noqa: E402
 
-PROFILE = "# model: tiny\n# mode: script\nthreads,batch,latency_ms\n" + "".join(
+PROFILE = "# mode: script\nthreads,batch,latency_ms\n" + "".join(
     f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in (1, 2) for b in (1, 2, 4))
 SHAPE = [1, 3, 32, 32]
 MAX_BODY = 100_000  # a JSON tiny sample is ~30 KB, a binary one 12 KB
@@ -157,10 +157,12 @@ def server(tmp_path_factory):
     from packrat.settings import Settings
 
     root = tmp_path_factory.mktemp("kserve")
-    (root / "tiny.csv").write_text(PROFILE)
-    settings = Settings("tiny", profiles=(str(root / "tiny.csv"),), max_batch=4, max_body_bytes=MAX_BODY)
-    mars = [archive.build(settings, root / "store", name=name, max_batch_delay_ms=20) for name in ("tiny", "tiny2")]
-    running = kserve.KServeServer(root / "run", ("tiny", "tiny2"), http_port=free_port(), grpc_port=free_port())
+    mars = []
+    for name, model in (("tiny", "tiny"), ("tiny2", "tiny"), ("text", "tiny_text")):  # tiny2: the one unloaded
+        (root / f"{model}.csv").write_text(f"# model: {model}\n" + PROFILE)
+        settings = Settings(model, profiles=(str(root / f"{model}.csv"),), max_batch=4, max_body_bytes=MAX_BODY)
+        mars.append(archive.build(settings, root / "store", name=name, max_batch_delay_ms=20))
+    running = kserve.KServeServer(root / "run", ("tiny", "tiny2", "text"), http_port=free_port(), grpc_port=free_port())
     kserve.start(running, mars, timeout=240)
     try:
         yield running
@@ -268,6 +270,41 @@ def test_the_kserve_sdk_clients_rest_v2_v1_and_grpc(server):
     top = int(np.argmax(answers[0]))
     (prediction,) = v1["predictions"]  # one instance: its top classes
     assert prediction["predictions"][0]["class"] == top
+
+
+@pytest.mark.integration
+def test_several_named_inputs_binary_json_and_grpc_and_their_metadata(server):
+    """A text model's token ids and mask, as named v2 inputs, over REST in binary and in JSON and over
+    gRPC; the metadata names both inputs and the embedding's real width."""
+    http = pytest.importorskip("tritonclient.http")
+    from kserve import InferenceGRPCClient
+
+    client = http.InferenceServerClient(server.url.removeprefix("http://"))
+    metadata = client.get_model_metadata("text")
+    assert [(i["name"], i["datatype"], i["shape"]) for i in metadata["inputs"]] == [
+        ("input_ids", "INT64", [-1, 16]), ("attention_mask", "INT64", [-1, 16])]
+    assert metadata["outputs"] == [{"name": "output0", "datatype": "FP32", "shape": [-1, 32]}]
+    ids = np.array([[101, 7, 8, 9, 102] + [0] * 11], np.int64)
+    mask = (ids != 0).astype(np.int64)
+    answers = []
+    for binary in (True, False):
+        given = [http.InferInput(name, [1, 16], "INT64") for name in ("input_ids", "attention_mask")]
+        for entry, values in zip(given, (ids, mask)):
+            entry.set_data_from_numpy(values, binary_data=binary)
+        answers.append(client.infer("text", given).as_numpy("output0"))
+
+    async def over_grpc():
+        given = [InferInput(name, [1, 16], "INT64") for name in ("input_ids", "attention_mask")]
+        for entry, values in zip(given, (ids, mask)):
+            entry.set_data_from_numpy(values)
+        async with InferenceGRPCClient(server.grpc_address, retries=0) as grpc_client:
+            return (await grpc_client.infer(InferRequest("text", given))).outputs[0].as_numpy()
+
+    answers.append(asyncio.run(over_grpc()))
+    assert np.array_equal(answers[0], answers[1]) and np.array_equal(answers[0], answers[2])
+    with torch.inference_mode():
+        want = resolve("tiny_text").build()(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    np.testing.assert_allclose(answers[0], want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.integration
