@@ -38,7 +38,7 @@ EXAMPLES = """examples:
       --profile squeezenet=profiles/squeezenet.csv --profile resnet50=profiles/resnet50.csv \\
       --duration 20 --rounds 3 --out out/kserve-frontend
   python benchmarks/kserve_frontend.py --models squeezenet --batches 4 --profile squeezenet=profiles/squeezenet.csv \\
-      --duration 30 --rounds 1 --kill-every 3 --out out/kserve-chaos"""
+      --front-ends kserve --duration 60 --rounds 1 --kill-every 3 --out out/kserve-chaos"""
 WARMUP_S = 8.0
 FRONT_ENDS = ("kserve", "torchserve", "pool")
 
@@ -53,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
     p.add_argument("--max-batch-delay", type=int, default=50, metavar="MS",
                    help="TorchServe's batch delay, and the engine's gather wait (default: 50)")
+    p.add_argument("--front-ends", default=",".join(FRONT_ENDS),
+                   help=f"which to run, of {','.join(FRONT_ENDS)} (default: all; the cost column needs pool)")
     p.add_argument("--kill-every", type=float, default=None, metavar="S",
                    help="kill -9 a pool instance of the KServe server every S s while it is loaded")
     p.add_argument("--out", type=Path, default=Path("out/kserve-frontend"))
@@ -153,8 +155,9 @@ def bench_batch(model: str, batch: int, profile: Path, args, out: Path) -> list[
     starts = {"kserve": kserve_server, "torchserve": torchserve_server, "pool": pool_in_process}
     measured: dict[tuple[str, int], list] = {}
     with ExitStack() as stack:
-        runners = {name: stack.enter_context(starts[name](model, mar, out / name, batch, body)) for name in FRONT_ENDS}
-        cases = [(name, n) for name in FRONT_ENDS for n in users]
+        chosen = [name for name in FRONT_ENDS if name in args.front_ends.split(",")]
+        runners = {name: stack.enter_context(starts[name](model, mar, out / name, batch, body)) for name in chosen}
+        cases = [(name, n) for name in chosen for n in users]
         for round_, (name, n) in in_rounds(cases, args.rounds):
             kill = args.kill_every if name == "kserve" else None
             log(f"-- {model} B={batch}: {name}, {n} user(s), round {round_}/{args.rounds}")
