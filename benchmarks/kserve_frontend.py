@@ -101,7 +101,12 @@ def pool_in_process(model: str, mar: Path, run_dir: Path, users: int, body):
     from packrat.frontends.kserve_server import archive_settings
     from packrat.serving.engine import Engine
 
+    import os
+
+    from packrat.settings import SERVED_DIR_ENV
+
     log("-- pool: starting the engine in this process")
+    os.environ[SERVED_DIR_ENV.name] = str(run_dir / "served")  # as the servers': not the user's corrections
     unpacked = run_dir / "unpacked"
     with zipfile.ZipFile(mar) as packed:
         packed.extractall(unpacked)
