@@ -413,6 +413,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # packrat's own lines (the budget, the plan, loads, reconfigurations) beside KServe's, which has its own
+    logging.basicConfig(format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    logging.getLogger("packrat").setLevel(logging.INFO)
     given = dict(entry.split("=", 1) if "=" in entry else (entry, entry) for entry in args.models or [])
     repository = PackratRepository(args.model_store, given)
     try:
