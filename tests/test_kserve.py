@@ -396,6 +396,18 @@ def test_a_model_unloaded_under_load_answers_what_it_holds_and_loads_again(serve
     # every request was answered: served, refused by the closing engine (503) or, once gone, 404
     assert {s for _, s in answers} <= {200, 503, 404} and answers[-1][1] == 404
     assert post(f"{server.url}/v2/models/tiny/infer", v2_json(sample(8)))[0] == 200  # the other model serves on
-    status, body = post(f"{server.url}/v2/repository/models/tiny2/load", b"", timeout=240)
-    assert status == 200, body
+    assert repository_call(server, "RepositoryModelLoad", "tiny2").isLoaded  # back, over gRPC this time
     assert post(f"{server.url}/v2/models/tiny2/infer", v2_json(sample(9)))[0] == 200
+    status, body = post(f"{server.url}/v2/repository/models/tiny2/load", b"", timeout=240)
+    assert status == 200, body  # loading a model that serves is no error
+
+
+def repository_call(server, method: str, name: str):
+    """A model repository call over gRPC, as KServe's protocol defines it."""
+    import grpc
+
+    from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub
+
+    message = getattr(pb, f"{method}Request")(model_name=name)
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        return getattr(GRPCInferenceServiceStub(channel), method)(message, timeout=240)

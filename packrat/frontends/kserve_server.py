@@ -49,6 +49,7 @@ from grpc_interceptor import exceptions as grpc_errors
 from kserve.errors import ModelNotFound
 from kserve.metrics import PREDICT_HIST_TIME
 from kserve.model_repository import ModelRepository
+from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
@@ -363,6 +364,20 @@ class PackratModelServer(kserve.ModelServer):
         self.repository.close()
 
 
+class RepositoryServicer(InferenceServicer):
+    """KServe's gRPC servicer with its model repository calls answered: in KServe 0.21 they read a
+    result the repository extension never returns (it returns None), so every gRPC load and unload
+    failed with INTERNAL after doing its work."""
+
+    async def RepositoryModelLoad(self, request, context):
+        await self._mode_repository_extension.load(model_name=request.model_name)
+        return pb.RepositoryModelLoadResponse(model_name=request.model_name, isLoaded=True)
+
+    async def RepositoryModelUnload(self, request, context):
+        await self._mode_repository_extension.unload(model_name=request.model_name)
+        return pb.RepositoryModelUnloadResponse(model_name=request.model_name, isUnloaded=True)
+
+
 class GrpcServer:
     """KServe's gRPC servicer on grpc.aio, bound to the server's host (KServe's own binds [::]),
     without KServe's log line per call."""
@@ -375,7 +390,7 @@ class GrpcServer:
                    ("grpc.max_send_message_length", self.server.grpc_message_bytes)]
         self._grpc = grpc.aio.server(ThreadPoolExecutor(max_workers=self.server.max_threads),
                                      interceptors=(ExceptionToStatusInterceptor(),), options=options)
-        servicer = InferenceServicer(self.server.dataplane, self.server.model_repository_extension)
+        servicer = RepositoryServicer(self.server.dataplane, self.server.model_repository_extension)
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._grpc)
         self._grpc.add_insecure_port(f"{self.server.host}:{self.server.grpc_port}")
         await self._grpc.start()
