@@ -174,7 +174,7 @@ def infer_body(request: InferRequest) -> tuple[bytes, int]:
 
 def _chunk(given, entry: dict):
     """An input's bytes for the binary body, or None with its numbers put in `entry`'s JSON "data"."""
-    raw = getattr(given, "_raw_data", None)  # gRPC raw_input_contents (and REST binary) keep the bytes here
+    raw = getattr(given, "_raw_data", None)  # where KServe keeps gRPC's raw_input_contents
     if raw:
         return raw
     data = given.data
