@@ -7,9 +7,9 @@ machine's cores together). The server speaks the Open Inference Protocol v2 over
 KServe v1 `:predict`, the model repository extension (load, unload) and `/metrics`.
 
 How a request reaches the engine, by path:
-- REST `/v2/models/NAME/infer` and `/v1/models/NAME:predict`: the raw body, read within
-  `max_body_bytes` (413 beyond), goes to the engine as it came (JSON, or the binary tensor
-  extension with its Inference-Header-Content-Length); the instance decodes it. KServe's own REST
+- REST `/v2/models/NAME/infer`, `/v1/models/NAME:predict` and TorchServe's `/predictions/NAME`: the
+  raw body, read within `max_body_bytes` (413 beyond), goes to the engine as it came (JSON, or the
+  binary tensor extension with its Inference-Header-Content-Length); the instance decodes it. KServe's own REST
   route would parse it first (pydantic, numpy, lists) in this process's one event loop, work the
   instance redoes: these routes are registered ahead of KServe's, on its FastAPI app.
 - gRPC `ModelInfer`: KServe's servicer parses the message into an InferRequest; predict() turns its
