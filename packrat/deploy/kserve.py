@@ -43,14 +43,17 @@ class KServeServer:
         self.models = tuple(self.models)
 
     @property
+    def reach_host(self) -> str:
+        """Where to reach it from this machine: loopback when it listens on every address."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+
+    @property
     def url(self) -> str:
-        """Where to reach its REST side from this machine."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{host}:{self.http_port}"
+        return f"http://{self.reach_host}:{self.http_port}"
 
     @property
     def grpc_address(self) -> str | None:
-        return None if self.grpc_port is None else f"{self.url.removeprefix('http://').rsplit(':', 1)[0]}:{self.grpc_port}"
+        return None if self.grpc_port is None else f"{self.reach_host}:{self.grpc_port}"
 
     @property
     def store(self) -> Path:
