@@ -131,11 +131,9 @@ def serve_on_ray(args: argparse.Namespace) -> int:
 
 def serve_on_kserve(args: argparse.Namespace) -> int:
     """The archives, as for TorchServe, served by a KServe model server started in the run dir."""
-    import importlib.util
-
     from packrat.deploy import kserve
 
-    if importlib.util.find_spec("kserve") is None:  # the server process imports it
+    if not kserve_installed():
         raise ServeError("--engine kserve needs the KServe SDK: pip install 'packrat[kserve]'")
     run_dir = args.run_dir.resolve()
     names = served_names(args.models or ["resnet50"])
@@ -156,3 +154,10 @@ def serve_on_kserve(args: argparse.Namespace) -> int:
     print(f"metrics: {server.url}/metrics   logs: {server.log}   stop with: packrat stop --engine kserve "
           f"--run-dir {args.run_dir}")
     return 0
+
+
+def kserve_installed() -> bool:
+    """Whether the KServe SDK is installed here (the server process imports it; this one need not)."""
+    import importlib.util
+
+    return importlib.util.find_spec("kserve") is not None
