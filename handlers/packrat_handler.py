@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
 from concurrent.futures import Future
 
@@ -50,14 +49,13 @@ finally:
             del sys.modules[_HIDDEN]
 
 from packrat.handlers import common
-from packrat.frontends.torchserve_control import read_reconfigure_request
+from packrat.frontends.torchserve_control import follow_reconfigure_requests
 from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer
 from packrat.serving.pool.child import exit_with_parent
 from packrat.settings import CONTROL_DIR_ENV
 
 METRICS_PERIOD_S = 1.0
-CONTROL_POLL_S = 0.5
 
 
 class PackratHandler(BaseHandler):
@@ -71,23 +69,9 @@ class PackratHandler(BaseHandler):
         self.pool, self.controller = self.engine.pool, self.engine.controller
         exit_with_parent(self.engine.close)  # the pool goes when Java does, whatever keeps this worker
         if control_dir:
-            threading.Thread(target=self._follow_requests, args=(control_dir, context.model_name), daemon=True,
-                             name="packrat-control").start()
+            follow_reconfigure_requests(self.controller, control_dir, context.model_name, self.max_batch)
         self._reported, self._reported_at = 0, -METRICS_PERIOD_S
         self.initialized = True
-
-    def _follow_requests(self, control_dir: str, model_name: str) -> None:
-        """Switch when `packrat reconfigure` asks (it writes a control file this polls)."""
-        seen = read_reconfigure_request(control_dir, model_name)
-        seen_at = seen[1] if seen else 0.0
-        while True:
-            time.sleep(CONTROL_POLL_S)
-            wanted = read_reconfigure_request(control_dir, model_name)
-            if wanted is None or wanted[1] <= seen_at:
-                continue
-            batch = min(max(1, wanted[0]), self.max_batch)
-            if self.controller.request(batch, f"requested by packrat reconfigure (batch {wanted[0]})"):
-                seen_at = wanted[1]  # else a switch is under way: ask again at the next poll
 
     @property
     def plan(self):

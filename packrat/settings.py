@@ -171,8 +171,9 @@ class Settings:
     truncate_text: bool = setting(False, "cut text longer than the model takes to its length (default: answer "
                                          "it 413)")
     gather_ms: float | None = setting(None, f"how long an idle instance waits for the rest of its planned share "
-                                            f"(default: 0 under TorchServe, which hands over whole batches; else "
-                                            f"{GATHER_MS:g})", minimum=0, metavar="MS")
+                                            f"(default: 0 under TorchServe, which hands over whole batches; the "
+                                            f"archive's batch delay under the KServe server; else {GATHER_MS:g})",
+                                      minimum=0, metavar="MS")
     request_timeout_s: float | None = setting(None, f"how long a request may wait and run before it is answered "
                                                     f"504; in line with TorchServe's default_response_timeout "
                                                     f"(default: {REQUEST_TIMEOUT_S:g})", above=0, metavar="S")

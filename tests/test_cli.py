@@ -4,6 +4,7 @@ tokenizer, kills) with TorchServe and locust faked; the default profile location
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -634,3 +635,57 @@ def test_serve_on_ray_sends_the_archive_settings_with_absolute_paths(tmp_path, m
     assert (app_args["max_batch"], app_args["cores"], app_args["replicas"]) == (4, 1, 2)
     assert app_args["request_timeout_s"] == 30 and app_args["reconfigure"] is False
     assert cli.build_parser().parse_args(["stop", "--engine", "ray"]).engine == "ray"
+
+
+def test_serve_on_kserve_starts_the_server_on_loopback_and_status_asks_it(tmp_path, monkeypatch, capsys):
+    """`packrat serve --engine kserve`: the archives, as for TorchServe, served by a KServe server in the
+    run dir on loopback, REST on --inference-port and gRPC on --grpc-inference-port; `packrat status`
+    then asks that server while it runs."""
+    from packrat.deploy import kserve
+
+    started = {}
+    monkeypatch.setattr(cli_serve, "kserve_installed", lambda: True)  # the SDK need not be here
+    monkeypatch.setattr(cli_serve, "archive_from_args", lambda args, out, model, names: out / f"{model}.mar")
+
+    def start(server, mars, timeout):
+        started.update(server=server, mars=mars)
+        server.pid = os.getpid()  # "running": this process
+        server.save()
+        return server
+
+    status = {"plan": {"threads": 2, "batch": 4, "instances": []}, "cpu_budget": {"cores": 2, "source": "affinity",
+                                                                                  "detail": ""}, "profile": "p: why"}
+    monkeypatch.setattr(kserve, "start", start)
+    monkeypatch.setattr(kserve, "status", lambda server: {"tiny": status})
+    assert cli.main(["serve", "--engine", "kserve", "--model", "tiny", "--run-dir", str(tmp_path),
+                     "--inference-port", "9080", "--grpc-inference-port", "9070"]) == 0
+    server = started["server"]
+    assert (server.models, server.host, server.http_port, server.grpc_port) == (("tiny",), "127.0.0.1", 9080, 9070)
+    assert started["mars"] == [tmp_path.resolve() / "model_store" / "tiny.mar"]
+    assert "http://127.0.0.1:9080/v2/models/tiny/infer" in capsys.readouterr().out
+    assert cli.main(["status", "--run-dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == status
+    assert cli.build_parser().parse_args(["stop", "--engine", "kserve"]).engine == "kserve"
+
+
+def test_servers_follow_reconfigure_requests_newer_than_their_start(tmp_path):
+    """The loop both the TorchServe handler and the KServe server run: a request made before it
+    started is old news; a newer one switches the controller (cut to the largest batch) until stopped."""
+    import threading
+
+    from packrat.frontends import torchserve_control
+
+    asked = []
+    controller = SimpleNamespace(request=lambda batch, reason: asked.append(batch) or True)
+    torchserve_control.request_reconfigure(tmp_path, "toy", 2)
+    stop = threading.Event()
+    thread = torchserve_control.follow_reconfigure_requests(controller, tmp_path, "toy", max_batch=8, until=stop)
+    time.sleep(torchserve_control.POLL_S * 1.5)
+    assert asked == []
+    torchserve_control.request_reconfigure(tmp_path, "toy", 64)
+    deadline = time.monotonic() + 10
+    while not asked and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    thread.join(5)
+    assert asked == [8] and not thread.is_alive()

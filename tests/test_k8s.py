@@ -96,7 +96,7 @@ def pod_specs(doc: dict) -> list[dict]:
 
 def test_every_file_is_written_with_a_comment_on_how_to_use_it(rendered, tmp_path):
     settings, files = rendered
-    assert set(files) == {"torchserve.yaml", "rayservice.yaml", "kserve.yaml", "copy-models.yaml"}
+    assert set(files) == {"torchserve.yaml", "rayservice.yaml", "kserve.yaml", "kserve-sdk.yaml", "copy-models.yaml"}
     written = k8s.write(settings, tmp_path)
     for path in written:
         if path.suffix == ".yaml":
@@ -146,16 +146,16 @@ def test_every_container_is_guaranteed_with_whole_cpus(rendered):
             assert set(resources["limits"]) == {"cpu", "memory"}
             assert str(resources["limits"]["cpu"]).isdigit()
             seen += 1
-    assert seen == 5  # TorchServe's Deployment, the Ray head and worker, the ServingRuntime, the copy pod
-    predictor = docs_of(files, "InferenceService")[0]["spec"]["predictor"]["model"]["resources"]
-    assert predictor == k8s.resources(settings.cores, settings.memory)
+    assert seen == 6  # TorchServe's Deployment, the Ray head and worker, the two ServingRuntimes, the copy pod
+    for service in docs_of(files, "InferenceService"):
+        assert service["spec"]["predictor"]["model"]["resources"] == k8s.resources(settings.cores, settings.memory)
 
 
 def test_packrat_cores_equals_the_cpu_limit(rendered):
     settings, files = rendered
-    serving_containers = [c for d in files["torchserve.yaml"] + files["kserve.yaml"] + files["rayservice.yaml"]
-                          for c in containers(d)]
-    assert len(serving_containers) == 4
+    serving_containers = [c for name in ("torchserve.yaml", "kserve.yaml", "kserve-sdk.yaml", "rayservice.yaml")
+                          for d in files[name] for c in containers(d)]
+    assert len(serving_containers) == 5
     for container in serving_containers:
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env[CORES_ENV.name] == container["resources"]["limits"]["cpu"]
@@ -165,7 +165,8 @@ def test_packrat_cores_equals_the_cpu_limit(rendered):
 
 def test_readiness_is_packrat_ready_not_ping(rendered):
     settings, files = rendered
-    for doc in docs_of(files, "Deployment") + docs_of(files, "ServingRuntime"):
+    torchserve_runtimes = [d for d in files["kserve.yaml"] if d["kind"] == "ServingRuntime"]
+    for doc in docs_of(files, "Deployment") + torchserve_runtimes:
         for container in containers(doc):
             for probe in ("readinessProbe", "startupProbe"):
                 command = container[probe]["exec"]["command"]
@@ -198,7 +199,8 @@ def test_kserve_reads_the_pvc_directly(rendered):
     claims = [d["metadata"]["name"] for d in files["kserve.yaml"] if d["kind"] == "PersistentVolumeClaim"]
     assert isvc["spec"]["predictor"]["model"]["storageUri"] == f"pvc://{claims[0]}/model-store"
     assert isvc["spec"]["predictor"]["model"]["runtime"] == runtime["metadata"]["name"]
-    assert isvc["metadata"]["annotations"]["torchserve.kserve.io/deploymentMode"] == "RawDeployment"
+    assert runtime["apiVersion"] == "serving.kserve.io/v1alpha1" and isvc["apiVersion"] == "serving.kserve.io/v1beta1"
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
     assert runtime["spec"]["protocolVersions"] == ["v1", "v2"]
     container = runtime["spec"]["containers"][0]
     assert container["name"] == "kserve-container"
@@ -206,6 +208,34 @@ def test_kserve_reads_the_pvc_directly(rendered):
     command = container["command"]
     assert command[:2] == ["torchserve", "--start"] and command[command.index("--model-store") + 1] == "/mnt/models"
     assert ("--disable-token-auth" in command) is not settings.token_auth
+
+
+def test_kserve_sdk_runs_packrats_model_server_guaranteed_with_http_probes(rendered):
+    settings, files = rendered
+    runtime, isvc = (next(d for d in files["kserve-sdk.yaml"] if d["kind"] == kind)
+                     for kind in ("ServingRuntime", "InferenceService"))
+    assert runtime["apiVersion"] == "serving.kserve.io/v1alpha1" and isvc["apiVersion"] == "serving.kserve.io/v1beta1"
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    model = isvc["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"] != docs_of(files, "ServingRuntime")[0]["metadata"]["name"]
+    assert model["storageUri"] == f"pvc://{settings.claim}/model-store" and model["protocolVersion"] == "v2"
+    container, = runtime["spec"]["containers"]
+    assert container["image"] == settings.kserve_image
+    command = container["command"]
+    assert command[:3] == ["python", "-m", "packrat.frontends.kserve_server"]
+    args = server_args(command[3:])  # options the server has
+    assert (args.model_store, args.models, args.host) == (Path("/mnt/models"), ["resnet50=resnet50"], "0.0.0.0")
+    assert [p["containerPort"] for p in container["ports"]] == [args.http_port, args.grpc_port]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/models/resnet50/ready", "port": args.http_port}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert "exec" not in json.dumps(container)  # no Python process started every 10 s inside the CPU budget
+
+
+def server_args(argv: list[str]):
+    pytest.importorskip("kserve", reason="the KServe front end is an optional extra")
+    from packrat.frontends.kserve_server import parse_args
+
+    return parse_args(argv)
 
 
 def test_rayservice_runs_one_packrat_replica_per_worker(rendered):
@@ -264,8 +294,12 @@ def test_cli_export_k8s(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["name"] == "tiny-text"  # made DNS-safe
     assert sorted(Path(f).name for f in printed["files"] if f.endswith(".yaml")) == sorted(
-        ["torchserve.yaml", "rayservice.yaml", "kserve.yaml", "copy-models.yaml"])
+        ["torchserve.yaml", "rayservice.yaml", "kserve.yaml", "kserve-sdk.yaml", "copy-models.yaml"])
     assert (tmp_path / "out" / "etc" / "config.properties").is_file()
+    runtime = next(d for d in yaml.safe_load_all((tmp_path / "out" / "kserve-sdk.yaml").read_text())
+                   if d["kind"] == "ServingRuntime")
+    command = runtime["spec"]["containers"][0]["command"]
+    assert command[command.index("--model") + 1] == "tiny-text=tiny_text"  # served as the objects are named
     deployment = next(d for d in yaml.safe_load_all((tmp_path / "out" / "torchserve.yaml").read_text())
                       if d["kind"] == "Deployment")
     assert "tiny-text=tiny_text.mar" in deployment["spec"]["template"]["spec"]["containers"][0]["command"]

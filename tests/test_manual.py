@@ -178,6 +178,8 @@ def project_options() -> set[str]:
     found.update(o for p in (ROOT / "benchmarks").glob("*.py")
                  for o in re.findall(r'add_argument\(\s*"(--[\w-]+)"', p.read_text()))
     found.update(o for p in (ROOT / "scripts").glob("*.sh") for o in re.findall(r'"(--[\w-]+)"', p.read_text()))
+    # the KServe model server's own command (python -m packrat.frontends.kserve_server)
+    found.update(re.findall(r'add_argument\(\s*"(--[\w-]+)"', (ROOT / "packrat/frontends/kserve_server.py").read_text()))
     return found
 
 

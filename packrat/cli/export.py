@@ -17,15 +17,17 @@ def add_export_parser(sub) -> None:
                                    "Kubernetes manifests.")
     targets = p.add_subparsers(dest="target", required=True, metavar="TARGET")
     k = targets.add_parser(
-        "k8s", help="Kubernetes manifests: TorchServe Deployment, KubeRay RayService, KServe InferenceService",
+        "k8s", help="Kubernetes manifests: TorchServe Deployment, KubeRay RayService, KServe InferenceServices",
         description="Write into --out: torchserve.yaml (ConfigMap, PVC, Deployment and Service of TorchServe with "
                     "the packrat handler), rayservice.yaml (a KubeRay RayService running packrat.ray_serve:app, "
                     "one replica per worker pod), kserve.yaml (our own KServe ServingRuntime and an "
-                    "InferenceService reading the archive from the PVC) and copy-models.yaml (the PVC and a pod "
+                    "InferenceService reading the archive from the PVC), kserve-sdk.yaml (a ServingRuntime running "
+                    "packrat's KServe model server, image --kserve-image, and an InferenceService of it) and "
+                    "copy-models.yaml (the PVC and a pod "
                     "to `kubectl cp` the archive onto it). Every pod is Guaranteed QoS with whole CPUs "
                     "(requests == limits), so the kubelet's static CPU manager gives it cores of its own, and "
                     f"{CORES_ENV} tells packrat how many. Readiness is `packrat ready` (a worker READY), not "
-                    "/ping. Each file starts with a comment on how to apply it and reach the model.",
+                    "/ping (the KServe model server: its model's OIP ready route). Each file starts with a comment on how to apply it and reach the model.",
         epilog="example: packrat export k8s --archive model_store/resnet50.mar --cores 8 --memory 16Gi "
                "--image registry.example.com/packrat:1 --out k8s")
     k.add_argument("--archive", type=Path, required=True, help="the .mar built by `packrat archive` (packrat handler)")
@@ -35,6 +37,8 @@ def add_export_parser(sub) -> None:
     k.add_argument("--name", help="the model's and the objects' name (default: the archive's, made DNS-safe)")
     k.add_argument("--image", default="packrat:latest",
                    help="an image built from deploy/Dockerfile (default: packrat:latest)")
+    k.add_argument("--kserve-image", default="packrat-kserve:latest",
+                   help="an image built from deploy/kserve.Dockerfile, for kserve-sdk.yaml (default: packrat-kserve:latest)")
     k.add_argument("--replicas", type=positive(int), default=1,
                    help="serving pods (Ray: worker pods); more than 1 needs --no-token-auth (default: 1)")
     k.add_argument("--head-cores", type=positive(int), default=2, help="whole CPUs of the Ray head pod (default: 2)")
@@ -56,7 +60,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     archive = k8s.read_archive(args.archive)
     archive = dataclasses.replace(archive, name=args.name or k8s.dns_name(archive.name))
-    spec = k8s.K8sSpec(archive, args.cores, memory=args.memory, image=args.image, replicas=args.replicas,
+    spec = k8s.K8sSpec(archive, args.cores, memory=args.memory, image=args.image, kserve_image=args.kserve_image,
+                       replicas=args.replicas,
                        head_cores=args.head_cores, head_memory=args.head_memory, storage=args.storage,
                        token_auth=args.token_auth, token_expiration_min=args.token_expiration_min,
                        ray_version=args.ray_version or k8s.installed_ray_version())

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from packrat.cli.args import run_dir_arg
+from packrat.cli.status import running_kserve
 
 from packrat.cli.types import positive
 from packrat.deploy import torchserve
@@ -27,13 +28,18 @@ def add_reconfigure_parser(sub) -> None:
 
 
 def cmd_reconfigure(args: argparse.Namespace) -> int:
-    server = torchserve.Server.load(args.run_dir.resolve())
-    if not torchserve.java_running(server):
-        raise ServeError(f"TorchServe is not running in {args.run_dir}: start it with `packrat serve`")
-    path = torchserve_control.request_reconfigure(server.control_dir, server.model, args.batch)
+    kserve = running_kserve(args.run_dir.resolve())
+    if kserve is not None:  # the KServe server follows the same control files
+        control_dir, model = kserve.control_dir, kserve.models[0]
+    else:
+        server = torchserve.Server.load(args.run_dir.resolve())
+        if not torchserve.java_running(server):
+            raise ServeError(f"TorchServe is not running in {args.run_dir}: start it with `packrat serve`")
+        control_dir, model = server.control_dir, server.model
+    path = torchserve_control.request_reconfigure(control_dir, model, args.batch)
     if args.json:
         print(json.dumps({"batch": args.batch, "file": str(path)}))
     else:
-        print(f"asked {server.model} to switch to the plan for batch size {args.batch} ({path}); "
+        print(f"asked {model} to switch to the plan for batch size {args.batch} ({path}); "
               f"see `packrat status --run-dir {args.run_dir}`")
     return 0

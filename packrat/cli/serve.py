@@ -1,4 +1,5 @@
-"""`packrat serve`: TorchServe (or Ray Serve) serving the plan, started and checked READY."""
+"""`packrat serve`: TorchServe (or Ray Serve, or a KServe model server) serving the plan, started and
+checked READY."""
 
 from __future__ import annotations
 
@@ -42,17 +43,20 @@ def add_serve_parser(sub) -> None:
                         "tritonclient's binary tensors included): TS_OPEN_INFERENCE_PROTOCOL=oip")
     run_dir_arg(p, f"config, logs, key file and TorchServe's TEMP (default: {DEFAULT_RUN_DIR})")
     p.add_argument("--timeout", type=positive(float), default=300.0, help="seconds to wait for READY")
+    p.add_argument("--engine", choices=("torchserve", "ray", "kserve"), default="torchserve",
+                   help="torchserve (default): this machine, TorchServe's frontend; ray: one packrat engine "
+                        "per node of the Ray cluster, each planned for its node's CPU budget and profile; kserve: "
+                        "this machine, a KServe model server (Open Inference Protocol over REST on "
+                        "--inference-port and gRPC on --grpc-inference-port) with the engines in its process")
     ray = p.add_argument_group("--engine ray", "serve on a running Ray cluster (`ray start --head` on one "
                                                "node, `ray start --address HEAD:6379` on the others) instead of "
                                                "TorchServe; needs `pip install packrat[ray]`")
-    ray.add_argument("--engine", choices=("torchserve", "ray"), default="torchserve",
-                     help="torchserve (default): this machine, TorchServe's frontend; ray: one packrat engine "
-                          "per node of the Ray cluster, each planned for its node's CPU budget and profile")
     ray.add_argument("--ray-address", default="auto", help="the cluster to deploy on (default: auto, the local one)")
     ray.add_argument("--replicas", type=positive(int), default=None,
                      help="engines (Ray Serve replicas), at most one per node (default: the cluster's alive nodes)")
     ray.add_argument("--http-host", default="127.0.0.1",
-                     help="the address Ray Serve's proxy listens on (default: 127.0.0.1, loopback)")
+                     help="the address Ray Serve's proxy, or the KServe server's REST and gRPC (--engine kserve), "
+                          "listen on (default: 127.0.0.1, loopback)")
     ray.add_argument("--http-port", type=positive(int), default=8000, help="default: 8000")
     p.set_defaults(func=cmd_serve)
 
@@ -64,6 +68,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ValueError("--engine ray deploys one model: run it once per model (the replicas on one node "
                              "plan its cores together)")
         return serve_on_ray(args)
+    if args.engine == "kserve":
+        return serve_on_kserve(args)
     run_dir = args.run_dir.resolve()
     names = served_names(models)
     mars = [archive_from_args(args, run_dir / "model_store", model=model, names=names) for model in models]
@@ -121,3 +127,37 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     print(f"ready: POST {url}/predictions/{name} (or {url}/v2/models/{name}/infer); GET {url}/v2/models/{name}/ready")
     print(f"each replica's plan and CPU budget: GET {url}/status; stop with: packrat stop --engine ray")
     return 0
+
+
+def serve_on_kserve(args: argparse.Namespace) -> int:
+    """The archives, as for TorchServe, served by a KServe model server started in the run dir."""
+    from packrat.deploy import kserve
+
+    if not kserve_installed():
+        raise ServeError("--engine kserve needs the KServe SDK: pip install 'packrat[kserve]'")
+    run_dir = args.run_dir.resolve()
+    names = served_names(args.models or ["resnet50"])
+    mars = [archive_from_args(args, run_dir / "model_store", model=model, names=names)
+            for model in args.models or ["resnet50"]]
+    server = kserve.KServeServer(run_dir, tuple(names), host=args.http_host, http_port=args.inference_port,
+                                 grpc_port=args.grpc_inference_port)
+    print(f"starting a KServe model server for {', '.join(names)} (batch size {args.max_batch}); "
+          f"waiting for every model ready ...")
+    kserve.start(server, mars, timeout=args.timeout)
+    statuses = kserve.status(server)
+    for name in names:
+        print(f"ready: POST {server.url}/v2/models/{name}/infer (gRPC: {server.grpc_address}); "
+              f"GET {server.url}/v2/models/{name}")
+        print_budget_and_profile(statuses.get(name, {}))
+    if len(names) > 1:
+        print(f"the models share the cores by one plan that follows their loads: packrat status --run-dir {args.run_dir}")
+    print(f"metrics: {server.url}/metrics   logs: {server.log}   stop with: packrat stop --engine kserve "
+          f"--run-dir {args.run_dir}")
+    return 0
+
+
+def kserve_installed() -> bool:
+    """Whether the KServe SDK is installed here (the server process imports it; this one need not)."""
+    import importlib.util
+
+    return importlib.util.find_spec("kserve") is not None

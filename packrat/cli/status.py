@@ -28,7 +28,8 @@ MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"ea
 
 def add_status_parser(sub) -> None:
     p = sub.add_parser("status", help="the served plans, the node's plan of cores and the last reconfigurations",
-                       description="Ask the running packrat handlers (through TorchServe's management API) for "
+                       description="Ask the running packrat handlers (through TorchServe's management API, or "
+                                   "the KServe server's /status) for "
                                    "each model's plan, how its instances run the model (compile, script, eager or "
                                    "ios), its health, where the pool's recent batches spent their time (queue, "
                                    "copy, send, wake, locks, decode, model, encode, reply, hand-out) and recent "
@@ -49,11 +50,8 @@ def add_status_parser(sub) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    server = torchserve.Server.load(args.run_dir.resolve())
-    if args.model is not None and args.model not in server.models:
-        raise ServeError(f"{args.model} is not served here (models: {', '.join(server.models)})")
-    names = [args.model] if args.model else list(server.models)
-    statuses = {name: torchserve.handler_status(server, name) for name in names}
+    statuses = served_statuses(args.run_dir.resolve(), args.model)
+    names = list(statuses)
     if len(names) == 1:
         if args.json:
             print(json.dumps(statuses[names[0]], indent=2))
@@ -70,6 +68,37 @@ def cmd_status(args: argparse.Namespace) -> int:
     if node is not None:
         print_node(node, args.last)
     return 0
+
+
+def served_statuses(run_dir, model: str | None) -> dict[str, dict]:
+    """Each served model's status (or `model`'s alone): from the KServe server running in the run
+    dir if there is one (`packrat serve --engine kserve`), else from TorchServe's handlers."""
+    kserve = running_kserve(run_dir)
+    if kserve is not None:
+        from packrat.deploy.kserve import status
+
+        every = status(kserve)
+        served = list(every)
+    else:
+        server = torchserve.Server.load(run_dir)
+        served = list(server.models)
+    if model is not None and model not in served:
+        raise ServeError(f"{model} is not served here (models: {', '.join(served)})")
+    names = [model] if model else served
+    if kserve is not None:
+        return {name: every[name] for name in names}
+    return {name: torchserve.handler_status(server, name) for name in names}
+
+
+def running_kserve(run_dir):
+    """The KServe server `packrat serve --engine kserve` left running in the run dir, or None."""
+    from packrat.deploy import kserve
+
+    try:
+        server = kserve.KServeServer.load(run_dir)
+    except ServeError:
+        return None
+    return server if kserve.running(server) else None
 
 
 def print_model(name: str, status: dict, last: int) -> None:

@@ -67,6 +67,17 @@ def answer_head(outputs: torch.Tensor, model_name: str, request_id: str | None) 
     return outputs, {**head, "outputs": [output]}
 
 
+def model_metadata(name: str, inputs: tuple[InputSpec, ...], output: dict | None = None) -> dict:
+    """KServe v2 model metadata: the model's named inputs (batch dimension -1) and its one output,
+    `output` ({"datatype", "shape"}, batch dimension included) where a front end has seen one, else
+    FP32 of unknown width."""
+    output = output or {"datatype": "FP32", "shape": [-1, -1]}
+    return {"name": name, "versions": ["1"], "platform": "pytorch",
+            "inputs": [{"name": spec.name, "datatype": oip.datatype(getattr(torch, spec.dtype)),
+                        "shape": [-1, *spec.shape]} for spec in inputs],
+            "outputs": [{"name": V2_OUTPUT, "datatype": output["datatype"], "shape": [-1, *output["shape"][1:]]}]}
+
+
 def _input(samples: Samples, name) -> InputSpec:
     """The input a v2 entry is for: by name; a single-input model takes any name."""
     if len(samples.inputs) == 1:

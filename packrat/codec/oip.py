@@ -137,6 +137,23 @@ def parameters(entry: dict) -> dict:
     return found
 
 
+def request(head: dict, chunks: list) -> tuple[bytes, int]:
+    """(body, header length) of a request in the binary extension, for a front end that receives
+    tensors already parsed (gRPC): `head`'s inputs, each one given a chunk (bytes-like; None keeps its
+    JSON "data") marked with its binary_data_size, then those chunks in order. split() and chunks()
+    read it back."""
+    inputs = [entry if chunk is None else {**entry, "parameters": {**parameters(entry), "binary_data_size": len(chunk)}}
+              for entry, chunk in zip(head["inputs"], chunks)]
+    header = json.dumps({**head, "inputs": inputs}, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return b"".join([header, *(chunk for chunk in chunks if chunk is not None)]), len(header)
+
+
+def bytes_chunk(items: list) -> bytes:
+    """A BYTES tensor's elements (bytes, or text as UTF-8) in the binary layout elements() reads."""
+    raw = [item.encode("utf-8") if isinstance(item, str) else bytes(item) for item in items]
+    return b"".join(struct.pack("<I", len(item)) + item for item in raw)
+
+
 def encode(head: dict, tensors: list[torch.Tensor]) -> tuple[bytes, int]:
     """(body, header length): `head`'s outputs (one per tensor, without "data") marked with their
     binary_data_size, then each tensor's raw bytes."""

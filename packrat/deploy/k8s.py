@@ -1,9 +1,11 @@
 """Kubernetes manifests for packrat (`packrat export k8s`): plain dicts built from a K8sSpec.
 
-Three ways to run the same archive on a cluster, one YAML file each:
+Four ways to run the same archive on a cluster, one YAML file each:
 - torchserve.yaml: a Deployment + Service of TorchServe with the packrat handler;
 - rayservice.yaml: a KubeRay RayService running the Ray Serve front end (packrat.ray_serve:app);
-- kserve.yaml: a KServe ServingRuntime of our own + an InferenceService using it.
+- kserve.yaml: a KServe ServingRuntime of our own running TorchServe + an InferenceService using it;
+- kserve-sdk.yaml: a KServe ServingRuntime running packrat's KServe model server
+  (packrat.frontends.kserve_server, image deploy/kserve.Dockerfile) + an InferenceService using it.
 copy-models.yaml holds the PersistentVolumeClaim the archive lives on and a helper pod to copy it there;
 etc/ the ConfigMap's files (config.properties, log4j2.xml, profiles) for a plain `docker run`.
 
@@ -29,6 +31,8 @@ from packrat.deploy import torchserve
 from packrat.settings import CORES_ENV, Settings
 
 IMAGE = "packrat:latest"
+KSERVE_IMAGE = "packrat-kserve:latest"  # deploy/kserve.Dockerfile: the KServe model server, no Java
+KSERVE_PORTS = (8080, 8081)  # the KServe model server's REST and gRPC ports, as KServe's own runtimes use them
 CONFIG_DIR = "/etc/packrat"  # the ConfigMap: config.properties, log4j2.xml, the profiles
 MODEL_DIR = "/mnt/models"  # the model store; KServe mounts a storageUri here too
 RUN_DIR = "/home/packrat/run"  # TorchServe's working directory: key_file.json, TEMP, logs
@@ -36,6 +40,7 @@ STORE_PATH = "model-store"  # the folder on the PVC that holds NAME.mar
 USER_ID = 1000  # deploy/Dockerfile's non-root user
 PORTS = torchserve.Ports()  # 8080 inference, 8081 management, 8082 metrics, 7070/7071 gRPC
 SERVE_PORT = 8000  # Ray Serve's HTTP proxy
+KSERVE_GROUP = "serving.kserve.io"  # KServe's API group: ServingRuntime, InferenceService
 RAY_VERSION = "2.60.0"  # KubeRay's rayVersion when Ray is not installed here
 
 
@@ -97,6 +102,7 @@ class K8sSpec:
     cores: int  # whole CPUs per serving pod: its requests, limits and CORES_ENV
     memory: str = "8Gi"
     image: str = IMAGE
+    kserve_image: str = KSERVE_IMAGE
     replicas: int = 1
     head_cores: int = 2  # the Ray head pod
     head_memory: str = "4Gi"
@@ -317,7 +323,7 @@ def serving_runtime(s: K8sSpec) -> dict:
     # /v1/models/NAME:predict and /v2/models/NAME/infer to the handler either way.
     container = torchserve_container(s, "kserve-container", **{torchserve.OIP_ENV: "oip"})
     return {
-        "apiVersion": "torchserve.kserve.io/v1alpha1", "kind": "ServingRuntime",
+        "apiVersion": KSERVE_GROUP + "/v1alpha1", "kind": "ServingRuntime",
         "metadata": _meta(s, runtime_name(s), "kserve"),
         "spec": {"supportedModelFormats": [{"name": "packrat", "version": "1", "autoSelect": False}],
                  "protocolVersions": ["v1", "v2"], "containers": [container], "volumes": _volumes(s)},
@@ -328,18 +334,80 @@ def inference_service(s: K8sSpec) -> dict:
     meta = _meta(s, s.name, "kserve")
     # RawDeployment: a plain Deployment. Knative's mode adds a queue-proxy sidecar whose requests
     # are not its limits, which would make the pod Burstable.
-    meta["annotations"] = {"torchserve.kserve.io/deploymentMode": "RawDeployment"}
+    meta["annotations"] = {KSERVE_GROUP + "/deploymentMode": "RawDeployment"}
     model = {"modelFormat": {"name": "packrat", "version": "1"}, "runtime": runtime_name(s),
              # pvc:// is mounted at /mnt/models directly (KServe's direct PVC mount): no
              # storage-initializer init container to break the Guaranteed class.
              "storageUri": f"pvc://{s.claim}/{STORE_PATH}",
              "resources": resources(s.cores, s.memory), "env": _env(s.cores)}
-    return {"apiVersion": "torchserve.kserve.io/v1beta1", "kind": "InferenceService", "metadata": meta,
+    return {"apiVersion": KSERVE_GROUP + "/v1beta1", "kind": "InferenceService", "metadata": meta,
             "spec": {"predictor": {"minReplicas": s.replicas, "maxReplicas": s.replicas, "model": model}}}
 
 
 def kserve_docs(s: K8sSpec) -> list[dict]:
     return [config_map(s), pvc(s), serving_runtime(s), inference_service(s)]
+
+
+# ---- kserve-sdk.yaml ---------------------------------------------------------------------------
+
+def sdk_runtime_name(s: K8sSpec) -> str:
+    return f"{s.name}-packrat-kserve"
+
+
+def sdk_model(s: K8sSpec) -> str:
+    """The server's --model: the archive (NAME.mar in the model store) served under the objects'
+    name, which --name may have changed (as TorchServe's --models NAME=FILE)."""
+    return f"{s.name}={Path(s.archive.file).stem}"
+
+
+def sdk_probes(s: K8sSpec) -> dict:
+    """HTTP probes of the server's own routes: the model's OIP ready route says 200 only while its
+    pool can serve (503 before it starts, or once every instance fails to load). The server opens
+    its ports once its models serve, so the startup probe waits out a first start that compiles."""
+    http = PORTS.inference
+    ready = {"httpGet": {"path": f"/v2/models/{s.name}/ready", "port": http}, "timeoutSeconds": 5}
+    return {"startupProbe": {**ready, "periodSeconds": 10, "failureThreshold": 90},
+            "readinessProbe": {**ready, "periodSeconds": 10, "failureThreshold": 3},
+            "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": http}, "periodSeconds": 20,
+                              "failureThreshold": 3}}
+
+
+def sdk_container(s: K8sSpec) -> dict:
+    rest, grpc = KSERVE_PORTS
+    command = ["python", "-m", "packrat.frontends.kserve_server", "--model-store", MODEL_DIR, "--model", sdk_model(s),
+               "--host", "0.0.0.0", "--http-port", str(rest), "--grpc-port", str(grpc)]
+    mounts = [{"name": "run", "mountPath": RUN_DIR}, {"name": "shm", "mountPath": "/dev/shm"}]
+    return {
+        "name": "kserve-container", "image": s.kserve_image, "command": command, "workingDir": RUN_DIR,
+        # TMPDIR: where the server unpacks the archive (the model store is mounted read-only)
+        "env": _env(s.cores, TMPDIR=RUN_DIR),
+        "ports": [{"name": "http1", "containerPort": rest, "protocol": "TCP"},
+                  {"name": "h2c", "containerPort": grpc, "protocol": "TCP"}],
+        "resources": resources(s.cores, s.memory), "volumeMounts": mounts,
+        "securityContext": _security(), **sdk_probes(s),
+    }
+
+
+def sdk_serving_runtime(s: K8sSpec) -> dict:
+    volumes = [v for v in _volumes(s) if v["name"] != "config"]  # the profiles travel inside the archive
+    return {
+        "apiVersion": KSERVE_GROUP + "/v1alpha1", "kind": "ServingRuntime",
+        "metadata": _meta(s, sdk_runtime_name(s), "kserve-sdk"),
+        "spec": {"supportedModelFormats": [{"name": "packrat", "version": "1", "autoSelect": False}],
+                 "protocolVersions": ["v2", "grpc-v2", "v1"], "containers": [sdk_container(s)], "volumes": volumes},
+    }
+
+
+def sdk_inference_service(s: K8sSpec) -> dict:
+    service = inference_service(s)
+    model = service["spec"]["predictor"]["model"]
+    model.update(runtime=sdk_runtime_name(s), protocolVersion="v2")
+    service["metadata"]["labels"] = _labels(s, "kserve-sdk")
+    return service
+
+
+def kserve_sdk_docs(s: K8sSpec) -> list[dict]:
+    return [pvc(s), sdk_serving_runtime(s), sdk_inference_service(s)]
 
 
 # ---- copy-models.yaml --------------------------------------------------------------------------
@@ -387,6 +455,12 @@ def _headers(s: K8sSpec) -> dict[str, str]:
                            f"worker pod.\nkubectl apply -f rayservice.yaml; in the cluster: POST "
                            f"http://{n}-serve-svc:{SERVE_PORT}/predictions/{n}\nRay Serve's HTTP proxy has no "
                            f"authentication: keep it inside the cluster.",
+        "kserve-sdk.yaml": f"packrat: a KServe ServingRuntime running packrat's KServe model server ({sdk_runtime_name(s)},\n"
+                           f"image {s.kserve_image}) and InferenceService {n} (RawDeployment). Apply this or kserve.yaml.\n"
+                           f"{copy}\nThen kubectl apply -f kserve-sdk.yaml; in the cluster: POST http://{n}-predictor/v2/models/"
+                           f"{n}/infer (REST), gRPC on port {KSERVE_PORTS[1]}, or /v1/models/{n}:predict\n"
+                           f"No authentication (as KServe's own runtimes): keep the Service inside the cluster, or put "
+                           f"an authenticating gateway in front.",
         "kserve.yaml": f"packrat: a KServe ServingRuntime ({runtime_name(s)}) and InferenceService {n} (RawDeployment).\n"
                        f"{copy}\nThen kubectl apply -f kserve.yaml; in the cluster: POST http://{n}-predictor/v1/models/"
                        f"{n}:predict or /v2/models/{n}/infer\n{_auth_text(s, n + '-predictor')}",
@@ -409,7 +483,7 @@ _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
 def render(s: K8sSpec) -> dict[str, list[dict]]:
     """File name -> the manifests it holds."""
     return {"torchserve.yaml": torchserve_docs(s), "rayservice.yaml": ray_docs(s), "kserve.yaml": kserve_docs(s),
-            "copy-models.yaml": [pvc(s), copy_pod(s)]}
+            "kserve-sdk.yaml": kserve_sdk_docs(s), "copy-models.yaml": [pvc(s), copy_pod(s)]}
 
 
 def write(s: K8sSpec, out: Path) -> list[Path]:

@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import ray
-import torch
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
@@ -33,7 +32,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from packrat.codec import oip
-from packrat.codec.config import V2_OUTPUT
+from packrat.codec.kserve import model_metadata
+from packrat.frontends.http import limited_body
 from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer, Request
 from packrat.settings import Settings
@@ -61,7 +61,7 @@ class PackratEngine:
         # Which engine answered: the node, and the cores it plans for (its CPU budget).
         self.headers = {"X-Packrat-Node": self.node,
                         "X-Packrat-Cores": ",".join(map(str, self.engine.budget.topology.cores))}
-        self.metadata = v2_metadata(name, self.engine.spec.inputs)
+        self.metadata = model_metadata(name, self.engine.spec.inputs)
         log.info("packrat engine on node %s: %s", self.node, self.engine.budget.describe())
 
     async def infer(self, body: bytes, content_type: str | None, header_length: str | None) -> tuple[Answer, dict]:
@@ -113,7 +113,7 @@ class PackratIngress:
         return _error(405 if path in self.infer_paths else 404, f"no route for {request.method} {path}")
 
     async def _infer(self, request: HttpRequest) -> Response:
-        body = await self._body(request)
+        body = await limited_body(request, self.max_body_bytes)
         if body is None:
             return _error(413, f"request body over {self.max_body_bytes} bytes")
         answer, headers = await self._call("infer", body, request.headers.get("content-type"),
@@ -122,17 +122,6 @@ class PackratIngress:
             return _error(answer.status, answer.reason)
         binary = {oip.HEADER: str(answer.header_length)} if answer.header_length is not None else {}
         return Response(answer.body, media_type=answer.content_type, headers={**headers, **binary})
-
-    async def _body(self, request: HttpRequest) -> bytes | None:
-        """The body; None when it is over the limit. An oversized body is still read to its end,
-        keeping none of it past the limit: refusing it unread resets the connection, and the
-        client would never see the 413."""
-        kept, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size <= self.max_body_bytes:
-                kept.append(chunk)
-        return b"".join(kept) if size <= self.max_body_bytes else None
 
     async def _call(self, method: str, *args):
         """An engine's answer to method(*args), from another engine if one dies while answering."""
@@ -159,14 +148,6 @@ class PackratIngress:
         if path == "/status":
             return JSONResponse(await self._call("status"))
         return _error(404, f"no route for GET {path}")
-
-
-def v2_metadata(name: str, inputs) -> dict:
-    """KServe v2 model metadata: the model's named inputs (batch dimension -1) and its output."""
-    return {"name": name, "versions": ["1"], "platform": "pytorch",
-            "inputs": [{"name": spec.name, "datatype": oip.datatype(getattr(torch, spec.dtype)), "shape": [-1, *spec.shape]}
-                       for spec in inputs],
-            "outputs": [{"name": V2_OUTPUT, "datatype": "FP32", "shape": [-1, -1]}]}
 
 
 def _error(status: int, reason: str) -> Response:

@@ -1,15 +1,17 @@
-"""Control files between `packrat` commands and a running packrat handler (TorchServe front end):
-reconfiguration requests."""
+"""Control files between `packrat` commands and a running packrat server (the TorchServe handler,
+the KServe server): reconfiguration requests."""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 CONTROL_DIR = "control"  # in the run dir: requests to the running handler, one JSON file per model
+POLL_S = 0.5  # how often a server looks for a new request
 
 
 def control_file(control_dir: str | Path, model: str) -> Path:
@@ -51,3 +53,27 @@ def read_reconfigure_request(control_dir: str | Path, model: str) -> tuple[int, 
 
 def _is_batch(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def follow_reconfigure_requests(controller, control_dir: str | Path, model: str, max_batch: int,
+                                until: threading.Event | None = None) -> threading.Thread:
+    """A daemon thread that switches `controller` to the plan a new request asks for (one newer
+    than any there at the start), polling every POLL_S until `until` is set. A request made while
+    a switch is under way is taken at the next poll."""
+
+    stop = until or threading.Event()  # never set: followed for as long as the process lives
+
+    def follow() -> None:
+        seen = read_reconfigure_request(control_dir, model)
+        seen_at = seen[1] if seen else 0.0
+        while not stop.wait(POLL_S):
+            wanted = read_reconfigure_request(control_dir, model)
+            if wanted is None or wanted[1] <= seen_at:
+                continue
+            batch = min(max(1, wanted[0]), max_batch)
+            if controller.request(batch, f"requested by packrat reconfigure (batch {wanted[0]})"):
+                seen_at = wanted[1]
+
+    thread = threading.Thread(target=follow, daemon=True, name=f"packrat-control-{model}")
+    thread.start()
+    return thread
