@@ -132,9 +132,13 @@ def test_a_level_runtime_is_tried_and_kept_when_it_serves_faster():
     assert len(controller.requests) == 1 and len(tuner.trials.history) == 1
 
 
-def test_a_trial_that_serves_slower_is_reverted_and_not_tried_again():
+@pytest.mark.parametrize(("inductor_ms", "openvino_ms"), [(350.0, 380.0), (357.0, 352.0)], ids=["slower", "level"])
+def test_a_trial_not_faster_by_the_margin_is_reverted_and_not_tried_again(inductor_ms, openvino_ms):
+    """Slower, or level: BERT-base at B = 1, where inductor served 1.5 % faster than OpenVINO in the
+    trial and 8 % slower in the peers run after. Within the keep margin the plan it replaced stands,
+    and no later look switches on the difference."""
     now = [0.0]
-    truth = {(2, 4, "inductor"): 350.0, (2, 4, "openvino"): 380.0}
+    truth = {(2, 4, "inductor"): inductor_ms, (2, 4, "openvino"): openvino_ms}
     tuner, controller, pool = tuner_for(profile_of(LEVEL), truth, now)
     serve(tuner, pool, controller, now, 60, 10)
     (trial,) = tuner.trials.history
@@ -142,20 +146,6 @@ def test_a_trial_that_serves_slower_is_reverted_and_not_tried_again():
     assert len(controller.requests) == 2  # there and back: the bound of a trial's switches
     serve(tuner, pool, controller, now, 600, 10)
     assert len(controller.requests) == 2  # what was tried is planned with, not tried again
-
-
-def test_a_trial_level_with_the_plan_it_replaced_gives_it_back():
-    """BERT-base at B = 1: inductor served 1.5 % faster than OpenVINO in the trial and 8 % slower in
-    the peers run after; within the keep margin the plan it replaced stands, and no later look
-    switches on the difference."""
-    now = [0.0]
-    truth = {(2, 4, "inductor"): 357.0, (2, 4, "openvino"): 352.0}
-    tuner, controller, pool = tuner_for(profile_of(LEVEL), truth, now)
-    serve(tuner, pool, controller, now, 60, 10)
-    (trial,) = tuner.trials.history
-    assert trial.outcome.startswith("reverted") and controller.plan.instances[0].runtime == "inductor"
-    serve(tuner, pool, controller, now, 600, 10)
-    assert len(controller.requests) == 2
 
 
 def test_a_trial_serving_far_slower_is_given_up_after_a_few_batches():
