@@ -187,7 +187,10 @@ def test_bad_requests_are_answered_alone(reference, shared):
     requests, expected = reference
     bad = [Request(b"not a tensor", RAW), Request(b"[" * 100_000 + b"]" * 100_000, "application/json"),
            Request(b'{"inputs": NaN}', "application/json"), Request(b"", None), Request(b"x" * 100, "image/jpeg")]
-    answers = shared(two_instances((2, 2))).infer([requests[0], *bad, requests[1]])
+    pool = shared(two_instances((2, 2)))
+    pool.take_bodies()
+    answers = pool.infer([requests[0], *bad, requests[1]])
+    assert pool.take_bodies() == (2, len(bad))  # raw tensors against bodies to decode (payloads.py)
     assert_same([answers[0], answers[-1]], expected[:2])
     for answer in answers[1:-1]:
         assert 400 <= answer.status < 500, answer

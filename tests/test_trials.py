@@ -74,6 +74,11 @@ class FakePool:
     def __init__(self, truth: dict):
         self.truth, self.batches = truth, 0
         self.controller = None
+        self.bodies = [0, 0]  # (raw, decoded) submitted since the last look
+
+    def take_bodies(self) -> tuple[int, int]:
+        taken, self.bodies = tuple(self.bodies), [0, 0]
+        return taken
 
     def serve(self, batches: int) -> None:
         self.batches += batches

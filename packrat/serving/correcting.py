@@ -47,6 +47,12 @@ class PlanCorrector:
         self.profile = self._corrected()
         self._next_check = clock() + every_s
 
+    def plan_on(self, basis: str) -> None:
+        """Plan on the profile's `basis` figures (profiles.BASES) from now on: the corrections, made on
+        the model's own figures, hold on either."""
+        self.base = self.base.on(basis)
+        self.profile = self._corrected()
+
     def due(self) -> bool:
         """Whether a check is due (once per every_s)."""
         now = self.clock()

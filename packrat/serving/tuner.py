@@ -1,7 +1,8 @@
-"""The plan tuned to what is served: at every look (the engine's, every CHECK_EVERY_S), the profile
-is corrected by the served figures (correcting.py), the served plan is compared with the best one
-on the corrected figures (served.SwitchPolicy), and a near-tie the profile cannot settle is tried
-(trials.py). Every switch goes through the controller's zero-downtime reconfiguration."""
+"""The plan tuned to what is served: at every look (the engine's, every CHECK_EVERY_S), the figures
+planned on follow the bodies served (payloads.py: served figures of the profile's payload, or the
+model's own for raw tensors), the profile is corrected by the served figures (correcting.py), the
+served plan is compared with the best one on the corrected figures (served.SwitchPolicy), and a
+near-tie the profile cannot settle is tried (trials.py). Every switch goes through the controller's zero-downtime reconfiguration."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Callable
 
 from packrat.planning.planner import Plan
 from packrat.serving.correcting import PlanCorrector
+from packrat.serving.payloads import PayloadWatch
 from packrat.serving.served import SwitchPolicy, served_key
 from packrat.serving.trials import GIVE_UP_SAMPLES, KEEP_MARGIN, Trial, TrialPolicy, near_tie
 
@@ -33,11 +35,20 @@ class PlanTuner:
         self.trials = trials or TrialPolicy()
         self.wall = wall
         self._before: tuple[Plan, dict] | None = None  # the plan a trial replaced, and what it served
+        self.payloads = PayloadWatch(corrector.base.payload, corrector.base.basis)
+        self._basis_moved = False  # whether the plan was ever made on another basis than the first
 
     def look(self, reconfigure: bool = True) -> None:
         """Correct the profile where the instances served otherwise than it predicted; then, when
         the engine follows what is served (`reconfigure`), follow an active trial, or switch to a
         better plan on the corrected figures, or try a near-tie."""
+        basis = self.payloads.look(*self.pool.take_bodies())
+        if basis is not None:
+            raw, decoded = self.payloads.judged
+            log.info("packrat plans on %s figures: %d of the last %d bodies were %s", basis, max(raw, decoded),
+                     raw + decoded, "raw tensors" if raw >= decoded else "decoded (images, text, JSON)")
+            self.corrector.plan_on(basis)
+            self._basis_moved = True
         if self.trials.active is not None:
             if reconfigure:
                 self._follow_trial()
@@ -49,12 +60,12 @@ class PlanTuner:
                      c.samples, c.profile_ms)
         if not reconfigure or self.controller.switching:
             return
-        if self.corrector.corrections and self._switch_if_better() != "keep":
+        if (self.corrector.corrections or self._basis_moved) and self._switch_if_better() != "keep":
             return
         self._try_near_tie(served)
 
     def status(self) -> dict:
-        return {"held_back": self.switches.status(), "trials": self.trials.status()}
+        return {"held_back": self.switches.status(), "trials": self.trials.status(), "payload": self.payloads.status()}
 
     # ---- a better plan on the corrected figures ---------------------------------------------------
 
@@ -70,7 +81,8 @@ class PlanTuner:
                      "%.0f s", proposed.describe(), proposed.expected_latency_ms, current_ms,
                      self.switches.status()["cooldown_left_s"])
         if verdict == "switch":
-            reason = (f"served latencies: {plan.describe()} takes {current_ms:.1f} ms as served, "
+            figures = "served latencies" if self.corrector.corrections else f"{self.corrector.base.basis} figures"
+            reason = (f"{figures}: {plan.describe()} takes {current_ms:.1f} ms as served, "
                       f"{proposed.describe()} is expected to take {proposed.expected_latency_ms:.1f} ms")
             log.info("packrat re-plans: %s", reason)
             if self.controller.request(plan.batch, reason):

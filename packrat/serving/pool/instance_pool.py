@@ -34,6 +34,7 @@ from multiprocessing.connection import wait
 from typing import Iterator, Sequence
 
 from packrat.codec.config import CodecConfig
+from packrat.codec.rows import RowsLayout
 from packrat.errors import PoolError
 from packrat.serving.pool.api import (
     Answer,
@@ -48,6 +49,7 @@ from packrat.serving.pool.dispatch import Dispatcher, split_sizes
 from packrat.serving.pool.instance import Instance, sweep_stale_segments
 from packrat.serving.pool.stages import StageTimes
 from packrat.serving.pool.supervisor import Supervisor, Watchdog
+from packrat.serving.payloads import BodyCounts
 from packrat.serving.served import MIN_SAMPLES, ServedLatencies, served_key
 from packrat.settings import GATHER_MS, MAX_QUEUE, REQUEST_TIMEOUT_S
 
@@ -85,6 +87,10 @@ class InstancePool:
             codec = CodecConfig.for_model(resolve(model.model, model.input_shape))
         self.model, self.codec = model, codec
         self.mode = ""
+        # bodies served, raw (straight into a row: Instance.submit) or decoded: the engine plans on
+        # the figures of the payload it is served (payloads.py)
+        self.bodies = BodyCounts()
+        self._row_bytes = RowsLayout.of(codec, 1).row_bytes
         self.served = ServedLatencies()  # model-stage times per ⟨threads, batch, runtime⟩ (served.py)
         self.last_compute_ms = 0.0  # the last answered sub-batch's time in its instance (locks, codec, model)
         self.stages = StageTimes()  # where the recent sub-batches' time went (stages.py)
@@ -164,6 +170,10 @@ class InstancePool:
             if reason:
                 self.dispatcher.counts.refused += 1
                 return _answered(Answer.error(503, reason))
+            if len(request.body) == self._row_bytes:
+                self.bodies.raw += 1
+            else:
+                self.bodies.decoded += 1
             job = self.dispatcher.enqueue(request)
             if self._held:  # inside together(): its end hands the requests out, with no wake-up between
                 return job.future
@@ -255,6 +265,11 @@ class InstancePool:
                     key = served_key(inst.config.threads, inst.config.batch, inst.mode)
                     self.served.add(key, (instance_stamps[3] - instance_stamps[2]) * 1e3, len(jobs), received)
             self.last_compute_ms = (instance_stamps[-1] - instance_stamps[0]) * 1e3
+
+    def take_bodies(self) -> tuple[int, int]:
+        """(raw, decoded) bodies submitted since the last call."""
+        with self._lock:
+            return self.bodies.take()
 
     def served_figures(self, min_samples: int = MIN_SAMPLES) -> dict:
         """Each served ⟨threads, batch, runtime⟩ with `min_samples` at least: (median ms, its error, samples)."""
