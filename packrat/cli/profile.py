@@ -11,6 +11,7 @@ from packrat.cli.args import DEFAULT_BATCHES, adaptive_args, contention_args, gr
 
 from packrat.cli.types import int_list, positive, shape
 from packrat.profiling.default_profile import about
+from packrat.profiling.dominance import DROP_AFTER
 from packrat.profiling.profiles import default_path as default_profile_path
 from packrat.profiling import profiler
 from packrat.profiling.profiles import load
@@ -41,12 +42,14 @@ def add_profile_parser(sub) -> None:
                    help="thread counts, e.g. 1-4 or 1,2,4 (default: 1..the cores this process may use)")
     p.add_argument("--batches", type=int_list, default=None,
                    help=f"batch sizes (default: {DEFAULT_BATCHES}, or the replayed profile's)")
-    p.add_argument("--warmup", type=int, default=10, help="untimed runs before measuring (default: 10)")
+    p.add_argument("--warmup", type=int, default=profiler.DEFAULT_WARMUP,
+                   help=f"untimed runs before measuring (default: {profiler.DEFAULT_WARMUP})")
     timing = p.add_mutually_exclusive_group()
-    timing.add_argument("--iters", type=positive(int), default=100,
-                        help="timed runs per point (default: 100)")
     timing.add_argument("--min-time", type=positive(float), default=None, metavar="S",
-                        help="instead of --iters: time runs for at least S seconds per point (≥ 3 runs)")
+                        help="time runs for at least S seconds per point, at least 3 runs (default: "
+                             f"{profiler.DEFAULT_MIN_TIME_S:g}; the served figure as long again)")
+    timing.add_argument("--iters", type=positive(int), default=None,
+                        help="instead of --min-time: this many timed runs per point")
     graph_mode_args(p)
     p.add_argument("--runtimes", type=runtime_list, default=None, metavar="LIST",
                    help="the runtimes to measure every point under, e.g. inductor,openvino,onnxruntime: inductor is "
@@ -69,6 +72,10 @@ def add_profile_parser(sub) -> None:
     served.add_argument("--model-only", action="store_true",
                         help="time the model alone on example tensors (latency_ms) and skip the served figure: "
                              "the profile then plans on the model alone, blind to decoding and encoding")
+    p.add_argument("--every-runtime", action="store_true",
+                   help="measure every point under every runtime; by default a runtime slower than the fastest "
+                        f"beyond the noise at {DROP_AFTER} points in a row (and never the fastest beyond it) is "
+                        "measured no further, which the profile's head records")
     adaptive_args(p)
     p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -85,8 +92,9 @@ def runtime_list(text: str) -> tuple[str, ...]:
 
 
 def profile_settings(args: argparse.Namespace) -> profiler.ProfileSettings:
-    return profiler.ProfileSettings(model=args.model, warmup=args.warmup, iters=None if args.min_time else args.iters,
-                             min_time=args.min_time, graph_mode=args.graph_mode, input_shape=args.input_shape,
+    min_time = None if args.iters else (args.min_time or profiler.DEFAULT_MIN_TIME_S)
+    return profiler.ProfileSettings(model=args.model, warmup=args.warmup, iters=args.iters,
+                             min_time=min_time, graph_mode=args.graph_mode, input_shape=args.input_shape,
                              ios_cache=str(args.ios_cache) if args.ios else None, contention=args.contention,
                                     isolated_too=args.isolated_too, served=not args.model_only, payload=args.payload)
 
@@ -110,11 +118,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if args.adaptive or args.replay:
             done = profiler.run_adaptive(settings, threads, batches, out, replay=args.replay, slack=args.slack,
                                          tolerance=args.tolerance, progress=not args.quiet and not args.json,
-                                         runtimes=runtimes, say=lambda line: print(line, file=sys.stderr))
+                                         runtimes=runtimes, say=lambda line: print(line, file=sys.stderr),
+                                         every_runtime=args.every_runtime)
             print_adaptive(done, out, args.json)
             return 0
         result = profiler.run(settings, threads, batches, out, progress=not args.quiet, runtimes=runtimes,
-                              say=lambda line: print(line, file=sys.stderr))
+                              say=lambda line: print(line, file=sys.stderr), every_runtime=args.every_runtime)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the points measured so far are in {out}; run the same command to resume",
               file=sys.stderr)

@@ -209,13 +209,16 @@ def run(grid: AdaptiveGrid, measure: Callable[[int, int], float],
 
 
 def run_together(grids: dict[str, AdaptiveGrid], measure: Callable[[str, int, int], float],
-                 on_point: Callable[[str, int, int, float], None] | None = None) -> None:
+                 on_point: Callable[[str, int, int, float], None] | None = None,
+                 measured_all: Callable[[int, int], Iterable[str]] | None = None) -> None:
     """Several runtimes' grids over the same threads × batches, measured back to back: the point
     any grid asks for next (the smallest, when several ask) is measured under every runtime whose grid
     lacks it, one right after the other, so that a machine drifting over minutes does not decide
     which runtime is faster at it. A grid may so get points it would not have asked for; each grid
     still stops only when no unmeasured point can change its plans. `measure(name, t, b)` gives a
-    latency in ms; `on_point(name, t, b, ms)` hears of each."""
+    latency in ms; `on_point(name, t, b, ms)` hears of each; `measured_all(t, b)`, once a point is
+    measured under every runtime, names the runtimes to measure no further (their grids are left)."""
+    grids = dict(grids)
     while True:
         asked = [point for point in (grid.next_point() for grid in grids.values()) if point is not None]
         if not asked:
@@ -227,6 +230,8 @@ def run_together(grids: dict[str, AdaptiveGrid], measure: Callable[[str, int, in
                 grid.record(*point, latency)
                 if on_point:
                     on_point(name, *point, latency)
+        for name in measured_all(*point) if measured_all else ():
+            grids.pop(name, None)
 
 
 def resume(grid: AdaptiveGrid, points: Iterable[tuple[int, int, float]]) -> None:

@@ -46,6 +46,7 @@ from packrat.machine.topology import Topology, cpu_model
 from packrat.models.modes import DEFAULT_MODE
 from packrat.models.runtimes import DEFAULT_RUNTIME
 from packrat.profiling import profiles
+from packrat.profiling.dominance import DominanceWatch
 from packrat.profiling.point import served_summary, summarize
 
 # Whether `packrat profile` measures loaded figures unless told otherwise. Issue 10's oracle found
@@ -63,6 +64,15 @@ LOADED_TIMEOUT_FLOOR_S = 60.0
 # loading and compiling a large model on a busy machine may take minutes.
 LOADED_TIMEOUT_NO_YARDSTICK_S = 600.0
 _LATENCY_FLAG = {"loaded": "--contention", "isolated": "--isolated"}  # `packrat profile`'s flags, for hints
+
+
+# `packrat profile`'s timing of a point: a few untimed runs, then at least this long of timed runs
+# (3 at least), and the served figure as long again. 100 runs after 10 (the default before issue 48)
+# took ResNet-50's 24-point profile on 2 cores past 15 minutes; points that take long need few runs
+# to be known as well as the machine's drift lets them be (±10-30 % here over minutes), and served
+# latencies correct the figures while the plan serves (serving/served.py).
+DEFAULT_WARMUP = 3
+DEFAULT_MIN_TIME_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -401,9 +411,10 @@ def _some_runtime(verdicts: dict[str, str | None]) -> None:
 
 def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: str | Path,
         topology: Topology | None = None, progress: bool = True, runtimes: tuple[str, ...] = (DEFAULT_RUNTIME,),
-        say=print) -> profiles.Profile:
+        say=print, every_runtime: bool = True) -> profiles.Profile:
     """Measure every missing ⟨t, b⟩ of the grid into `out`, under each runtime that can run the
-    model; return the whole profile."""
+    model; return the whole profile. Unless `every_runtime`, a runtime dominated point after point
+    is measured no further (dominance.py; said, and kept in the file's metadata)."""
     out = Path(out)
     topology = topology or cpu_budget().topology
     too_many = [t for t in threads if t > topology.num_cores]
@@ -417,23 +428,60 @@ def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: 
     notes: list[str] = []
     settings, meta = resumed(settings, out, meta, notes.append)
     done = _existing(out, meta)
+    usable = tuple(r for r, why in verdicts.items() if not why)
     # Each ⟨t, b⟩ under every runtime back to back: the planner picks the fastest runtime per point,
     # and a machine whose speed drifts over minutes (a shared VM) would otherwise decide that pick.
-    todo = [(r, t, b) for t in sorted(threads) for b in sorted(batches)
-            for r, why in verdicts.items() if not why and (r, t, b) not in done]
-    # Progress is weighted by expected cost so the time-left estimate is useful.
+    grid = [(t, b) for t in sorted(threads) for b in sorted(batches)]
+    todo = [(r, t, b) for t, b in grid for r in usable if (r, t, b) not in done]
     for note in notes if todo else ():  # said only where a point is to be measured
         say(note)
+    # Progress is weighted by expected cost so the time-left estimate is useful.
     costs = {point: _cost(settings, *point[1:], topology) for point in todo}
+    watch = None if every_runtime or len(usable) < 2 else DominanceWatch(usable)
+    existing = profiles.load(out) if done else None
     bar = tqdm(total=sum(costs.values()), disable=not progress or not todo, unit="",
                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     with bar, profiles.ProfileWriter(out, meta) as writer:
-        for index, (r, t, b) in enumerate(todo, start=1):
-            named = "" if runtimes == (DEFAULT_RUNTIME,) else f"{r} "
-            bar.set_description(f"point {index}/{len(todo)}: {named}threads={t} batch={b}")
-            writer.write(measure(replace(settings, runtime=r), t, b, topology))  # columns outside the CSV are dropped
-            bar.update(costs[r, t, b])
+        index = 0
+        for t, b in grid:
+            figures = {}
+            for r in watch.active if watch else usable:
+                if (r, t, b) in done:
+                    figures[r] = _figure_of(existing, r, t, b)
+                    continue
+                index += 1
+                named = "" if runtimes == (DEFAULT_RUNTIME,) else f"{r} "
+                bar.set_description(f"point {index}/{len(costs)}: {named}threads={t} batch={b}")
+                row = measure(replace(settings, runtime=r), t, b, topology)
+                writer.write(row)  # columns outside the CSV are dropped
+                figures[r] = (planned_ms(row), planned_spread(row))
+                bar.update(costs[r, t, b])
+            for r in watch.point(t, b, figures) if watch else ():
+                left = [p for p in costs if p[0] == r and (p[1], p[2]) > (t, b)]
+                _drop_runtime(r, watch.dropped[r], len(left), sum(costs.pop(p) for p in left), bar, writer, say)
     return profiles.load(out)
+
+
+def planned_spread(row: dict) -> float:
+    """The spread of the figure plans are made on (planned_ms): the served one's where measured."""
+    key = "served_mad_ms" if row.get("served_ms") is not None else "mad_ms"
+    return row.get(key) or 0.0
+
+
+def _figure_of(profile: profiles.Profile, runtime: str, threads: int, batch: int) -> tuple[float, float]:
+    """A point already in the file: its planned-on figure and spread (for the dominance watch)."""
+    return profile.points()[threads, batch, runtime], profile.spread_ms(threads, batch, runtime)
+
+
+def _drop_runtime(runtime: str, why: str, points_left: int, cost_left: float, bar,
+                  writer: profiles.ProfileWriter, say) -> None:
+    """Measure `runtime` no further: said, kept in the file's head, its points (`cost_left` of the
+    bar) taken off the bar."""
+    say(f"runtime {runtime} measured no further ({points_left} points left out): {why}; "
+        f"--every-runtime measures it everywhere")
+    writer.note("dominated", f"{runtime}: {why}")
+    bar.total -= cost_left
+    bar.refresh()
 
 
 # ---- adaptive: only the points that can change a plan ----------------------------------------
@@ -489,10 +537,12 @@ def _replay_metadata(source: profiles.Profile, path: Path) -> dict[str, str]:
 def run_adaptive(settings: ProfileSettings, threads: list[int], batches: list[int], out: str | Path, *,
                  topology: Topology | None = None, replay: str | Path | None = None,
                  slack: float | None = None, tolerance: float = 0.0, progress: bool = True,
-                 runtimes: tuple[str, ...] = (DEFAULT_RUNTIME,), say=print) -> AdaptiveResult:
+                 runtimes: tuple[str, ...] = (DEFAULT_RUNTIME,), say=print,
+                 every_runtime: bool = True) -> AdaptiveResult:
     """Measure only the points of threads × batches that can change a plan for some T ≤ max(threads)
     and B ≤ max(batches) (packrat.profiling.adaptive), appending them to `out` (points already there are kept);
-    each runtime's grid on its own (a point one runtime needs, another may not).
+    each runtime's grid on its own (a point one runtime needs, another may not). Unless
+    `every_runtime`, a runtime dominated point after point is measured no further (as run() does).
 
     With `replay`, points are looked up in that full profile instead of measured, and `out` is
     rewritten with just the points looked up: a check of the method against a full table."""
@@ -522,8 +572,9 @@ def run_adaptive(settings: ProfileSettings, threads: list[int], batches: list[in
                                                slack=adaptive.DEFAULT_SLACK if slack is None else slack)
         if previous is not None:
             adaptive.resume(grids[runtime], previous.runtime_items(runtime))
+    watch = None if every_runtime or source or len(grids) < 2 else DominanceWatch(tuple(grids))
     with profiles.ProfileWriter(out, meta) as writer:
-        _adapt(grids, settings, topology, source, writer, progress)
+        _adapt(grids, settings, topology, source, writer, progress, watch, say)
     result = profiles.load(out)
     parts = [_adaptive_result(replace(settings, runtime=r), grid, topology,
                               source.by_runtime[r] if source else None) for r, grid in grids.items()]
@@ -531,10 +582,13 @@ def run_adaptive(settings: ProfileSettings, threads: list[int], batches: list[in
 
 
 def _adapt(grids: dict, settings: ProfileSettings, topology: Topology, source: profiles.Profile | None,
-           writer: profiles.ProfileWriter, progress: bool) -> None:
+           writer: profiles.ProfileWriter, progress: bool, watch: DominanceWatch | None = None, say=print) -> None:
     """Run the adaptive method on each runtime's grid, back to back (adaptive.run_together),
-    measuring (or, replaying, looking up) each point asked for."""
+    measuring (or, replaying, looking up) each point asked for; a runtime `watch` drops is measured
+    no further."""
     from packrat.profiling import adaptive
+
+    figures: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}
 
     several = list(grids) != [DEFAULT_RUNTIME]
     bar = tqdm(total=sum(g.grid_size for g in grids.values()), initial=sum(len(g.measured) for g in grids.values()),
@@ -546,9 +600,17 @@ def _adapt(grids: dict, settings: ProfileSettings, topology: Topology, source: p
                    else measure(replace(settings, runtime=runtime), t, b, topology))
             writer.write(row)
             bar.update()
+            figures.setdefault((t, b), {})[runtime] = (planned_ms(row), planned_spread(row))
             return planned_ms(row)  # the figure plans are made on: the served one where measured
 
-        adaptive.run_together(grids, measure_one)
+        def measured_all(t: int, b: int) -> list[str]:
+            dropped = watch.point(t, b, figures.pop((t, b), {})) if watch else []
+            for runtime in dropped:
+                left = grids[runtime].grid_size - len(grids[runtime].measured)
+                _drop_runtime(runtime, watch.dropped[runtime], left, left, bar, writer, say)
+            return dropped
+
+        adaptive.run_together(grids, measure_one, measured_all=measured_all)
         bar.set_description_str("adaptive, done")
 
 

@@ -132,22 +132,11 @@ class Profile:
             self.isolated[threads, batch] = isolated
 
     def runtime_for(self, threads: int, batch: int) -> str:
-        """The runtime whose figure ⟨t, b⟩ takes: inductor's, unless another is faster beyond the
-        noise (faster by more than either point's spread and by RUNTIME_MARGIN at least; the fastest
-        such one). Without inductor's figure, the fastest. Chosen on the figures planned with (the
-        served ones where the profile plans on them: the runtime that serves fastest)."""
+        """The runtime whose figure ⟨t, b⟩ takes (choose_runtime), chosen on the figures planned
+        with (the served ones where the profile plans on them: the runtime that serves fastest)."""
         tables, spreads = self._tables()
-        measured = {r: points[threads, batch][0] for r, points in tables.items() if (threads, batch) in points}
-        if DEFAULT_RUNTIME not in measured:
-            return min(measured, key=lambda r: (measured[r], r))
-        default = measured[DEFAULT_RUNTIME]
-        chosen = DEFAULT_RUNTIME
-        for runtime, latency in sorted(measured.items()):
-            margin = max(spreads[runtime][threads, batch], spreads[DEFAULT_RUNTIME][threads, batch],
-                         RUNTIME_MARGIN * default)
-            if latency < default - margin and latency < measured[chosen]:
-                chosen = runtime
-        return chosen
+        return choose_runtime({r: (points[threads, batch][0], spreads[r][threads, batch])
+                               for r, points in tables.items() if (threads, batch) in points})
 
     @property
     def has_served(self) -> bool:
@@ -278,6 +267,30 @@ class Profile:
         return [(t, b, table[t, b]) for t, b in sorted(table)]
 
 
+def choose_runtime(figures: dict[str, tuple[float, float]]) -> str:
+    """The runtime a point's figure is taken from, given each runtime's (ms, spread): inductor's,
+    unless another is faster beyond the noise (faster by more than either figure's spread and by
+    RUNTIME_MARGIN at least; the fastest such one). Without inductor's figure, the fastest."""
+    if DEFAULT_RUNTIME not in figures:
+        return min(figures, key=lambda r: (figures[r][0], r))
+    default, default_spread = figures[DEFAULT_RUNTIME]
+    chosen = DEFAULT_RUNTIME
+    for runtime, (latency, spread) in sorted(figures.items()):
+        margin = max(spread, default_spread, RUNTIME_MARGIN * default)
+        if latency < default - margin and latency < figures[chosen][0]:
+            chosen = runtime
+    return chosen
+
+
+def dominated(figures: dict[str, tuple[float, float]]) -> set[str]:
+    """The runtimes of a point that the chosen one (choose_runtime) beats beyond the noise: slower
+    than it by more than either figure's spread and by RUNTIME_MARGIN at least."""
+    chosen = choose_runtime(figures)
+    best, best_spread = figures[chosen]
+    return {r for r, (latency, spread) in figures.items()
+            if r != chosen and latency > best + max(spread, best_spread, RUNTIME_MARGIN * best)}
+
+
 def _parse_number(text: str, kind: type, what: str) -> float:
     try:
         value = kind(text)
@@ -289,7 +302,9 @@ def _parse_number(text: str, kind: type, what: str) -> float:
 
 
 def _read_lines(path: Path) -> tuple[dict[str, str], list[tuple[int, str]]]:
-    """Metadata from leading '# key: value' lines, and the rest with 1-based line numbers."""
+    """Metadata from '# key: value' lines (leading ones; and notes among the rows, such as a runtime
+    the profiler dropped, whose values join a key's earlier ones with '; '), and the rest with
+    1-based line numbers."""
     try:
         text = path.read_text()
     except OSError as exc:
@@ -297,9 +312,11 @@ def _read_lines(path: Path) -> tuple[dict[str, str], list[tuple[int, str]]]:
     metadata: dict[str, str] = {}
     body: list[tuple[int, str]] = []
     for number, line in enumerate(text.splitlines(), start=1):
-        if not body and line.startswith("#"):
+        if line.startswith("#"):
             key, sep, value = line[1:].partition(":")
-            if sep:
+            if sep and body and key.strip() in metadata:
+                metadata[key.strip()] += "; " + value.strip()
+            elif sep:
                 metadata[key.strip()] = value.strip()
         elif line.strip():
             body.append((number, line))
@@ -441,6 +458,11 @@ class ProfileWriter:
                                f"only, not {runtime}'s: choose another --out")
         point = {**point, "runtime": runtime}
         self._csv.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in point.items()})
+        self._file.flush()
+
+    def note(self, key: str, value: str) -> None:
+        """A '# key: value' line among the rows: read into the metadata (joined to the key's values)."""
+        self._file.write(f"# {key}: {value}\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -1,0 +1,103 @@
+"""Runtimes measured no further where dominated (packrat/profiling/dominance.py), and the profiler
+dropping them in a grid and in an adaptive run, with fake measurements."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from packrat.machine.topology import Topology
+from packrat.profiling import profiler
+from packrat.profiling.dominance import DROP_AFTER, DominanceWatch
+from packrat.profiling.profiles import choose_runtime, dominated, load
+
+ISOLATED = profiler.ProfileSettings(model="tiny", warmup=1, iters=5, contention=False, served=False)
+RUNTIMES = ("inductor", "openvino", "onnxruntime")
+
+
+def test_the_chosen_runtime_dominates_only_beyond_the_noise():
+    figures = {"inductor": (100.0, 0.0), "openvino": (90.0, 0.0), "onnxruntime": (99.0, 0.0)}
+    assert choose_runtime(figures) == "openvino"
+    assert dominated(figures) == {"inductor", "onnxruntime"}
+    assert dominated({"inductor": (100.0, 0.0), "openvino": (99.0, 0.0)}) == set()  # within RUNTIME_MARGIN: a tie
+    assert dominated({"inductor": (100.0, 15.0), "openvino": (90.0, 0.0)}) == set()  # within inductor's spread
+
+
+def test_a_runtime_beaten_at_points_in_a_row_is_dropped():
+    watch = DominanceWatch(RUNTIMES)
+    slow = {"inductor": (110.0, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (101.0, 0.0)}
+    assert watch.point(1, 1, slow) == []
+    assert watch.point(1, 2, slow) == ["inductor"]
+    assert watch.active == ("openvino", "onnxruntime")
+    assert watch.dropped["inductor"].startswith("dominated at ⟨1, 1⟩ 110.0 ms against openvino's 100.0")
+    assert watch.point(1, 4, {"openvino": (100.0, 0.0), "onnxruntime": (100.5, 0.0)}) == []  # ties keep both
+
+
+def test_a_tie_breaks_the_streak_and_a_win_keeps_a_runtime_for_good():
+    watch = DominanceWatch(RUNTIMES, drop_after=2)
+    slow = {"inductor": (110.0, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (101.0, 0.0)}
+    level = {"inductor": (100.5, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (101.0, 0.0)}
+    assert watch.point(1, 1, slow) == [] and watch.point(1, 2, level) == [] and watch.point(1, 4, slow) == []
+    win = {"inductor": (80.0, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (101.0, 0.0)}
+    watch = DominanceWatch(RUNTIMES)
+    assert watch.point(1, 1, win) == []
+    assert [watch.point(1, b, slow) for b in (2, 4, 8)] == [[], [], []]  # it won once: never dropped
+    assert "onnxruntime" not in watch.dropped  # beaten by openvino by 1 %: within the margin
+
+
+def fake_rows(latency_of):
+    def fake_measure(settings, t, b, topology):
+        ms = latency_of(settings.runtime, t, b)
+        return {"threads": t, "batch": b, "latency_ms": ms, "isolated_ms": ms, "copies": 1, "p50_ms": ms,
+                "p99_ms": ms, "std_ms": 0.0, "iterations": 3, "mad_ms": 0.0, "runtime": settings.runtime}
+    return fake_measure
+
+
+def slow_inductor(runtime: str, t: int, b: int) -> float:
+    return 10.0 * b / t * (1.2 if runtime == "inductor" else 1.0 if runtime == "openvino" else 1.01)
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    calls = []
+    fake = fake_rows(slow_inductor)
+
+    def measure(settings, t, b, topology):
+        calls.append((settings.runtime, t, b))
+        return fake(settings, t, b, topology)
+
+    monkeypatch.setattr(profiler, "measure", measure)
+    monkeypatch.setattr(profiler, "check_runtimes", lambda settings, runtimes, say: {r: None for r in runtimes})
+    return calls
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["grid", "adaptive"])
+def test_the_profiler_drops_a_dominated_runtime_and_records_why(tmp_path, measured, adaptive):
+    out, said = tmp_path / "p.csv", []
+    run = profiler.run_adaptive if adaptive else profiler.run
+    run(ISOLATED, [1, 2], [1, 2, 4, 8], out, topology=Topology.virtual(2), progress=False, runtimes=RUNTIMES,
+        say=said.append, every_runtime=False)
+    inductor = [c for c in measured if c[0] == "inductor"]
+    assert len(inductor) == DROP_AFTER
+    assert {c[1:] for c in measured if c[0] == "openvino"} == {c[1:] for c in measured if c[0] == "onnxruntime"}
+    profile = load(out)
+    assert profile.metadata["dominated"].startswith("inductor: dominated at ⟨1, 1⟩")
+    assert set(profile.runtimes.values()) == {"openvino"}
+    assert any(line.startswith("runtime inductor measured no further") for line in said)
+
+
+def test_every_runtime_measures_them_all(tmp_path, measured):
+    profiler.run(ISOLATED, [1, 2], [1, 2], tmp_path / "p.csv", topology=Topology.virtual(2), progress=False,
+                 runtimes=RUNTIMES, say=lambda _: None)
+    assert len(measured) == 12
+
+
+def test_a_resumed_grid_judges_the_points_already_in_the_file(tmp_path, measured):
+    out = tmp_path / "p.csv"
+    quiet = dict(topology=Topology.virtual(2), progress=False, runtimes=RUNTIMES, say=lambda _: None)
+    profiler.run(ISOLATED, [1], [1, 2], out, **quiet)  # every runtime at ⟨1, 1⟩ and ⟨1, 2⟩
+    measured.clear()
+    profiler.run(dataclasses.replace(ISOLATED), [1, 2], [1, 2], out, every_runtime=False, **quiet)
+    assert [c for c in measured if c[0] == "inductor"] == []  # dominated at both points in the file
+    assert load(out).metadata["dominated"].startswith("inductor: ")
