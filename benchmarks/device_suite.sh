@@ -1,43 +1,48 @@
 #!/usr/bin/env bash
 # The many-core suite: one command for a machine with many CPU cores (e.g. 16), torch installed,
 # no Java (nothing here starts TorchServe or locust). Everything it writes goes under OUT_DIR;
-# progress goes to stderr, and OUT_DIR/SUMMARY.md holds the tables for BENCHMARKS.md, each under
-# the exact command that produced it (rewritten after every step).
+# progress goes to stderr, and OUT_DIR/SUMMARY.md holds the tables for docs/benchmarks/many-core.md,
+# each under the exact command that produced it (rewritten after every step), and per B the
+# verdicts issue 48 asks for: packrat against the best peer, predicted / served, plan against the oracle.
 #
 #   bash benchmarks/device_suite.sh OUT_DIR
 #
-# Steps, with their default time budgets (about 7.5 minutes on 16 cores, at most 9.5):
-#   profile  (280 s) `packrat profile --adaptive` of MODEL, threads 1..T, batches 1,2,4,...,64, isolated
-#                    -> MODEL.csv, its --json summary MODEL-adaptive.json, the plans MODEL-plans.json
-#   bench    (110 s) `packrat bench --pool-only`: the model in-process, the fat and the planned pool at
-#                    B = 8,16,32,64, 8 rounds -> pool-bench/pool-bench.json
-#   oracle   (100 s) benchmarks/oracle.py --family identical at B = 16,32, 10 rounds -> oracle.json
-#   ios       (60 s) benchmarks/ios_networks.py, squeezenet, batch 1, 8 and 16 threads -> ios-networks/
-#   peers    (420 s) only when asked (SUITE_STEPS=profile,peers): benchmarks/peers.py at B = 1,4,8,
-#                    3 rounds, against eager, torch.compile, OpenVINO, ONNX Runtime -> peers.md, peers.json
+# Steps, with their default time budgets (about 8.5 minutes on 16 cores at most):
+#   profile  (220 s) the product's default profile: `packrat profile --adaptive` of MODEL, threads 1..T,
+#                    batches 1,2,4,...,32, loaded, every installed runtime (one dominated point after
+#                    point is measured no further), served figures of raw tensor bodies (what the
+#                    peers and the oracle send) -> MODEL.csv, MODEL-adaptive.json, MODEL-plans.json
+#   peers    (180 s) benchmarks/peers.py at B = 8,16,32, 2 rounds: packrat's plan and its fat pool
+#                    against one in-process session of each installed runtime (ONNX Runtime, OpenVINO
+#                    LATENCY and THROUGHPUT, torch.compile, eager) -> peers.md, peers.json
+#   oracle   (110 s) benchmarks/oracle.py at B = 8,16,32, 5 rounds: identical and mixed configurations
+#                    under each runtime, each runtime's fat and the planner's choices -> oracle.json
+#   bench    (110 s) only when asked: `packrat bench --pool-only`, the fat and the planned pool
+#   ios       (60 s) only when asked: benchmarks/ios_networks.py, squeezenet, batch 1, 8 and 16 threads
 # A command past its step's budget is interrupted (profiles resume, the oracle keeps each finished B,
 # IOS each finished case), the suite goes on and exits with status 3 naming the step; any other
 # failure stops it at once.
 #
 # Settings (environment variables; defaults in brackets):
 #   SUITE_MODEL [resnet50]  SUITE_THREADS [every core: T; fewer are pinned with taskset]
-#   SUITE_PROFILE_BATCHES [1,2,4,8,16,32,64]  SUITE_PROFILE_WARMUP [1]  SUITE_PROFILE_MIN_TIME [0.5]
-#   SUITE_PROFILE_KIND [isolated]     or contention (the loaded figures the oracle's loaded choice
-#                                     needs): about 2x the time, budget 480 s, best as a second
-#                                     command, SUITE_STEPS=profile,oracle, into another OUT_DIR
-#   SUITE_PROFILE_PAYLOAD [model-only] or raw, jpeg, text: also time each point's served figure from
-#                                     those bodies (plans on it), about 2x the profile's time
-#   SUITE_RUNTIMES [inductor]         the profile's runtimes, e.g. inductor,openvino,onnxruntime
-#   SUITE_GRAPH_MODE [script]         compile, the product's default, builds a package per <t, b>
-#                                     (10-35 s each for ResNet-50): a command of its own, larger budget
-#   SUITE_BENCH_BATCHES [8,16,32,64]  SUITE_BENCH_ROUNDS [8]
-#   SUITE_ORACLE_BATCHES [16,32]      SUITE_ORACLE_ROUNDS [10]
+#   SUITE_PROFILE_BATCHES [1,2,4,8,16,32]  SUITE_PROFILE_WARMUP [1]  SUITE_PROFILE_MIN_TIME [0.5]
+#   SUITE_PROFILE_KIND [contention]   the loaded figures (the product's default), or isolated
+#   SUITE_PROFILE_PAYLOAD [raw]       or jpeg, text, model-only: the bodies each point's served figure
+#                                     answers
+#   SUITE_RUNTIMES [installed]        every runtime installed, or a list, e.g. inductor,onnxruntime
+#   SUITE_EVERY_RUNTIME [0]           1: measure every runtime at every point (no dominance rule)
+#   SUITE_GRAPH_MODE [compile]        inductor's mode, the product's default (an AOT package per
+#                                     <t, b>, 10-35 s each for ResNet-50); script is cheaper
+#   SUITE_PEERS_MODEL [MODEL]  SUITE_PEERS_BATCHES [8,16,32]  SUITE_PEERS_ROUNDS [2]
+#   SUITE_PEERS [packrat,fat,eager,torch-compile,openvino-latency,openvino-throughput,onnxruntime]
+#   SUITE_ORACLE_BATCHES [8,16,32]    SUITE_ORACLE_ROUNDS [5]  SUITE_ORACLE_FAMILY [all]  SUITE_ORACLE_CONFIGS [10]
+#   SUITE_BENCH_BATCHES [8,16,32]  SUITE_BENCH_ROUNDS [8]
 #   SUITE_IOS_MODELS [squeezenet]  SUITE_IOS_THREADS [8,16; those above T dropped]  SUITE_IOS_BATCHES [1]
-#   SUITE_PEERS_MODEL [MODEL]  SUITE_PEERS_BATCHES [1,4,8]  SUITE_PEERS_ROUNDS [3]
-#   SUITE_STEPS [profile,bench,oracle,ios]
-#   SUITE_BUDGET_PROFILE, SUITE_BUDGET_BENCH, SUITE_BUDGET_ORACLE, SUITE_BUDGET_IOS, SUITE_BUDGET_PEERS  seconds
+#   SUITE_STEPS [profile,peers,oracle]
+#   SUITE_BUDGET_PROFILE, SUITE_BUDGET_PEERS, SUITE_BUDGET_ORACLE, SUITE_BUDGET_BENCH, SUITE_BUDGET_IOS  seconds
 # Python: .venv/bin/python when there is one, else python3. Re-running into the same OUT_DIR
-# resumes the profile and keeps finished IOS cases.
+# resumes the profile and keeps finished IOS cases. OpenVINO, where it is not installed, can come
+# as wheels on PYTHONPATH (docs/benchmarks/many-core.md says how).
 
 set -euo pipefail
 
@@ -58,33 +63,38 @@ SHOWN_OUT=$(realpath -m --relative-to="$REPO" "$OUT")
 [[ $SHOWN_OUT == ..* ]] && SHOWN_OUT=$OUT
 
 MODEL=${SUITE_MODEL:-resnet50}
-PROFILE_BATCHES=${SUITE_PROFILE_BATCHES:-1,2,4,8,16,32,64}
-PROFILE_KIND=${SUITE_PROFILE_KIND:-isolated}
+PROFILE_BATCHES=${SUITE_PROFILE_BATCHES:-1,2,4,8,16,32}
+PROFILE_KIND=${SUITE_PROFILE_KIND:-contention}
 PROFILE_WARMUP=${SUITE_PROFILE_WARMUP:-1}
 PROFILE_MIN_TIME=${SUITE_PROFILE_MIN_TIME:-0.5}
-PROFILE_PAYLOAD=${SUITE_PROFILE_PAYLOAD:-model-only}
+PROFILE_PAYLOAD=${SUITE_PROFILE_PAYLOAD:-raw}
 if [[ $PROFILE_PAYLOAD == model-only ]]; then PAYLOAD_ARGS=(--model-only); else PAYLOAD_ARGS=(--payload "$PROFILE_PAYLOAD"); fi
-GRAPH_MODE=${SUITE_GRAPH_MODE:-script}
-RUNTIMES=${SUITE_RUNTIMES:-inductor}
+GRAPH_MODE=${SUITE_GRAPH_MODE:-compile}
+RUNTIMES=${SUITE_RUNTIMES:-installed}
+RUNTIME_ARGS=()
+[[ $RUNTIMES == installed ]] || RUNTIME_ARGS=(--runtimes "$RUNTIMES")
+[[ ${SUITE_EVERY_RUNTIME:-0} == 1 ]] && RUNTIME_ARGS+=(--every-runtime)
 PEERS_MODEL=${SUITE_PEERS_MODEL:-$MODEL}
-PEERS_BATCHES=${SUITE_PEERS_BATCHES:-1,4,8}
-PEERS_ROUNDS=${SUITE_PEERS_ROUNDS:-3}
-BENCH_BATCHES=${SUITE_BENCH_BATCHES:-8,16,32,64}
+PEERS_BATCHES=${SUITE_PEERS_BATCHES:-8,16,32}
+PEERS_ROUNDS=${SUITE_PEERS_ROUNDS:-2}
+PEERS=${SUITE_PEERS:-packrat,fat,eager,torch-compile,openvino-latency,openvino-throughput,onnxruntime}
+BENCH_BATCHES=${SUITE_BENCH_BATCHES:-8,16,32}
 BENCH_ROUNDS=${SUITE_BENCH_ROUNDS:-8}
-ORACLE_BATCHES=${SUITE_ORACLE_BATCHES:-16,32}
-ORACLE_ROUNDS=${SUITE_ORACLE_ROUNDS:-10}
+ORACLE_BATCHES=${SUITE_ORACLE_BATCHES:-8,16,32}
+ORACLE_ROUNDS=${SUITE_ORACLE_ROUNDS:-5}
+ORACLE_FAMILY=${SUITE_ORACLE_FAMILY:-all}
+ORACLE_CONFIGS=${SUITE_ORACLE_CONFIGS:-10}
 IOS_MODELS=${SUITE_IOS_MODELS:-squeezenet}
 IOS_THREADS=${SUITE_IOS_THREADS:-8,16}
 IOS_BATCHES=${SUITE_IOS_BATCHES:-1}
-STEPS=",${SUITE_STEPS:-profile,bench,oracle,ios},"
+STEPS=",${SUITE_STEPS:-profile,peers,oracle},"
 case $PROFILE_KIND in
-    isolated) default_profile_budget=280 ;;
-    contention) default_profile_budget=480 ;;
+    isolated | contention) ;;
     *) echo "device_suite: SUITE_PROFILE_KIND must be isolated or contention, not '$PROFILE_KIND'" >&2; exit 2 ;;
 esac
-declare -A BUDGET=([profile]=${SUITE_BUDGET_PROFILE:-$default_profile_budget} [bench]=${SUITE_BUDGET_BENCH:-110}
-                   [oracle]=${SUITE_BUDGET_ORACLE:-100} [ios]=${SUITE_BUDGET_IOS:-60}
-                   [peers]=${SUITE_BUDGET_PEERS:-420})
+declare -A BUDGET=([profile]=${SUITE_BUDGET_PROFILE:-220} [bench]=${SUITE_BUDGET_BENCH:-110}
+                   [oracle]=${SUITE_BUDGET_ORACLE:-110} [ios]=${SUITE_BUDGET_IOS:-60}
+                   [peers]=${SUITE_BUDGET_PEERS:-180})
 
 say() { echo "[suite $(date +%H:%M:%S)] $*" >&2; }
 die() { say "FAILED: $*"; exit 1; }
@@ -185,7 +195,7 @@ end() {
 PROFILE=$OUT/$MODEL.csv
 PROFILE_CMD=("$PY" -m packrat.cli profile --model "$MODEL" --adaptive --threads "1-$T" --batches "$PROFILE_BATCHES"
              --warmup "$PROFILE_WARMUP" --min-time "$PROFILE_MIN_TIME" "${PAYLOAD_ARGS[@]}" "--$PROFILE_KIND" --graph-mode "$GRAPH_MODE"
-             --runtimes "$RUNTIMES" --out "$PROFILE")
+             "${RUNTIME_ARGS[@]}" --out "$PROFILE")
 if wants profile; then
     begin profile "adaptive profile of $MODEL, threads 1-$T, batches $PROFILE_BATCHES, $PROFILE_KIND"
     # the same command again with --json measures nothing (the run is complete) and prints the summary
@@ -199,6 +209,22 @@ if [[ ! -s $PROFILE ]] && { wants bench || wants oracle || wants peers; }; then
     die "no profile at $PROFILE: the bench, oracle and peers steps plan from it (add profile to SUITE_STEPS)"
 fi
 
+if wants peers; then
+    begin peers "packrat's plan against its peers, $PEERS_MODEL, B = $PEERS_BATCHES, $PEERS_ROUNDS rounds"
+    run "$OUT/peers.md" "$PY" benchmarks/peers.py --model "$PEERS_MODEL" --profile "$PROFILE" --cores "$T" \
+        --batches "$PEERS_BATCHES" --rounds "$PEERS_ROUNDS" --peers "$PEERS" --keep-caches \
+        --json "$OUT/peers.json" || true
+    end
+fi
+
+if wants oracle; then
+    begin oracle "planner vs the oracle ($ORACLE_FAMILY family, each runtime), B = $ORACLE_BATCHES, $ORACLE_ROUNDS rounds"
+    run "$OUT/oracle.txt" "$PY" benchmarks/oracle.py --model "$MODEL" --profile "$PROFILE" --threads "$T" \
+        --batches "$ORACLE_BATCHES" --rounds "$ORACLE_ROUNDS" --family "$ORACLE_FAMILY" --max-configs "$ORACLE_CONFIGS" \
+        --json "$OUT/oracle.json" --quiet || true
+    end
+fi
+
 if wants bench; then
     begin bench "pool-only bench, fat vs plan, B = $BENCH_BATCHES, $BENCH_ROUNDS rounds"
     run "$OUT/pool-bench.txt" "$PY" -m packrat.cli bench --pool-only --model "$MODEL" --profile "$PROFILE" \
@@ -207,25 +233,10 @@ if wants bench; then
     end
 fi
 
-if wants oracle; then
-    begin oracle "planner vs the identical-instance family, B = $ORACLE_BATCHES, $ORACLE_ROUNDS rounds"
-    run "$OUT/oracle.txt" "$PY" benchmarks/oracle.py --model "$MODEL" --profile "$PROFILE" --threads "$T" \
-        --batches "$ORACLE_BATCHES" --rounds "$ORACLE_ROUNDS" --family identical --json "$OUT/oracle.json" || true
-    end
-fi
-
 if wants ios; then
     begin ios "IOS on $IOS_MODELS, batch $IOS_BATCHES, threads $IOS_THREADS"
     run "$OUT/ios-networks.md" "$PY" benchmarks/ios_networks.py --models "$IOS_MODELS" --batches "$IOS_BATCHES" \
         --threads "$IOS_THREADS" --out "$OUT/ios-networks" || true
-    end
-fi
-
-if wants peers; then
-    begin peers "packrat's plan against its peers, $PEERS_MODEL, B = $PEERS_BATCHES, $PEERS_ROUNDS rounds"
-    run "$OUT/peers.md" "$PY" benchmarks/peers.py --model "$PEERS_MODEL" --profile "$PROFILE" --cores "$T" \
-        --batches "$PEERS_BATCHES" --rounds "$PEERS_ROUNDS" --peers packrat,fat,eager,torch-compile,openvino-latency,openvino-throughput,onnxruntime \
-        --json "$OUT/peers.json" || true
     end
 fi
 

@@ -21,9 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: b
 from benchmarks import oracle
 from benchmarks.common import doc_parser, fmt_num, markdown_table
 
-STEPS = {"profile": "(a) Adaptive profile", "bench": "(b) Pool-only bench: fat vs plan",
-         "oracle": "(c) Planner vs the identical-instance family", "ios": "(d) IOS on many cores",
-         "peers": "(e) packrat against its peers"}
+STEPS = {"profile": "(a) Adaptive profile", "peers": "(b) packrat against its peers",
+         "oracle": "(c) Planner vs the oracle", "bench": "(d) Pool-only bench: fat vs plan",
+         "ios": "(e) IOS on many cores"}
+VERDICTS = "(f) Per B: against the best peer, predicted / served, against the oracle"
+PEER_TARGET = 0.98  # issue 48: peer / packrat at every B, for every peer
+AHEAD_TARGET = 1.10  # ... and ahead by this much where the oracle beats the best peer by as much
 LETTER = {key: title.split()[0] for key, title in STEPS.items()}
 
 
@@ -85,7 +88,8 @@ def profile_tables(out: Path, machine: dict) -> list[str]:
     if plans.exists():
         rows = json.loads(plans.read_text())
         rows = rows if isinstance(rows, list) else [rows]
-        cells = [[p["batch"], oracle.label(oracle.canonical((i["threads"], i["batch"]) for i in p["instances"])),
+        cells = [[p["batch"], oracle.label(oracle.canonical((i["threads"], i["batch"], i.get("runtime", "inductor"))
+                                                            for i in p["instances"])),
                   fmt_num(p["expected_latency_ms"]), fmt_num(p.get("fat_latency_ms")),
                   _ratio(p.get("fat_latency_ms"), p["expected_latency_ms"])] for p in rows]
         lines += [markdown_table(["B", "plan ⟨threads, batch⟩", "expected ms", "fat ⟨T, B⟩ ms", "speedup (predicted)"],
@@ -125,7 +129,8 @@ def oracle_tables(out: Path) -> list[str]:
         for c in entry["configs"]:
             chosen = [kind for kind in ("loaded", "isolated")
                       if (entry["planner"].get(kind) or {}).get("label") == c["label"]]
-            chosen += ["fat"] if entry.get("fat") == c["label"] else []
+            fats = entry.get("fat") or []
+            chosen += ["fat"] if c["label"] in ([fats] if isinstance(fats, str) else fats) else []
             cells.append([entry["batch"], c["label"], fmt_num(c.get("median_ms")), _ratio(c.get("median_ms"), best),
                           c.get("error") or ", ".join(chosen)])
     return lines + ["", "Every configuration timed (median ms over the rounds):", "",
@@ -153,6 +158,62 @@ def peers_tables(out: Path) -> list[str]:
     return spaced + [""] if kept else []
 
 
+def verdict_rows(peers: dict | None, report: dict | None) -> list[dict]:
+    """Per B, from peers.json and oracle.json (either may be missing): packrat's served latency and
+    prediction (peers' run), the fastest other peer, and the oracle's summary of the loaded plan."""
+    batches = sorted({int(b) for b in (peers or {}).get("summary", {})}
+                     | {s["batch"] for s in (report or {}).get("summaries", [])})
+    rows = []
+    for batch in batches:
+        row: dict = {"batch": batch}
+        table = (peers or {}).get("summary", {}).get(str(batch), {})
+        packrat = table.get("packrat", {}).get("latency_ms")
+        others = {p: r["latency_ms"] for p, r in table.items()
+                  if p not in ("packrat", "packrat-later", "fat") and r.get("latency_ms") is not None}
+        plan = (peers or {}).get("meta", {}).get("pools", {}).get("packrat", {}).get(str(batch), {})
+        row.update(packrat_ms=packrat, predicted_ms=plan.get("predicted_ms"), plan=plan.get("describe"))
+        if others:
+            best = min(others, key=others.get)
+            row.update(best_peer=best, best_peer_ms=others[best])
+        found = next((s for s in (report or {}).get("summaries", []) if s["batch"] == batch), {})
+        loaded = found.get("loaded") or {}
+        row.update(oracle=found.get("best"), oracle_ms=found.get("best_ms"), vs_oracle=loaded.get("vs_best"),
+                   oracle_pred=loaded.get("predicted_vs_measured"))
+        rows.append(row)
+    return rows
+
+
+def verdict_tables(out: Path) -> list[str]:
+    peers = json.loads((out / "peers.json").read_text()) if (out / "peers.json").exists() else None
+    report = json.loads((out / "oracle.json").read_text()) if (out / "oracle.json").exists() else None
+    rows = verdict_rows(peers, report)
+    if not rows:
+        return ["Neither the peers nor the oracle ran.", ""]
+    cells = []
+    for r in rows:
+        ratio = r["best_peer_ms"] / r["packrat_ms"] if r.get("best_peer_ms") and r.get("packrat_ms") else None
+        served = r["predicted_ms"] / r["packrat_ms"] if r.get("predicted_ms") and r.get("packrat_ms") else None
+        ahead = r["best_peer_ms"] / r["oracle_ms"] if r.get("best_peer_ms") and r.get("oracle_ms") else None
+        cells.append([r["batch"], r.get("plan") or "-", fmt_num(r.get("packrat_ms")),
+                      f"{r['best_peer']} {fmt_num(r['best_peer_ms'])}" if r.get("best_peer") else "-",
+                      _mark(ratio, ratio is not None and ratio >= (AHEAD_TARGET if ahead and ahead >= AHEAD_TARGET
+                                                                   else PEER_TARGET)),
+                      _mark(served, served is not None and abs(served - 1) <= oracle.PREDICTION_TOLERANCE),
+                      r.get("oracle") or "-", _mark(r.get("vs_oracle"), r.get("vs_oracle") is not None
+                                                    and r["vs_oracle"] <= 1 + oracle.PLAN_TOLERANCE),
+                      fmt_num(r.get("oracle_pred"), 2)])
+    return [f"Targets: best peer / packrat ≥ {PEER_TARGET} at every B, ≥ {AHEAD_TARGET} where the oracle beats the "
+            f"best peer by {AHEAD_TARGET - 1:.0%}; predicted / served within {oracle.PREDICTION_TOLERANCE:.0%}; the "
+            f"plan within {oracle.PLAN_TOLERANCE:.0%} of the oracle. packrat and the peers from (b), the oracle "
+            "from (c); ✓ met, ✗ missed.", "",
+            markdown_table(["B", "packrat's plan", "packrat ms", "best peer ms", "best peer / packrat",
+                            "predicted / served", "oracle (best)", "plan / oracle", "oracle: pred / meas"], cells), ""]
+
+
+def _mark(value: float | None, met: bool) -> str:
+    return "-" if value is None else f"{value:.2f} {'✓' if met else '✗'}"
+
+
 def summary(out: Path) -> str:
     machine = json.loads((out / "machine.json").read_text()) if (out / "machine.json").exists() else {}
     commands, steps = read_log(out)
@@ -168,6 +229,7 @@ def summary(out: Path) -> str:
         lines += [f"Command: `{command}`" for command in commands.get(key, [])]
         lines += ["", f"Took {step['seconds']} s (budget {step['budget']} s): {step['status']}.", ""]
         lines += tables[key]()
+    lines += [f"## {VERDICTS}", ""] + verdict_tables(out)
     return "\n".join(lines).rstrip() + "\n"
 
 

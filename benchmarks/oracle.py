@@ -44,6 +44,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from packrat.errors import NoPlanError
+from packrat.models.runtimes import DEFAULT_RUNTIME
 from packrat.planning.planner import Planner
 from packrat.models.modes import served
 from packrat.profiling.profiles import Profile, load
@@ -56,8 +57,9 @@ from packrat.bench.results import write_json
 from packrat.bench.rounds import elapsed_ms, in_rounds
 from packrat.profiling.profiles import default_path as default_profile_path
 from packrat.cli.types import int_list, positive
+from packrat.cli.profile import runtime_list
 
-Shape = tuple[int, int]  # one instance: (threads, batch)
+Shape = tuple[int, int, str]  # one instance: (threads, batch, runtime)
 Config = tuple[Shape, ...]  # a multiset of instances, canonical: sorted, biggest first
 
 EXHAUSTIVE_LIMIT = 50_000  # beyond this many multisets, candidates come from balanced_configs
@@ -76,15 +78,23 @@ BUDGET_S = 600.0  # what one command should stay within; above it, the estimate 
 
 # ---- enumeration (pure) --------------------------------------------------------------------
 
-def canonical(instances: Iterable[Sequence[int]]) -> Config:
-    """A configuration's canonical form: its ⟨threads, batch⟩ pairs sorted, biggest first."""
-    return tuple(sorted(((int(t), int(b)) for t, b, *_ in instances), reverse=True))
+def arrange(shapes: Iterable[Sequence[int]]) -> tuple[tuple[int, int], ...]:
+    """Instance shapes ⟨threads, batch⟩ sorted, biggest first: the families' candidates, before a
+    runtime is given to them (canonical)."""
+    return tuple(sorted(((int(t), int(b)) for t, b, *_ in shapes), reverse=True))
+
+
+def canonical(instances: Iterable[Sequence], runtime: str = DEFAULT_RUNTIME) -> Config:
+    """A configuration's canonical form: its ⟨threads, batch, runtime⟩ triples sorted, biggest
+    first; an instance given as ⟨threads, batch⟩ runs `runtime`."""
+    return tuple(sorted(((int(t), int(b), str(rest[0]) if rest else runtime) for t, b, *rest in instances),
+                        reverse=True))
 
 
 def feasible(config: Config, threads: int, batch: int) -> bool:
     """Whether the configuration fits T = threads (Σt ≤ T) and covers B = batch (Σb = B)."""
-    return (bool(config) and all(t >= 1 and b >= 1 for t, b in config)
-            and sum(t for t, _ in config) <= threads and sum(b for _, b in config) == batch)
+    return (bool(config) and all(t >= 1 and b >= 1 for t, b, *_ in config)
+            and sum(t for t, *_ in config) <= threads and sum(b for _, b, *_ in config) == batch)
 
 
 class _TooMany(Exception):
@@ -140,7 +150,7 @@ def balanced_configs(threads: int, batch: int) -> list[Config]:
         for thread_split in (even, [threads // k] * k):
             evenly = _split(batch, [1] * k)
             for batch_split in (_split(batch, thread_split), evenly, evenly[::-1]):
-                found[canonical(zip(thread_split, batch_split))] = None
+                found[arrange(zip(thread_split, batch_split))] = None
     return [c for c in found if feasible(c, threads, batch)]
 
 
@@ -159,8 +169,8 @@ def rank_key(config: Config, threads: int, batch: int) -> tuple:
     """Most plausible first: no idle core, then the batch most in proportion to the threads
     (the slowest instance's b/t over B/Σt; 1.0 is perfect), then fewer distinct shapes, fewer
     instances, and the configuration itself (deterministic)."""
-    used = sum(t for t, _ in config)
-    imbalance = max(b / t for t, b in config) / (batch / used)
+    used = sum(t for t, *_ in config)
+    imbalance = max(b / t for t, b, *_ in config) / (batch / used)
     return (threads - used, round(imbalance, 9), len(set(config)), len(config), config)
 
 
@@ -179,12 +189,14 @@ def spread_order(n: int) -> list[int]:
 
 
 def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFIGS, keep: Iterable[Config] = (),
-                   exhaustive_limit: int = EXHAUSTIVE_LIMIT, family: str = "all") -> tuple[list[Config], int | None]:
+                   exhaustive_limit: int = EXHAUSTIVE_LIMIT, family: str = "all",
+                   runtimes: Sequence[str] = (DEFAULT_RUNTIME,)) -> tuple[list[Config], int | None]:
     """The configurations to time for T = threads, B = batch, sorted by rank_key, and how many
     feasible ones exist (None past exhaustive_limit, where the candidates are balanced_configs, and
-    for family "identical", whose candidates are identical_configs). Every one in `keep` is
-    included (ValueError if infeasible); the rest, up to max_configs in all (None: no bound), are
-    the candidates by rank_key, taken round robin over instance counts in spread_order."""
+    for family "identical", whose candidates are identical_configs). Each candidate comes once per
+    runtime of `runtimes`, every instance running it. Every one in `keep` is included (ValueError if
+    infeasible); the rest, up to max_configs in all (None: no bound), are the candidates by rank_key,
+    taken round robin over instance counts in spread_order."""
     kept: list[Config] = []
     for config in keep:
         config = canonical(config)
@@ -197,6 +209,7 @@ def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFI
     else:
         everything = all_configs(threads, batch, exhaustive_limit)
         candidates = everything if everything is not None else balanced_configs(threads, batch)
+    candidates = [canonical(c, runtime) for c in candidates for runtime in runtimes]
     chosen = set(kept)
     room = len(candidates) if max_configs is None else max(0, max_configs - len(kept))
     by_count: dict[int, list[Config]] = {}
@@ -217,11 +230,14 @@ def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFI
 
 
 def label(config: Config) -> str:
-    """E.g. '2×⟨1,4⟩ + ⟨2,8⟩' (⟨threads, batch⟩ per instance, biggest first)."""
+    """E.g. '2×⟨1,4⟩ + ⟨2,8,openvino⟩' (⟨threads, batch⟩ per instance, biggest first, and its
+    runtime unless it is torch's own)."""
     parts: list[str] = []
     for shape in dict.fromkeys(config):
         n = config.count(shape)
-        parts.append(f"{n}×⟨{shape[0]},{shape[1]}⟩" if n > 1 else f"⟨{shape[0]},{shape[1]}⟩")
+        t, b, runtime = canonical([shape])[0]
+        text = f"⟨{t},{b}⟩" if runtime == DEFAULT_RUNTIME else f"⟨{t},{b},{runtime}⟩"
+        parts.append(f"{n}×{text}" if n > 1 else text)
     return " + ".join(parts)
 
 
@@ -254,7 +270,7 @@ def config_estimate_ms(config: Config, isolated: dict, loaded: dict | None) -> f
     """A configuration's latency as the profile predicts it: its slowest instance, by the loaded
     figures when it has several instances (and the profile has them), else the isolated ones."""
     table = loaded if loaded and len(config) > 1 else isolated
-    return max(estimate_ms(table, t, b) for t, b in config)
+    return max(estimate_ms(table, t, b) for t, b, *_ in config)
 
 
 def start_estimate_s(config: Config, isolated: dict) -> float:
@@ -264,7 +280,7 @@ def start_estimate_s(config: Config, isolated: dict) -> float:
         sizes = [b >> k for k in range(b.bit_length())]
         return 2 * sum(estimate_ms(isolated, t, s) for s in sizes) / 1e3
 
-    return POOL_START_S + max(warm(t, b) for t, b in config)
+    return POOL_START_S + max(warm(t, b) for t, b, *_ in config)
 
 
 def batch_estimate_s(configs: Sequence[Config], rounds: int, warmup: int, isolated: dict,
@@ -301,8 +317,9 @@ def summarize_batch(entry: dict) -> dict:
             row.update(measured_ms=measured["median_ms"], vs_best=measured["median_ms"] / best["median_ms"],
                        predicted_vs_measured=choice["predicted_ms"] / measured["median_ms"])
         summary[kind] = row
-    fat = timed.get(entry.get("fat", ""))
-    summary["fat_vs_best"] = fat["median_ms"] / best["median_ms"] if fat else None
+    fats = entry.get("fat", [])  # each runtime's fat instance (one label in files from before runtimes)
+    fat = min((timed[f]["median_ms"] for f in ([fats] if isinstance(fats, str) else fats) if f in timed), default=None)
+    summary["fat_vs_best"] = fat / best["median_ms"] if fat else None
     return summary
 
 
@@ -439,7 +456,8 @@ def planner_choice(profile: Profile, kind: str, threads: int, batch: int, topolo
         plan = Planner(items, threads, batch).plan(threads, batch, topology)
     except NoPlanError as exc:
         return {"label": None, "why": f"no plan: {exc}"}
-    config = canonical((i.threads, i.batch) for i in plan.instances)
+    config = canonical((i.threads, i.batch, profile.runtimes.get((i.threads, i.batch), DEFAULT_RUNTIME))
+                       for i in plan.instances)
     return {"label": label(config), "config": [list(s) for s in config], "predicted_ms": plan.expected_latency_ms,
             "describe": plan.describe()}
 
@@ -449,13 +467,14 @@ def plan_batches(args, profile: Profile | None, topology: Topology) -> list[dict
     threads = topology.num_cores
     plans = []
     for batch in args.batches:
-        fat = ((threads, batch),)
+        fats = [((threads, batch, runtime),) for runtime in args.runtimes]  # each runtime's fat instance
         choices = {kind: planner_choice(profile, kind, threads, batch, topology) for kind in ("isolated", "loaded")} \
             if profile is not None else {}
-        keep = [fat] + [tuple(map(tuple, c["config"])) for c in choices.values() if c.get("config")]
-        configs, feasible_count = select_configs(threads, batch, args.max_configs, keep, family=args.family)
+        keep = fats + [tuple(map(tuple, c["config"])) for c in choices.values() if c.get("config")]
+        configs, feasible_count = select_configs(threads, batch, args.max_configs, keep, family=args.family,
+                                                 runtimes=args.runtimes)
         plans.append({"batch": batch, "configs": configs, "feasible": feasible_count, "planner": choices,
-                      "fat": label(fat), "family": args.family})
+                      "fat": [label(fat) for fat in fats], "family": args.family})
     return plans
 
 
@@ -517,10 +536,10 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict, bar) -> dict:
         pools = {}
         for n, config in enumerate(plan["configs"], start=1):
             bar.set_description(f"B={batch}: pool {n}/{len(plan['configs'])}")
-            cores = topology.assign([t for t, _ in config])
+            cores = topology.assign([t for t, *_ in config])
             results[config]["cores"] = cores
             try:
-                instances = [InstanceConfig(t, b, tuple(c)) for (t, b), c in zip(config, cores)]
+                instances = [InstanceConfig(t, b, tuple(c), 0, None, runtime) for (t, b, runtime), c in zip(config, cores)]
                 model = ModelConfig(args.model, graph_mode=args.graph_mode)
                 pools[config] = stack.enter_context(InstancePool(model, instances))
             except Exception as exc:  # reported, not fatal
@@ -559,9 +578,19 @@ def _meta(args, topology: Topology, profile_path: Path, profile: Profile) -> dic
 
     return {"model": args.model, "threads": topology.num_cores, "cores": topology.cores, "rounds": args.rounds,
             "warmup": args.warmup, "max_configs": args.max_configs, "family": args.family, "seed": args.seed,
+            "runtimes": list(args.runtimes),
             "cpu": cpu_model(), "torch": torch.__version__, "python": platform.python_version(), "profile": str(profile_path),
             "profile_metadata": profile.metadata, "profile_loaded": profile.loaded,
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def oracle_runtimes(profile: Profile | None) -> tuple[str, ...]:
+    """The runtimes every candidate is timed under by default: those the profile measured and this
+    machine has (a plan may take any of them), else torch's own."""
+    from packrat.models.runtimes import installed
+
+    found = tuple(r for r in (profile.measured_runtimes if profile is not None else ()) if installed(r))
+    return found or (DEFAULT_RUNTIME,)
 
 
 def run(args) -> int:
@@ -571,6 +600,7 @@ def run(args) -> int:
     args.graph_mode = served(profile.metadata.get("mode") if profile is not None else None)
     if profile is not None and not profile.loaded:
         print(f"note: {profile_path} has no loaded figures; the loaded planner is not evaluated", file=sys.stderr)
+    args.runtimes = args.runtimes or oracle_runtimes(profile)
     plans = plan_batches(args, profile, topology)
     isolated, loaded, estimates = None, None, None
     if profile is not None:
@@ -623,6 +653,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"at most this many configurations per B (default: {MAX_CONFIGS}; see above)")
     parser.add_argument("--family", choices=FAMILIES, default="all",
                         help=f"all (every feasible one, up to the bound above; the default) or identical ({IDENTICAL_TEXT})")
+    parser.add_argument("--runtimes", type=runtime_list, default=None, metavar="LIST",
+                        help="time each candidate under each of these runtimes (every instance running it), and "
+                             "each one's fat instance (default: the runtimes the profile measured, installed here)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="profile CSV with loaded and isolated figures (default: profiles/oracle-MODEL.csv, measured)")
     parser.add_argument("--profile-min-time", type=float, default=PROFILE_MIN_TIME_S, metavar="S",

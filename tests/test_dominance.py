@@ -9,7 +9,7 @@ import pytest
 
 from packrat.machine.topology import Topology
 from packrat.profiling import profiler
-from packrat.profiling.dominance import DROP_AFTER, DominanceWatch
+from packrat.profiling.dominance import DROP_AFTER, DominanceWatch, diagonal_first
 from packrat.profiling.profiles import choose_runtime, dominated, load
 
 ISOLATED = profiler.ProfileSettings(model="tiny", warmup=1, iters=5, contention=False, served=False)
@@ -24,25 +24,39 @@ def test_the_chosen_runtime_dominates_only_beyond_the_noise():
     assert dominated({"inductor": (100.0, 15.0), "openvino": (90.0, 0.0)}) == set()  # within inductor's spread
 
 
-def test_a_runtime_beaten_at_points_in_a_row_is_dropped():
+def test_a_runtime_beaten_at_points_of_other_threads_and_batches_is_dropped():
     watch = DominanceWatch(RUNTIMES)
     slow = {"inductor": (110.0, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (101.0, 0.0)}
     assert watch.point(1, 1, slow) == []
-    assert watch.point(1, 2, slow) == ["inductor"]
+    assert watch.point(1, 2, slow) == []  # the same thread count: not yet a verdict for the others
+    assert watch.point(2, 4, slow) == ["inductor"]
     assert watch.active == ("openvino", "onnxruntime")
     assert watch.dropped["inductor"].startswith("dominated at ⟨1, 1⟩ 110.0 ms against openvino's 100.0")
     assert watch.point(1, 4, {"openvino": (100.0, 0.0), "onnxruntime": (100.5, 0.0)}) == []  # ties keep both
+
+
+def test_dropping_needs_a_wider_margin_than_choosing():
+    watch = DominanceWatch(RUNTIMES)
+    behind = {"inductor": (103.0, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (104.5, 0.0)}  # 3-4.5 % behind
+    assert choose_runtime(behind) == "openvino" and dominated(behind) == {"inductor", "onnxruntime"}
+    assert watch.point(1, 1, behind) == [] and watch.point(2, 2, behind) == []
+
+
+def test_the_grid_is_measured_diagonal_first():
+    assert diagonal_first([1, 2], [1, 2, 4, 8]) == [(1, 1), (2, 2), (1, 2), (2, 1), (2, 4), (1, 4), (2, 8), (1, 8)]
+    points = diagonal_first(list(range(1, 17)), [1, 2, 4, 8, 16, 32])
+    assert points[:3] == [(1, 1), (2, 2), (3, 4)] and len(set(points)) == 96
 
 
 def test_a_tie_breaks_the_streak_and_a_win_keeps_a_runtime_for_good():
     watch = DominanceWatch(RUNTIMES, drop_after=2)
     slow = {"inductor": (110.0, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (101.0, 0.0)}
     level = {"inductor": (100.5, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (101.0, 0.0)}
-    assert watch.point(1, 1, slow) == [] and watch.point(1, 2, level) == [] and watch.point(1, 4, slow) == []
+    assert watch.point(1, 1, slow) == [] and watch.point(2, 2, level) == [] and watch.point(1, 4, slow) == []
     win = {"inductor": (80.0, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (101.0, 0.0)}
     watch = DominanceWatch(RUNTIMES)
     assert watch.point(1, 1, win) == []
-    assert [watch.point(1, b, slow) for b in (2, 4, 8)] == [[], [], []]  # it won once: never dropped
+    assert [watch.point(t, b, slow) for t, b in ((2, 2), (1, 4), (2, 8))] == [[], [], []]  # won once: kept
     assert "onnxruntime" not in watch.dropped  # beaten by openvino by 1 %: within the margin
 
 
@@ -96,7 +110,8 @@ def test_every_runtime_measures_them_all(tmp_path, measured):
 def test_a_resumed_grid_judges_the_points_already_in_the_file(tmp_path, measured):
     out = tmp_path / "p.csv"
     quiet = dict(topology=Topology.virtual(2), progress=False, runtimes=RUNTIMES, say=lambda _: None)
-    profiler.run(ISOLATED, [1], [1, 2], out, **quiet)  # every runtime at ⟨1, 1⟩ and ⟨1, 2⟩
+    profiler.run(ISOLATED, [1, 2], [1], out, **quiet)  # every runtime at ⟨1, 1⟩
+    profiler.run(ISOLATED, [2], [2], out, **quiet)  # ... and ⟨2, 2⟩
     measured.clear()
     profiler.run(dataclasses.replace(ISOLATED), [1, 2], [1, 2], out, every_runtime=False, **quiet)
     assert [c for c in measured if c[0] == "inductor"] == []  # dominated at both points in the file

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from packrat.machine.topology import Topology
+from packrat.profiling.profiles import Profile
+
 _PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "oracle.py"
 _SPEC = importlib.util.spec_from_file_location("benchmarks_oracle", _PATH)
 oracle = importlib.util.module_from_spec(_SPEC)
@@ -24,7 +27,7 @@ def brute_force(threads, batch):
     for k in range(1, min(threads, batch) + 1):
         for combo in itertools.combinations_with_replacement(shapes, k):
             if sum(t for t, _ in combo) <= threads and sum(b for _, b in combo) == batch:
-                found.add(oracle.canonical(combo))
+                found.add(oracle.arrange(combo))
     return found
 
 
@@ -35,7 +38,7 @@ def test_two_cores_counts(batch, count):
     """On 2 cores: ⟨1,B⟩, ⟨2,B⟩ and ⟨1,b⟩ + ⟨1,B−b⟩ for 1 ≤ b ≤ B/2."""
     configs = oracle.all_configs(2, batch)
     assert len(configs) == count == batch // 2 + 2
-    expected = {((2, batch),), ((1, batch),)} | {oracle.canonical([(1, b), (1, batch - b)])
+    expected = {((2, batch),), ((1, batch),)} | {oracle.arrange([(1, b), (1, batch - b)])
                                                   for b in range(1, batch // 2 + 1)}
     assert set(configs) == expected
 
@@ -60,7 +63,7 @@ def test_constraints_and_canonical(threads, batch):
     assert len(configs) == len(set(configs))
     for config in configs:
         assert oracle.feasible(config, threads, batch)
-        assert config == oracle.canonical(config)
+        assert config == oracle.arrange(config)
 
 
 def test_limit():
@@ -74,13 +77,13 @@ def test_limit():
 
 def test_select_everything_when_few():
     configs, feasible = oracle.select_configs(2, 16, 40)
-    assert feasible == 10 and set(configs) == set(oracle.all_configs(2, 16))
+    assert feasible == 10 and set(configs) == {oracle.canonical(c) for c in oracle.all_configs(2, 16)}
 
 
 @pytest.mark.parametrize("threads, batch, cap", [(4, 16, 40), (4, 16, 5), (8, 16, 40), (8, 16, 3), (16, 16, 40),
                                                  (32, 64, 40), (64, 64, 10)])
 def test_select_bounded(threads, batch, cap):
-    fat = ((threads, batch),)
+    fat = oracle.canonical([(threads, batch)])
     odd = oracle.canonical([(1, batch - 1), (1, 1)])  # unbalanced: ranked near the end
     configs, feasible = oracle.select_configs(threads, batch, cap, keep=[fat, odd, odd])
     assert len(configs) == len(set(configs)) <= cap
@@ -94,7 +97,7 @@ def test_select_bounded(threads, batch, cap):
 
 
 def test_select_keeps_beyond_cap():
-    keep = [((4, 16),), ((2, 8), (2, 8)), ((1, 4),) * 4]
+    keep = [oracle.canonical(c) for c in [((4, 16),), ((2, 8), (2, 8)), ((1, 4),) * 4]]
     configs, _ = oracle.select_configs(4, 16, 2, keep=keep)
     assert set(configs) == set(keep)
 
@@ -103,7 +106,7 @@ def test_select_spans_instance_counts():
     configs, _ = oracle.select_configs(8, 16, 12)
     counts = {len(c) for c in configs}
     assert {1, 2, 4, 8} <= counts  # the ends and midpoints of 1..8 instances
-    assert all(sum(t for t, _ in c) == 8 for c in configs if len(c) in (2, 4, 8))  # no idle core first
+    assert all(sum(t for t, *_ in c) == 8 for c in configs if len(c) in (2, 4, 8))  # no idle core first
 
 
 def test_select_rejects_infeasible_keep():
@@ -118,7 +121,7 @@ def test_balanced_family():
     assert len(configs) == len(set(configs)) <= 6 * 64
     assert all(oracle.feasible(c, 64, 64) for c in configs)
     assert ((64, 64),) in configs and ((1, 1),) * 64 in configs and ((16, 16),) * 4 in configs
-    assert oracle.canonical([(22, 22), (21, 21), (21, 21)]) in configs
+    assert oracle.arrange([(22, 22), (21, 21), (21, 21)]) in configs
 
 
 def test_identical_family():
@@ -129,7 +132,7 @@ def test_identical_family():
     planned = oracle.canonical([(3, 4), (3, 4), (2, 4), (2, 2), (2, 2)])  # a planner's mixed choice
     configs, feasible = oracle.select_configs(16, 16, keep=[((16, 16),), planned], family="identical")
     assert feasible is None  # the family counts nothing: no enumeration of 237,034 multisets
-    assert set(configs) == set(oracle.identical_configs(16, 16)) | {planned}
+    assert set(configs) == {oracle.canonical(c) for c in oracle.identical_configs(16, 16)} | {planned}
     assert configs == sorted(configs, key=lambda c: oracle.rank_key(c, 16, 16))
     default, _ = oracle.select_configs(16, 16, keep=[planned])
     assert len(default) > 2 * len(configs)  # the default family is unchanged: balanced, up to the cap
@@ -158,6 +161,27 @@ def test_spread_order():
 
 def test_label():
     assert oracle.label(oracle.canonical([(1, 4), (2, 8), (1, 4)])) == "⟨2,8⟩ + 2×⟨1,4⟩"
+    mixed = oracle.canonical([(1, 4, "onnxruntime"), (1, 4, "onnxruntime"), (2, 8, "inductor")])
+    assert oracle.label(mixed) == "⟨2,8⟩ + 2×⟨1,4,onnxruntime⟩"
+
+
+def test_each_candidate_runs_under_each_runtime_and_each_runtime_has_its_fat(monkeypatch):
+    configs, _ = oracle.select_configs(2, 4, None, runtimes=("inductor", "openvino"))
+    assert len(configs) == 2 * len(oracle.all_configs(2, 4))
+    assert all(len({r for *_, r in c}) == 1 for c in configs)  # every instance of a candidate: one runtime
+    args = type("Args", (), {"runtimes": ("inductor", "onnxruntime"), "max_configs": 40, "family": "identical",
+                             "batches": [4]})()
+    profile = Profile(latency={})
+    for t, b, runtime, ms in [(1, 2, "onnxruntime", 5.0), (1, 2, "inductor", 9.0), (2, 4, "inductor", 12.0),
+                              (2, 4, "onnxruntime", 13.0)]:
+        profile.add(runtime, t, b, ms, ms)
+    (plan,) = oracle.plan_batches(args, profile, Topology.virtual(2))
+    assert plan["fat"] == ["⟨2,4⟩", "⟨2,4,onnxruntime⟩"]
+    assert plan["planner"]["isolated"]["label"] == "2×⟨1,2,onnxruntime⟩"  # the plan runs its points' runtimes
+    assert oracle.canonical([(1, 2, "onnxruntime")] * 2) in plan["configs"]
+    e = entry(4, {"⟨2,4⟩": 12.0, "⟨2,4,onnxruntime⟩": 11.0, "2×⟨1,2,onnxruntime⟩": 10.0},
+              ("2×⟨1,2,onnxruntime⟩", 10.0), ("2×⟨1,2,onnxruntime⟩", 10.0), plan["fat"])
+    assert oracle.summarize_batch(e)["fat_vs_best"] == pytest.approx(1.1)  # the faster runtime's fat
 
 
 # ---- estimates ----------------------------------------------------------------------------------

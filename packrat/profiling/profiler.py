@@ -46,7 +46,7 @@ from packrat.machine.topology import Topology, cpu_model
 from packrat.models.modes import DEFAULT_MODE
 from packrat.models.runtimes import DEFAULT_RUNTIME
 from packrat.profiling import profiles
-from packrat.profiling.dominance import DominanceWatch
+from packrat.profiling.dominance import DROP_AFTER, DominanceWatch, diagonal_first
 from packrat.profiling.point import served_summary, summarize
 
 # Whether `packrat profile` measures loaded figures unless told otherwise. Issue 10's oracle found
@@ -431,7 +431,8 @@ def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: 
     usable = tuple(r for r, why in verdicts.items() if not why)
     # Each ⟨t, b⟩ under every runtime back to back: the planner picks the fastest runtime per point,
     # and a machine whose speed drifts over minutes (a shared VM) would otherwise decide that pick.
-    grid = [(t, b) for t in sorted(threads) for b in sorted(batches)]
+    # Diagonal first: a runtime the others dominate is seen at other threads and batches early.
+    grid = diagonal_first(threads, batches)
     todo = [(r, t, b) for t, b in grid for r in usable if (r, t, b) not in done]
     for note in notes if todo else ():  # said only where a point is to be measured
         say(note)
@@ -442,8 +443,9 @@ def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: 
     bar = tqdm(total=sum(costs.values()), disable=not progress or not todo, unit="",
                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     with bar, profiles.ProfileWriter(out, meta) as writer:
-        index = 0
+        index, seen = 0, set()
         for t, b in grid:
+            seen.add((t, b))
             figures = {}
             for r in watch.active if watch else usable:
                 if (r, t, b) in done:
@@ -457,7 +459,7 @@ def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: 
                 figures[r] = (planned_ms(row), planned_spread(row))
                 bar.update(costs[r, t, b])
             for r in watch.point(t, b, figures) if watch else ():
-                left = [p for p in costs if p[0] == r and (p[1], p[2]) > (t, b)]
+                left = [p for p in costs if p[0] == r and (p[1], p[2]) not in seen]
                 _drop_runtime(r, watch.dropped[r], len(left), sum(costs.pop(p) for p in left), bar, writer, say)
     return profiles.load(out)
 
@@ -610,7 +612,14 @@ def _adapt(grids: dict, settings: ProfileSettings, topology: Topology, source: p
                 _drop_runtime(runtime, watch.dropped[runtime], left, left, bar, writer, say)
             return dropped
 
-        adaptive.run_together(grids, measure_one, measured_all=measured_all)
+        if watch:  # a dominated runtime is seen early at points of other threads and batches
+            grid = next(iter(grids.values()))
+            for t, b in diagonal_first(grid.threads, grid.batches)[:DROP_AFTER]:
+                for runtime in [r for r in watch.active if (t, b) not in grids[r].measured]:
+                    grids[runtime].record(t, b, measure_one(runtime, t, b))
+                measured_all(t, b)
+        adaptive.run_together({r: g for r, g in grids.items() if r in (watch.active if watch else grids)},
+                              measure_one, measured_all=measured_all)
         bar.set_description_str("adaptive, done")
 
 

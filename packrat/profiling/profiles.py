@@ -282,13 +282,13 @@ def choose_runtime(figures: dict[str, tuple[float, float]]) -> str:
     return chosen
 
 
-def dominated(figures: dict[str, tuple[float, float]]) -> set[str]:
+def dominated(figures: dict[str, tuple[float, float]], margin: float = RUNTIME_MARGIN) -> set[str]:
     """The runtimes of a point that the chosen one (choose_runtime) beats beyond the noise: slower
-    than it by more than either figure's spread and by RUNTIME_MARGIN at least."""
+    than it by more than either figure's spread and by `margin` of its figure at least."""
     chosen = choose_runtime(figures)
     best, best_spread = figures[chosen]
     return {r for r, (latency, spread) in figures.items()
-            if r != chosen and latency > best + max(spread, best_spread, RUNTIME_MARGIN * best)}
+            if r != chosen and latency > best + max(spread, best_spread, margin * best)}
 
 
 def _parse_number(text: str, kind: type, what: str) -> float:
