@@ -48,6 +48,7 @@ from packrat.models.runtimes import DEFAULT_RUNTIME
 from packrat.planning.planner import Planner
 from packrat.models.modes import served
 from packrat.profiling.profiles import Profile, load
+from packrat.serving.payloads import planned_for
 from packrat.machine.topology import Topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
@@ -415,7 +416,7 @@ def rescore(report: dict, profile_path: Path) -> dict:
     """The same timings judged against another profile's choices: configurations are timed
     independently of any profile, so a profile measured later (another method) can be scored
     on them, as long as its choices were among the configurations timed."""
-    profile = load(profile_path)
+    profile = planned_for(load(profile_path), raw_share=1.0)  # the configurations answered raw tensors
     topology = local_topology(report["meta"]["threads"])
     entries = [{**entry, "planner": {kind: planner_choice(profile, kind, topology.num_cores, entry["batch"], topology)
                                      for kind in ("isolated", "loaded")}} for entry in report["batches"]]
@@ -596,6 +597,8 @@ def oracle_runtimes(profile: Profile | None) -> tuple[str, ...]:
 def run(args) -> int:
     topology = local_topology(args.threads)
     profile_path, profile = get_profile(args, topology, measure=not args.dry_run)
+    if profile is not None:  # its pools answer raw tensors: planned as the engine plans for them
+        profile = planned_for(profile, raw_share=1.0)
     # the pools run the model as the profile measured it, as the server does
     args.graph_mode = served(profile.metadata.get("mode") if profile is not None else None)
     if profile is not None and not profile.loaded:

@@ -496,12 +496,13 @@ def read_profile(args, path: Path):
     """(the profile at `path`, None) or (None, why it cannot be used)."""
     from packrat.errors import ProfileError
     from packrat.profiling.profiles import load
+    from packrat.serving.payloads import planned_for
 
     if not path.exists():
         return None, (f"no profile {path}: measure one with `packrat profile --model {args.model} "
                       f"--batches {','.join(map(str, args.batches))} --out {path}` (or give --profile)")
-    try:
-        return load(path), None
+    try:  # the pools answer raw tensors: planned as the engine plans for them
+        return planned_for(load(path), raw_share=1.0), None
     except ProfileError as exc:
         return None, f"profile unusable: {exc}"
 

@@ -18,9 +18,14 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "device_suite.sh"
 T = min(2, detect().num_cores)
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith("SUITE_")}
+# The defaults' steps and kinds (a loaded profile of raw served figures under several runtimes, the
+# peers, the oracle under each runtime), on tiny and small settings; bench and IOS asked for too.
 TINY = {"SUITE_MODEL": "tiny", "SUITE_THREADS": str(T), "SUITE_PROFILE_BATCHES": "1,2", "SUITE_PROFILE_MIN_TIME": "0.1",
+        "SUITE_GRAPH_MODE": "script", "SUITE_RUNTIMES": "inductor,onnxruntime",
+        "SUITE_PEERS_BATCHES": "2", "SUITE_PEERS_ROUNDS": "1", "SUITE_PEERS": "packrat,fat,eager,onnxruntime",
         "SUITE_BENCH_BATCHES": "2", "SUITE_BENCH_ROUNDS": "2", "SUITE_ORACLE_BATCHES": "2",
-        "SUITE_ORACLE_ROUNDS": "2", "SUITE_IOS_MODELS": "tiny", "SUITE_IOS_THREADS": "2", "SUITE_IOS_BATCHES": "1"}
+        "SUITE_ORACLE_ROUNDS": "2", "SUITE_ORACLE_CONFIGS": "6", "SUITE_IOS_MODELS": "tiny", "SUITE_IOS_THREADS": "2",
+        "SUITE_IOS_BATCHES": "1", "SUITE_STEPS": "profile,peers,oracle,bench,ios"}
 
 
 def missing_tools() -> list[str]:
@@ -34,7 +39,7 @@ def suite(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
         pytest.skip(f"the suite needs {', '.join(missing_tools())}")
     out = tmp_path_factory.mktemp("suite") / "out"
     env = {**CLEAN, **TINY}
-    done = subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env=env, timeout=240)
+    done = subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env=env, timeout=360)
     assert done.returncode == 0, done.stderr[-4000:]
     return out, done
 
@@ -45,7 +50,7 @@ def test_runs_every_step_within_budget(suite):
     assert done.stdout.strip() == str(out / "SUMMARY.md")  # stdout: only the summary's path
     rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
     steps = {row[1]: row for row in rows if row[0] == "step"}
-    assert list(steps) == ["profile", "bench", "oracle", "ios"]
+    assert list(steps) == ["profile", "peers", "oracle", "bench", "ios"]
     assert all(row[5] == "ok" and int(row[3]) <= int(row[4]) for row in steps.values())
     for key in steps:  # progress and each step's time on stderr
         assert f"({key}) took " in done.stderr
@@ -57,7 +62,8 @@ def test_runs_every_step_within_budget(suite):
 def test_profile(suite):
     out, _ = suite
     profile = load(out / "tiny.csv")
-    assert profile.metadata["model"] == "tiny" and not profile.loaded  # isolated, the default
+    assert profile.metadata["model"] == "tiny" and profile.loaded  # loaded, the product's default
+    assert profile.payload == "raw" and set(profile.measured_runtimes) <= {"inductor", "onnxruntime"}
     assert set(profile.threads) <= set(range(1, T + 1)) and profile.batches == [1, 2]
     assert {(1, 1), (1, 2)} <= set(profile.latency) and all(v > 0 for v in profile.latency.values())
     adaptive = json.loads((out / "tiny-adaptive.json").read_text())
@@ -81,13 +87,23 @@ def test_pool_bench(suite):
 def test_oracle(suite):
     out, _ = suite
     report = json.loads((out / "oracle.json").read_text())
-    assert report["meta"]["family"] == "identical" and report["meta"]["threads"] == T
+    assert report["meta"]["family"] == "all" and report["meta"]["threads"] == T
     [entry] = report["batches"]
     labels = {c["label"] for c in entry["configs"]}
-    assert f"⟨{T},2⟩" in labels and (T == 1 or "2×⟨1,1⟩" in labels)
+    runtimes = report["meta"]["runtimes"]
+    assert set(entry["fat"]) == {f"⟨{T},2⟩" if r == "inductor" else f"⟨{T},2,{r}⟩" for r in runtimes} <= labels
     assert all(c["median_ms"] > 0 and len(c["samples_ms"]) == 2 for c in entry["configs"])
-    assert entry["planner"]["isolated"]["label"] in labels
+    assert entry["planner"]["loaded"]["label"] in labels
     assert report["summaries"][0]["best"] in labels
+
+
+@pytest.mark.integration
+def test_peers(suite):
+    out, _ = suite
+    peers = json.loads((out / "peers.json").read_text())
+    table = peers["summary"]["2"]
+    assert table["packrat"]["latency_ms"] > 0 and table["eager"]["latency_ms"] > 0
+    assert peers["meta"]["pools"]["packrat"]["2"]["predicted_ms"] > 0
 
 
 @pytest.mark.integration
@@ -104,17 +120,23 @@ def test_summary(suite):
     text = (out / "SUMMARY.md").read_text()
     sections = text.split("\n## ")[1:]
     assert [s.split("\n")[0] for s in sections] == [
-        "(a) Adaptive profile", "(b) Pool-only bench: fat vs plan", "(c) Planner vs the identical-instance family",
-        "(d) IOS on many cores", "(e) packrat against its peers"]
-    assert "Not run." in sections[4]  # peers is not a default step: it runs as its own command
-    tables = ["| t \\ b | 1 | 2 |", "| B | in-process |", "| B | configs | oracle (best) |", "| model | batch |"]
-    commands = ["-m packrat.cli profile --model tiny --adaptive", "-m packrat.cli bench --pool-only",
-                " benchmarks/oracle.py --model tiny", " benchmarks/ios_networks.py --models tiny"]
+        "(a) Adaptive profile", "(b) packrat against its peers", "(c) Planner vs the oracle",
+        "(d) Pool-only bench: fat vs plan", "(e) IOS on many cores",
+        "(f) Per B: against the best peer, predicted / served, against the oracle"]
+    tables = ["| t \\ b | 1 | 2 |", "| peer | median ms |", "| B | configs | oracle (best) |", "| B | in-process |",
+              "| model | batch |"]
+    commands = ["-m packrat.cli profile --model tiny --adaptive", " benchmarks/peers.py --model tiny",
+                " benchmarks/oracle.py --model tiny", "-m packrat.cli bench --pool-only",
+                " benchmarks/ios_networks.py --models tiny"]
     for section, table, command in zip(sections, tables, commands):
         assert "\nCommand: `" in section and command in section  # .venv/bin/python, or python3 without one
         assert table in section and "ok." in section
     assert "| B | plan ⟨threads, batch⟩ |" in sections[0] and "--json`" in sections[0]
-    assert "| 2 | " in sections[1] and "| 2 | " in sections[2]  # a row for B = 2
+    assert "| 2 | " in sections[2] and "| 2 | " in sections[3]  # a row for B = 2
+    verdicts = sections[5]
+    assert "| B | packrat's plan | packrat ms | best peer ms |" in verdicts
+    row = next(line for line in verdicts.splitlines() if line.startswith("| 2 | "))
+    assert "eager" in row or "onnxruntime" in row  # the fastest peer named, with its figure
 
 
 @pytest.mark.slow
@@ -139,3 +161,23 @@ def test_summary_keeps_the_peers_tables(tmp_path):
     assert peers_tables(tmp_path) == ["### B = 1", "", "packrat plan: 1×⟨2 threads, batch 1⟩, predicted 1.0 ms", "",
                                       "| peer | median ms |", "|---|---:|", "| packrat | 1.00 |", ""]
     assert peers_tables(tmp_path / "missing") == []
+
+
+def test_the_verdicts_per_b_judge_packrat_against_the_best_peer_its_prediction_and_the_oracle(tmp_path):
+    from benchmarks.device_suite_summary import verdict_tables
+
+    peers = {"summary": {"8": {"packrat": {"latency_ms": 60.0}, "fat": {"latency_ms": 50.0},
+                               "onnxruntime": {"latency_ms": 58.0}, "eager": {"latency_ms": 120.0}},
+                         "16": {"packrat": {"latency_ms": 100.0}, "onnxruntime": {"latency_ms": 113.0}}},
+             "meta": {"pools": {"packrat": {"8": {"predicted_ms": 42.0, "describe": "8×⟨2 threads, batch 1⟩"},
+                                            "16": {"predicted_ms": 98.0, "describe": "4×⟨4 threads, batch 4⟩"}}}}}
+    oracle = {"summaries": [{"batch": 16, "best": "4×⟨4,4⟩", "best_ms": 99.0,
+                             "loaded": {"vs_best": 1.01, "predicted_vs_measured": 0.99}}]}
+    (tmp_path / "peers.json").write_text(json.dumps(peers))
+    (tmp_path / "oracle.json").write_text(json.dumps(oracle))
+    lines = "\n".join(verdict_tables(tmp_path)).splitlines()
+    rows = [line for line in lines if line.startswith(("| 8 |", "| 16 |"))]
+    assert rows[0] == ("| 8 | 8×⟨2 threads, batch 1⟩ | 60.0 | onnxruntime 58.0 | 0.97 ✗ | 0.70 ✗ | - | - | - |")
+    # 113 / 99: the oracle beats the best peer by over 10 %, so packrat must be ahead by 10 % too
+    assert rows[1] == ("| 16 | 4×⟨4 threads, batch 4⟩ | 100.0 | onnxruntime 113.0 | 1.13 ✓ | 0.98 ✓ | 4×⟨4,4⟩ | "
+                       "1.01 ✓ | 0.99 |")

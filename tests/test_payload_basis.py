@@ -94,3 +94,11 @@ def test_status_says_which_figures_the_plan_is_made_on():
     assert lines == ["planned on the model's own figures (raw tensors skip the decode); last bodies judged: "
                      "30 raw, 2 decoded"]
     assert served_lines({"instances": [], "corrections": [], "payload": PayloadWatch(None, "model").status()}) == []
+
+
+def test_a_benchmark_sending_raw_tensors_plans_as_the_engine_would():
+    from packrat.serving.payloads import planned_for
+
+    assert planned_for(served_profile(POINTS), raw_share=1.0).basis == "model"
+    assert planned_for(served_profile(POINTS), raw_share=0.0).basis == "served"
+    assert planned_for(served_profile(POINTS, "raw"), raw_share=1.0).basis == "served"

@@ -26,6 +26,12 @@ MIN_BODIES = 16  # bodies since the last look before the mix may change the basi
 SHARE_TO_SWITCH = 0.75  # the share of the other kind of body that changes the basis
 
 
+def planned_for(profile, raw_share: float):
+    """`profile` planning on the figures of bodies of which `raw_share` are raw tensors (basis_for):
+    what the engine plans on once it has seen such bodies, and what a benchmark sending them plans on."""
+    return profile.on(basis_for(profile.payload, raw_share))
+
+
 @dataclass
 class BodyCounts:
     """Bodies handed to the pool since the last look: raw (straight into a row) and decoded."""
