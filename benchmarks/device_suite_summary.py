@@ -132,9 +132,12 @@ def oracle_tables(out: Path) -> list[str]:
             fats = entry.get("fat") or []
             chosen += ["fat"] if c["label"] in ([fats] if isinstance(fats, str) else fats) else []
             cells.append([entry["batch"], c["label"], fmt_num(c.get("median_ms")), _ratio(c.get("median_ms"), best),
+                          fmt_num(c.get("predicted_ms")), _ratio(c.get("predicted_ms"), c.get("median_ms")),
                           c.get("error") or ", ".join(chosen)])
-    return lines + ["", "Every configuration timed (median ms over the rounds):", "",
-                    markdown_table(["B", "configuration", "median ms", "vs best", "planner's choice"], cells), ""]
+    return lines + ["", "Every configuration timed (median ms over the rounds), and as the profile's planned figures "
+                    "predict it (its slowest instance's point; - where a point was not measured):", "",
+                    markdown_table(["B", "configuration", "median ms", "vs best", "predicted ms", "predicted / measured",
+                                    "planner's choice"], cells), ""]
 
 
 def ios_tables(out: Path) -> list[str]:

@@ -463,8 +463,15 @@ def planner_choice(profile: Profile, kind: str, threads: int, batch: int, topolo
             "describe": plan.describe()}
 
 
+def predicted_ms(config: Config, points: dict) -> float | None:
+    """A configuration's latency as the profile's planned figures predict it: its slowest instance's
+    ⟨threads, batch, runtime⟩ figure; None where one of them was not measured."""
+    figures = [points.get(shape) for shape in config]
+    return None if None in figures else max(figures)
+
+
 def plan_batches(args, profile: Profile | None, topology: Topology) -> list[dict]:
-    """Per B: the planner's choices and the configurations to time."""
+    """Per B: the planner's choices and the configurations to time, each with its prediction."""
     threads = topology.num_cores
     plans = []
     for batch in args.batches:
@@ -474,8 +481,10 @@ def plan_batches(args, profile: Profile | None, topology: Topology) -> list[dict
         keep = fats + [tuple(map(tuple, c["config"])) for c in choices.values() if c.get("config")]
         configs, feasible_count = select_configs(threads, batch, args.max_configs, keep, family=args.family,
                                                  runtimes=args.runtimes)
+        points = profile.points() if profile is not None else {}
         plans.append({"batch": batch, "configs": configs, "feasible": feasible_count, "planner": choices,
-                      "fat": [label(fat) for fat in fats], "family": args.family})
+                      "fat": [label(fat) for fat in fats], "family": args.family,
+                      "predicted": {c: predicted_ms(c, points) for c in configs}})
     return plans
 
 
@@ -531,6 +540,7 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict, bar) -> dict:
     batch = plan["batch"]
     requests = pool_requests(resolve(args.model), batch)
     results = {c: {"label": label(c), "config": [list(s) for s in c], "cores": None, "samples_ms": [],
+                   "predicted_ms": plan.get("predicted", {}).get(c),
                    "median_ms": None, "error": None} for c in plan["configs"]}
     start_time = time.monotonic()
     with ExitStack() as stack:

@@ -179,6 +179,10 @@ def test_each_candidate_runs_under_each_runtime_and_each_runtime_has_its_fat(mon
     assert plan["fat"] == ["⟨2,4⟩", "⟨2,4,onnxruntime⟩"]
     assert plan["planner"]["isolated"]["label"] == "2×⟨1,2,onnxruntime⟩"  # the plan runs its points' runtimes
     assert oracle.canonical([(1, 2, "onnxruntime")] * 2) in plan["configs"]
+    predicted = plan["predicted"]  # each configuration as the planned figures predict it
+    assert predicted[oracle.canonical([(2, 4, "onnxruntime")])] == 13.0
+    assert predicted[oracle.canonical([(1, 2, "onnxruntime")] * 2)] == 5.0
+    assert oracle.predicted_ms(oracle.canonical([(1, 4)]), profile.points()) is None  # a point never measured
     e = entry(4, {"⟨2,4⟩": 12.0, "⟨2,4,onnxruntime⟩": 11.0, "2×⟨1,2,onnxruntime⟩": 10.0},
               ("2×⟨1,2,onnxruntime⟩", 10.0), ("2×⟨1,2,onnxruntime⟩", 10.0), plan["fat"])
     assert oracle.summarize_batch(e)["fat_vs_best"] == pytest.approx(1.1)  # the faster runtime's fat
