@@ -150,12 +150,8 @@ def served_lines(served: dict | None) -> list[str]:
         lines.append(f"inferred ⟨{i['threads']} threads, batch {i['batch']}{runtime_text(i['runtime'])}⟩: profile "
                      f"{i['profile_ms']:.2f} ms → {i['inferred_ms']:.2f} ms, not served ({i['rule']}: "
                      f"{i['source']})")
-    payload = served.get("payload")
-    if payload and payload.get("profile_payload"):
-        seen = payload.get("bodies_last_judged") or {}
-        what = ("the model's own figures (raw tensors skip the decode)" if payload["planned_on"] == "model"
-                else f"figures served from {payload['profile_payload']} bodies")
-        lines.append(f"planned on {what}; last bodies judged: {seen.get('raw', 0)} raw, {seen.get('decoded', 0)} decoded")
+    if (served.get("payload") or {}).get("profile_payload"):  # which figures the plan is made on (payloads.py)
+        lines.append(served["payload"]["says"])
     held = served.get("held_back")
     if held:
         lines.append(f"held back by the cool-down ({held['cooldown_left_s']:.0f} s left): {held['plan']}, expected "

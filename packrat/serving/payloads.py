@@ -89,5 +89,8 @@ class PayloadWatch:
 
     def status(self) -> dict:
         raw, decoded = self.judged
+        what = ("the model's own figures (raw tensors skip the decode)" if self.basis == "model"
+                else f"figures served from {self.payload} bodies")
         return {"planned_on": self.basis, "profile_payload": self.payload,
-                "bodies_last_judged": {"raw": raw, "decoded": decoded}}
+                "bodies_last_judged": {"raw": raw, "decoded": decoded},
+                "says": f"planned on {what}; last bodies judged: {raw} raw, {decoded} decoded"}
