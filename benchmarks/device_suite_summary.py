@@ -15,6 +15,7 @@ import math
 import sys
 from pathlib import Path
 
+from packrat.profiling.plots import SHORT_RUNTIMES
 from packrat.profiling.profiles import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
@@ -79,10 +80,17 @@ def profile_tables(out: Path, machine: dict) -> list[str]:
         batches, loaded = profile.batches, profile.loaded
         basis = ("served (decode, model and encode of the profile's payload)" if profile.basis == "served"
                  else "model-only")
-        lines += [f"{'Loaded mean (isolated mean)' if loaded else 'Isolated mean'} {basis} latency in ms; "
-                  "· = not measured (the adaptive profiler showed it cannot change a plan).", ""]
-        cells = [[t, *((fmt_num(profile.latency[t, b]) + (f" ({fmt_num(profile.isolated[t, b])})" if loaded else ""))
-                       if (t, b) in profile.latency else "·" for b in batches)] for t in profile.threads]
+        lines += [f"{'Loaded mean (isolated mean where measured)' if loaded else 'Isolated mean'} {basis} latency in "
+                  "ms, and the point's runtime (OV OpenVINO, ORT ONNX Runtime, none: inductor); · = not measured "
+                  "(the adaptive profiler showed it cannot change a plan)."
+                  + (f" Dropped where dominated: {profile.metadata['dominated']}." if profile.metadata.get("dominated")
+                     else ""), ""]
+        def cell(t: int, b: int) -> str:
+            alone = profile.isolated.get((t, b)) if loaded else None  # measured alone as well (--isolated-too)
+            figure = fmt_num(profile.latency[t, b]) + (f" ({fmt_num(alone)})" if alone is not None else "")
+            return f"{figure} {SHORT_RUNTIMES.get(profile.runtimes.get((t, b)), '')}".rstrip()
+
+        cells = [[t, *(cell(t, b) if (t, b) in profile.latency else "·" for b in batches)] for t in profile.threads]
         lines += [markdown_table(["t \\ b", *batches], cells), ""]
     plans = out / f"{model}-plans.json"
     if plans.exists():

@@ -67,7 +67,8 @@ def test_profile(suite):
     assert set(profile.threads) <= set(range(1, T + 1)) and profile.batches == [1, 2]
     assert {(1, 1), (1, 2)} <= set(profile.latency) and all(v > 0 for v in profile.latency.values())
     adaptive = json.loads((out / "tiny-adaptive.json").read_text())
-    assert adaptive["points"] == len(profile.latency) and adaptive["grid"] == 2 * T
+    runtimes = profile.by_runtime  # every runtime's grid counts: points and grid add up over them
+    assert adaptive["points"] == sum(map(len, runtimes.values())) and adaptive["grid"] == 2 * T * len(runtimes)
     plans = json.loads((out / "tiny-plans.json").read_text())
     assert [p["batch"] for p in plans] == [1, 2]
     for p in plans:
