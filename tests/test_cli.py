@@ -182,15 +182,17 @@ def test_plan_with_loaded_figures_from_an_isolated_profile_is_one_line_error(pro
 def test_profile_contention_flags(monkeypatch, profile, capsys):
     seen = []
 
-    def fake_run(settings, threads, batches, out, progress=True, runtimes=(), say=print):
-        seen.append(settings.contention)
+    def fake_run(settings, threads, batches, out, progress=True, runtimes=(), say=print, every_runtime=False):
+        seen.append((settings.contention, every_runtime, settings.iters, settings.min_time))
         return load(profile)
 
     monkeypatch.setattr(profiler, "run", fake_run)
     base = ["profile", "--model", "tiny", "--threads", "1", "--out", str(profile), "--quiet"]
-    for flags in ([], ["--contention"], ["--isolated"]):
+    for flags in ([], ["--contention"], ["--isolated"], ["--every-runtime", "--iters", "7"]):
         assert main(base + flags) == 0
-    assert seen == [profiler.DEFAULT_CONTENTION, True, False]
+    assert [s[0] for s in seen] == [profiler.DEFAULT_CONTENTION, True, False, profiler.DEFAULT_CONTENTION]
+    assert seen[0][1:] == (False, None, profiler.DEFAULT_MIN_TIME_S)  # dominated runtimes dropped; timed ≥ 1 s
+    assert seen[-1][1:] == (True, 7, None)
     with pytest.raises(SystemExit):
         main(base + ["--contention", "--isolated"])
     assert "not allowed with argument" in capsys.readouterr().err
