@@ -226,6 +226,33 @@ def test_a_pool_mixing_runtimes_answers_as_the_model(runtime):
         assert [p["class"] for p in got] == [p["class"] for p in want]
 
 
+@pytest.mark.integration
+def test_a_torch_compile_instance_answers_as_eager_and_runs_on_all_its_threads():
+    """torch.compile in the instance (runtimes.torch_compiled): the pool's warm-up compiles the
+    ladder's sizes; a sub-batch of 3 is padded to 4, and the answers are eager's."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    spec = resolve("tiny")
+    inputs = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    requests = [Request(x.numpy().tobytes(), "application/octet-stream") for x in inputs]
+    expected = answer_batch(spec.build(), Codec(CodecConfig.for_model(spec)), [(r.body, r.content_type) for r in requests])
+    assert runtimes.torch_threads("torch-compile", len(cores)) == len(cores)  # torch runs the model
+    with InstancePool(ModelConfig("tiny", graph_mode="eager"),
+                      [InstanceConfig(len(cores), 4, tuple(cores), runtime="torch-compile")]) as pool:
+        assert pool.mode == "torch-compile" and not pool.health().fallbacks
+        answers = pool.infer(requests)
+    for answer, want in zip(answers, expected):
+        assert answer.status == 200
+        got, want = json.loads(answer.body)["predictions"], json.loads(want.body)["predictions"]
+        assert [p["class"] for p in got] == [p["class"] for p in want]
+
+
+def test_torch_compile_keeps_no_artefact_and_is_always_installed():
+    assert runtimes.installed("torch-compile") and "torch-compile" in runtimes.installed_runtimes()
+    assert runtimes.ensure_artefact(resolve("tiny"), "torch-compile") is None
+
+
 def test_an_instance_falls_back_to_the_points_next_runtime(monkeypatch):
     from packrat.serving.pool import child
 
