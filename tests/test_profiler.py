@@ -90,7 +90,7 @@ def test_run_writes_metadata_and_resumes(tmp_path, monkeypatch):
     out = tmp_path / "tiny.csv"
     topo = Topology(((0, 1, 2, 3),))
     profiler.run(ISOLATED, [1, 2], [1, 2], out, topology=topo, progress=False)
-    assert calls == [(1, 1, (0,)), (2, 2, (0, 1)), (1, 2, (0,)), (2, 1, (0, 1))]  # diagonal first
+    assert calls == [(1, 1, (0,)), (2, 2, (0, 1)), (2, 1, (0, 1)), (1, 2, (0,))]  # diagonal first
     calls.clear()
     profile = profiler.run(ISOLATED, [1, 2, 4], [1, 2], out, topology=topo, progress=False)
     assert sorted(calls) == [(4, 1, (0, 1, 2, 3)), (4, 2, (0, 1, 2, 3))]  # only the missing points

@@ -6,7 +6,7 @@ runtime that the chosen one beats beyond the noise at point after point will not
 rest either, as a rule: ResNet-50 on 2 cores ran 4–11 % slower under inductor's AOT code than under
 OpenVINO and ONNX Runtime at every point measured (BENCHMARKS.md, issue 25), and inductor's AOT
 packages, built one per ⟨t, b⟩, cost 20–40 s each from a cold cache, most of the default profile's
-time. So a runtime slower than the chosen one beyond the noise and by DROP_MARGIN at least, at
+time. So a runtime slower than the fastest one beyond the noise and by DROP_MARGIN at least, at
 DROP_AFTER points in a row that differ in both threads and batch, and never faster than every other
 beyond the noise, is measured no further. The margin is wider than the one that chooses a point's
 runtime (RUNTIME_MARGIN): dropping a runtime decides points not yet measured. On ResNet-50 on 2 cores,
@@ -28,9 +28,12 @@ DROP_MARGIN = 0.05  # slower than the chosen runtime by this share at least, to 
 
 def diagonal_first(threads: list[int], batches: list[int]) -> list[tuple[int, int]]:
     """The grid's points, those on its diagonal (the i-th thread count with the i-th batch) first,
-    then by distance from it, small ones first: the first points differ in threads and batch."""
+    then by distance from it, small ones first and, of two alike, the smaller batch (cheaper to
+    measure, and its compiled code is often there already): the first points differ in threads and
+    batch."""
     ts, bs = sorted(threads), sorted(batches)
-    order = sorted(((i, j) for i in range(len(ts)) for j in range(len(bs))), key=lambda p: (abs(p[0] - p[1]), sum(p), p))
+    order = sorted(((i, j) for i in range(len(ts)) for j in range(len(bs))),
+                   key=lambda p: (abs(p[0] - p[1]), sum(p), p[1], p[0]))
     return [(ts[i], bs[j]) for i, j in order]
 
 
@@ -57,6 +60,7 @@ class DominanceWatch:
         chosen = choose_runtime(figures)
         if len(dominated(figures)) == len(figures) - 1:  # a win beyond the noise, not a tie kept by the rule
             self._won.add(chosen)
+        fastest = min(figures, key=lambda r: (figures[r][0], r))
         beaten = dominated(figures, self.margin)
         newly = []
         for runtime in figures:
@@ -64,8 +68,8 @@ class DominanceWatch:
             if runtime not in beaten:
                 streak.clear()
                 continue
-            streak.append((threads, batch, f"⟨{threads}, {batch}⟩ {figures[runtime][0]:.1f} ms against {chosen}'s "
-                                           f"{figures[chosen][0]:.1f}"))
+            streak.append((threads, batch, f"⟨{threads}, {batch}⟩ {figures[runtime][0]:.1f} ms against {fastest}'s "
+                                           f"{figures[fastest][0]:.1f}"))
             if len(streak) >= self.drop_after and runtime not in self._won and _spans(streak):
                 self.dropped[runtime] = "dominated at " + "; ".join(text for *_, text in streak[-4:])
                 newly.append(runtime)

@@ -283,12 +283,13 @@ def choose_runtime(figures: dict[str, tuple[float, float]]) -> str:
 
 
 def dominated(figures: dict[str, tuple[float, float]], margin: float = RUNTIME_MARGIN) -> set[str]:
-    """The runtimes of a point that the chosen one (choose_runtime) beats beyond the noise: slower
-    than it by more than either figure's spread and by `margin` of its figure at least."""
-    chosen = choose_runtime(figures)
-    best, best_spread = figures[chosen]
+    """The runtimes of a point that the fastest one beats beyond the noise: slower than it by more
+    than either figure's spread and by `margin` of its figure at least. With a margin of
+    RUNTIME_MARGIN or more, none of them is the one choose_runtime takes."""
+    fastest = min(figures, key=lambda r: (figures[r][0], r))
+    best, best_spread = figures[fastest]
     return {r for r, (latency, spread) in figures.items()
-            if r != chosen and latency > best + max(spread, best_spread, margin * best)}
+            if r != fastest and latency > best + max(spread, best_spread, margin * best)}
 
 
 def _parse_number(text: str, kind: type, what: str) -> float:
