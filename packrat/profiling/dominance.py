@@ -6,14 +6,14 @@ runtime that the chosen one beats beyond the noise at point after point will not
 rest either, as a rule: ResNet-50 on 2 cores ran 4–11 % slower under inductor's AOT code than under
 OpenVINO and ONNX Runtime at every point measured (BENCHMARKS.md, issue 25), and inductor's AOT
 packages, built one per ⟨t, b⟩, cost 20–40 s each from a cold cache, most of the default profile's
-time. So a runtime slower than the fastest one beyond the noise and by DROP_MARGIN at least, at
-DROP_AFTER points in a row that differ in both threads and batch, and never faster than every other
-beyond the noise, is measured no further. The margin is wider than the one that chooses a point's
-runtime (RUNTIME_MARGIN): dropping a runtime decides points not yet measured. On ResNet-50 on 2 cores,
-OpenVINO ran 2.3 % and 4.5 % behind ONNX Runtime at ⟨1, 4⟩ and ⟨1, 8⟩, which the choosing margin
-would have taken as a verdict for the 2-thread points too. The grid is measured diagonal first
-(`diagonal_first`), so points of other thread counts and batches come early. This is a rule of thumb, not a proof (a runtime could win at a point not yet measured);
-`packrat profile --every-runtime` measures them all.
+time. So a runtime slower than the fastest one beyond the noise (by more than either figure's spread
+and by RUNTIME_MARGIN at least: the margin that lets a runtime take a point), at DROP_AFTER points
+in a row of which two differ in both threads and batch, and never faster than every other beyond
+the noise, is measured no further. The two points guard against a verdict taken at one thread count
+or one batch: on ResNet-50 on 2 cores OpenVINO ran 2.3 % and 4.5 % behind ONNX Runtime at ⟨1, 4⟩ and
+⟨1, 8⟩ and took ⟨1, 2⟩, ⟨2, 1⟩ and ⟨2, 4⟩. A wider margin of 5 % kept inductor's packages, 2–9 %
+behind, at every point on a noisy day: 274 s for the profile against 126 (issue 48). The grid is
+measured diagonal first (`diagonal_first`), so points of other thread counts and batches come early.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from packrat.profiling.profiles import choose_runtime, dominated
+from packrat.settings import RUNTIME_MARGIN
 
 DROP_AFTER = 2  # points in a row at which a runtime is dominated before it is measured no further
-DROP_MARGIN = 0.05  # slower than the chosen runtime by this share at least, to count as dominated
+DROP_MARGIN = RUNTIME_MARGIN  # slower than the fastest runtime by this share at least, to count as dominated
 
 
 def diagonal_first(threads: list[int], batches: list[int]) -> list[tuple[int, int]]:
