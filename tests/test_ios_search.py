@@ -98,6 +98,16 @@ def test_thread_splits():
     assert thread_splits(4, 1) == [(4,)]
     assert sorted(thread_splits(4, 2)) == [(1, 3), (2, 2), (3, 1)]
     assert thread_splits(2, 3) == [(1, 1, 1)]
+    assert len(thread_splits(4, 3, work=[1.0, 1.0, 5.0])) == 3  # few splits: every one, work or not
+
+
+def test_many_threads_split_by_the_groups_work_and_evenly():
+    assert thread_splits(16, 3, work=[1.0, 1.0, 6.0]) == [(3, 2, 11), (5, 5, 6)]  # ties: the earlier group
+    assert thread_splits(16, 2, work=[3.0, 1.0]) == [(12, 4), (8, 8)]
+    assert thread_splits(16, 8, work=[1.0] * 8) == [(2,) * 8]  # proportional and even agree
+    splits = thread_splits(16, 8, work=[9.0] + [1.0] * 7)
+    assert all(sum(split) == 16 and min(split) >= 1 for split in splits) and len(splits) == 2
+    assert len(thread_splits(16, 8)) == 6435  # no work known: every split, as before
 
 
 def test_rejects_non_topological_numbering():
@@ -244,3 +254,33 @@ def test_confirmed_choices_are_optimal_despite_lucky_first_timings(seed, n, dens
     assert sum(stage(s.groups, s.threads) if s.kind == "parallel" else merge(s.ops, s.threads[0])
                for s in confirmed.stages) == pytest.approx(truth.cost)
     assert confirmed.cost == pytest.approx(truth.cost)
+
+
+def search_counts(model: str, threads: int) -> tuple[int, int]:
+    """(DP states, stage candidates costed) of the whole search of `model` at batch 1 on `threads`,
+    its parts as the search cuts them, with synthetic costs: no timing. An operator's work grows
+    with its outputs' size; a group of k threads runs at speed k^0.6, plus a fixed cost per group."""
+    from packrat.ios_scheduler.api import DEFAULT_MAX_PART_SIZE
+    from packrat.ios_scheduler.graph import capture
+    from packrat.models.zoo import resolve
+
+    spec = resolve(model)
+    graph = capture(spec.build(), (spec.example_input(1),))
+    states = candidates = 0
+    for part in graph.parts(DEFAULT_MAX_PART_SIZE):
+        work = [1.0 + (part.start + op) % 7 for op in range(len(part))]
+        result = IOSSearch(graph.part_succ(part), threads, synthetic_cost(work, threads)).solve()
+        states, candidates = states + result.states, candidates + result.candidates
+    return states, candidates
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["inception_v3", "nasnet", "randwire"])
+def test_the_search_stays_tractable_on_many_threads(model):
+    """Every split of the threads made Inception-v3's candidates grow from 6,416 on 2 threads to
+    1,247,070 on 16 (issue 49); split by work and evenly beyond 10 splits, the count stays within
+    a small multiple of the 2-thread one at 4, 8 and 16 threads."""
+    counts = {threads: search_counts(model, threads) for threads in (2, 4, 8, 16)}
+    assert len({states for states, _ in counts.values()}) == 1  # the states do not depend on the threads
+    two = counts[2][1]
+    assert all(candidates <= 3 * two for _, candidates in counts.values()), counts
