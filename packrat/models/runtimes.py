@@ -10,9 +10,11 @@
   ``InferenceSession`` with ``intra_op_num_threads`` = the instance's threads and one inter-op thread.
 - ``torch-compile``: torch.compile of the module in the instance's process (inductor, frozen
   weights, static shapes), compiled at the instance's warm-up for each size of its batch's halving
-  ladder, with inductor's own cache on disk. What a user writes; on BERT-base it ran 12–16 % faster
-  than the AOTInductor packages of the default graph mode on 2 cores (BENCHMARKS.md, issue 42), at
-  the price of compiling in every new instance (seconds from a warm cache) rather than once.
+  ladder, with inductor's own cache on disk. What a user writes: issue 42's peers run found it
+  12–16 % faster than the AOTInductor packages of the default graph mode on BERT-base (2 cores);
+  issue 48's profile found it 2.3× slower, at eager's speed (BENCHMARKS.md). The profile measures it
+  like any runtime and drops it where it is dominated. It compiles in every new instance (seconds
+  from a warm cache) rather than once.
 
 Per instance, OpenVINO and ONNX Runtime may beat inductor's kernels (ResNet-50 on 2 cores: 4–11 %,
 BENCHMARKS.md); the profile measures every ⟨t, b⟩ under each runtime asked for and the planner takes
