@@ -20,11 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from packrat.profiling.profiles import choose_runtime, dominated
-from packrat.settings import RUNTIME_MARGIN
+from packrat.profiling.profiles import dominated
 
 DROP_AFTER = 2  # points in a row at which a runtime is dominated before it is measured no further
-DROP_MARGIN = RUNTIME_MARGIN  # slower than the fastest runtime by this share at least, to count as dominated
 
 
 def diagonal_first(threads: list[int], batches: list[int]) -> list[tuple[int, int]]:
@@ -45,7 +43,6 @@ class DominanceWatch:
     runtimes: tuple[str, ...]
     drop_after: int = DROP_AFTER
     dropped: dict[str, str] = field(default_factory=dict)  # runtime -> why
-    margin: float = DROP_MARGIN
     _streak: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)  # runtime -> points dominated in a row
     _won: set[str] = field(default_factory=set)  # runtimes that beat all others somewhere: never dropped
 
@@ -58,11 +55,10 @@ class DominanceWatch:
         figures = {r: f for r, f in figures.items() if r not in self.dropped}
         if len(figures) < 2:
             return []
-        chosen = choose_runtime(figures)
-        if len(dominated(figures)) == len(figures) - 1:  # a win beyond the noise, not a tie kept by the rule
-            self._won.add(chosen)
         fastest = min(figures, key=lambda r: (figures[r][0], r))
-        beaten = dominated(figures, self.margin)
+        beaten = dominated(figures)  # by the margin that lets a runtime take a point
+        if len(beaten) == len(figures) - 1:  # a win beyond the noise, not a tie kept by the choosing rule
+            self._won.add(fastest)
         newly = []
         for runtime in figures:
             streak = self._streak.setdefault(runtime, [])

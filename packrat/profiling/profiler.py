@@ -440,6 +440,7 @@ def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: 
     costs = {point: _cost(settings, *point[1:], topology) for point in todo}
     watch = None if every_runtime or len(usable) < 2 else DominanceWatch(usable)
     existing = profiles.load(out) if done else None
+    known = existing.points() if existing else {}  # the file's planned-on figures, for the watch
     bar = tqdm(total=sum(costs.values()), disable=not progress or not todo, unit="",
                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     with bar, profiles.ProfileWriter(out, meta) as writer:
@@ -449,7 +450,7 @@ def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: 
             figures = {}
             for r in watch.active if watch else usable:
                 if (r, t, b) in done:
-                    figures[r] = _figure_of(existing, r, t, b)
+                    figures[r] = (known[t, b, r], existing.spread_ms(t, b, r))
                     continue
                 index += 1
                 named = "" if runtimes == (DEFAULT_RUNTIME,) else f"{r} "
@@ -468,11 +469,6 @@ def planned_spread(row: dict) -> float:
     """The spread of the figure plans are made on (planned_ms): the served one's where measured."""
     key = "served_mad_ms" if row.get("served_ms") is not None else "mad_ms"
     return row.get(key) or 0.0
-
-
-def _figure_of(profile: profiles.Profile, runtime: str, threads: int, batch: int) -> tuple[float, float]:
-    """A point already in the file: its planned-on figure and spread (for the dominance watch)."""
-    return profile.points()[threads, batch, runtime], profile.spread_ms(threads, batch, runtime)
 
 
 def _drop_runtime(runtime: str, why: str, points_left: int, cost_left: float, bar,

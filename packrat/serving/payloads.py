@@ -14,15 +14,16 @@ into their rows against those decoded, and plans on:
 - the model-only figures when most bodies are raw tensors and the profile's served figures decode;
 - the served figures of a raw profile when bodies must be decoded: no figure times that decode,
   and the served one is the nearer.
-A change needs SHARE_TO_SWITCH of at least MIN_BODIES bodies seen since the last look, so a few
-stray requests of the other kind do not move the plan.
+A change needs SHARE_TO_SWITCH of the bodies judged, at least MIN_BODIES of them (added up over
+looks where one look sees fewer), so a few stray requests of the other kind do not move the plan.
+Counting costs the pool's submit one comparison of the body's size with a row's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-MIN_BODIES = 16  # bodies since the last look before the mix may change the basis
+MIN_BODIES = 16  # bodies judged at once: fewer wait for the next look
 SHARE_TO_SWITCH = 0.75  # the share of the other kind of body that changes the basis
 
 

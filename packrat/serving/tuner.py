@@ -2,7 +2,8 @@
 planned on follow the bodies served (payloads.py: served figures of the profile's payload, or the
 model's own for raw tensors), the profile is corrected by the served figures (correcting.py), the
 served plan is compared with the best one on the corrected figures (served.SwitchPolicy), and a
-near-tie the profile cannot settle is tried (trials.py). Every switch goes through the controller's zero-downtime reconfiguration."""
+near-tie the profile cannot settle is tried (trials.py). Every switch goes through the controller's
+zero-downtime reconfiguration."""
 
 from __future__ import annotations
 
