@@ -155,8 +155,8 @@ class Settings:
                                         "default), openvino or onnxruntime (packrat instances take each "
                                         "point's from the profile)", option=False,
                                   choices=("inductor", "openvino", "onnxruntime"))
-    ios: bool = setting(False, "instances run IOS schedules shipped beside the profile (the archive sets it from "
-                               "the profile's mode)", option=False)
+    ios: bool = setting(False, "instances of the ios runtime take their IOS schedules from beside the profile (the "
+                               "archive sets it when the profile has ios points)", option=False)
     tokenizer: str | None = setting(None, "a directory holding a Hugging Face tokenizer.json (or the file): token "
                                           "models then also take text/plain requests", per_model=True,
                                     metavar="DIR")

@@ -179,31 +179,41 @@ def test_optimize_over_several_parts_measures_the_right_operators():
 
 
 @pytest.mark.integration
-def test_ios_compiled_instances_in_the_profiler_and_the_pool(tmp_path):
+def test_the_ios_runtime_in_the_profiler_and_the_pool(tmp_path):
+    """ios is a runtime: measured beside inductor (its schedule searched once, kept), chosen per point,
+    and run by a pool instance planned with it."""
     from packrat.profiling import profiler
     from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
     from packrat.serving.pool.instance_pool import InstancePool
-    from packrat.errors import ProfileError
     from packrat.profiling.profiles import load
 
     cache = tmp_path / "schedules"
-    settings = profiler.ProfileSettings(model="tiny", warmup=1, iters=3, ios_cache=str(cache))
-    out = tmp_path / "tiny-ios.csv"
-    profile = profiler.run(settings, [1], [2], out, progress=False)
-    assert profile.metadata["mode"] == "ios" and (1, 2) in profile.latency
+    settings = profiler.ProfileSettings(model="tiny", warmup=1, iters=3, ios_cache=str(cache), served=False)
+    out = tmp_path / "tiny.csv"
+    profile = profiler.run(settings, [1], [2], out, progress=False, runtimes=("inductor", "ios"), every_runtime=True)
+    assert set(profile.by_runtime) == {"inductor", "ios"} and profile.metadata["mode"] != "ios"
     assert (cache / "tiny-t1-b2.json").exists()  # searched once, kept for the pool
-    with pytest.raises(ProfileError, match="mode 'ios'"):
-        profiler.run(profiler.ProfileSettings(model="tiny", warmup=1, iters=3), [1], [4], out, progress=False)
+    profiler.run(settings, [1], [2], out, progress=False, runtimes=("inductor", "ios"), every_runtime=True)
+    assert len(load(out).rows) == 2  # resumed: nothing measured again
     spec = resolve("tiny")
     module, x = spec.build(), spec.example_input(4)
-    with InstancePool(ModelConfig("tiny", ios_cache=str(cache)), [InstanceConfig(1, 2, (CORES[0],))]) as pool:
+    config = InstanceConfig(1, 2, (CORES[0],), runtime="ios")
+    with InstancePool(ModelConfig("tiny", ios_cache=str(cache)), [config]) as pool:
         assert pool.mode == "ios"
         v2 = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.flatten().tolist()}]}
         (answer,) = pool.infer([Request(json.dumps(v2).encode(), "application/json")])  # KServe v2: raw outputs
         output = json.loads(answer.body)["outputs"][0]
         got = torch.tensor(output["data"]).view(output["shape"])
         torch.testing.assert_close(got, expected(module, x), rtol=1e-4, atol=1e-5)
-    assert len(load(out).latency) == 1
+
+
+def test_a_profile_taken_whole_with_ios_holds_the_ios_runtime(tmp_path):
+    """Files written before IOS was a runtime (`# mode: ios`) plan IOS instances as they did."""
+    from packrat.profiling.profiles import load
+
+    path = tmp_path / "old.csv"
+    path.write_text("# model: tiny\n# mode: ios\nthreads,batch,latency_ms\n1,1,2.0\n1,2,3.0\n")
+    assert set(load(path).runtimes.values()) == {"ios"}
 
 
 def test_values_are_dropped_after_their_last_reader(block):

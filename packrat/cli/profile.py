@@ -58,8 +58,11 @@ def add_profile_parser(sub) -> None:
                         "a runtime whose outputs differ from eager torch's is refused, with the reason "
                         "(default: every runtime installed here)")
     p.add_argument("--ios", action="store_true",
-                   help="profile IOS-compiled instances: each point runs the model by the IOS schedule for its "
-                        "threads and batch (searched once, then cached in --ios-cache)")
+                   help="measure the ios runtime too, after the others: the model run by an IOS schedule "
+                        "(independent operators side by side on disjoint threads), searched once per threads and "
+                        "batch and cached in --ios-cache. Only where it can gain: batch <= 4 where the other "
+                        "runtimes leave half the threads idle (everywhere with --every-runtime); the planner takes "
+                        "it where it serves faster")
     ios_cache_arg(p)
     contention_args(p)
     served = p.add_mutually_exclusive_group()
@@ -73,7 +76,7 @@ def add_profile_parser(sub) -> None:
                         help="time the model alone on example tensors (latency_ms) and skip the served figure: "
                              "the profile then plans on the model alone, blind to decoding and encoding")
     p.add_argument("--every-runtime", action="store_true",
-                   help="measure every point under every runtime; by default a runtime slower than the fastest "
+                   help="measure every point under every runtime (with --ios, ios too); by default a runtime slower than the fastest "
                         f"beyond the noise at {DROP_AFTER} points in a row (and never the fastest beyond it) is "
                         "measured no further, which the profile's head records")
     adaptive_args(p)
@@ -95,7 +98,7 @@ def profile_settings(args: argparse.Namespace) -> profiler.ProfileSettings:
     min_time = None if args.iters else (args.min_time or profiler.DEFAULT_MIN_TIME_S)
     return profiler.ProfileSettings(model=args.model, warmup=args.warmup, iters=args.iters,
                              min_time=min_time, graph_mode=args.graph_mode, input_shape=args.input_shape,
-                             ios_cache=str(args.ios_cache) if args.ios else None, contention=args.contention,
+                             ios_cache=str(args.ios_cache), contention=args.contention,
                                     isolated_too=args.isolated_too, served=not args.model_only, payload=args.payload)
 
 
@@ -112,7 +115,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     settings = profile_settings(args)
     threads, batches = profile_grid(args)
-    runtimes = args.runtimes or (("inductor",) if args.ios or args.replay else installed_runtimes())
+    runtimes = args.runtimes or (("inductor",) if args.replay else installed_runtimes())
+    if args.ios and "ios" not in runtimes:
+        runtimes += ("ios",)
     out = args.out or default_profile_path(args.model)
     try:
         if args.adaptive or args.replay:

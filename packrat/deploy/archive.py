@@ -13,10 +13,11 @@ import yaml
 from packrat import handlers
 from packrat.errors import ServeError
 from packrat.models.modes import DEFAULT_MODE
+from packrat.models.runtimes import IOS_CACHE
 from packrat.settings import Settings
 
 HANDLERS = Path(handlers.__file__).parent
-DEFAULT_IOS_CACHE = Path("profiles/ios-schedules")  # where `packrat profile --ios` keeps schedules
+DEFAULT_IOS_CACHE = IOS_CACHE  # where `packrat profile --ios` keeps schedules
 HF_ARCHIVE_DIR = "hf-model"  # where an archive keeps a Hugging Face model's directory
 
 
@@ -65,8 +66,8 @@ def build(settings: Settings, out_dir: Path, *, name: str | None = None, handler
     code in the worker. A model served compiled (the profile's mode, or the stock handler's default)
     gets its compiled packages built here, once per machine type, and shipped (see compiled_files);
     the artefacts of the profile's other runtimes (OpenVINO, ONNX Runtime) are shipped too.
-    A profile taken with IOS-compiled instances is served by them: the archive carries the model's
-    cached schedules from `ios_cache` (the pool searches any that are missing).
+    A profile with points of the ios runtime (`packrat profile --ios`) may plan IOS instances: the
+    archive carries the model's cached schedules from `ios_cache` (the pool searches any missing).
 
     Several profiles (one per machine type) ship as profile-0.csv, ...: each server plans with
     the one chosen for its CPU and budget (profiles.choose), and what is built here (compiled
@@ -91,7 +92,8 @@ def build(settings: Settings, out_dir: Path, *, name: str | None = None, handler
         # The mode the instances (or the stock handler) will run: the settings' if they name one, as in
         # serving.engine.served_mode, so that nothing is shipped for a mode that is not run.
         mode = settings.graph_mode or (chosen.metadata["mode"] if chosen else DEFAULT_MODE)
-        if mode == "ios":  # the archiver flattens folders: schedules sit beside the profile, named by model
+        ios = chosen is not None and "ios" in chosen.measured_runtimes
+        if ios:  # the archiver flattens folders: schedules sit beside the profile, named by model
             extra += cached_schedules(spec.name, Path(ios_cache))
         if mode == "compile":
             extra += compiled_files(spec, settings.max_batch,
@@ -99,7 +101,7 @@ def build(settings: Settings, out_dir: Path, *, name: str | None = None, handler
                                                       settings.share_node))
         if chosen is not None:
             extra += runtime_files(spec, chosen.measured_runtimes)
-        packed = settings.replace(model=model_ref, profiles=tuple(profile_names), ios=mode == "ios",
+        packed = settings.replace(model=model_ref, profiles=tuple(profile_names), ios=ios,
                                   **{key: path.name for key, path in requests.items()})
         config = staging / "model-config.yaml"
         config.write_text(model_config_yaml(packed, handler=handler, max_batch_delay_ms=max_batch_delay_ms))

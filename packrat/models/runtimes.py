@@ -15,6 +15,11 @@
   issue 48's profile found it 2.3× slower, at eager's speed (BENCHMARKS.md). The profile measures it
   like any runtime and drops it where it is dominated. It compiles in every new instance (seconds
   from a warm cache) rather than once.
+- ``ios``: torch running the model by an IOS schedule (ios_scheduler: independent operators in
+  concurrent groups on disjoint threads), searched once per model, threads and batch and kept in a
+  cache folder (IOS_CACHE by default). Opt-in (OPT_IN: ``packrat profile --ios``): each point's
+  search takes seconds to minutes, and it pays only where an instance has more threads than one
+  operator can use, so the profile measures it only there (packrat/profiling/reach.py).
 
 Per instance, OpenVINO and ONNX Runtime may beat inductor's kernels (ResNet-50 on 2 cores: 4–11 %,
 BENCHMARKS.md); the profile measures every ⟨t, b⟩ under each runtime asked for and the planner takes
@@ -40,9 +45,11 @@ import os
 import warnings
 from pathlib import Path
 
-RUNTIMES = ("inductor", "openvino", "onnxruntime", "torch-compile")
+RUNTIMES = ("inductor", "openvino", "onnxruntime", "torch-compile", "ios")
 DEFAULT_RUNTIME = "inductor"
-TORCH_RUNTIMES = ("inductor", "torch-compile")  # torch runs the model: its threads are the instance's
+TORCH_RUNTIMES = ("inductor", "torch-compile", "ios")  # torch runs the model: its threads are the instance's
+OPT_IN = ("ios",)  # measured only when asked for, never by default (installed_runtimes)
+IOS_CACHE = Path("profiles/ios-schedules")  # where IOS schedules are kept unless a folder is named
 PACKAGES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}  # runtime -> the module it needs
 INSTALL_HINT = "pip install 'packrat[runtimes]'"
 TOLERANCE = 1e-3  # largest |runtime - eager| relative to eager's largest |output|
@@ -72,7 +79,7 @@ def version(runtime: str) -> str:
 
 def runtime_of(mode: str) -> str:
     """The runtime of an instance that runs the model in `mode`: a graph mode (compile, script,
-    eager, ios) is torch's, inductor; another runtime's name is that runtime."""
+    eager) is torch's, inductor; another runtime's name (ios included) is that runtime."""
     return mode if mode in RUNTIMES else DEFAULT_RUNTIME
 
 
@@ -88,7 +95,8 @@ def torch_threads(mode: str, threads: int) -> int:
 
 
 def installed_runtimes() -> tuple[str, ...]:
-    return tuple(r for r in RUNTIMES if installed(r))
+    """The runtimes a profile measures by default: every installed one but the opt-in ones."""
+    return tuple(r for r in RUNTIMES if installed(r) and r not in OPT_IN)
 
 
 def parse(text: str) -> tuple[str, ...]:
@@ -319,16 +327,22 @@ def torch_compiled(spec, batch: int):
     return compiled.Ladder({size: module for size in sizes})
 
 
-def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str | None = None):
+def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str | None = None,
+                    ios_cache: str | os.PathLike | None = None):
     """(callable, example inputs at `batch`) for an instance of `batch` running `runtime`: OpenVINO
     compiled for each size of the batch's halving ladder (as the AOT packages are), ONNX Runtime's
-    one session for all, torch.compile's graphs for the ladder's sizes (torch_compiled).
-    RuntimeRefused when the runtime cannot run the model."""
+    one session for all, torch.compile's graphs for the ladder's sizes (torch_compiled), the IOS
+    schedule for `threads` and `batch` from `ios_cache` (IOS_CACHE by default; searched there when
+    missing). RuntimeRefused when the runtime cannot run the model."""
     from packrat.models import compiled
 
     examples = spec.example_inputs(batch)
     if runtime == "torch-compile":
         return torch_compiled(spec, batch), examples
+    if runtime == "ios":
+        from packrat.ios_scheduler.cache import prepare_ios
+
+        return prepare_ios(spec, batch, threads, ios_cache or IOS_CACHE)[0], examples
     path = ensure_artefact(spec, runtime, shipped)
     if runtime == "onnxruntime":
         return OrtRunner(path, spec, batch, threads), examples

@@ -206,7 +206,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--graph-mode", default=DEFAULT_MODE, choices=MODES)
     parser.add_argument("--runtime", default=DEFAULT_RUNTIME, choices=RUNTIMES,
                         help="the engine that runs the model (inductor: torch, in --graph-mode)")
-    parser.add_argument("--ios-cache", default=None, help="run the model by its IOS schedule (cached here)")
+    parser.add_argument("--ios-cache", default=None,
+                        help="where the ios runtime's schedules are kept (searched there when missing)")
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="load the model as the point runs it (an IOS schedule searched and kept, an "
+                             "artefact built), print its mode and exit: done alone before copies measure together")
     parser.add_argument("--payload", default=None, choices=PAYLOADS,
                         help="also measure the served figure: a sub-batch of these bodies decoded, run and "
                              "encoded as a pool instance does (natural: the model's own payload)")
@@ -261,14 +265,10 @@ def _load(args: argparse.Namespace, spec):
     """(module, example inputs, mode): the model as the point runs it."""
     from packrat.models.zoo import prepare
 
-    if args.ios_cache:
-        from packrat.ios_scheduler.cache import prepare_ios
-
-        return prepare_ios(spec, args.batch, args.threads, args.ios_cache)
     if args.runtime != DEFAULT_RUNTIME:
         from packrat.models.runtimes import prepare_runtime
 
-        module, examples = prepare_runtime(spec, args.runtime, args.batch, args.threads)
+        module, examples = prepare_runtime(spec, args.runtime, args.batch, args.threads, ios_cache=args.ios_cache)
         return module, examples, args.runtime
     return prepare(spec, args.batch, graph_mode=args.graph_mode)
 
@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     served = None
+    if args.prepare_only:
+        print(json.dumps({"mode": _prepare(args)[2]}), flush=True)
+        return 0
     if args.payload:
         module, examples, mode, served = _prepare_served(args)
     else:

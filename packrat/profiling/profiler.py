@@ -22,6 +22,8 @@ Runtimes (packrat/models/runtimes.py): every point is measured under each runtim
 its own fresh process, the runtime's artefact built (and checked against eager) once before its
 first point. A runtime that cannot run the model, or whose outputs differ from eager's, is
 refused with the reason (printed, and kept in the new profile's metadata) and its points skipped.
+The opt-in ios runtime (an IOS schedule, searched alone on the point's cores before the point is
+timed) is measured after the others, where they leave threads idle (reach.py).
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ from packrat.errors import ProfileError, ProfilingError
 from packrat.machine.budget import cpu_budget
 from packrat.machine.topology import Topology, cpu_model
 from packrat.models.modes import DEFAULT_MODE
-from packrat.models.runtimes import DEFAULT_RUNTIME
-from packrat.profiling import profiles
+from packrat.models.runtimes import DEFAULT_RUNTIME, OPT_IN
+from packrat.profiling import profiles, reach
 from packrat.profiling.dominance import DROP_AFTER, DominanceWatch, diagonal_first
 from packrat.profiling.point import served_summary, summarize
 
@@ -83,7 +85,7 @@ class ProfileSettings:
     min_time: float | None = None
     graph_mode: str = DEFAULT_MODE  # packrat.models.modes.MODES
     input_shape: tuple[int, ...] | None = None
-    ios_cache: str | None = None  # profile IOS-compiled instances; schedules cached here
+    ios_cache: str | None = None  # where the ios runtime's schedules are kept (None: runtimes.IOS_CACHE)
     contention: bool = DEFAULT_CONTENTION  # measure each point loaded by copies of itself where they fit
     isolated_too: bool = False  # with contention: measure every point alone as well (two measurements)
     runtime: str = DEFAULT_RUNTIME  # the runtime a point is measured under (run() sets it per runtime)
@@ -104,7 +106,7 @@ def metadata(settings: ProfileSettings, topology: Topology, runtimes: dict[str, 
     served = {"payload": payload_kind(settings, spec)} if settings.served else {}
     return {
         "model": settings.model,
-        "mode": "ios" if settings.ios_cache else (settings.graph_mode if spec.scriptable else "eager"),
+        "mode": settings.graph_mode if spec.scriptable else "eager",
         "torch": torch.__version__,
         "cpu": cpu_model(),
         "latency": "loaded" if settings.contention else "isolated",
@@ -148,21 +150,22 @@ def _command(settings: ProfileSettings, threads: int, batch: int, cores: list[in
     cmd += ["--graph-mode", settings.graph_mode, "--runtime", settings.runtime]
     if settings.served:
         cmd += ["--payload", settings.payload or "natural"]
-    if not settings.ios_cache:
+    if settings.runtime != "ios":
         return cmd, None
-    from packrat.ios_scheduler.runtime import openmp_env
+    from packrat.ios_scheduler.openmp import openmp_env
 
-    return cmd + ["--ios-cache", str(settings.ios_cache)], openmp_env()
+    return cmd + (["--ios-cache", str(settings.ios_cache)] if settings.ios_cache else []), openmp_env()
 
 
 def _last_line(text: str, fallback: str) -> str:
     return (text.strip().splitlines() or [fallback])[-1]
 
 
-def measure_point(settings: ProfileSettings, threads: int, batch: int, cores: list[int]) -> dict:
-    """Run packrat.profiling.point in a fresh process pinned to `cores`; return its statistics."""
+def measure_point(settings: ProfileSettings, threads: int, batch: int, cores: list[int], *extra: str) -> dict:
+    """Run packrat.profiling.point (with `extra` arguments) in a fresh process pinned to `cores`;
+    return its statistics."""
     cmd, env = _command(settings, threads, batch, cores)
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    done = subprocess.run(cmd + list(extra), capture_output=True, text=True, env=env)
     if done.returncode != 0:
         reason = _last_line(done.stderr, f"exit status {done.returncode}")
         raise ProfilingError(f"measuring threads={threads} batch={batch} failed: {reason}")
@@ -313,6 +316,8 @@ def measure(settings: ProfileSettings, threads: int, batch: int, topology: Topol
     copies = copies_for(threads, topology) if settings.contention else 1
     row = {"threads": threads, "batch": batch, "copies": 1, "runtime": settings.runtime}
     timeout = LOADED_TIMEOUT_FLOOR_S
+    if settings.runtime == "ios":  # searched once, alone on the point's cores, before any copy times it
+        measure_point(settings, threads, batch, topology.cores_for(threads), "--prepare-only")
     if copies == 1 or settings.isolated_too:
         started = time.monotonic()
         isolated = measure_point(settings, threads, batch, topology.cores_for(threads))
@@ -392,9 +397,7 @@ def check_runtimes(settings: ProfileSettings, runtimes: tuple[str, ...], say=pri
     verdicts: dict[str, str | None] = {}
     for runtime in runtimes:
         verdicts[runtime] = None
-        if runtime != DEFAULT_RUNTIME and settings.ios_cache:
-            verdicts[runtime] = f"{runtime}: IOS schedules run in torch; profile {runtime} without --ios"
-        elif runtime != DEFAULT_RUNTIME:
+        if runtime != DEFAULT_RUNTIME:
             try:
                 engines.ensure_artefact(resolve(settings.model, settings.input_shape), runtime)
             except engines.RuntimeRefused as exc:
@@ -429,26 +432,27 @@ def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: 
     settings, meta = resumed(settings, out, meta, notes.append)
     done = _existing(out, meta)
     usable = tuple(r for r, why in verdicts.items() if not why)
+    plain = tuple(r for r in usable if r not in OPT_IN)  # the opt-in ios runtime is measured after them
     # Each ⟨t, b⟩ under every runtime back to back: the planner picks the fastest runtime per point,
     # and a machine whose speed drifts over minutes (a shared VM) would otherwise decide that pick.
     # Diagonal first: a runtime the others dominate is seen at other threads and batches early.
     grid = diagonal_first(threads, batches)
-    todo = [(r, t, b) for t, b in grid for r in usable if (r, t, b) not in done]
+    todo = [(r, t, b) for t, b in grid for r in plain if (r, t, b) not in done]
     for note in notes if todo else ():  # said only where a point is to be measured
         say(note)
     # Progress is weighted by expected cost so the time-left estimate is useful.
     costs = {point: _cost(settings, *point[1:], topology) for point in todo}
-    watch = None if every_runtime or len(usable) < 2 else DominanceWatch(usable)
+    watch = None if every_runtime or len(plain) < 2 else DominanceWatch(plain)
     existing = profiles.load(out) if done else None
     known = existing.points() if existing else {}  # the file's planned-on figures, for the watch
-    bar = tqdm(total=sum(costs.values()), disable=not progress or not todo, unit="",
+    bar = tqdm(total=sum(costs.values()), disable=not progress or not (todo or "ios" in usable), unit="",
                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     with bar, profiles.ProfileWriter(out, meta) as writer:
         index, seen = 0, set()
         for t, b in grid:
             seen.add((t, b))
             figures = {}
-            for r in watch.active if watch else usable:
+            for r in watch.active if watch else plain:
                 if (r, t, b) in done:
                     figures[r] = (known[t, b, r], existing.spread_ms(t, b, r))
                     continue
@@ -462,7 +466,36 @@ def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: 
             for r in watch.point(t, b, figures) if watch else ():
                 left = [p for p in costs if p[0] == r and (p[1], p[2]) not in seen]
                 _drop_runtime(r, watch.dropped[r], len(left), sum(costs.pop(p) for p in left), bar, writer, say)
+        if "ios" in usable:
+            _measure_ios(settings, out, grid, plain, done, topology, writer, say, every_runtime, bar)
     return profiles.load(out)
+
+
+def _measure_ios(settings: ProfileSettings, out: Path, grid: list[tuple[int, int]] | None, plain: tuple[str, ...],
+                 done: set, topology: Topology, writer: profiles.ProfileWriter, say, every_runtime: bool,
+                 bar=None) -> None:
+    """Measure the ios runtime, after the plain runtimes, where it can gain (reach.ios_points on their
+    figures at the points of `grid`, None: every point they measured); everywhere in the grid with
+    `every_runtime` or without a plain runtime. Each point's schedule is searched first (measure)."""
+    figures = profiles.load(out).only(plain).latency if plain and out.stat().st_size else {}
+    if grid is None:
+        grid = sorted(figures)
+    if every_runtime or not plain:
+        points = list(grid)
+    else:
+        points = reach.ios_points({p: figures[p] for p in grid if p in figures})
+        say(f"runtime ios: measured at {len(points)} point(s), those at batch ≤ {reach.IOS_MAX_BATCH} where the "
+            f"other runtimes use less than {reach.IOS_EFFICIENCY:.0%} of the threads; --every-runtime measures "
+            f"it everywhere")
+    todo = [(t, b) for t, b in points if ("ios", t, b) not in done]
+    if bar is not None:
+        bar.total += sum(_cost(settings, t, b, topology) for t, b in todo)
+    for index, (t, b) in enumerate(todo, start=1):
+        if bar is not None:
+            bar.set_description(f"ios point {index}/{len(todo)}: threads={t} batch={b} (its schedule searched first)")
+        writer.write(measure(replace(settings, runtime="ios"), t, b, topology))
+        if bar is not None:
+            bar.update(_cost(settings, t, b, topology))
 
 
 def planned_spread(row: dict) -> float:
@@ -565,7 +598,9 @@ def run_adaptive(settings: ProfileSettings, threads: list[int], batches: list[in
     previous = profiles.load(out) if source is None and _existing(out, meta) else None
     _some_runtime(verdicts)
     grids = {}
-    for runtime in [r for r, why in verdicts.items() if not why]:
+    usable = [r for r, why in verdicts.items() if not why]
+    plain = tuple(r for r in usable if r not in OPT_IN or source is not None)  # replayed: ios looked up like any
+    for runtime in plain:
         grids[runtime] = adaptive.AdaptiveGrid(threads, batches, tolerance=tolerance,
                                                slack=adaptive.DEFAULT_SLACK if slack is None else slack)
         if previous is not None:
@@ -573,6 +608,9 @@ def run_adaptive(settings: ProfileSettings, threads: list[int], batches: list[in
     watch = None if every_runtime or source or len(grids) < 2 else DominanceWatch(tuple(grids))
     with profiles.ProfileWriter(out, meta) as writer:
         _adapt(grids, settings, topology, source, writer, progress, watch, say)
+        if "ios" in usable and not source:
+            done = {(r, t, b) for r, points in (previous.by_runtime if previous else {}).items() for t, b in points}
+            _measure_ios(settings, out, None, plain, done, topology, writer, say, every_runtime)
     result = profiles.load(out)
     parts = [_adaptive_result(replace(settings, runtime=r), grid, topology,
                               source.by_runtime[r] if source else None) for r, grid in grids.items()]

@@ -344,6 +344,8 @@ def load(path: str | Path) -> Profile:
     loaded = _is_loaded(path, metadata, header)
 
     profile = Profile(latency={}, metadata=metadata)
+    # a profile taken whole with IOS instances (`# mode: ios`, before IOS became a runtime) holds the ios runtime's points
+    default_runtime = "ios" if metadata.get("mode") == "ios" else DEFAULT_RUNTIME
     for number, row in zip(numbers[1:], reader):
         if columns is _PUBLISHED and not _is_published_script_row(row):
             continue
@@ -359,7 +361,7 @@ def load(path: str | Path) -> Profile:
             raise ProfileError(f"{where}: {exc}") from None
         if threads < 1 or batch < 1:
             raise ProfileError(f"{where}: threads and batch must be >= 1, got threads={threads} batch={batch}")
-        runtime = (row.get("runtime") or "").strip() or DEFAULT_RUNTIME
+        runtime = (row.get("runtime") or "").strip() or default_runtime
         if (threads, batch) in profile.by_runtime.get(runtime, {}):
             raise ProfileError(f"{where}: duplicate point threads={threads} batch={batch} runtime={runtime}")
         profile.add(runtime, threads, batch, latency, isolated, spread, served)

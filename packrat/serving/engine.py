@@ -230,7 +230,7 @@ def model_config(settings: Settings, model_dir: str, profiled_mode: str | None =
     elif model.startswith(HF_PREFIX) and (Path(model_dir) / model[len(HF_PREFIX):]).is_dir():
         model = HF_PREFIX + str(Path(model_dir) / model[len(HF_PREFIX):])  # a save_pretrained directory shipped
     spec = resolve(model, settings.input_shape)
-    # IOS-compiled instances: schedules shipped in the archive; missing ones are searched and kept there
+    # Instances of the ios runtime: schedules shipped in the archive; missing ones are searched and kept there
     ios_cache = model_dir if settings.ios else None
     # Compiled packages shipped in the archive sit in model_dir; missing ones come from (or are
     # built into) this machine's cache.

@@ -30,7 +30,7 @@ class ModelConfig:
     input_shape: tuple[int, ...] | None = None
     graph_mode: str = "compile"  # packrat.models.modes.MODES
     compile_cache: str | None = None  # compiled packages shipped here are used first (an archive's directory)
-    ios_cache: str | None = None  # run each instance by its IOS schedule, cached in this directory
+    ios_cache: str | None = None  # where instances of the ios runtime keep their schedules (None: runtimes.IOS_CACHE)
 
 
 @dataclass(frozen=True)

@@ -123,10 +123,6 @@ def load(model: ModelConfig, config: InstanceConfig):
     from packrat.models.zoo import prepare, resolve
 
     spec = resolve(model.model, model.input_shape)
-    if model.ios_cache:
-        from packrat.ios_scheduler.cache import prepare_ios
-
-        return (*prepare_ios(spec, config.batch, config.threads, model.ios_cache), None)
     failures = []
     for runtime in dict.fromkeys((config.runtime, *config.fallbacks, DEFAULT_RUNTIME)):
         if runtime == DEFAULT_RUNTIME:
@@ -142,7 +138,8 @@ def load(model: ModelConfig, config: InstanceConfig):
 def load_runtime(spec, model: ModelConfig, config: InstanceConfig, runtime: str):
     from packrat.models.runtimes import prepare_runtime
 
-    module, examples = prepare_runtime(spec, runtime, config.batch, config.threads, model.compile_cache)
+    module, examples = prepare_runtime(spec, runtime, config.batch, config.threads, model.compile_cache,
+                                       ios_cache=model.ios_cache)
     return module, examples, runtime
 
 

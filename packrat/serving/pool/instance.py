@@ -84,8 +84,8 @@ class Instance:
         self.conn = Connection(parent_sock.detach())
         child_fd = child_sock.detach()
         env = None
-        if model.ios_cache:
-            from packrat.ios_scheduler.runtime import openmp_env
+        if config.runtime == "ios":
+            from packrat.ios_scheduler.openmp import openmp_env
 
             env = openmp_env()
         self.process = subprocess.Popen([sys.executable, "-m", "packrat.serving.pool", str(child_fd), str(os.getpid())],
