@@ -85,9 +85,22 @@ def test_plan_json_is_the_documented_object(profile, capsys):
                     "instances": [{"threads": 1, "batch": 2, "cores": body["instances"][0]["cores"], "runtime": "inductor"},
                                   {"threads": 1, "batch": 2, "cores": body["instances"][1]["cores"],
                                    "runtime": "inductor"}],
-                    "latency": "isolated", "basis": "model"}
+                    "latency": "isolated", "basis": "model", "ios": []}
     cores = [c for inst in body["instances"] for c in inst["cores"]]
     assert len(set(cores)) == 2
+
+
+def test_plan_says_which_instances_run_ios_and_what_they_gained(tmp_path, capsys):
+    """An instance shape whose ios figure beats the other runtimes' is planned with IOS, and said."""
+    rows = [(1, 1, "inductor", 10.0), (2, 1, "inductor", 9.0), (2, 1, "ios", 6.0), (1, 1, "ios", 10.5)]
+    path = tmp_path / "ios.csv"
+    path.write_text("# model: toy\nthreads,batch,latency_ms,runtime\n" + "".join(f"{t},{b},{ms},{r}\n" for t, b, r, ms in rows))
+    assert main(["plan", "--profile", str(path), "--threads", "2", "--batch", "1", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [i["runtime"] for i in body["instances"]] == ["ios"]
+    assert body["ios"] == [{"threads": 2, "batch": 1, "runtime": "ios", "ms": 6.0, "against": "inductor", "against_ms": 9.0}]
+    assert main(["plan", "--profile", str(path), "--threads", "2", "--batch", "1"]) == 0
+    assert "⟨2 threads, batch 1⟩ runs an IOS schedule: 6.0 ms against 9.0 for inductor" in capsys.readouterr().out
 
 
 def test_plan_for_more_cores_than_this_machine(profile, capsys):

@@ -17,6 +17,19 @@ def runtime_text(runtime: str | None) -> str:
     return "" if runtime in (None, DEFAULT_RUNTIME) else f", {runtime}"
 
 
+def gain_lines(gains: list[dict]) -> list[str]:
+    """A line for each planned instance shape that runs an IOS schedule, with what it gained over the
+    fastest other runtime the profile measured there (profiles.gains)."""
+    lines = []
+    for g in gains:
+        shape = f"⟨{g['threads']} threads, batch {g['batch']}⟩ runs an IOS schedule: {g['ms']:.1f} ms"
+        if g.get("against"):
+            shape += (f" against {g['against_ms']:.1f} for {g['against']}, the fastest other runtime profiled "
+                      f"there ({g['against_ms'] / g['ms']:.2f}×)")
+        lines.append(shape)
+    return lines
+
+
 def fat_text(plan: Plan) -> str:
     if plan.fat_latency_ms is None:
         return f"fat ⟨1 × {plan.threads} threads, batch {plan.batch}⟩ not profiled"
@@ -44,9 +57,12 @@ def print_plan_table(plans: list[Plan], skipped: list[str]) -> None:
 
 
 def print_budget_and_profile(status: dict) -> None:
-    """The cores the handler plans for and why, and the profile it chose (see packrat/serving/engine.py)."""
+    """The cores the handler plans for and why, the profile it chose (see packrat/serving/engine.py) and
+    what the plan's IOS instances gain by it."""
     budget = status.get("cpu_budget")
     if budget:
         print(f"CPU budget: {describe_budget(budget)}")
     if status.get("profile"):
         print(f"profile: {status['profile']}")
+    for line in gain_lines(status.get("ios") or []):  # the plan's IOS instances, and what they gained
+        print(line)

@@ -9,10 +9,10 @@ from pathlib import Path
 from packrat.cli.args import local_cores, topology_for
 
 from packrat.cli.types import positive
-from packrat.cli.output import print_plan, print_plan_table
+from packrat.cli.output import gain_lines, print_plan, print_plan_table
 from packrat.errors import NoPlanError
 from packrat.planning.planner import Planner
-from packrat.profiling.profiles import LATENCIES, load
+from packrat.profiling.profiles import LATENCIES, gains, load
 
 
 def add_plan_parser(sub) -> None:
@@ -41,8 +41,9 @@ def add_plan_parser(sub) -> None:
                    help="print JSON: {threads, batch, expected_latency_ms, fat_latency_ms, instances: "
                         "[{threads, batch, cores, runtime}], latency: loaded|isolated, basis: served|model} (a list "
                         "of them without --batch); "
-                        "runtime: inductor, openvino or onnxruntime, the fastest the profile measured for that "
-                        "⟨threads, batch⟩")
+                        "runtime: inductor, openvino, onnxruntime, torch-compile or ios, the fastest the profile "
+                        "measured for that ⟨threads, batch⟩; ios: [{threads, batch, ms, against, against_ms}] for "
+                        "each instance shape that runs an IOS schedule, against the fastest other runtime there")
     p.set_defaults(func=cmd_plan)
 
 
@@ -64,13 +65,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 raise
             skipped.append(f"B={batch}: no plan: {exc}")
     if args.json:
-        body = [{**p.to_json(), "latency": latency, "basis": profile.basis} for p in plans]
+        body = [{**p.to_json(), "latency": latency, "basis": profile.basis, "ios": ios_gains(profile, [p])}
+                for p in plans]
         print(json.dumps(body[0] if args.batch else body, indent=2))
-    elif args.batch:
+        return 0
+    if args.batch:
         print_plan(plans[0], f"{latency}, served" if profile.basis == "served" else latency)
     else:
         print(f"Plans for T={threads} threads, model {profile.metadata.get('model', '?')} ({args.profile}), "
               f"{latency} latencies, {profile.metadata['mode']} mode, "
               f"{'served figures (' + str(profile.payload) + ')' if profile.basis == 'served' else 'model-only figures'}")
         print_plan_table(plans, skipped)
+    for line in gain_lines(ios_gains(profile, plans)):
+        print(line)
     return 0
+
+
+def ios_gains(profile, plans) -> list[dict]:
+    """What the plans' IOS instances gained over the fastest other runtime (profiles.gains)."""
+    return gains(profile, [(i.threads, i.batch, i.runtime) for plan in plans for i in plan.instances])

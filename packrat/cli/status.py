@@ -12,8 +12,9 @@ from packrat.cli.types import positive
 from packrat.deploy import torchserve
 from packrat.errors import ServeError
 
-MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"eager"|"ios", "health": {"instances", '
-              '"ready", "respawning", "respawn_failures", "unavailable", "queued", "answered", "refused", "stage_ms": '
+MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"eager"|"ios", "ios": [{"threads", '
+              '"batch", "ms", "against", "against_ms"}] (IOS instances), "health": {"instances", "ready", "respawning", '
+              '"respawn_failures", "unavailable", "queued", "answered", "refused", "stage_ms": '
               '{"queue", "copy", "send", "wake", "locks", "decode", "model", "encode", "reply", "hand_out", "total"}, '
               '"sub_batches", "requests_per_sub_batch", "fallbacks", ...}, '
               '"reconfigurations": [{"from_batch", "to_batch", "reason", "seconds", "failed_requests", ...}], "served": '
@@ -28,14 +29,13 @@ MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"ea
 
 def add_status_parser(sub) -> None:
     p = sub.add_parser("status", help="the served plans, the node's plan of cores and the last reconfigurations",
-                       description="Ask the running packrat handlers (through TorchServe's management API, or "
-                                   "the KServe server's /status) for "
-                                   "each model's plan, how its instances run the model (compile, script, eager or "
-                                   "ios), its health, where the pool's recent batches spent their time (queue, "
-                                   "copy, send, wake, locks, decode, model, encode, reply, hand-out) and recent "
-                                   "reconfigurations; with several models, also the node: the cores each model has, "
-                                   "its observed load, what the plan of the cores optimises, and each move with its "
-                                   "reason and duration.")
+                       description="Ask the running packrat handlers (through TorchServe's management API, or the "
+                                   "KServe server's /status) for each model's plan, what its IOS instances gain, how "
+                                   "its instances run the model (compile, script, eager or ios), its health, where "
+                                   "the pool's recent batches spent their time (queue, copy, send, wake, locks, "
+                                   "decode, model, encode, reply, hand-out) and recent reconfigurations; with "
+                                   "several models, also the node: the cores each model has, its observed load, "
+                                   "what the plan of the cores optimises, and each move with its reason and duration.")
     run_dir_arg(p)
     p.add_argument("--model", default=None, metavar="NAME",
                    help="only this model (default: every model the server serves)")

@@ -22,7 +22,7 @@ from packrat.errors import NoPlanError  # noqa: E402
 from packrat.planning.planner import Plan, Planner  # noqa: E402
 from packrat.profiling.profiles import Profile  # noqa: E402
 
-SHORT_RUNTIMES = {"inductor": "", "openvino": "OV", "onnxruntime": "ORT", "torch-compile": "TC"}  # labels: the default unnamed
+SHORT_RUNTIMES = {"inductor": "", "openvino": "OV", "onnxruntime": "ORT", "torch-compile": "TC", "ios": "IOS"}  # labels: the default unnamed
 PANEL_TITLES = {"loaded": "loaded: ⌊T/t⌋ copies side by side", "isolated": "isolated: one instance alone"}
 PLAN_AXIS = "batch size B, and the plan: count×⟨threads, batch⟩"
 RUNTIME_KEY = "\n⟨threads, batch, runtime⟩: OV OpenVINO, ORT ONNX Runtime"

@@ -267,6 +267,20 @@ class Profile:
         return [(t, b, table[t, b]) for t, b in sorted(table)]
 
 
+def gains(profile: Profile, instances, runtime: str = "ios") -> list[dict]:
+    """What `runtime` gained where a plan runs it: for each distinct ⟨t, b⟩ of `instances` ((threads,
+    batch, runtime) triples) that runs it, its planned figure against the fastest other runtime's at
+    that point ("against" None where no other runtime was measured there)."""
+    points = profile.points()
+    found = []
+    for t, b in sorted({(t, b) for t, b, r in instances if r == runtime}):
+        others = {r: ms for (pt, pb, r), ms in points.items() if (pt, pb) == (t, b) and r != runtime}
+        other = min(others, key=others.get, default=None)
+        found.append({"threads": t, "batch": b, "runtime": runtime, "ms": points.get((t, b, runtime)),
+                      "against": other, "against_ms": others.get(other)})
+    return found
+
+
 def choose_runtime(figures: dict[str, tuple[float, float]]) -> str:
     """The runtime a point's figure is taken from, given each runtime's (ms, spread): inductor's,
     unless another is faster beyond the noise (faster by more than either figure's spread and by

@@ -22,7 +22,7 @@ from packrat.models.spec import ModelSpec
 from packrat.models.zoo import HF_PREFIX, resolve
 from packrat.planning.node import topology_of
 from packrat.planning.planner import serving_plan
-from packrat.profiling.profiles import Profile, chosen
+from packrat.profiling.profiles import Profile, chosen, gains
 from packrat.serving.controller import Controller
 from packrat.serving.correcting import PlanCorrector, corrections_file
 from packrat.serving.estimator import BatchSizeEstimator, EstimatorSettings
@@ -183,8 +183,10 @@ class Engine:
     def status(self) -> dict:
         """The controller's status (plan, mode, health, reconfigurations) with where the CPU
         budget and the profile came from."""
+        plan = self.controller.plan
         status = {**self.controller.status(), "cpu_budget": self.budget.to_json(), "profile": self.profile_choice,
-                  "served": {**self.corrector.status(self.controller.plan, self.pool.served_figures()),
+                  "ios": gains(self.corrector.profile, [(i.threads, i.batch, i.runtime) for i in plan.instances]),
+                  "served": {**self.corrector.status(plan, self.pool.served_figures()),
                              **self.tuner.status()}}
         if self.node is not None:
             status["node"] = self.node.status()
