@@ -18,7 +18,16 @@
 #   oracle   (110 s) benchmarks/oracle.py at B = 8,16,32, 5 rounds: identical and mixed configurations
 #                    under each runtime, each runtime's fat and the planner's choices -> oracle.json
 #   bench    (110 s) only when asked: `packrat bench --pool-only`, the fat and the planned pool
-#   ios       (60 s) only when asked: benchmarks/ios_networks.py, squeezenet, batch 1, 8 and 16 threads
+#   ios      (300 s) only when asked: benchmarks/ios_networks.py, Inception-v3 and RandWire at batch 1 on 8 and
+#                    16 threads: each search's time, the kept schedule against sequential, its stage costs
+#                    against its run, beside ONNX Runtime (sequential and parallel mode) and OpenVINO on
+#                    the same cores -> ios-networks.md (its schedules go on to ios-plan)
+#   ios-plan (300 s) only when asked: IOS instances inside the plan: `packrat profile --ios` of Inception-v3
+#                    at batch 1 on threads 1,2,4,8,16, every installed runtime beside IOS (searched where
+#                    the others leave half the threads idle); the plan at B = 1 and the oracle at B = 1,
+#                    with and without IOS instances -> IOS_MODEL-ios.csv, ios-plan.json, oracle-ios.json
+# A lease of 15 minutes fits the default steps in one call, then ios and ios-plan in a second
+# (SUITE_STEPS=ios,ios-plan).
 # A command past its step's budget is interrupted (profiles resume, the oracle keeps each finished B,
 # IOS each finished case), the suite goes on and exits with status 3 naming the step; any other
 # failure stops it at once.
@@ -37,9 +46,13 @@
 #   SUITE_PEERS [packrat,fat,eager,torch-compile,openvino-latency,openvino-throughput,onnxruntime]
 #   SUITE_ORACLE_BATCHES [8,16,32]    SUITE_ORACLE_ROUNDS [5]  SUITE_ORACLE_FAMILY [all]  SUITE_ORACLE_CONFIGS [10]
 #   SUITE_BENCH_BATCHES [8,16,32]  SUITE_BENCH_ROUNDS [8]
-#   SUITE_IOS_MODELS [squeezenet]  SUITE_IOS_THREADS [8,16; those above T dropped]  SUITE_IOS_BATCHES [1]
+#   SUITE_IOS_MODELS [inception_v3,randwire]  SUITE_IOS_THREADS [8,16; those above T dropped]  SUITE_IOS_BATCHES [1]
+#   SUITE_IOS_PEERS [onnxruntime,onnxruntime-parallel,openvino]
+#   SUITE_IOS_PLAN_MODEL [inception_v3]  SUITE_IOS_PLAN_THREADS [1,2,4,8,16; those above T dropped]
+#   SUITE_IOS_PLAN_ROUNDS [5]
 #   SUITE_STEPS [profile,peers,oracle]
-#   SUITE_BUDGET_PROFILE, SUITE_BUDGET_PEERS, SUITE_BUDGET_ORACLE, SUITE_BUDGET_BENCH, SUITE_BUDGET_IOS  seconds
+#   SUITE_BUDGET_PROFILE, SUITE_BUDGET_PEERS, SUITE_BUDGET_ORACLE, SUITE_BUDGET_BENCH, SUITE_BUDGET_IOS,
+#   SUITE_BUDGET_IOS_PLAN  seconds
 # Python: .venv/bin/python when there is one, else python3. Re-running into the same OUT_DIR
 # resumes the profile and keeps finished IOS cases. OpenVINO, where it is not installed, can come
 # as wheels on PYTHONPATH (docs/benchmarks/many-core.md says how).
@@ -84,16 +97,21 @@ ORACLE_BATCHES=${SUITE_ORACLE_BATCHES:-8,16,32}
 ORACLE_ROUNDS=${SUITE_ORACLE_ROUNDS:-5}
 ORACLE_FAMILY=${SUITE_ORACLE_FAMILY:-all}
 ORACLE_CONFIGS=${SUITE_ORACLE_CONFIGS:-10}
-IOS_MODELS=${SUITE_IOS_MODELS:-squeezenet}
+IOS_MODELS=${SUITE_IOS_MODELS:-inception_v3,randwire}
 IOS_THREADS=${SUITE_IOS_THREADS:-8,16}
 IOS_BATCHES=${SUITE_IOS_BATCHES:-1}
+IOS_PEERS=${SUITE_IOS_PEERS:-onnxruntime,onnxruntime-parallel,openvino}
+IOS_PLAN_MODEL=${SUITE_IOS_PLAN_MODEL:-inception_v3}
+IOS_PLAN_THREADS=${SUITE_IOS_PLAN_THREADS:-1,2,4,8,16}
+IOS_PLAN_ROUNDS=${SUITE_IOS_PLAN_ROUNDS:-5}
 STEPS=",${SUITE_STEPS:-profile,peers,oracle},"
 case $PROFILE_KIND in
     isolated | contention) ;;
     *) echo "device_suite: SUITE_PROFILE_KIND must be isolated or contention, not '$PROFILE_KIND'" >&2; exit 2 ;;
 esac
 declare -A BUDGET=([profile]=${SUITE_BUDGET_PROFILE:-220} [bench]=${SUITE_BUDGET_BENCH:-110}
-                   [oracle]=${SUITE_BUDGET_ORACLE:-110} [ios]=${SUITE_BUDGET_IOS:-60}
+                   [oracle]=${SUITE_BUDGET_ORACLE:-110} [ios]=${SUITE_BUDGET_IOS:-300}
+                   [ios-plan]=${SUITE_BUDGET_IOS_PLAN:-300}
                    [peers]=${SUITE_BUDGET_PEERS:-180})
 
 say() { echo "[suite $(date +%H:%M:%S)] $*" >&2; }
@@ -146,11 +164,16 @@ if (( T < ALL_CORES )); then
     command -v taskset >/dev/null || die "SUITE_THREADS=$T needs taskset to keep the commands on $T cores"
     PIN=(taskset -c "$CPUS")
 fi
-ios_threads=$(tr ',' '\n' <<<"$IOS_THREADS" | awk -v t="$T" '$1 != "" && $1 <= t' | paste -sd, -)
-if wants ios && [[ $ios_threads != "$IOS_THREADS" ]]; then
-    say "IOS threads $IOS_THREADS capped to the $T cores: ${ios_threads:-$T}"
+at_most_t() {  # at_most_t LIST: the comma-separated thread counts up to T (T itself when none is)
+    local kept
+    kept=$(tr ',' '\n' <<<"$1" | awk -v t="$T" '$1 != "" && $1 <= t' | paste -sd, -)
+    echo "${kept:-$T}"
+}
+if wants ios && [[ $(at_most_t "$IOS_THREADS") != "$IOS_THREADS" ]]; then
+    say "IOS threads $IOS_THREADS capped to the $T cores: $(at_most_t "$IOS_THREADS")"
 fi
-IOS_THREADS=${ios_threads:-$T}
+IOS_THREADS=$(at_most_t "$IOS_THREADS")
+IOS_PLAN_THREADS=$(at_most_t "$IOS_PLAN_THREADS")
 
 STEPS_TSV=$OUT/steps.tsv
 : >"$STEPS_TSV"
@@ -178,7 +201,8 @@ run() {  # run LOG CMD...: CMD's stdout to LOG and stderr; returns 124 when the 
     say "\$ $shown"
     timeout --signal=INT --kill-after=20 "$left" "${PIN[@]}" "$@" | tee "$log" >&2 || rc=$?
     if (( rc == 124 || rc == 137 )); then
-        STEP_STATUS="stopped at its budget of ${BUDGET[$STEP]} s (SUITE_BUDGET_${STEP^^})"
+        local setting=SUITE_BUDGET_${STEP^^}
+        STEP_STATUS="stopped at its budget of ${BUDGET[$STEP]} s (${setting//-/_})"
         say "($STEP) $STEP_STATUS"
         return 124
     fi
@@ -236,7 +260,29 @@ fi
 if wants ios; then
     begin ios "IOS on $IOS_MODELS, batch $IOS_BATCHES, threads $IOS_THREADS"
     run "$OUT/ios-networks.md" "$PY" benchmarks/ios_networks.py --models "$IOS_MODELS" --batches "$IOS_BATCHES" \
-        --threads "$IOS_THREADS" --out "$OUT/ios-networks" || true
+        --threads "$IOS_THREADS" --peers "$IOS_PEERS" --out "$OUT/ios-networks" || true
+    end
+fi
+
+if wants ios-plan; then
+    begin ios-plan "IOS instances in the plan: $IOS_PLAN_MODEL at B = 1, threads $IOS_PLAN_THREADS"
+    IOS_PROFILE=$OUT/$IOS_PLAN_MODEL-ios.csv
+    mkdir -p "$OUT/ios-schedules"
+    # the ios step's searches, where it ran, are the profile's: same model, threads and batch
+    for found in "$OUT"/ios-networks/"$IOS_PLAN_MODEL"-b1-t*.schedule.json; do
+        [[ -e $found ]] || continue
+        threads=${found##*-t}
+        cp -n "$found" "$OUT/ios-schedules/$IOS_PLAN_MODEL-t${threads%.schedule.json}-b1.json"
+    done
+    if run "$OUT/$IOS_PLAN_MODEL-ios-profile.log" "$PY" -m packrat.cli profile --model "$IOS_PLAN_MODEL" \
+        --threads "$IOS_PLAN_THREADS" --batches 1 --warmup "$PROFILE_WARMUP" --min-time "$PROFILE_MIN_TIME" \
+        "${PAYLOAD_ARGS[@]}" "--$PROFILE_KIND" --graph-mode "$GRAPH_MODE" "${RUNTIME_ARGS[@]}" --ios \
+        --ios-cache "$OUT/ios-schedules" --out "$IOS_PROFILE" --quiet; then
+        run "$OUT/ios-plan.json" "$PY" -m packrat.cli plan --profile "$IOS_PROFILE" --threads "$T" --batch 1 --json \
+            && run "$OUT/oracle-ios.txt" "$PY" benchmarks/oracle.py --model "$IOS_PLAN_MODEL" --profile "$IOS_PROFILE" \
+                --threads "$T" --batches 1 --rounds "$IOS_PLAN_ROUNDS" --max-configs "$ORACLE_CONFIGS" \
+                --ios-cache "$OUT/ios-schedules" --json "$OUT/oracle-ios.json" --quiet || true
+    fi
     end
 fi
 

@@ -24,7 +24,7 @@ from benchmarks.common import doc_parser, fmt_num, markdown_table
 
 STEPS = {"profile": "(a) Adaptive profile", "peers": "(b) packrat against its peers",
          "oracle": "(c) Planner vs the oracle", "bench": "(d) Pool-only bench: fat vs plan",
-         "ios": "(e) IOS on many cores"}
+         "ios": "(e) IOS on many cores", "ios-plan": "(g) IOS instances in the plan"}
 VERDICTS = "(f) Per B: against the best peer, predicted / served, against the oracle"
 PEER_TARGET = 0.98  # issue 48: peer / packrat at every B, for every peer
 AHEAD_TARGET = 1.10  # ... and ahead by this much where the oracle beats the best peer by as much
@@ -123,8 +123,8 @@ def bench_tables(out: Path) -> list[str]:
                                    cells), ""]
 
 
-def oracle_tables(out: Path) -> list[str]:
-    path = out / "oracle.json"
+def oracle_tables(out: Path, name: str = "oracle.json") -> list[str]:
+    path = out / name
     if not path.exists():
         return []
     report = json.loads(path.read_text())
@@ -150,8 +150,42 @@ def oracle_tables(out: Path) -> list[str]:
 
 def ios_tables(out: Path) -> list[str]:
     path = out / "ios-networks.md"
-    rows = [line for line in path.read_text().splitlines() if line.startswith("|")] if path.exists() else []
-    return rows + [""] if len(rows) > 2 else []
+    lines = path.read_text().splitlines() if path.exists() else []
+    rows = [line for line in lines if line.startswith("|")]
+    notes = [line for line in lines if line.startswith("[^")]  # why a peer's cell is "—"
+    return rows + [""] + notes + [""] * bool(notes) if len(rows) > 2 else []
+
+
+def ios_plan_tables(out: Path) -> list[str]:
+    """The plan at B = 1 with its IOS instances and what they gained (ios-plan.json), and per B of the
+    oracle's run (oracle-ios.json): the plan as served against the best configuration without IOS."""
+    from packrat.cli.output import gain_lines
+
+    lines = []
+    plan_path = out / "ios-plan.json"
+    if plan_path.exists():
+        plan = json.loads(plan_path.read_text())
+        shapes = oracle.canonical((i["threads"], i["batch"], i["runtime"]) for i in plan["instances"])
+        lines += [f"The plan at B = {plan['batch']}: {oracle.label(shapes)}, expected {fmt_num(plan['expected_latency_ms'])} "
+                  "ms.", ""] + [f"- {line}" for line in gain_lines(plan.get("ios", []))] + [""]
+    path = out / "oracle-ios.json"
+    report = json.loads(path.read_text()) if path.exists() else {"batches": []}
+    for entry in report["batches"]:
+        lines += [f"- B = {entry['batch']}: {ios_verdict(entry)}"]
+    return lines + [""] + oracle_tables(out, "oracle-ios.json")
+
+
+def ios_verdict(entry: dict) -> str:
+    """The planner's (loaded) choice as served against the fastest configuration without IOS instances."""
+    timed = {c["label"]: c for c in entry["configs"] if c.get("median_ms") is not None}
+    chosen = timed.get((entry["planner"].get("loaded") or {}).get("label"))
+    plain = [c for c in timed.values() if all(runtime != "ios" for *_, runtime in c["config"])]
+    if chosen is None or not plain:
+        return "the plan or every configuration without IOS was not timed"
+    best = min(plain, key=lambda c: c["median_ms"])
+    uses = "with IOS instances" if any(runtime == "ios" for *_, runtime in chosen["config"]) else "without IOS"
+    return (f"the plan {chosen['label']} ({uses}) served {fmt_num(chosen['median_ms'])} ms; the fastest without IOS, "
+            f"{best['label']}, {fmt_num(best['median_ms'])} ms ({_ratio(best['median_ms'], chosen['median_ms'])})")
 
 
 def peers_tables(out: Path) -> list[str]:
@@ -229,9 +263,12 @@ def summary(out: Path) -> str:
     machine = json.loads((out / "machine.json").read_text()) if (out / "machine.json").exists() else {}
     commands, steps = read_log(out)
     tables = {"profile": lambda: profile_tables(out, machine), "bench": lambda: bench_tables(out),
-              "oracle": lambda: oracle_tables(out), "ios": lambda: ios_tables(out), "peers": lambda: peers_tables(out)}
+              "oracle": lambda: oracle_tables(out), "ios": lambda: ios_tables(out), "peers": lambda: peers_tables(out),
+              "ios-plan": lambda: ios_plan_tables(out)}
     lines = header(machine, steps)
     for key, title in STEPS.items():
+        if key == "ios-plan":  # the letters in order: the verdicts on (b) and (c) are (f)
+            lines += [f"## {VERDICTS}", ""] + verdict_tables(out)
         lines += [f"## {title}", ""]
         step = steps.get(key)
         if step is None:
@@ -240,7 +277,6 @@ def summary(out: Path) -> str:
         lines += [f"Command: `{command}`" for command in commands.get(key, [])]
         lines += ["", f"Took {step['seconds']} s (budget {step['budget']} s): {step['status']}.", ""]
         lines += tables[key]()
-    lines += [f"## {VERDICTS}", ""] + verdict_tables(out)
     return "\n".join(lines).rstrip() + "\n"
 
 

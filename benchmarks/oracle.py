@@ -44,7 +44,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from packrat.errors import NoPlanError
-from packrat.models.runtimes import DEFAULT_RUNTIME
+from packrat.models.runtimes import DEFAULT_RUNTIME, IOS_CACHE
 from packrat.planning.planner import Planner
 from packrat.models.modes import served
 from packrat.profiling.profiles import Profile, load
@@ -191,12 +191,13 @@ def spread_order(n: int) -> list[int]:
 
 def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFIGS, keep: Iterable[Config] = (),
                    exhaustive_limit: int = EXHAUSTIVE_LIMIT, family: str = "all",
-                   runtimes: Sequence[str] = (DEFAULT_RUNTIME,)) -> tuple[list[Config], int | None]:
+                   runtimes: Sequence[str] = (DEFAULT_RUNTIME,), allowed=lambda config: True
+                   ) -> tuple[list[Config], int | None]:
     """The configurations to time for T = threads, B = batch, sorted by rank_key, and how many
     feasible ones exist (None past exhaustive_limit, where the candidates are balanced_configs, and
     for family "identical", whose candidates are identical_configs). Each candidate comes once per
-    runtime of `runtimes`, every instance running it. Every one in `keep` is included (ValueError if
-    infeasible); the rest, up to max_configs in all (None: no bound), are the candidates by rank_key,
+    runtime of `runtimes`, every instance running it, where `allowed(config)`. Every one in `keep` is
+    included (ValueError if infeasible); the rest, up to max_configs in all (None: no bound), are the candidates by rank_key,
     taken round robin over instance counts in spread_order."""
     kept: list[Config] = []
     for config in keep:
@@ -210,7 +211,7 @@ def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFI
     else:
         everything = all_configs(threads, batch, exhaustive_limit)
         candidates = everything if everything is not None else balanced_configs(threads, batch)
-    candidates = [canonical(c, runtime) for c in candidates for runtime in runtimes]
+    candidates = [c for c in (canonical(c, runtime) for c in candidates for runtime in runtimes) if allowed(c)]
     chosen = set(kept)
     room = len(candidates) if max_configs is None else max(0, max_configs - len(kept))
     by_count: dict[int, list[Config]] = {}
@@ -470,18 +471,25 @@ def predicted_ms(config: Config, points: dict) -> float | None:
     return None if None in figures else max(figures)
 
 
+def searched(config: Config, points: dict) -> bool:
+    """Whether every IOS instance of `config` has a point in the profile, so its schedule was searched
+    (and kept) when it was profiled: an IOS configuration elsewhere would search for minutes as its
+    pool starts."""
+    return all(runtime != "ios" or (t, b, runtime) in points for t, b, runtime in config)
+
+
 def plan_batches(args, profile: Profile | None, topology: Topology) -> list[dict]:
     """Per B: the planner's choices and the configurations to time, each with its prediction."""
     threads = topology.num_cores
     plans = []
     for batch in args.batches:
-        fats = [((threads, batch, runtime),) for runtime in args.runtimes]  # each runtime's fat instance
+        points = profile.points() if profile is not None else {}
+        fats = [fat for fat in (((threads, batch, runtime),) for runtime in args.runtimes) if searched(fat, points)]
         choices = {kind: planner_choice(profile, kind, threads, batch, topology) for kind in ("isolated", "loaded")} \
             if profile is not None else {}
         keep = fats + [tuple(map(tuple, c["config"])) for c in choices.values() if c.get("config")]
         configs, feasible_count = select_configs(threads, batch, args.max_configs, keep, family=args.family,
-                                                 runtimes=args.runtimes)
-        points = profile.points() if profile is not None else {}
+                                                 runtimes=args.runtimes, allowed=lambda c: searched(c, points))
         plans.append({"batch": batch, "configs": configs, "feasible": feasible_count, "planner": choices,
                       "fat": [label(fat) for fat in fats], "family": args.family,
                       "predicted": {c: predicted_ms(c, points) for c in configs}})
@@ -551,7 +559,7 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict, bar) -> dict:
             results[config]["cores"] = cores
             try:
                 instances = [InstanceConfig(t, b, tuple(c), 0, None, runtime) for (t, b, runtime), c in zip(config, cores)]
-                model = ModelConfig(args.model, graph_mode=args.graph_mode)
+                model = ModelConfig(args.model, graph_mode=args.graph_mode, ios_cache=str(args.ios_cache))
                 pools[config] = stack.enter_context(InstancePool(model, instances))
             except Exception as exc:  # reported, not fatal
                 results[config]["error"] = f"pool did not start: {error_text(exc)}"
@@ -671,6 +679,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "each one's fat instance (default: the runtimes the profile measured, installed here)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="profile CSV with loaded and isolated figures (default: profiles/oracle-MODEL.csv, measured)")
+    parser.add_argument("--ios-cache", type=Path, default=IOS_CACHE,
+                        help=f"where the profile's IOS schedules are kept (default: {IOS_CACHE}); IOS configurations "
+                             "are timed only where the profile has the ios runtime's point")
     parser.add_argument("--profile-min-time", type=float, default=PROFILE_MIN_TIME_S, metavar="S",
                         help=f"when measuring the profile: at least S s per point (default: {PROFILE_MIN_TIME_S:g})")
     parser.add_argument("--json", type=Path, default=None,

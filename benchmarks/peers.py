@@ -316,11 +316,17 @@ class OrtRunner(Runner):
         return self.session.run(None, self.feeds)
 
 
-def ort_session(path: str, threads: int, parallel: tuple[int, int] | None):
+def ort_session(path: str, threads: int, parallel: tuple[int, int] | None, stop_spinning: bool = False):
+    """An InferenceSession of the ONNX file: sequential with `threads` intra-op threads, or with
+    `parallel` (inter-op, intra-op threads) in ORT_PARALLEL; with `stop_spinning`, its pools' threads
+    stop spinning when a run ends (as packrat's runtime's do), so they leave the cores to whatever
+    runs next in the process."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if stop_spinning:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     if parallel is None:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1

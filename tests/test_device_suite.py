@@ -19,13 +19,16 @@ SCRIPT = REPO / "benchmarks" / "device_suite.sh"
 T = min(2, detect().num_cores)
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith("SUITE_")}
 # The defaults' steps and kinds (a loaded profile of raw served figures under several runtimes, the
-# peers, the oracle under each runtime), on tiny and small settings; bench and IOS asked for too.
+# peers, the oracle under each runtime), on tiny and small settings; bench and both IOS steps asked for too
+# (every runtime at every point: IOS measured whether or not tiny leaves threads idle).
 TINY = {"SUITE_MODEL": "tiny", "SUITE_THREADS": str(T), "SUITE_PROFILE_BATCHES": "1,2", "SUITE_PROFILE_MIN_TIME": "0.1",
         "SUITE_GRAPH_MODE": "script", "SUITE_RUNTIMES": "inductor,onnxruntime",
         "SUITE_PEERS_BATCHES": "2", "SUITE_PEERS_ROUNDS": "1", "SUITE_PEERS": "packrat,fat,eager,onnxruntime",
         "SUITE_BENCH_BATCHES": "2", "SUITE_BENCH_ROUNDS": "2", "SUITE_ORACLE_BATCHES": "2",
         "SUITE_ORACLE_ROUNDS": "2", "SUITE_ORACLE_CONFIGS": "6", "SUITE_IOS_MODELS": "tiny", "SUITE_IOS_THREADS": "2",
-        "SUITE_IOS_BATCHES": "1", "SUITE_STEPS": "profile,peers,oracle,bench,ios"}
+        "SUITE_IOS_BATCHES": "1", "SUITE_IOS_PEERS": "onnxruntime", "SUITE_IOS_PLAN_MODEL": "tiny",
+        "SUITE_IOS_PLAN_THREADS": "1,2", "SUITE_IOS_PLAN_ROUNDS": "2", "SUITE_EVERY_RUNTIME": "1",
+        "SUITE_STEPS": "profile,peers,oracle,bench,ios,ios-plan"}
 
 
 def missing_tools() -> list[str]:
@@ -50,7 +53,7 @@ def test_runs_every_step_within_budget(suite):
     assert done.stdout.strip() == str(out / "SUMMARY.md")  # stdout: only the summary's path
     rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
     steps = {row[1]: row for row in rows if row[0] == "step"}
-    assert list(steps) == ["profile", "peers", "oracle", "bench", "ios"]
+    assert list(steps) == ["profile", "peers", "oracle", "bench", "ios", "ios-plan"]
     assert all(row[5] == "ok" and int(row[3]) <= int(row[4]) for row in steps.values())
     for key in steps:  # progress and each step's time on stderr
         assert f"({key}) took " in done.stderr
@@ -116,6 +119,19 @@ def test_ios(suite):
 
 
 @pytest.mark.integration
+def test_ios_plan(suite):
+    out, _ = suite
+    profile = load(out / "tiny-ios.csv")
+    assert {"inductor", "ios"} <= set(profile.measured_runtimes) and profile.batches == [1]
+    assert (out / "ios-schedules" / f"tiny-t{min(2, T)}-b1.json").exists()  # the ios step's search, reused
+    plan = json.loads((out / "ios-plan.json").read_text())
+    assert plan["batch"] == 1 and "ios" in plan
+    [entry] = json.loads((out / "oracle-ios.json").read_text())["batches"]
+    runtimes = {runtime for c in entry["configs"] for *_, runtime in c["config"]}
+    assert "ios" in runtimes and all(c["median_ms"] > 0 for c in entry["configs"])
+
+
+@pytest.mark.integration
 def test_summary(suite):
     out, _ = suite
     text = (out / "SUMMARY.md").read_text()
@@ -123,7 +139,7 @@ def test_summary(suite):
     assert [s.split("\n")[0] for s in sections] == [
         "(a) Adaptive profile", "(b) packrat against its peers", "(c) Planner vs the oracle",
         "(d) Pool-only bench: fat vs plan", "(e) IOS on many cores",
-        "(f) Per B: against the best peer, predicted / served, against the oracle"]
+        "(f) Per B: against the best peer, predicted / served, against the oracle", "(g) IOS instances in the plan"]
     tables = ["| t \\ b | 1 | 2 |", "| peer | median ms |", "| B | configs | oracle (best) |", "| B | in-process |",
               "| model | batch |"]
     commands = ["-m packrat.cli profile --model tiny --adaptive", " benchmarks/peers.py --model tiny",
@@ -138,6 +154,7 @@ def test_summary(suite):
     assert "| B | packrat's plan | packrat ms | best peer ms |" in verdicts
     row = next(line for line in verdicts.splitlines() if line.startswith("| 2 | "))
     assert "eager" in row or "onnxruntime" in row  # the fastest peer named, with its figure
+    assert "the fastest without IOS" in sections[6] and "| B | configs | oracle (best) |" in sections[6]
 
 
 @pytest.mark.slow
