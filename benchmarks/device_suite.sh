@@ -19,7 +19,8 @@
 #                    under each runtime, each runtime's fat and the planner's choices -> oracle.json
 #   bench    (110 s) only when asked: `packrat bench --pool-only`, the fat and the planned pool
 #   ios      (300 s) only when asked: benchmarks/ios_networks.py, Inception-v3 and RandWire at batch 1 on 8 and
-#                    16 threads: each search's time, the kept schedule against sequential, its stage costs
+#                    16 threads: each search's time (at most 60 s: the parts left then run sequentially,
+#                    counted), the kept schedule against sequential, its stage costs
 #                    against its run, beside ONNX Runtime (sequential and parallel mode) and OpenVINO on
 #                    the same cores -> ios-networks.md (its schedules go on to ios-plan)
 #   ios-plan (300 s) only when asked: IOS instances inside the plan: `packrat profile --ios` of Inception-v3
@@ -47,7 +48,8 @@
 #   SUITE_ORACLE_BATCHES [8,16,32]    SUITE_ORACLE_ROUNDS [5]  SUITE_ORACLE_FAMILY [all]  SUITE_ORACLE_CONFIGS [10]
 #   SUITE_BENCH_BATCHES [8,16,32]  SUITE_BENCH_ROUNDS [8]
 #   SUITE_IOS_MODELS [inception_v3,randwire]  SUITE_IOS_THREADS [8,16; those above T dropped]  SUITE_IOS_BATCHES [1]
-#   SUITE_IOS_PEERS [onnxruntime,onnxruntime-parallel,openvino]
+#   SUITE_IOS_PEERS [onnxruntime,onnxruntime-parallel,openvino]  SUITE_IOS_SEARCH_BUDGET [60] seconds a search
+#                                     (the parts with most room first; those left after it run sequentially)
 #   SUITE_IOS_PLAN_MODEL [inception_v3]  SUITE_IOS_PLAN_THREADS [1,2,4,8,16; those above T dropped]
 #   SUITE_IOS_PLAN_ROUNDS [5]
 #   SUITE_STEPS [profile,peers,oracle]
@@ -101,6 +103,7 @@ IOS_MODELS=${SUITE_IOS_MODELS:-inception_v3,randwire}
 IOS_THREADS=${SUITE_IOS_THREADS:-8,16}
 IOS_BATCHES=${SUITE_IOS_BATCHES:-1}
 IOS_PEERS=${SUITE_IOS_PEERS:-onnxruntime,onnxruntime-parallel,openvino}
+IOS_SEARCH_BUDGET=${SUITE_IOS_SEARCH_BUDGET:-60}
 IOS_PLAN_MODEL=${SUITE_IOS_PLAN_MODEL:-inception_v3}
 IOS_PLAN_THREADS=${SUITE_IOS_PLAN_THREADS:-1,2,4,8,16}
 IOS_PLAN_ROUNDS=${SUITE_IOS_PLAN_ROUNDS:-5}
@@ -260,7 +263,7 @@ fi
 if wants ios; then
     begin ios "IOS on $IOS_MODELS, batch $IOS_BATCHES, threads $IOS_THREADS"
     run "$OUT/ios-networks.md" "$PY" benchmarks/ios_networks.py --models "$IOS_MODELS" --batches "$IOS_BATCHES" \
-        --threads "$IOS_THREADS" --peers "$IOS_PEERS" --out "$OUT/ios-networks" || true
+        --threads "$IOS_THREADS" --peers "$IOS_PEERS" --budget "$IOS_SEARCH_BUDGET" --out "$OUT/ios-networks" || true
     end
 fi
 

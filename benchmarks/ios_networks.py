@@ -6,6 +6,7 @@ cores and batch, so a user sees which to choose.
     .venv/bin/python benchmarks/ios_networks.py [--models inception_v3,squeezenet,randwire,nasnet]
                                                 [--batches 1,8] [--threads 2] [--out out/ios-networks]
                                                 [--peers onnxruntime,onnxruntime-parallel,openvino|none]
+                                                [--budget S]
 
 One `ios-schedule` at a time; each report, schedule and stage-cost table kept in --out (a finished
 case is not run again); prints BENCHMARKS.md's table. "kept": what `optimize()` keeps after its
@@ -54,7 +55,7 @@ WARMUP, ROUNDS = 3, 21  # ios_scheduler.api.compare's: the peers are timed as th
 PEER_RESULT = "IOS-PEERS "  # marks the worker's result line: the runtimes print on stdout too
 
 
-def run_case(model: str, batch: int, threads: int, out: Path, bounds: Path | None) -> dict:
+def run_case(model: str, batch: int, threads: int, out: Path, bounds: Path | None, budget: float | None = None) -> dict:
     stem = out / f"{model}-b{batch}-t{threads}{'-bounded' if bounds else ''}"
     report = stem.with_suffix(".json")
     if report.exists():  # resumable: a finished case is kept
@@ -63,6 +64,8 @@ def run_case(model: str, batch: int, threads: int, out: Path, bounds: Path | Non
            str(threads), "--out", f"{stem}.schedule.json", "--costs", f"{stem}.costs.json", "--compare", "--json"]
     if bounds:
         cmd += ["--bounds", str(bounds)]
+    if budget is not None:
+        cmd += ["--budget", f"{budget:g}"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{model} batch {batch} failed:\n{done.stderr[-2000:]}")
@@ -196,13 +199,19 @@ def row(r: dict, extra: Sequence[str] = ()) -> str:
         kept = f"sequential (searched: {r['sequential_ms'] / r['ios_ms']:.2f}× end to end)"
     else:
         kept = f"searched, {r['parallel_stages']} concurrent stages" if r["parallel_stages"] else "searched, all sequential"
-    return (f"| {r['model']} | {r['batch']} | {r['threads']} | {r['operators']} | {r['seconds']:.0f} s | "
+    return (f"| {r['model']} | {r['batch']} | {r['threads']} | {r['operators']} | {search_text(r)} | "
             f"{r['measurements']} ({r['stopped_early']} stopped, {r['skipped']} skipped) | {seq:.1f} ms | "
             f"{greedy:.1f} ms ({seq / greedy:.2f}×) | {ios:.1f} ms ({seq / ios:.2f}×) | "
             f"{r['predicted_sequential_ms'] / r['predicted_ios_ms']:.2f}× | {kept} | "
             f"{predicted:.1f} / {measured:.1f} ms ({predicted / measured:.2f}) | "
             f"{retimed:.1f} ms ({retimed / measured:.2f}) | {r['switch_ms'] or 0:.2f} ms |"
             + "".join(f" {cell} |" for cell in extra))
+
+
+def search_text(r: dict) -> str:
+    """The search's time, and the parts a --budget left sequential (the search's report counts them)."""
+    left = r.get("unsearched_parts") or 0
+    return f"{r['seconds']:.0f} s" + (f" ({left} of {r['parts']} parts left sequential)" if left else "")
 
 
 def head(peers: list[str]) -> str:
@@ -226,6 +235,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--bounds-from", type=int, default=None, metavar="BATCH",
                         help="bound each search with the stage costs of this batch size's (earlier) search")
     parser.add_argument("--out", type=Path, default=Path("out/ios-networks"))
+    parser.add_argument("--budget", type=float, default=None, metavar="S",
+                        help="each search's --budget (ios-schedule): the parts with most room for concurrency first, "
+                             "those left after S s sequential (default: every part searched)")
     parser.add_argument("--peers", type=peer_list, default=list(PEERS),
                         help=f"runtimes timed beside IOS (default {','.join(PEERS)}; none: no peers)")
     parser.add_argument("--peer-worker", action="store_true",
@@ -248,8 +260,8 @@ def main() -> None:
                 bounds = None
                 if args.bounds_from is not None and args.bounds_from != batch:
                     bounds = args.out / f"{model}-b{args.bounds_from}-t{threads}.costs.json"
-                    run_case(model, args.bounds_from, threads, args.out, None)
-                report = run_case(model, batch, threads, args.out, bounds)
+                    run_case(model, args.bounds_from, threads, args.out, None, args.budget)
+                report = run_case(model, batch, threads, args.out, bounds, args.budget)
                 peers = run_peers(model, batch, threads, args.peers, args.out) if args.peers else {}
                 print(row(report, peer_cells(report["compare_ios_ms"], peers, notes)), flush=True)
     if notes.numbers:

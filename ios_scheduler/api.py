@@ -15,7 +15,7 @@ from .candidates import example_values
 from .graph import Graph, capture  # noqa: F401 (capture is part of the API)
 from .runtime import ScheduledModule, WorkerSet, caller_threads, time_call
 from .schedule import Schedule, StagePlan
-from .search import IOSSearch, Stage
+from .search import IOSSearch, Stage, concurrency_room
 from .timing import CostTable, StageTimer
 
 # Parts are cut at single-tensor bottlenecks, so a bound of 12 loses little: Inception-v3 has
@@ -65,14 +65,17 @@ def greedy_schedule(graph: Graph, threads: int, batch: int, model: str) -> Sched
 def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, threads: int | None = None,
              max_group_size: int = 3, max_num_groups: int = 8, max_part_size: int = DEFAULT_MAX_PART_SIZE,
              warmup: int = 1, repeats: int = 5, progress: bool = True, name: str | None = None,
-             bounds: CostTable | None = None, check: bool = True) -> Schedule:
+             bounds: CostTable | None = None, check: bool = True, budget_s: float | None = None) -> Schedule:
     """Search an IOS schedule for `module` on this CPU at the example's batch size.
 
     `bounds`: the stage costs of an earlier search of the same model and thread count at
     another batch size (`schedule.costs` of its result), used to skip candidates.
     `check`: run the searched schedule and the sequential one end to end and keep the searched
     one only if it is clearly (KEEP_MARGIN) faster (off: the searched schedule as it is, e.g.
-    to study its stage costs)."""
+    to study its stage costs).
+    `budget_s`: search the parts where concurrency could save most first (`concurrency_room`), and
+    once this many seconds have passed, run the parts left one operator after another (the
+    search's report counts them: `unsearched_parts`). The end-to-end check comes on top."""
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
@@ -85,7 +88,8 @@ def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.T
         timer = StageTimer(graph, example_values(graph, example_inputs), workers, model, threads,
                            example_inputs[0].shape[0], warmup, repeats, bounds)
         try:
-            schedule = _search(graph, timer, max_group_size, max_num_groups, max_part_size, progress)
+            schedule = _search(graph, timer, max_group_size, max_num_groups, max_part_size, progress,
+                               None if budget_s is None else started + budget_s)
             sequential = sequential_schedule(graph, threads, schedule.batch, model, timer.table)
             if check:  # both schedules' stage costs again, next to their whole runs
                 schedule.search.update(retimed_ios_ms=round(timer.retime(schedule.stages), 3),
@@ -103,29 +107,62 @@ def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.T
 
 
 def _search(graph: Graph, timer: StageTimer, max_group_size: int, max_num_groups: int, max_part_size: int,
-            progress: bool) -> Schedule:
-    """The DP part by part, with the timer's measured costs."""
-    stages: list[StagePlan] = []
+            progress: bool, deadline: float | None = None) -> Schedule:
+    """The DP part by part, with the timer's measured costs; with a `deadline` (perf_counter), the
+    parts with most room for concurrency first, and those left at the deadline sequential."""
     totals = dict.fromkeys(("states", "stopped_early", "skipped", "confirmed", "predicted_ios_ms",
-                            "predicted_sequential_ms"), 0)
+                            "predicted_sequential_ms", "unsearched_parts"), 0)
     parts = graph.parts(max_part_size)
+    found: dict[int, list[StagePlan]] = {}
     with tqdm(total=len(graph), desc="IOS search", unit="op", disable=not progress) as bar:
-        for part in parts:
-            timer.candidates.offset = part.start
-            search = IOSSearch(graph.part_succ(part), timer.threads, timer.parallel, timer.merge, max_group_size,
-                               max_num_groups, lower_bound=timer.lower_bound, margin=PRUNE_MARGIN, confirm=True)
-            result = search.solve()
-            for key, value in zip(totals, (result.states, result.stopped, result.skipped, result.confirmed,
-                                           result.cost, result.sequential_cost)):
-                totals[key] += value
-            stages += [_stage_plan(graph, part, stage) for stage in result.stages]
+        for index in _part_order(graph, parts, timer) if deadline is not None else range(len(parts)):
+            part = parts[index]
+            if deadline is not None and time.perf_counter() > deadline:
+                found[index] = _unsearched(graph, part, timer, totals)
+            else:
+                found[index] = _search_part(graph, part, timer, max_group_size, max_num_groups, totals)
             bar.set_postfix(states=totals["states"], measured=timer.measurements)
             bar.update(len(part))
+    stages = [plan for index in range(len(parts)) for plan in found[index]]
     schedule = Schedule(timer.table.model, timer.batch, timer.threads, stages, costs=timer.table)
     schedule.search = {**{k: round(v, 3) for k, v in totals.items()}, "measurements": timer.measurements,
                        "parts": len(parts), "operators": len(graph),
                        "switch_ms": None if timer.switch is None else round(timer.switch, 4)}
     return schedule
+
+
+def _search_part(graph: Graph, part: range, timer: StageTimer, max_group_size: int, max_num_groups: int,
+                 totals: dict) -> list[StagePlan]:
+    """One part's stages by the DP, its figures added to `totals`."""
+    timer.candidates.offset = part.start
+    search = IOSSearch(graph.part_succ(part), timer.threads, timer.parallel, timer.merge, max_group_size,
+                       max_num_groups, lower_bound=timer.lower_bound, margin=PRUNE_MARGIN, confirm=True)
+    result = search.solve()
+    for key, value in zip(totals, (result.states, result.stopped, result.skipped, result.confirmed,
+                                   result.cost, result.sequential_cost)):
+        totals[key] += value
+    return [_stage_plan(graph, part, stage) for stage in result.stages]
+
+
+def _unsearched(graph: Graph, part: range, timer: StageTimer, totals: dict) -> list[StagePlan]:
+    """A part left at the deadline: its operators one after another on every thread, at their
+    costs alone (which ordering the parts measured)."""
+    costs = [timer.alone(op, timer.threads) for op in part]
+    totals["unsearched_parts"] += 1
+    totals["predicted_ios_ms"] += sum(costs)
+    totals["predicted_sequential_ms"] += sum(costs)
+    return [StagePlan("parallel", (graph.ops[op].nodes,), (timer.threads,), round(cost, 4))
+            for op, cost in zip(part, costs)]
+
+
+def _part_order(graph: Graph, parts: list[range], timer: StageTimer) -> list[int]:
+    """The parts, those whose operators concurrency could save most on first (concurrency_room of
+    their costs alone on every thread); a chain, with no room, last."""
+    def room(part: range) -> float:
+        return concurrency_room(graph.part_succ(part), [timer.alone(op, timer.threads) for op in part])
+
+    rooms = [room(part) for part in parts]
+    return sorted(range(len(parts)), key=lambda index: -rooms[index])
 
 
 def compare(gm: fx.GraphModule, schedules: Sequence[Schedule], example_inputs: tuple, warmup: int = 3,

@@ -1,7 +1,8 @@
 """IOS-compiled models for the profiler and the pool: one schedule per model, thread count
 and batch size, searched once and kept as JSON in a cache directory. Each search also keeps
 its stage costs (in `costs/`, not packed into archives), and a later search of the same model
-and thread count at another batch size is bounded by the nearest batch size's costs."""
+and thread count at another batch size is bounded by the nearest batch size's costs. A search
+takes about SEARCH_BUDGET_S at most (optimize's budget_s), plus its end-to-end check."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import torch
 from .api import compile, optimize  # noqa: A004
 from .schedule import Schedule
 from .timing import CostTable
+
+SEARCH_BUDGET_S = 60.0  # issue 49's bound on a search at 16 threads: a profile point, or an instance's start
 
 
 def schedule_path(cache_dir: str | Path, model: str, threads: int, batch: int) -> Path:
@@ -47,7 +50,8 @@ def cached_schedule(module: torch.nn.Module, examples: tuple[torch.Tensor, ...],
     if path.exists():
         return Schedule.from_json(path.read_text())
     bounds = nearest_costs(cache_dir, model, threads, batch)
-    schedule = optimize(module, examples, threads=threads, progress=False, name=model, bounds=bounds)
+    schedule = optimize(module, examples, threads=threads, progress=False, name=model, bounds=bounds,
+                        budget_s=SEARCH_BUDGET_S)
     costs = costs_path(cache_dir, model, threads, batch)
     costs.parent.mkdir(parents=True, exist_ok=True)
     costs.write_text(schedule.costs.to_json())

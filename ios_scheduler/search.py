@@ -104,6 +104,17 @@ def thread_splits(threads: int, groups: int, work: Sequence[float] | None = None
     return list(dict.fromkeys([_apportion(threads, work), _apportion(threads, even, order=work)]))
 
 
+def concurrency_room(succ: Sequence[int], costs: Sequence[float]) -> float:
+    """The most that running a part's operators side by side could save: their summed cost less
+    its costliest chain (the critical path, which runs in order whatever the schedule). Operators
+    are in topological order; succ[i] is the bitmask of i's successors; costs[i] its cost alone."""
+    longest = list(costs)  # the costliest chain ending at each operator
+    for i, mask in enumerate(succ):
+        for j in _ops_of(mask):
+            longest[j] = max(longest[j], longest[i] + costs[j])
+    return sum(costs) - max(longest, default=0.0)
+
+
 def _apportion(threads: int, weights: Sequence[float], order: Sequence[float] | None = None) -> tuple[int, ...]:
     """`threads` in proportion to `weights`, one each at least, the rest by largest remainder (ties:
     the larger `order` first, then the earlier group)."""

@@ -106,6 +106,23 @@ def test_optimize_then_compile_equals_the_original():
         compiled.close()
 
 
+def test_a_search_past_its_budget_leaves_the_parts_left_sequential(block):
+    """With no time at all, every part runs one operator after another, costed, and counted."""
+    module, x = block
+    schedule = ios_scheduler.optimize(module, x, threads=len(CORES), progress=False, check=False, budget_s=0,
+                                      max_part_size=4)
+    search = schedule.search
+    assert search["unsearched_parts"] == search["parts"] > 1 and search["states"] == 0
+    assert all(len(s.groups) == 1 and s.threads == (len(CORES),) and s.cost > 0 for s in schedule.stages)
+    assert search["predicted_ios_ms"] == search["predicted_sequential_ms"] > 0
+    assert_runs_like(ios_scheduler.compile(module, schedule), module, x)
+    # in time, the parts are searched in order of their room for concurrency, then put back in the graph's
+    schedule = ios_scheduler.optimize(module, x, threads=len(CORES), progress=False, check=False, budget_s=1e6,
+                                      max_part_size=4)
+    assert schedule.search["unsearched_parts"] == 0 and schedule.search["states"] > 0
+    assert_runs_like(ios_scheduler.compile(module, schedule), module, x)
+
+
 def test_workers_are_pinned_with_their_thread_count():
     workers = WorkerSet(CORES)
     try:

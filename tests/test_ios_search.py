@@ -7,7 +7,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from packrat.ios_scheduler.search import IOSSearch, thread_splits
+from packrat.ios_scheduler.search import IOSSearch, concurrency_room, thread_splits
 
 
 def random_dag(rng: random.Random, n: int, density: float) -> list[int]:
@@ -287,3 +287,11 @@ def test_the_search_stays_tractable_on_many_threads(model):
     two = counts[2][1]
     assert all(candidates <= 4 * two for _, candidates in counts.values()), counts
     assert counts[16][1] <= 2.5 * two, counts
+
+
+def test_concurrency_room_is_what_the_critical_path_leaves():
+    """A diamond 0 -> {1, 2} -> 3: the branches could overlap, the chain through the costlier cannot."""
+    succ = [0b0110, 0b1000, 0b1000, 0]
+    assert concurrency_room(succ, [1.0, 5.0, 3.0, 2.0]) == 11.0 - 8.0  # 0 -> 1 -> 3 runs in order anyway
+    assert concurrency_room([0b10, 0b100, 0], [1.0, 2.0, 3.0]) == 0.0  # a chain: nothing to overlap
+    assert concurrency_room([0, 0, 0], [1.0, 2.0, 3.0]) == 3.0  # independent: all but the costliest

@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bounds", type=Path, default=None, metavar="FILE",
                         help="stage costs written by --costs at another batch size: candidates that cannot win "
                              "even at their bound are not measured")
+    parser.add_argument("--budget", type=float, default=None, metavar="S",
+                        help="search for about S seconds: the parts of the graph where running operators side by "
+                             "side could save most are searched first, those left after S s run one operator after "
+                             "another (the report counts them); the end-to-end check comes on top "
+                             "(default: search every part)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -70,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         bounds = CostTable.load(args.bounds) if args.bounds else None
         schedule = api.optimize(module, examples, threads, args.max_group_size, args.max_num_groups,
                                 repeats=args.repeats, progress=not (args.quiet or args.json), name=args.model,
-                                bounds=bounds, **kwargs)
+                                bounds=bounds, budget_s=args.budget, **kwargs)
     except (OSError, ValueError) as exc:
         print(f"ios-schedule: error: {exc}", file=sys.stderr)
         return 2
@@ -95,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.model}, batch {args.batch}, {threads} threads: {report['operators']} operators in "
           f"{report['parts']} parts; {report['states']} states, {report['measurements']} stage measurements "
           f"({report['stopped_early']} stopped after their first runs, {report['skipped']} candidates skipped "
-          f"by their bounds), "
-          f"search {report['seconds']:.1f} s; {report['stages']} stages, {report['parallel_stages']} run several groups")
+          f"by their bounds), search {report['seconds']:.1f} s"
+          + (f" ({report['unsearched_parts']} parts left sequential at the --budget)" if report["unsearched_parts"] else "")
+          + f"; {report['stages']} stages, {report['parallel_stages']} run several groups")
     if report["kept"] == "sequential":
         kept = "slower than sequential end to end, so sequential is kept"
     else:
