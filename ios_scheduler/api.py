@@ -12,7 +12,7 @@ from torch import fx, nn
 from tqdm import tqdm
 
 from .candidates import example_values
-from .graph import Graph, capture  # noqa: F401 (capture is part of the API)
+from .graph import Graph, capture, trace  # noqa: F401 (capture and trace are part of the API)
 from .runtime import ScheduledModule, WorkerSet, caller_threads, time_call
 from .schedule import Schedule, StagePlan
 from .search import IOSSearch, Stage, concurrency_room
@@ -192,4 +192,4 @@ def compile(module: nn.Module, schedule: Schedule, example_inputs=None) -> Sched
     if example_inputs is not None:
         first = example_inputs if isinstance(example_inputs, torch.Tensor) else example_inputs[0]
         schedule.check_for(first.shape[0], schedule.threads)
-    return ScheduledModule(fx.symbolic_trace(module.eval()), schedule)
+    return ScheduledModule(trace(module), schedule)

@@ -43,11 +43,12 @@ def nearest_costs(cache_dir: str | Path, model: str, threads: int, batch: int) -
 
 
 def cached_schedule(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], model: str, threads: int,
-                    cache_dir: str | Path) -> Schedule:
-    """The cached schedule for (model, threads, batch), searching and saving it if missing."""
+                    cache_dir: str | Path, again: bool = False) -> Schedule:
+    """The cached schedule for (model, threads, batch), searching and saving it if missing (or
+    with `again`)."""
     batch = examples[0].shape[0]
     path = schedule_path(cache_dir, model, threads, batch)
-    if path.exists():
+    if path.exists() and not again:
         return Schedule.from_json(path.read_text())
     bounds = nearest_costs(cache_dir, model, threads, batch)
     schedule = optimize(module, examples, threads=threads, progress=False, name=model, bounds=bounds,
@@ -64,4 +65,7 @@ def prepare_ios(spec, batch: int, threads: int, cache_dir: str | Path):
     module = spec.build()
     examples = spec.example_inputs(batch)
     schedule = cached_schedule(module, examples, spec.name, threads, cache_dir)
-    return compile(module, schedule), examples, "ios"
+    try:
+        return compile(module, schedule), examples, "ios"
+    except ValueError:  # kept by an older packrat, whose graph had other nodes (issue 49 folded batch norms)
+        return compile(module, cached_schedule(module, examples, spec.name, threads, cache_dir, again=True)), examples, "ios"

@@ -8,14 +8,22 @@ operator: conv → bn → relu is one operator, as in IOS, and the search space 
 graph (torch.fx's ShapeProp). Large graphs are cut into parts solved one after another,
 preferably where a single tensor is all that crosses the cut (a bottleneck: nothing is
 lost by the cut, since no two operators on either side could have run together).
+
+The graph is the model as IOS runs it (`trace`): each batch norm that follows a convolution folded
+into its weights, and 4-d weights in channels_last memory format, so oneDNN runs the convolutions
+in the layout it is fastest in (the first convolution's output is channels_last, and the layout
+carries through). Measured on 2 threads at batch 1 (issue 49): Inception-v3 62.8 -> 39.1 ms,
+NASNet-A 37.9 -> 24.5, RandWire 25.7 -> 16.6 in plain PyTorch; the folding alone gave 0-10 %.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
 from torch import fx
+from torch.fx.experimental.optimization import fuse
 from torch.fx.passes.shape_prop import ShapeProp
 
 COMPUTE = ("call_module", "call_function", "call_method")
@@ -86,10 +94,18 @@ def _target_name(gm: fx.GraphModule, node: fx.Node) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
+def trace(module: torch.nn.Module) -> fx.GraphModule:
+    """`module` (in eval mode) as IOS runs it: traced by torch.fx, each batch norm after a
+    convolution folded into it, 4-d weights channels_last (the module docstring says why). Search
+    and execution both run this graph, so a schedule's node names are its nodes'."""
+    gm = fuse(copy.deepcopy(module).eval(), inplace=True)  # the caller's module is left as it was
+    return gm.to(memory_format=torch.channels_last)
+
+
 def capture(module: torch.nn.Module, example_inputs: tuple) -> Graph:
-    """The operator DAG of `module`, with shapes from `example_inputs`."""
+    """The operator DAG of `module` as IOS runs it (`trace`), with shapes from `example_inputs`."""
     try:
-        gm = fx.symbolic_trace(module)
+        gm = trace(module)
     except Exception as exc:  # torch.fx raises TraceError, TypeError, ... for untraceable code
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise GraphCaptureError(f"torch.fx cannot trace {type(module).__name__}: {first}") from None

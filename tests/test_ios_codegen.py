@@ -52,7 +52,7 @@ def test_generated_groups_equal_the_original_on_every_zoo_network(name, fuse):
     spec = resolve(name)
     module, x = spec.build().eval(), spec.example_inputs(1)
     graph = capture(module, x)
-    compiled = ScheduledModule(fx.symbolic_trace(module), sequential_schedule(graph, torch.get_num_threads(), 1, name),
+    compiled = ScheduledModule(graph.module, sequential_schedule(graph, torch.get_num_threads(), 1, name),
                                 fuse=fuse)
     compiled.plain = False  # through the executor, not the plain-graph shortcut
     with torch.inference_mode():

@@ -80,7 +80,7 @@ def test_unmergeable_convolutions():
 def test_sequential_and_greedy_schedules_give_the_same_outputs(block):
     module, x = block
     graph = capture(module, (x,))
-    gm = fx.symbolic_trace(module)
+    gm = graph.module  # the graph as IOS runs it (trace): what its schedules name
     for schedule in (sequential_schedule(graph, len(CORES), 1, "e"), greedy_schedule(graph, len(CORES), 1, "e")):
         assert_runs_like(ScheduledModule(gm, schedule), module, x)
 
@@ -164,7 +164,7 @@ def test_zoo_networks_run_by_a_greedy_schedule_equal_the_original(name):
     spec = resolve(name)
     module, x = spec.build(), spec.example_inputs(1)
     graph = capture(module, x)
-    compiled = ScheduledModule(fx.symbolic_trace(module), greedy_schedule(graph, len(CORES), 1, name))
+    compiled = ScheduledModule(graph.module, greedy_schedule(graph, len(CORES), 1, name))
     assert_runs_like(compiled, module, x, rtol=1e-3, atol=1e-4)
 
 
@@ -177,7 +177,7 @@ def test_a_merge_stage_in_a_compiled_block_equals_the_original():
     assert len(convs) >= 2
     merged = StagePlan("merge", tuple(op.nodes for op in convs), (len(CORES),))
     rest = [StagePlan("parallel", (op.nodes,), (len(CORES),)) for op in graph.ops if op not in convs]
-    compiled = ScheduledModule(fx.symbolic_trace(module), Schedule("a", 2, len(CORES), [merged] + rest))
+    compiled = ScheduledModule(graph.module, Schedule("a", 2, len(CORES), [merged] + rest))
     assert_runs_like(compiled, module, x)
 
 
@@ -222,6 +222,24 @@ def test_the_ios_runtime_in_the_profiler_and_the_pool(tmp_path):
         output = json.loads(answer.body)["outputs"][0]
         got = torch.tensor(output["data"]).view(output["shape"])
         torch.testing.assert_close(got, expected(module, x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_schedule_kept_for_another_graph_is_searched_again(tmp_path):
+    """A cached schedule naming nodes the graph no longer has (an older packrat's) is replaced."""
+    from packrat.ios_scheduler.cache import prepare_ios, schedule_path
+
+    spec = resolve("tiny")
+    stale = Schedule("tiny", 1, 1, [StagePlan("parallel", (("gone",),), (1,))])
+    path = schedule_path(tmp_path, "tiny", 1, 1)
+    path.write_text(stale.to_json())
+    with caller_threads(1):
+        compiled, examples, mode = prepare_ios(spec, 1, 1, tmp_path)
+    try:
+        assert mode == "ios" and "gone" not in path.read_text()
+        with torch.inference_mode():
+            torch.testing.assert_close(compiled(*examples), expected(spec.build(), *examples), rtol=1e-4, atol=1e-5)
+    finally:
+        compiled.close()
 
 
 def test_a_profile_taken_whole_with_ios_holds_the_ios_runtime(tmp_path):

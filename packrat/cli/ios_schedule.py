@@ -56,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         os.execve(sys.executable, [sys.executable, "-m", "packrat.cli.ios_schedule", *sys.argv[1:]], openmp_env())
     args = build_parser().parse_args(argv)
     import torch
-    from torch import fx
 
     from packrat.ios_scheduler import api
     from packrat.ios_scheduler.timing import CostTable
@@ -88,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
               "stages": len(schedule.stages),
               "parallel_stages": sum(1 for s in schedule.stages if len(s.groups) > 1 or s.kind == "merge")}
     if args.compare:
-        gm = fx.symbolic_trace(module.eval())
+        gm = api.trace(module)
         graph = api.capture(module, examples)
         greedy = api.greedy_schedule(graph, threads, args.batch, args.model)
         sequential = api.sequential_schedule(graph, threads, args.batch, args.model)
