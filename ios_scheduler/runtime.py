@@ -113,10 +113,9 @@ class _Worker:
 class WorkerSet:
     """Workers by core set, created on first use and kept."""
 
-    def __init__(self, cores: Sequence[int], caller_runs_one: bool = True):
+    def __init__(self, cores: Sequence[int]):
         self.cores = tuple(cores)
         self._workers: dict[tuple[int, ...], _Worker] = {}
-        self.caller_runs_one = caller_runs_one  # off only to measure what it saves (benchmarks/ios_switch.py)
 
     def blocks(self, split: Sequence[int]) -> list[tuple[int, ...]]:
         """Contiguous core blocks for a thread split (more groups than cores: they share)."""
@@ -129,23 +128,11 @@ class WorkerSet:
 
     def run(self, calls: Sequence, split: Sequence[int]) -> list:
         """Run calls[i] with split[i] threads, all at once; return their results in order.
-        One call on every core runs on the calling thread itself (see the module docstring), and
-        so does a call of one thread beside others (`_run_one_here`)."""
+        One call on every core runs on the calling thread itself (see the module docstring)."""
         if len(calls) == 1 and split[0] >= len(self.cores):
             return [calls[0]()]
-        here = self._one_here(calls, split)
-        futures = [None if i == here else self.worker(block).submit(call)
-                   for i, (call, block) in enumerate(zip(calls, self.blocks(split)))]
-        if here is not None:
-            futures[here] = _run_one_here(calls[here])
+        futures = [self.worker(block).submit(call) for call, block in zip(calls, self.blocks(split))]
         return [f.result() for f in futures]
-
-    def _one_here(self, calls: Sequence, split: Sequence[int]) -> int | None:
-        """Which call of a stage the calling thread runs itself: its last one-thread call, if any
-        (None: every call goes to a worker)."""
-        if not self.caller_runs_one or len(calls) < 2:
-            return None
-        return next((i for i in reversed(range(len(split))) if split[i] == 1), None)
 
     def worker(self, cores: tuple[int, ...]) -> _Worker:
         if cores not in self._workers:
@@ -156,24 +143,6 @@ class WorkerSet:
         for worker in self._workers.values():
             worker.stop()
         self._workers.clear()
-
-
-def _run_one_here(call) -> Future:
-    """`call` on the calling thread with one intra-op thread, its result (or error) as a finished
-    future. A stage's one-thread group needs no OpenMP team, so the thread that would only wait for
-    the workers runs it: one hand-off and one wake-up fewer per stage. Its core is the one its
-    block leaves free (the caller is not pinned: the scheduler puts it on the idle core)."""
-    future: Future = Future()
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.inference_mode():  # as on a worker: the groups only infer
-            future.set_result(call())
-    except BaseException as exc:  # raised by result(), after the workers' calls finished
-        future.set_exception(exc)
-    finally:
-        torch.set_num_threads(before)
-    return future
 
 
 def run_node(gm: fx.GraphModule, node: fx.Node, env: dict) -> None:
