@@ -12,8 +12,9 @@ lost by the cut, since no two operators on either side could have run together).
 The graph is the model as IOS runs it (`trace`): each batch norm that follows a convolution folded
 into its weights, and 4-d weights in channels_last memory format, so oneDNN runs the convolutions
 in the layout it is fastest in (the first convolution's output is channels_last, and the layout
-carries through). Measured on 2 threads at batch 1 (issue 49): Inception-v3 62.8 -> 39.1 ms,
-NASNet-A 37.9 -> 24.5, RandWire 25.7 -> 16.6 in plain PyTorch; the folding alone gave 0-10 %.
+carries through). Plain PyTorch on this graph, 2 threads, batch 1 (BENCHMARKS.md, issue 49):
+Inception-v3 58.6 -> 43.6 ms, RandWire 24.1 -> 20.6, NASNet-A 48.6 -> 23.2; channels_last does
+most of it.
 """
 
 from __future__ import annotations
