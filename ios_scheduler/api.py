@@ -75,7 +75,8 @@ def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.T
     to study its stage costs).
     `budget_s`: search the parts where concurrency could save most first (`concurrency_room`), and
     once this many seconds have passed, run the parts left one operator after another (the
-    search's report counts them: `unsearched_parts`). The end-to-end check comes on top."""
+    search's report counts them: `unsearched_parts`). The end-to-end check comes on top. On one
+    thread no part is searched: groups side by side on one core never run faster."""
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
@@ -88,6 +89,8 @@ def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.T
         timer = StageTimer(graph, example_values(graph, example_inputs), workers, model, threads,
                            example_inputs[0].shape[0], warmup, repeats, bounds)
         try:
+            # on one thread nothing can run side by side: every part stays sequential, unsearched
+            budget_s = 0.0 if threads == 1 else budget_s
             schedule = _search(graph, timer, max_group_size, max_num_groups, max_part_size, progress,
                                None if budget_s is None else started + budget_s)
             sequential = sequential_schedule(graph, threads, schedule.batch, model, timer.table)
