@@ -8,7 +8,12 @@ Two measurements, in interleaved shuffled rounds, medians (2 threads):
 2. per network (batch 1): S, a full-width stretch of 30 operators as one generated function, and
    P, a stage of two 1-thread groups of one operator each, each timed after itself and after the
    other. "S after P" - "S alone" is the switch back to the full-width team, "P after S" - "P alone"
-   the switch into the stage; their sum is what `StageTimer.switch_cost` adds to every candidate.
+   the switch into the stage. Q is P's two operators one after another on every thread, timed
+   alone and after S too: "Q after S" - "Q alone" is what S leaves cold in the caches for anything
+   after it, so the switch a concurrent stage adds beyond running its operators in order is
+   "switch back" + ("P after S" - "P alone") - ("Q after S" - "Q alone"), what
+   `StageTimer.switch_cost` adds to every concurrent candidate (issue 49; before, it added the
+   first sum, cold caches included).
 """
 
 from __future__ import annotations
@@ -53,8 +58,10 @@ def switch(model: str, workers: WorkerSet, rounds: int) -> dict:
     middle = len(graph.ops) // 2
     full = candidates.group(range(middle - 30, middle))
     stage = candidates.on_workers([candidates.group([middle]), candidates.group([middle + 1])], (1, 1))
+    in_order = candidates.group([middle, middle + 1])
     return medians(interleaved({"S alone": lambda: timed(full), "S after P": lambda: timed(full, stage),
-                                "P alone": lambda: timed(stage), "P after S": lambda: timed(stage, full)},
+                                "P alone": lambda: timed(stage), "P after S": lambda: timed(stage, full),
+                                "Q alone": lambda: timed(in_order), "Q after S": lambda: timed(in_order, full)},
                                rounds, random))
 
 
@@ -71,13 +78,15 @@ def main() -> None:
         print(markdown_head(["hand-off of nothing", "round trip"]))
         for name, ms in handoff(workers, args.rounds * 10).items():
             print(markdown_row([name, f"{ms * 1e3:.1f} µs"]))
-        print("\n" + markdown_head(["model", "S alone", "S after P", "P alone", "P after S", "switch back",
-                                    "switch in", "both"]))
+        print("\n" + markdown_head(["model", "S alone", "S after P", "P alone", "P after S", "Q alone", "Q after S",
+                                    "switch back", "switch in", "cold caches (Q)", "switch beyond Q"]))
         for model in args.models:
             r = switch(model, workers, args.rounds)
             back, into = r["S after P"] - r["S alone"], r["P after S"] - r["P alone"]
-            print(markdown_row([model, *(f"{r[k]:.3f} ms" for k in ("S alone", "S after P", "P alone", "P after S")),
-                                *(f"{ms * 1e3:.0f} µs" for ms in (back, into, back + into))]), flush=True)
+            cold = r["Q after S"] - r["Q alone"]
+            print(markdown_row([model, *(f"{r[k]:.3f} ms" for k in ("S alone", "S after P", "P alone", "P after S",
+                                                                     "Q alone", "Q after S")),
+                                *(f"{ms * 1e3:.0f} µs" for ms in (back, into, cold, back + into - cold))]), flush=True)
     workers.close()
 
 

@@ -134,12 +134,16 @@ class StageTimer:
 
     def switch_cost(self, rounds: int = 31) -> float:
         """What a concurrent stage costs beyond its own time when it sits between full-width
-        operators, as it does in a schedule: the full-width team still spinning on the cores the
-        stage's workers need, then asleep when the next operator wants it. Measured once, as
-        t(F then P) - t(F) - t(P) in interleaved rounds (medians), where F is a full-width
-        stretch of eight operators from the middle of the graph and P a stage of two groups,
-        each one operator of median output size (typical of the stages the search weighs;
-        larger ones would bury the switch in their own noise)."""
+        operators, as it does in a schedule, beyond what its operators one after another would
+        cost there: the full-width team's threads still on the cores the stage's workers need,
+        asleep when the next operator wants them, the workers' wake-ups. Measured once, in
+        interleaved rounds (medians), as t(F then P) - t(F then Q) - t(P) + t(Q), where F is a
+        full-width stretch of eight operators from the middle of the graph, P a stage of two
+        groups, each one operator of median output size (typical of the stages the search weighs;
+        larger ones would bury the switch in their own noise), and Q the same two operators one
+        after another on every thread. t(F then P) - t(F) - t(P) alone (before issue 49) also
+        counted the caches F leaves cold, which Q pays as much (Inception-v3 on 2 cores: P took
+        0.68 ms alone and 0.99 after F, whatever GOMP_SPINCOUNT), and charged it to concurrency."""
         if self.switch is None:
             count = len(self.graph.ops)
             full = self.candidates.group(range(count // 2, min(count, count // 2 + 8)), 0)
@@ -147,14 +151,15 @@ class StageTimer:
             ops = by_size[count // 2:count // 2 + 2] or by_size[:1]
             half = (max(1, self.threads // 2), max(1, self.threads - self.threads // 2))[:len(ops)]
             stage = self.candidates.on_workers([self.candidates.group((op,), 0) for op in ops], half)
-            samples: dict[str, list[float]] = {"F": [], "P": [], "FP": []}
+            in_order = self.candidates.group(tuple(sorted(ops)), 0)
+            cases = {"P": stage, "Q": in_order, "FP": lambda: (full(), stage()), "FQ": lambda: (full(), in_order())}
+            samples: dict[str, list[float]] = {name: [] for name in cases}
             with torch.inference_mode():
                 for _ in range(rounds):
-                    samples["F"].append(time_call(full, 1, 1))
-                    samples["P"].append(time_call(stage, 1, 1))
-                    samples["FP"].append(time_call(lambda: (full(), stage()), 1, 1))
+                    for name, call in cases.items():
+                        samples[name].append(time_call(call, 1, 1))
             median = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
-            self.switch = max(0.0, median["FP"] - median["F"] - median["P"])
+            self.switch = max(0.0, median["FP"] - median["FQ"] - median["P"] + median["Q"])
         return self.switch
 
     # ---- bounds --------------------------------------------------------------------------------

@@ -62,3 +62,13 @@ def test_candidates_have_the_same_key_at_every_batch_size_and_bound_each_other()
 def test_a_table_of_another_model_is_refused():
     with pytest.raises(ValueError, match="cannot bound"):
         timer_for(1, CostTable("squeezenet", 1, 2))
+
+
+def test_the_switch_cost_is_measured_once_and_never_negative():
+    """What concurrency adds beyond the same operators in order (timing.switch_cost): a figure, kept."""
+    timer = timer_for(1)
+    try:
+        first = timer.switch_cost(rounds=5)
+        assert first >= 0.0 and first == timer.switch_cost() and first < 1e3
+    finally:
+        timer.workers.close()
