@@ -13,7 +13,7 @@ The graph is the model as IOS runs it (`trace`): each batch norm that follows a 
 into its weights, and 4-d weights in channels_last memory format, so oneDNN runs the convolutions
 in the layout it is fastest in (the first convolution's output is channels_last, and the layout
 carries through). Plain PyTorch on this graph, 2 threads, batch 1 (BENCHMARKS.md, issue 49):
-Inception-v3 58.6 -> 43.6 ms, RandWire 24.1 -> 20.6, NASNet-A 48.6 -> 23.2; channels_last does
+Inception-v3 58.6 -> 43.3 ms, RandWire 24.1 -> 17.4, NASNet-A 48.6 -> 23.4; channels_last does
 most of it.
 """
 
