@@ -162,7 +162,9 @@ def test_a_profile_of_ios_instances_is_served_by_them(tmp_path):
             top5 = torch.softmax(module(x[None])[0], 0).topk(5).indices.tolist()
         status, body = post(server, x.numpy().tobytes(), "application/octet-stream", token=None)
         assert status == 200 and [p["class"] for p in body["predictions"]] == top5
-        assert torchserve.handler_status(server)["mode"] == "ios"
+        status = torchserve.handler_status(server)
+        assert status["mode"] == "ios"
+        assert status["ios"] and all(g["runtime"] == "ios" and g.get("against") is None for g in status["ios"])  # nulls dropped
         used = list((run_dir / "tmp").rglob("tiny-t*-b*.json"))  # the archive as TorchServe unpacked it
         assert used and all(path.read_text() == (cache / path.name).read_text() for path in used)  # not searched again
     finally:
