@@ -22,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: ios-schedule --model inception_v3 --batch 1 --threads 2 --out sched.json --compare")
     parser.add_argument("--model", default="inception_v3", help="zoo model (default: inception_v3)")
     parser.add_argument("--batch", type=int, default=1, help="batch size the schedule is for (default: 1)")
-    parser.add_argument("--threads", type=int, default=None, help="threads (default: the cores this process may use)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads (default: the cores this process may use); the command runs on the first "
+                             "THREADS of those cores")
     parser.add_argument("--out", type=Path, default=None, help="write the schedule as JSON here")
     parser.add_argument("--compare", action="store_true",
                         help="measure plain PyTorch (sequential), greedy (every ready op at once) and IOS side by side")
@@ -55,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         # libgomp reads its settings once, when torch loads: restart this command with them
         os.execve(sys.executable, [sys.executable, "-m", "packrat.cli.ios_schedule", *sys.argv[1:]], openmp_env())
     args = build_parser().parse_args(argv)
+    available = sorted(os.sched_getaffinity(0))
+    if argv is None and args.threads and args.threads < len(available):
+        # a command of its own: it, and the OpenMP team torch starts, stay on the cores the schedule's
+        # workers take (the first THREADS), the cores a runtime timed beside it gets too
+        os.sched_setaffinity(0, available[:args.threads])
     import torch
 
     from packrat.ios_scheduler import api
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(schedule.to_json())
     if args.costs:
         args.costs.write_text(schedule.costs.to_json())
-    report = {"model": args.model, "batch": args.batch, "threads": threads,
+    report = {"model": args.model, "batch": args.batch, "threads": threads, "cores": sorted(os.sched_getaffinity(0)),
               "openmp_env": {key: os.environ.get(key) for key in OPENMP_ENV}, **schedule.search,
               "stages": len(schedule.stages),
               "parallel_stages": sum(1 for s in schedule.stages if len(s.groups) > 1 or s.kind == "merge")}
