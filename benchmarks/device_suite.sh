@@ -24,11 +24,12 @@
 #                    against its run, beside ONNX Runtime (sequential and parallel mode) and OpenVINO on
 #                    the same cores -> ios-networks.md (its schedules go on to ios-plan)
 #   ios-plan (300 s) only when asked: IOS instances inside the plan: `packrat profile --ios` of Inception-v3
-#                    at batch 1 on threads 1,2,4,8,16, every installed runtime beside IOS (searched where
+#                    at batch 1 on threads 1,4,8,16, every installed runtime beside IOS (searched where
 #                    the others leave half the threads idle); the plan at B = 1 and the oracle at B = 1,
 #                    with and without IOS instances -> IOS_MODEL-ios.csv, ios-plan.json, oracle-ios.json
-# A lease of 15 minutes fits the default steps in one call, then ios and ios-plan in a second
-# (SUITE_STEPS=ios,ios-plan).
+# A lease of 15 minutes fits the default steps in one call and one IOS step in a second
+# (SUITE_STEPS=ios); ios-plan reuses the ios step's searches when both run into the same OUT_DIR,
+# so SUITE_STEPS=ios,ios-plan in one call of at most 10 minutes fits a lease of its own.
 # A command past its step's budget is interrupted (profiles resume, the oracle keeps each finished B,
 # IOS each finished case), the suite goes on and exits with status 3 naming the step; any other
 # failure stops it at once.
@@ -50,7 +51,7 @@
 #   SUITE_IOS_MODELS [inception_v3,randwire]  SUITE_IOS_THREADS [8,16; those above T dropped]  SUITE_IOS_BATCHES [1]
 #   SUITE_IOS_PEERS [onnxruntime,onnxruntime-parallel,openvino]  SUITE_IOS_SEARCH_BUDGET [60] seconds a search
 #                                     (the parts with most room first; those left after it run sequentially)
-#   SUITE_IOS_PLAN_MODEL [inception_v3]  SUITE_IOS_PLAN_THREADS [1,2,4,8,16; those above T dropped]
+#   SUITE_IOS_PLAN_MODEL [inception_v3]  SUITE_IOS_PLAN_THREADS [1,4,8,16; those above T dropped]
 #   SUITE_IOS_PLAN_ROUNDS [5]
 #   SUITE_STEPS [profile,peers,oracle]
 #   SUITE_BUDGET_PROFILE, SUITE_BUDGET_PEERS, SUITE_BUDGET_ORACLE, SUITE_BUDGET_BENCH, SUITE_BUDGET_IOS,
@@ -105,7 +106,7 @@ IOS_BATCHES=${SUITE_IOS_BATCHES:-1}
 IOS_PEERS=${SUITE_IOS_PEERS:-onnxruntime,onnxruntime-parallel,openvino}
 IOS_SEARCH_BUDGET=${SUITE_IOS_SEARCH_BUDGET:-60}
 IOS_PLAN_MODEL=${SUITE_IOS_PLAN_MODEL:-inception_v3}
-IOS_PLAN_THREADS=${SUITE_IOS_PLAN_THREADS:-1,2,4,8,16}
+IOS_PLAN_THREADS=${SUITE_IOS_PLAN_THREADS:-1,4,8,16}
 IOS_PLAN_ROUNDS=${SUITE_IOS_PLAN_ROUNDS:-5}
 STEPS=",${SUITE_STEPS:-profile,peers,oracle},"
 case $PROFILE_KIND in
