@@ -162,6 +162,10 @@ def ios_plan_tables(out: Path) -> list[str]:
     from packrat.cli.output import gain_lines
 
     lines = []
+    for path in sorted(out.glob("*-ios.csv")):  # the step's profile: where IOS was measured at all
+        points = sorted(load(path).by_runtime.get("ios", {}))
+        shown = ", ".join(f"⟨{t},{b}⟩" for t, b in points) or "none (the other runtimes used half the threads or more)"
+        lines += [f"IOS points in {path.name}: {shown}.", ""]
     plan_path = out / "ios-plan.json"
     if plan_path.exists():
         plan = json.loads(plan_path.read_text())

@@ -155,6 +155,7 @@ def test_summary(suite):
     row = next(line for line in verdicts.splitlines() if line.startswith("| 2 | "))
     assert "eager" in row or "onnxruntime" in row  # the fastest peer named, with its figure
     assert "the fastest without IOS" in sections[6] and "| B | configs | oracle (best) |" in sections[6]
+    assert "IOS points in tiny-ios.csv: ⟨1,1⟩" in sections[6]  # every runtime everywhere: IOS from 1 thread
 
 
 @pytest.mark.slow
