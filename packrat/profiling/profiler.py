@@ -488,11 +488,14 @@ def _measure_ios(settings: ProfileSettings, out: Path, grid: list[tuple[int, int
             f"other runtimes use less than {reach.IOS_EFFICIENCY:.0%} of the threads; --every-runtime measures "
             f"it everywhere")
     todo = [(t, b) for t, b in points if ("ios", t, b) not in done]
+    from packrat.ios_scheduler.cache import SEARCH_BUDGET_S  # torch: loaded by metadata() already
+
     if bar is not None:
         bar.total += sum(_cost(settings, t, b, topology) for t, b in todo)
     for index, (t, b) in enumerate(todo, start=1):
         if bar is not None:
-            bar.set_description(f"ios point {index}/{len(todo)}: threads={t} batch={b} (its schedule searched first)")
+            bar.set_description(f"ios point {index}/{len(todo)}: threads={t} batch={b} (its schedule searched "
+                                f"first, up to {SEARCH_BUDGET_S:.0f} s, unless kept)")
         writer.write(measure(replace(settings, runtime="ios"), t, b, topology))
         if bar is not None:
             bar.update(_cost(settings, t, b, topology))
