@@ -227,6 +227,17 @@ def test_the_ios_runtime_in_the_profiler_and_the_pool(tmp_path):
         torch.testing.assert_close(got, expected(module, x), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.integration
+def test_the_adaptive_profile_measures_ios_where_it_measured_the_others(tmp_path):
+    from packrat.profiling import profiler
+
+    settings = profiler.ProfileSettings(model="tiny", warmup=1, iters=3, ios_cache=str(tmp_path / "s"), served=False)
+    done = profiler.run_adaptive(settings, sorted({1, len(CORES)}), [1], tmp_path / "tiny.csv", progress=False,
+                                 runtimes=("inductor", "ios"), every_runtime=True)
+    profile = done.profile
+    assert set(profile.by_runtime["ios"]) == set(profile.by_runtime["inductor"])  # every runtime everywhere
+
+
 def test_a_schedule_kept_for_another_graph_is_searched_again(tmp_path):
     """A cached schedule naming nodes the graph no longer has (an older packrat's) is replaced."""
     from packrat.ios_scheduler.cache import prepare_ios, schedule_path

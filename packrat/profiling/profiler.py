@@ -613,7 +613,9 @@ def run_adaptive(settings: ProfileSettings, threads: list[int], batches: list[in
         _adapt(grids, settings, topology, source, writer, progress, watch, say)
         if "ios" in usable and not source:
             done = {(r, t, b) for r, points in (previous.by_runtime if previous else {}).items() for t, b in points}
-            _measure_ios(settings, out, None, plain, done, topology, writer, say, every_runtime)
+            with tqdm(total=0, disable=not progress, unit="",
+                      bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]") as bar:
+                _measure_ios(settings, out, None, plain, done, topology, writer, say, every_runtime, bar)
     result = profiles.load(out)
     parts = [_adaptive_result(replace(settings, runtime=r), grid, topology,
                               source.by_runtime[r] if source else None) for r, grid in grids.items()]
