@@ -208,7 +208,8 @@ def test_the_ios_runtime_in_the_profiler_and_the_pool(tmp_path):
     from packrat.profiling.profiles import load
 
     cache = tmp_path / "schedules"
-    settings = profiler.ProfileSettings(model="tiny", warmup=1, iters=3, ios_cache=str(cache), served=False)
+    settings = profiler.ProfileSettings(model="tiny", warmup=1, iters=3, ios_cache=str(cache), served=False,
+                                        graph_mode="script")
     out = tmp_path / "tiny.csv"
     profile = profiler.run(settings, [1], [2], out, progress=False, runtimes=("inductor", "ios"), every_runtime=True)
     assert set(profile.by_runtime) == {"inductor", "ios"} and profile.metadata["mode"] != "ios"
@@ -231,8 +232,9 @@ def test_the_ios_runtime_in_the_profiler_and_the_pool(tmp_path):
 def test_the_adaptive_profile_measures_ios_where_it_measured_the_others(tmp_path):
     from packrat.profiling import profiler
 
-    settings = profiler.ProfileSettings(model="tiny", warmup=1, iters=3, ios_cache=str(tmp_path / "s"), served=False)
-    done = profiler.run_adaptive(settings, sorted({1, len(CORES)}), [1], tmp_path / "tiny.csv", progress=False,
+    settings = profiler.ProfileSettings(model="tiny", warmup=1, iters=3, ios_cache=str(tmp_path / "s"), served=False,
+                                        graph_mode="script")
+    done = profiler.run_adaptive(settings, [1], [1, 2], tmp_path / "tiny.csv", progress=False,
                                  runtimes=("inductor", "ios"), every_runtime=True)
     profile = done.profile
     assert set(profile.by_runtime["ios"]) == set(profile.by_runtime["inductor"])  # every runtime everywhere
