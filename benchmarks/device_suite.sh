@@ -24,7 +24,8 @@
 #                    against its run, beside ONNX Runtime (sequential and parallel mode) and OpenVINO on
 #                    the same cores -> ios-networks.md (its schedules go on to ios-plan)
 #   ios-plan (300 s) only when asked: IOS instances inside the plan: `packrat profile --ios` of Inception-v3
-#                    at batch 1 on threads 1,4,8,16, every installed runtime beside IOS (searched where
+#                    at batch 1 on threads 1,4,8,16, script mode, every installed runtime but
+#                    torch.compile (minutes to build on a cold machine) beside IOS (searched where
 #                    the others leave half the threads idle); the plan at B = 1 and the oracle at B = 1,
 #                    with and without IOS instances -> IOS_MODEL-ios.csv, ios-plan.json, oracle-ios.json
 # A lease of 15 minutes fits the default steps in one call and one IOS step in a second
@@ -52,7 +53,8 @@
 #   SUITE_IOS_PEERS [onnxruntime,onnxruntime-parallel,openvino]  SUITE_IOS_SEARCH_BUDGET [60] seconds a search
 #                                     (the parts with most room first; those left after it run sequentially)
 #   SUITE_IOS_PLAN_MODEL [inception_v3]  SUITE_IOS_PLAN_THREADS [1,4,8,16; those above T dropped]
-#   SUITE_IOS_PLAN_ROUNDS [5]
+#   SUITE_IOS_PLAN_ROUNDS [5]  SUITE_IOS_PLAN_GRAPH_MODE [script]  SUITE_IOS_PLAN_RUNTIMES [every installed one but
+#                                     torch-compile: those built in seconds, so the step fits its budget]
 #   SUITE_STEPS [profile,peers,oracle]
 #   SUITE_BUDGET_PROFILE, SUITE_BUDGET_PEERS, SUITE_BUDGET_ORACLE, SUITE_BUDGET_BENCH, SUITE_BUDGET_IOS,
 #   SUITE_BUDGET_IOS_PLAN  seconds
@@ -89,7 +91,9 @@ GRAPH_MODE=${SUITE_GRAPH_MODE:-compile}
 RUNTIMES=${SUITE_RUNTIMES:-installed}
 RUNTIME_ARGS=()
 [[ $RUNTIMES == installed ]] || RUNTIME_ARGS=(--runtimes "$RUNTIMES")
-[[ ${SUITE_EVERY_RUNTIME:-0} == 1 ]] && RUNTIME_ARGS+=(--every-runtime)
+EVERY_RUNTIME_ARGS=()
+[[ ${SUITE_EVERY_RUNTIME:-0} == 1 ]] && EVERY_RUNTIME_ARGS=(--every-runtime)
+RUNTIME_ARGS+=("${EVERY_RUNTIME_ARGS[@]}")
 PEERS_MODEL=${SUITE_PEERS_MODEL:-$MODEL}
 PEERS_BATCHES=${SUITE_PEERS_BATCHES:-8,16,32}
 PEERS_ROUNDS=${SUITE_PEERS_ROUNDS:-2}
@@ -108,6 +112,7 @@ IOS_SEARCH_BUDGET=${SUITE_IOS_SEARCH_BUDGET:-60}
 IOS_PLAN_MODEL=${SUITE_IOS_PLAN_MODEL:-inception_v3}
 IOS_PLAN_THREADS=${SUITE_IOS_PLAN_THREADS:-1,4,8,16}
 IOS_PLAN_ROUNDS=${SUITE_IOS_PLAN_ROUNDS:-5}
+IOS_PLAN_GRAPH_MODE=${SUITE_IOS_PLAN_GRAPH_MODE:-script}
 STEPS=",${SUITE_STEPS:-profile,peers,oracle},"
 case $PROFILE_KIND in
     isolated | contention) ;;
@@ -133,7 +138,7 @@ shell_words() {  # the arguments as one command line, quoting only where the she
 # ---- preflight: python, torch, the cores -------------------------------------------------------
 
 # One python (torch loads once): the imports every step needs, the cores, and OUT/machine.json.
-read -r ALL_CORES T CPUS < <("$PY" - "${SUITE_THREADS:-0}" "$OUT/machine.json" "$PY" <<'EOF'
+read -r ALL_CORES T CPUS BUILT_FAST < <("$PY" - "${SUITE_THREADS:-0}" "$OUT/machine.json" "$PY" <<'EOF'
 import datetime, json, os, platform, sys
 try:
     import numpy, torch, tqdm  # noqa: F401
@@ -154,7 +159,9 @@ json.dump({"cpu": cpu_model(), "threads": len(chosen), "cores": chosen, "logical
            "date": datetime.datetime.now().isoformat(timespec="seconds"),
            "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SUITE_")}},
           open(sys.argv[2], "w"), indent=2)
-print(len(cores), len(chosen), ",".join(map(str, chosen)))
+from packrat.models.runtimes import installed_runtimes
+fast = [r for r in installed_runtimes() if r != "torch-compile"]  # those built in seconds: ios-plan's default
+print(len(cores), len(chosen), ",".join(map(str, chosen)), ",".join(fast))
 EOF
 )
 [[ ${ALL_CORES:-} != no-torch ]] || die "$PY cannot import torch, numpy and tqdm (run bash scripts/setup.sh, or install them)"
@@ -280,7 +287,8 @@ if wants ios-plan; then
     done
     if run "$OUT/$IOS_PLAN_MODEL-ios-profile.log" "$PY" -m packrat.cli profile --model "$IOS_PLAN_MODEL" \
         --threads "$IOS_PLAN_THREADS" --batches 1 --warmup "$PROFILE_WARMUP" --min-time "$PROFILE_MIN_TIME" \
-        "${PAYLOAD_ARGS[@]}" "--$PROFILE_KIND" --graph-mode "$GRAPH_MODE" "${RUNTIME_ARGS[@]}" --ios \
+        "${PAYLOAD_ARGS[@]}" "--$PROFILE_KIND" --graph-mode "$IOS_PLAN_GRAPH_MODE" \
+        --runtimes "${SUITE_IOS_PLAN_RUNTIMES:-$BUILT_FAST}" "${EVERY_RUNTIME_ARGS[@]}" --ios \
         --ios-cache "$OUT/ios-schedules" --out "$IOS_PROFILE" --quiet; then
         run "$OUT/ios-plan.json" "$PY" -m packrat.cli plan --profile "$IOS_PROFILE" --threads "$T" --batch 1 --json \
             && run "$OUT/oracle-ios.txt" "$PY" benchmarks/oracle.py --model "$IOS_PLAN_MODEL" --profile "$IOS_PROFILE" \
