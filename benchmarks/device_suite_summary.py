@@ -170,8 +170,9 @@ def ios_plan_tables(out: Path) -> list[str]:
     if plan_path.exists():
         plan = json.loads(plan_path.read_text())
         shapes = oracle.canonical((i["threads"], i["batch"], i["runtime"]) for i in plan["instances"])
+        gains = [f"- {line}" for line in gain_lines(plan.get("ios", []))]
         lines += [f"The plan at B = {plan['batch']}: {oracle.label(shapes)}, expected {fmt_num(plan['expected_latency_ms'])} "
-                  "ms.", ""] + [f"- {line}" for line in gain_lines(plan.get("ios", []))] + [""]
+                  "ms.", ""] + (gains + [""] if gains else [])
     path = out / "oracle-ios.json"
     report = json.loads(path.read_text()) if path.exists() else {"batches": []}
     for entry in report["batches"]:
