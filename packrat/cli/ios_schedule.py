@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
               "stages": len(schedule.stages),
               "parallel_stages": sum(1 for s in schedule.stages if len(s.groups) > 1 or s.kind == "merge")}
     if args.compare:
-        gm = api.trace(module)
         graph = api.capture(module, examples)
+        gm = graph.module  # the model as IOS runs it (api.trace), which every schedule here names
         greedy = api.greedy_schedule(graph, threads, args.batch, args.model)
         sequential = api.sequential_schedule(graph, threads, args.batch, args.model)
         seq_ms, greedy_ms, ios_ms = api.compare(gm, [sequential, greedy, schedule], examples)

@@ -83,4 +83,4 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def ios_gains(profile, plans) -> list[dict]:
     """What the plans' IOS instances gained over the fastest other runtime (profiles.gains)."""
-    return gains(profile, [(i.threads, i.batch, i.runtime) for plan in plans for i in plan.instances])
+    return gains(profile, [i for plan in plans for i in plan.instances])

@@ -336,13 +336,14 @@ def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str |
     missing). RuntimeRefused when the runtime cannot run the model."""
     from packrat.models import compiled
 
-    examples = spec.example_inputs(batch)
-    if runtime == "torch-compile":
-        return torch_compiled(spec, batch), examples
     if runtime == "ios":
         from packrat.ios_scheduler.cache import prepare_ios
 
-        return prepare_ios(spec, batch, threads, ios_cache or IOS_CACHE)[0], examples
+        module, examples, _ = prepare_ios(spec, batch, threads, ios_cache or IOS_CACHE)
+        return module, examples
+    examples = spec.example_inputs(batch)
+    if runtime == "torch-compile":
+        return torch_compiled(spec, batch), examples
     path = ensure_artefact(spec, runtime, shipped)
     if runtime == "onnxruntime":
         return OrtRunner(path, spec, batch, threads), examples

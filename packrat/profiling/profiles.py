@@ -268,12 +268,12 @@ class Profile:
 
 
 def gains(profile: Profile, instances, runtime: str = "ios") -> list[dict]:
-    """What `runtime` gained where a plan runs it: for each distinct ⟨t, b⟩ of `instances` ((threads,
-    batch, runtime) triples) that runs it, its planned figure against the fastest other runtime's at
+    """What `runtime` gained where a plan runs it: for each distinct ⟨t, b⟩ of `instances` (a plan's:
+    threads, batch, runtime) that runs it, its planned figure against the fastest other runtime's at
     that point ("against" None where no other runtime was measured there)."""
     points = profile.points()
     found = []
-    for t, b in sorted({(t, b) for t, b, r in instances if r == runtime}):
+    for t, b in sorted({(i.threads, i.batch) for i in instances if i.runtime == runtime}):
         others = {r: ms for (pt, pb, r), ms in points.items() if (pt, pb) == (t, b) and r != runtime}
         other = min(others, key=others.get, default=None)
         found.append({"threads": t, "batch": b, "runtime": runtime, "ms": points.get((t, b, runtime)),

@@ -185,7 +185,7 @@ class Engine:
         budget and the profile came from."""
         plan = self.controller.plan
         status = {**self.controller.status(), "cpu_budget": self.budget.to_json(), "profile": self.profile_choice,
-                  "ios": gains(self.corrector.profile, [(i.threads, i.batch, i.runtime) for i in plan.instances]),
+                  "ios": gains(self.corrector.profile, plan.instances),
                   "served": {**self.corrector.status(plan, self.pool.served_figures()),
                              **self.tuner.status()}}
         if self.node is not None:
