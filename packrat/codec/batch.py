@@ -25,6 +25,7 @@ from packrat.codec.codec import Codec
 from packrat.codec.rows import InputRows
 from packrat.codec.samples import NOT_FINITE, all_finite
 from packrat.errors import RequestError, error_body, first_line
+from packrat.models.runtimes import RunCancelled
 
 
 class Reply(NamedTuple):
@@ -163,6 +164,8 @@ def run_rows(module, rows: InputRows, indices: list[int]) -> tuple[dict, torch.T
         try:
             outputs = module(*inputs)
             return {index: outputs[position:position + 1] for position, index in enumerate(indices)}, outputs
+        except RunCancelled:  # the watchdog's: the batch runs again elsewhere, not request by request here
+            raise
         except Exception:
             if len(indices) == 1:
                 return run_each(module, {indices[0]: tuple(tensor[:1] for tensor in inputs)}), None
@@ -182,6 +185,8 @@ def run_each(module, samples: dict) -> dict:
             outputs = module(*batched(list(samples.values())))
             sizes = [len(s[0]) for s in samples.values()]
             return dict(zip(samples, torch.split(outputs, sizes)))
+        except RunCancelled:
+            raise
         except Exception as exc:
             if len(samples) == 1:
                 return {next(iter(samples)): f"the model failed on this input: {type(exc).__name__}: {first_line(exc)}"}

@@ -164,10 +164,10 @@ def planned_instances(profile, batch_size: int, handler: str, cores: int, node: 
 def runtime_files(spec, runtimes: list[str]) -> list[Path]:
     """The artefacts (OpenVINO IR, ONNX) of the profile's other runtimes in this machine's cache, which
     profiling them built: shipped, so a server does not convert the model again."""
-    from packrat.models.runtimes import SUFFIXES, artefact_files, artefact_path
+    from packrat.models.runtimes import SUFFIXES, artefact_files, artefact_path, base_runtime
 
     found = []
-    for runtime in runtimes:
+    for runtime in dict.fromkeys(map(base_runtime, runtimes)):  # both kinds of a runtime share one artefact
         if runtime in SUFFIXES:  # inductor's packages are shipped apart; torch-compile keeps none
             files = artefact_files(artefact_path(spec, runtime))
             if all(f.exists() for f in files):

@@ -15,6 +15,11 @@
   issue 48's profile found it 2.3× slower, at eager's speed (BENCHMARKS.md). The profile measures it
   like any runtime and drops it where it is dominated. It compiles in every new instance (seconds
   from a warm cache) rather than once.
+- ``onnxruntime-thread``: the same session, hosted as a thread of the serving process rather than a
+  process of its own (the instance's *kind*): the session's intra-op threads pinned one to a core of
+  the instance (``session.intra_op_thread_affinities``), the calling thread to the first. No hand-off
+  between processes; what a fault can do differs (docs/reliability.md). torch runtimes stay
+  processes: torch's intra-op pool is one per process.
 - ``ios``: torch running the model by an IOS schedule (ios_scheduler: independent operators in
   concurrent groups on disjoint threads), searched once per model, threads and batch and kept in a
   cache folder (IOS_CACHE by default). Opt-in (OPT_IN: ``packrat profile --ios``): each point's
@@ -45,12 +50,14 @@ import os
 import warnings
 from pathlib import Path
 
-RUNTIMES = ("inductor", "openvino", "onnxruntime", "torch-compile", "ios")
+RUNTIMES = ("inductor", "openvino", "onnxruntime", "onnxruntime-thread", "torch-compile", "ios")
 DEFAULT_RUNTIME = "inductor"
 TORCH_RUNTIMES = ("inductor", "torch-compile", "ios")  # torch runs the model: its threads are the instance's
 OPT_IN = ("ios",)  # measured only when asked for, never by default (installed_runtimes)
 IOS_CACHE = Path("profiles/ios-schedules")  # where IOS schedules are kept unless a folder is named
-PACKAGES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}  # runtime -> the module it needs
+# thread-kind runtime -> the runtime it hosts as a thread of the serving process (its process kind)
+THREAD_KINDS = {"onnxruntime-thread": "onnxruntime"}
+PACKAGES = {"openvino": "openvino", "onnxruntime": "onnxruntime", "onnxruntime-thread": "onnxruntime"}
 INSTALL_HINT = "pip install 'packrat[runtimes]'"
 TOLERANCE = 1e-3  # largest |runtime - eager| relative to eager's largest |output|
 CHECK_BATCH = 2  # the batch artefacts are converted and checked at (1 could be specialised away)
@@ -59,6 +66,21 @@ SUFFIXES = {"openvino": ".openvino.xml", "onnxruntime": ".onnx"}
 
 class RuntimeRefused(Exception):
     """A runtime cannot run this model: not installed, it fails to convert, or its outputs differ."""
+
+
+def base_runtime(runtime: str) -> str:
+    """The engine a runtime runs the model with, whatever its kind: onnxruntime-thread's is onnxruntime."""
+    return THREAD_KINDS.get(runtime, runtime)
+
+
+def instance_kind(runtime: str) -> str:
+    """How an instance of `runtime` is hosted: "thread" (a thread of the serving process) or "process"."""
+    return "thread" if runtime in THREAD_KINDS else "process"
+
+
+def process_kind(runtime: str) -> str:
+    """The same runtime hosted as a process (what replaces a thread instance that will not stop)."""
+    return base_runtime(runtime)
 
 
 def installed(runtime: str) -> bool:
@@ -145,6 +167,7 @@ def artefact_path(spec, runtime: str, cache_dir: str | os.PathLike | None = None
     from packrat.models import compiled
     from packrat.models.spec import SEED
 
+    runtime = base_runtime(runtime)  # both kinds of a runtime run the same artefact
     key = compiled.package_key(f"{spec.name}:{SEED}", spec.sources, spec.inputs)
     return Path(cache_dir or compiled.default_cache_dir()) / f"{spec.name}-{key}-{version(runtime)}{SUFFIXES[runtime]}"
 
@@ -166,6 +189,7 @@ def ensure_artefact(spec, runtime: str, shipped: str | None = None) -> Path:
 
     if not installed(runtime):
         raise RuntimeRefused(f"{runtime} is not installed ({INSTALL_HINT})")
+    runtime = base_runtime(runtime)
     if runtime not in SUFFIXES:
         return None
     if shipped is not None and artefact_path(spec, runtime, shipped).exists():
@@ -279,9 +303,15 @@ class OpenVinoRunner:
 
 
 class OrtRunner:
-    """An InferenceSession: `threads` intra-op threads, one inter-op thread, any batch size."""
+    """An InferenceSession: `threads` intra-op threads, one inter-op thread, any batch size.
 
-    def __init__(self, path: Path, spec, batch: int, threads: int):
+    With `cores` (a thread instance: the session lives in a thread of the serving process), its
+    intra-op threads are pinned one to each core after the first (``intra_op_thread_affinities``:
+    1-based CPU ids, an entry per thread but the calling one, which computes too and is pinned by its
+    caller to the first core). `cancel()` ends a run under way from another thread (its call then
+    raises RunCancelled)."""
+
+    def __init__(self, path: Path, spec, batch: int, threads: int, cores=None):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -293,7 +323,10 @@ class OrtRunner:
         # after it took a core from the instance's decoders (4 JPEGs of a SqueezeNet batch: decoded
         # in 9.1 ms on 2 decoders, as if on one, against 4.8 in-process; BENCHMARKS.md, issue 41).
         options.add_session_config_entry("session.force_spinning_stop", "1")
+        if cores is not None and threads > 1:
+            options.add_session_config_entry("session.intra_op_thread_affinities", ort_affinities(cores, threads))
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.run_options = ort.RunOptions()
         wanted = {i.name for i in self.session.get_inputs()}  # an input the graph ignores may be gone
         self.names = [(i, s.name) for i, s in enumerate(spec.inputs) if s.name in wanted]
 
@@ -301,7 +334,33 @@ class OrtRunner:
         import torch
 
         feeds = {name: inputs[i].contiguous().numpy() for i, name in self.names}
-        return torch.from_numpy(self.session.run(None, feeds)[0])
+        options = self.run_options
+        try:
+            return torch.from_numpy(self.session.run(None, feeds, options)[0])
+        except Exception as exc:
+            if options.terminate:
+                raise RunCancelled(f"the run was cancelled: {first_line(exc)}") from None
+            raise
+        finally:
+            if options.terminate:  # the next run starts afresh: cancel() ends one run, not the session
+                self.run_options = type(options)()
+
+    def cancel(self) -> None:
+        self.run_options.terminate = True
+
+
+class RunCancelled(Exception):
+    """A runtime's run ended by cancel() from another thread (the watchdog's)."""
+
+
+def ort_affinities(cores, threads: int) -> str:
+    """ONNX Runtime's intra_op_thread_affinities for `threads` threads on `cores`: each thread but the
+    calling one (the first core's) on a core of its own, as 1-based CPU ids."""
+    return ";".join(str(core + 1) for core in list(cores)[1:threads])
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [""])[0][:200]
 
 
 _RUNNERS = {"openvino": OpenVinoRunner, "onnxruntime": OrtRunner}
@@ -328,10 +387,11 @@ def torch_compiled(spec, batch: int):
 
 
 def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str | None = None,
-                    ios_cache: str | os.PathLike | None = None):
+                    ios_cache: str | os.PathLike | None = None, cores=None):
     """(callable, example inputs at `batch`) for an instance of `batch` running `runtime`: OpenVINO
     compiled for each size of the batch's halving ladder (as the AOT packages are), ONNX Runtime's
-    one session for all, torch.compile's graphs for the ladder's sizes (torch_compiled), the IOS
+    one session for all (its threads pinned to `cores` for a thread-kind instance, whose calling
+    thread is on cores[0]), torch.compile's graphs for the ladder's sizes (torch_compiled), the IOS
     schedule for `threads` and `batch` from `ios_cache` (IOS_CACHE by default; searched there when
     missing). RuntimeRefused when the runtime cannot run the model."""
     from packrat.models import compiled
@@ -345,6 +405,6 @@ def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str |
     if runtime == "torch-compile":
         return torch_compiled(spec, batch), examples
     path = ensure_artefact(spec, runtime, shipped)
-    if runtime == "onnxruntime":
-        return OrtRunner(path, spec, batch, threads), examples
+    if base_runtime(runtime) == "onnxruntime":
+        return OrtRunner(path, spec, batch, threads, cores if instance_kind(runtime) == "thread" else None), examples
     return compiled.Ladder({size: OpenVinoRunner(path, spec, size, threads) for size in compiled.ladder(batch)}), examples

@@ -139,7 +139,7 @@ def load_runtime(spec, model: ModelConfig, config: InstanceConfig, runtime: str)
     from packrat.models.runtimes import prepare_runtime
 
     module, examples = prepare_runtime(spec, runtime, config.batch, config.threads, model.compile_cache,
-                                       ios_cache=model.ios_cache)
+                                       ios_cache=model.ios_cache, cores=config.cores)
     return module, examples, runtime
 
 
@@ -210,7 +210,7 @@ def serve(conn: Connection, module, codec, decoders: Decoders, config: InstanceC
                    if index < layout.slots and offset == layout.row_offset(index) and size == layout.row_bytes}
         turn.quantum = turn_ms if locks is not None else None
         sizes = turn_sizes(len(bodies), warm_ms / config.batch, turn.quantum)
-        answers, stamps = run_in_turns(conn, module, codec, decoders, turn, locks, Batch(bodies, rows, in_rows),
+        answers, stamps = run_in_turns(conn.send, module, codec, decoders, turn, locks, Batch(bodies, rows, in_rows),
                                        sizes, received)
         conn.send(("answers", answers, stamps, len(sizes)))
 
@@ -229,11 +229,12 @@ class Batch(NamedTuple):
                 frozenset(index - start for index in self.in_rows if start <= index < start + size))
 
 
-def run_in_turns(conn: Connection, module, codec, decoders: Decoders, turn: Turn, locks: str | None,
+def run_in_turns(say, module, codec, decoders: Decoders, turn: Turn, locks: str | None,
                  batch: Batch, sizes: list[int], received: float) -> tuple[list, list[float]]:
     """Answer `bodies` in parts of `sizes`, each in a turn holding the cores' locks (when `locks`),
-    a new turn when the last one has run its time; the parent hears when each part begins to run
-    and when one ends with more to come, so its watchdog counts running, not waiting. Stamps:
+    a new turn when the last one has run its time; the parent hears (`say(message)`: a process
+    instance's socket, a thread instance's handle) when each part begins to run and when one ends
+    with more to come, so its watchdog counts running, not waiting. Stamps:
     received, then decode, model and encode summed over the parts, ending when the last one did
     (the waits for turns all fall in the "locks" stage)."""
     from packrat.codec.batch import answer_batch
@@ -244,11 +245,11 @@ def run_in_turns(conn: Connection, module, codec, decoders: Decoders, turn: Turn
         start += size
         if number and turn.spent(turn.quantum):
             turn.end()
-            conn.send(("waiting",))
+            say(("waiting",))
         turn.begin(locks)
         laps = [time.monotonic()]
         if locks is not None:  # it runs from now: the parent's watchdog counts from here
-            conn.send(("locked", laps[0]))
+            say(("locked", laps[0]))
         answers += answer_batch(module, codec, part, decoders.mapper(len(part) - len(in_rows)), laps, rows, in_rows)
         for stage in range(3):
             spent[stage] += laps[stage + 1] - laps[stage]

@@ -59,6 +59,8 @@ def sweep_stale_segments(shm_dir: Path = SHM_DIR) -> list[str]:
 class Instance:
     """One instance process, its input segment and the jobs it runs."""
 
+    kind = "process"  # beside thread_instance.ThreadInstance's "thread"
+
     def __init__(self, index: int, model: ModelConfig, config: InstanceConfig, codec: CodecConfig, nice: int = 0,
                  locks: str | None = None):
         self.index, self.config = index, config

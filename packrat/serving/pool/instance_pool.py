@@ -101,7 +101,7 @@ class InstancePool:
         self._wake_w.setblocking(False)
         self.dispatcher = Dispatcher(gather_ms, request_timeout_s, max_queue)
         self.supervisor = Supervisor(model, codec, self._lock, self._closed, self.dispatcher.requeue, self._wake,
-                                     start_timeout=start_timeout, watchdog=watchdog)
+                                     start_timeout=start_timeout, watchdog=watchdog, thread_done=self._thread_done)
         swept = sweep_stale_segments()
         if swept:
             log.warning("removed %d shared-memory segment(s) left by a dead process: %s", len(swept), swept)
@@ -220,7 +220,7 @@ class InstancePool:
         while not self._closed.is_set():
             with self._lock:
                 timeout = self._look()
-                watched = {inst.conn: inst for inst in self.supervisor.serving()}
+                watched = {inst.conn: inst for inst in self.supervisor.serving() if inst.conn is not None}
             try:
                 readable = wait([self._wake_r, *watched], timeout=timeout)
             except OSError:  # a connection closed under us: look again
@@ -258,13 +258,42 @@ class InstancePool:
         received = time.monotonic()
         with self._lock:
             jobs, inst.jobs = inst.jobs, []
-            self.dispatcher.answered(jobs, [Answer(*reply) for reply in replies])
-            if jobs:  # none: a reconfiguration took them back while they ran (they run again elsewhere)
-                self.stages.add((*inst.sent_stamps, *instance_stamps, received, time.monotonic()), len(jobs))
-                if turns == 1:  # a batch run in several turns is not the profile's point
-                    key = served_key(inst.config.threads, inst.config.batch, inst.mode)
-                    self.served.add(key, (instance_stamps[3] - instance_stamps[2]) * 1e3, len(jobs), received)
-            self.last_compute_ms = (instance_stamps[-1] - instance_stamps[0]) * 1e3
+            self._answered(inst, jobs, replies, instance_stamps, turns, received)
+
+    def _thread_done(self, inst, jobs: list, result: tuple | None, failure: str | None) -> None:
+        """A thread instance's sub-batch, from its own thread: answered (the pool's bookkeeping, then
+        the queue's next requests handed out from here, so the dispatch thread is not woken), or
+        failed. A run the watchdog cancelled (or a reconfiguration took back) has its requests
+        elsewhere already; any other failure loses the instance, as a process's death does."""
+        received = time.monotonic()
+        gathering = None
+        with self._lock:
+            if inst.jobs is not jobs:
+                return
+            if result is None:
+                if not inst.hung:
+                    log.error("instance %d failed: %s", inst.index, failure)
+                    self.served.settle(received + SETTLE_S)
+                    inst.hung = True  # it is not to run again; its thread ends
+                    inst.stop()
+                    self.supervisor.lost(inst)
+                return
+            inst.jobs = []
+            self._answered(inst, jobs, *result, received)
+            if not self._held and not self._closed.is_set():
+                gathering = self.dispatcher.assign(self.supervisor.instances)
+        if gathering is not None:  # a gather window opened: the dispatch loop keeps its time
+            self._wake()
+
+    def _answered(self, inst, jobs: list, replies: list, instance_stamps, turns: int, received: float) -> None:
+        """A sub-batch's answers handed out and its stages and served time kept (caller holds the lock)."""
+        self.dispatcher.answered(jobs, [Answer(*reply) for reply in replies])
+        if jobs:  # none: a reconfiguration took them back while they ran (they run again elsewhere)
+            self.stages.add((*inst.sent_stamps, *instance_stamps, received, time.monotonic()), len(jobs))
+            if turns == 1:  # a batch run in several turns is not the profile's point
+                key = served_key(inst.config.threads, inst.config.batch, inst.mode)
+                self.served.add(key, (instance_stamps[3] - instance_stamps[2]) * 1e3, len(jobs), received)
+        self.last_compute_ms = (instance_stamps[-1] - instance_stamps[0]) * 1e3
 
     def take_bodies(self) -> tuple[int, int]:
         """(raw, decoded) bodies submitted since the last call."""

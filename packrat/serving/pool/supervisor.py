@@ -17,13 +17,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Sequence
 
 from packrat.codec.config import CodecConfig
+from packrat.models.runtimes import instance_kind, process_kind
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.core_locks import holders
 from packrat.serving.pool.instance import Instance, StartFailed
+from packrat.serving.pool.thread_instance import ThreadInstance
 from packrat.settings import HANG_FACTOR, HANG_FLOOR_S  # the watchdog's defaults, declared with the schema
 
 log = logging.getLogger("packrat.serving.pool")
@@ -92,19 +94,24 @@ class Supervisor:
 
     def __init__(self, model: ModelConfig, codec: CodecConfig, lock: threading.RLock, closed: threading.Event,
                  requeue: Callable[[list, str], None], wake: Callable[[], None], *, start_timeout: float = 600.0,
-                 watchdog: Watchdog = Watchdog(), load_attempts: int = LOAD_ATTEMPTS):
+                 watchdog: Watchdog = Watchdog(), load_attempts: int = LOAD_ATTEMPTS, thread_done=None):
         self.model, self.codec, self._lock, self._closed = model, codec, lock, closed
         self._requeue, self._wake = requeue, wake
+        self._thread_done = thread_done  # the pool's: a thread instance's answers or failure (thread_instance.Done)
         self.start_timeout, self.watchdog, self.load_attempts = start_timeout, watchdog, load_attempts
         self.instances: list[Instance] = []
         self.parked: list[Instance] = []  # retired by the last switch; reused if the plan comes back
         self.core_locks: str | None = None  # while the cores are time-shared: the node's core-lock directory
         self.turn_ms: float | None = None  # and the longest turn an instance takes on them
         self.respawns = self.respawning = self.respawn_failures = self.watchdog_kills = 0
+        self.abandoned = 0  # thread instances left stuck in a cancelled run, replaced by processes
         self._silent_holds: dict[tuple[int, float], float] = {}  # (pid, batch sent) -> first seen holding
 
     def spawn(self, config: InstanceConfig, index: int, nice: int = 0, slot: Slot | None = None) -> Instance:
-        inst = Instance(index, self.model, config, self.codec, nice, self.core_locks)
+        if instance_kind(config.runtime) == "thread":
+            inst = ThreadInstance(index, self.model, config, self.codec, self._thread_done, nice, self.core_locks)
+        else:
+            inst = Instance(index, self.model, config, self.codec, nice, self.core_locks)
         inst.turn_ms = self.turn_ms
         inst.slot = slot or Slot()  # carried from one respawn attempt to the next
         return inst
@@ -113,8 +120,27 @@ class Supervisor:
         """Start every instance and wait for all; their graph mode (that of torch's instances where
         some run another runtime). PoolError (and nothing left running) if one fails."""
         self.instances = [self.spawn(config, i) for i, config in enumerate(configs)]
-        modes = [inst.wait_ready(self.start_timeout) for inst in self.instances]
+        self.instances = [self.ready(inst) for inst in self.instances]
+        modes = [inst.mode for inst in self.instances]
         return next((m for m, c in zip(modes, configs) if c.runtime == "inductor"), modes[0])
+
+    def ready(self, inst, nice: int = 0):
+        """`inst` once it has loaded (wait_ready). A thread instance that cannot start (its runtime is
+        missing, say) gives way to a process instance of the same runtime on the same cores, which
+        falls back to the point's other runtimes as any process instance does."""
+        try:
+            inst.wait_ready(self.start_timeout)
+            return inst
+        except StartFailed as exc:
+            if inst.kind != "thread":
+                raise
+            inst.close(timeout=0)
+            config = replace(inst.config, runtime=process_kind(inst.config.runtime))
+            log.warning("instance %d runs as a process: %s", inst.index, exc)
+            process = self.spawn(config, inst.index, nice, inst.slot)
+            process.wait_ready(self.start_timeout)
+            process.fallback = process.fallback or f"runs as a process: its thread did not start ({exc})"
+            return process
 
     def serving(self) -> list[Instance]:
         """Instances that may hold requests: the current ones and those a switch parked."""
@@ -147,7 +173,9 @@ class Supervisor:
                       inst.pid, len(inst.jobs), how, now - inst.busy_since, allowance)
             inst.hung = True
             self.watchdog_kills += 1
-            inst.kill()  # its socket closes: lost() follows from the dispatch loop
+            inst.kill()  # a process's socket closes: lost() follows from the dispatch loop
+            if inst.kind == "thread":  # its run is cancelled; its requests go now, whether or not it returns
+                self.lost(inst)
 
     def lost(self, dead: Instance) -> None:
         """A dead instance: its requests handed back, a respawn started (unless a switch had retired it)."""
@@ -171,6 +199,7 @@ class Supervisor:
         """Start a replacement until one comes up (back-off between attempts) or the pool moves on.
         Runs in its own thread, without the lock while a replacement loads."""
         delay, attempt, current = BACKOFF_S[0], 0, dead
+        config = self._replacement(dead)
         while True:
             with self._lock:
                 if self._closed.is_set() or current not in self.instances:  # closed, or retired by a switch
@@ -178,7 +207,7 @@ class Supervisor:
                     return
                 attempt += 1
                 try:
-                    fresh = self.spawn(dead.config, dead.index, slot=current.slot)
+                    fresh = self.spawn(config, dead.index, slot=current.slot)
                 except OSError as exc:  # no process at all (out of memory, too many files): try again later
                     fresh = None
                     log.error("respawning instance %d failed (attempt %d): %s", dead.index, attempt, exc)
@@ -207,6 +236,21 @@ class Supervisor:
             log.info("instance %d respawned (attempt %d)", dead.index, attempt)
             self._wake()
             return
+
+    def _replacement(self, dead) -> InstanceConfig:
+        """What replaces a lost instance: the same, unless it is a thread instance whose cancelled
+        run has not returned within the watchdog's allowance. That thread is abandoned, still on its
+        cores, and a process instance of its runtime takes them (sharing them with it until the
+        engine restarts): nothing can stop a thread stuck in native code."""
+        if dead.kind != "thread" or not dead.hung:
+            return dead.config
+        dead.worker.thread.join(self.watchdog.allowance_s(dead.config, dead.warm_ms, dead.config.batch))
+        if not dead.stuck:
+            return dead.config
+        log.error("instance %d's thread (cores %s) did not return from its cancelled run: abandoned; a process "
+                  "instance takes its cores beside it until the engine restarts", dead.index, list(dead.config.cores))
+        self.abandoned += 1
+        return replace(dead.config, runtime=process_kind(dead.config.runtime))
 
     def _back_off(self, delay: float) -> float:
         """Wait `delay` (less if the pool closes); the next, doubled up to BACKOFF_S[1]."""
@@ -246,8 +290,8 @@ class Supervisor:
             for position, config in enumerate(configs):
                 if position not in kept:
                     fresh[position] = self.spawn(config, position, warmup_nice)
-            for inst in fresh.values():
-                inst.wait_ready(self.start_timeout)
+            for position, inst in fresh.items():
+                fresh[position] = self.ready(inst, warmup_nice)
         except BaseException:
             close_all(fresh.values())
             raise

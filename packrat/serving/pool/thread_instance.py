@@ -1,0 +1,217 @@
+"""The handle on a thread instance: a runtime's session in a thread of the serving process, pinned
+to the instance's cores, beside (or instead of) the instance processes (instance.py).
+
+The kind of runtime that allows it (models.runtimes.THREAD_KINDS: ONNX Runtime, whose run releases
+the GIL and whose intra-op pool is the session's own) needs no hand-off between processes: the
+thread submitting a sub-batch copies each raw tensor body straight into its row of the instance's
+batch (the "copy" stage) and hands the sub-batch to the instance's thread, one wake; that thread
+decodes the other bodies into their rows, runs the session and encodes the answers on the
+instance's cores, and resolves the requests' futures itself (`done` below: the pool's bookkeeping,
+and the next queued requests handed out, without a wake of the dispatch thread).
+
+The handle has the process handle's interface (ready, jobs, busy_since, waiting_turn, sent_stamps,
+hung, submit, kill, stop, close, ...), so the dispatcher and the supervisor treat both alike;
+`kind` tells them apart where they must differ: a stuck thread cannot be killed, only cancelled
+(`kill` ends the session's run under way), and its stamps come without a socket in between.
+
+Its threads: the instance's thread is pinned to all its cores while it starts the image decoders
+(which inherit that) and loads the session (whose intra-op threads are pinned one to each core but
+the first), then to its first core, where it computes its share of each run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable
+
+from packrat.codec.config import CodecConfig
+from packrat.codec.rows import RowsLayout
+from packrat.machine.threads import PinnedWorker, pin_thread, task_affinities
+from packrat.serving.pool.api import InstanceConfig, ModelConfig
+from packrat.serving.pool.instance import StartFailed
+
+log = logging.getLogger("packrat.serving.pool")
+
+# done(instance, jobs, (replies, instance stamps, turns) or None, why it failed or None): the pool's
+Done = Callable[["ThreadInstance", list, tuple | None, str | None], None]
+# Held while an instance starts its threads, so the threads that appear meanwhile are its own
+_STARTING_THREADS = threading.Lock()
+
+
+class ThreadInstance:
+    """One thread instance: its pinned thread, its session, its batch's rows, and the jobs it runs."""
+
+    kind = "thread"
+    conn = None  # nothing to watch: it reports through `done`
+
+    def __init__(self, index: int, model: ModelConfig, config: InstanceConfig, codec: CodecConfig, done: Done,
+                 nice: int = 0, locks: str | None = None):
+        self.index, self.config, self._done = index, config, done
+        self.layout = RowsLayout.of(codec, config.slots)
+        self.ready = False
+        self.mode = ""
+        self.fallback: str | None = None
+        self.warm_ms = 0.0
+        self.jobs: list = []
+        self.busy_since = 0.0
+        self.waiting_turn = False
+        self.sent_stamps: tuple[float, ...] = ()
+        self.hung = False  # cancelled by the watchdog
+        self.locks = locks
+        self.turn_ms: float | None = None
+        self.sent_locked = False
+        self.slot = None
+        self.thread_ids: set[int] = set()  # the kernel's ids of its threads (its own, decoders', session's)
+        self._stopping = False
+        self._buffer = bytearray(self.layout.size)
+        self._view = memoryview(self._buffer)
+        self._served = None  # what the thread serves with, once loaded (_Loaded)
+        self.worker = PinnedWorker(config.cores, f"packrat-instance-{index}")
+        self._loading = self.worker.call(lambda: self._load(model, codec, nice))
+
+    # ---- on the instance's thread ----------------------------------------------------------------
+
+    def _load(self, model: ModelConfig, codec_config: CodecConfig, nice: int) -> None:
+        import torch
+
+        from packrat.codec.batch import Decoders, set_intra_op_threads
+        from packrat.codec.codec import Codec
+        from packrat.codec.rows import InputRows
+        from packrat.models.runtimes import ensure_artefact
+        from packrat.models.zoo import resolve
+        from packrat.serving.pool.child import load_runtime, warm_up
+        from packrat.serving.pool.core_locks import holding
+        from packrat.serving.pool.turns import Turn
+
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)  # this thread alone; the threads it starts inherit it
+        codec = Codec(codec_config)
+        spec = resolve(model.model, model.input_shape)
+        ensure_artefact(spec, self.config.runtime, model.compile_cache)  # built (slow, once) before the lock
+        with _STARTING_THREADS:
+            before = set(task_affinities())
+            decoders = Decoders(self.config.threads if codec.input_kind == "image" else 1)
+            set_intra_op_threads(1)  # torch only decodes and encodes here (models.runtimes.torch_threads)
+            module, examples, mode = load_runtime(spec, model, self.config, self.config.runtime)
+            self.thread_ids = (set(task_affinities()) - before) | {threading.get_native_id()}
+        pin_thread(self.config.cores[:1])  # the session's threads have the other cores, one each
+        with torch.inference_mode():
+            self.warm_ms = warm_up(module, examples, self.config.threads,
+                                   lambda: holding(self.locks, self.config.cores))
+        self.mode = mode
+        self._served = (module, codec, decoders, InputRows(codec_config, self.layout, self._view), Turn(self.config.cores))
+
+    def _serve(self, jobs: list, bodies: list, in_rows: frozenset, locks: str | None, turn_ms: float | None) -> None:
+        from packrat.serving.pool.child import Batch, run_in_turns
+        from packrat.serving.pool.turns import turn_sizes
+
+        received = time.monotonic()
+        module, codec, decoders, rows, turn = self._served
+        turn.quantum = turn_ms if locks is not None else None
+        sizes = turn_sizes(len(bodies), self.warm_ms / self.config.batch, turn.quantum)
+        try:
+            replies, stamps = run_in_turns(self._said, module, codec, decoders, turn, locks,
+                                           Batch(bodies, rows, in_rows), sizes, received)
+        except Exception as exc:  # cancelled by the watchdog, or a failure of ours: the pool decides
+            turn.end()
+            self._done(self, jobs, None, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+            return
+        self._done(self, jobs, (replies, stamps, len(sizes)), None)
+
+    def _said(self, message: tuple) -> None:
+        """What run_in_turns tells the process handle over its socket (receive() there)."""
+        if message[0] == "locked":
+            self.busy_since = message[1]
+        self.waiting_turn = message[0] == "waiting"
+
+    # ---- from the pool's threads -----------------------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()
+
+    def wait_ready(self, timeout: float) -> str:
+        try:
+            self._loading.result(timeout)
+        except FutureTimeout:
+            raise StartFailed(f"instance {self.index} did not start within {timeout:.0f} s") from None
+        except Exception as exc:
+            raise StartFailed(f"instance {self.index} failed to start: {type(exc).__name__}: "
+                              f"{(str(exc).splitlines() or [''])[0][:300]}") from None
+        self.ready = True
+        return self.mode
+
+    def restore_priority(self) -> bool:
+        try:
+            for tid in self.thread_ids:
+                os.setpriority(os.PRIO_PROCESS, tid, 0)
+            return True
+        except (PermissionError, ProcessLookupError):
+            return False
+
+    def submit(self, jobs: list) -> None:
+        """Each raw tensor body of one sample copied into its row (the copy stage), then the sub-batch
+        handed to the instance's thread: one wake. Other bodies go as they are, decoded there."""
+        dispatched = time.monotonic()
+        layout, view = self.layout, self._view
+        bodies, in_rows = [], []
+        for index, job in enumerate(jobs):
+            request = job.request
+            body = request.body
+            if index < layout.slots and len(body) == layout.row_bytes:
+                offset = layout.row_offset(index)
+                view[offset:offset + len(body)] = body
+                body = view[offset:offset + len(body)]
+                in_rows.append(index)
+            bodies.append((body, request.content_type, request.header_length))
+        copied = time.monotonic()
+        self.jobs, self.busy_since, self.sent_locked = jobs, copied, self.locks is not None
+        self.waiting_turn = self.sent_locked
+        self.sent_stamps = (min(job.queued_at for job in jobs), dispatched, copied, copied)  # nothing to send
+        self.worker.post(lambda: self._serve(jobs, bodies, frozenset(in_rows), self.locks, self.turn_ms))
+
+    def receive(self):
+        raise RuntimeError("a thread instance reports through its done callback")
+
+    @property
+    def working(self) -> int:
+        return 0 if self.waiting_turn else len(self.jobs)
+
+    @property
+    def alive(self) -> bool:
+        return self.worker.alive and not self.hung
+
+    @property
+    def idle(self) -> bool:
+        return self.ready and not self.jobs
+
+    @property
+    def stuck(self) -> bool:
+        """Its thread has not returned from a cancelled run."""
+        return self.hung and self.worker.alive
+
+    def kill(self) -> None:
+        """Cancel the session's run under way (the watchdog's; a thread cannot be killed). The thread
+        ends once the run returns."""
+        if self._served is not None and hasattr(self._served[0], "cancel"):
+            self._served[0].cancel()
+        self.stop()
+
+    def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping, self.ready = True, False
+        self.worker.stop()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop it and wait up to `timeout` for its thread to end; a thread that does not (stuck in a
+        run) is left behind, holding its memory and cores until the process ends."""
+        self.stop()
+        self.worker.thread.join(timeout)
+        if self.worker.alive and timeout > 0:
+            log.error("instance %d's thread (cores %s) did not end within %.0f s; left behind",
+                      self.index, list(self.config.cores), timeout)
