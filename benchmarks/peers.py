@@ -129,6 +129,9 @@ def summarise(runs: dict[str, list[dict]], batches: list[int], skipped: dict[str
                    "differs": any(e.get("differs") for e in diffs),
                    "diff_why": next((e["why"] for e in diffs if e.get("why")), None),
                    "note": next((e["note"] for e in good if e.get("note")), "")}
+            staged = [e["stage_ms"] for e in good if e.get("stage_ms")]
+            if staged:  # each stage's median over the rounds of its per-round medians
+                row["stage_ms"] = {stage: statistics.median(s[stage] for s in staged) for stage in staged[0]}
             rows[peer] = row
         for peer, why in (skipped or {}).items():
             rows[peer] = {"error": why, "skipped": True}
@@ -147,9 +150,10 @@ def _diff_text(row: dict) -> str:
     return f"{row['max_abs_diff']:.1e}" + (" DIFFERS" if row.get("differs") else "")
 
 
-def markdown(summary: dict, header: str = "", plans: dict | None = None) -> str:
-    """One table per B: peer, median ms, vs packrat, max |Δ| vs eager, setup s, notes. `plans` maps
-    B to a line about packrat's plan at that B."""
+def markdown(summary: dict, header: str = "", plans: dict | None = None, predicted: dict | None = None) -> str:
+    """One table per B: peer, median ms, vs packrat, max |Δ| vs eager, setup s, notes; then a line per
+    pool peer on its path (path_line). `plans` maps B to a line about packrat's plan at that B,
+    `predicted` B to the plan's predicted ms."""
     lines = [header, ""] if header else []
     for batch, rows in summary.items():
         lines += [f"### B = {batch}", ""]
@@ -164,7 +168,27 @@ def markdown(summary: dict, header: str = "", plans: dict | None = None) -> str:
             cells.append([peer, f"{row['latency_ms']:.2f}", fmt_num(row.get("vs_packrat"), 2), _diff_text(row),
                           fmt_num(row.get("setup_s")), "; ".join([row["note"]] * bool(row.get("note")) + failed)])
         lines += [markdown_table(["peer", "median ms", "vs packrat", "max abs Δ vs eager", "setup s", "notes"], cells), ""]
+        lines += [path_line(peer, row, (predicted or {}).get(batch) if peer == "packrat" else None)
+                  for peer, row in rows.items() if row.get("stage_ms")]
+        lines += [""] if any(row.get("stage_ms") for row in rows.values()) else []
     return "\n".join(lines).rstrip() + "\n"
+
+
+HAND_OFF = ("queue", "send", "wake")  # a sub-batch's way to its instance, the batch's copy apart
+
+
+def path_line(peer: str, row: dict, predicted_ms: float | None) -> str:
+    """A pool peer's path at one B: the hand-off (medians of queue + send + wake), the copy, the
+    codec and the model stage per sub-batch, and packrat's prediction against what it served."""
+    stages = row["stage_ms"]
+    hand_off = sum(stages.get(stage, 0.0) for stage in HAND_OFF)
+    text = (f"- {peer} per sub-batch (medians): hand-off {hand_off:.3f} ms (queue {stages['queue']:.3f}, send "
+            f"{stages['send']:.3f}, wake {stages['wake']:.3f}), copy {stages['copy']:.3f}, decode "
+            f"{stages['decode']:.3f}, model {stages['model']:.2f}, encode {stages['encode']:.3f}, reply "
+            f"{stages['reply']:.3f}, hand-out {stages['hand_out']:.3f}")
+    if predicted_ms:
+        text += f"; predicted {predicted_ms:.2f} ms / served {row['latency_ms']:.2f} = {predicted_ms / row['latency_ms']:.3f}"
+    return text
 
 
 def v2_output(body: bytes):
@@ -357,6 +381,13 @@ class PoolRunner(Runner):
     def run(self):
         return answered(self.pool, self.requests)
 
+    def forget_stages(self) -> None:
+        self.pool.stages.clear()
+
+    def stage_ms(self) -> dict:
+        """The median ms of each stage of the sub-batches since forget_stages (pool.stages)."""
+        return self.pool.stages.medians()
+
     def outputs(self, _result):
         import numpy as np
 
@@ -430,7 +461,10 @@ def time_batch(peer: str, spec, batch: int, config: dict, shared: dict, round_in
             timed = round_index > 0  # round 0: eager's outputs only, the reference when eager is not a peer
             for _ in range(config["warmup"] if timed else 0):
                 runner.run()
+            if isinstance(runner, PoolRunner):
+                runner.forget_stages()
             times = [elapsed_ms(runner.run) for _ in range(config["iters"] if timed else 0)]
+            stages = runner.stage_ms() if isinstance(runner, PoolRunner) and times else None
             output = np.asarray(runner.outputs(runner.run()), dtype=np.float32)
         finally:
             runner.close()
@@ -438,7 +472,7 @@ def time_batch(peer: str, spec, batch: int, config: dict, shared: dict, round_in
     path.parent.mkdir(parents=True, exist_ok=True)
     np.save(path, output)
     return {"latency_ms": statistics.median(times) if times else None, "samples_ms": times, "setup_s": setup_s,
-            "note": runner.note, "output": str(path)}
+            "note": runner.note, "output": str(path), **({"stage_ms": stages} if stages else {})}
 
 
 # ---- the parent --------------------------------------------------------------------------------
@@ -617,7 +651,9 @@ def run(args) -> int:
               f"onnxruntime {found['onnxruntime']}; medians over {args.rounds} round(s) of each run's median of {args.iters} timed batches "
               f"(after {args.warmup} warm-up); vs packrat = peer / packrat (above 1: packrat is faster)"
               + (f"; {pools['mode_note']}" if pools.get("mode_note") else ""))
-    table = markdown(summary, header, pools.get("lines"))
+    predicted = {batch: plan.get("predicted_ms") for batch in args.batches
+                 if (plan := pools.get("packrat", {}).get(str(batch), {}))}
+    table = markdown(summary, header, pools.get("lines"), predicted)
     print("\n" + table)
     if args.json:
         meta = {"model": args.model, "threads": threads, "cores": cores, "batches": args.batches,

@@ -91,6 +91,7 @@ TURN_MS = 100.0  # the longest turn on time-shared cores (BENCHMARKS.md, issue 3
 # one model otherwise picked different runtimes on noise (issue 32).
 RUNTIME_MARGIN = 0.02
 PLANS = ("auto", "fat")
+INSTANCE_KINDS = ("auto", "process")  # how instances are hosted: the plan's choice, or every one a process
 # How the pool recovers requests; None keeps the pool's own default (above).
 RECOVERY_KEYS = ("request_timeout_s", "max_queue", "batch_timeout_s", "hang_factor", "hang_floor_s")
 CODEC_KEYS = ("max_body_bytes", "max_pixels", "max_samples", "truncate_text")
@@ -143,6 +144,10 @@ class Settings:
     plan_batch: int | None = setting(None, "the batch the first plan is for, if smaller (default: --max-batch)",
                                      minimum=1, metavar="B")
     plan: str = setting("auto", "auto: the planner's instances; fat: one instance with every core", choices=PLANS)
+    instance_kind: str = setting("auto", "auto: an instance of a runtime that can run as a thread of the server's "
+                                         "process (ONNX Runtime) is one where the profile measured that kind "
+                                         "faster; process: every instance a process of its own (a native crash "
+                                         "then costs one instance, not the server)", choices=INSTANCE_KINDS)
     reconfigure: bool = setting(True, "follow the observed batch sizes with new plans (--no-reconfigure: keep "
                                       "the plan for --max-batch)")
     cores: int | None = setting(None, f"plan for at most N cores (default: every core this process may use: its "

@@ -174,3 +174,18 @@ def test_two_profiles_plan_each_their_own_pool(tmp_path):
                                          "--later-profile", str(later)])
     pools = peers.pool_plans(missing, [0, 1])
     assert "no profile" in pools["packrat"]["2"]["skipped"] and pools["lines"][2].startswith("packrat-later plan")
+
+
+def test_a_pool_peer_s_path_is_summed_from_its_stage_medians():
+    stages = {"queue": 0.02, "copy": 0.08, "send": 0.0, "wake": 0.05, "locks": 0.01, "decode": 0.1, "model": 10.0,
+              "encode": 0.3, "reply": 0.03, "hand_out": 0.04, "total": 10.6}
+    runs = {"packrat": [{"batches": {"1": {"latency_ms": 11.0, "setup_s": 1.0, "stage_ms": stages}}},
+                        {"batches": {"1": {"latency_ms": 12.0, "setup_s": 1.0, "stage_ms": {**stages, "wake": 0.15}}}}],
+            "onnxruntime": [{"batches": {"1": {"latency_ms": 10.0, "setup_s": 0.5}}}]}
+    summary = peers.summarise(runs, [1])
+    assert summary[1]["packrat"]["stage_ms"]["wake"] == pytest.approx(0.10)  # the median over rounds
+    assert "stage_ms" not in summary[1]["onnxruntime"]
+    text = peers.markdown(summary, predicted={1: 11.5})
+    line = next(line for line in text.splitlines() if line.startswith("- packrat"))
+    assert "hand-off 0.120 ms" in line and "copy 0.080" in line  # queue + send + wake; the copy apart
+    assert "predicted 11.50 ms / served 11.50 = 1.000" in line

@@ -116,7 +116,12 @@ def print_model(name: str, status: dict, last: int) -> None:
               f"{health['answered']} answered, {health['refused']} refused (503); {state}")
         print(f"recovery: {health.get('watchdog_kills', 0)} hung instance(s) killed by the watchdog, "
               f"{health.get('requeued', 0)} request(s) re-run after losing their instance, "
-              f"{health.get('expired', 0)} past their deadline (504)")
+              f"{health.get('expired', 0)} past their deadline (504)"
+              + (f", {health['abandoned']} stuck thread instance(s) replaced by processes"
+                 if health.get("abandoned") else ""))
+        if health.get("kinds"):
+            print("instance kinds: " + ", ".join(f"#{k['index']} {k['kind']} on cores {cores_text(tuple(k['cores']))}"
+                                                 f"{runtime_text(k['runtime'])}" for k in health["kinds"]))
         for line in health.get("fallbacks", []):
             print(f"runtime fallback: {line}")
         if health.get("stage_ms"):

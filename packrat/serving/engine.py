@@ -49,6 +49,8 @@ class Engine:
         self.profile_choice = f"{choice}; {profile.describe()}"
         (log.info if profile.loaded else log.warning)("packrat profile: %s", self.profile_choice)
         profile = runnable_here(profile)
+        if settings.instance_kind == "process":
+            profile = processes_only(profile)
         # The profile as served here: its figures corrected by what the instances serve (served.py);
         # kept for a restart only by a model that has its cores to itself
         self.corrector = PlanCorrector(profile, corrections_file(model_name, profile_path),
@@ -205,6 +207,19 @@ def chosen_profile(settings: Settings, model_dir: str | Path, budget: CpuBudget)
     paths = [Path(model_dir) / name for name in settings.profiles]
     profile, index, why = chosen(paths, budget.cores)
     return profile, paths[index], f"{settings.profiles[index]}: {why}"
+
+
+def processes_only(profile: Profile) -> Profile:
+    """The profile without its thread-kind points (--instance-kind process): every instance is then a
+    process of its own, as before thread instances existed."""
+    from packrat.models.runtimes import instance_kind
+
+    kept = [r for r in profile.measured_runtimes if instance_kind(r) == "process"]
+    if not kept:
+        raise ValueError("--instance-kind process: the profile holds thread-kind points only "
+                         f"({', '.join(profile.measured_runtimes)}); profile the model with a runtime hosted as a "
+                         "process too")
+    return profile.only(kept)
 
 
 def runnable_here(profile: Profile) -> Profile:

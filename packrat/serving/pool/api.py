@@ -75,6 +75,8 @@ class Health:
     sub_batches: int = 0  # sub-batches answered since the pool started
     requests_per_sub_batch: float = 0.0  # their mean size over the same last sub-batches
     fallbacks: list[str] = field(default_factory=list)  # instances running another runtime than planned, and why
+    kinds: list[dict] = field(default_factory=list)  # each instance: index, kind (thread or process), runtime, cores
+    abandoned: int = 0  # thread instances stuck in a cancelled run, left behind and replaced by processes
 
 
 def configs_for(plan, capacity: int = 0, fallbacks=None) -> list[InstanceConfig]:

@@ -149,8 +149,11 @@ class InstancePool:
         return self.supervisor.instances + self.supervisor.parked
 
     def describe(self) -> str:
-        return ", ".join(f"⟨{c.threads} threads, batch {c.batch}, cores {list(c.cores)}"
-                         f"{'' if c.runtime == 'inductor' else ', ' + c.runtime}⟩" for c in self.configs)
+        with self._lock:
+            instances = list(self.supervisor.instances)
+        return ", ".join(f"⟨{i.config.threads} threads, batch {i.config.batch}, cores {list(i.config.cores)}"
+                         f"{'' if i.config.runtime == 'inductor' else ', ' + i.config.runtime}, {i.kind}⟩"
+                         for i in instances)
 
     def pids(self) -> list[int]:
         with self._lock:
@@ -313,7 +316,10 @@ class InstancePool:
                           counts.refused, s.watchdog_kills, counts.expired, counts.requeued,
                           stage_ms=self.stages.means(), sub_batches=self.stages.sub_batches,
                           requests_per_sub_batch=self.stages.requests_per_sub_batch(),
-                          fallbacks=[f"instance {i.index} {i.fallback}" for i in s.instances if i.fallback])
+                          fallbacks=[f"instance {i.index} {i.fallback}" for i in s.instances if i.fallback],
+                          kinds=[{"index": i.index, "kind": i.kind, "runtime": i.config.runtime,
+                                  "cores": list(i.config.cores)} for i in s.instances],
+                          abandoned=s.abandoned)
 
     # ---- reconfiguration ------------------------------------------------------------------------
 
