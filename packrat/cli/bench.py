@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from packrat.bench.memory import format_memory, instance_memory
 from packrat.bench.pool import CASES, format_pool_results, pool_bench
 from packrat.bench.results import write_json
 from packrat.bench.server import SERVER_CONFIGS, run_server_bench
@@ -79,6 +80,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--cycles", type=positive(int), default=10, help="with --shape step: low/high cycles (default: 10)")
     p.add_argument("--step-seconds", type=positive(float), default=12.0,
                    help="with --shape step: seconds per step (default: 12)")
+    p.add_argument("--memory", type=name_list(RUNTIMES, "runtime"), default=None, metavar="RUNTIMES",
+                   help="instead of timing: the memory each instance of these runtimes adds (USS, MiB), two "
+                        "one-thread instances each, e.g. onnxruntime-thread,onnxruntime (thread against process kind)")
     p.add_argument("--out", type=Path, default=Path("out/bench"), help="results directory (default: out/bench)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=cmd_bench)
@@ -106,6 +110,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from packrat.codec.payloads import check_payload, natural_payload
 
     out = args.out
+    if args.memory:
+        results = [instance_memory(args.model, runtime) for runtime in args.memory]
+        write_json(out / "memory.json", results)
+        print(json.dumps(results, indent=2) if args.json else format_memory(results))
+        return 0
     payload = args.payload or natural_payload(args.model, args.input_shape)
     check_payload(args.model, payload, args.input_shape)
     tokenizer = bench_tokenizer(args.model, payload, args.tokenizer, args.demo_tokenizer, out)
