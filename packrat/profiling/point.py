@@ -33,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+from typing import NamedTuple
 
 from packrat.models.modes import DEFAULT_MODE, MODES
 from packrat.models.runtimes import DEFAULT_RUNTIME, RUNTIMES
@@ -193,6 +194,68 @@ def robust_spread(samples: list[float]) -> float:
     return 1.4826 * statistics.median(abs(x - middle) for x in samples)
 
 
+class _Session(NamedTuple):
+    """One thread-kind session of a --thread-copies point: its pinned thread and what it runs."""
+    worker: object  # machine.threads.PinnedWorker
+    module: object
+    examples: tuple
+    served: "ServedBatch | None"
+
+
+def measure_threads(args: argparse.Namespace, core_sets: list[list[int]]) -> dict:
+    """A thread-kind point as the pool serves it: a session per core set, each loaded on a thread of
+    this process pinned to its cores, timed in rounds run by all together (the wall time: the
+    slowest decides, as in a plan). The model first, then served batches when --payload says."""
+    from packrat.machine.threads import PinnedWorker
+
+    sessions = []
+    for index, cores in enumerate(core_sets):
+        worker = PinnedWorker(cores, f"packrat-point-{index}")
+        if args.payload:
+            module, examples, mode, served = worker.call(lambda: _prepare_served(args, cores)).result()
+        else:
+            (module, examples, mode), served = worker.call(lambda: _prepare(args, cores)).result(), None
+        sessions.append(_Session(worker, module, examples, served))
+    for session in sessions:
+        session.worker.call(lambda s=session: warm_up(s.module, s.examples, args.warmup)).result()
+    rounds, own = _thread_rounds(sessions, args, lambda s: _timed(s.module, s.examples))
+    result = {**summarize(rounds), "copy_ms": statistics.fmean(own), "mode": mode, "copies": len(sessions),
+              "copy_cores": core_sets, "process_cores": sorted(os.sched_getaffinity(0)), "pid": os.getpid(),
+              "session_threads": [s.worker.native_id for s in sessions]}
+    if args.payload:
+        for _ in range(min(SERVED_WARMUP, args.warmup)):
+            _thread_rounds(sessions, argparse.Namespace(iters=1, min_time=None), lambda s: s.served.run(s.module)[0])
+        result.update(served_summary(_thread_rounds(sessions, args, lambda s: s.served.run(s.module)[0])[0]))
+    for session in sessions:
+        session.worker.stop()
+    return result
+
+
+def _timed(module, examples) -> float:
+    import torch
+
+    with torch.inference_mode():
+        started = time.perf_counter()
+        module(*examples)
+        return (time.perf_counter() - started) * 1e3
+
+
+def _thread_rounds(sessions: list, args, run) -> tuple[list[float], list[float]]:
+    """Rounds of `run(session)` on every session's thread at once, for --iters rounds or --min-time
+    s (≥ 3): each round's wall time in ms, and every session's own."""
+    rounds, own = [], []
+    started = time.perf_counter()
+    while True:
+        begun = time.perf_counter()
+        futures = [s.worker.call(lambda s=s: run(s)) for s in sessions]
+        own += [future.result() for future in futures]
+        rounds.append((time.perf_counter() - begun) * 1e3)
+        if args.iters is not None and len(rounds) >= args.iters:
+            return rounds, own
+        if args.min_time is not None and len(rounds) >= 3 and time.perf_counter() - started >= args.min_time:
+            return rounds, own
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True)
@@ -214,6 +277,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--payload", default=None, choices=PAYLOADS,
                         help="also measure the served figure: a sub-batch of these bodies decoded, run and "
                              "encoded as a pool instance does (natural: the model's own payload)")
+    parser.add_argument("--thread-copies", default=None, metavar="SETS",
+                        help="a thread-kind runtime's point as the pool serves it: a session per core set "
+                             "(';'-separated, e.g. 0;1), each on a thread of this one process pinned to its cores, "
+                             "run together in rounds (a round takes as long as the slowest session)")
     parser.add_argument("--loaded", action="store_true",
                         help="one of several copies measured together: say ready, then run once per "
                              "'run' line on stdin, printing the time, until stdin closes")
@@ -227,48 +294,50 @@ def _spec(args: argparse.Namespace):
     return resolve(args.model, shape)
 
 
-def _prepare(args: argparse.Namespace):
-    """(module, example inputs, mode) for the point, built after torch's thread settings."""
+def _prepare(args: argparse.Namespace, cores=None):
+    """(module, example inputs, mode) for the point, built after torch's thread settings; `cores`:
+    a thread-kind session's (it runs on the calling thread, pinned to them)."""
     import torch
 
     torch.set_num_threads(args.threads)
-    torch.set_num_interop_threads(1)
-    return _load(args, _spec(args))
+    return _load(args, _spec(args), cores)
 
 
-def _prepare_served(args: argparse.Namespace):
+def _prepare_served(args: argparse.Namespace, cores=None):
     """(module, example inputs, mode, ServedBatch) for a served point, in a pool instance's order
     (packrat/serving/pool/child.py main()): the codec; the decoders, each taking one intra-op
     thread, before torch's count is set; the point's threads while loading; then the instance's
     torch threads for the mode it runs."""
-    import torch
-
     from packrat.codec.batch import Decoders, set_intra_op_threads
     from packrat.codec.codec import Codec
     from packrat.codec.config import CodecConfig
     from packrat.codec.payloads import check_payload_of, payload_of, served_payload
     from packrat.models.runtimes import torch_threads
 
-    torch.set_num_interop_threads(1)
     spec = _spec(args)
     codec = Codec(CodecConfig.for_model(spec))
     kind = served_payload(spec) if args.payload == "natural" else args.payload
     check_payload_of(spec, kind, args.model)
     decoders = Decoders(args.threads if codec.input_kind == "image" else 1)
     set_intra_op_threads(args.threads)
-    module, examples, mode = _load(args, spec)
+    module, examples, mode = _load(args, spec, cores)
     set_intra_op_threads(torch_threads(mode, args.threads))
     return module, examples, mode, ServedBatch(codec, decoders, *payload_of(spec, kind), args.batch)
 
 
-def _load(args: argparse.Namespace, spec):
-    """(module, example inputs, mode): the model as the point runs it."""
+def _load(args: argparse.Namespace, spec, cores=None):
+    """(module, example inputs, mode): the model as the point runs it. A thread-kind session's
+    intra-op threads are pinned to `cores` but the first, where the calling thread then stays."""
     from packrat.models.zoo import prepare
 
     if args.runtime != DEFAULT_RUNTIME:
+        from packrat.machine.threads import pin_thread
         from packrat.models.runtimes import prepare_runtime
 
-        module, examples = prepare_runtime(spec, args.runtime, args.batch, args.threads, ios_cache=args.ios_cache)
+        module, examples = prepare_runtime(spec, args.runtime, args.batch, args.threads, ios_cache=args.ios_cache,
+                                           cores=cores)
+        if cores:
+            pin_thread(cores[:1])
         return module, examples, args.runtime
     return prepare(spec, args.batch, graph_mode=args.graph_mode)
 
@@ -279,8 +348,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     served = None
+    torch.set_num_interop_threads(1)
     if args.prepare_only:
         print(json.dumps({"mode": _prepare(args)[2]}), flush=True)
+        return 0
+    if args.thread_copies:
+        print(json.dumps(measure_threads(args, [[int(c) for c in part.split(",")]
+                                                for part in args.thread_copies.split(";")])), flush=True)
         return 0
     if args.payload:
         module, examples, mode, served = _prepare_served(args)

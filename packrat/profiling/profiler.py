@@ -23,7 +23,9 @@ its own fresh process, the runtime's artefact built (and checked against eager) 
 first point. A runtime that cannot run the model, or whose outputs differ from eager's, is
 refused with the reason (printed, and kept in the new profile's metadata) and its points skipped.
 The opt-in ios runtime (an IOS schedule, searched alone on the point's cores before the point is
-timed) is measured after the others, where they leave threads idle (reach.py).
+timed) is measured after the others, where they leave threads idle (reach.py). A thread-kind
+runtime (onnxruntime-thread: sessions hosted as threads of the serving process) is measured as the
+pool serves it: its ⌊T/t⌋ copies are sessions on pinned threads of one process (measure_threads).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from packrat.errors import ProfileError, ProfilingError
 from packrat.machine.budget import cpu_budget
 from packrat.machine.topology import Topology, cpu_model
 from packrat.models.modes import DEFAULT_MODE
-from packrat.models.runtimes import DEFAULT_RUNTIME, OPT_IN
+from packrat.models.runtimes import DEFAULT_RUNTIME, OPT_IN, instance_kind
 from packrat.profiling import profiles, reach
 from packrat.profiling.dominance import DROP_AFTER, DominanceWatch, diagonal_first
 from packrat.profiling.point import served_summary, summarize
@@ -314,6 +316,8 @@ def measure(settings: ProfileSettings, threads: int, batch: int, topology: Topol
     empty); otherwise alone, latency_ms and isolated_ms the same figure. With settings.served, the
     served figures beside them alike (served_ms, served_isolated_ms, served_mad_ms)."""
     copies = copies_for(threads, topology) if settings.contention else 1
+    if instance_kind(settings.runtime) == "thread":
+        return measure_threads(settings, threads, batch, topology, copies)
     row = {"threads": threads, "batch": batch, "copies": 1, "runtime": settings.runtime}
     timeout = LOADED_TIMEOUT_FLOOR_S
     if settings.runtime == "ios":  # searched once, alone on the point's cores, before any copy times it
@@ -330,6 +334,27 @@ def measure(settings: ProfileSettings, threads: int, batch: int, topology: Topol
         row.setdefault("isolated_ms", None)
         row.setdefault("served_isolated_ms", None)
     return row
+
+
+def measure_threads(settings: ProfileSettings, threads: int, batch: int, topology: Topology, copies: int) -> dict:
+    """A thread-kind runtime's row, measured as the pool serves such instances: `copies` sessions as
+    threads of one fresh process, each pinned to its cores, run together (point.measure_threads);
+    with one copy (or isolated_too), one session on a pinned thread alone as well."""
+    row = {"threads": threads, "batch": batch, "copies": 1, "runtime": settings.runtime}
+    if copies == 1 or settings.isolated_too:
+        alone = _thread_point(settings, threads, batch, [topology.cores_for(threads)])
+        row.update(alone, isolated_ms=alone["latency_ms"], served_isolated_ms=alone.get("served_ms"))
+    if copies > 1:
+        row.update(_thread_point(settings, threads, batch, topology.assign([threads] * copies)), copies=copies)
+        row.setdefault("isolated_ms", None)
+        row.setdefault("served_isolated_ms", None)
+    return row
+
+
+def _thread_point(settings: ProfileSettings, threads: int, batch: int, core_sets: list[list[int]]) -> dict:
+    every = sorted(core for cores in core_sets for core in cores)
+    return measure_point(settings, threads, batch, every, "--thread-copies",
+                         ";".join(",".join(map(str, cores)) for cores in core_sets))
 
 
 def planned_ms(row: dict) -> float:
