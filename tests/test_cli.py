@@ -600,6 +600,23 @@ def test_status_reports_recovery_counts(monkeypatch, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "1/2 ready, 1 respawning" in out
     assert "2 hung instance(s) killed by the watchdog, 5 request(s) re-run" in out and "1 past their deadline" in out
+    assert "instance kinds" not in out and "stuck thread" not in out  # an engine from before kinds
+
+
+def test_status_names_each_instance_s_kind(monkeypatch, capsys, tmp_path):
+    kinds = [{"index": 0, "kind": "thread", "runtime": "onnxruntime-thread", "cores": [0, 1]},
+             {"index": 1, "kind": "process", "runtime": "onnxruntime", "cores": [2]}]
+    health = {"instances": 2, "ready": 2, "respawning": 0, "respawn_failures": 0, "unavailable": None, "queued": 0,
+              "answered": 4, "refused": 0, "kinds": kinds, "abandoned": 1}
+    plan = {"batch": 4, "threads": 3, "instances": [{"threads": 2, "batch": 2, "cores": [0, 1]},
+                                                    {"threads": 1, "batch": 2, "cores": [2]}]}
+    monkeypatch.setattr(torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny", models=("tiny",))))
+    monkeypatch.setattr(torchserve, "handler_status", lambda server, model=None: {"plan": plan, "mode": "script",
+                                                                      "health": health, "reconfigurations": []})
+    assert cli.main(["status", "--run-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "instance kinds: #0 thread on cores 0-1, onnxruntime-thread, #1 process on cores 2, onnxruntime" in out
+    assert "1 stuck thread instance(s) replaced by processes" in out
 
 
 def test_status_says_where_the_pools_time_goes(monkeypatch, capsys, tmp_path):
