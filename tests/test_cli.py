@@ -499,11 +499,13 @@ def test_every_setting_is_an_option_named_after_it_and_the_old_names_stay(comman
     shown = capsys.readouterr().out
     names = [f.name for f in fields(Settings) if f.metadata.get("option", True) and f.name != "estimator"]
     names += [f"estimator_{f.name}" for f in fields(EstimatorSettings)]
-    assert len(names) == 26 and not [n for n in names if f"--{n.replace('_', '-')}" not in shown]
+    assert len(names) == 27 and not [n for n in names if f"--{n.replace('_', '-')}" not in shown]
     args = cli.build_parser().parse_args([command, "--batch-size", "4", "--slo", "20", "--max-body-mb", "2",
                                           "--plan-batch", "2", "--hang-factor", "3", "--estimator-window", "3",
-                                          "--no-share-node", "--gather-ms", "0", "--graph-mode", "eager"])
+                                          "--no-share-node", "--gather-ms", "0", "--graph-mode", "eager",
+                                          "--instance-kind", "process"])
     settings = settings_from_args(args, "tiny", ["tiny"], [])
+    assert settings.instance_kind == "process"
     assert (settings.max_batch, settings.slo_ms, settings.max_body_bytes, settings.plan_batch) == (4, 20.0, 2**21, 2)
     assert (settings.hang_factor, settings.share_node, settings.gather_ms, settings.graph_mode) == (3.0, False, 0.0,
                                                                                                    "eager")

@@ -59,4 +59,5 @@ def test_generated_groups_equal_the_original_on_every_zoo_network(name, fuse):
         want, got = module(*x), compiled(*x)
     compiled.close()
     for a, b in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+        # folding batch norms into convolutions reorders float sums: the error scales with the outputs
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * float(a.abs().max()))

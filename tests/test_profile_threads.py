@@ -15,26 +15,38 @@ pytestmark = [pytest.mark.integration,  # profile-point processes and the ONNX e
               pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two sessions on cores of their own")]
 
 SETTINGS = profiler.ProfileSettings(model="tiny", warmup=1, iters=3, runtime="onnxruntime-thread", payload="raw")
+CORES = sorted(os.sched_getaffinity(0))[:2]
+TWO_CORES = Topology((tuple(CORES),))  # a made-up one-socket machine of two of this one's cores
 
 
 def test_a_thread_point_runs_its_sessions_in_one_process_on_their_cores():
-    cores = sorted(os.sched_getaffinity(0))[:2]
-    row = profiler.measure_point(SETTINGS, 1, 2, cores, "--thread-copies", f"{cores[0]};{cores[1]}")
-    assert row["copy_cores"] == [[cores[0]], [cores[1]]] and row["copies"] == 2
-    # one process, a thread of its own per session (not its main thread, not a process per copy)
+    row = profiler.measure_point(SETTINGS, 1, 2, CORES, "--thread-copies", f"{CORES[0]};{CORES[1]}")
+    assert row["copy_cores"] == [[CORES[0]], [CORES[1]]] and row["copies"] == 2
+    assert row["process_cores"] == CORES
+    # Each session's thread is a thread of the point's process (found in its /proc/PID/task, else
+    # None), not its main thread, one per session, and pinned to its own core.
     assert len(set(row["session_threads"])) == 2 and row["pid"] not in row["session_threads"]
-    assert row["process_cores"] == cores
-    assert row["served_ms"] > 0 and row["latency_ms"] > 0 and row["iterations"] == 3
+    assert row["session_cores"] == [[CORES[0]], [CORES[1]]]
+    assert row["iterations"] == 3 and row["served_iterations"] == 3
+    assert row["latency_ms"] >= row["copy_ms"] > 0  # a round waits for its slowest session
+    assert row["served_ms"] > 0 and row["served_model_ms"] > 0 and row["mode"] == "onnxruntime-thread"
 
 
 def test_the_profiler_measures_a_thread_runtime_as_threads_and_the_profile_loads_it(tmp_path):
-    topology = Topology.virtual(2)
-    loaded = profiler.measure(SETTINGS, 1, 2, topology)
-    alone = profiler.measure(SETTINGS, 2, 2, topology)
-    assert loaded["copies"] == 2 and loaded["isolated_ms"] is None and len(loaded["session_threads"]) == 2
+    loaded = profiler.measure(SETTINGS, 1, 2, TWO_CORES)
+    assert loaded["copies"] == 2 and loaded["isolated_ms"] is None and loaded["served_isolated_ms"] is None
+    assert loaded["session_cores"] == [[CORES[0]], [CORES[1]]]  # the new path: threads, not --loaded copies
+    alone = profiler.measure(SETTINGS, 2, 2, TWO_CORES)
     assert alone["copies"] == 1 and alone["isolated_ms"] == alone["latency_ms"]
+    assert alone["served_isolated_ms"] == alone["served_ms"] > 0
+    # One session on both cores: its thread pinned to the first, its intra-op thread to the second.
+    assert alone["copy_cores"] == [CORES] and alone["session_cores"] == [CORES[:1]]
     out = tmp_path / "tiny.csv"
-    profiler.run(SETTINGS, [1, 2], [2], out, topology=topology, progress=False, runtimes=("onnxruntime-thread",),
-                 say=lambda *_: None)
+    with profiles.ProfileWriter(out, profiler.metadata(SETTINGS, TWO_CORES, {"onnxruntime-thread": None})) as writer:
+        writer.write(loaded)
+        writer.write(alone)
     profile = profiles.load(out)
-    assert set(profile.runtimes.values()) == {"onnxruntime-thread"} and (1, 2) in profile.served["onnxruntime-thread"]
+    assert profile.loaded and set(profile.runtimes.values()) == {"onnxruntime-thread"}
+    assert set(profile.served["onnxruntime-thread"]) == {(1, 2), (2, 2)}
+    latency, isolated = profile.by_runtime["onnxruntime-thread"][1, 2]  # written rounded
+    assert latency == pytest.approx(loaded["latency_ms"], abs=1e-3) and isolated is None

@@ -17,6 +17,12 @@ def runtime_text(runtime: str | None) -> str:
     return "" if runtime in (None, DEFAULT_RUNTIME) else f", {runtime}"
 
 
+def kinds_text(kinds: list[dict]) -> str:
+    """The line naming each instance's kind (thread or process), its cores and runtime."""
+    return "instance kinds: " + ", ".join(f"#{k['index']} {k['kind']} on cores {cores_text(tuple(k['cores']))}"
+                                          f"{runtime_text(k['runtime'])}" for k in kinds)
+
+
 def gain_lines(gains: list[dict]) -> list[str]:
     """A line for each planned instance shape that runs an IOS schedule, with what it gained over the
     fastest other runtime the profile measured there (profiles.gains)."""

@@ -7,7 +7,7 @@ import json
 import time
 
 from packrat.cli.args import run_dir_arg
-from packrat.cli.output import cores_text, print_budget_and_profile, runtime_text
+from packrat.cli.output import cores_text, kinds_text, print_budget_and_profile, runtime_text
 from packrat.cli.types import positive
 from packrat.deploy import torchserve
 from packrat.errors import ServeError
@@ -16,7 +16,7 @@ MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"ea
               '"batch", "ms", "against", "against_ms"}] (IOS instances), "health": {"instances", "ready", "respawning", '
               '"respawn_failures", "unavailable", "queued", "answered", "refused", "stage_ms": '
               '{"queue", "copy", "send", "wake", "locks", "decode", "model", "encode", "reply", "hand_out", "total"}, '
-              '"sub_batches", "requests_per_sub_batch", "fallbacks", ...}, '
+              '"sub_batches", "requests_per_sub_batch", "fallbacks", "kinds", "abandoned", ...}, '
               '"reconfigurations": [{"from_batch", "to_batch", "reason", "seconds", "failed_requests", ...}], "served": '
               '{"instances": [{"threads", "batch", "runtime", "predicted_ms", "planned_ms", "served_ms", "samples"}], '
               '"corrections": [{"threads", "batch", "runtime", "profile_ms", "served_ms", "samples", "at"}], '
@@ -114,16 +114,11 @@ def print_model(name: str, status: dict, last: int) -> None:
         print(f"instances: {health['ready']}/{health['instances']} ready, {health['respawning']} respawning, "
               f"{health['respawn_failures']} failed respawn attempt(s); {health['queued']} queued, "
               f"{health['answered']} answered, {health['refused']} refused (503); {state}")
-        print(f"recovery: {health.get('watchdog_kills', 0)} hung instance(s) killed by the watchdog, "
-              f"{health.get('requeued', 0)} request(s) re-run after losing their instance, "
-              f"{health.get('expired', 0)} past their deadline (504)"
-              + (f", {health['abandoned']} stuck thread instance(s) replaced by processes"
-                 if health.get("abandoned") else ""))
-        if health.get("kinds"):
-            print("instance kinds: " + ", ".join(f"#{k['index']} {k['kind']} on cores {cores_text(tuple(k['cores']))}"
-                                                 f"{runtime_text(k['runtime'])}" for k in health["kinds"]))
-        for line in health.get("fallbacks", []):
-            print(f"runtime fallback: {line}")
+        stuck = f", {health.get('abandoned')} stuck thread instance(s) replaced by processes" * bool(health.get("abandoned"))
+        print(f"recovery: {health.get('watchdog_kills', 0)} hung instance(s) killed by the watchdog, {health.get('requeued', 0)}"
+              f" request(s) re-run after losing their instance, {health.get('expired', 0)} past their deadline (504){stuck}")
+        print(kinds_text(health["kinds"])) if health.get("kinds") else None
+        [print(f"runtime fallback: {line}") for line in health.get("fallbacks", [])]
         if health.get("stage_ms"):
             print(hop_text(health))
     for line in served_lines(status.get("served")):

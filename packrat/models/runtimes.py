@@ -18,7 +18,7 @@
 - ``onnxruntime-thread``: the same session, hosted as a thread of the serving process rather than a
   process of its own (the instance's *kind*): the session's intra-op threads pinned one to a core of
   the instance (``session.intra_op_thread_affinities``), the calling thread to the first. No hand-off
-  between processes; what a fault can do differs (docs/reliability.md). torch runtimes stay
+  between processes; what a fault can do differs (docs/serving.md). torch runtimes stay
   processes: torch's intra-op pool is one per process.
 - ``ios``: torch running the model by an IOS schedule (ios_scheduler: independent operators in
   concurrent groups on disjoint threads), searched once per model, threads and batch and kept in a

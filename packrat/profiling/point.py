@@ -12,6 +12,12 @@ for every ``run`` line on stdin runs the model once and prints its time in ms; i
 stdin closes. The profiler sends ``run`` to all copies at once and waits for all of them,
 so each round takes as long as the slowest copy, like a batch split across a plan.
 
+With ``--thread-copies 0,1;2,3`` the point is a thread-kind runtime's (onnxruntime-thread), measured
+as the pool serves such instances: one session per core set, each loaded on a thread of this one
+process pinned to its cores (the process to all of them, --cores), run together in rounds timed as
+the loaded copies' are (measure_threads); one core set measures one session alone. It prints one
+JSON line, with what the kernel says of the sessions' threads.
+
 With ``--payload KIND`` (jpeg, text, raw, or natural: the model's own, codec.payloads.served_payload)
 the point also measures its served figure: the whole sub-batch as a pool instance answers it, through
 the instance's own code (codec.batch.answer_batch, as packrat/serving/pool/child.py runs it): the
@@ -58,28 +64,36 @@ def warm_up(module, examples: tuple, runs: int) -> None:
 
 def time_model(module, examples: tuple, warmup: int, iters: int | None, min_time: float | None) -> list[float]:
     """Latencies in ms of `iters` calls, or of as many calls as fit in `min_time` s (≥ 3)."""
+    warm_up(module, examples, warmup)
+    return budgeted(lambda: run_once(module, examples), iters, min_time)
+
+
+def run_once(module, examples: tuple) -> float:
+    """One call of the model, in inference mode (entered before the clock starts): its time in ms."""
     import torch
 
-    warm_up(module, examples, warmup)
     with torch.inference_mode():
-        samples: list[float] = []
-        start = time.perf_counter()
-        while True:
-            t0 = time.perf_counter()
-            module(*examples)
-            samples.append((time.perf_counter() - t0) * 1e3)
-            if iters is not None and len(samples) >= iters:
-                break
-            if min_time is not None and len(samples) >= 3 and time.perf_counter() - start >= min_time:
-                break
-    return samples
+        t0 = time.perf_counter()
+        module(*examples)
+        return (time.perf_counter() - t0) * 1e3
+
+
+def budgeted(run, iters: int | None, min_time: float | None) -> list:
+    """What `run()` returns, called `iters` times or as often as fits in `min_time` s (≥ 3 times): the
+    budget of every timed figure of a point, alone or loaded, the model's or served."""
+    results = []
+    start = time.perf_counter()
+    while True:
+        results.append(run())
+        if iters is not None and len(results) >= iters:
+            return results
+        if min_time is not None and len(results) >= 3 and time.perf_counter() - start >= min_time:
+            return results
 
 
 def serve_runs(module, examples: tuple, actual: dict, served: "ServedBatch | None" = None) -> None:
     """The --loaded protocol: say ready (with `actual`), then one timed run per `run` line (the model
     alone) or `serve` line (a served batch, with `served`) until stdin closes."""
-    import torch
-
     print("ready " + json.dumps(actual), flush=True)
     for line in sys.stdin:
         command = line.strip()
@@ -88,10 +102,7 @@ def serve_runs(module, examples: tuple, actual: dict, served: "ServedBatch | Non
             continue
         if command != "run":
             return
-        with torch.inference_mode():
-            t0 = time.perf_counter()
-            module(*examples)
-            print(f"{(time.perf_counter() - t0) * 1e3:.4f}", flush=True)
+        print(f"{run_once(module, examples):.4f}", flush=True)
 
 
 class ServedFailed(RuntimeError):
@@ -145,24 +156,16 @@ class ServedBatch:
         return elapsed, [(b - a) * 1e3 for a, b in zip(laps, laps[1:])]
 
 
-def time_served(served: ServedBatch, module, warmup: int, iters: int | None, min_time: float | None) -> dict:
+def time_served(serve, warmup: int, iters: int | None, min_time: float | None) -> dict:
     """The served figure's statistics (served_ms, served_mad_ms, ...) and its stages' mean ms, over
-    `iters` served batches or as many as fit in `min_time` s (≥ 3), after `warmup` untimed ones."""
+    `iters` served batches or as many as fit in `min_time` s (≥ 3), after `warmup` untimed ones.
+    `serve()` answers one batch (ServedBatch.run) or a round of them: its ms and its stages' ms."""
     for _ in range(warmup):
-        served.run(module)
-    samples, stages = [], []
-    start = time.perf_counter()
-    while True:
-        elapsed, laps = served.run(module)
-        samples.append(elapsed)
-        stages.append(laps)
-        if iters is not None and len(samples) >= iters:
-            break
-        if min_time is not None and len(samples) >= 3 and time.perf_counter() - start >= min_time:
-            break
+        serve()
+    samples, stages = zip(*budgeted(serve, iters, min_time))
     means = [statistics.fmean(column) for column in zip(*stages)]
-    return {**served_summary(samples), **{f"served_{stage}_ms": ms for stage, ms in
-                                          zip(("decode", "model", "encode"), means)}}
+    return {**served_summary(list(samples)), **{f"served_{stage}_ms": ms for stage, ms in
+                                                zip(("decode", "model", "encode"), means)}}
 
 
 def served_summary(samples: list[float]) -> dict[str, float | int]:
@@ -197,63 +200,72 @@ def robust_spread(samples: list[float]) -> float:
 class _Session(NamedTuple):
     """One thread-kind session of a --thread-copies point: its pinned thread and what it runs."""
     worker: object  # machine.threads.PinnedWorker
+    pinned: list[int]  # the cores its thread ran on when it began loading (its core set, if the pinning took)
     module: object
     examples: tuple
+    mode: str
     served: "ServedBatch | None"
 
 
 def measure_threads(args: argparse.Namespace, core_sets: list[list[int]]) -> dict:
     """A thread-kind point as the pool serves it: a session per core set, each loaded on a thread of
-    this process pinned to its cores, timed in rounds run by all together (the wall time: the
-    slowest decides, as in a plan). The model first, then served batches when --payload says."""
-    from packrat.machine.threads import PinnedWorker
-
-    sessions = []
-    for index, cores in enumerate(core_sets):
-        worker = PinnedWorker(cores, f"packrat-point-{index}")
-        if args.payload:
-            module, examples, mode, served = worker.call(lambda: _prepare_served(args, cores)).result()
-        else:
-            (module, examples, mode), served = worker.call(lambda: _prepare(args, cores)).result(), None
-        sessions.append(_Session(worker, module, examples, served))
-    for session in sessions:
-        session.worker.call(lambda s=session: warm_up(s.module, s.examples, args.warmup)).result()
-    rounds, own = _thread_rounds(sessions, args, lambda s: _timed(s.module, s.examples))
-    result = {**summarize(rounds), "copy_ms": statistics.fmean(own), "mode": mode, "copies": len(sessions),
-              "copy_cores": core_sets, "process_cores": sorted(os.sched_getaffinity(0)), "pid": os.getpid(),
-              "session_threads": [s.worker.native_id for s in sessions]}
+    this process pinned to its cores (serving/pool/thread_instance.py), timed in rounds run by all
+    together, as measure_loaded's copies are: a round's time is its wall time, the slowest session's,
+    as the slowest instance decides a plan's batch. The model first, then served batches with
+    --payload; every session warms up in one untimed round first."""
+    sessions = [_start_session(args, cores, index) for index, cores in enumerate(core_sets)]
+    _round(sessions, lambda s: warm_up(s.module, s.examples, args.warmup))
+    timed = budgeted(lambda: _round(sessions, lambda s: run_once(s.module, s.examples)), args.iters, args.min_time)
+    own = [ms for _, times in timed for ms in times]
+    result = {**summarize([wall for wall, _ in timed]), "copy_ms": statistics.fmean(own), "mode": sessions[0].mode,
+              "copies": len(sessions), "copy_cores": [s.pinned for s in sessions], **_threads_seen(sessions)}
     if args.payload:
-        for _ in range(min(SERVED_WARMUP, args.warmup)):
-            _thread_rounds(sessions, argparse.Namespace(iters=1, min_time=None), lambda s: s.served.run(s.module)[0])
-        result.update(served_summary(_thread_rounds(sessions, args, lambda s: s.served.run(s.module)[0])[0]))
+        result.update(time_served(lambda: _served_round(sessions), min(SERVED_WARMUP, args.warmup), args.iters,
+                                  args.min_time))
     for session in sessions:
         session.worker.stop()
     return result
 
 
-def _timed(module, examples) -> float:
-    import torch
+def _start_session(args: argparse.Namespace, cores: list[int], index: int) -> _Session:
+    """A session loaded on a new thread pinned to `cores`, in a pool thread instance's order: its
+    decoders and session started there (inheriting its cores), then the thread pinned to the first."""
+    from packrat.machine.threads import PinnedWorker
 
-    with torch.inference_mode():
-        started = time.perf_counter()
-        module(*examples)
-        return (time.perf_counter() - started) * 1e3
+    worker = PinnedWorker(cores, f"packrat-point-{index}")
+    pinned = worker.call(lambda: sorted(os.sched_getaffinity(0))).result()
+    if args.payload:
+        module, examples, mode, served = worker.call(lambda: _prepare_served(args, cores)).result()
+    else:
+        (module, examples, mode), served = worker.call(lambda: _prepare(args, cores)).result(), None
+    return _Session(worker, pinned, module, examples, mode, served)
 
 
-def _thread_rounds(sessions: list, args, run) -> tuple[list[float], list[float]]:
-    """Rounds of `run(session)` on every session's thread at once, for --iters rounds or --min-time
-    s (≥ 3): each round's wall time in ms, and every session's own."""
-    rounds, own = [], []
+def _round(sessions: list[_Session], run) -> tuple[float, list]:
+    """`run(session)` on every session's thread at once: the wall time in ms until all are done, and
+    what each returned."""
     started = time.perf_counter()
-    while True:
-        begun = time.perf_counter()
-        futures = [s.worker.call(lambda s=s: run(s)) for s in sessions]
-        own += [future.result() for future in futures]
-        rounds.append((time.perf_counter() - begun) * 1e3)
-        if args.iters is not None and len(rounds) >= args.iters:
-            return rounds, own
-        if args.min_time is not None and len(rounds) >= 3 and time.perf_counter() - started >= args.min_time:
-            return rounds, own
+    futures = [s.worker.call(lambda s=s: run(s)) for s in sessions]
+    results = [future.result() for future in futures]
+    return (time.perf_counter() - started) * 1e3, results
+
+
+def _served_round(sessions: list[_Session]) -> tuple[float, list[float]]:
+    """A served batch on every session at once: the round's wall time and the sessions' mean stages."""
+    wall, runs = _round(sessions, lambda s: s.served.run(s.module))
+    return wall, [statistics.fmean(column) for column in zip(*(stages for _, stages in runs))]
+
+
+def _threads_seen(sessions: list[_Session]) -> dict:
+    """What the kernel says of this process and its sessions' threads (/proc/self/task): the point's
+    process, each session thread's id and the cores it may run on by now, so a caller can check
+    that the sessions were threads of this one process, pinned as the pool pins them."""
+    from packrat.machine.threads import task_affinities
+
+    tasks = task_affinities()
+    ids = [s.worker.native_id for s in sessions]
+    return {"pid": os.getpid(), "process_cores": sorted(os.sched_getaffinity(0)), "session_threads": ids,
+            "session_cores": [sorted(tasks[i][1]) if i in tasks else None for i in ids]}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -371,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     samples = time_model(module, examples, args.warmup, args.iters, args.min_time)
     result = {**summarize(samples), **actual}
     if served is not None:
-        result.update(time_served(served, module, min(SERVED_WARMUP, args.warmup), args.iters, args.min_time))
+        result.update(time_served(lambda: served.run(module), min(SERVED_WARMUP, args.warmup), args.iters,
+                                  args.min_time))
     print(json.dumps(result), flush=True)
     return 0
 

@@ -314,7 +314,8 @@ def measure(settings: ProfileSettings, threads: int, batch: int, topology: Topol
     """One profile row for ⟨threads, batch⟩: with settings.contention and room for more than one
     copy, loaded by ⌊T/t⌋ copies (and alone first with isolated_too; else isolated_ms is left
     empty); otherwise alone, latency_ms and isolated_ms the same figure. With settings.served, the
-    served figures beside them alike (served_ms, served_isolated_ms, served_mad_ms)."""
+    served figures beside them alike (served_ms, served_isolated_ms, served_mad_ms). A thread-kind
+    runtime's copies are threads of one process, as the pool hosts them (measure_threads)."""
     copies = copies_for(threads, topology) if settings.contention else 1
     if instance_kind(settings.runtime) == "thread":
         return measure_threads(settings, threads, batch, topology, copies)
@@ -352,6 +353,8 @@ def measure_threads(settings: ProfileSettings, threads: int, batch: int, topolog
 
 
 def _thread_point(settings: ProfileSettings, threads: int, batch: int, core_sets: list[list[int]]) -> dict:
+    """One point process with a session per core set (point --thread-copies), the process pinned to
+    all of them before torch is imported: each session's thread then pins itself to its own."""
     every = sorted(core for cores in core_sets for core in cores)
     return measure_point(settings, threads, batch, every, "--thread-copies",
                          ";".join(",".join(map(str, cores)) for cores in core_sets))
