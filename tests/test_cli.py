@@ -590,16 +590,21 @@ def test_parser_starts_without_torch():
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
+def status_output(monkeypatch, capsys, run_dir, plan: dict, health: dict) -> str:
+    """What `packrat status` prints for one TorchServe model with this plan and health."""
+    monkeypatch.setattr(torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny", models=("tiny",))))
+    monkeypatch.setattr(torchserve, "handler_status", lambda server, model=None: {"plan": plan, "mode": "script",
+                                                                      "health": health, "reconfigurations": []})
+    assert cli.main(["status", "--run-dir", str(run_dir)]) == 0
+    return capsys.readouterr().out
+
+
 def test_status_reports_recovery_counts(monkeypatch, capsys, tmp_path):
     health = {"instances": 2, "ready": 1, "respawning": 1, "respawn_failures": 0, "unavailable": None, "queued": 3,
               "answered": 40, "refused": 0, "watchdog_kills": 2, "expired": 1, "requeued": 5}
     plan = {"batch": 4, "threads": 2, "instances": [{"threads": 1, "batch": 2, "cores": [0]},
                                                     {"threads": 1, "batch": 2, "cores": [1]}]}
-    monkeypatch.setattr(torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny", models=("tiny",))))
-    monkeypatch.setattr(torchserve, "handler_status", lambda server, model=None: {"plan": plan, "mode": "script",
-                                                                      "health": health, "reconfigurations": []})
-    assert cli.main(["status", "--run-dir", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
+    out = status_output(monkeypatch, capsys, tmp_path, plan, health)
     assert "1/2 ready, 1 respawning" in out
     assert "2 hung instance(s) killed by the watchdog, 5 request(s) re-run" in out and "1 past their deadline" in out
     assert "instance kinds" not in out and "stuck thread" not in out  # an engine from before kinds
@@ -612,11 +617,7 @@ def test_status_names_each_instance_s_kind(monkeypatch, capsys, tmp_path):
               "answered": 4, "refused": 0, "kinds": kinds, "abandoned": 1}
     plan = {"batch": 4, "threads": 3, "instances": [{"threads": 2, "batch": 2, "cores": [0, 1]},
                                                     {"threads": 1, "batch": 2, "cores": [2]}]}
-    monkeypatch.setattr(torchserve.Server, "load", classmethod(lambda cls, run_dir: SimpleNamespace(model="tiny", models=("tiny",))))
-    monkeypatch.setattr(torchserve, "handler_status", lambda server, model=None: {"plan": plan, "mode": "script",
-                                                                      "health": health, "reconfigurations": []})
-    assert cli.main(["status", "--run-dir", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
+    out = status_output(monkeypatch, capsys, tmp_path, plan, health)
     assert "instance kinds: #0 thread on cores 0-1, onnxruntime-thread, #1 process on cores 2, onnxruntime" in out
     assert "1 stuck thread instance(s) replaced by processes" in out
 

@@ -174,9 +174,6 @@ class ThreadInstance:
         self.sent_stamps = (min(job.queued_at for job in jobs), dispatched, copied, copied)  # nothing to send
         self.worker.post(lambda: self._serve(jobs, bodies, frozenset(in_rows), self.locks, self.turn_ms))
 
-    def receive(self):
-        raise RuntimeError("a thread instance reports through its done callback")
-
     @property
     def working(self) -> int:
         return 0 if self.waiting_turn else len(self.jobs)
