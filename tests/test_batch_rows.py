@@ -110,3 +110,34 @@ def test_a_request_of_several_samples_takes_the_path_without_rows(tiny):
                                          rows=rows)
     assert one_of_two.status == several.status == 200
     assert len(json.loads(several.body)["predictions"]) == 2
+
+
+def test_a_body_is_ready_in_its_row_only_where_decode_would_read_it_as_raw_and_check_nothing(tiny):
+    _, codec = tiny
+    raw = resolve("tiny").example_inputs(1)[0][0].numpy().tobytes()
+    assert codec.ready_in_row(raw, "application/octet-stream") and codec.ready_in_row(raw, None)
+    png_start = b"\x89PNG\r\n\x1a\n" + raw[8:]
+    json_start = b' {"data"' + raw[8:]
+    assert not codec.ready_in_row(png_start, "application/octet-stream")  # sniffed as an image first
+    assert not codec.ready_in_row(json_start, None)  # tried as JSON first
+    assert not codec.ready_in_row(raw, "image/png") and not codec.ready_in_row(raw, "application/json")
+    assert not codec.ready_in_row(raw, "application/octet-stream", header_length="16")
+    assert not codec.ready_in_row(raw[:-4], None)
+    tokens = Codec(CodecConfig((8,), "int64", "embedding", vocab_size=50))  # ids to check against the vocabulary
+    assert not tokens.ready_in_row(torch.zeros(8, dtype=torch.int64).numpy().tobytes(), None)
+    assert not Codec(TEXT).ready_in_row(bytes(64), None)  # a second input to fill
+
+
+def test_raw_sized_bodies_in_rows_that_decode_must_read_are_answered_alone(tiny):
+    module, codec = tiny
+    samples = resolve("tiny").example_inputs(3)[0]
+    bodies = [sample.numpy().tobytes() for sample in samples]
+    bodies[1] = b"\x89PNG\r\n\x1a\n" + bodies[1][8:]  # the size of a sample, the start of an image
+    rows, placed = raw_in_rows(codec, bodies)
+    answers = answer_batch(module, codec, placed, rows=rows, in_rows=frozenset(range(3)))
+    assert [a.status for a in answers] == [200, 400, 200]
+    tokens = Codec(CodecConfig((8,), "int64", "embedding", vocab_size=50))
+    ids = [torch.arange(8), torch.full((8,), 50), torch.zeros(8, dtype=torch.int64)]
+    rows, placed = raw_in_rows(tokens, [row.numpy().tobytes() for row in ids])
+    answers = answer_batch(lambda x: x.float(), tokens, placed, rows=rows, in_rows=frozenset(range(3)))
+    assert [a.status for a in answers] == [200, 400, 200] and "outside the model's vocabulary" in answers[1].body.decode()

@@ -64,11 +64,26 @@ def test_a_table_of_another_model_is_refused():
         timer_for(1, CostTable("squeezenet", 1, 2))
 
 
-def test_the_switch_cost_is_measured_once_and_never_negative():
-    """What concurrency adds beyond the same operators in order (timing.switch_cost): a figure, kept."""
+@pytest.mark.parametrize("script,expected", [
+    # medians P 1, Q 2, F then P 5, F then Q 3 (each case's outlier ignored): 5 - 3 - 1 + 2
+    ({"P": [1, 1, 9], "Q": [2, 2, 2], "FP": [5, 5, 5], "FQ": [3, 3, 30]}, 3.0),
+    # concurrency cheaper than the same operators in order: no negative cost
+    ({"P": [4, 4, 4], "Q": [1, 1, 1], "FP": [5, 5, 5], "FQ": [3, 3, 3]}, 0.0),
+])
+def test_the_switch_cost_is_what_concurrency_adds_after_a_full_width_stretch_beyond_the_same_order(
+        monkeypatch, script, expected):
+    """timing.switch_cost: t(F then P) - t(F then Q) - t(P) + t(Q) over medians of interleaved
+    rounds, so the caches F leaves cold (paid by Q as much as by P) are not charged to concurrency,
+    and the figure is measured once and kept."""
+    import packrat.ios_scheduler.timing as timing
+
     timer = timer_for(1)
+    order = ["P", "Q", "FP", "FQ"] * 3  # interleaved: every case once a round
+    returns = iter([float(script[name][index // 4]) for index, name in enumerate(order)])
+    calls = []
+    monkeypatch.setattr(timing, "time_call", lambda call, warmup, repeats: calls.append(call) or next(returns))
     try:
-        first = timer.switch_cost(rounds=5)
-        assert first >= 0.0 and first == timer.switch_cost() and first < 1e3
+        assert timer.switch_cost(rounds=3) == expected
+        assert len(calls) == 12 and timer.switch_cost() == expected and len(calls) == 12  # kept
     finally:
         timer.workers.close()

@@ -227,7 +227,7 @@ def test_a_pool_mixing_runtimes_answers_as_the_model(runtime):
 
 
 @pytest.mark.integration
-def test_a_torch_compile_instance_answers_as_eager_and_runs_on_all_its_threads():
+def test_a_torch_compile_instance_answers_as_eager_with_all_its_threads_given_to_torch():
     """torch.compile in the instance (runtimes.torch_compiled): the pool's warm-up compiles the
     ladder's sizes; a sub-batch of 3 is padded to 4, and the answers are eager's."""
     import os

@@ -70,8 +70,12 @@ class Answers:
         return {"token": token, **text, "logit": logit}
 
 
+# one encoder for every answer: json.dumps with options builds a new one per call
+_COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def _json(body) -> Encoded:
-    return Encoded(json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8"))
+    return Encoded(_COMPACT.encode(body).encode("utf-8"))
 
 
 def load_labels(path: str) -> dict[int, str]:

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from packrat.codec.codec import Codec
+from packrat.codec.config import Decoded
 from packrat.codec.rows import InputRows
 from packrat.codec.samples import NOT_FINITE, all_finite
 from packrat.errors import RequestError, error_body, first_line
@@ -88,7 +89,7 @@ def answer_batch(module, codec: Codec, bodies: list[tuple], mapper=map, laps: li
     decode = _decoder(codec, rows)
     indices = [i for i in range(len(bodies)) if i not in in_rows]
     with codec.tokenized(bodies):  # a text model's texts tokenised in one call
-        outcomes = {i: decode((i, bodies[i])) for i in sorted(in_rows)}
+        outcomes = {i: _as_it_lies(codec, rows, i, bodies[i]) or decode((i, bodies[i])) for i in sorted(in_rows)}
         outcomes.update(zip(indices, mapper(decode, [(i, bodies[i]) for i in indices])))
     decoded = {}
     for index in range(len(bodies)):
@@ -149,6 +150,15 @@ def _decoder(codec: Codec, rows: InputRows | None):
             return error(exc.status, exc.reason)
         return decoded, rows is not None and rows.put(index, decoded.samples)
     return decode
+
+
+def _as_it_lies(codec: Codec, rows: InputRows, index: int, request: tuple):
+    """A raw tensor body written into its row, ready there: (its Decoded, True), one view of the
+    row, where decode() would make and check tensors per sample; None when decode() must read it
+    (another form, or an input to check or fill)."""
+    if not codec.ready_in_row(*request):
+        return None
+    return Decoded((rows.tensors[0][index:index + 1],), "plain"), True
 
 
 def _lap(laps: list[float] | None) -> None:

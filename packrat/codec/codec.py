@@ -73,12 +73,20 @@ class Codec:
         `into`: the request's row of the batch (rows.InputRows.row), where an image is decoded
         straight into; the samples may then be views of it."""
         try:
-            kind = (content_type or "").split(";")[0].strip().lower()
-            return forms.read_body(self.samples, body, kind, oip.header_length(header_length), into)
+            return forms.read_body(self.samples, body, _kind(content_type), oip.header_length(header_length), into)
         except RequestError:
             raise
         except Exception as exc:  # a bug or a body nobody foresaw: still only this request's failure
             raise RequestError(400, f"cannot decode request: {type(exc).__name__}: {first_line(exc)}") from None
+
+    def ready_in_row(self, body, content_type: str | None, header_length: int | str | None = None) -> bool:
+        """Whether a body already written into its row of the batch (raw tensor bytes of one
+        sample's size) is, as it lies, what decode() would make of it: no other form, no check."""
+        samples = self.samples
+        if (header_length is not None or not samples.raw_is_row or len(body) != samples.raw_size()
+                or len(body) > self.config.max_body_bytes):
+            return False
+        return forms.only_raw(samples, bytes(body[:64]), _kind(content_type))
 
     def tokenized(self, requests: list[tuple]):
         """A block within which decode() finds the text of these requests (body, content type, ...)
@@ -96,6 +104,10 @@ class Codec:
     def encoded(self, outputs: torch.Tensor, decoded: Decoded, top=None) -> Encoded:
         """`top`: the sample's top classes, when Answers.tops() found them for its whole batch."""
         return self.answers.encoded(outputs, decoded, top)
+
+
+def _kind(content_type: str | None) -> str:
+    return (content_type or "").split(";")[0].strip().lower()
 
 
 def _plain_text(request: tuple) -> str | None:

@@ -57,24 +57,44 @@ def from_bytes(samples: Samples, buffer: bytes | bytearray | memoryview, kind: s
         return kserve.v2(samples, *oip.split(bytes(body), header_length))
     if head[:4] == ZIP_MAGIC:
         return _plain(samples, samples.first_input(samples.one(samples.saved_tensor(bytes(body)))))
-    if kind.startswith("image/") or (samples.input_kind == "image" and _is_image(head)):
+    if _image(samples, head, kind):
         return _plain(samples, samples.first_input(samples.image(body, _first(into))))
     if "json" in kind:
         return _json_bytes(samples, bytes(body))
     json_error = None
-    # text/plain text for a text model may well start with "[" or "{"
-    sniffed = kind in SNIFFED_TYPES or (kind.startswith("text/") and not samples.takes_tokens)
-    if sniffed and head.lstrip()[:1] in (b"{", b"["):
+    if _json_sniffed(samples, head, kind):
         try:
             return _json_bytes(samples, bytes(body))
         except RequestError as exc:  # or raw bytes / text that merely start like JSON
             json_error = exc
-    text = as_text(bytes(body)) if samples.takes_tokens or kind.startswith("text/") else None
+    text = as_text(bytes(body)) if _text_sniffed(samples, kind) else None
     if text is not None:
         return _plain(samples, samples.text_sample(text))
     if json_error is not None and len(body) != samples.raw_size():
         raise json_error
     return _plain(samples, samples.first_input(samples.raw(buffer)))
+
+
+def only_raw(samples: Samples, head: bytes, kind: str) -> bool:
+    """Whether from_bytes reads a body of the raw tensor's size that begins with `head` (its first
+    64 bytes), sent without a KServe v2 header length, as the raw tensor without trying any other
+    form first: such a body, once in its row of the batch, is ready as it lies (codec.batch)."""
+    return (head[:4] != ZIP_MAGIC and not _image(samples, head, kind)
+            and "json" not in kind and not _json_sniffed(samples, head, kind) and not _text_sniffed(samples, kind))
+
+
+def _image(samples: Samples, head: bytes, kind: str) -> bool:
+    return kind.startswith("image/") or (samples.input_kind == "image" and _is_image(head))
+
+
+def _json_sniffed(samples: Samples, head: bytes, kind: str) -> bool:
+    # text/plain text for a text model may well start with "[" or "{"
+    sniffed = kind in SNIFFED_TYPES or (kind.startswith("text/") and not samples.takes_tokens)
+    return sniffed and head.lstrip()[:1] in (b"{", b"[")
+
+
+def _text_sniffed(samples: Samples, kind: str) -> bool:
+    return samples.takes_tokens or kind.startswith("text/")
 
 
 def from_json(samples: Samples, body) -> Decoded:

@@ -34,6 +34,8 @@ class Samples:
         self.dtypes = {spec.name: dtype_of(spec) for spec in self.inputs}
         self.shape, self.dtype = tuple(self.first.shape), self.dtypes[self.first.name]
         self.takes_tokens = self.dtype == torch.int64 and len(self.shape) == 1
+        # a raw sample of the one input is the batch's row as it is: no input to fill, no range to check
+        self.raw_is_row = len(self.inputs) == 1 and (self.dtype.is_floating_point or not self.first.vocab_size)
         self.text = None
         if config.tokenizer:
             if not self.takes_tokens:

@@ -3,11 +3,12 @@ to the instance's cores, beside (or instead of) the instance processes (instance
 
 The kind of runtime that allows it (models.runtimes.THREAD_KINDS: ONNX Runtime, whose run releases
 the GIL and whose intra-op pool is the session's own) needs no hand-off between processes: the
-thread submitting a sub-batch copies each raw tensor body straight into its row of the instance's
-batch (the "copy" stage) and hands the sub-batch to the instance's thread, one wake; that thread
-decodes the other bodies into their rows, runs the session and encodes the answers on the
-instance's cores, and resolves the requests' futures itself (`done` below: the pool's bookkeeping,
-and the next queued requests handed out, without a wake of the dispatch thread).
+thread submitting a sub-batch hands it to the instance's thread, one wake; that thread copies each
+raw tensor body into its row of the instance's batch (the "copy" stage, with the GIL released, so
+the other instances' threads start meanwhile), decodes the other bodies into their rows, runs the
+session and encodes the answers on the instance's cores, and resolves the requests' futures itself
+(`done` below: the pool's bookkeeping, and the next queued requests handed out, without a wake of
+the dispatch thread).
 
 The handle has the process handle's interface (ready, jobs, busy_since, waiting_turn, sent_stamps,
 hung, submit, kill, stop, close, ...), so the dispatcher and the supervisor treat both alike;
@@ -28,6 +29,8 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable
 
+import numpy
+
 from packrat.codec.config import CodecConfig
 from packrat.codec.rows import RowsLayout
 from packrat.machine.threads import PinnedWorker, pin_thread, task_affinities
@@ -38,6 +41,7 @@ log = logging.getLogger("packrat.serving.pool")
 
 # done(instance, jobs, (replies, instance stamps, turns) or None, why it failed or None): the pool's
 Done = Callable[["ThreadInstance", list, tuple | None, str | None], None]
+BYTES = (bytes, bytearray, memoryview)
 # Held while an instance starts its threads, so the threads that appear meanwhile are its own
 _STARTING_THREADS = threading.Lock()
 
@@ -69,6 +73,7 @@ class ThreadInstance:
         self._stopping = False
         self._buffer = bytearray(self.layout.size)
         self._view = memoryview(self._buffer)
+        self._rows = numpy.frombuffer(self._buffer, numpy.uint8)  # the same bytes, for numpy's copies
         self._served = None  # what the thread serves with, once loaded (_Loaded)
         self.worker = PinnedWorker(config.cores, f"packrat-instance-{index}")
         self._loading = self.worker.call(lambda: self._load(model, codec, nice))
@@ -105,11 +110,18 @@ class ThreadInstance:
         self.mode = mode
         self._served = (module, codec, decoders, InputRows(codec_config, self.layout, self._view), Turn(self.config.cores))
 
-    def _serve(self, jobs: list, bodies: list, in_rows: frozenset, locks: str | None, turn_ms: float | None) -> None:
+    def _serve(self, jobs: list, bodies: list, stamps: tuple, locks: str | None, turn_ms: float | None) -> None:
         from packrat.serving.pool.child import Batch, run_in_turns
         from packrat.serving.pool.turns import turn_sizes
 
-        received = time.monotonic()
+        woken = time.monotonic()
+        in_rows = self._copy_raw(bodies)
+        copy_s = time.monotonic() - woken
+        # Each stage keeps its length and its place: the copy, done after the wake, is counted before
+        # it; nothing is sent (the wake counts from the dispatch)
+        queued, dispatched = stamps
+        self.sent_stamps = (queued, dispatched, dispatched + copy_s, dispatched + copy_s)
+        received = woken + copy_s
         module, codec, decoders, rows, turn = self._served
         turn.quantum = turn_ms if locks is not None else None
         sizes = turn_sizes(len(bodies), self.warm_ms / self.config.batch, turn.quantum)
@@ -121,6 +133,19 @@ class ThreadInstance:
             self._done(self, jobs, None, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
             return
         self._done(self, jobs, (replies, stamps, len(sizes)), None)
+
+    def _copy_raw(self, bodies: list) -> frozenset:
+        """Each raw tensor body of one sample copied into its row, where it is read as it lies (the
+        GIL released while numpy copies: the other instances' threads go on); the indices copied."""
+        layout, rows = self.layout, self._rows
+        in_rows = []
+        for index, (body, content_type, header_length) in enumerate(bodies):
+            if index < layout.slots and isinstance(body, BYTES) and len(body) == layout.row_bytes:
+                offset = layout.row_offset(index)
+                numpy.copyto(rows[offset:offset + len(body)], numpy.frombuffer(body, numpy.uint8))
+                bodies[index] = (self._view[offset:offset + len(body)], content_type, header_length)
+                in_rows.append(index)
+        return frozenset(in_rows)
 
     def _said(self, message: tuple) -> None:
         """What run_in_turns tells the process handle over its socket (receive() there)."""
@@ -154,25 +179,14 @@ class ThreadInstance:
             return False
 
     def submit(self, jobs: list) -> None:
-        """Each raw tensor body of one sample copied into its row (the copy stage), then the sub-batch
-        handed to the instance's thread: one wake. Other bodies go as they are, decoded there."""
+        """The sub-batch handed to the instance's thread: one wake. That thread copies the raw
+        tensor bodies into their rows (the copy stage) and decodes the others."""
         dispatched = time.monotonic()
-        layout, view = self.layout, self._view
-        bodies, in_rows = [], []
-        for index, job in enumerate(jobs):
-            request = job.request
-            body = request.body
-            if index < layout.slots and len(body) == layout.row_bytes:
-                offset = layout.row_offset(index)
-                view[offset:offset + len(body)] = body
-                body = view[offset:offset + len(body)]
-                in_rows.append(index)
-            bodies.append((body, request.content_type, request.header_length))
-        copied = time.monotonic()
-        self.jobs, self.busy_since, self.sent_locked = jobs, copied, self.locks is not None
+        self.jobs, self.busy_since, self.sent_locked = jobs, dispatched, self.locks is not None
         self.waiting_turn = self.sent_locked
-        self.sent_stamps = (min(job.queued_at for job in jobs), dispatched, copied, copied)  # nothing to send
-        self.worker.post(lambda: self._serve(jobs, bodies, frozenset(in_rows), self.locks, self.turn_ms))
+        bodies = [(job.request.body, job.request.content_type, job.request.header_length) for job in jobs]
+        stamps = (min(job.queued_at for job in jobs), dispatched)
+        self.worker.post(lambda: self._serve(jobs, bodies, stamps, self.locks, self.turn_ms))
 
     @property
     def working(self) -> int:
