@@ -218,8 +218,9 @@ def verdict_rows(peers: dict | None, report: dict | None) -> list[dict]:
         row: dict = {"batch": batch}
         table = (peers or {}).get("summary", {}).get(str(batch), {})
         packrat = table.get("packrat", {}).get("latency_ms")
-        others = {p: r["latency_ms"] for p, r in table.items()
-                  if p not in ("packrat", "packrat-later", "fat") and r.get("latency_ms") is not None}
+        peers_here = {p: r for p, r in table.items() if p not in ("packrat", "packrat-later", "fat")}
+        others = {p: r["latency_ms"] for p, r in peers_here.items() if r.get("latency_ms") is not None}
+        row["unmeasured_peers"] = sorted(p for p in peers_here if p not in others)  # failed, or not installed
         plan = (peers or {}).get("meta", {}).get("pools", {}).get("packrat", {}).get(str(batch), {})
         row.update(packrat_ms=packrat, predicted_ms=plan.get("predicted_ms"), plan=plan.get("describe"))
         if others:
@@ -246,8 +247,7 @@ def verdict_tables(out: Path) -> list[str]:
         ahead = r["best_peer_ms"] / r["oracle_ms"] if r.get("best_peer_ms") and r.get("oracle_ms") else None
         cells.append([r["batch"], r.get("plan") or "-", fmt_num(r.get("packrat_ms")),
                       f"{r['best_peer']} {fmt_num(r['best_peer_ms'])}" if r.get("best_peer") else "-",
-                      _mark(ratio, ratio is not None and ratio >= (AHEAD_TARGET if ahead and ahead >= AHEAD_TARGET
-                                                                   else PEER_TARGET)),
+                      _peer_mark(ratio, ahead, r["unmeasured_peers"]),
                       _mark(served, served is not None and abs(served - 1) <= oracle.PREDICTION_TOLERANCE),
                       r.get("oracle") or "-", _mark(r.get("vs_oracle"), r.get("vs_oracle") is not None
                                                     and r["vs_oracle"] <= 1 + oracle.PLAN_TOLERANCE),
@@ -258,6 +258,17 @@ def verdict_tables(out: Path) -> list[str]:
             "from (c); ✓ met, ✗ missed.", "",
             markdown_table(["B", "packrat's plan", "packrat ms", "best peer ms", "best peer / packrat",
                             "predicted / served", "oracle (best)", "plan / oracle", "oracle: pred / meas"], cells), ""]
+
+
+def _peer_mark(ratio: float | None, ahead: float | None, unmeasured: list[str]) -> str:
+    """best peer / packrat against its target: ≥ AHEAD_TARGET where the oracle beats the best peer by
+    that much, else ≥ PEER_TARGET. Missed where a peer or the oracle could not be measured: the
+    target that applies, or the best peer, is then not known."""
+    if ratio is None:
+        return "-"
+    missing = ([f"not measured: {', '.join(unmeasured)}"] if unmeasured else []) + (["no oracle"] if ahead is None else [])
+    target = AHEAD_TARGET if ahead is not None and ahead >= AHEAD_TARGET else PEER_TARGET
+    return _mark(ratio, not missing and ratio >= target) + (f" ({'; '.join(missing)})" if missing else "")
 
 
 def _mark(value: float | None, met: bool) -> str:

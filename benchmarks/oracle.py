@@ -330,9 +330,14 @@ def verdicts(summaries: Sequence[dict], kind: str = "loaded") -> list[str]:
     tag = f"{kind} profile"
 
     def verdict(name: str, key: str, ok, tolerance: float, text: str) -> str:
+        # a B where no pool, or not the plan's, could be timed fails: its verdict is not known
+        unmeasured = [s["batch"] for s in summaries
+                      if "best_ms" not in s or s.get(kind, {}).get("why") == "its pool failed"]
+        if unmeasured:
+            return f"{name}: FAIL ({tag}: not measured at B={','.join(map(str, unmeasured))})"
         rows = [s for s in summaries if "best_ms" in s]
         missing = [s["batch"] for s in rows if s.get(kind, {}).get(key) is None]
-        if not rows or missing:
+        if not rows or missing:  # the profile has no figures of this kind to plan with
             return f"{name}: n/a ({tag}: no figure at B={','.join(map(str, missing)) or '-'})"
         values = [(s[kind][key], s["batch"]) for s in rows]
         worst = max(values, key=lambda v: (abs(v[0] - 1), v[1]))

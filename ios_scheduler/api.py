@@ -105,7 +105,8 @@ def optimize(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.T
             schedule.search.update(ios_ms=ios_ms, sequential_ms=sequential_ms, kept=kept)
             if kept == "sequential":  # the end-to-end measurement has the last word
                 schedule.stages = sequential.stages
-    schedule.search["seconds"] = round(time.perf_counter() - started, 2)
+    schedule.search.update(seconds=round(time.perf_counter() - started, 2), budget_s=budget_s,
+                           complete=schedule.complete)
     return schedule
 
 

@@ -2,7 +2,9 @@
 and batch size, searched once and kept as JSON in a cache directory. Each search also keeps
 its stage costs (in `costs/`, not packed into archives), and a later search of the same model
 and thread count at another batch size is bounded by the nearest batch size's costs. A search
-takes about SEARCH_BUDGET_S at most (optimize's budget_s), plus its end-to-end check."""
+takes about SEARCH_BUDGET_S (optimize's budget_s, checked between parts: a part under way at the
+budget finishes), plus its end-to-end check. A schedule whose search was cut short says so
+(Schedule.complete); the profiler searches it again, and archives ship only complete ones."""
 
 from __future__ import annotations
 
@@ -43,16 +45,20 @@ def nearest_costs(cache_dir: str | Path, model: str, threads: int, batch: int) -
 
 
 def cached_schedule(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], model: str, threads: int,
-                    cache_dir: str | Path, again: bool = False) -> Schedule:
+                    cache_dir: str | Path, again: bool = False, finish: bool = False) -> Schedule:
     """The cached schedule for (model, threads, batch), searching and saving it if missing (or
-    with `again`)."""
+    with `again`; or with `finish`, where time allows, if the kept one is partial: parts were left
+    unsearched at the budget). A new search replaces the kept one unless it left more parts."""
     batch = examples[0].shape[0]
     path = schedule_path(cache_dir, model, threads, batch)
-    if path.exists() and not again:
-        return Schedule.from_json(path.read_text())
+    kept = Schedule.from_json(path.read_text()) if path.exists() and not again else None
+    if kept is not None and (kept.complete or not finish):
+        return kept
     bounds = nearest_costs(cache_dir, model, threads, batch)
     schedule = optimize(module, examples, threads=threads, progress=False, name=model, bounds=bounds,
                         budget_s=SEARCH_BUDGET_S)
+    if kept is not None and _unsearched(schedule) > _unsearched(kept):
+        return kept
     costs = costs_path(cache_dir, model, threads, batch)
     costs.parent.mkdir(parents=True, exist_ok=True)
     costs.write_text(schedule.costs.to_json())
@@ -60,11 +66,28 @@ def cached_schedule(module: torch.nn.Module, examples: tuple[torch.Tensor, ...],
     return schedule
 
 
-def prepare_ios(spec, batch: int, threads: int, cache_dir: str | Path):
-    """Like packrat.models.zoo.prepare, with the model run by its IOS schedule: (module, examples, "ios")."""
+def _unsearched(schedule: Schedule) -> int:
+    return 0 if schedule.complete else schedule.search.get("unsearched_parts", 0)
+
+
+def complete_schedules(paths: list[Path]) -> list[Path]:
+    """The schedules among `paths` whose every part was searched: what an archive ships as final."""
+    found = []
+    for path in paths:
+        try:
+            if Schedule.from_json(path.read_text()).complete:
+                found.append(path)
+        except (OSError, ValueError):  # damaged: the pool searches the schedule again
+            continue
+    return found
+
+
+def prepare_ios(spec, batch: int, threads: int, cache_dir: str | Path, finish: bool = False):
+    """Like packrat.models.zoo.prepare, with the model run by its IOS schedule: (module, examples, "ios").
+    `finish`: a kept schedule whose search was cut short is searched again (cached_schedule)."""
     module = spec.build()
     examples = spec.example_inputs(batch)
-    schedule = cached_schedule(module, examples, spec.name, threads, cache_dir)
+    schedule = cached_schedule(module, examples, spec.name, threads, cache_dir, finish=finish)
     try:
         return compile(module, schedule), examples, "ios"
     except ValueError:  # kept by an older packrat, whose graph had other nodes (issue 49 folded batch norms)

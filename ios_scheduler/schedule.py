@@ -38,6 +38,12 @@ class Schedule:
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"not a schedule: {type(exc).__name__}: {exc}") from None
 
+    @property
+    def complete(self) -> bool:
+        """Every part searched (a search past its budget leaves the rest sequential, unsearched). A
+        schedule from before budgets, or of one thread (nothing to search), is complete."""
+        return self.threads == 1 or not self.search.get("unsearched_parts")
+
     def check_for(self, batch: int, threads: int) -> None:
         """Warn when used for another batch size or thread count than it was found for:
         the best schedule differs between them."""

@@ -196,7 +196,13 @@ def test_the_verdicts_per_b_judge_packrat_against_the_best_peer_its_prediction_a
     (tmp_path / "oracle.json").write_text(json.dumps(oracle))
     lines = "\n".join(verdict_tables(tmp_path)).splitlines()
     rows = [line for line in lines if line.startswith(("| 8 |", "| 16 |"))]
-    assert rows[0] == ("| 8 | 8×⟨2 threads, batch 1⟩ | 60.0 | onnxruntime 58.0 | 0.97 ✗ | 0.70 ✗ | - | - | - |")
+    assert rows[0] == ("| 8 | 8×⟨2 threads, batch 1⟩ | 60.0 | onnxruntime 58.0 | 0.97 ✗ (no oracle) | 0.70 ✗ | - | - "
+                       "| - |")
     # 113 / 99: the oracle beats the best peer by over 10 %, so packrat must be ahead by 10 % too
     assert rows[1] == ("| 16 | 4×⟨4 threads, batch 4⟩ | 100.0 | onnxruntime 113.0 | 1.13 ✓ | 0.98 ✓ | 4×⟨4,4⟩ | "
                        "1.01 ✓ | 0.99 |")
+    # a peer that failed (or is not installed) could have been the best: the verdict is not known
+    peers["summary"]["16"]["openvino-latency"] = {"error": "openvino is not installed", "skipped": True}
+    (tmp_path / "peers.json").write_text(json.dumps(peers))
+    row = [line for line in "\n".join(verdict_tables(tmp_path)).splitlines() if line.startswith("| 16 |")][0]
+    assert "| onnxruntime 113.0 | 1.13 ✗ (not measured: openvino-latency) |" in row

@@ -9,7 +9,7 @@ import pytest
 
 from packrat.machine.topology import Topology
 from packrat.profiling import profiler
-from packrat.profiling.dominance import DROP_AFTER, DominanceWatch, diagonal_first
+from packrat.profiling.dominance import DROP_AFTER, DominanceWatch, corners, diagonal_first
 from packrat.profiling.profiles import choose_runtime, dominated, load
 
 ISOLATED = profiler.ProfileSettings(model="tiny", warmup=1, iters=5, contention=False, served=False)
@@ -25,7 +25,7 @@ def test_the_chosen_runtime_dominates_only_beyond_the_noise():
 
 
 def test_a_runtime_beaten_at_points_of_other_threads_and_batches_is_dropped():
-    watch = DominanceWatch(RUNTIMES)
+    watch = DominanceWatch(RUNTIMES, 2, 4)
     slow = {"inductor": (110.0, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (101.0, 0.0)}
     assert watch.point(1, 1, slow) == []
     assert watch.point(1, 2, slow) == []  # the same thread count: not yet a verdict for the others
@@ -36,7 +36,7 @@ def test_a_runtime_beaten_at_points_of_other_threads_and_batches_is_dropped():
 
 
 def test_a_runtime_within_the_choosing_margin_is_never_dropped():
-    watch = DominanceWatch(RUNTIMES)
+    watch = DominanceWatch(RUNTIMES, 2, 4)
     close = {"inductor": (101.5, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (104.5, 0.0)}  # 1.5 % and 4.5 % behind
     assert dominated(close) == {"onnxruntime"}
     assert watch.point(1, 1, close) == [] and watch.point(2, 2, close) == ["onnxruntime"]
@@ -44,18 +44,19 @@ def test_a_runtime_within_the_choosing_margin_is_never_dropped():
 
 
 def test_the_grid_is_measured_diagonal_first():
-    assert diagonal_first([1, 2], [1, 2, 4, 8]) == [(1, 1), (2, 2), (2, 1), (1, 2), (2, 4), (1, 4), (2, 8), (1, 8)]
+    assert diagonal_first([1, 2], [1, 2, 4, 8]) == [(1, 1), (2, 8), (1, 2), (2, 4), (2, 2), (1, 4), (2, 1), (1, 8)]
     points = diagonal_first(list(range(1, 17)), [1, 2, 4, 8, 16, 32])
-    assert points[:3] == [(1, 1), (2, 2), (3, 4)] and len(set(points)) == 96
+    assert points[:4] == [(1, 1), (16, 32), (4, 2), (7, 4)] and len(set(points)) == 96
+    assert diagonal_first([2], [1, 4]) == [(2, 1), (2, 4)] and diagonal_first([2], [1]) == [(2, 1)]
 
 
 def test_a_tie_breaks_the_streak_and_a_win_keeps_a_runtime_for_good():
-    watch = DominanceWatch(RUNTIMES, drop_after=2)
+    watch = DominanceWatch(RUNTIMES, 2, 4, drop_after=2)
     slow = {"inductor": (110.0, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (101.0, 0.0)}
     level = {"inductor": (100.5, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (101.0, 0.0)}
     assert watch.point(1, 1, slow) == [] and watch.point(2, 2, level) == [] and watch.point(1, 4, slow) == []
     win = {"inductor": (80.0, 0.0), "openvino": (100.0, 0.0), "onnxruntime": (101.0, 0.0)}
-    watch = DominanceWatch(RUNTIMES)
+    watch = DominanceWatch(RUNTIMES, 2, 4)
     assert watch.point(1, 1, win) == []
     assert [watch.point(t, b, slow) for t, b in ((2, 2), (1, 4), (2, 8))] == [[], [], []]  # won once: kept
     assert "onnxruntime" not in watch.dropped  # beaten by openvino by 1 %: within the margin
@@ -93,8 +94,9 @@ def test_the_profiler_drops_a_dominated_runtime_and_records_why(tmp_path, measur
     run = profiler.run_adaptive if adaptive else profiler.run
     run(ISOLATED, [1, 2], [1, 2, 4, 8], out, topology=Topology.virtual(2), progress=False, runtimes=RUNTIMES,
         say=said.append, every_runtime=False)
-    inductor = [c for c in measured if c[0] == "inductor"]
-    assert len(inductor) == DROP_AFTER
+    inductor = [c[1:] for c in measured if c[0] == "inductor"]
+    verdict = diagonal_first([1, 2], [1, 2, 4, 8])[:DROP_AFTER]  # the opposite corners: ⟨1, 1⟩ and ⟨2, 8⟩
+    assert inductor == verdict + [c for c in corners([1, 2], [1, 2, 4, 8]) if c not in verdict]
     assert {c[1:] for c in measured if c[0] == "openvino"} == {c[1:] for c in measured if c[0] == "onnxruntime"}
     profile = load(out)
     assert profile.metadata["dominated"].startswith("inductor: dominated at ⟨1, 1⟩")
@@ -115,7 +117,7 @@ def test_a_resumed_grid_judges_the_points_already_in_the_file(tmp_path, measured
     profiler.run(ISOLATED, [2], [2], out, **quiet)  # ... and ⟨2, 2⟩
     measured.clear()
     profiler.run(dataclasses.replace(ISOLATED), [1, 2], [1, 2], out, every_runtime=False, **quiet)
-    assert [c for c in measured if c[0] == "inductor"] == []  # dominated at both points in the file
+    assert [c for c in measured if c[0] == "inductor"] == []  # dominated at the points in the file; its corners there
     assert load(out).metadata["dominated"].startswith("inductor: ")
 
 
@@ -127,3 +129,74 @@ def test_dominance_is_judged_against_the_fastest_not_the_runtime_a_tie_keeps():
                "torch-compile": (42.77, 1.2)}
     assert choose_runtime(figures) == "inductor"
     assert dominated(figures) == {"onnxruntime", "torch-compile"}  # inductor: within its spread of OpenVINO
+
+
+THREADS_16, BATCHES_16 = [1, 2, 4, 8, 16], [1, 2, 4, 8, 16, 32]
+
+
+def test_a_verdict_needs_points_in_the_grids_large_half_of_threads_and_of_batches():
+    slow = {"inductor": (110.0, 0.0), "openvino": (100.0, 0.0)}
+    watch = DominanceWatch(("inductor", "openvino"), 16, 32)
+    assert [watch.point(t, b, slow) for t, b in ((1, 1), (2, 2), (4, 4), (8, 8))] == [[], [], [], []]
+    assert watch.point(16, 16, slow) == ["inductor"]  # 8 threads and batch 16 reached: half of 16 and of 32
+    assert corners(THREADS_16, BATCHES_16) == [(16, 1), (16, 32), (8, 16)]
+    assert corners([1, 2], [1, 2, 4, 8]) == [(2, 1), (2, 8), (1, 4)]
+    assert corners([2], [1]) == [(2, 1)]
+
+
+def scales_better(runtime: str, t: int, b: int) -> float:
+    """openvino 20 % slower than onnxruntime on 1-2 threads, level on 4-8, 20 % faster on 16;
+    inductor 20 % slower everywhere but at ⟨16, 1⟩, where it is 30 % faster."""
+    base = 10.0 * b / t
+    if runtime == "openvino":
+        return base * (1.2 if t <= 2 else 1.0 if t <= 8 else 0.8)
+    if runtime == "inductor":
+        return base * (0.7 if (t, b) == (16, 1) else 1.2)
+    return base
+
+
+def write_table(path, latency_of, runtimes=("inductor", "openvino", "onnxruntime")):
+    """A recorded isolated profile of every runtime at every point of the 16-core grid."""
+    rows = [fake_rows(latency_of)(dataclasses.replace(ISOLATED, runtime=r), t, b, None)
+            for t in THREADS_16 for b in BATCHES_16 for r in runtimes]
+    head = "# model: tiny\n# mode: compile\n# latency: isolated\n"
+    columns = list(rows[0])
+    path.write_text(head + ",".join(columns) + "\n" + "".join(",".join(str(row[c]) for c in columns) + "\n"
+                                                             for row in rows))
+    return path
+
+
+@pytest.mark.parametrize("replayed", [False, True], ids=["measured", "replayed"])
+def test_on_16_cores_a_runtime_that_wins_at_16_threads_is_kept_and_one_dropped_is_taken_back_at_a_corner(
+        tmp_path, monkeypatch, measured, replayed):
+    """The rule as it was (two points, any threads and batches, the small ones first) dropped
+    openvino after ⟨1, 1⟩ and ⟨2, 2⟩ here and never saw it win at 16 threads."""
+    out, said = tmp_path / "p.csv", []
+    common = dict(topology=Topology.virtual(16), progress=False, runtimes=RUNTIMES, say=said.append,
+                  every_runtime=False)
+    if replayed:  # the rule applied to a recorded table, as a live profile applies it
+        table = write_table(tmp_path / "recorded.csv", scales_better)
+        profiler.run_adaptive(ISOLATED, THREADS_16, BATCHES_16, out, replay=table, **common)
+    else:
+        monkeypatch.setattr(profiler, "measure", fake_rows(scales_better))
+        profiler.run(ISOLATED, THREADS_16, BATCHES_16, out, **common)
+    profile = load(out)
+    assert "openvino: dominated" not in profile.metadata.get("dominated", "")
+    assert profile.runtimes[16, 2] == "openvino" and profile.runtimes[16, 32] == "openvino"
+    assert profile.metadata["dominated"].startswith("inductor: dominated at ⟨1, 1⟩")
+    assert profile.runtimes[16, 1] == "inductor"  # timed again at the corner, and fastest there
+    assert "⟨16, 1⟩ 0.4 ms against openvino's 0.5" in profile.metadata["re-timed"]
+    assert "fastest at ⟨16, 1⟩" in profile.metadata["re-timed"]
+    assert any(line.startswith("runtime inductor timed again at the grid's corners") for line in said)
+
+
+def test_a_runtime_slower_everywhere_is_still_dropped_on_16_cores_and_its_corners_say_so(tmp_path, measured):
+    out = tmp_path / "p.csv"
+    profiler.run(ISOLATED, THREADS_16, BATCHES_16, out, topology=Topology.virtual(16), progress=False,
+                 runtimes=RUNTIMES, say=lambda _: None, every_runtime=False)
+    inductor = [c[1:] for c in measured if c[0] == "inductor"]
+    assert len(inductor) < len(THREADS_16) * len(BATCHES_16) / 2  # dropped early enough to save most points
+    assert set(corners(THREADS_16, BATCHES_16)) <= set(inductor)  # and timed at every corner
+    profile = load(out)
+    assert profile.metadata["re-timed"].endswith("(not the fastest at any)")
+    assert "inductor" not in set(profile.runtimes.values())

@@ -32,3 +32,30 @@ def test_damaged_or_foreign_tables_give_no_bounds(tmp_path):
     cache.costs_path(tmp_path, "tiny", 2, 4).write_text("not json")
     cache.costs_path(tmp_path, "tiny", 2, 8).write_text(CostTable("tiny", 8, 4).to_json())  # other threads
     assert cache.nearest_costs(tmp_path, "tiny", 2, 1) is None
+
+
+def test_a_schedule_cut_short_is_searched_again_where_time_allows_and_never_shipped(tmp_path, monkeypatch):
+    """A schedule whose search left parts unsearched is kept (an instance starts on it), searched again
+    with `finish` (a profile point's search), replaced only by one that left fewer, and not packed
+    into an archive as final."""
+    from packrat.deploy.archive import cached_schedules
+    from packrat.ios_scheduler.schedule import Schedule
+
+    spec = resolve("tiny")
+    left = iter([3, 5, 0])  # parts each search leaves unsearched
+
+    def searching(module, examples, threads, **kwargs):
+        parts = next(left)
+        found = Schedule("tiny", examples[0].shape[0], threads, [], {"unsearched_parts": parts, "parts": 6})
+        found.costs = CostTable("tiny", examples[0].shape[0], threads)
+        return found
+
+    monkeypatch.setattr(cache, "optimize", searching)
+    first = cache.cached_schedule(spec.build(), spec.example_inputs(2), "tiny", 2, tmp_path)
+    assert not first.complete and cached_schedules("tiny", tmp_path) == []
+    assert cache.cached_schedule(spec.build(), spec.example_inputs(2), "tiny", 2, tmp_path).search == first.search
+    worse = cache.cached_schedule(spec.build(), spec.example_inputs(2), "tiny", 2, tmp_path, finish=True)
+    assert worse.search["unsearched_parts"] == 3  # the new search left 5: the kept one stays
+    done = cache.cached_schedule(spec.build(), spec.example_inputs(2), "tiny", 2, tmp_path, finish=True)
+    assert done.complete and cached_schedules("tiny", tmp_path) == [cache.schedule_path(tmp_path, "tiny", 2, 2)]
+    assert cache.cached_schedule(spec.build(), spec.example_inputs(2), "tiny", 2, tmp_path, finish=True).complete

@@ -115,14 +115,17 @@ def test_a_search_past_its_budget_leaves_the_parts_left_sequential(block):
     assert search["unsearched_parts"] == search["parts"] > 1 and search["states"] == 0
     assert all(len(s.groups) == 1 and s.threads == (len(CORES),) and s.cost > 0 for s in schedule.stages)
     assert search["predicted_ios_ms"] == search["predicted_sequential_ms"] > 0
+    assert search["budget_s"] == 0 and search["complete"] is False and not schedule.complete
     assert_runs_like(ios_scheduler.compile(module, schedule), module, x)
     # one thread has nothing to run side by side: no part is searched, whatever the budget
     alone = ios_scheduler.optimize(module, x, threads=1, progress=False, check=False, max_part_size=4)
     assert alone.search["unsearched_parts"] == alone.search["parts"] and alone.search["states"] == 0
+    assert alone.complete  # nothing was left to search
     # in time, the parts are searched in order of their room for concurrency, then put back in the graph's
     schedule = ios_scheduler.optimize(module, x, threads=len(CORES), progress=False, check=False, budget_s=1e6,
                                       max_part_size=4)
     assert schedule.search["unsearched_parts"] == 0 and schedule.search["states"] > 0
+    assert schedule.search["complete"] is True and schedule.search["budget_s"] == 1e6
     assert_runs_like(ios_scheduler.compile(module, schedule), module, x)
 
 

@@ -263,7 +263,16 @@ def test_verdict_without_figures():
     assert all("PASS" in line for line in oracle.verdicts([s], "isolated"))
     failed = entry(2, {"⟨2,2⟩": 100.0, "2×⟨1,1⟩": None}, ("2×⟨1,1⟩", 90.0), ("⟨2,2⟩", 100.0), "⟨2,2⟩")
     s = oracle.summarize_batch(failed)
-    assert s["loaded"]["why"] == "its pool failed" and "n/a" in oracle.verdicts([s])[0]
+    assert s["loaded"]["why"] == "its pool failed"
+    assert oracle.verdicts([s])[0].startswith("plan within 3 % of the oracle: FAIL (loaded profile: not measured at B=2)")
+
+
+def test_a_b_where_no_pool_could_be_timed_fails_every_verdict():
+    good = oracle.summarize_batch(entry(2, {"⟨2,2⟩": 100.0}, ("⟨2,2⟩", 100.0), ("⟨2,2⟩", 100.0), "⟨2,2⟩"))
+    lost = oracle.summarize_batch(entry(4, {"⟨2,4⟩": None}, ("⟨2,4⟩", 200.0), ("⟨2,4⟩", 200.0), "⟨2,4⟩"))
+    assert "best_ms" not in lost
+    assert all(line.endswith(": FAIL (loaded profile: not measured at B=4)") for line in oracle.verdicts([good, lost]))
+    assert all("PASS" in line for line in oracle.verdicts([good]))
 
 
 def test_merge(tmp_path):

@@ -248,9 +248,51 @@ def test_a_torch_compile_instance_answers_as_eager_with_all_its_threads_given_to
         assert [p["class"] for p in got] == [p["class"] for p in want]
 
 
-def test_torch_compile_keeps_no_artefact_and_is_always_installed():
+@pytest.mark.slow
+def test_torch_compile_keeps_no_artefact_but_its_verdict_and_is_always_installed():
     assert runtimes.installed("torch-compile") and "torch-compile" in runtimes.installed_runtimes()
     assert runtimes.ensure_artefact(resolve("tiny"), "torch-compile") is None
+    assert runtimes.artefact_path(resolve("tiny"), "torch-compile").read_text().startswith("compiled in one graph")
+
+
+@torch.library.custom_op("packrat_test::opaque", mutates_args=())
+def opaque(x: torch.Tensor) -> torch.Tensor:
+    """An operator torch.compile cannot trace: no fake kernel says what it returns."""
+    return x.clone()
+
+
+class CannotCompile(torch.nn.Module):
+    def forward(self, x):
+        return opaque(x) + 1
+
+
+class BreaksTheGraph(torch.nn.Module):
+    def forward(self, x):
+        x = x * 2
+        torch._dynamo.graph_break()
+        return x + 1
+
+
+def small_spec(name: str, module: type) -> "ModelSpec":
+    from packrat.models.spec import InputSpec, ModelSpec
+
+    return ModelSpec(name, lambda: module().eval(), (InputSpec("input", (4,)),), True, "embedding")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module,reason", [
+    (CannotCompile, "torch-compile cannot compile cannot_compile: "),
+    (BreaksTheGraph, "torch-compile runs breaks_the_graph partly eager: 1 graph break(s), the first: "),
+], ids=["error", "graph-break"])
+def test_torch_compile_is_refused_with_its_reason_where_it_would_run_eager(module, reason):
+    """A compile that fails, or runs part of the model eager, is never timed as torch-compile: the
+    runtime is refused for the model, the reason kept for the next profile."""
+    spec = small_spec("cannot_compile" if module is CannotCompile else "breaks_the_graph", module)
+    with pytest.raises(runtimes.RuntimeRefused) as refused:
+        runtimes.ensure_artefact(spec, "torch-compile")
+    assert str(refused.value).startswith(reason)
+    with pytest.raises(runtimes.RuntimeRefused, match=reason.split(":")[0]):  # the kept verdict, not compiled again
+        runtimes.ensure_artefact(spec, "torch-compile")
 
 
 def test_an_instance_falls_back_to_the_points_next_runtime(monkeypatch):

@@ -77,8 +77,9 @@ def add_profile_parser(sub) -> None:
                              "the profile then plans on the model alone, blind to decoding and encoding")
     p.add_argument("--every-runtime", action="store_true",
                    help="measure every point under every runtime (with --ios, ios too); by default a runtime slower than the fastest "
-                        f"beyond the noise at {DROP_AFTER} points in a row (and never the fastest beyond it) is "
-                        "measured no further, which the profile's head records")
+                        f"beyond the noise at {DROP_AFTER} points in a row or more that reach half the grid's largest "
+                        "threads and batch (and never the fastest beyond it) is measured no further but at the grid's "
+                        "corners, which the profile's head records")
     adaptive_args(p)
     p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -205,10 +205,11 @@ def package_shape(path: Path) -> tuple[int, int]:
 
 
 def cached_schedules(model: str, cache: Path) -> list[Path]:
-    """The model's IOS schedules in `cache`, one per threads and batch."""
-    from packrat.ios_scheduler.cache import schedule_path
+    """The model's IOS schedules in `cache`, one per threads and batch, whose every part was searched."""
+    from packrat.ios_scheduler.cache import complete_schedules, schedule_path
 
-    return sorted(cache.glob(schedule_path(cache, model, 0, 0).name.replace("-t0-b0", "-t*-b*")))
+    found = sorted(cache.glob(schedule_path(cache, model, 0, 0).name.replace("-t0-b0", "-t*-b*")))
+    return complete_schedules(found)  # a search cut short is not shipped as final: the pool searches it
 
 
 def _run_tool(cmd: list[str]) -> None:

@@ -57,11 +57,13 @@ OPT_IN = ("ios",)  # measured only when asked for, never by default (installed_r
 IOS_CACHE = Path("profiles/ios-schedules")  # where IOS schedules are kept unless a folder is named
 # thread-kind runtime -> the runtime it hosts as a thread of the serving process (its process kind)
 THREAD_KINDS = {"onnxruntime-thread": "onnxruntime"}
-PACKAGES = {"openvino": "openvino", "onnxruntime": "onnxruntime", "onnxruntime-thread": "onnxruntime"}
+PACKAGES = {"openvino": "openvino", "onnxruntime": "onnxruntime", "onnxruntime-thread": "onnxruntime",
+            "torch-compile": "torch"}
 INSTALL_HINT = "pip install 'packrat[runtimes]'"
 TOLERANCE = 1e-3  # largest |runtime - eager| relative to eager's largest |output|
 CHECK_BATCH = 2  # the batch artefacts are converted and checked at (1 could be specialised away)
-SUFFIXES = {"openvino": ".openvino.xml", "onnxruntime": ".onnx"}
+SUFFIXES = {"openvino": ".openvino.xml", "onnxruntime": ".onnx"}  # the artefacts kept
+CHECKED = {"torch-compile": ".torch-compile.checked"}  # runtimes that keep a verdict but no artefact
 
 
 class RuntimeRefused(Exception):
@@ -169,7 +171,8 @@ def artefact_path(spec, runtime: str, cache_dir: str | os.PathLike | None = None
 
     runtime = base_runtime(runtime)  # both kinds of a runtime run the same artefact
     key = compiled.package_key(f"{spec.name}:{SEED}", spec.sources, spec.inputs)
-    return Path(cache_dir or compiled.default_cache_dir()) / f"{spec.name}-{key}-{version(runtime)}{SUFFIXES[runtime]}"
+    suffix = SUFFIXES.get(runtime) or CHECKED[runtime]
+    return Path(cache_dir or compiled.default_cache_dir()) / f"{spec.name}-{key}-{version(runtime)}{suffix}"
 
 
 def artefact_files(path: Path) -> list[Path]:
@@ -184,12 +187,15 @@ def refusal(path: Path) -> Path:
 def ensure_artefact(spec, runtime: str, shipped: str | None = None) -> Path:
     """The artefact for `spec` under `runtime`: the shipped one, else this machine's cache, built
     (and checked against eager) there if missing; None for a runtime that keeps none (torch-compile
-    compiles in each instance). RuntimeRefused when the runtime cannot run it."""
+    compiles in each instance: checked here, check_compiled). RuntimeRefused when the runtime cannot
+    run it."""
     from packrat.models import compiled
 
     if not installed(runtime):
         raise RuntimeRefused(f"{runtime} is not installed ({INSTALL_HINT})")
     runtime = base_runtime(runtime)
+    if runtime == "torch-compile":
+        check_compiled(spec)
     if runtime not in SUFFIXES:
         return None
     if shipped is not None and artefact_path(spec, runtime, shipped).exists():
@@ -233,6 +239,16 @@ def build_artefact(spec, runtime: str, path: Path) -> None:
     finally:
         for part in artefact_files(partial):
             part.unlink(missing_ok=True)
+
+
+def _check_against_eager(spec, module, examples: tuple, runtime: str) -> None:
+    """RuntimeRefused unless `module` (the model under `runtime`) answers `examples` as eager does."""
+    import torch
+
+    with torch.inference_mode():
+        why = difference(_first(module(*examples)), _first(spec.build().eval()(*examples)))
+    if why:
+        raise RuntimeRefused(f"{runtime} refused for {spec.name}: {why}")
 
 
 def _first(value):
@@ -370,36 +386,87 @@ def torch_compiled(spec, batch: int):
     """torch.compile of the model with frozen weights and static shapes, behind a Ladder of the
     batch's halving sizes (a smaller sub-batch is padded to the next size, as with the AOT packages),
     so it compiles for those sizes alone, each at its first call."""
+    from packrat.models import compiled
+
+    sizes = compiled.ladder(batch)
+    return compiled.Ladder({size: _compiled(spec.build().eval(), len(sizes)) for size in sizes})
+
+
+def _compiled(module, sizes: int):
+    """torch.compile of `module` as instances run it: weights frozen (conv+BN folded, layouts fixed,
+    as in the AOT packages), static shapes (a graph per size), and a graph that cannot compile an
+    error, never eager code running under torch-compile's name."""
     import torch
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
 
+    inductor_config.freezing = True
+    dynamo_config.suppress_errors = False
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, sizes + 1)
+    return torch.compile(module, dynamic=False)
+
+
+def check_compiled(spec) -> None:
+    """torch.compile checked on this machine once per model and torch version (the verdict kept in
+    the compile cache): it compiles, in one graph, to eager's outputs. RuntimeRefused says why not:
+    its error, its graph breaks (the parts that would run eager), or how the outputs differ."""
     from packrat.models import compiled
 
-    inductor_config.freezing = True  # weights as constants: conv+BN folded, layouts fixed (the AOT packages' too)
-    # a graph inductor cannot compile runs eager instead of failing the instance; the profile then
-    # times what runs, and the point's faster runtimes take it
-    dynamo_config.suppress_errors = True
-    sizes = compiled.ladder(batch)
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, len(sizes) + 1)  # one graph per size
-    module = torch.compile(spec.build().eval(), dynamic=False)
-    return compiled.Ladder({size: module for size in sizes})
+    path = artefact_path(spec, "torch-compile")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with compiled.locked(path):
+        if refusal(path).exists():
+            raise RuntimeRefused(refusal(path).read_text().strip())
+        if path.exists():
+            return
+        try:
+            _check_compiled(spec)
+        except RuntimeRefused as exc:
+            refusal(path).write_text(f"{exc}\n")
+            raise
+        path.write_text("compiled in one graph to eager's outputs\n")
+
+
+def _check_compiled(spec) -> None:
+    import torch
+    from torch._dynamo.utils import counters
+
+    module = spec.build().eval()
+    examples = spec.example_inputs(CHECK_BATCH)
+    with torch.inference_mode():
+        reference = module(*examples)
+        counters["graph_break"].clear()
+        try:
+            output = _compiled(module, 1)(*examples)
+        except Exception as exc:
+            raise RuntimeRefused(f"torch-compile cannot compile {spec.name}: {type(exc).__name__}: "
+                                 f"{first_line(exc)}") from None
+    breaks = counters["graph_break"]
+    if breaks:
+        reason = first_line(Exception(next(iter(breaks))))
+        raise RuntimeRefused(f"torch-compile runs {spec.name} partly eager: {sum(breaks.values())} graph "
+                             f"break(s), the first: {reason}")
+    why = difference(_first(output), _first(reference))
+    if why:
+        raise RuntimeRefused(f"torch-compile refused for {spec.name}: {why}")
 
 
 def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str | None = None,
-                    ios_cache: str | os.PathLike | None = None, cores=None):
+                    ios_cache: str | os.PathLike | None = None, cores=None, finish_ios: bool = False):
     """(callable, example inputs at `batch`) for an instance of `batch` running `runtime`: OpenVINO
     compiled for each size of the batch's halving ladder (as the AOT packages are), ONNX Runtime's
     one session for all (its threads pinned to `cores` for a thread-kind instance, whose calling
     thread is on cores[0]), torch.compile's graphs for the ladder's sizes (torch_compiled), the IOS
     schedule for `threads` and `batch` from `ios_cache` (IOS_CACHE by default; searched there when
-    missing). RuntimeRefused when the runtime cannot run the model."""
+    missing, or with `finish_ios` when its search was cut short), checked against eager.
+    RuntimeRefused when the runtime cannot run the model."""
     from packrat.models import compiled
 
     if runtime == "ios":
         from packrat.ios_scheduler.cache import prepare_ios
 
-        module, examples, _ = prepare_ios(spec, batch, threads, ios_cache or IOS_CACHE)
+        module, examples, _ = prepare_ios(spec, batch, threads, ios_cache or IOS_CACHE, finish=finish_ios)
+        _check_against_eager(spec, module, examples, "ios")
         return module, examples
     examples = spec.example_inputs(batch)
     if runtime == "torch-compile":

@@ -2,18 +2,19 @@
 
 The profiler measures every ⟨t, b⟩ under each runtime back to back, and the planner takes each
 point's figure from the runtime that is fastest beyond the noise (profiles.choose_runtime). A
-runtime that the chosen one beats beyond the noise at point after point will not be chosen at the
-rest either, as a rule: ResNet-50 on 2 cores ran 4–11 % slower under inductor's AOT code than under
-OpenVINO and ONNX Runtime at every point measured (BENCHMARKS.md, issue 25), and inductor's AOT
-packages, built one per ⟨t, b⟩, cost 20–40 s each from a cold cache, most of the default profile's
-time. So a runtime slower than the fastest one beyond the noise (by more than either figure's spread
-and by RUNTIME_MARGIN at least: the margin that lets a runtime take a point), at DROP_AFTER points
-in a row of which two differ in both threads and batch, and never faster than every other beyond
-the noise, is measured no further. The two points guard against a verdict taken at one thread count
-or one batch: on ResNet-50 on 2 cores OpenVINO ran 2.3 % and 4.5 % behind ONNX Runtime at ⟨1, 4⟩ and
-⟨1, 8⟩ and took ⟨1, 2⟩, ⟨2, 1⟩ and ⟨2, 4⟩. A wider margin of 5 % kept inductor's packages, 2–9 %
-behind, at every point on a noisy day: 274 s for the profile against 126 (issue 48). The grid is
-measured diagonal first (`diagonal_first`), so points of other thread counts and batches come early.
+runtime beaten beyond the noise at point after point is, as a rule, not chosen at the rest either,
+and measuring it can cost most of a profile's time (inductor's AOT packages, one per ⟨t, b⟩). So a
+runtime slower than the fastest one beyond the noise (by more than either figure's spread and by
+RUNTIME_MARGIN at least: the margin that lets a runtime take a point) at DROP_AFTER points in a
+row or more, and never faster than every other beyond the noise, is measured no further once those
+points
+- differ, two of them, in both threads and batch (not one thread count's verdict), and
+- reach the grid's large half: a thread count of at least half the largest, and a batch of at least
+  half the largest (runtimes scale differently with threads; a verdict from 1 and 2 threads does
+  not hold at 16).
+The grid is measured diagonal first (`diagonal_first`), so points of other thread counts and
+batches come early; the profiler times each dropped runtime again at the grid's corners
+(`corners`) before it ends, since a rule of thumb can still be wrong there.
 """
 
 from __future__ import annotations
@@ -26,21 +27,40 @@ DROP_AFTER = 2  # points in a row at which a runtime is dominated before it is m
 
 
 def diagonal_first(threads: list[int], batches: list[int]) -> list[tuple[int, int]]:
-    """The grid's points, those on its diagonal (the i-th thread count with the i-th batch) first,
-    then by distance from it, small ones first and, of two alike, the smaller batch (cheaper to
-    measure, and its compiled code is often there already): the first points differ in threads and
-    batch."""
+    """The grid's opposite corners first (the fewest threads with the smallest batch, the most with
+    the largest: a verdict after them spans the grid), then its points by their distance from the
+    diagonal between them (each axis as a share of its length); of two alike, the smaller ones
+    (cheaper to measure), the smaller batch first."""
     ts, bs = sorted(threads), sorted(batches)
-    order = sorted(((i, j) for i in range(len(ts)) for j in range(len(bs))),
-                   key=lambda p: (abs(p[0] - p[1]), sum(p), p[1], p[0]))
-    return [(ts[i], bs[j]) for i, j in order]
+
+    def share(index: int, count: int) -> float:
+        return index / (count - 1) if count > 1 else 0.0
+
+    def key(p: tuple[int, int]):
+        i, j = p
+        corner = p in ((0, 0), (len(ts) - 1, len(bs) - 1))
+        return not corner, round(abs(share(i, len(ts)) - share(j, len(bs))), 9), i + j, j, i
+
+    return [(ts[i], bs[j]) for i, j in sorted(((i, j) for i in range(len(ts)) for j in range(len(bs))), key=key)]
+
+
+def corners(threads: list[int], batches: list[int]) -> list[tuple[int, int]]:
+    """Where a dropped runtime is timed again: ⟨T, 1⟩, ⟨T, B⟩ and ⟨T/2, B/2⟩ for the grid's largest
+    T and B (its smallest batch for 1, and the grid's values nearest below the halves)."""
+    ts, bs = sorted(threads), sorted(batches)
+    half_t = max([t for t in ts if 2 * t <= ts[-1]] or ts[:1])
+    half_b = max([b for b in bs if 2 * b <= bs[-1]] or bs[:1])
+    return list(dict.fromkeys([(ts[-1], bs[0]), (ts[-1], bs[-1]), (half_t, half_b)]))
 
 
 @dataclass
 class DominanceWatch:
-    """Which of `runtimes` the profile still measures. point() hears each point's figures once every
-    active runtime has measured it (planned-on figure and spread per runtime)."""
+    """Which of `runtimes` the profile still measures, on a grid whose largest thread count and batch
+    are `most_threads` and `most_batch`. point() hears each point's figures once every active
+    runtime has measured it (planned-on figure and spread per runtime)."""
     runtimes: tuple[str, ...]
+    most_threads: int
+    most_batch: int
     drop_after: int = DROP_AFTER
     dropped: dict[str, str] = field(default_factory=dict)  # runtime -> why
     _streak: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)  # runtime -> points dominated in a row
@@ -67,10 +87,18 @@ class DominanceWatch:
                 continue
             streak.append((threads, batch, f"⟨{threads}, {batch}⟩ {figures[runtime][0]:.1f} ms against {fastest}'s "
                                            f"{figures[fastest][0]:.1f}"))
-            if len(streak) >= self.drop_after and runtime not in self._won and _spans(streak):
+            if (len(streak) >= self.drop_after and runtime not in self._won and _spans(streak)
+                    and self._reaches(streak)):
                 self.dropped[runtime] = "dominated at " + "; ".join(text for *_, text in streak[-4:])
                 newly.append(runtime)
         return newly
+
+
+    def _reaches(self, streak: list[tuple[int, int, str]]) -> bool:
+        """Whether the points reach the grid's large half in threads and in batch (not necessarily at
+        one point): where scaling differs most between runtimes, a verdict from small points fails."""
+        return (any(2 * t >= self.most_threads for t, _, _ in streak)
+                and any(2 * b >= self.most_batch for _, b, _ in streak))
 
 
 def _spans(streak: list[tuple[int, int, str]]) -> bool:

@@ -346,8 +346,9 @@ def _load(args: argparse.Namespace, spec, cores=None):
         from packrat.machine.threads import pin_thread
         from packrat.models.runtimes import prepare_runtime
 
+        # the search before a point's copies (--prepare-only) finishes a schedule cut short before
         module, examples = prepare_runtime(spec, args.runtime, args.batch, args.threads, ios_cache=args.ios_cache,
-                                           cores=cores)
+                                           cores=cores, finish_ios=args.prepare_only)
         if cores:
             pin_thread(cores[:1])
         return module, examples, args.runtime

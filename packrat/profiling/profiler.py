@@ -50,7 +50,7 @@ from packrat.machine.topology import Topology, cpu_model
 from packrat.models.modes import DEFAULT_MODE
 from packrat.models.runtimes import DEFAULT_RUNTIME, OPT_IN, instance_kind
 from packrat.profiling import profiles, reach
-from packrat.profiling.dominance import DROP_AFTER, DominanceWatch, diagonal_first
+from packrat.profiling.dominance import DROP_AFTER, DominanceWatch, corners, diagonal_first
 from packrat.profiling.point import served_summary, summarize
 
 # Whether `packrat profile` measures loaded figures unless told otherwise. Issue 10's oracle found
@@ -470,30 +470,39 @@ def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: 
         say(note)
     # Progress is weighted by expected cost so the time-left estimate is useful.
     costs = {point: _cost(settings, *point[1:], topology) for point in todo}
-    watch = None if every_runtime or len(plain) < 2 else DominanceWatch(plain)
+    watch = None if every_runtime or len(plain) < 2 else DominanceWatch(plain, max(threads), max(batches))
     existing = profiles.load(out) if done else None
     known = existing.points() if existing else {}  # the file's planned-on figures, for the watch
     bar = tqdm(total=sum(costs.values()), disable=not progress or not (todo or "ios" in usable), unit="",
                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     with bar, profiles.ProfileWriter(out, meta) as writer:
-        index, seen = 0, set()
+        index, seen = 0, {}  # seen: each point's figures so far, by runtime
+
+        def measure_one(r: str, t: int, b: int) -> tuple[float, float]:
+            """The point's (planned-on ms, spread) under `r`: the file's, or measured and written."""
+            nonlocal index
+            if (r, t, b) in done:
+                return known[t, b, r], existing.spread_ms(t, b, r)
+            if (r, t, b) not in costs:  # a corner timed again (_retime_dropped): not in the bar's total yet
+                costs[r, t, b] = _cost(settings, t, b, topology)
+                bar.total += costs[r, t, b]
+            index += 1
+            named = "" if runtimes == (DEFAULT_RUNTIME,) else f"{r} "
+            bar.set_description(f"point {index}/{len(costs)}: {named}threads={t} batch={b}")
+            row = measure(replace(settings, runtime=r), t, b, topology)
+            writer.write(row)  # columns outside the CSV are dropped
+            bar.update(costs.get((r, t, b), 0.0))
+            return planned_ms(row), planned_spread(row)
+
         for t, b in grid:
-            seen.add((t, b))
-            figures = {}
+            figures = seen.setdefault((t, b), {})
             for r in watch.active if watch else plain:
-                if (r, t, b) in done:
-                    figures[r] = (known[t, b, r], existing.spread_ms(t, b, r))
-                    continue
-                index += 1
-                named = "" if runtimes == (DEFAULT_RUNTIME,) else f"{r} "
-                bar.set_description(f"point {index}/{len(costs)}: {named}threads={t} batch={b}")
-                row = measure(replace(settings, runtime=r), t, b, topology)
-                writer.write(row)  # columns outside the CSV are dropped
-                figures[r] = (planned_ms(row), planned_spread(row))
-                bar.update(costs[r, t, b])
+                figures[r] = measure_one(r, t, b)
             for r in watch.point(t, b, figures) if watch else ():
                 left = [p for p in costs if p[0] == r and (p[1], p[2]) not in seen]
                 _drop_runtime(r, watch.dropped[r], len(left), sum(costs.pop(p) for p in left), bar, writer, say)
+        if watch and watch.dropped:
+            _retime_dropped(watch, corners(threads, batches), seen, measure_one, writer, say)
         if "ios" in usable:
             _measure_ios(settings, out, grid, plain, done, topology, writer, say, every_runtime, bar)
     return profiles.load(out)
@@ -527,6 +536,41 @@ def _measure_ios(settings: ProfileSettings, out: Path, grid: list[tuple[int, int
         writer.write(measure(replace(settings, runtime="ios"), t, b, topology))
         if bar is not None:
             bar.update(_cost(settings, t, b, topology))
+
+
+def _retime_dropped(watch: DominanceWatch, points: list[tuple[int, int]], seen: dict, measure_one,
+                    writer: profiles.ProfileWriter, say) -> None:
+    """Each runtime `watch` dropped, timed again at `points` (the grid's corners) where it was not
+    measured before it was dropped: its figure against the fastest other one's there, said and kept
+    in the profile's head. Where it is the fastest beyond the noise the planner takes it, as at any
+    point. `seen`: each point's figures by runtime (measure_one's added); measure_one(runtime, t, b):
+    (ms, spread), or None where the point cannot be had."""
+    for runtime in watch.dropped:
+        found = []
+        for t, b in points:
+            figures = seen.setdefault((t, b), {})
+            if runtime not in figures:
+                figure = measure_one(runtime, t, b)
+                if figure is None:  # a replayed table without the point
+                    continue
+                figures[runtime] = figure
+            found.append(_against_others(runtime, t, b, figures))
+        wins = [text for text, won in found if won]
+        verdict = f"fastest at {', '.join(wins)}: taken there" if wins else "not the fastest at any"
+        line = f"{runtime}: {'; '.join(text for text, _ in found)} ({verdict})"
+        say(f"runtime {runtime} timed again at the grid's corners: {line.split(': ', 1)[1]}")
+        writer.note("re-timed", line)
+
+
+def _against_others(runtime: str, t: int, b: int, figures: dict[str, tuple[float, float]]) -> tuple[str, bool]:
+    """("⟨t, b⟩ ms against the fastest other's ms", whether the choosing rule takes `runtime` there)."""
+    ms = figures[runtime][0]
+    others = {r: f for r, f in figures.items() if r != runtime}
+    if not others:
+        return f"⟨{t}, {b}⟩ {ms:.1f} ms, alone", True
+    fastest = min(others, key=lambda r: (others[r][0], r))
+    won = profiles.choose_runtime(figures) == runtime
+    return f"⟨{t}, {b}⟩ {ms:.1f} ms against {fastest}'s {others[fastest][0]:.1f}", won
 
 
 def planned_spread(row: dict) -> float:
@@ -636,7 +680,8 @@ def run_adaptive(settings: ProfileSettings, threads: list[int], batches: list[in
                                                slack=adaptive.DEFAULT_SLACK if slack is None else slack)
         if previous is not None:
             adaptive.resume(grids[runtime], previous.runtime_items(runtime))
-    watch = None if every_runtime or source or len(grids) < 2 else DominanceWatch(tuple(grids))
+    # replayed too: a recorded table shows what the rule drops on it
+    watch = None if every_runtime or len(grids) < 2 else DominanceWatch(tuple(grids), max(threads), max(batches))
     with profiles.ProfileWriter(out, meta) as writer:
         _adapt(grids, settings, topology, source, writer, progress, watch, say)
         if "ios" in usable and not source:
@@ -657,7 +702,8 @@ def _adapt(grids: dict, settings: ProfileSettings, topology: Topology, source: p
     no further."""
     from packrat.profiling import adaptive
 
-    figures: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}
+    figures: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}  # each point's, until all measured it
+    seen: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}  # each point's, kept for the corners
 
     several = list(grids) != [DEFAULT_RUNTIME]
     bar = tqdm(total=sum(g.grid_size for g in grids.values()), initial=sum(len(g.measured) for g in grids.values()),
@@ -669,8 +715,16 @@ def _adapt(grids: dict, settings: ProfileSettings, topology: Topology, source: p
                    else measure(replace(settings, runtime=runtime), t, b, topology))
             writer.write(row)
             bar.update()
-            figures.setdefault((t, b), {})[runtime] = (planned_ms(row), planned_spread(row))
+            figure = (planned_ms(row), planned_spread(row))
+            figures.setdefault((t, b), {})[runtime] = seen.setdefault((t, b), {})[runtime] = figure
             return planned_ms(row)  # the figure plans are made on: the served one where measured
+
+        def retime(runtime: str, t: int, b: int) -> tuple[float, float] | None:
+            if source and (t, b) not in source.by_runtime.get(runtime, {}):
+                return None
+            bar.total += 1
+            measure_one(runtime, t, b)
+            return seen[t, b][runtime]
 
         def measured_all(t: int, b: int) -> list[str]:
             dropped = watch.point(t, b, figures.pop((t, b), {})) if watch else []
@@ -687,6 +741,9 @@ def _adapt(grids: dict, settings: ProfileSettings, topology: Topology, source: p
                 measured_all(t, b)
         adaptive.run_together({r: g for r, g in grids.items() if r in (watch.active if watch else grids)},
                               measure_one, measured_all=measured_all)
+        if watch and watch.dropped:
+            grid = next(iter(grids.values()))
+            _retime_dropped(watch, corners(grid.threads, grid.batches), seen, retime, writer, say)
         bar.set_description_str("adaptive, done")
 
 
