@@ -16,9 +16,12 @@ the loaded plan within 3 % of the oracle at every B, its prediction within 10 % 
 The bound. Configurations are enumerated exhaustively (all_configs) up to EXHAUSTIVE_LIMIT (50,000),
 which covers every T ≤ 8 at B ≤ 16; past that, the candidates are the balanced family
 (balanced_configs: for every instance count k, threads split evenly, batches in proportion or
-evenly). At most --max-configs (default 40) are timed per B (select_configs): the planner's two
-choices and the fat ⟨T, B⟩ always, the rest ranked by (idle cores, load imbalance, distinct shapes,
-instances) and taken round robin over the instance counts, ends of the range first.
+evenly). Always timed (required_configs): each runtime's fat ⟨T, B⟩, every configuration of
+identical instances that fills the cores (k·t = T, k·b = B) under each runtime, the planner's two
+choices and their neighbours (one instance changed: its runtime, a thread or a request more). Up
+to --max-configs (default 40) more per B (select_configs), ranked by (idle cores, load imbalance,
+distinct shapes, instances) and taken round robin over the instance counts, ends of the range
+first.
 --family identical times instead i identical instances ⟨T/i, B/i⟩ for every i dividing T and B, plus
 the planner's choices: a handful per B, for many cores; the "oracle" is then the best of those.
 
@@ -162,6 +165,43 @@ def identical_configs(threads: int, batch: int) -> list[Config]:
             if threads % i == 0 and batch % i == 0]
 
 
+def neighbours(config: Config, threads: int, batch: int, runtimes: Sequence[str]) -> list[Config]:
+    """The feasible configurations one instance away from `config`: one instance under another of
+    `runtimes`, or given one more thread (from another instance, or an idle core), or one more
+    request (from another instance). Where a plan sits beside a better configuration, it is one of
+    these more often than not."""
+    items, found = list(config), {}
+    idle = threads - sum(t for t, *_ in items)
+
+    def changed(index: int, shape: tuple, donor: int | None = None, donated: tuple | None = None) -> None:
+        others = [s for k, s in enumerate(items) if k not in (index, donor)]
+        found[canonical(others + [shape] + ([donated] if donated else []))] = None
+
+    for i, (t, b, runtime) in enumerate(items):
+        for other in runtimes:
+            if other != runtime:
+                changed(i, (t, b, other))
+        if idle:
+            changed(i, (t + 1, b, runtime))
+        for j, (t2, b2, runtime2) in enumerate(items):
+            if j != i and t2 > 1:
+                changed(i, (t + 1, b, runtime), j, (t2 - 1, b2, runtime2))
+            if j != i and b2 > 1:
+                changed(i, (t, b + 1, runtime), j, (t2, b2 - 1, runtime2))
+    return [c for c in found if c != canonical(config) and feasible(c, threads, batch)]
+
+
+def required_configs(threads: int, batch: int, runtimes: Sequence[str], plans: Iterable[Config],
+                     allowed=lambda config: True) -> list[Config]:
+    """What the oracle always times, beyond its cap: each runtime's fat instance and every
+    configuration of identical instances that fills the cores (k·t = T, k·b = B) under each runtime,
+    the plans, and each plan's neighbours, where `allowed`."""
+    plans = [canonical(plan) for plan in plans]
+    found = [canonical(c, runtime) for c in identical_configs(threads, batch) for runtime in runtimes]
+    found += plans + [n for plan in plans for n in neighbours(plan, threads, batch, runtimes)]
+    return [c for c in dict.fromkeys(found) if allowed(c)]
+
+
 FAMILIES = ("all", "identical")
 IDENTICAL_TEXT = "i identical instances ⟨T/i, B/i⟩ for every i dividing T and B, plus the planner's choices"
 
@@ -197,8 +237,8 @@ def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFI
     feasible ones exist (None past exhaustive_limit, where the candidates are balanced_configs, and
     for family "identical", whose candidates are identical_configs). Each candidate comes once per
     runtime of `runtimes`, every instance running it, where `allowed(config)`. Every one in `keep` is
-    included (ValueError if infeasible); the rest, up to max_configs in all (None: no bound), are the candidates by rank_key,
-    taken round robin over instance counts in spread_order."""
+    included (ValueError if infeasible); beyond them, up to max_configs more (None: no bound), the
+    candidates by rank_key, taken round robin over instance counts in spread_order."""
     kept: list[Config] = []
     for config in keep:
         config = canonical(config)
@@ -213,7 +253,7 @@ def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFI
         candidates = everything if everything is not None else balanced_configs(threads, batch)
     candidates = [c for c in (canonical(c, runtime) for c in candidates for runtime in runtimes) if allowed(c)]
     chosen = set(kept)
-    room = len(candidates) if max_configs is None else max(0, max_configs - len(kept))
+    room = len(candidates) if max_configs is None else max_configs  # beyond the kept ones
     by_count: dict[int, list[Config]] = {}
     for config in sorted(candidates, key=lambda c: rank_key(c, threads, batch)):
         if config not in chosen:
@@ -492,7 +532,8 @@ def plan_batches(args, profile: Profile | None, topology: Topology) -> list[dict
         fats = [fat for fat in (((threads, batch, runtime),) for runtime in args.runtimes) if searched(fat, points)]
         choices = {kind: planner_choice(profile, kind, threads, batch, topology) for kind in ("isolated", "loaded")} \
             if profile is not None else {}
-        keep = fats + [tuple(map(tuple, c["config"])) for c in choices.values() if c.get("config")]
+        chosen = [tuple(map(tuple, c["config"])) for c in choices.values() if c.get("config")]
+        keep = fats + required_configs(threads, batch, args.runtimes, chosen, lambda c: searched(c, points))
         configs, feasible_count = select_configs(threads, batch, args.max_configs, keep, family=args.family,
                                                  runtimes=args.runtimes, allowed=lambda c: searched(c, points))
         plans.append({"batch": batch, "configs": configs, "feasible": feasible_count, "planner": choices,
@@ -676,7 +717,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=nonnegative_int, default=1,
                         help="untimed calls per configuration before the rounds (default: 1)")
     parser.add_argument("--max-configs", type=positive_int, default=MAX_CONFIGS,
-                        help=f"at most this many configurations per B (default: {MAX_CONFIGS}; see above)")
+                        help=f"at most this many configurations per B beyond those always timed (default: "
+                             f"{MAX_CONFIGS}; see above)")
     parser.add_argument("--family", choices=FAMILIES, default="all",
                         help=f"all (every feasible one, up to the bound above; the default) or identical ({IDENTICAL_TEXT})")
     parser.add_argument("--runtimes", type=runtime_list, default=None, metavar="LIST",

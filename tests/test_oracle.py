@@ -86,7 +86,7 @@ def test_select_bounded(threads, batch, cap):
     fat = oracle.canonical([(threads, batch)])
     odd = oracle.canonical([(1, batch - 1), (1, 1)])  # unbalanced: ranked near the end
     configs, feasible = oracle.select_configs(threads, batch, cap, keep=[fat, odd, odd])
-    assert len(configs) == len(set(configs)) <= cap
+    assert len(configs) == len(set(configs)) <= cap + 2  # the cap counts beyond the two kept
     assert fat in configs and odd in configs  # the planner's choices always kept
     assert all(oracle.feasible(c, threads, batch) for c in configs)
     assert configs == sorted(configs, key=lambda c: oracle.rank_key(c, threads, batch))
@@ -96,10 +96,30 @@ def test_select_bounded(threads, batch, cap):
     assert again == configs  # deterministic
 
 
-def test_select_keeps_beyond_cap():
+def test_select_keeps_and_the_cap_counts_beyond():
     keep = [oracle.canonical(c) for c in [((4, 16),), ((2, 8), (2, 8)), ((1, 4),) * 4]]
     configs, _ = oracle.select_configs(4, 16, 2, keep=keep)
-    assert set(configs) == set(keep)
+    assert set(keep) <= set(configs) and len(configs) == 5
+
+
+def test_on_16_cores_the_oracle_times_every_filling_identical_configuration_and_the_plans_neighbours():
+    runtimes = ("inductor", "onnxruntime", "openvino")
+    plan = oracle.canonical([(4, 4, "onnxruntime")] * 2 + [(2, 2, "openvino")] * 4)  # 16 threads, B = 16
+    required = oracle.required_configs(16, 16, runtimes, [plan])
+    for runtime in runtimes:  # 1, 2, 4, 8 and 16 identical instances under each runtime, fat among them
+        for config in oracle.identical_configs(16, 16):
+            assert oracle.canonical(config, runtime) in required
+    assert plan in required
+    one_away = {
+        oracle.canonical([(4, 4, "onnxruntime"), (4, 4, "inductor")] + [(2, 2, "openvino")] * 4),  # a runtime
+        oracle.canonical([(5, 4, "onnxruntime"), (3, 4, "onnxruntime")] + [(2, 2, "openvino")] * 4),  # a thread
+        oracle.canonical([(4, 5, "onnxruntime"), (4, 4, "onnxruntime"), (2, 1, "openvino")]
+                         + [(2, 2, "openvino")] * 3),  # a request
+    }
+    assert one_away <= set(required)
+    assert all(oracle.feasible(c, 16, 16) for c in required) and len(required) == len(set(required))
+    configs, _ = oracle.select_configs(16, 16, 10, keep=required, runtimes=runtimes)
+    assert set(required) <= set(configs) and len(configs) == len(required) + 10
 
 
 def test_select_spans_instance_counts():
