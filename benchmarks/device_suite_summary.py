@@ -248,9 +248,8 @@ def verdict_tables(out: Path) -> list[str]:
         cells.append([r["batch"], r.get("plan") or "-", fmt_num(r.get("packrat_ms")),
                       f"{r['best_peer']} {fmt_num(r['best_peer_ms'])}" if r.get("best_peer") else "-",
                       _peer_mark(ratio, ahead, r["unmeasured_peers"]),
-                      _mark(served, served is not None and abs(served - 1) <= oracle.PREDICTION_TOLERANCE),
-                      r.get("oracle") or "-", _mark(r.get("vs_oracle"), r.get("vs_oracle") is not None
-                                                    and r["vs_oracle"] <= 1 + oracle.PLAN_TOLERANCE),
+                      _mark(served, oracle.met("predicted_vs_measured", served)),
+                      r.get("oracle") or "-", _mark(r.get("vs_oracle"), oracle.met("vs_best", r.get("vs_oracle"))),
                       fmt_num(r.get("oracle_pred"), 2)])
     return [f"Targets: best peer / packrat ≥ {PEER_TARGET} at every B, ≥ {AHEAD_TARGET} where the oracle beats the "
             f"best peer by {AHEAD_TARGET - 1:.0%}; predicted / served within {oracle.PREDICTION_TOLERANCE:.0%}; the "

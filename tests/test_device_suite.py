@@ -27,7 +27,8 @@ TINY = {"SUITE_MODEL": "tiny", "SUITE_THREADS": str(T), "SUITE_PROFILE_BATCHES":
         "SUITE_BENCH_BATCHES": "2", "SUITE_BENCH_ROUNDS": "2", "SUITE_ORACLE_BATCHES": "2",
         "SUITE_ORACLE_ROUNDS": "2", "SUITE_ORACLE_CONFIGS": "6", "SUITE_IOS_MODELS": "tiny", "SUITE_IOS_THREADS": "2",
         "SUITE_IOS_BATCHES": "1", "SUITE_IOS_PEERS": "onnxruntime", "SUITE_IOS_PLAN_MODEL": "tiny",
-        "SUITE_IOS_PLAN_THREADS": "1,2", "SUITE_IOS_PLAN_ROUNDS": "2", "SUITE_EVERY_RUNTIME": "1",
+        "SUITE_IOS_PLAN_THREADS": "1,2", "SUITE_IOS_PLAN_ROUNDS": "2", "SUITE_IOS_PLAN_RUNTIMES": "inductor",
+        "SUITE_EVERY_RUNTIME": "1",
         "SUITE_STEPS": "profile,peers,oracle,bench,ios,ios-plan"}
 
 

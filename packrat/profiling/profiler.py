@@ -542,11 +542,11 @@ def _retime_dropped(watch: DominanceWatch, points: list[tuple[int, int]], seen: 
                     writer: profiles.ProfileWriter, say) -> None:
     """Each runtime `watch` dropped, timed again at `points` (the grid's corners) where it was not
     measured before it was dropped: its figure against the fastest other one's there, said and kept
-    in the profile's head. Where it is the fastest beyond the noise the planner takes it, as at any
-    point. `seen`: each point's figures by runtime (measure_one's added); measure_one(runtime, t, b):
+    in the profile's head. Where the choosing rule picks it the planner takes it, as at any point.
+    `seen`: each point's figures by runtime (measure_one's added); measure_one(runtime, t, b):
     (ms, spread), or None where the point cannot be had."""
     for runtime in watch.dropped:
-        found = []
+        found = {}  # point -> (its text, whether the choosing rule takes the runtime there)
         for t, b in points:
             figures = seen.setdefault((t, b), {})
             if runtime not in figures:
@@ -554,16 +554,17 @@ def _retime_dropped(watch: DominanceWatch, points: list[tuple[int, int]], seen: 
                 if figure is None:  # a replayed table without the point
                     continue
                 figures[runtime] = figure
-            found.append(_against_others(runtime, t, b, figures))
-        wins = [text for text, won in found if won]
-        verdict = f"fastest at {', '.join(wins)}: taken there" if wins else "not the fastest at any"
-        line = f"{runtime}: {'; '.join(text for text, _ in found)} ({verdict})"
+            found[t, b] = _against_others(runtime, t, b, figures)
+        wins = [f"⟨{t}, {b}⟩" for (t, b), (_, won) in found.items() if won]
+        verdict = f"taken at {', '.join(wins)}, where the choosing rule picks it" if wins else "taken at none"
+        line = f"{runtime}: {'; '.join(text for text, _ in found.values())} ({verdict})"
         say(f"runtime {runtime} timed again at the grid's corners: {line.split(': ', 1)[1]}")
         writer.note("re-timed", line)
 
 
 def _against_others(runtime: str, t: int, b: int, figures: dict[str, tuple[float, float]]) -> tuple[str, bool]:
-    """("⟨t, b⟩ ms against the fastest other's ms", whether the choosing rule takes `runtime` there)."""
+    """("⟨t, b⟩ ms against the fastest other's ms", whether the choosing rule takes `runtime` there:
+    it is the fastest beyond the noise, or inductor within the noise of the fastest)."""
     ms = figures[runtime][0]
     others = {r: f for r, f in figures.items() if r != runtime}
     if not others:
