@@ -101,6 +101,7 @@ def test_thread_splits():
     assert len(thread_splits(4, 3, work=[1.0, 1.0, 5.0])) == 3  # few splits: every one, work or not
 
 
+@pytest.mark.slow
 def test_many_threads_split_by_the_groups_work_and_evenly():
     assert thread_splits(16, 3, work=[1.0, 1.0, 6.0]) == [(3, 2, 11), (5, 5, 6)]  # ties: the earlier group
     assert thread_splits(16, 2, work=[3.0, 1.0]) == [(12, 4), (8, 8)]

@@ -445,6 +445,7 @@ def test_an_instance_sees_its_pool_process_gone_even_if_it_died_before_the_insta
         orphan.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds on this platform: the watcher polls")
 def test_the_parent_watcher_sleeps_until_the_parent_exits():
     """The watcher waits on a pidfd and never wakes while the parent lives: a woken thread wants

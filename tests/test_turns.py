@@ -83,6 +83,7 @@ def test_a_stopped_waiter_holds_nobody_up(tmp_path):
         stopped.wait()
 
 
+@pytest.mark.slow
 def test_an_instance_waiting_for_its_turn_is_not_killed_nor_counted_as_working(tmp_path):
     """Another model holds the core far longer than the watchdog allows a batch: the instance waits,
     is not killed, and its batch runs (and is answered) once the turn comes."""
@@ -139,6 +140,7 @@ def test_a_turn_holds_its_cores_until_it_ends(tmp_path):
         os.close(other)
 
 
+@pytest.mark.slow
 def test_an_instance_stopped_while_holding_the_cores_is_killed_and_the_other_model_goes_on(tmp_path):
     """Two models in turns on one core; one's instance is stopped (SIGSTOP) in the middle of its turn:
     its own watchdog kills it (its requests run again on the respawned instance), and the other
