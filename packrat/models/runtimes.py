@@ -389,7 +389,8 @@ def torch_compiled(spec, batch: int):
     from packrat.models import compiled
 
     sizes = compiled.ladder(batch)
-    return compiled.Ladder({size: _compiled(spec.build().eval(), len(sizes)) for size in sizes})
+    module = _compiled(spec.build().eval(), len(sizes))  # one module: a graph per size, one copy of the weights
+    return compiled.Ladder({size: module for size in sizes})
 
 
 def _compiled(module, sizes: int):
