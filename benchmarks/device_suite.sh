@@ -7,15 +7,17 @@
 #
 #   bash benchmarks/device_suite.sh OUT_DIR
 #
-# Steps, with their default time budgets (about 8.5 minutes on 16 cores at most):
-#   profile  (220 s) the product's default profile: `packrat profile --adaptive` of MODEL, threads 1..T,
+# Steps, with their default time budgets (530 s in all, within a 9-minute call; each verdict of 2-3 %
+# rests on 10 interleaved rounds: the rounds' cost on 16 cores is from ../shared/many-core-2026-11-27,
+# ResNet-50 at B = 8-16 about 0.06-0.2 s a call):
+#   profile  (190 s) the product's default profile: `packrat profile --adaptive` of MODEL, threads 1..T,
 #                    batches 1,2,4,...,32, loaded, every installed runtime (one dominated point after
 #                    point is measured no further), served figures of raw tensor bodies (what the
 #                    peers and the oracle send) -> MODEL.csv, MODEL-adaptive.json, MODEL-plans.json
-#   peers    (180 s) benchmarks/peers.py at B = 8,16,32, 2 rounds: packrat's plan and its fat pool
+#   peers    (170 s) benchmarks/peers.py at B = 8,16, 10 rounds: packrat's plan and its fat pool
 #                    against one in-process session of each installed runtime (ONNX Runtime, OpenVINO
 #                    LATENCY and THROUGHPUT, torch.compile, eager) -> peers.md, peers.json
-#   oracle   (110 s) benchmarks/oracle.py at B = 8,16,32, 5 rounds: identical and mixed configurations
+#   oracle   (170 s) benchmarks/oracle.py at B = 16, 10 rounds: identical and mixed configurations
 #                    under each runtime, each runtime's fat and the planner's choices -> oracle.json
 #   bench    (110 s) only when asked: `packrat bench --pool-only`, the fat and the planned pool
 #   ios      (300 s) only when asked: benchmarks/ios_networks.py, Inception-v3 and RandWire at batch 1 on 8 and
@@ -45,9 +47,11 @@
 #   SUITE_EVERY_RUNTIME [0]           1: measure every runtime at every point (no dominance rule)
 #   SUITE_GRAPH_MODE [compile]        inductor's mode, the product's default (an AOT package per
 #                                     <t, b>, 10-35 s each for ResNet-50); script is cheaper
-#   SUITE_PEERS_MODEL [MODEL]  SUITE_PEERS_BATCHES [8,16,32]  SUITE_PEERS_ROUNDS [2]
+#   SUITE_PEERS_MODEL [MODEL]  SUITE_PEERS_BATCHES [8,16]  SUITE_PEERS_ROUNDS [10]
 #   SUITE_PEERS [packrat,fat,eager,torch-compile,openvino-latency,openvino-throughput,onnxruntime]
-#   SUITE_ORACLE_BATCHES [8,16,32]    SUITE_ORACLE_ROUNDS [5]  SUITE_ORACLE_FAMILY [all]  SUITE_ORACLE_CONFIGS [10]
+#   SUITE_ORACLE_BATCHES [16]    SUITE_ORACLE_ROUNDS [10]  SUITE_ORACLE_FAMILY [all]  SUITE_ORACLE_CONFIGS [4]
+#                                     (beyond those always timed: each runtime's identical filling
+#                                     configurations and fat, the plans and their neighbours)
 #   SUITE_BENCH_BATCHES [8,16,32]  SUITE_BENCH_ROUNDS [8]
 #   SUITE_IOS_MODELS [inception_v3,randwire]  SUITE_IOS_THREADS [8,16; those above T dropped]  SUITE_IOS_BATCHES [1]
 #   SUITE_IOS_PEERS [onnxruntime,onnxruntime-parallel,openvino]  SUITE_IOS_SEARCH_BUDGET [60] seconds a search
@@ -95,15 +99,15 @@ EVERY_RUNTIME_ARGS=()
 [[ ${SUITE_EVERY_RUNTIME:-0} == 1 ]] && EVERY_RUNTIME_ARGS=(--every-runtime)
 RUNTIME_ARGS+=("${EVERY_RUNTIME_ARGS[@]}")
 PEERS_MODEL=${SUITE_PEERS_MODEL:-$MODEL}
-PEERS_BATCHES=${SUITE_PEERS_BATCHES:-8,16,32}
-PEERS_ROUNDS=${SUITE_PEERS_ROUNDS:-2}
+PEERS_BATCHES=${SUITE_PEERS_BATCHES:-8,16}
+PEERS_ROUNDS=${SUITE_PEERS_ROUNDS:-10}
 PEERS=${SUITE_PEERS:-packrat,fat,eager,torch-compile,openvino-latency,openvino-throughput,onnxruntime}
 BENCH_BATCHES=${SUITE_BENCH_BATCHES:-8,16,32}
 BENCH_ROUNDS=${SUITE_BENCH_ROUNDS:-8}
-ORACLE_BATCHES=${SUITE_ORACLE_BATCHES:-8,16,32}
-ORACLE_ROUNDS=${SUITE_ORACLE_ROUNDS:-5}
+ORACLE_BATCHES=${SUITE_ORACLE_BATCHES:-16}
+ORACLE_ROUNDS=${SUITE_ORACLE_ROUNDS:-10}
 ORACLE_FAMILY=${SUITE_ORACLE_FAMILY:-all}
-ORACLE_CONFIGS=${SUITE_ORACLE_CONFIGS:-10}
+ORACLE_CONFIGS=${SUITE_ORACLE_CONFIGS:-4}
 IOS_MODELS=${SUITE_IOS_MODELS:-inception_v3,randwire}
 IOS_THREADS=${SUITE_IOS_THREADS:-8,16}
 IOS_BATCHES=${SUITE_IOS_BATCHES:-1}
@@ -118,10 +122,10 @@ case $PROFILE_KIND in
     isolated | contention) ;;
     *) echo "device_suite: SUITE_PROFILE_KIND must be isolated or contention, not '$PROFILE_KIND'" >&2; exit 2 ;;
 esac
-declare -A BUDGET=([profile]=${SUITE_BUDGET_PROFILE:-220} [bench]=${SUITE_BUDGET_BENCH:-110}
-                   [oracle]=${SUITE_BUDGET_ORACLE:-110} [ios]=${SUITE_BUDGET_IOS:-300}
+declare -A BUDGET=([profile]=${SUITE_BUDGET_PROFILE:-190} [bench]=${SUITE_BUDGET_BENCH:-110}
+                   [oracle]=${SUITE_BUDGET_ORACLE:-170} [ios]=${SUITE_BUDGET_IOS:-300}
                    [ios-plan]=${SUITE_BUDGET_IOS_PLAN:-300}
-                   [peers]=${SUITE_BUDGET_PEERS:-180})
+                   [peers]=${SUITE_BUDGET_PEERS:-170})
 
 say() { echo "[suite $(date +%H:%M:%S)] $*" >&2; }
 die() { say "FAILED: $*"; exit 1; }

@@ -4,9 +4,13 @@
 
 On this machine (T = its cores, or --threads), for each batch size B, a pool is built for every
 feasible configuration: every multiset of instances ⟨t, b⟩ with Σt ≤ T and Σb = B, up to the bound
-below. All of one B's pools are started and warmed up, then timed in --rounds interleaved rounds
-(each calls every pool once, in a shuffled order, with B raw-tensor requests); a configuration's
-latency is its median over the rounds.
+below. One B's pools are started and warmed up, then timed in --rounds interleaved rounds (each
+calls every pool once, in a shuffled order, with B raw-tensor requests); a configuration's latency
+is its median over the rounds. Where they would not all fit in memory at once, the planner's
+choices and each runtime's fat stay started and the rest start in groups that fit, each group timed
+with them; a configuration's median is then scaled by the loaded plan's (or the first anchor's)
+median over all groups over its median in the configuration's group, so every ratio to the plan is
+one measured side by side.
 
 For each B the report gives the best configuration (the oracle), the planner's choice from the
 profile's isolated and from its loaded figures, each choice's measured latency over the oracle's
@@ -594,56 +598,137 @@ def trim_hint(plans: list[dict], estimates: list[dict], rounds: int, warmup: int
             f"each, then --merge (per B: {shares})")
 
 
-def time_batch(plan: dict, args, topology: Topology, costs: dict, bar) -> dict:
-    """Start every configuration's pool for this B, warm them up, time them in interleaved rounds;
-    `bar` (tqdm) advances by the `costs` estimated for each step."""
-    from packrat.models.zoo import resolve
-    from packrat.serving.pool.api import InstanceConfig, ModelConfig
-    from packrat.serving.pool.instance_pool import InstancePool
+MEMORY_RESERVE_MIB = 2048  # left free while pools start: the OS, the engine, the timed calls' buffers
+MEMORY_MARGIN = 1.5  # an instance may hold more than the anchors' average (a bigger batch, another runtime)
 
-    batch = plan["batch"]
-    requests = pool_requests(resolve(args.model), batch)
-    results = {c: {"label": label(c), "config": [list(s) for s in c], "cores": None, "samples_ms": [],
-                   "predicted_ms": plan.get("predicted", {}).get(c),
-                   "median_ms": None, "error": None} for c in plan["configs"]}
-    start_time = time.monotonic()
-    with ExitStack() as stack:
+
+def memory_groups(configs: Sequence[Config], per_instance_mib: float, free_mib: float) -> list[list[Config]]:
+    """`configs` in their order, cut into groups whose instances together fit in `free_mib` at
+    `per_instance_mib` each (a configuration too big on its own makes a group of one); at least one
+    group, empty when there is nothing to time beside the anchors."""
+    groups: list[list[Config]] = [[]]
+    used = 0.0
+    for config in configs:
+        need = len(config) * per_instance_mib
+        if groups[-1] and used + need > free_mib:
+            groups.append([])
+            used = 0.0
+        groups[-1].append(config)
+        used += need
+    return groups
+
+
+def anchored(configs: Sequence[Config], plan: dict) -> tuple[list[Config], list[Config]]:
+    """(anchors, the rest): the planner's choices and each runtime's fat, timed in every group, the
+    loaded plan first; the rest of the configurations."""
+    labels = [(plan["planner"].get(kind) or {}).get("label") for kind in ("loaded", "isolated")]
+    order = {name: i for i, name in enumerate(dict.fromkeys([n for n in labels if n] + list(plan["fat"])))}
+    anchors = sorted((c for c in configs if label(c) in order), key=lambda c: order[label(c)])
+    return anchors, [c for c in configs if label(c) not in order]
+
+
+def rescaled(samples: dict[Config, list[tuple[float, int]]], reference: Config | None) -> dict[Config, float]:
+    """Each configuration's median from its (ms, group) samples, in the reference's time: one timed
+    in group g only is scaled by the reference's median over all groups over its median in g, so that
+    its ratio to the reference is the one measured side by side (with one group, medians as they are)."""
+    medians = {c: statistics.median(ms for ms, _ in v) for c, v in samples.items() if v}
+    if reference not in medians:
+        return medians
+    by_group: dict[int, list[float]] = {}
+    for ms, group in samples[reference]:
+        by_group.setdefault(group, []).append(ms)
+    scale = {g: medians[reference] / statistics.median(v) for g, v in by_group.items()}
+
+    def factor(config: Config) -> float:
+        groups = {g for _, g in samples[config]}
+        return scale.get(groups.pop(), 1.0) if len(groups) == 1 else 1.0  # the anchors span every group
+
+    return {c: m * factor(c) for c, m in medians.items()}
+
+
+def _available_mib() -> float:
+    import psutil
+
+    return psutil.virtual_memory().available / 2 ** 20
+
+
+class _Pools:
+    """Starts, warms and times one B's pools, recording what each did in `results`."""
+
+    def __init__(self, plan: dict, args, topology: Topology, costs: dict, bar, results: dict):
+        from packrat.models.zoo import resolve
+
+        self.plan, self.args, self.topology, self.costs, self.bar, self.results = plan, args, topology, costs, bar, results
+        self.requests = pool_requests(resolve(args.model), plan["batch"])
+        self.samples: dict[Config, list] = {c: [] for c in plan["configs"]}  # (ms, group)
+
+    def start(self, configs: Sequence[Config], stack: ExitStack) -> dict:
+        from packrat.serving.pool.api import InstanceConfig, ModelConfig
+        from packrat.serving.pool.instance_pool import InstancePool
+
         pools = {}
-        for n, config in enumerate(plan["configs"], start=1):
-            bar.set_description(f"B={batch}: pool {n}/{len(plan['configs'])}")
-            cores = topology.assign([t for t, *_ in config])
-            results[config]["cores"] = cores
+        for config in configs:
+            self.bar.set_description(f"B={self.plan['batch']}: pool {label(config)}")
+            cores = self.topology.assign([t for t, *_ in config])
+            self.results[config]["cores"] = cores
             try:
                 instances = [InstanceConfig(t, b, tuple(c), 0, None, runtime) for (t, b, runtime), c in zip(config, cores)]
-                model = ModelConfig(args.model, graph_mode=args.graph_mode, ios_cache=str(args.ios_cache))
+                model = ModelConfig(self.args.model, graph_mode=self.args.graph_mode, ios_cache=str(self.args.ios_cache))
                 pools[config] = stack.enter_context(InstancePool(model, instances))
+                for _ in range(self.args.warmup):
+                    answered(pools[config], self.requests)
             except Exception as exc:  # reported, not fatal
-                results[config]["error"] = f"pool did not start: {error_text(exc)}"
-            bar.update(costs["start"][config])
-        bar.set_description(f"B={batch}: warm-up")
-        for config, pool in list(pools.items()):
-            try:
-                for _ in range(args.warmup):
-                    answered(pool, requests)
-            except Exception as exc:
-                results[config]["error"] = f"warm-up failed: {exc}"
-                del pools[config]
-            bar.update(costs["call"][config] * args.warmup)
-        for r, config in in_rounds(list(pools), args.rounds, random.Random(args.seed * 1_000_003 + batch * 1009)):
-            bar.set_description(f"B={batch}: round {r}/{args.rounds}")
+                self.results[config]["error"] = f"pool did not start or warm up: {error_text(exc)}"
+                pools.pop(config, None)
+            self.bar.update(self.costs["start"][config] + self.costs["call"][config] * self.args.warmup)
+        return pools
+
+    def time(self, pools: dict, group: int, seed: int) -> None:
+        """--rounds interleaved rounds over `pools`; a pool that fails is timed no further."""
+        for r, config in in_rounds(list(pools), self.args.rounds, random.Random(seed)):
+            self.bar.set_description(f"B={self.plan['batch']}: group {group + 1}, round {r}/{self.args.rounds}")
             if config not in pools:
                 continue
             try:
-                results[config]["samples_ms"].append(elapsed_ms(lambda: answered(pools[config], requests)))
+                self.samples[config].append((elapsed_ms(lambda: answered(pools[config], self.requests)), group))
             except Exception as exc:
-                results[config]["error"] = f"round {r} failed: {exc}"
+                self.results[config]["error"] = f"round {r} failed: {exc}"
                 del pools[config]
-            bar.update(costs["call"][config])
-    for result in results.values():
-        if result["samples_ms"] and not result["error"]:
-            result["median_ms"] = statistics.median(result["samples_ms"])
+            self.bar.update(self.costs["call"][config])
+
+
+def time_batch(plan: dict, args, topology: Topology, costs: dict, bar) -> dict:
+    """Time every configuration of this B in interleaved rounds. The anchors (planner's choices, each
+    runtime's fat) stay started; the rest start in groups that fit the free memory, each group timed in
+    rounds with the anchors and stopped before the next starts. `bar` (tqdm) advances by `costs`."""
+    batch = plan["batch"]
+    results = {c: {"label": label(c), "config": [list(s) for s in c], "cores": None, "samples_ms": [],
+                   "predicted_ms": plan.get("predicted", {}).get(c), "group": None,
+                   "median_ms": None, "error": None} for c in plan["configs"]}
+    start_time = time.monotonic()
+    anchors, rest = anchored(plan["configs"], plan)
+    timer = _Pools(plan, args, topology, costs, bar, results)
+    with ExitStack() as stack:
+        before = _available_mib()
+        kept = timer.start(anchors, stack)
+        started = sum(len(c) for c in kept) or 1
+        per_instance = max((before - _available_mib()) / started, 1.0) * MEMORY_MARGIN
+        free = args.memory_mib if args.memory_mib is not None else _available_mib() - MEMORY_RESERVE_MIB
+        groups = memory_groups(rest, per_instance, free)
+        for g, group in enumerate(groups):
+            with ExitStack() as group_stack:
+                pools = {**kept, **timer.start(group, group_stack)}
+                for config in group:
+                    results[config]["group"] = g
+                timer.time(pools, g, args.seed * 1_000_003 + batch * 1009 + g)
+                kept = {c: p for c, p in pools.items() if c in kept}  # a failed anchor stays out
+    reference = next((c for c in anchors if timer.samples[c] and not results[c]["error"]), None)
+    medians = rescaled({c: v for c, v in timer.samples.items() if not results[c]["error"]}, reference)
+    for config, result in results.items():
+        result["samples_ms"] = [ms for ms, _ in timer.samples[config]]
+        result["median_ms"] = medians.get(config)
     return {"batch": batch, "feasible": plan["feasible"], "fat": plan["fat"], "planner": plan["planner"],
-            "configs": list(results.values()), "wall_s": time.monotonic() - start_time}
+            "configs": list(results.values()), "groups": len(groups), "wall_s": time.monotonic() - start_time}
 
 
 def _meta(args, topology: Topology, profile_path: Path, profile: Profile) -> dict:
@@ -746,6 +831,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
                         help="measure nothing: one report of these runs' JSON (with --profile: that profile's choices)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rounds' shuffles (default: 0)")
+    parser.add_argument("--memory-mib", type=positive(float), default=None, metavar="MIB",
+                        help="memory one B's pools may hold beside the anchors (default: what is free less "
+                             f"{MEMORY_RESERVE_MIB} MiB); the rest start in later groups")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the configurations, the planner's choices and the estimate; measure nothing")
     parser.add_argument("--profile-only", action="store_true",

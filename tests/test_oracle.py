@@ -325,3 +325,58 @@ def test_trim_hint():
     hint = oracle.trim_hint(plans, big, rounds=10, warmup=2)
     assert "--rounds 5 would fit" in hint and "B=16 10.0 min" in hint  # (600 − 180) / 60 − 2
     assert "no number of rounds" in oracle.trim_hint(plans, [{"start_s": 700.0, "timing_s": 10.0}] * 2, 10, 1)
+
+
+# ---- pools in groups that fit memory ----------------------------------------------------------------
+
+def test_memory_groups_cut_where_the_instances_no_longer_fit():
+    one, two, four = ((2, 4, "inductor"),), ((1, 2, "inductor"),) * 2, ((1, 1, "inductor"),) * 4
+    assert oracle.memory_groups([one, two, four, one], 100.0, 350.0) == [[one, two], [four], [one]]
+    assert oracle.memory_groups([four], 100.0, 50.0) == [[four]]  # too big alone: a group of one
+    assert oracle.memory_groups([], 100.0, 1000.0) == [[]]
+    assert oracle.memory_groups([one, two, four], 1.0, 1e9) == [[one, two, four]]
+
+
+def test_anchors_are_the_plans_then_each_runtimes_fat():
+    fat_i, fat_o = ((2, 4, "inductor"),), ((2, 4, "onnxruntime"),)
+    split = ((1, 2, "onnxruntime"),) * 2
+    other = ((1, 3, "inductor"), (1, 1, "inductor"))
+    plan = {"planner": {"loaded": {"label": oracle.label(split)}, "isolated": {"label": oracle.label(fat_o)}},
+            "fat": [oracle.label(fat_i), oracle.label(fat_o)]}
+    anchors, rest = oracle.anchored([fat_i, other, fat_o, split], plan)
+    assert anchors == [split, fat_o, fat_i] and rest == [other]
+
+
+def test_rescaled_keeps_each_ratio_to_the_reference_as_measured_side_by_side():
+    plan, a, b = "plan", "a", "b"
+    # the machine ran 20 % slower during group 1: the plan took 100 then 120
+    samples = {plan: [(100.0, 0)] * 3 + [(120.0, 1)] * 3, a: [(90.0, 0)] * 3, b: [(114.0, 1)] * 3}
+    medians = oracle.rescaled(samples, plan)
+    plan_ms = medians[plan]
+    assert medians[a] / plan_ms == pytest.approx(0.9) and medians[b] / plan_ms == pytest.approx(0.95)
+    assert min(medians, key=medians.get) == a  # raw medians would rank them the same only by chance
+    one_group = {plan: [(100.0, 0), (102.0, 0)], a: [(90.0, 0)]}
+    assert oracle.rescaled(one_group, plan) == {plan: 101.0, a: 90.0}
+    assert oracle.rescaled(one_group, None) == {plan: 101.0, a: 90.0}
+
+
+PROFILE_HEAD = ("# model: tiny\n# mode: eager\n# latency: loaded\n# cores: 2\n# runtimes: inductor\n"
+                "threads,batch,latency_ms,isolated_ms,copies,runtime\n")
+
+
+@pytest.mark.slow
+def test_pools_that_do_not_fit_at_once_are_timed_in_groups_beside_the_plan(tmp_path, capsys):
+    profile = tmp_path / "tiny.csv"
+    rows = [f"{t},{b},{1.0 * b / t:.3f},{1.0 * b / t:.3f},{3 - t},inductor" for t in (1, 2) for b in (1, 2)]
+    profile.write_text(PROFILE_HEAD + "\n".join(rows) + "\n")
+    out = tmp_path / "oracle.json"
+    assert oracle.main(["--model", "tiny", "--batches", "2", "--threads", "2", "--rounds", "2", "--profile",
+                        str(profile), "--memory-mib", "1", "--json", str(out), "--quiet"]) == 0
+    import json
+
+    entry = json.loads(out.read_text())["batches"][0]
+    configs = {c["label"]: c for c in entry["configs"]}
+    anchors = [c for c in configs.values() if c["group"] is None]
+    assert entry["groups"] == len(configs) - len(anchors) >= 2  # one configuration a group at 1 MiB
+    assert all(len(c["samples_ms"]) == 2 * entry["groups"] for c in anchors)  # timed in every group
+    assert all(c["median_ms"] is not None and c["error"] is None for c in configs.values())
