@@ -60,8 +60,7 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, fmt_num, markdown_table as markdown
+from packrat.bench.harness import doc_parser, fmt_num, markdown_table as markdown
 from packrat.loadtest import run_locust
 from packrat.codec.payloads import PAYLOAD_KINDS
 from packrat.loadtest.requestlog import RequestRecord, read_request_log

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, first_cores, fmt_num, markdown_table, pin
+from packrat.bench.harness import doc_parser, first_cores, fmt_num, markdown_table, pin
 from packrat.bench.results import write_json
 from packrat.bench.rounds import interleaved, median_spread
 from packrat.cli.types import shape as shape_type

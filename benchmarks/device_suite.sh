@@ -17,7 +17,7 @@
 #   peers    (170 s) benchmarks/peers.py at B = 8,16, 10 rounds: packrat's plan and its fat pool
 #                    against one in-process session of each installed runtime (ONNX Runtime, OpenVINO
 #                    LATENCY and THROUGHPUT, torch.compile, eager) -> peers.md, peers.json
-#   oracle   (170 s) benchmarks/oracle.py at B = 16, 10 rounds: identical and mixed configurations
+#   oracle   (170 s) packrat bench oracle at B = 16, 10 rounds: identical and mixed configurations
 #                    under each runtime, each runtime's fat and the planner's choices -> oracle.json
 #   bench    (110 s) only when asked: `packrat bench --pool-only`, the fat and the planned pool
 #   ios      (300 s) only when asked: benchmarks/ios_networks.py, Inception-v3 and RandWire at batch 1 on 8 and
@@ -258,7 +258,7 @@ fi
 
 if wants oracle; then
     begin oracle "planner vs the oracle ($ORACLE_FAMILY family, each runtime), B = $ORACLE_BATCHES, $ORACLE_ROUNDS rounds"
-    run "$OUT/oracle.txt" "$PY" benchmarks/oracle.py --model "$MODEL" --profile "$PROFILE" --threads "$T" \
+    run "$OUT/oracle.txt" "$PY" -m packrat.cli bench oracle --model "$MODEL" --profile "$PROFILE" --threads "$T" \
         --batches "$ORACLE_BATCHES" --rounds "$ORACLE_ROUNDS" --family "$ORACLE_FAMILY" --max-configs "$ORACLE_CONFIGS" \
         --json "$OUT/oracle.json" --quiet || true
     end
@@ -295,7 +295,7 @@ if wants ios-plan; then
         --runtimes "${SUITE_IOS_PLAN_RUNTIMES:-$BUILT_FAST}" "${EVERY_RUNTIME_ARGS[@]}" --ios \
         --ios-cache "$OUT/ios-schedules" --out "$IOS_PROFILE" --quiet; then
         run "$OUT/ios-plan.json" "$PY" -m packrat.cli plan --profile "$IOS_PROFILE" --threads "$T" --batch 1 --json \
-            && run "$OUT/oracle-ios.txt" "$PY" benchmarks/oracle.py --model "$IOS_PLAN_MODEL" --profile "$IOS_PROFILE" \
+            && run "$OUT/oracle-ios.txt" "$PY" -m packrat.cli bench oracle --model "$IOS_PLAN_MODEL" --profile "$IOS_PROFILE" \
                 --threads "$T" --batches 1 --rounds "$IOS_PLAN_ROUNDS" --max-configs "$ORACLE_CONFIGS" \
                 --ios-cache "$OUT/ios-schedules" --json "$OUT/oracle-ios.json" --quiet || true
     fi

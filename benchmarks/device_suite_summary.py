@@ -18,9 +18,8 @@ from pathlib import Path
 from packrat.profiling.plots import SHORT_RUNTIMES
 from packrat.profiling.profiles import load
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks import oracle
-from benchmarks.common import doc_parser, fmt_num, markdown_table
+from packrat.bench import oracle
+from packrat.bench.harness import doc_parser, fmt_num, markdown_table
 
 STEPS = {"profile": "(a) Adaptive profile", "peers": "(b) packrat against its peers",
          "oracle": "(c) Planner vs the oracle", "bench": "(d) Pool-only bench: fat vs plan",

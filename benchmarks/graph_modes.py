@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import child_json, doc_parser, first_cores, fmt_num, fresh_compile_caches, \
+from packrat.bench.harness import child_json, doc_parser, first_cores, fmt_num, fresh_compile_caches, \
     markdown_table, pin
 from benchmarks.peers import TorchRunner
 from packrat.bench.results import write_json

@@ -19,8 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, fmt_num, markdown_table
+from packrat.bench.harness import doc_parser, fmt_num, markdown_table
 from packrat.profiling.profiles import load
 from packrat.serving.served import CORRECTION_MARGIN, Correction, inferred_from
 

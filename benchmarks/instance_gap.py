@@ -16,8 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, local_topology
+from packrat.bench.harness import doc_parser, local_topology
 from packrat.bench.instance import format_gaps, instance_gap
 from packrat.bench.results import write_json
 from packrat.cli.types import int_list, name_list

@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import child_json, doc_parser, error_text, first_cores, markdown_head
+from packrat.bench.harness import child_json, doc_parser, error_text, first_cores, markdown_head
 from packrat.bench.rounds import elapsed_ms, interleaved, medians
 from packrat.cli.types import int_list, name_list
 

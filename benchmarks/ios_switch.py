@@ -19,8 +19,6 @@ Two measurements, in interleaved shuffled rounds, medians (2 threads):
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import torch
 
@@ -29,8 +27,7 @@ from packrat.ios_scheduler.graph import capture
 from packrat.ios_scheduler.runtime import WorkerSet
 from packrat.models.zoo import resolve
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, first_cores, markdown_head, markdown_row
+from packrat.bench.harness import doc_parser, first_cores, markdown_head, markdown_row
 from packrat.cli.types import name_list
 from packrat.bench.rounds import elapsed_ms, interleaved, medians
 

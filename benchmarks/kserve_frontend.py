@@ -28,8 +28,7 @@ import time
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, fmt_num, markdown_table
+from packrat.bench.harness import doc_parser, fmt_num, markdown_table
 from packrat.bench.results import write_json
 from packrat.bench.rounds import in_rounds
 

@@ -18,11 +18,8 @@ ms per request over the rounds (packrat/bench/rounds.py).
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, markdown_table
+from packrat.bench.harness import doc_parser, markdown_table
 from packrat.bench.rounds import interleaved
 
 EXAMPLES = "example:\n  python benchmarks/kserve_paths.py --shape 3,224,224 --outputs 1000 --rounds 5 --repeat 50"

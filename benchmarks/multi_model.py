@@ -44,8 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, fmt_num, markdown_table
+from packrat.bench.harness import doc_parser, fmt_num, markdown_table
 from packrat.bench.multi_model import LEAD, Phase, alone_phase, normalised, over_all_rounds, schedule, summarise
 from packrat.bench.results import write_json
 from packrat.cli.types import name_list

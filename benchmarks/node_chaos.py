@@ -20,8 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, fmt_num, markdown_table
+from packrat.bench.harness import doc_parser, fmt_num, markdown_table
 from packrat.bench import node_chaos
 from packrat.bench.results import write_json
 from packrat.cli.types import name_list

@@ -56,8 +56,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import child_json, doc_parser, error_text, fresh_compile_caches, local_topology, \
+from packrat.bench.harness import child_json, doc_parser, error_text, fresh_compile_caches, local_topology, \
     fmt_num, markdown_table, pin, pool_requests
 from packrat.bench.pool import answered
 from packrat.bench.results import write_json

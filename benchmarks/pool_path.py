@@ -101,7 +101,7 @@ def plans_for(args, batch: int, cores: list[int]) -> dict[str, tuple[list[dict],
 
 
 def run_one(tree: str, config: dict, timeout: float) -> dict:
-    from benchmarks.common import child_json
+    from packrat.bench.harness import child_json
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p)}
     command = [sys.executable, __file__, "--child", json.dumps(config)]
@@ -120,7 +120,7 @@ def summarise(results: list[dict]) -> dict:
 
 
 def table(summary: dict) -> str:
-    from benchmarks.common import fmt_num, markdown_table
+    from packrat.bench.harness import fmt_num, markdown_table
 
     rows = []
     for key, cell in summary.items():
@@ -140,7 +140,7 @@ def table(summary: dict) -> str:
 
 
 def parser():
-    from benchmarks.common import doc_parser
+    from packrat.bench.harness import doc_parser
     from packrat.cli.types import int_list, name_list
 
     p = doc_parser(__doc__)
@@ -168,8 +168,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["--child"]:  # a run, in a fresh process of its own
         print(RESULT + json.dumps(child(json.loads(argv[1]))), flush=True)
         return 0
-    sys.path.insert(0, str(ROOT))  # the repo root: benchmarks.common
-    from benchmarks.common import first_cores, fmt_num
+    from packrat.bench.harness import first_cores, fmt_num
 
     args = parser().parse_args(argv)
     cores = first_cores(args.cores or len(os.sched_getaffinity(0)))

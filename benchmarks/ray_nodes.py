@@ -20,13 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, markdown_table
+from packrat.bench.harness import doc_parser, markdown_table
 from packrat.bench.results import write_json
 from packrat.bench.rounds import in_rounds
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser
+from packrat.bench.harness import doc_parser
 from packrat.bench.correction import correction_run
 from packrat.bench.results import write_json
 from packrat.cli.types import int_list

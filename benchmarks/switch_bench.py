@@ -7,13 +7,10 @@ this machine's cache lacks it).
     .venv/bin/python benchmarks/switch_bench.py [MODEL] [WARMUP_NICE] [GRAPH_MODE]
                                                 (defaults: resnet50 10 compile; needs 2 cores)
 """
-import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import pool_requests, positional_args
+from packrat.bench.harness import pool_requests, positional_args
 from packrat.bench.rounds import elapsed_ms
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv with the CPU build of torch and packrat (editable).
 # Usage: scripts/setup.sh [extras]   e.g. scripts/setup.sh test
+# PACKRAT_RUNTIMES=none installs torch alone as the runtime (no OpenVINO, ONNX Runtime, ONNX exporter).
 # Fast when nothing changed: a stamp of the inputs below skips the install.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,10 +25,14 @@ check_java() {
     fi
 }
 check_java
+if [ "${PACKRAT_RUNTIMES:-}" = none ] && [ -n "$extras" ]; then
+    echo "error: PACKRAT_RUNTIMES=none installs torch alone and takes no extras (they would bring the runtimes)" >&2
+    exit 2
+fi
 
 python=${PYTHON:-python3}
 stamp=.venv/.packrat-setup-stamp${extras:+-$extras}  # one per extras, so demo and tests do not undo each other
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$torch_spec
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$torch_spec-${PACKRAT_RUNTIMES:-all}
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
@@ -43,6 +48,22 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
         "${pip[@]}" --index-url "$cpu_index" "$torch_spec"
     fi
 fi
+# The packages an old checkout installed under the name "packrat" (an unrelated project's on the index).
+if .venv/bin/python -m pip show --quiet packrat >/dev/null 2>&1; then
+    .venv/bin/python -m pip uninstall --quiet --yes packrat
+fi
 echo "setup: installing packrat${extras:+[$extras]}"
-"${pip[@]}" -e ".${extras:+[$extras]}"
+if [ "${PACKRAT_RUNTIMES:-}" = none ]; then  # torch alone: every dependency but the runtimes
+    "${pip[@]}" --no-deps -e .
+    .venv/bin/python - <<'PY' | xargs "${pip[@]}"
+import tomllib
+runtimes = {"openvino", "onnxruntime", "onnx", "onnxscript"}
+for spec in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]:
+    name = spec.split("=")[0].split(">")[0].split("<")[0].split("[")[0].strip()
+    if name not in runtimes:
+        print(spec)
+PY
+else
+    "${pip[@]}" -e ".${extras:+[$extras]}"
+fi
 echo "$want" > "$stamp"

@@ -393,9 +393,12 @@ def test_profile_given_default_or_measured(tmp_path, monkeypatch, capsys):
 
 
 def test_measure_profile_renames_a_complete_measurement(tmp_path, monkeypatch):
+    from packrat.models.runtimes import installed_runtimes
+
     written = []
 
-    def fake_run(settings, threads, batches, out, progress=True):
+    def fake_run(settings, threads, batches, out, progress=True, runtimes=(), every_runtime=True):
+        assert runtimes == installed_runtimes() and not every_runtime  # as `packrat profile` measures
         written.append((Path(out).name, settings.warmup, settings.min_time, threads, batches, settings.contention))
         Path(out).write_text(PROFILE)
 

@@ -1,5 +1,5 @@
-"""The demo (`packrat demo`) and the interleaved server bench it runs: the batch it serves, what it
-says where the plan keeps one instance and what the table shows, rounds rotated and pooled. The
+"""The demo (`packrat demo`) and the interleaved server bench it runs: its three servers, what it
+says the table shows, what it plans on a published table, rounds rotated and pooled. The
 profile, TorchServe and locust are faked: no process is started."""
 
 from __future__ import annotations
@@ -112,26 +112,66 @@ def test_server_bench_rotates_rounds_and_pools_them(tmp_path, monkeypatch):
 
 # --- the demo --------------------------------------------------------------------------------------
 
-def test_the_demo_serves_the_largest_batch_whose_plan_splits_the_cores(toy):
-    _, planned = plans(toy)
-    assert [demo.splits(p) for p in planned] == [False, True, False, True]
-    assert demo.showcase_batch(planned) == 8
-    assert demo.showcase_batch(planned[:1]) == 1  # nothing splits: the largest batch
+RUNTIMES_PROFILE = """# model: toy
+# mode: compile
+threads,batch,latency_ms,runtime
+1,4,70,inductor
+2,4,35,inductor
+2,4,40,onnxruntime-thread
+1,8,150,inductor
+2,8,90,inductor
+2,8,80,onnxruntime-thread
+"""
 
 
-def test_the_demo_says_why_the_plan_keeps_one_instance(toy, capsys):
-    profile, planned = plans(toy)
-    demo.print_where_fat(profile, planned)
-    out = capsys.readouterr().out
-    assert "Where the plan keeps one instance (B=1, 4)" in out
-    assert "B=1: one request cannot be split" in out
-    assert "B=4: halves, 2×⟨1 threads, batch 2⟩, would take 40 ms against 35 ms for 1×⟨2 threads, batch 4⟩" \
-        in out
+def test_the_careful_user_runs_one_session_of_the_fastest_runtime_at_every_core(tmp_path):
+    path = tmp_path / "toy.csv"
+    path.write_text(RUNTIMES_PROFILE)
+    profile = load(path)
+    assert demo.careful_runtime(profile, 2, 8) == "onnxruntime"  # in the user's process, whatever packrat's kind
+    assert demo.careful_runtime(profile, 2, 4) == "inductor"
+    stock, careful, packrat = demo.demo_configs("onnxruntime", "compile")
+    assert stock[1:] == ("stock", "auto", {"graph_mode": "eager"})  # TorchServe's handler as a user runs it
+    assert careful[1:] == ("stock", "auto", {"runtime": "onnxruntime", "graph_mode": "compile"})
+    assert packrat[:2] == ("packrat", "packrat")
+
+
+def test_a_runtime_session_in_the_stock_handler_gets_one_worker():
+    import yaml
+
+    from packrat.deploy.archive import model_config_yaml
+    from packrat.settings import Settings
+
+    def workers(handler, **settings):
+        config = yaml.safe_load(model_config_yaml(Settings("tiny", **settings), handler=handler))
+        return config.get("minWorkers"), config.get("maxWorkers")
+
+    assert workers("stock") == (None, None)  # TorchServe's default workers, as stock runs
+    assert workers("stock", runtime="inductor") == (None, None)
+    assert workers("stock", runtime="onnxruntime") == (1, 1)  # its session has a thread on every core
+    assert workers("packrat") == (1, 1)
 
 
 def test_the_demo_profile_keeps_the_default_one_for_serve():
     assert demo.demo_profile_path("bert_base", "compile") == Path("profiles/bert_base.csv")
     assert demo.demo_profile_path("bert_base", "eager") == Path("profiles/eager-bert_base.csv")
+
+
+def loads(stock, careful, packrat):
+    """ServerRuns at B = 8 with these (p50 ms, req/s)."""
+    return [bench_server.ServerRun(8, name, 8, "B", "raw", None, result(30, {p50: 30}, rps), 3)
+            for name, (p50, rps) in (("stock", stock), ("careful", careful), ("packrat", packrat))]
+
+
+def test_the_verdict_names_a_win_and_a_level_only_within_their_targets():
+    won = demo.verdict(loads((100.0, 3.0), (80.0, 3.6), (81.0, 3.6)), "onnxruntime")
+    assert "p50 was 0.81× stock's and it answered 1.20× its requests per second: lower latency" in won[0]
+    assert "one onnxruntime session" in won[1] and "1.01× its; level or ahead." in won[1]
+    lost = demo.verdict(loads((100.0, 3.0), (80.0, 3.6), (91.0, 3.6)), "onnxruntime")
+    assert "short of the win it aims for" in lost[0]  # 0.91 > 0.90
+    assert "behind by more than 2%" in lost[1]  # 91/80
+    slow = demo.verdict(loads((100.0, 3.0), (80.0, 3.2), (85.0, 3.2)), "openvino")
+    assert "short of the win" in slow[0]  # p50 0.85, but 1.07× the requests
 
 
 def run_demo(monkeypatch, tmp_path, argv, served=None):
@@ -148,10 +188,7 @@ def run_demo(monkeypatch, tmp_path, argv, served=None):
 
     def fake_bench(model, batches, profile, out, duration, users, **kw):
         served.update(batches=batches, users=users, **kw)
-        loads = {"stock": result(30, {90.0: 30}, 3.0), "packrat-fat": result(30, {100.0: 30}, 3.0),
-                 "packrat-plan": result(33, {90.0: 33}, 3.3)}
-        return [bench_server.ServerRun(batches[0], name, batches[0], "B", "raw", None, load, kw["rounds"])
-                for name, load in loads.items()]
+        return loads((100.0, 3.0), (80.0, 3.6), (81.0, 3.6))
 
     monkeypatch.setattr(demo_command, "measure_profile", fake_measure)
     monkeypatch.setattr(demo_command, "run_server_bench", fake_bench if served is not None else None)
@@ -161,32 +198,35 @@ def run_demo(monkeypatch, tmp_path, argv, served=None):
 
 def test_demo_no_serve_profiles_plans_and_plots(monkeypatch, tmp_path, capsys):
     measured = run_demo(monkeypatch, tmp_path, ["--no-serve"])
-    assert measured == [("tiny", "profiles/eager-tiny.csv", [1, 2, 4, 8], "eager")]
+    assert measured == [("tiny", "profiles/tiny.csv", [1, 2, 4, 8], "compile")]
     out = capsys.readouterr().out
-    assert "== 1/4 profile tiny (eager mode)" in out and "== 4/4" not in out
-    assert "2×⟨1 threads, batch 4⟩" in out and "Where the plan keeps one instance (B=1, 4)" in out
+    assert "== 1/5 profile tiny on 2 cores under every installed runtime" in out and "== 4/5" not in out
+    assert "2×⟨1 threads, batch 4⟩" in out
     assert sorted(p.name for p in (tmp_path / "out" / "plots").iterdir()) == [
         "toy-latency-heatmap.png", "toy-plan-vs-fat-T2.png"]
+    assert "No published 16-core table here" in out  # none beside tmp_path
 
 
-def test_demo_serves_where_the_plan_splits_and_says_what_the_table_shows(monkeypatch, tmp_path, capsys):
+def test_demo_serves_three_ways_and_says_what_packrat_gives(monkeypatch, tmp_path, capsys):
     served = {}
     run_demo(monkeypatch, tmp_path, ["--rounds", "2"], served)
     assert served["batches"] == [8] and served["users"] == [BATCH_USERS] and served["rounds"] == 2
-    assert served["graph_mode"] == "eager"  # the profile's: stock runs the model as packrat does
+    assert [c[0] for c in served["configs"]] == ["stock", "careful", "packrat"]
+    assert served["configs"][1][3]["runtime"] == "inductor"  # the toy profile's only runtime
     out = capsys.readouterr().out
-    assert "at B=8 the plan splits the 2 cores into 2×⟨1 threads, batch 4⟩, predicted 70 ms" in out
-    assert "against 80 ms for fat ⟨2 threads, batch 8⟩" in out
-    assert "p50 was 0.90× fat's" in out and "1.10× fat's requests per second" in out
-    assert "the win packrat is for" in out
+    assert "careful (one inductor session on 2 cores)" in out and "lower latency and more throughput" in out
 
 
-def test_demo_at_a_batch_the_plan_keeps_whole_says_so(monkeypatch, tmp_path, capsys):
-    served = {}
-    run_demo(monkeypatch, tmp_path, ["--serve-batch", "4"], served)
-    assert served["batches"] == [4]
-    assert "At B=4 the plan keeps one instance on this machine, so packrat plan = packrat fat" in \
-        capsys.readouterr().out
+def test_demo_plans_on_a_published_table_and_says_it_is_a_prediction(monkeypatch, tmp_path, capsys):
+    table = tmp_path / "published.csv"
+    table.write_text("# model: resnet50\nthreads,batch,latency_ms\n" + "".join(
+        f"{t},{b},{b * (40.0 / t + 2.0 * t):.3f}\n" for t in range(1, 17) for b in (1, 2, 4, 8, 16, 32, 64, 128)))
+    run_demo(monkeypatch, tmp_path, ["--no-serve", "--at-scale", str(table)])
+    out = capsys.readouterr().out
+    assert "not a measurement on this machine" in out
+    lines = [line for line in out.splitlines() if line.startswith("  T=16, B=")]
+    assert [line.split(":")[0] for line in lines] == ["  T=16, B=8", "  T=16, B=32", "  T=16, B=128"]
+    assert all("against" in line and "×)" in line for line in lines)
 
 
 def test_bench_rounds_default_per_mode():
@@ -194,12 +234,3 @@ def test_bench_rounds_default_per_mode():
     cli_bench.add_bench_parser(parser.add_subparsers())
     assert parser.parse_args(["bench"]).rounds is None  # 1 through TorchServe, POOL_ROUNDS with --pool-only
     assert cli_bench.POOL_ROUNDS == 20
-
-
-def test_the_verdict_says_when_the_plan_did_not_clearly_win(toy, capsys):
-    _, planned = plans(toy)
-    runs = [bench_server.ServerRun(8, name, 8, "B", "raw", None, result(30, {p50: 30}, rps), 3)
-            for name, p50, rps in (("stock", 100.0, 3.0), ("packrat-fat", 90.0, 3.0), ("packrat-plan", 100.0, 3.3))]
-    demo.print_verdict(runs, planned[-1])
-    out = capsys.readouterr().out
-    assert "p50 was 1.11× fat's" in out and "not a clear win this time" in out

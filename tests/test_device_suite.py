@@ -144,7 +144,7 @@ def test_summary(suite):
     tables = ["| t \\ b | 1 | 2 |", "| peer | median ms |", "| B | configs | oracle (best) |", "| B | in-process |",
               "| model | batch |"]
     commands = ["-m packrat.cli profile --model tiny --adaptive", " benchmarks/peers.py --model tiny",
-                " benchmarks/oracle.py --model tiny", "-m packrat.cli bench --pool-only",
+                "-m packrat.cli bench oracle --model tiny", "-m packrat.cli bench --pool-only",
                 " benchmarks/ios_networks.py --models tiny"]
     for section, table, command in zip(sections, tables, commands):
         assert "\nCommand: `" in section and command in section  # .venv/bin/python, or python3 without one

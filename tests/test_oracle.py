@@ -1,23 +1,17 @@
-"""benchmarks/oracle.py, its pure parts: enumeration, selection, estimates, report and verdicts."""
+"""packrat bench oracle (packrat/bench/oracle.py), its pure parts: enumeration, selection, estimates, report and verdicts."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from packrat.bench import oracle
+from packrat.cli.main import main
 from packrat.machine.topology import Topology
 from packrat.profiling.profiles import Profile
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "oracle.py"
-_SPEC = importlib.util.spec_from_file_location("benchmarks_oracle", _PATH)
-oracle = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = oracle
-_SPEC.loader.exec_module(oracle)
 
 
 def brute_force(threads, batch):
@@ -159,9 +153,11 @@ def test_identical_family():
 
 
 def test_identical_family_is_stated():
-    parser = oracle.build_parser()
-    assert parser.parse_args([]).family == "all"
-    assert parser.parse_args(["--family", "identical"]).family == "identical"
+    from packrat.cli.main import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["bench", "oracle"]).family == "all"
+    assert parser.parse_args(["bench", "oracle", "--family", "identical"]).family == "identical"
     report = oracle.build_report({**META, "family": "identical"}, [])
     assert "identical instances" in oracle.markdown(report)
     assert "identical" not in oracle.markdown(oracle.build_report(META, []))
@@ -312,7 +308,7 @@ def test_merge(tmp_path):
 
 def test_help_states_the_bound(capsys):
     with pytest.raises(SystemExit):
-        oracle.main(["--help"])
+        main(["bench", "oracle", "--help"])
     text = capsys.readouterr().out
     assert "--max-configs" in text and "50,000" in text and "balanced family" in text
 
@@ -370,7 +366,7 @@ def test_pools_that_do_not_fit_at_once_are_timed_in_groups_beside_the_plan(tmp_p
     rows = [f"{t},{b},{1.0 * b / t:.3f},{1.0 * b / t:.3f},{3 - t},inductor" for t in (1, 2) for b in (1, 2)]
     profile.write_text(PROFILE_HEAD + "\n".join(rows) + "\n")
     out = tmp_path / "oracle.json"
-    assert oracle.main(["--model", "tiny", "--batches", "2", "--threads", "2", "--rounds", "2", "--profile",
+    assert main(["bench", "oracle", "--model", "tiny", "--batches", "2", "--threads", "2", "--rounds", "2", "--profile",
                         str(profile), "--memory-mib", "1", "--json", str(out), "--quiet"]) == 0
     import json
 

@@ -56,7 +56,7 @@ def test_a_wheel_installs_packrat_alone_and_finds_its_tools(tmp_path):
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(source), "-w", str(tmp_path / "wheel")],
                    check=True, capture_output=True, timeout=300)
-    wheel, = (tmp_path / "wheel").glob("packrat-*.whl")
+    wheel, = (tmp_path / "wheel").glob("packrat_serve-*.whl")
     target = tmp_path / "site"
     subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)], check=True,
                    capture_output=True, timeout=300)
@@ -75,3 +75,32 @@ def test_a_wheel_installs_packrat_alone_and_finds_its_tools(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     for path in done.stdout.split():
         assert Path(path).is_file() and Path(path).is_relative_to(target / "packrat"), path
+
+
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def requirement_name(spec: str) -> str:
+    from packaging.requirements import Requirement
+
+    return Requirement(spec).name
+
+
+def test_the_runtimes_install_with_packrat_under_a_name_of_its_own():
+    from packrat.models.runtimes import PACKAGES
+
+    names = {requirement_name(spec) for spec in PROJECT["dependencies"]}
+    assert set(PACKAGES.values()) <= names  # openvino, onnxruntime, torch (torch-compile)
+    assert {"onnx", "onnxscript"} <= names  # the exporter ONNX Runtime's artefacts are made with
+    assert PROJECT["name"] == "packrat-serve"  # "packrat" on the index is another project
+
+
+def test_the_torch_only_setup_installs_every_dependency_but_the_runtimes():
+    script = (ROOT / "scripts" / "setup.sh").read_text()
+    snippet = script.split("<<'PY'", 1)[1].split("\n", 1)[1].split("\nPY\n", 1)[0]
+    done = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    kept = done.stdout.split("\n")[:-1]
+    left_out = [s for s in PROJECT["dependencies"] if s not in kept]
+    assert {requirement_name(s) for s in left_out} == {"openvino", "onnxruntime", "onnx", "onnxscript"}
+    assert [requirement_name(s) for s in kept][:1] == ["torch"]

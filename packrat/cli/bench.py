@@ -14,6 +14,7 @@ from packrat.bench.server import SERVER_CONFIGS, run_server_bench
 from packrat.bench.step import format_step_results, step_bench
 from packrat.bench.users import BATCH_USERS
 from packrat.cli.args import model_args, tokenizer_path
+from packrat.cli.bench_oracle import add_oracle_parser
 from packrat.cli.types import int_list, name_list, positive, users_list
 from packrat.models.runtimes import RUNTIMES
 from packrat.profiling.default_profile import resolve_profile
@@ -34,7 +35,8 @@ def add_bench_parser(sub) -> None:
                                    "results. --pool-only measures the pool without TorchServe or Java: the bare "
                                    "model and the stock handler's path in this process against the fat and the "
                                    "planned pool, with the pools' stages.",
-                       epilog="example: packrat bench --model resnet50 --batch-size 2,4,8 --duration 30")
+                       epilog="example: packrat bench --model resnet50 --batch-size 2,4,8 --duration 30\n"
+                              "others: packrat bench oracle --help")
     model_args(p)
     p.add_argument("--batch-size", type=int_list, default=[8], help="batch sizes, e.g. 2,4,8 (default: 8)")
     p.add_argument("--duration", type=positive(float), default=30.0, help="seconds of load per run (default: 30)")
@@ -86,6 +88,10 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--out", type=Path, default=Path("out/bench"), help="results directory (default: out/bench)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=cmd_bench)
+    # Measurements of their own, with options of their own: `packrat bench oracle --help`. Without one,
+    # `packrat bench` is the load test above.
+    measurements = p.add_subparsers(dest="measurement", metavar="{oracle}", title="other measurements")
+    add_oracle_parser(measurements)
 
 
 def bench_tokenizer(model: str, payload: str, given: Path | None, demo: bool, out: Path) -> Path | None:

@@ -50,7 +50,7 @@ def add_serve_parser(sub) -> None:
                         "--inference-port and gRPC on --grpc-inference-port) with the engines in its process")
     ray = p.add_argument_group("--engine ray", "serve on a running Ray cluster (`ray start --head` on one "
                                                "node, `ray start --address HEAD:6379` on the others) instead of "
-                                               "TorchServe; needs `pip install packrat[ray]`")
+                                               "TorchServe; needs `pip install packrat-serve[ray]`")
     ray.add_argument("--ray-address", default="auto", help="the cluster to deploy on (default: auto, the local one)")
     ray.add_argument("--replicas", type=positive(int), default=None,
                      help="engines (Ray Serve replicas), at most one per node (default: the cluster's alive nodes)")
@@ -119,7 +119,7 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     try:
         from packrat.frontends import ray_serve
     except ImportError as exc:
-        raise ServeError(f"--engine ray needs Ray Serve: pip install 'packrat[ray]' ({exc})") from exc
+        raise ServeError(f"--engine ray needs Ray Serve: pip install 'packrat-serve[ray]' ({exc})") from exc
     app_args = ray_app_args(args)
     print(f"deploying {ray_model(args)} on the Ray cluster at {args.ray_address}, one engine per node ...")
     url, name = ray_serve.deploy(app_args, address=args.ray_address, host=args.http_host, port=args.http_port,
@@ -134,7 +134,7 @@ def serve_on_kserve(args: argparse.Namespace) -> int:
     from packrat.deploy import kserve
 
     if not kserve_installed():
-        raise ServeError("--engine kserve needs the KServe SDK: pip install 'packrat[kserve]'")
+        raise ServeError("--engine kserve needs the KServe SDK: pip install 'packrat-serve[kserve]'")
     run_dir = args.run_dir.resolve()
     names = served_names(args.models or ["resnet50"])
     mars = [archive_from_args(args, run_dir / "model_store", model=model, names=names)

@@ -13,7 +13,7 @@ import yaml
 from packrat import handlers
 from packrat.errors import ServeError
 from packrat.models.modes import DEFAULT_MODE
-from packrat.models.runtimes import IOS_CACHE
+from packrat.models.runtimes import DEFAULT_RUNTIME, IOS_CACHE
 from packrat.settings import Settings
 
 HANDLERS = Path(handlers.__file__).parent
@@ -24,13 +24,15 @@ HF_ARCHIVE_DIR = "hf-model"  # where an archive keeps a Hugging Face model's dir
 def model_config_yaml(settings: Settings, *, handler: str = "packrat", max_batch_delay_ms: int = 50) -> str:
     """TorchServe's per-model config: its batching and workers, and packrat's settings under `packrat:`.
 
-    The packrat handler gets one worker (the pool uses every core) in TorchServe's ordinary mode:
+    The packrat handler gets one worker (the pool uses every core) in TorchServe's ordinary mode, and
+    so does the stock handler running another runtime than inductor (its session has a thread a core):
     TorchServe gathers batches of up to max_batch within max_batch_delay_ms and the pool splits
     each among its instances. (TorchServe's asynchronous mode strands requests under load:
     BENCHMARKS.md, issue 16.)"""
     torchserve = {"batchSize": settings.max_batch, "maxBatchDelay": max_batch_delay_ms, "responseTimeout": 300,
                   "startupTimeout": 600}
-    if handler == "packrat":
+    if handler == "packrat" or settings.runtime not in (None, DEFAULT_RUNTIME):
+        # the pool, or the stock handler's one session of a runtime, has a thread on every core
         torchserve.update(minWorkers=1, maxWorkers=1)
     return yaml.safe_dump({**torchserve, "packrat": settings.to_section()}, sort_keys=False)
 

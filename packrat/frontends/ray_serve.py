@@ -158,7 +158,7 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("packrat")
+        return version("packrat-serve")
     except PackageNotFoundError:
         return "0"
 

@@ -1,7 +1,7 @@
 """Hugging Face ``save_pretrained`` directories as packrat models (``--model hf:DIR``).
 
 The directory's weights are loaded with the optional ``transformers`` package (``pip install
-'packrat[hf]'``); nothing is ever downloaded. Each model is wrapped in a small module that takes
+'packrat-serve[hf]'``); nothing is ever downloaded. Each model is wrapped in a small module that takes
 the spec's inputs positionally (``input_ids, attention_mask[, token_type_ids]``) and returns
 one tensor, so it traces (``script``) and compiles like the zoo's models:
 
@@ -42,7 +42,7 @@ OFFSET_POSITIONS = ("roberta",)
 ATTENTION = "sdpa"
 LABELS_DIR = "packrat-hf-labels"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json")  # model.safetensors, pytorch_model.bin, shards
-INSTALL_HINT = "pip install 'packrat[hf]'"
+INSTALL_HINT = "pip install 'packrat-serve[hf]'"
 
 
 def from_pretrained_dir(path: str, input_shape: tuple[int, ...] | None) -> ModelSpec:

@@ -36,7 +36,7 @@ archive can ship it. Building it checks the runtime against eager torch on the m
 inputs: outputs that differ by more than TOLERANCE of the largest output leave a ``.refused`` file
 with the reason, and the runtime is refused for that model from then on (RuntimeRefused).
 
-openvino and onnxruntime are optional extras (``pip install 'packrat[runtimes]'``); torch is
+openvino and onnxruntime install with packrat (a torch-only install leaves them out); torch is
 imported where it is used, so CLIs read RUNTIMES without paying for it.
 """
 
@@ -59,7 +59,7 @@ IOS_CACHE = Path("profiles/ios-schedules")  # where IOS schedules are kept unles
 THREAD_KINDS = {"onnxruntime-thread": "onnxruntime"}
 PACKAGES = {"openvino": "openvino", "onnxruntime": "onnxruntime", "onnxruntime-thread": "onnxruntime",
             "torch-compile": "torch"}
-INSTALL_HINT = "pip install 'packrat[runtimes]'"
+INSTALL_HINT = "pip install openvino onnxruntime onnx onnxscript (packrat-serve installs them unless installed torch-only)"
 TOLERANCE = 1e-3  # largest |runtime - eager| relative to eager's largest |output|
 CHECK_BATCH = 2  # the batch artefacts are converted and checked at (1 could be specialised away)
 SUFFIXES = {"openvino": ".openvino.xml", "onnxruntime": ".onnx"}  # the artefacts kept

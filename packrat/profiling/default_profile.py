@@ -35,7 +35,8 @@ def measure_profile(model: str, path: Path, batches, *, min_time: float = DEMO_M
                     graph_mode: str = DEFAULT_MODE):
     """Profile the demo's grid into `path`: threads 1..the local cores, `batches`, `min_time` s of
     timed runs per point after 3 warm-up runs in `graph_mode`, loaded or isolated as
-    profiler.DEFAULT_CONTENTION says, with the profiler's progress bar.
+    profiler.DEFAULT_CONTENTION says, under every runtime installed (as `packrat profile` does: a
+    runtime dominated point after point is measured no further), with the profiler's progress bar.
 
     Points already in an existing file are kept (only missing ones are measured, in the kind the
     file holds: an older cache stays isolated). A new file is measured as PATH.partial.csv and
@@ -43,12 +44,15 @@ def measure_profile(model: str, path: Path, batches, *, min_time: float = DEMO_M
     used; the same command resumes it."""
     settings = profiler.ProfileSettings(model=model, warmup=DEMO_WARMUP, iters=None, min_time=min_time,
                                         input_shape=input_shape, graph_mode=graph_mode)
+    from packrat.models.runtimes import installed_runtimes
+
     threads = list(range(1, cpu_budget().cores + 1))
     batches = sorted(set(batches))
+    every = {"progress": progress, "runtimes": installed_runtimes(), "every_runtime": False}
     if path.exists():
-        return profiler.run(_same_kind(settings, path), threads, batches, path, progress=progress)
+        return profiler.run(_same_kind(settings, path), threads, batches, path, **every)
     partial = path.with_name(path.stem + ".partial.csv")
-    profiler.run(_same_kind(settings, partial), threads, batches, partial, progress=progress)
+    profiler.run(_same_kind(settings, partial), threads, batches, partial, **every)
     partial.replace(path)
     return load(path)
 

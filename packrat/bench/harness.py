@@ -1,10 +1,6 @@
-"""What the benchmarks share beyond the bench stage (packrat/bench/: rounds, the clock, pools
-answering, result files): command lines, child processes, pool requests, markdown output.
-
-A benchmark runs as a script, so Python puts benchmarks/ on sys.path, not the repo root; each puts
-the root there first: `sys.path.insert(0, str(Path(__file__).resolve().parents[1]))`. Nothing
-here imports torch at import time: a script that only formats figures stays light.
-"""
+"""What the measurements share beyond rounds, the clock and pools answering (rounds.py, pool.py):
+command lines, child processes, pool requests, markdown output. Nothing here imports torch at
+import time: a command that only formats figures stays light."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The oracle: every feasible configuration measured, against the planner's choices.
 
-    .venv/bin/python benchmarks/oracle.py --model resnet50 --batches 1,2,4,8,16 [--rounds 10]
+    packrat bench oracle --model resnet50 --batches 1,2,4,8,16 [--rounds 10]
 
 On this machine (T = its cores, or --threads), for each batch size B, a pool is built for every
 feasible configuration: every multiset of instances ⟨t, b⟩ with Σt ≤ T and Σb = B, up to the bound
@@ -38,7 +38,6 @@ several commands with --json each, then print them as one report with --merge.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import platform
@@ -51,21 +50,18 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from packrat.errors import NoPlanError
-from packrat.models.runtimes import DEFAULT_RUNTIME, IOS_CACHE
+from packrat.models.runtimes import DEFAULT_RUNTIME
 from packrat.planning.planner import Planner
 from packrat.models.modes import served
 from packrat.profiling.profiles import Profile, load
 from packrat.serving.payloads import planned_for
 from packrat.machine.topology import Topology
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
-from benchmarks.common import doc_parser, error_text, local_topology, markdown_table, pool_requests
+from packrat.bench.harness import error_text, local_topology, markdown_table, pool_requests
 from packrat.bench.pool import answered
 from packrat.bench.results import write_json
 from packrat.bench.rounds import elapsed_ms, in_rounds
 from packrat.profiling.profiles import default_path as default_profile_path
-from packrat.cli.types import int_list, positive
-from packrat.cli.profile import runtime_list
 
 Shape = tuple[int, int, str]  # one instance: (threads, batch, runtime)
 Config = tuple[Shape, ...]  # a multiset of instances, canonical: sorted, biggest first
@@ -715,6 +711,10 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict, bar) -> dict:
         per_instance = max((before - _available_mib()) / started, 1.0) * MEMORY_MARGIN
         free = args.memory_mib if args.memory_mib is not None else _available_mib() - MEMORY_RESERVE_MIB
         groups = memory_groups(rest, per_instance, free)
+        if len(groups) > 1:  # the anchors are timed again beside each further group
+            bar.total += (len(groups) - 1) * args.rounds * sum(costs["call"][c] for c in kept)
+            print(f"B={batch}: {len(rest)} configurations in {len(groups)} groups that fit the free memory, each "
+                  f"timed beside the {len(kept)} anchors (plans and fat instances)", file=sys.stderr, flush=True)
         for g, group in enumerate(groups):
             with ExitStack() as group_stack:
                 pools = {**kept, **timer.start(group, group_stack)}
@@ -794,71 +794,12 @@ def run(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    positive_int, nonnegative_int = positive(int), positive(int, zero=True)
-    parser = doc_parser(__doc__, examples=(
-        "examples:\n"
-        "  benchmarks/oracle.py --model resnet50 --batches 1,2,4,8,16 --dry-run   # configurations, estimate\n"
-        "  benchmarks/oracle.py --model resnet50 --batches 1,2,4,8,16 --rounds 10\n"
-        "  benchmarks/oracle.py --model bert_base --batches 1,2,4,8 --json out/bert-a.json\n"
-        "  benchmarks/oracle.py --model bert_base --batches 16 --json out/bert-b.json\n"
-        "  benchmarks/oracle.py --merge out/bert-a.json out/bert-b.json"))
-    parser.add_argument("--model", default="resnet50", help="zoo name, as for `packrat profile` (default: resnet50)")
-    parser.add_argument("--batches", type=int_list, default=[1, 2, 4, 8, 16],
-                        help="batch sizes B (default 1,2,4,8,16); also the profile's when it is measured")
-    parser.add_argument("--threads", type=positive_int, default=None,
-                        help="T, the cores to use: the first T of this process's cores (default: all of them)")
-    parser.add_argument("--rounds", type=positive_int, default=10, help="interleaved rounds (default: 10)")
-    parser.add_argument("--warmup", type=nonnegative_int, default=1,
-                        help="untimed calls per configuration before the rounds (default: 1)")
-    parser.add_argument("--max-configs", type=positive_int, default=MAX_CONFIGS,
-                        help=f"at most this many configurations per B beyond those always timed (default: "
-                             f"{MAX_CONFIGS}; see above)")
-    parser.add_argument("--family", choices=FAMILIES, default="all",
-                        help=f"all (every feasible one, up to the bound above; the default) or identical ({IDENTICAL_TEXT})")
-    parser.add_argument("--runtimes", type=runtime_list, default=None, metavar="LIST",
-                        help="time each candidate under each of these runtimes (every instance running it), and "
-                             "each one's fat instance (default: the runtimes the profile measured, installed here)")
-    parser.add_argument("--profile", type=Path, default=None,
-                        help="profile CSV with loaded and isolated figures (default: profiles/oracle-MODEL.csv, measured)")
-    parser.add_argument("--ios-cache", type=Path, default=IOS_CACHE,
-                        help=f"where the profile's IOS schedules are kept (default: {IOS_CACHE}); IOS configurations "
-                             "are timed only where the profile has the ios runtime's point")
-    parser.add_argument("--profile-min-time", type=float, default=PROFILE_MIN_TIME_S, metavar="S",
-                        help=f"when measuring the profile: at least S s per point (default: {PROFILE_MIN_TIME_S:g})")
-    parser.add_argument("--json", type=Path, default=None,
-                        help="every figure, written after each B (default: out/oracle-MODEL.json)")
-    parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
-                        help="measure nothing: one report of these runs' JSON (with --profile: that profile's choices)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the rounds' shuffles (default: 0)")
-    parser.add_argument("--memory-mib", type=positive(float), default=None, metavar="MIB",
-                        help="memory one B's pools may hold beside the anchors (default: what is free less "
-                             f"{MEMORY_RESERVE_MIB} MiB); the rest start in later groups")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the configurations, the planner's choices and the estimate; measure nothing")
-    parser.add_argument("--profile-only", action="store_true",
-                        help="measure (or complete) the profile, print the configurations and the estimate")
-    parser.add_argument("--verbose", action="store_true", help="also list every configuration to be timed")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.merge:
-        report = merge(args.merge)
-        if args.profile:
-            report = rescore(report, args.profile)
-        print_report(report)
-        if args.json:
-            write_json(args.json, report)
-        return 0
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        print("\ninterrupted: the batch sizes finished so far are in the JSON file", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def report_merged(paths: Sequence[Path], profile: Path | None, json_path: Path | None) -> int:
+    """--merge: one report of several runs' JSON (with `profile`: that profile's choices)."""
+    report = merge(paths)
+    if profile:
+        report = rescore(report, profile)
+    print_report(report)
+    if json_path:
+        write_json(json_path, report)
+    return 0
