@@ -3,6 +3,8 @@ tokenizer, kills) with TorchServe and locust faked; the default profile location
 
 from __future__ import annotations
 
+import itertools
+
 import json
 import os
 import shutil
@@ -283,7 +285,9 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
     monkeypatch.setattr(bench_server.archive, "build",
                         lambda settings, out, **kw: events.append(("archive", {**asdict(settings), **kw})) or out / "m.mar")
     monkeypatch.setattr(bench_server.torchserve, "Server", FakeServer)
-    monkeypatch.setattr(bench_server.torchserve.Ports, "free", classmethod(lambda cls: None))
+    numbers = itertools.count(9000)
+    monkeypatch.setattr(bench_server.torchserve.Ports, "free", classmethod(lambda cls: cls(*(next(numbers)
+                                                                                           for _ in range(5)))))
     monkeypatch.setattr(bench_server.torchserve, "start",
                         lambda server, mar: events.append(("start", server.served_dir)) or server)
     monkeypatch.setattr(bench_server.torchserve, "stop", lambda server: events.append(("stop",)))
@@ -301,7 +305,8 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
     assert len(starts) == 3  # once per configuration, not per users pattern
     served = [e[1] for e in starts]  # each configuration plans on its own served latencies, not another's
     assert len(set(served)) == 3 and all(d.name == "served" for d in served)
-    assert [e[0] for e in events[:9]] == ["archive", "start", "locust"] * 3  # side by side, then loaded
+    # archived, started together, then warmed up one at a time and loaded
+    assert [e[0] for e in events[:9]] == ["archive"] * 3 + ["start"] * 3 + ["locust"] * 3
     loads = [e for e in events if e[0] == "locust"]
     assert [e[1] for e in loads] == ["warmup"] * 3 + ["load-u4", "load-u8"] * 3
     assert {e[3] for e in loads} == {"image/jpeg"}

@@ -86,7 +86,9 @@ def test_server_bench_rotates_rounds_and_pools_them(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_server.archive, "build",
                         lambda settings, out, **kw: built.append(asdict(settings)) or out)
     monkeypatch.setattr(bench_server.torchserve, "Server", FakeServer)
-    monkeypatch.setattr(bench_server.torchserve.Ports, "free", classmethod(lambda cls: None))
+    numbers = iter(range(9000, 9100))
+    monkeypatch.setattr(bench_server.torchserve.Ports, "free", classmethod(lambda cls: cls(*(next(numbers)
+                                                                                           for _ in range(5)))))
     monkeypatch.setattr(bench_server.torchserve, "start", lambda server, mar: server)
     monkeypatch.setattr(bench_server.torchserve, "stop", lambda server: None)
 
@@ -198,7 +200,7 @@ def run_demo(monkeypatch, tmp_path, argv, served=None):
 
 def test_demo_no_serve_profiles_plans_and_plots(monkeypatch, tmp_path, capsys):
     measured = run_demo(monkeypatch, tmp_path, ["--no-serve"])
-    assert measured == [("tiny", "profiles/tiny.csv", [1, 2, 4, 8], "compile")]
+    assert measured == [("tiny", "profiles/eager-tiny.csv", [4, 8], "eager")]
     out = capsys.readouterr().out
     assert "== 1/5 profile tiny on 2 cores under every installed runtime" in out and "== 4/5" not in out
     assert "2×⟨1 threads, batch 4⟩" in out

@@ -16,7 +16,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -101,14 +101,12 @@ def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, d
     handlers = {name: handler for name, handler, *_ in configs}
     measured: dict[tuple[str, int], list[tuple[LoadResult, int]]] = {}  # (config, users) -> (result, kills) per round
     with ExitStack() as stack:
-        servers = {}
-        for config in configs:
-            mar = config_archive(config, model, batch, profile_path, out_dir / config[0] / "model_store",
-                           tokenizer=tokenizer, graph_mode=graph_mode, stock_runtime=stock_runtime,
-                           max_batch_delay_ms=max_batch_delay_ms)
-            servers[config[0]] = stack.enter_context(warmed_server(config[0], model, mar, out_dir / config[0],
-                                                                   max(n for n, _ in counts), warmup_s, log,
-                                                                   payload=body))
+        archives = {config[0]: config_archive(config, model, batch, profile_path, out_dir / config[0] / "model_store",
+                                              tokenizer=tokenizer, graph_mode=graph_mode, stock_runtime=stock_runtime,
+                                              max_batch_delay_ms=max_batch_delay_ms) for config in configs}
+        servers = started_side_by_side(archives, model, out_dir, stack, log)
+        for name, server in servers.items():  # one at a time: locust and the warm-up share the cores
+            warm_up(server, model, out_dir / name, max(n for n, _ in counts), warmup_s, body)
         for round_, name in in_rounds(list(servers), rounds):
             kill_every = kill_every_s if handlers[name] == "packrat" else None
             for n, pattern in counts:
@@ -209,19 +207,64 @@ def format_server_results(runs: Sequence[ServerRun], kills: bool = False) -> str
     return align(lines)
 
 
+def started_side_by_side(archives: dict[str, Path], model: str, out_dir: Path, stack: ExitStack, log) -> dict:
+    """{name: (server, token)}: TorchServe serving each archive, the servers started at once (their
+    JVMs and workers boot in parallel) on free loopback ports, each stopped when `stack` closes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ports = distinct_ports(len(archives))
+
+    def start(name: str, ports: torchserve.Ports):
+        log(f"-- {name}: starting TorchServe")
+        run_dir = out_dir / name
+        server = torchserve.Server(run_dir, model, ports, token_auth=True, served_dir=run_dir / "served")
+        return torchserve.start(server, archives[name])
+
+    with ThreadPoolExecutor(len(archives)) as threads:
+        futures = {name: threads.submit(start, name, p) for name, p in zip(archives, ports)}
+    servers, failed = {}, None
+    for name, future in futures.items():
+        try:
+            server = future.result()
+        except Exception as exc:  # the others are stopped with the stack
+            failed = failed or exc
+            continue
+        stack.callback(torchserve.stop, server)
+        servers[name] = (server, server.key("inference"))
+    if failed is not None:
+        raise failed
+    return servers
+
+
+def distinct_ports(count: int) -> list:
+    """`count` sets of free loopback ports, no port in two of them (the servers bind them only later)."""
+    while True:
+        sets = [torchserve.Ports.free() for _ in range(count)]
+        numbers = [port for ports in sets for port in astuple(ports)]
+        if len(set(numbers)) == len(numbers):
+            return sets
+
+
+def warm_up(server_and_token, model: str, run_dir: Path, users: int, warmup_s: float, payload) -> None:
+    """Locust load on a started server for warmup_s: the first requests after a start are slower."""
+    from packrat.loadtest import run_locust
+
+    server, token = server_and_token
+    run_locust(server.inference_url, model, users, warmup_s, run_dir / "warmup", token=token, payload=payload)
+
+
 @contextmanager
 def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, warmup_s: float, log,
                   payload: tuple[bytes, str]):
     """TorchServe started on free loopback ports and warmed up by locust sending `payload`
     (body, content type); stopped on exit."""
-    from packrat.loadtest import run_locust
 
     log(f"-- {name}: starting TorchServe")
     server = torchserve.start(torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True,
                                                      served_dir=run_dir / "served"), mar)
     try:
         token = server.key("inference")
-        run_locust(server.inference_url, model, users, warmup_s, run_dir / "warmup", token=token, payload=payload)
+        warm_up((server, token), model, run_dir, users, warmup_s, payload)
         yield server, token
     finally:
         torchserve.stop(server)
