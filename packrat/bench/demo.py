@@ -20,6 +20,7 @@ DEMO_MODEL = "squeezenet"
 # cores (docs/benchmarks/demo.md), more than the demo has; every other runtime is profiled as usual.
 DEMO_GRAPH_MODE = "eager"
 DEMO_BATCHES = [4, 8]  # B = 8 and its halves: the plan may split it, fat or not
+DEMO_MIN_TIME_S = 0.5  # runtimes 5-15 % apart are told apart; a point's process start costs more
 DEMO_SERVE_BATCH = 8  # the largest profiled: B users keep every batch full, so a round is B-request batches
 # B users in a closed loop: every batch full, the next one sent as soon as it is answered, so each
 # server is busy all the time and a request's latency is one batch's.

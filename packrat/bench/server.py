@@ -222,18 +222,24 @@ def started_side_by_side(archives: dict[str, Path], model: str, out_dir: Path, s
 
     with ThreadPoolExecutor(len(archives)) as threads:
         futures = {name: threads.submit(start, name, p) for name, p in zip(archives, ports)}
-    servers, failed = {}, None
-    for name, future in futures.items():
+    started, failed = [], None
+    for future in futures.values():
         try:
-            server = future.result()
+            started.append(future.result())
         except Exception as exc:  # the others are stopped with the stack
             failed = failed or exc
-            continue
-        stack.callback(torchserve.stop, server)
-        servers[name] = (server, server.key("inference"))
+    stack.callback(stopped_side_by_side, started)
     if failed is not None:
         raise failed
-    return servers
+    return {name: (server, server.key("inference")) for name, server in zip(archives, started)}
+
+
+def stopped_side_by_side(servers: list) -> None:
+    """Every server stopped at once (each stop waits for its JVM to exit)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(len(servers), 1)) as threads:
+        list(threads.map(torchserve.stop, servers))
 
 
 def distinct_ports(count: int) -> list:

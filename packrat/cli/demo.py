@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from packrat.bench.demo import (AT_SCALE_BATCHES, AT_SCALE_THREADS, DEMO_BATCHES, DEMO_DURATION_S, DEMO_GRAPH_MODE,
+                                DEMO_MIN_TIME_S,
                                 DEMO_MODEL, DEMO_ROUNDS, DEMO_SERVE_BATCH, DEMO_USERS, DEMO_WARMUP_S, at_scale_lines,
                                 careful_runtime, demo_configs, demo_profile_path, published_table, verdict)
 from packrat.bench.server import run_server_bench
@@ -36,8 +37,8 @@ def add_demo_parser(sub) -> None:
     p.add_argument("--graph-mode", choices=MODES, default=DEMO_GRAPH_MODE,
                    help=f"how inductor instances run the model (default: {DEMO_GRAPH_MODE}); stock always runs it "
                         "eager, as TorchServe's handler does")
-    p.add_argument("--min-time", type=positive(float), default=1.0, metavar="S",
-                   help="seconds of timed runs per point (default: 1)")
+    p.add_argument("--min-time", type=positive(float), default=DEMO_MIN_TIME_S, metavar="S",
+                   help=f"seconds of timed runs per point (default: {DEMO_MIN_TIME_S:g})")
     p.add_argument("--out-dir", type=Path, default=Path("out"),
                    help="where plots/ and bench/ go (default: out); the profile is profiles/MODEL.csv in compile "
                         "mode (the one serve, archive and bench use), profiles/MODE-MODEL.csv in another")
