@@ -1,25 +1,19 @@
-"""benchmarks/chaos.py, its pure parts: fault schedule, attributing failures to fault windows,
-summaries and tables (no server, no locust)."""
+"""packrat bench chaos (packrat/bench/chaos.py), its pure parts: fault schedule, attributing failures
+to fault windows, summaries and tables, and its command line (no server, no locust)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
-import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
+from packrat.bench import chaos
+from packrat.cli import bench_chaos
+from packrat.cli.main import build_parser, main
 from packrat.loadtest.requestlog import RequestRecord, format_record, one_line, parse_line, read_request_log
-
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "chaos.py"
-_SPEC = importlib.util.spec_from_file_location("benchmarks_chaos", _PATH)
-chaos = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = chaos
-_SPEC.loader.exec_module(chaos)
 
 
 def rec(start, ms=100.0, status=200, reason=""):
@@ -29,12 +23,12 @@ def rec(start, ms=100.0, status=200, reason=""):
 # ---- parsing and schedule ----------------------------------------------------------------------
 
 def test_parse_faults_keeps_order_drops_duplicates_and_rejects_unknown():
-    assert chaos.parse_faults("stop, kill,stop") == ["stop", "kill"]
-    assert chaos.parse_faults(",".join(chaos.FAULT_KINDS)) == list(chaos.FAULT_KINDS)
+    assert bench_chaos.parse_faults("stop, kill,stop") == ["stop", "kill"]
+    assert bench_chaos.parse_faults(",".join(chaos.FAULT_KINDS)) == list(chaos.FAULT_KINDS)
     with pytest.raises(argparse.ArgumentTypeError, match="unknown fault 'nap'"):
-        chaos.parse_faults("kill,nap")
+        bench_chaos.parse_faults("kill,nap")
     with pytest.raises(argparse.ArgumentTypeError):
-        chaos.parse_faults("")
+        bench_chaos.parse_faults("")
 
 
 def test_schedule_cycles_kinds_every_interval_before_the_end():
@@ -55,18 +49,38 @@ def test_reconfigure_alternates_half_and_full_batch():
 
 
 def test_one_users_pattern():
-    assert chaos.one_users_pattern("2B").users(4) == 8
-    assert chaos.one_users_pattern("3").users(4) == 3
+    assert bench_chaos.one_users_pattern("2B").users(4) == 8
+    assert bench_chaos.one_users_pattern("3").users(4) == 3
     with pytest.raises(argparse.ArgumentTypeError):
-        chaos.one_users_pattern("B,2B")
+        bench_chaos.one_users_pattern("B,2B")
 
 
 def test_parser_defaults_match_the_issue():
-    args = chaos.parser().parse_args([])
+    args = build_parser().parse_args(["bench", "chaos"])
+    assert args.func is bench_chaos.cmd_chaos
     assert (args.model, args.batch_size, args.users.users(args.batch_size), args.duration, args.every) == \
         ("resnet50", 4, 8, 300.0, 15.0)
     assert args.faults == list(chaos.FAULT_KINDS) and args.stop_s == 20 and args.request_timeout == 120
     assert (args.payload, args.handler, args.soak, args.sample_every) == ("jpeg", "packrat", False, 30.0)
+
+
+def test_the_payload_choices_are_the_codecs():
+    from packrat.codec.payloads import PAYLOAD_KINDS
+
+    assert bench_chaos.PAYLOADS == PAYLOAD_KINDS
+
+
+def test_the_stock_handler_takes_only_the_worker_fault_before_anything_starts():
+    with pytest.raises(SystemExit, match="--handler stock has no pool: only --faults worker applies"):
+        main(["bench", "chaos", "--handler", "stock", "--faults", "worker,kill"])
+
+
+def test_help_is_the_module_docstring_with_examples(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "chaos", "--help"])
+    text = capsys.readouterr().out
+    assert "Chaos and soak benchmark (issue 16)" in text and "double-kill  kill -9 of an instance" in text
+    assert "packrat bench chaos --soak --duration 600" in text and "benchmarks/chaos.py" not in text
 
 
 # ---- attribution -------------------------------------------------------------------------------

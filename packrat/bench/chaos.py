@@ -1,10 +1,7 @@
 """Chaos and soak benchmark (issue 16): faults injected into packrat-served TorchServe under load.
 
-    .venv/bin/python benchmarks/chaos.py [--model resnet50] [--batch-size 4] [--duration 300] [--every 15]
-                                         [--faults kill,double-kill,stop,worker,reconfigure] [--json OUT]
-    .venv/bin/python benchmarks/chaos.py --handler stock --faults worker      # what stock TorchServe loses
-    .venv/bin/python benchmarks/chaos.py --soak --duration 600                 # no faults: leaks over time
-    .venv/bin/python benchmarks/chaos.py --model tiny --duration 20 --every 5 --faults kill   # smoke run
+    packrat bench chaos [--model resnet50] [--batch-size 4] [--duration 300] [--every 15]
+                        [--faults kill,double-kill,stop,worker,reconfigure] [--json OUT]
 
 Chaos mode (default). The model is served in real TorchServe as `packrat bench` serves it (the
 packrat handler with the plan for batch size B, or the stock handler with --handler stock), warmed
@@ -42,12 +39,10 @@ sample. Locust runs on the same cores as the server. Progress goes to stderr.
 """
 from __future__ import annotations
 
-import argparse
 import bisect
 import math
 import random
 import re
-import signal
 import statistics
 import sys
 import threading
@@ -57,20 +52,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
-from packrat.bench.harness import doc_parser, fmt_num, markdown_table as markdown
-from packrat.loadtest import run_locust
-from packrat.codec.payloads import PAYLOAD_KINDS
-from packrat.loadtest.requestlog import RequestRecord, read_request_log
 from packrat.bench import faults
-from packrat.bench.results import write_json
+from packrat.bench.harness import fmt_num, markdown_table as markdown
 from packrat.bench.server import config_archive, warmed_server
 from packrat.deploy import torchserve
 from packrat.frontends import torchserve_control
-from packrat.cli.types import name_list, positive, users_list
 from packrat.profiling.default_profile import resolve_profile
+
+if TYPE_CHECKING:  # the load test (matplotlib) is imported by the run only: `packrat --help` stays light
+    from packrat.loadtest.requestlog import RequestRecord
 
 FAULT_KINDS = ("kill", "double-kill", "stop", "worker", "reconfigure")
 STOCK_FAULTS = ("worker",)  # stock TorchServe has no pool
@@ -90,9 +84,6 @@ BEFORE_FAULTS = "before faults"
 
 
 # ---- pure: schedule, attribution, summaries, tables ---------------------------------------------
-
-parse_faults = name_list(FAULT_KINDS, "fault")  # argparse type: "kill,stop" -> ["kill", "stop"]
-
 
 def fault_schedule(kinds: Sequence[str], every_s: float, duration_s: float) -> list[tuple[float, str]]:
     """(seconds after the load started, kind) for each fault: at every_s, 2·every_s, ... before
@@ -615,6 +606,8 @@ def log(message: str) -> None:
 def first_request_time(request_log: Path, load: Future, since: float,
                        timeout_s: float = FIRST_REQUEST_TIMEOUT_S) -> float:
     """When the load's first logged request (sent after `since`) was sent, waiting for it to be answered."""
+    from packrat.loadtest.requestlog import read_request_log
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         starts = [r.start for r in read_request_log(request_log) if r.start >= since]
@@ -637,7 +630,12 @@ def build_archive(args, run_dir: Path) -> Path:
 
 def run(args) -> dict:
     """Serve, warm up, load (with faults unless --soak), sample, stop, check leftovers: the report."""
+    from packrat.codec.payloads import build_payload
+    from packrat.loadtest import run_locust
+    from packrat.loadtest.requestlog import read_request_log
+
     mode = "soak" if args.soak else "chaos"
+    body = build_payload(args.model, args.payload)  # (bytes, content type), what every request sends
     users = args.users.users(args.batch_size)
     run_dir = Path(args.out) / f"{mode}-{args.handler}"
     request_log = run_dir / "requests.tsv"
@@ -651,7 +649,7 @@ def run(args) -> dict:
     notes: list[str] = []
     schedule = [] if args.soak else fault_schedule(args.faults, args.every, args.duration)
     with warmed_server(f"{mode}/{args.handler}", args.model, mar, run_dir, users, args.warmup, log,
-                       payload=args.payload) as (server, token):
+                       payload=body) as (server, token):
         injector = Injector(server, args.handler, args.batch_size, tracker, rng, stop_s=args.stop_s,
                             replace_wait_s=min(args.replace_wait, args.every), log=log)
         if injector.wait(injector.full_strength, time.time() + FINAL_WAIT_S)[0] is None:
@@ -664,7 +662,7 @@ def run(args) -> dict:
             request_log.unlink(missing_ok=True)  # run_locust does too, but maybe after the first look below
             started = time.time()
             load = pool.submit(run_locust, server.inference_url, args.model, users, args.duration,
-                               run_dir / "load", token=token, payload=args.payload,
+                               run_dir / "load", token=token, payload=body,
                                timeout_s=args.client_timeout or args.request_timeout + CLIENT_TIMEOUT_SLACK_S,
                                request_log=request_log)
             t0 = first_request_time(request_log, load, started)
@@ -738,65 +736,3 @@ def build_report(args, mode: str, users: int, result, records: list[RequestRecor
         "leftovers": left,
         "notes": notes,
     }
-
-
-# ---- command line --------------------------------------------------------------------------------
-
-def one_users_pattern(text: str):
-    patterns = users_list(text)
-    if len(patterns) != 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give one users pattern, like 8 or 2B")
-    return patterns[0]
-
-
-def parser() -> argparse.ArgumentParser:
-    p = doc_parser(__doc__)
-    number, count = positive(float), positive(int)
-    p.add_argument("--model", default="resnet50", help="zoo model (default resnet50; tiny for a smoke run)")
-    p.add_argument("--batch-size", type=count, default=4, help="TorchServe's batch size B, planned for (default 4)")
-    p.add_argument("--users", type=one_users_pattern, default="2B",
-                   help="locust users: a count, or a multiple of B like 2B (default 2B)")
-    p.add_argument("--duration", type=number, default=300.0, help="seconds of load after the warm-up (default 300)")
-    p.add_argument("--warmup", type=number, default=10.0, help="seconds of locust warm-up (default 10)")
-    p.add_argument("--every", type=number, default=15.0, help="seconds between faults (default 15)")
-    p.add_argument("--faults", type=parse_faults, default=list(FAULT_KINDS),
-                   help=f"comma list, cycled (default all: {','.join(FAULT_KINDS)})")
-    p.add_argument("--stop-s", type=number, default=20.0, help="how long a stop fault keeps SIGSTOP (default 20)")
-    p.add_argument("--replace-wait", type=number, default=10.0,
-                   help="double-kill: the longest wait for the replacement to appear (default 10, at most --every)")
-    p.add_argument("--request-timeout", type=number, default=120.0,
-                   help="the server's deadline per request (archive request_timeout_s; default 120)")
-    p.add_argument("--client-timeout", type=number, default=None,
-                   help="how long a locust user waits for an answer (default: --request-timeout + 60 s)")
-    p.add_argument("--handler", choices=("packrat", "stock"), default="packrat",
-                   help="packrat (default) or TorchServe's stock handler (only the worker fault applies)")
-    p.add_argument("--plan", choices=("auto", "fat"), default="auto", help="packrat plan (default auto)")
-    p.add_argument("--profile", type=Path, help="profile CSV (default profiles/MODEL.csv, measured when missing)")
-    p.add_argument("--payload", choices=PAYLOAD_KINDS, default="jpeg", help="request body (default jpeg)")
-    p.add_argument("--max-batch-delay", type=count, default=100, help="TorchServe maxBatchDelay ms (default 100)")
-    p.add_argument("--soak", action="store_true", help="soak mode: steady load, no faults, samples over time")
-    p.add_argument("--sample-every", type=number, default=30.0, help="seconds between resource samples (default 30)")
-    p.add_argument("--grace", type=number, default=15.0,
-                   help="after stop, how long leftovers may take to go before they count (default 15)")
-    p.add_argument("--seed", type=int, default=0, help="seed for choosing victims (default 0)")
-    p.add_argument("--out", type=Path, default=Path("out/chaos"), help="run directories (default out/chaos)")
-    p.add_argument("--json", type=Path, metavar="OUT", help="write the report (figures and markdown) here")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if args.handler == "stock" and not args.soak and set(args.faults) - set(STOCK_FAULTS):
-        raise SystemExit(f"--handler stock has no pool: only --faults {','.join(STOCK_FAULTS)} applies")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop the server
-    report = run(args)
-    report["markdown"] = format_report(report)
-    print(report["markdown"])
-    if args.json:
-        write_json(args.json, report)
-        log(f"report written to {args.json}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,6 +14,7 @@ from packrat.bench.server import SERVER_CONFIGS, run_server_bench
 from packrat.bench.step import format_step_results, step_bench
 from packrat.bench.users import BATCH_USERS
 from packrat.cli.args import model_args, tokenizer_path
+from packrat.cli.bench_chaos import add_chaos_parser
 from packrat.cli.bench_oracle import add_oracle_parser
 from packrat.cli.types import int_list, name_list, positive, users_list
 from packrat.models.runtimes import RUNTIMES
@@ -92,6 +93,7 @@ def add_bench_parser(sub) -> None:
     # `packrat bench` is the load test above.
     measurements = p.add_subparsers(dest="measurement", metavar="{oracle}", title="other measurements")
     add_oracle_parser(measurements)
+    add_chaos_parser(measurements)
 
 
 def bench_tokenizer(model: str, payload: str, given: Path | None, demo: bool, out: Path) -> Path | None:
