@@ -14,7 +14,7 @@
 #                    batches 1,2,4,...,32, loaded, every installed runtime (one dominated point after
 #                    point is measured no further), served figures of raw tensor bodies (what the
 #                    peers and the oracle send) -> MODEL.csv, MODEL-adaptive.json, MODEL-plans.json
-#   peers    (170 s) benchmarks/peers.py at B = 8,16, 10 rounds: packrat's plan and its fat pool
+#   peers    (170 s) packrat bench peers at B = 8,16, 10 rounds: packrat's plan and its fat pool
 #                    against one in-process session of each installed runtime (ONNX Runtime, OpenVINO
 #                    LATENCY and THROUGHPUT, torch.compile, eager) -> peers.md, peers.json
 #   oracle   (170 s) packrat bench oracle at B = 16, 10 rounds: identical and mixed configurations
@@ -250,7 +250,7 @@ fi
 
 if wants peers; then
     begin peers "packrat's plan against its peers, $PEERS_MODEL, B = $PEERS_BATCHES, $PEERS_ROUNDS rounds"
-    run "$OUT/peers.md" "$PY" benchmarks/peers.py --model "$PEERS_MODEL" --profile "$PROFILE" --cores "$T" \
+    run "$OUT/peers.md" "$PY" -m packrat.cli bench peers --model "$PEERS_MODEL" --profile "$PROFILE" --cores "$T" \
         --batches "$PEERS_BATCHES" --rounds "$PEERS_ROUNDS" --peers "$PEERS" --keep-caches \
         --json "$OUT/peers.json" || true
     end

@@ -18,15 +18,13 @@ from pathlib import Path
 from packrat.profiling.plots import SHORT_RUNTIMES
 from packrat.profiling.profiles import load
 
-from packrat.bench import oracle
+from packrat.bench import oracle, peers as peers_bench
 from packrat.bench.harness import doc_parser, fmt_num, markdown_table
 
 STEPS = {"profile": "(a) Adaptive profile", "peers": "(b) packrat against its peers",
          "oracle": "(c) Planner vs the oracle", "bench": "(d) Pool-only bench: fat vs plan",
          "ios": "(e) IOS on many cores", "ios-plan": "(g) IOS instances in the plan"}
 VERDICTS = "(f) Per B: against the best peer, predicted / served, against the oracle"
-PEER_TARGET = 0.98  # issue 48: peer / packrat at every B, for every peer
-AHEAD_TARGET = 1.10  # ... and ahead by this much where the oracle beats the best peer by as much
 LETTER = {key: title.split()[0] for key, title in STEPS.items()}
 
 
@@ -193,7 +191,7 @@ def ios_verdict(entry: dict) -> str:
 
 
 def peers_tables(out: Path) -> list[str]:
-    """benchmarks/peers.py's tables, as it printed them (a heading and a table per B)."""
+    """packrat bench peers's tables, as it printed them (a heading and a table per B)."""
     path = out / "peers.md"
     lines = path.read_text().splitlines() if path.exists() else []
     kept = [line for line in lines if line.startswith(("|", "### ", "packrat plan:"))]
@@ -217,14 +215,11 @@ def verdict_rows(peers: dict | None, report: dict | None) -> list[dict]:
         row: dict = {"batch": batch}
         table = (peers or {}).get("summary", {}).get(str(batch), {})
         packrat = table.get("packrat", {}).get("latency_ms")
-        peers_here = {p: r for p, r in table.items() if p not in ("packrat", "packrat-later", "fat")}
-        others = {p: r["latency_ms"] for p, r in peers_here.items() if r.get("latency_ms") is not None}
-        row["unmeasured_peers"] = sorted(p for p in peers_here if p not in others)  # failed, or not installed
+        best, best_ms, row["unmeasured_peers"] = peers_bench.best_peer(table)  # unmeasured: failed, or not installed
         plan = (peers or {}).get("meta", {}).get("pools", {}).get("packrat", {}).get(str(batch), {})
         row.update(packrat_ms=packrat, predicted_ms=plan.get("predicted_ms"), plan=plan.get("describe"))
-        if others:
-            best = min(others, key=others.get)
-            row.update(best_peer=best, best_peer_ms=others[best])
+        if best is not None:
+            row.update(best_peer=best, best_peer_ms=best_ms)
         found = next((s for s in (report or {}).get("summaries", []) if s["batch"] == batch), {})
         loaded = found.get("loaded") or {}
         row.update(oracle=found.get("best"), oracle_ms=found.get("best_ms"), vs_oracle=loaded.get("vs_best"),
@@ -250,8 +245,8 @@ def verdict_tables(out: Path) -> list[str]:
                       _mark(served, oracle.met("predicted_vs_measured", served)),
                       r.get("oracle") or "-", _mark(r.get("vs_oracle"), oracle.met("vs_best", r.get("vs_oracle"))),
                       fmt_num(r.get("oracle_pred"), 2)])
-    return [f"Targets: best peer / packrat ≥ {PEER_TARGET} at every B, ≥ {AHEAD_TARGET} where the oracle beats the "
-            f"best peer by {AHEAD_TARGET - 1:.0%}; predicted / served within {oracle.PREDICTION_TOLERANCE:.0%}; the "
+    return [f"Targets: best peer / packrat ≥ {peers_bench.PEER_TARGET} at every B, ≥ {peers_bench.AHEAD_TARGET} where the oracle beats the "
+            f"best peer by {peers_bench.AHEAD_TARGET - 1:.0%}; predicted / served within {oracle.PREDICTION_TOLERANCE:.0%}; the "
             f"plan within {oracle.PLAN_TOLERANCE:.0%} of the oracle. packrat and the peers from (b), the oracle "
             "from (c); ✓ met, ✗ missed.", "",
             markdown_table(["B", "packrat's plan", "packrat ms", "best peer ms", "best peer / packrat",
@@ -259,14 +254,11 @@ def verdict_tables(out: Path) -> list[str]:
 
 
 def _peer_mark(ratio: float | None, ahead: float | None, unmeasured: list[str]) -> str:
-    """best peer / packrat against its target: ≥ AHEAD_TARGET where the oracle beats the best peer by
-    that much, else ≥ PEER_TARGET. Missed where a peer or the oracle could not be measured: the
-    target that applies, or the best peer, is then not known."""
+    """best peer / packrat against its target (peers.peer_verdict), with what was not measured."""
     if ratio is None:
         return "-"
-    missing = ([f"not measured: {', '.join(unmeasured)}"] if unmeasured else []) + (["no oracle"] if ahead is None else [])
-    target = AHEAD_TARGET if ahead is not None and ahead >= AHEAD_TARGET else PEER_TARGET
-    return _mark(ratio, not missing and ratio >= target) + (f" ({'; '.join(missing)})" if missing else "")
+    met, missing = peers_bench.peer_verdict(ratio, unmeasured, ahead)
+    return _mark(ratio, met) + (f" ({'; '.join(missing)})" if missing else "")
 
 
 def _mark(value: float | None, met: bool) -> str:

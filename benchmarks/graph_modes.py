@@ -4,7 +4,7 @@
                                                [--rounds 3] [--iters 10] [--modes eager,script,compile,torch-compile]
                                                [--json OUT]
 
-Modes, all from the same zoo module with its seeded weights (as benchmarks/peers.py runs them):
+Modes, all from the same zoo module with its seeded weights (as packrat bench peers runs them):
   eager          the nn.Module as it is
   script         TorchScript, trace + freeze + optimize_for_inference (packrat's default before 2.13)
   compile        packrat's default, prepared at the largest batch size: static AOTInductor packages
@@ -30,10 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
 from packrat.bench.harness import child_json, doc_parser, first_cores, fmt_num, fresh_compile_caches, \
     markdown_table, pin
-from benchmarks.peers import TorchRunner
+from packrat.bench.peers import TorchRunner
 from packrat.bench.results import write_json
 from packrat.bench.rounds import elapsed_ms, in_rounds
 from packrat.cli.types import int_list, name_list

@@ -43,7 +43,6 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.common
 from packrat.bench.harness import child_json, doc_parser, error_text, first_cores, markdown_head
 from packrat.bench.rounds import elapsed_ms, interleaved, medians
 from packrat.cli.types import int_list, name_list
@@ -84,7 +83,7 @@ def peer_call(peer: str, spec, batch: int, threads: int) -> Callable[[], object]
     if peer == "openvino":
         runner, examples = OpenVinoRunner(path, spec, batch, threads), spec.example_inputs(batch)
         return lambda: runner(*examples)
-    from benchmarks.peers import OrtRunner, ort_session
+    from packrat.bench.peers import OrtRunner, ort_session
 
     # ORT_PARALLEL runs independent nodes on the inter-op pool (inter_op_num_threads), each node's
     # kernel on the intra-op pool (intra_op_num_threads), two pools of their own (ONNX Runtime's
@@ -93,7 +92,7 @@ def peer_call(peer: str, spec, batch: int, threads: int) -> Callable[[], object]
     # groups; THREADS of each would put about 2×THREADS threads on the cores, and measured slower
     # everywhere (2 cores, each the median of 21 runs in 3 fresh processes, inter:intra): SqueezeNet
     # b1 3.5 ms at 2:1, 8.0 at 2:2; b8 29 and 35; Inception-v3 b1 51 and 68 (ORT_SEQUENTIAL 1.7, 15.4,
-    # 28.2). peers.py --ort-parallel-threads tries other splits.
+    # 28.2). packrat bench peers --ort-parallel-threads tries other splits.
     parallel = (threads, 1) if peer == "onnxruntime-parallel" else None
     # The peers take turns on the same cores: a session's threads spinning on after its run took
     # them from the next peer's (OpenVINO on SqueezeNet b1, 2 cores: 1.9 ms alone, 4.0 ms between

@@ -34,7 +34,7 @@ def build_parser():
                         help="skew this ⟨threads, batch⟩ alone, under every runtime (default: every split point)")
     parser.add_argument("--served-dir", type=Path, default=None, metavar="DIR",
                         help="keep the engine's served-latency file here (default: a temporary folder): a later "
-                             "run starts from its corrections, and peers.py --served-corrections plans on them")
+                             "run starts from its corrections, and packrat bench peers --served-corrections plans on them")
     parser.add_argument("--json", type=Path, default=None)
     return parser
 

@@ -143,7 +143,7 @@ def test_summary(suite):
         "(f) Per B: against the best peer, predicted / served, against the oracle", "(g) IOS instances in the plan"]
     tables = ["| t \\ b | 1 | 2 |", "| peer | median ms |", "| B | configs | oracle (best) |", "| B | in-process |",
               "| model | batch |"]
-    commands = ["-m packrat.cli profile --model tiny --adaptive", " benchmarks/peers.py --model tiny",
+    commands = ["-m packrat.cli profile --model tiny --adaptive", "-m packrat.cli bench peers --model tiny",
                 "-m packrat.cli bench oracle --model tiny", "-m packrat.cli bench --pool-only",
                 " benchmarks/ios_networks.py --models tiny"]
     for section, table, command in zip(sections, tables, commands):

@@ -1,4 +1,4 @@
-"""benchmarks/peers.py: its summary, ratios and tables from made-up runs, and one smoke run on `tiny`."""
+"""packrat bench peers (packrat/bench/peers.py): its summary, ratios and tables from made-up runs, and one smoke run on `tiny`."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "peers.py"
-_SPEC = importlib.util.spec_from_file_location("benchmarks_peers", _PATH)
-peers = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = peers
-_SPEC.loader.exec_module(peers)
+from packrat.bench import peers
+
+
+def parse(argv: list[str]):
+    """`packrat bench peers ARGV`'s arguments."""
+    from packrat.cli.main import build_parser
+
+    return build_parser().parse_args(["bench", "peers", *argv])
 
 
 def entry(ms: float, diff: float = 0.0, rel: float | None = None, note: str = "", setup: float = 1.0) -> dict:
@@ -84,9 +87,9 @@ def test_missing_packages_and_parsing():
         "not installed (pip install openvino)"
     assert peers.missing_packages("onnxruntime", installed=lambda name: True) is None
     assert peers.missing_packages("eager", installed=lambda name: False) is None
-    assert peers.parser().parse_args(["--peers", "eager,fat,eager"]).peers == ["eager", "fat"]
+    assert parse(["--peers", "eager,fat,eager"]).peers == ["eager", "fat"]
     with pytest.raises(SystemExit):
-        peers.parser().parse_args(["--peers", "eager,tensorrt"])
+        parse(["--peers", "eager,tensorrt"])
     assert peers.parse_ratio("T:1", 8) == (8, 1) and peers.parse_ratio("2:4", 8) == (2, 4)
     with pytest.raises(SystemExit):
         peers.parse_ratio("0:1", 8)
@@ -127,7 +130,7 @@ def test_smoke_run_on_tiny(tmp_path):
     chosen += ["openvino-latency"] if _installed("openvino") else []
     chosen += ["onnxruntime"] if _installed("onnxruntime") else []
     out = tmp_path / "peers.json"
-    done = subprocess.run([sys.executable, str(_PATH), "--model", "tiny", "--batches", "2", "--rounds", "1",
+    done = subprocess.run([sys.executable, "-m", "packrat.cli", "bench", "peers", "--model", "tiny", "--batches", "2", "--rounds", "1",
                            "--iters", "2", "--warmup", "1", "--cores", "1", "--peers", ",".join(chosen),
                            "--profile", str(profile), "--json", str(out), "--keep-caches"],
                           capture_output=True, text=True, timeout=300, check=False)
@@ -149,7 +152,7 @@ def test_packrat_later_runs_only_with_a_later_profile():
     assert peers.with_later(["eager", "packrat", "fat"], Path("b.csv")) == ["eager", "packrat", "packrat-later", "fat"]
     assert peers.with_later(["packrat-later", "eager"], None) == ["eager"]
     assert peers.with_later(["eager"], Path("b.csv")) == ["packrat-later", "eager"]
-    assert "packrat-later" not in peers.parser().parse_args([]).peers
+    assert "packrat-later" not in parse([]).peers
 
 
 def _profile(path: Path, split_ms: float) -> Path:
@@ -164,13 +167,13 @@ def _profile(path: Path, split_ms: float) -> Path:
 def test_two_profiles_plan_each_their_own_pool(tmp_path):
     """packrat plans on --profile, packrat-later on --later-profile, side by side per B."""
     early, later = _profile(tmp_path / "a.csv", 3.0), _profile(tmp_path / "b.csv", 30.0)
-    args = peers.parser().parse_args(["--model", "tiny", "--batches", "2", "--profile", str(early),
+    args = parse(["--model", "tiny", "--batches", "2", "--profile", str(early),
                                       "--later-profile", str(later)])
     pools = peers.pool_plans(args, [0, 1])
     assert pools["packrat"]["2"]["describe"].startswith("2×") and pools["packrat"]["2"]["predicted_ms"] == 3.0
     assert pools["packrat-later"]["2"]["describe"].startswith("1×") and pools["packrat-later"]["2"]["predicted_ms"] == 8.0
     assert "packrat plan: 2×" in pools["lines"][2] and "packrat-later plan: 1×" in pools["lines"][2]
-    missing = peers.parser().parse_args(["--model", "tiny", "--batches", "2", "--profile", str(tmp_path / "none.csv"),
+    missing = parse(["--model", "tiny", "--batches", "2", "--profile", str(tmp_path / "none.csv"),
                                          "--later-profile", str(later)])
     pools = peers.pool_plans(missing, [0, 1])
     assert "no profile" in pools["packrat"]["2"]["skipped"] and pools["lines"][2].startswith("packrat-later plan")
@@ -189,3 +192,21 @@ def test_a_pool_peer_s_path_is_summed_from_its_stage_medians():
     line = next(line for line in text.splitlines() if line.startswith("- packrat"))
     assert "hand-off 0.120 ms" in line and "copy 0.080" in line  # queue + send + wake; the copy apart
     assert "predicted 11.50 ms / served 11.50 = 1.000" in line
+
+
+def test_the_verdict_takes_the_best_peer_that_ran_and_fails_where_one_did_not():
+    rows = {"packrat": entry(10.0), "fat": entry(9.0), "eager": entry(20.0), "onnxruntime": entry(9.9)}
+    summary = peers.summarise({name: [{"batches": {"8": row}}] for name, row in rows.items()}, [8])
+    assert peers.best_peer(summary[8]) == ("onnxruntime", 9.9, [])  # fat is packrat's own, not a peer
+    line, = peers.verdict_lines(summary)
+    assert line == "B=8: best peer / packrat ≥ 0.98: PASS (onnxruntime / packrat 0.990)"
+    behind = peers.summarise({**{n: [{"batches": {"8": r}}] for n, r in rows.items()},
+                              "openvino-latency": [{"batches": {"8": entry(9.7)}}]}, [8])
+    assert "FAIL (openvino-latency / packrat 0.970)" in peers.verdict_lines(behind)[0]
+    failed = peers.summarise({n: [{"batches": {"8": r}}] for n, r in rows.items()} | {"openvino-latency": [
+        {"error": "crashed"}]}, [8])
+    assert "FAIL" in peers.verdict_lines(failed)[0] and "not measured: openvino-latency" in peers.verdict_lines(failed)[0]
+    # beside the oracle: where it beats the best peer by 10 %, packrat must be 10 % ahead too
+    assert peers.peer_verdict(1.05, [], ahead=1.2) == (False, [])
+    assert peers.peer_verdict(1.05, [], ahead=1.05) == (True, [])
+    assert peers.peer_verdict(1.05, [], ahead=None) == (False, ["no oracle"])

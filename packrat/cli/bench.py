@@ -16,6 +16,7 @@ from packrat.bench.users import BATCH_USERS
 from packrat.cli.args import model_args, tokenizer_path
 from packrat.cli.bench_chaos import add_chaos_parser
 from packrat.cli.bench_oracle import add_oracle_parser
+from packrat.cli.bench_peers import add_peers_parser
 from packrat.cli.types import int_list, name_list, positive, users_list
 from packrat.models.runtimes import RUNTIMES
 from packrat.profiling.default_profile import resolve_profile
@@ -37,7 +38,7 @@ def add_bench_parser(sub) -> None:
                                    "model and the stock handler's path in this process against the fat and the "
                                    "planned pool, with the pools' stages.",
                        epilog="example: packrat bench --model resnet50 --batch-size 2,4,8 --duration 30\n"
-                              "others: packrat bench oracle --help")
+                              "others: packrat bench peers --help, packrat bench oracle --help, packrat bench chaos --help")
     model_args(p)
     p.add_argument("--batch-size", type=int_list, default=[8], help="batch sizes, e.g. 2,4,8 (default: 8)")
     p.add_argument("--duration", type=positive(float), default=30.0, help="seconds of load per run (default: 30)")
@@ -91,7 +92,8 @@ def add_bench_parser(sub) -> None:
     p.set_defaults(func=cmd_bench)
     # Measurements of their own, with options of their own: `packrat bench oracle --help`. Without one,
     # `packrat bench` is the load test above.
-    measurements = p.add_subparsers(dest="measurement", metavar="{oracle}", title="other measurements")
+    measurements = p.add_subparsers(dest="measurement", title="other measurements")
+    add_peers_parser(measurements)
     add_oracle_parser(measurements)
     add_chaos_parser(measurements)
 

@@ -1,8 +1,8 @@
 """Packrat's plan against what users would pick instead, side by side, on the same cores.
 
-    .venv/bin/python benchmarks/peers.py [--model resnet50] [--batches 1,4,8] [--cores N]
-                                         [--rounds 3] [--iters 10] [--warmup 2] [--peers packrat,fat,eager,...]
-                                         [--profile profiles/MODEL.csv] [--later-profile CSV] [--json OUT]
+    packrat bench peers [--model resnet50] [--batches 1,4,8] [--cores N] [--rounds 3] [--iters 10]
+                        [--warmup 2] [--peers packrat,fat,eager,...] [--profile profiles/MODEL.csv]
+                        [--later-profile CSV] [--json OUT]
 
 One zoo model at each batch size B of --batches, on T cores (the physical cores this process may
 use, or the first --cores of them). Every peer answers the same B samples (spec.example_inputs(B))
@@ -39,13 +39,13 @@ then --iters timed ones and keeps their median. Per B the table gives the median
 ratio to packrat's (peer / packrat: above 1, packrat is faster) and the largest absolute difference
 of the outputs from eager's (DIFFERS above 1e-3 of their largest magnitude). The compile caches are
 fresh per run (unless --keep-caches): round 1's setups compile cold, later rounds load what it built. A peer
-whose packages are missing is reported "not installed (pip install ...)" and skipped
-(pip install -e '.[peers]' installs them all). --json OUT keeps every figure.
+whose packages are missing is reported "not installed (pip install ...)" and skipped (packrat
+installs them all, unless installed torch-only). --json OUT keeps every figure.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
+from collections.abc import Sequence
 import importlib.metadata
 import importlib.util
 import json
@@ -56,13 +56,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from packrat.bench.harness import child_json, doc_parser, error_text, fresh_compile_caches, local_topology, \
+from packrat.bench.harness import child_json, error_text, fresh_compile_caches, local_topology, \
     fmt_num, markdown_table, pin, pool_requests
 from packrat.bench.pool import answered
 from packrat.bench.results import write_json
 from packrat.bench.rounds import elapsed_ms, in_rounds
 from packrat.profiling.profiles import default_path as default_profile_path
-from packrat.cli.types import int_list, name_list
 
 PEERS = ("packrat", "packrat-later", "fat", "eager", "script", "compile", "torch-compile", "openvino-latency", "openvino-throughput",
          "onnxruntime", "onnxruntime-parallel")
@@ -141,6 +140,45 @@ def summarise(runs: dict[str, list[dict]], batches: list[int], skipped: dict[str
         summary[batch] = {peer: rows[peer] for peer in sorted(rows, key=lambda p: (PEERS.index(p) if p in PEERS
                                                                                     else len(PEERS), p))}
     return summary
+
+
+PEER_TARGET = 0.98  # best peer / packrat at every B, for every peer that runs here
+AHEAD_TARGET = 1.10  # ... and this much where the oracle beats the best peer by as much
+OWN = ("packrat", "packrat-later", "fat")  # packrat's own pools: not peers
+
+
+def best_peer(rows: dict[str, dict]) -> tuple[str | None, float | None, list[str]]:
+    """(the fastest other peer, its ms, the peers that could not be measured) of one B's rows."""
+    others = {p: r for p, r in rows.items() if p not in OWN}
+    timed = {p: r["latency_ms"] for p, r in others.items() if r.get("latency_ms") is not None}
+    best = min(timed, key=timed.get) if timed else None
+    return best, timed.get(best), sorted(p for p in others if p not in timed)
+
+
+def peer_verdict(ratio: float | None, unmeasured: Sequence[str], ahead: float | None = None,
+                 oracle_needed: bool = True) -> tuple[bool, list[str]]:
+    """(met, what was missing): best peer / packrat ≥ AHEAD_TARGET where the oracle beats the best
+    peer by that much (`ahead`: best peer / oracle), else ≥ PEER_TARGET. Missed where a peer, or the
+    oracle when `oracle_needed`, could not be measured: the target that applies is then not known."""
+    missing = ([f"not measured: {', '.join(unmeasured)}"] if unmeasured else []) + \
+        (["no oracle"] if oracle_needed and ahead is None else [])
+    target = AHEAD_TARGET if ahead is not None and ahead >= AHEAD_TARGET else PEER_TARGET
+    return ratio is not None and not missing and ratio >= target, missing
+
+
+def verdict_lines(summary: dict[int, dict[str, dict]]) -> list[str]:
+    """Per B: the best peer against packrat, PASS or FAIL on PEER_TARGET (the oracle's part of the
+    target is `packrat bench oracle`'s)."""
+    lines = []
+    for batch, rows in summary.items():
+        peer, peer_ms = best_peer(rows)[:2]
+        packrat_ms = rows.get("packrat", {}).get("latency_ms")
+        value = ratio(peer_ms, packrat_ms)
+        met, missing = peer_verdict(value, best_peer(rows)[2], oracle_needed=False)
+        shown = f"{peer} / packrat {value:.3f}" if value is not None else "packrat or every peer not measured"
+        lines.append(f"B={batch}: best peer / packrat ≥ {PEER_TARGET}: {'PASS' if met else 'FAIL'} ({shown}"
+                     + (f"; {'; '.join(missing)}" if missing else "") + ")")
+    return lines
 
 
 def _diff_text(row: dict) -> str:
@@ -527,7 +565,7 @@ def served_as(profile, corrections: Path):
     from packrat.serving.correcting import PlanCorrector
 
     if not corrections.exists():
-        raise SystemExit(f"peers.py: no served-latency file {corrections}")
+        raise SystemExit(f"packrat bench peers: no served-latency file {corrections}")
     return PlanCorrector(profile, corrections, keep=False).profile
 
 
@@ -577,7 +615,7 @@ def plans_of(args, profile, why: str | None, path: Path, cores: list[int], topol
 
 def run_child(args, env: dict, config_path: Path, peer: str, round_index: int) -> dict:
     """One peer's run in a fresh process (child): its result."""
-    return child_json([sys.executable, __file__, "--child", peer, "--config", str(config_path), "--round",
+    return child_json([sys.executable, "-m", "packrat.bench.peers", "--child", peer, "--config", str(config_path), "--round",
                        str(round_index)], marker=RESULT, env=env, timeout=args.timeout)
 
 
@@ -654,6 +692,7 @@ def run(args) -> int:
                  if (plan := pools.get("packrat", {}).get(str(batch), {}))}
     table = markdown(summary, header, pools.get("lines"), predicted)
     print("\n" + table)
+    print("\n".join(["", *verdict_lines(summary)]))
     if args.json:
         meta = {"model": args.model, "threads": threads, "cores": cores, "batches": args.batches,
                 "rounds": args.rounds, "iters": args.iters, "warmup": args.warmup, "seed": args.seed,
@@ -666,53 +705,18 @@ def run(args) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
-    p = doc_parser(__doc__)
-    p.add_argument("--model", default="resnet50", help="zoo model (default resnet50; e.g. bert_base, tiny)")
-    p.add_argument("--batches", type=int_list, default=[1, 4, 8], help="batch sizes B (default 1,4,8)")
-    p.add_argument("--cores", type=int, default=None, metavar="N",
-                   help="T: the first N physical cores of this process (default: all of them)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds, each running every peer once (default 3)")
-    p.add_argument("--iters", type=int, default=10, help="timed batches per peer and B in a round (default 10)")
-    p.add_argument("--warmup", type=int, default=2,
-                   help="untimed batches per peer and B before them, besides the setup's first run (default 2)")
-    p.add_argument("--peers", type=name_list(PEERS, "peer"), default=[p for p in PEERS if p != "packrat-later"],
-                   help=f"comma list (default: all: {','.join(PEERS)}; packrat-later only with --later-profile, "
-                   "which adds it)")
-    p.add_argument("--profile", type=Path, default=None,
-                   help="packrat's profile CSV, as `packrat profile` writes it (default profiles/MODEL.csv)")
-    p.add_argument("--later-profile", type=Path, default=None, metavar="CSV",
-                   help="a second profile of the model (e.g. taken an hour after --profile): the peer "
-                   "packrat-later serves its plans, beside packrat's")
-    p.add_argument("--served-corrections", type=Path, default=None, metavar="FILE",
-                   help="an engine's served-latency file (served_correction.py --served-dir, or the engine's "
-                        "own): packrat-later plans on the later profile (default --profile) corrected by it")
-    p.add_argument("--latency", choices=("loaded", "isolated"), default=None,
-                   help="which profiled figure to plan with (default: the profile's primary one)")
-    p.add_argument("--packrat-mode", choices=("compile", "script", "eager"), default=None,
-                   help="graph mode of packrat's and fat's instances (default: the profile's mode)")
-    p.add_argument("--ort-parallel-threads", default="T:1", metavar="INTER:INTRA",
-                   help="onnxruntime-parallel's inter-op and intra-op threads, T for the cores (default T:1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the round orders (default 0)")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds one peer's process may take (default 3600)")
-    p.add_argument("--json", type=Path, metavar="OUT", help="write every figure here")
-    p.add_argument("--keep-caches", action="store_true", help="this environment's compile caches, not fresh ones: "
-                   "setups load what an earlier run built (the tests' smoke run shares the suite's)")
-    p.add_argument("--child", choices=PEERS, help=argparse.SUPPRESS)
-    p.add_argument("--config", type=Path, help=argparse.SUPPRESS)
-    p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
-    return p
+def child_main(argv: list[str]) -> int:
+    """`python -m packrat.bench.peers --child PEER --config FILE --round N`: one peer's run, its result on stdout."""
+    import argparse
 
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if args.child:
-        print(RESULT + json.dumps(child(args.child, json.loads(args.config.read_text()), args.round)), flush=True)
-        return 0
-    if args.rounds < 1 or args.iters < 1 or args.warmup < 0:
-        raise SystemExit("--rounds and --iters must be >= 1, --warmup >= 0")
-    return run(args)
+    p = argparse.ArgumentParser()
+    p.add_argument("--child", choices=PEERS, required=True)
+    p.add_argument("--config", type=Path, required=True)
+    p.add_argument("--round", type=int, default=0)
+    args = p.parse_args(argv)
+    print(RESULT + json.dumps(child(args.child, json.loads(args.config.read_text()), args.round)), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(child_main(sys.argv[1:]))

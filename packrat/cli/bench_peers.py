@@ -1,0 +1,58 @@
+"""`packrat bench peers`: packrat's plan against one in-process session of each installed runtime,
+side by side on the same cores (the measuring: packrat/bench/peers.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from packrat.cli.types import int_list, name_list, positive
+
+
+def add_peers_parser(sub) -> None:
+    from packrat.bench import peers
+
+    description, _, rest = peers.__doc__.strip().partition("\n\n")
+    p = sub.add_parser("peers", help="the plan against what a user would run instead, side by side",
+                       description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=rest + "\n\nexamples:\n"
+                       "  packrat bench peers --model resnet50 --batches 1,4\n"
+                       "  packrat bench peers --model squeezenet --batches 8 --rounds 10 --peers packrat,onnxruntime")
+    count = positive(int)
+    p.add_argument("--model", default="resnet50", help="zoo model (default resnet50; e.g. bert_base, tiny)")
+    p.add_argument("--batches", type=int_list, default=[1, 4, 8], help="batch sizes B (default 1,4,8)")
+    p.add_argument("--cores", type=count, default=None, metavar="N",
+                   help="T: the first N physical cores of this process (default: all of them)")
+    p.add_argument("--rounds", type=count, default=3, help="rounds, each running every peer once (default 3)")
+    p.add_argument("--iters", type=count, default=10, help="timed batches per peer and B in a round (default 10)")
+    p.add_argument("--warmup", type=positive(int, zero=True), default=2,
+                   help="untimed batches per peer and B before them, besides the setup's first run (default 2)")
+    p.add_argument("--peers", type=name_list(peers.PEERS, "peer"), default=[n for n in peers.PEERS if n != "packrat-later"],
+                   help=f"comma list (default: all: {','.join(peers.PEERS)}; packrat-later only with --later-profile, "
+                        "which adds it)")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="packrat's profile CSV, as `packrat profile` writes it (default profiles/MODEL.csv)")
+    p.add_argument("--later-profile", type=Path, default=None, metavar="CSV",
+                   help="a second profile of the model (e.g. taken an hour after --profile): the peer packrat-later "
+                        "serves its plans, beside packrat's")
+    p.add_argument("--served-corrections", type=Path, default=None, metavar="FILE",
+                   help="an engine's served-latency file (served_correction.py --served-dir, or the engine's own): "
+                        "packrat-later plans on the later profile (default --profile) corrected by it")
+    p.add_argument("--latency", choices=("loaded", "isolated"), default=None,
+                   help="which profiled figure to plan with (default: the profile's primary one)")
+    p.add_argument("--packrat-mode", choices=("compile", "script", "eager"), default=None,
+                   help="graph mode of packrat's and fat's instances (default: the profile's mode)")
+    p.add_argument("--ort-parallel-threads", default="T:1", metavar="INTER:INTRA",
+                   help="onnxruntime-parallel's inter-op and intra-op threads, T for the cores (default T:1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the round orders (default 0)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds one peer's process may take (default 3600)")
+    p.add_argument("--json", type=Path, metavar="OUT", help="write every figure here")
+    p.add_argument("--keep-caches", action="store_true", help="this environment's compile caches, not fresh ones: "
+                   "setups load what an earlier run built (the tests' smoke run shares the suite's)")
+    p.set_defaults(func=cmd_peers)
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    from packrat.bench import peers
+
+    return peers.run(args)
