@@ -1,13 +1,10 @@
-"""benchmarks/multi_model.py's pure parts (packrat/bench/multi_model.py and its report): the rounds'
+"""packrat bench multi-model's pure parts (packrat/bench/multi_model.py and its report): the rounds'
 order, phase statistics, throughput of alone within a round, the node's leads, medians with their
 spread and the tables quoting them, from made-up figures (no processes). Quick tier: unmarked."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections import namedtuple
-from pathlib import Path
 
 import pytest
 
@@ -15,10 +12,8 @@ from packrat.bench.multi_model import (Phase, leads, normalised, of_alone, over_
                                        summarise)
 from packrat.bench.rounds import median_spread, over_rounds
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "multi_model.py"
-_SPEC = importlib.util.spec_from_file_location("benchmarks_multi_model", _PATH)
-multi_model = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(multi_model)
+from packrat.bench import multi_model_run as multi_model
+from packrat.cli.main import main
 
 Record = namedtuple("Record", "start response_ms failed")
 
@@ -125,8 +120,9 @@ def test_the_tables_quote_every_figure_with_its_spread():
     assert "round 2: packrat-node, per-model, alone" in text
 
 
-def test_rounds_below_one_are_refused(monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["multi_model.py", "--rounds", "0"])
+def test_rounds_below_one_and_a_pair_of_three_are_refused():
     with pytest.raises(SystemExit) as exited:
-        multi_model.main()
+        main(["bench", "multi-model", "--rounds", "0"])
     assert exited.value.code == 2
+    with pytest.raises(SystemExit, match="--pair names two models"):
+        main(["bench", "multi-model", "--pair", "tiny,tiny,tiny"])

@@ -1,4 +1,4 @@
-"""Several models on one machine, their figures (benchmarks/multi_model.py): each phase's statistics
+"""Several models on one machine, their figures (`packrat bench multi-model`): each phase's statistics
 from the models' request logs, normalised to the same round's "alone" (each model served by itself),
 the node's lead over the other configurations, the rounds' order and their medians with spread.
 Pure: plain data in, plain data out (request records need only .start, .response_ms and .failed)."""

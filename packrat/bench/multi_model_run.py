@@ -31,23 +31,21 @@ leaving out each phase's first --settle-s seconds; failures count over every who
 packrat-node the node's plan is read every second: each model's cores over time (a plot per
 part and round) and every move with its reason and duration.
 
-    .venv/bin/python benchmarks/multi_model.py --part targets
-    .venv/bin/python benchmarks/multi_model.py --part mix --phase-s 60 --rounds 3
+    packrat bench multi-model --part targets
+    packrat bench multi-model --part mix --phase-s 60 --rounds 3
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from packrat.bench.harness import doc_parser, fmt_num, markdown_table
+from packrat.bench.harness import fmt_num, markdown_table
 from packrat.bench.multi_model import LEAD, Phase, alone_phase, normalised, over_all_rounds, schedule, summarise
 from packrat.bench.results import write_json
-from packrat.cli.types import name_list
 from packrat.loadtest.env import STEP_SECONDS, STEP_USERS
 
 CONFIGS = ("packrat-node", "stock", "per-model", "static-split")
@@ -330,29 +328,8 @@ def report(results: dict) -> str:
     return "\n\n".join(parts + ["\n".join(lines)])
 
 
-def main() -> int:
-    parser = doc_parser(__doc__)
-    parser.add_argument("--part", choices=("targets", "mix", "both"), default="both")
-    parser.add_argument("--configs", type=name_list(CONFIGS, "configuration"), default=list(CONFIGS), help=f"default: {','.join(CONFIGS)}")
-    parser.add_argument("--pair", type=name_list(), default=["resnet50", "squeezenet"], help="the targets' two models")
-    parser.add_argument("--mix", type=name_list(), default=["resnet50", "bert_base", "squeezenet"])
-    parser.add_argument("--users", type=int, default=4, help="closed-loop users of a loaded model (default: 4)")
-    parser.add_argument("--light-users", type=int, default=1, help="users of a model in its light phase (mix)")
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--max-batch-delay", type=int, default=30, metavar="MS")
-    parser.add_argument("--seconds", type=float, default=20.0, help="the targets' measured seconds per phase")
-    parser.add_argument("--phase-s", type=float, default=60.0, help="the mix's seconds per phase")
-    parser.add_argument("--settle-s", type=float, default=10.0,
-                        help="seconds of each phase left out of its statistics (default: 10)")
-    parser.add_argument("--alone-s", type=float, default=20.0)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds, each running alone and every configuration "
-                        "once in a rotated order (default 3; BENCHMARKS.md's figures use 3 or more)")
-    parser.add_argument("--out", type=Path, default=Path("out/multi_model"))
-    args = parser.parse_args()
-    if len(args.pair) != 2:
-        parser.error("--pair names two models")
-    if args.rounds < 1:
-        parser.error("--rounds must be >= 1")
+def run(args) -> int:
+    """The parts asked for, written to OUT/multi_model.json and OUT/multi_model.md."""
     out = args.out.resolve()
     results = {}
     if args.part in ("targets", "both"):
@@ -365,7 +342,3 @@ def main() -> int:
     (out / "multi_model.md").write_text("\n\n".join(report(part) for part in results.values()) + "\n")
     print(f"wrote {out / 'multi_model.json'} and {out / 'multi_model.md'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
