@@ -151,7 +151,7 @@ def test_errors(hf_dir, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="GPT2ForSequenceClassification"):
         resolve(f"hf:{tmp_path}")
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
-    with pytest.raises(ValueError, match=r"pip install 'packrat\[hf\]'"):
+    with pytest.raises(ValueError, match=r"pip install 'packrat-serve\[hf\]'"):
         resolve(f"hf:{hf_dir['bert']}")
 
 

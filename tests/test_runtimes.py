@@ -30,7 +30,7 @@ def test_parse_names_unknown_and_missing_runtimes(monkeypatch):
     with pytest.raises(ValueError, match="unknown runtime.*tensorrt"):
         runtimes.parse("inductor,tensorrt")
     monkeypatch.setattr(runtimes, "installed", lambda r: r == "inductor")
-    with pytest.raises(ValueError, match="onnxruntime not installed.*packrat\\[runtimes\\]"):
+    with pytest.raises(ValueError, match="onnxruntime not installed: pip install openvino onnxruntime"):
         runtimes.parse("onnxruntime")
 
 
