@@ -21,6 +21,15 @@ DEFAULT_BATCHES = "1,2,4,8,16,32,64"
 DEFAULT_RUN_DIR = Path(".packrat/serve")
 
 
+def doc_subparser(sub, name: str, help: str, doc: str, examples: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """A subcommand whose help is a measuring module's docstring: its first paragraph as the
+    description, the rest (then `examples`, one command line each) after the options."""
+    description, _, rest = doc.strip().partition("\n\n")
+    epilog = rest + ("\n\nexamples:\n" + "\n".join(f"  {line}" for line in examples) if examples else "")
+    return sub.add_parser(name, help=help, description=description, epilog=epilog,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def tokenizer_path(text: str) -> Path:
     """argparse type for --tokenizer: a directory holding tokenizer.json, or the file; gives the file."""
     path = Path(text)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from packrat.bench import chaos  # light: the load test, torch and the rest come with chaos.run
+from packrat.cli.args import doc_subparser
 from packrat.cli.types import name_list, positive, users_list
 
 # packrat.codec.payloads.PAYLOAD_KINDS, in its order (importing it imports torch; tests/test_chaos.py checks them)
@@ -26,13 +27,11 @@ parse_faults = name_list(chaos.FAULT_KINDS, "fault")  # argparse type: "kill,sto
 
 
 def add_chaos_parser(sub) -> None:
-    description, _, rest = chaos.__doc__.strip().partition("\n\n")
-    p = sub.add_parser("chaos", help="faults injected into packrat-served TorchServe under load, or a soak run",
-                       description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog=rest + "\n\nexamples:\n"
-                       "  packrat bench chaos --handler stock --faults worker      # what stock TorchServe loses\n"
-                       "  packrat bench chaos --soak --duration 600                 # no faults: leaks over time\n"
-                       "  packrat bench chaos --model tiny --duration 20 --every 5 --faults kill   # smoke run")
+    p = doc_subparser(sub, "chaos", "faults injected into packrat-served TorchServe under load, or a soak run",
+                      chaos.__doc__, (
+                          "packrat bench chaos --handler stock --faults worker      # what stock TorchServe loses",
+                          "packrat bench chaos --soak --duration 600                 # no faults: leaks over time",
+                          "packrat bench chaos --model tiny --duration 20 --every 5 --faults kill   # smoke run"))
     number, count = positive(float), positive(int)
     p.add_argument("--model", default="resnet50", help="zoo model (default resnet50; tiny for a smoke run)")
     p.add_argument("--batch-size", type=count, default=4, help="TorchServe's batch size B, planned for (default 4)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from packrat.cli.args import doc_subparser
 from packrat.cli.types import name_list, positive
 
 
@@ -13,9 +14,8 @@ def add_multi_model_parser(sub) -> None:
     from packrat.bench import multi_model_run
     from packrat.bench.multi_model_run import CONFIGS
 
-    description, _, rest = multi_model_run.__doc__.strip().partition("\n\n")
-    p = sub.add_parser("multi-model", help="several models on one machine: the node plan against the others",
-                       description=description, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = doc_subparser(sub, "multi-model", "several models on one machine: the node plan against the others",
+                      multi_model_run.__doc__)
     p.add_argument("--part", choices=("targets", "mix", "both"), default="both", help="default: both")
     p.add_argument("--configs", type=name_list(CONFIGS, "configuration"), default=list(CONFIGS),
                    help=f"default: {','.join(CONFIGS)}")

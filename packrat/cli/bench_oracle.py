@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from packrat.cli.args import doc_subparser
 from packrat.cli.types import int_list, positive
 from packrat.models.runtimes import IOS_CACHE
 
@@ -15,15 +16,12 @@ def add_oracle_parser(sub) -> None:
     from packrat.bench import oracle
     from packrat.cli.profile import runtime_list
 
-    description, _, rest = oracle.__doc__.strip().partition("\n\n")
-    p = sub.add_parser("oracle", help="the plan against every configuration worth timing, side by side",
-                       description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog=rest + "\n\nexamples:\n"
-                       "  packrat bench oracle --model resnet50 --batches 1,2,4,8,16 --dry-run   # configurations, estimate\n"
-                       "  packrat bench oracle --model resnet50 --batches 4,8 --rounds 10\n"
-                       "  packrat bench oracle --model bert_base --batches 1,2,4,8 --json out/bert-a.json\n"
-                       "  packrat bench oracle --model bert_base --batches 16 --json out/bert-b.json\n"
-                       "  packrat bench oracle --merge out/bert-a.json out/bert-b.json")
+    p = doc_subparser(sub, "oracle", "the plan against every configuration worth timing, side by side", oracle.__doc__, (
+        "packrat bench oracle --model resnet50 --batches 1,2,4,8,16 --dry-run   # configurations, estimate",
+        "packrat bench oracle --model resnet50 --batches 4,8 --rounds 10",
+        "packrat bench oracle --model bert_base --batches 1,2,4,8 --json out/bert-a.json",
+        "packrat bench oracle --model bert_base --batches 16 --json out/bert-b.json",
+        "packrat bench oracle --merge out/bert-a.json out/bert-b.json"))
     count, some = positive(int), positive(int, zero=True)
     p.add_argument("--model", default="resnet50", help="zoo name, as for `packrat profile` (default: resnet50)")
     p.add_argument("--batches", type=int_list, default=[1, 2, 4, 8, 16],

@@ -6,18 +6,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from packrat.cli.args import doc_subparser
 from packrat.cli.types import int_list, name_list, positive
 
 
 def add_peers_parser(sub) -> None:
     from packrat.bench import peers
 
-    description, _, rest = peers.__doc__.strip().partition("\n\n")
-    p = sub.add_parser("peers", help="the plan against what a user would run instead, side by side",
-                       description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog=rest + "\n\nexamples:\n"
-                       "  packrat bench peers --model resnet50 --batches 1,4\n"
-                       "  packrat bench peers --model squeezenet --batches 8 --rounds 10 --peers packrat,onnxruntime")
+    p = doc_subparser(sub, "peers", "the plan against what a user would run instead, side by side", peers.__doc__, (
+        "packrat bench peers --model resnet50 --batches 1,4",
+        "packrat bench peers --model squeezenet --batches 8 --rounds 10 --peers packrat,onnxruntime"))
     count = positive(int)
     p.add_argument("--model", default="resnet50", help="zoo model (default resnet50; e.g. bert_base, tiny)")
     p.add_argument("--batches", type=int_list, default=[1, 4, 8], help="batch sizes B (default 1,4,8)")
