@@ -171,10 +171,9 @@ def verdict_lines(summary: dict[int, dict[str, dict]]) -> list[str]:
     target is `packrat bench oracle`'s)."""
     lines = []
     for batch, rows in summary.items():
-        peer, peer_ms = best_peer(rows)[:2]
-        packrat_ms = rows.get("packrat", {}).get("latency_ms")
-        value = ratio(peer_ms, packrat_ms)
-        met, missing = peer_verdict(value, best_peer(rows)[2], oracle_needed=False)
+        peer, peer_ms, unmeasured = best_peer(rows)
+        value = ratio(peer_ms, rows.get("packrat", {}).get("latency_ms"))
+        met, missing = peer_verdict(value, unmeasured, oracle_needed=False)
         shown = f"{peer} / packrat {value:.3f}" if value is not None else "packrat or every peer not measured"
         lines.append(f"B={batch}: best peer / packrat ≥ {PEER_TARGET}: {'PASS' if met else 'FAIL'} ({shown}"
                      + (f"; {'; '.join(missing)}" if missing else "") + ")")
