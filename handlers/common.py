@@ -53,27 +53,29 @@ def request_body(row: dict):
     return row.get("body") if body is None else body
 
 
-def to_request(row: dict, context, index: int) -> Request:
+def to_request(row: dict, context, index: int, waited_s: float = 0.0) -> Request:
     """One row as bytes: raw bodies as they are (TorchServe's bytearray, not copied: the pool copies
     it once, into shared memory); what TorchServe already decoded (JSON, text, when its
-    decode_input_request is on) encoded back."""
+    decode_input_request is on) encoded back. `waited_s`: how long it may have waited in TorchServe's queue."""
     body, kind = request_body(row), content_type(context, index)
     if isinstance(body, (bytes, bytearray)):  # only raw bytes can hold a KServe v2 binary body
-        return Request(body, kind, header(context, index, HEADER))
+        return Request(body, kind, header(context, index, HEADER), waited_s)
     if isinstance(body, str):
-        return Request(body.encode("utf-8"), kind or "text/plain")
+        return Request(body.encode("utf-8"), kind or "text/plain", waited_s=waited_s)
     if body is None:
-        return Request(b"", kind)
-    return Request(json.dumps(body).encode("utf-8"), "application/json")
+        return Request(b"", kind, waited_s=waited_s)
+    return Request(json.dumps(body).encode("utf-8"), "application/json", waited_s=waited_s)
 
 
 def respond(answers: list[Answer], context) -> list[bytes]:
     """One response per request, in order, each with its own status, reason, content type and,
-    for binary KServe v2 answers, the length of their JSON header."""
+    for binary KServe v2 answers, the length of their JSON header; for refusals, when to try again."""
     for index, answer in enumerate(answers):
         context.set_response_content_type(index, answer.content_type)
         if answer.header_length is not None:
             context.set_response_header(index, HEADER, str(answer.header_length))
+        if answer.retry_after_s is not None:
+            context.set_response_header(index, "Retry-After", str(answer.retry_after_s))
         if answer.status != 200:
             context.set_response_status(answer.status, answer.reason, index)
     return [answer.body for answer in answers]

@@ -9,6 +9,11 @@ handle() only moves bytes: each request's body goes to the pool as it is, and it
 
 TorchServe runs this worker in its ordinary mode: it gathers up to the archive's batch size
 within maxBatchDelay, hands the batch over, and sends the next one once this one is answered.
+Admission: TorchServe queues requests (up to the archive's jobQueueSize, which `packrat archive`
+sizes from the plan's predicted batch time and the deadline) and answers 503 beyond that, before
+this worker sees them. A request reaching handle() may have waited there: UpstreamWait bounds how
+long from the batches seen before, and the pool refuses it at once (503, with Retry-After) when
+that wait and its batch's predicted time no longer fit its deadline, before its body is touched.
 handle() submits the batch's requests to the pool together (none leaves before the last is in:
 the instances start at once in this mode, gather 0 ms), its dispatcher splits them among the
 instances, and handle() returns their answers in order. Each call is one observation of the load for the
@@ -51,11 +56,13 @@ finally:
 from packrat.handlers import common
 from packrat.frontends.torchserve_control import follow_reconfigure_requests
 from packrat.serving.engine import Engine
+from packrat.serving.pool.admission import UpstreamWait
 from packrat.serving.pool.api import Answer
 from packrat.serving.pool.child import exit_with_parent
 from packrat.settings import CONTROL_DIR_ENV
 
 METRICS_PERIOD_S = 1.0
+TORCHSERVE_QUEUE = 100  # TorchServe's job_queue_size, for an archive that does not set jobQueueSize
 
 
 class PackratHandler(BaseHandler):
@@ -71,6 +78,8 @@ class PackratHandler(BaseHandler):
         if control_dir:
             follow_reconfigure_requests(self.controller, control_dir, context.model_name, self.max_batch)
         self._reported, self._reported_at = 0, -METRICS_PERIOD_S
+        queue = (getattr(context, "model_yaml_config", None) or {}).get("jobQueueSize") or TORCHSERVE_QUEUE
+        self.upstream = UpstreamWait(int(queue), self.max_batch)
         self.initialized = True
 
     @property
@@ -82,14 +91,20 @@ class PackratHandler(BaseHandler):
         the batch."""
         if _describing(context):
             return [self.engine.status()]
+        waited_s = self.upstream.arrived(time.monotonic(), len(data))
         self.engine.arrive(len(data))
         with self.pool.together():  # the batch reaches the instances whole, not its first request alone
-            futures = [self._submit(row, context, index) for index, row in enumerate(data)]
+            futures = [self._submit(row, context, index, waited_s) for index, row in enumerate(data)]
         return self._respond([future.result() for future in futures], context)
 
-    def _submit(self, row, context, index: int) -> Future:
+    def _submit(self, row, context, index: int, waited_s: float) -> Future:
+        refused = self.engine.refusal(waited_s)  # before its body is re-encoded or copied anywhere
+        if refused is not None:
+            future = Future()
+            future.set_result(refused)
+            return future
         try:
-            request = common.to_request(row, context, index)
+            request = common.to_request(row, context, index, waited_s)
         except Exception as exc:  # a body TorchServe decoded into something we cannot re-encode: its own failure
             future = Future()
             future.set_result(Answer.error(400, f"undecodable request: {type(exc).__name__}: {exc}"))
@@ -116,7 +131,11 @@ class PackratHandler(BaseHandler):
         health = self.pool.health()
         context.metrics.add_metric("PackratInstancesReady", health.ready, "count", metric_type=MetricTypes.GAUGE)
         context.metrics.add_metric("PackratRefusedRequests", health.refused, "count", metric_type=MetricTypes.GAUGE)
-        for name, value in (("PackratWatchdogKills", health.watchdog_kills), ("PackratExpiredRequests", health.expired),
+        if health.predicted_wait_ms is not None:
+            context.metrics.add_metric("PackratPredictedWait", health.predicted_wait_ms, "ms",
+                                       metric_type=MetricTypes.GAUGE)
+        for name, value in (("PackratAdmittedRequests", health.admitted), ("PackratRefusedLate", health.refused_late),
+                            ("PackratWatchdogKills", health.watchdog_kills), ("PackratExpiredRequests", health.expired),
                             ("PackratRequeuedRequests", health.requeued), ("PackratRespawns", self.pool.respawns)):
             context.metrics.add_metric(name, value, "count", metric_type=MetricTypes.GAUGE)
         records = self.controller.reconfigurations

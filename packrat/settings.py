@@ -93,7 +93,8 @@ RUNTIME_MARGIN = 0.02
 PLANS = ("auto", "fat")
 INSTANCE_KINDS = ("auto", "process")  # how instances are hosted: the plan's choice, or every one a process
 # How the pool recovers requests; None keeps the pool's own default (above).
-RECOVERY_KEYS = ("request_timeout_s", "max_queue", "batch_timeout_s", "hang_factor", "hang_floor_s")
+RECOVERY_KEYS = ("request_timeout_s", "max_queue", "admission", "batch_timeout_s", "hang_factor", "hang_floor_s")
+ADMISSIONS = ("predicted", "queue")  # packrat/serving/pool/admission.py
 CODEC_KEYS = ("max_body_bytes", "max_pixels", "max_samples", "truncate_text")
 
 
@@ -184,6 +185,10 @@ class Settings:
                                                     f"(default: {REQUEST_TIMEOUT_S:g})", above=0, metavar="S")
     max_queue: int | None = setting(None, f"requests waiting beyond this are answered 503 at once (default: "
                                           f"{MAX_QUEUE})", minimum=1, metavar="N")
+    admission: str | None = setting(None, "predicted: a request is refused 503 at once unless the pool predicts "
+                                          "its answer within its deadline (--request-timeout-s), from the queue "
+                                          "ahead and what the instances serve; queue: --max-queue alone "
+                                          "(default: predicted)", choices=ADMISSIONS)
     batch_timeout_s: float | None = setting(None, "a batch running longer than this marks its instance hung: it "
                                                   "is killed, its requests re-run elsewhere, and it is respawned "
                                                   "(default: --hang-factor × the profile's latency for the batch, "

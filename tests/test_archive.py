@@ -43,10 +43,10 @@ def test_archive_writes_the_recovery_settings_given(tmp_path, archived):
     profile.write_text(PROFILE)
     archive.build(Settings("tiny", profiles=[profile], max_batch=4), tmp_path)
     archive.build(Settings("tiny", profiles=[profile], max_batch=4, request_timeout_s=60.0, max_queue=10,
-                           batch_timeout_s=3.0, hang_factor=8.0, hang_floor_s=1.0), tmp_path)
+                           admission="queue", batch_timeout_s=3.0, hang_factor=8.0, hang_floor_s=1.0), tmp_path)
     assert not set(RECOVERY_KEYS) & set(packrat_section(archived[0][0]))
     section = packrat_section(archived[1][0])
-    assert [section[k] for k in RECOVERY_KEYS] == [60.0, 10, 3.0, 8.0, 1.0]
+    assert [section[k] for k in RECOVERY_KEYS] == [60.0, 10, "queue", 3.0, 8.0, 1.0]
     assert section["profiles"] == ["profile.csv"]  # named as shipped, not as given
     assert Settings.from_section(section).max_batch == 4
 
@@ -106,3 +106,16 @@ def test_a_node_archive_ships_the_packages_of_every_share_the_node_may_give(tmp_
     shared = archive.planned_instances(profile, 4, "packrat", 4, node=True)
     assert (4, 4) in alone and (1, 4) not in alone
     assert alone < shared and (1, 4) in shared  # the plan on one core, the share of a crowded node
+
+
+def test_torchserve_queue_holds_what_the_deadline_admits_at_the_predicted_batch_time(tmp_path, archived):
+    """The plan for B = 4 on 2 cores, 2 × ⟨1 thread, batch 2⟩, is predicted at 19 ms: a 0.2 s
+    deadline admits 4 × (floor(0.2 / 0.019) − 1) = 36 queued in TorchServe."""
+    profile = tmp_path / "toy.csv"
+    profile.write_text(PROFILE)
+    for timeout, max_queue, admission in ((0.2, None, None), (0.2, 20, None), (0.01, None, None), (0.2, 20, "queue")):
+        archive.build(Settings("tiny", profiles=[profile], max_batch=4, cores=2, request_timeout_s=timeout,
+                               max_queue=max_queue, admission=admission), tmp_path)
+    sizes = [yaml.safe_load(text).get("jobQueueSize") for text, _ in archived]
+    assert sizes == [36, 20, 4, 20]  # the prediction; within the bound; at least a batch; queue: the bound
+    assert yaml.safe_load(archive.model_config_yaml(Settings("tiny"), handler="stock")).get("jobQueueSize") is None

@@ -14,7 +14,8 @@ from packrat.errors import ServeError
 
 MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"eager"|"ios", "ios": [{"threads", '
               '"batch", "ms", "against", "against_ms"}] (IOS instances), "health": {"instances", "ready", "respawning", '
-              '"respawn_failures", "unavailable", "queued", "answered", "refused", "stage_ms": '
+              '"respawn_failures", "unavailable", "queued", "answered", "refused", "admitted", "refused_late", '
+              '"predicted_wait_ms", "served_ratio", "stage_ms": '
               '{"queue", "copy", "send", "wake", "locks", "decode", "model", "encode", "reply", "hand_out", "total"}, '
               '"sub_batches", "requests_per_sub_batch", "fallbacks", "kinds", "abandoned", ...}, '
               '"reconfigurations": [{"from_batch", "to_batch", "reason", "seconds", "failed_requests", ...}], "served": '
@@ -117,6 +118,7 @@ def print_model(name: str, status: dict, last: int) -> None:
         stuck = f", {health.get('abandoned')} stuck thread instance(s) replaced by processes" * bool(health.get("abandoned"))
         print(f"recovery: {health.get('watchdog_kills', 0)} hung instance(s) killed by the watchdog, {health.get('requeued', 0)}"
               f" request(s) re-run after losing their instance, {health.get('expired', 0)} past their deadline (504){stuck}")
+        print(admission_text(health))
         print(kinds_text(health["kinds"])) if health.get("kinds") else None
         [print(f"runtime fallback: {line}") for line in health.get("fallbacks", [])]
         if health.get("stage_ms"):
@@ -174,6 +176,15 @@ def served_lines(served: dict | None) -> list[str]:
 
 def num(value) -> str:
     return "?" if value is None else f"{value:.2f}"
+
+
+def admission_text(health: dict) -> str:
+    """Admission by prediction: what was taken in and refused, and what a request now would wait."""
+    wait = health.get("predicted_wait_ms")
+    now = f"a request now would be answered in {wait:.0f} ms" if wait is not None else "nothing served to predict from yet"
+    return (f"admission: {health.get('admitted', 0)} admitted, {health.get('refused_late', 0)} refused as too late "
+            f"for their deadline (of the {health.get('refused', 0)} refused); {now} (batches served at "
+            f"{health.get('served_ratio', 1.0):.2f}× the plan's latency)")
 
 
 def hop_text(health: dict) -> str:

@@ -21,19 +21,23 @@ DEFAULT_IOS_CACHE = IOS_CACHE  # where `packrat profile --ios` keeps schedules
 HF_ARCHIVE_DIR = "hf-model"  # where an archive keeps a Hugging Face model's directory
 
 
-def model_config_yaml(settings: Settings, *, handler: str = "packrat", max_batch_delay_ms: int = 50) -> str:
+def model_config_yaml(settings: Settings, *, handler: str = "packrat", max_batch_delay_ms: int = 50,
+                      job_queue: int | None = None) -> str:
     """TorchServe's per-model config: its batching and workers, and packrat's settings under `packrat:`.
 
     The packrat handler gets one worker (the pool uses every core) in TorchServe's ordinary mode, and
     so does the stock handler running another runtime than inductor (its session has a thread a core):
     TorchServe gathers batches of up to max_batch within max_batch_delay_ms and the pool splits
     each among its instances. (TorchServe's asynchronous mode strands requests under load:
-    BENCHMARKS.md, issue 16.)"""
+    BENCHMARKS.md, issue 16.) `job_queue`: TorchServe's queue for the model (jobQueueSize: requests
+    beyond it are answered 503 before the worker sees them); None: TorchServe's default."""
     torchserve = {"batchSize": settings.max_batch, "maxBatchDelay": max_batch_delay_ms, "responseTimeout": 300,
                   "startupTimeout": 600}
     if handler == "packrat" or settings.runtime not in (None, DEFAULT_RUNTIME):
         # the pool, or the stock handler's one session of a runtime, has a thread on every core
         torchserve.update(minWorkers=1, maxWorkers=1)
+    if job_queue is not None:
+        torchserve["jobQueueSize"] = job_queue
     return yaml.safe_dump({**torchserve, "packrat": settings.to_section()}, sort_keys=False)
 
 
@@ -106,7 +110,9 @@ def build(settings: Settings, out_dir: Path, *, name: str | None = None, handler
         packed = settings.replace(model=model_ref, profiles=tuple(profile_names), ios=ios,
                                   **{key: path.name for key, path in requests.items()})
         config = staging / "model-config.yaml"
-        config.write_text(model_config_yaml(packed, handler=handler, max_batch_delay_ms=max_batch_delay_ms))
+        job_queue = admitted_queue(settings, chosen, budget.cores) if handler == "packrat" else None
+        config.write_text(model_config_yaml(packed, handler=handler, max_batch_delay_ms=max_batch_delay_ms,
+                                            job_queue=job_queue))
         _run_tool(["torch-model-archiver", "--model-name", name, "--version", "1.0",
                    "--handler", str(HANDLERS / f"{handler}_handler.py"), "--config-file", str(config),
                    "--extra-files", ",".join(map(str, extra)), "--export-path", str(out_dir), "--force"])
@@ -138,6 +144,29 @@ def shipped_profiles(paths: tuple[str, ...], staging: Path, cores: int):
     for path, name in zip(paths, names):
         shutil.copy(path, staging / name)
     return names, chosen
+
+
+def admitted_queue(settings: Settings, profile, cores: int) -> int | None:
+    """TorchServe's queue for the packrat handler: what the deadline admits at the batch time the
+    plan predicts on a machine like this one (admission.upstream_queue), within --max-queue. With
+    --admission queue, --max-queue itself. None (TorchServe's default, 100) when neither says, or
+    the profile cannot plan the batch."""
+    from packrat.errors import NoPlanError
+    from packrat.planning.planner import plan
+    from packrat.serving.pool.admission import upstream_queue
+    from packrat.settings import MAX_QUEUE, REQUEST_TIMEOUT_S
+
+    if settings.admission == "queue":
+        return settings.max_queue
+    max_queue = settings.max_queue or MAX_QUEUE
+    try:
+        latency_ms = plan(profile.items(), cores, settings.max_batch).expected_latency_ms
+    except (NoPlanError, ValueError):
+        return None
+    if latency_ms is None:
+        return None
+    return upstream_queue(settings.request_timeout_s or REQUEST_TIMEOUT_S, latency_ms / 1e3, settings.max_batch,
+                          max_queue)
 
 
 def planned_instances(profile, batch_size: int, handler: str, cores: int, node: bool = False

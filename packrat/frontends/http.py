@@ -28,8 +28,17 @@ def engine_request(body: bytes, request: HttpRequest) -> Request:
 
 
 def answer_response(answer: Answer, headers: dict | None = None) -> Response:
-    """The answer as it is: its status, body (JSON, or a binary v2 answer with its header length) and type."""
-    headers = dict(headers or {})
+    """The answer as it is: its status, body (JSON, or a binary v2 answer with its header length), type
+    and, for a refusal, when to try again."""
+    headers = {**(headers or {}), **answer_headers(answer)}
+    return Response(answer.body, status_code=answer.status, media_type=answer.content_type, headers=headers)
+
+
+def answer_headers(answer: Answer) -> dict[str, str]:
+    """The headers an answer carries: a binary v2 answer's header length, a refusal's Retry-After."""
+    headers = {}
     if answer.header_length is not None:
         headers[HEADER] = str(answer.header_length)
-    return Response(answer.body, status_code=answer.status, media_type=answer.content_type, headers=headers)
+    if answer.retry_after_s is not None:
+        headers["Retry-After"] = str(answer.retry_after_s)
+    return headers

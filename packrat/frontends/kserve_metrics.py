@@ -13,7 +13,10 @@ from prometheus_client.registry import Collector
 # pool health counters, as counters: (metric, Health field, help)
 HEALTH_COUNTERS = (
     ("packrat_answered_requests", "answered", "requests the pool answered"),
-    ("packrat_refused_requests", "refused", "requests answered 503: no instance could run them, or the queue was full"),
+    ("packrat_admitted_requests", "admitted", "requests taken in: predicted to be answered within their deadline"),
+    ("packrat_refused_requests", "refused", "requests answered 503: not answerable in time, the queue was full, or "
+                                            "no instance could run them"),
+    ("packrat_refused_late_requests", "refused_late", "of the refused: predicted to be answered past their deadline"),
     ("packrat_expired_requests", "expired", "requests answered 504: past their deadline"),
     ("packrat_requeued_requests", "requeued", "requests run again after their instance died or hung"),
     ("packrat_watchdog_kills", "watchdog_kills", "instances killed by the watchdog: a batch ran past its deadline"),
@@ -23,6 +26,8 @@ HEALTH_GAUGES = (
     ("packrat_instances_ready", "ready", "instances ready to run a batch"),
     ("packrat_instances_respawning", "respawning", "instances being started again after they died"),
     ("packrat_queued_requests", "queued", "requests waiting for an instance"),
+    ("packrat_predicted_wait_ms", "predicted_wait_ms", "when a request arriving now would be answered, as predicted "
+                                                       "(NaN: nothing served to predict from yet)"),
 )
 INSTANCE_LABELS = ["model", "threads", "batch", "runtime"]
 
@@ -100,7 +105,8 @@ def health_metrics(engines: dict) -> Iterator:
         for metric, field, _ in HEALTH_COUNTERS:
             counters[metric].add_metric([name], getattr(health, field))
         for metric, field, _ in HEALTH_GAUGES:
-            gauges[metric].add_metric([name], getattr(health, field))
+            value = getattr(health, field)
+            gauges[metric].add_metric([name], float("nan") if value is None else value)
         respawns.add_metric([name], engine.pool.respawns)
     yield from counters.values()
     yield from gauges.values()

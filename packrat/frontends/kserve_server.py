@@ -301,6 +301,9 @@ def add_routes(app: FastAPI, repository: PackratRepository) -> None:
         model = repository.get_model(model_name)
         if not isinstance(model, PackratModel):
             return _error(404, f"Model with name {model_name} does not exist.")
+        refused = model.serving.refusal()  # before the body is read: a refusal costs no core
+        if refused is not None:
+            return answer_response(refused)
         body = await limited_body(request, model.max_body_bytes)
         if body is None:
             return _error(413, f"request body over {model.max_body_bytes} bytes")

@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, Response
 
 from packrat.codec import oip
 from packrat.codec.kserve import model_metadata
-from packrat.frontends.http import limited_body
+from packrat.frontends.http import answer_headers, limited_body
 from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer, Request
 from packrat.settings import Settings
@@ -65,7 +65,11 @@ class PackratEngine:
         log.info("packrat engine on node %s: %s", self.node, self.engine.budget.describe())
 
     async def infer(self, body: bytes, content_type: str | None, header_length: str | None) -> tuple[Answer, dict]:
-        """The request's Answer, and the headers naming this engine."""
+        """The request's Answer, and the headers naming this engine. One the pool would refuse is
+        answered before anything is made of its body."""
+        refused = self.engine.refusal()
+        if refused is not None:
+            return refused, self.headers
         self.engine.arrive()
         answer = await asyncio.wrap_future(self.engine.submit(Request(body, content_type, header_length)))
         return answer, self.headers
@@ -119,7 +123,7 @@ class PackratIngress:
         answer, headers = await self._call("infer", body, request.headers.get("content-type"),
                                            request.headers.get(oip.HEADER))
         if answer.status != 200:
-            return _error(answer.status, answer.reason)
+            return _error(answer.status, answer.reason, answer_headers(answer))
         binary = {oip.HEADER: str(answer.header_length)} if answer.header_length is not None else {}
         return Response(answer.body, media_type=answer.content_type, headers={**headers, **binary})
 
@@ -150,8 +154,8 @@ class PackratIngress:
         return _error(404, f"no route for GET {path}")
 
 
-def _error(status: int, reason: str) -> Response:
-    return JSONResponse({"code": status, "type": "error", "message": reason}, status_code=status)
+def _error(status: int, reason: str, headers: dict | None = None) -> Response:
+    return JSONResponse({"code": status, "type": "error", "message": reason}, status_code=status, headers=headers)
 
 
 def _version() -> str:

@@ -182,6 +182,15 @@ class Engine:
             future.set_result(Answer.error(503 if isinstance(exc, PoolError) else 500, f"{type(exc).__name__}: {exc}"))
             return future
 
+    def refusal(self, waited_s: float = 0.0) -> Answer | None:
+        """How the live pool would refuse a request arriving now (503 with when to retry, counted),
+        or None: a front end asks before it reads or decodes the body, so a refusal costs no core."""
+        try:
+            return self.pool.refusal(waited_s)
+        except Exception as exc:  # never a reason to lose the request: submit() decides then
+            log.warning("packrat admission not decided early: %s", exc)
+            return None
+
     def status(self) -> dict:
         """The controller's status (plan, mode, health, reconfigurations) with where the CPU
         budget and the profile came from."""
@@ -289,7 +298,7 @@ def pool_settings(settings: Settings) -> dict:
     """InstancePool keyword arguments from the recovery settings; those not given keep the pool's
     defaults (request timeout 120 s, queue 1000, hung after 10 × the expected latency, ≥ 5 s)."""
     given = settings.recovery()
-    pool = {key: given[key] for key in ("request_timeout_s", "max_queue") if key in given}
+    pool = {key: given[key] for key in ("request_timeout_s", "max_queue", "admission") if key in given}
     if settings.gather_ms is not None:
         pool["gather_ms"] = settings.gather_ms
     watchdog = {key: given[name] for key, name in (("factor", "hang_factor"), ("floor_s", "hang_floor_s"),

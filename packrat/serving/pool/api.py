@@ -38,6 +38,7 @@ class Request:
     body: bytes | bytearray | memoryview  # any bytes-like body: the pool copies it once, into shared memory
     content_type: str | None = None
     header_length: int | str | None = None  # KServe v2 binary extension: Inference-Header-Content-Length, as sent
+    waited_s: float = 0.0  # time it already waited ahead of the pool (TorchServe's queue): its deadline is nearer
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,11 @@ class Answer:
     reason: str = ""  # one line, for errors
     content_type: str = "application/json"
     header_length: int | None = None  # binary KServe v2 answers: the response's Inference-Header-Content-Length
+    retry_after_s: int | None = None  # refusals: when the pool predicts it would be taken (a Retry-After header)
 
     @classmethod
-    def error(cls, status: int, reason: str) -> "Answer":
-        return cls(status, error_body(reason), reason)
+    def error(cls, status: int, reason: str, retry_after_s: int | None = None) -> "Answer":
+        return cls(status, error_body(reason), reason, retry_after_s=retry_after_s)
 
     @property
     def ok(self) -> bool:
@@ -66,7 +68,7 @@ class Health:
     unavailable: str | None  # why requests are being refused now, or None
     queued: int
     answered: int
-    refused: int  # requests answered 503 because no instance could run them, or the queue was full
+    refused: int  # requests answered 503: none could be answered in time, the queue was full, no instance could run
     watchdog_kills: int = 0  # instances killed because a batch ran past its deadline
     expired: int = 0  # requests answered 504: not answered within the request timeout
     requeued: int = 0  # requests re-run after their instance died or hung
@@ -77,6 +79,10 @@ class Health:
     fallbacks: list[str] = field(default_factory=list)  # instances running another runtime than planned, and why
     kinds: list[dict] = field(default_factory=list)  # each instance: index, kind (thread or process), runtime, cores
     abandoned: int = 0  # thread instances stuck in a cancelled run, left behind and replaced by processes
+    admitted: int = 0  # requests taken in since the pool started
+    refused_late: int = 0  # of the refused: predicted to be answered after their deadline (admission.py)
+    predicted_wait_ms: float | None = None  # a request arriving now would be answered in this, as predicted
+    served_ratio: float = 1.0  # how long the pool's full sub-batches took over the plan's latency for them
 
 
 def configs_for(plan, capacity: int = 0, fallbacks=None) -> list[InstanceConfig]:

@@ -10,7 +10,10 @@ before it starts. In a closed loop the requests of a wave arrive milliseconds ap
 the first alone made a fat ⟨2 threads, batch 4⟩ instance run batches of one and two, 1.1-1.4x
 slower at p50 than whole batches, while 30 ms recovered them. Under a queue nothing waits.
 
-Every request has a deadline (``request_timeout_s`` after it arrived): one not answered by then,
+A request is admitted only when it can be answered within its deadline (admission.py: the queue
+ahead, the running batches and the plan's round as served); the rest are refused 503 at once.
+Every request has a deadline (``request_timeout_s`` after it arrived, less what it waited ahead of
+the pool): one not answered by then,
 queued or running, is answered 504 with the reason, so nothing waits forever. A request whose
 instance died or hung goes back to the front of the queue; one that has been on ``max_attempts``
 lost instances (it may be what kills them) is answered 500 instead.
@@ -24,6 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, Sequence
 
+from packrat.serving.pool.admission import Admission, Outlook, Refusal
 from packrat.serving.pool.api import Answer, InstanceConfig, Request
 from packrat.settings import GATHER_MS, MAX_QUEUE, REQUEST_TIMEOUT_S  # the defaults, declared with the schema
 
@@ -98,8 +102,10 @@ def _proportional(n: int, weights: Sequence[int], caps: Sequence[int] | None) ->
 
 @dataclass
 class Counts:
+    admitted: int = 0
     answered: int = 0
-    refused: int = 0  # 503: queue full, or no instance can run
+    refused: int = 0  # 503: not answerable in time, queue full, or no instance can run
+    refused_late: int = 0  # of those, not answerable in time (the prediction)
     expired: int = 0  # 504: past the deadline
     requeued: int = 0
 
@@ -109,20 +115,39 @@ class Dispatcher:
 
     def __init__(self, gather_ms: float = GATHER_MS, request_timeout_s: float = REQUEST_TIMEOUT_S,
                  max_queue: int = MAX_QUEUE, max_attempts: int = MAX_ATTEMPTS,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, admission: str = "predicted"):
         self.gather_s, self.request_timeout_s = gather_ms / 1e3, request_timeout_s
         self.max_queue, self.max_attempts, self.clock = max_queue, max_attempts, clock
+        self.admission = Admission(request_timeout_s, max_queue, by_prediction=admission == "predicted")
         self.queue: deque[Job] = deque()
         self.counts = Counts()
 
-    def enqueue(self, request: Request) -> Job:
-        """A job for the request, queued; answered 503 at once when the queue is full."""
+    def refusal(self, outlook: Outlook = Outlook(), waited_s: float = 0.0) -> Answer | None:
+        """The answer refusing a request arriving now (counted), or None: it would be admitted."""
+        refusal = self.admission.verdict(len(self.queue), outlook, waited_s)
+        if refusal is None:
+            return None
+        self._count(refusal)
+        return Answer.error(refusal.status, refusal.reason, refusal.retry_after_s)
+
+    def _count(self, refusal: Refusal) -> None:
+        if refusal.status == 504:
+            self.counts.expired += 1
+            return
+        self.counts.refused += 1
+        self.counts.refused_late += refusal.late
+
+    def enqueue(self, request: Request, outlook: Outlook = Outlook()) -> Job:
+        """A job for the request: queued, or answered at once when it would not be answered in time
+        (or the queue is full)."""
         now = self.clock()
-        job = Job(request, Future(), now, now + self.request_timeout_s)
-        if len(self.queue) >= self.max_queue:
-            self.refuse(job, f"too many requests waiting ({len(self.queue)}, the limit); try again later")
+        job = Job(request, Future(), now, now + self.request_timeout_s - request.waited_s)
+        refused = self.refusal(outlook, request.waited_s)
+        if refused is not None:
+            job.resolve(refused)
         else:
             self.queue.append(job)
+            self.counts.admitted += 1
         return job
 
     def refuse(self, job: Job, reason: str) -> None:

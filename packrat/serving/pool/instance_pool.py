@@ -44,6 +44,7 @@ from packrat.serving.pool.api import (
     Request,
     configs_for,
 )
+from packrat.serving.pool.admission import Outlook, ServedRounds, answer_in_s
 from packrat.serving.pool.child import exit_with_parent
 from packrat.serving.pool.dispatch import Dispatcher, split_sizes
 from packrat.serving.pool.instance import Instance, sweep_stale_segments
@@ -77,7 +78,7 @@ class InstancePool:
     def __init__(self, model: ModelConfig, instances: Sequence[InstanceConfig], codec: CodecConfig | None = None,
                  start_timeout: float = 600.0, gather_ms: float = GATHER_MS,
                  request_timeout_s: float = REQUEST_TIMEOUT_S, max_queue: int = MAX_QUEUE,
-                 watchdog: Watchdog = Watchdog()):
+                 admission: str = "predicted", watchdog: Watchdog = Watchdog()):
         if not instances:
             raise ValueError("a pool needs at least one instance")
         check_cores(instances)
@@ -94,12 +95,13 @@ class InstancePool:
         self.served = ServedLatencies()  # model-stage times per ⟨threads, batch, runtime⟩ (served.py)
         self.last_compute_ms = 0.0  # the last answered sub-batch's time in its instance (locks, codec, model)
         self.stages = StageTimes()  # where the recent sub-batches' time went (stages.py)
+        self.rounds = ServedRounds()  # a planned batch's time as served, for admission (admission.py)
         self._lock = threading.RLock()
         self._held = 0  # blocks of together() under way: dispatch waits for them
         self._closed = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
-        self.dispatcher = Dispatcher(gather_ms, request_timeout_s, max_queue)
+        self.dispatcher = Dispatcher(gather_ms, request_timeout_s, max_queue, admission=admission)
         self.supervisor = Supervisor(model, codec, self._lock, self._closed, self.dispatcher.requeue, self._wake,
                                      start_timeout=start_timeout, watchdog=watchdog, thread_done=self._thread_done)
         swept = sweep_stale_segments()
@@ -173,15 +175,37 @@ class InstancePool:
             if reason:
                 self.dispatcher.counts.refused += 1
                 return _answered(Answer.error(503, reason))
+            job = self.dispatcher.enqueue(request, self._outlook())
+            if job.future.done():  # refused: it costs no instance anything
+                return job.future
             if len(request.body) == self._row_bytes:
                 self.bodies.raw += 1
             else:
                 self.bodies.decoded += 1
-            job = self.dispatcher.enqueue(request)
             if self._held:  # inside together(): its end hands the requests out, with no wake-up between
                 return job.future
         self._wake()
         return job.future
+
+    def refusal(self, waited_s: float = 0.0) -> Answer | None:
+        """How a request arriving now would be refused (counted as refused), or None if it would be
+        admitted: for a front end to ask before it reads and decodes the body."""
+        with self._lock:
+            if self._closed.is_set():
+                return None  # submit() says so
+            return self.dispatcher.refusal(self._outlook(), waited_s)
+
+    def _outlook(self) -> Outlook:
+        """The queue's view ahead of a request arriving now (caller holds the lock)."""
+        instances = [inst for inst in self.supervisor.instances if inst.ready]
+        expected = [inst.config.expected_ms / 1e3 if inst.config.expected_ms else None for inst in instances]
+        round_s = self.rounds.round_s(expected)
+        if round_s is None or not instances:
+            return Outlook(batch=sum(inst.config.batch for inst in instances) or 1)
+        now = time.monotonic()
+        busy_left = [(e * self.rounds.ratio if e else round_s) - (now - inst.busy_since)
+                     for inst, e in zip(instances, expected) if inst.jobs]
+        return Outlook(max([0.0, *busy_left]), sum(inst.config.batch for inst in instances), round_s)
 
     def infer(self, requests: Sequence[Request]) -> list[Answer]:
         """Answers for `requests`, in order, run as one batch (blocks until all are answered)."""
@@ -292,6 +316,8 @@ class InstancePool:
         """A sub-batch's answers handed out and its stages and served time kept (caller holds the lock)."""
         self.dispatcher.answered(jobs, [Answer(*reply) for reply in replies])
         if jobs:  # none: a reconfiguration took them back while they ran (they run again elsewhere)
+            expected = inst.config.expected_ms / 1e3 if inst.config.expected_ms else None
+            self.rounds.add(received - inst.sent_stamps[1], len(jobs), inst.config.batch, expected)
             self.stages.add((*inst.sent_stamps, *instance_stamps, received, time.monotonic()), len(jobs))
             if turns == 1:  # a batch run in several turns is not the profile's point
                 key = served_key(inst.config.threads, inst.config.batch, inst.mode)
@@ -319,7 +345,16 @@ class InstancePool:
                           fallbacks=[f"instance {i.index} {i.fallback}" for i in s.instances if i.fallback],
                           kinds=[{"index": i.index, "kind": i.kind, "runtime": i.config.runtime,
                                   "cores": list(i.config.cores)} for i in s.instances],
-                          abandoned=s.abandoned)
+                          abandoned=s.abandoned, admitted=counts.admitted, refused_late=counts.refused_late,
+                          predicted_wait_ms=self._predicted_wait_ms(), served_ratio=round(self.rounds.ratio, 3))
+
+    def _predicted_wait_ms(self) -> float | None:
+        """When a request arriving now would be answered, as predicted (caller holds the lock)."""
+        outlook = self._outlook()
+        if outlook.round_s is None:
+            return None
+        return round(answer_in_s(len(self.dispatcher.queue), outlook.busy_left_s, outlook.batch,
+                                 outlook.round_s) * 1e3, 1)
 
     # ---- reconfiguration ------------------------------------------------------------------------
 

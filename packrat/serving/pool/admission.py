@@ -1,0 +1,152 @@
+"""Admission by prediction: a request is taken only when it can be answered within its deadline.
+
+Under overload a server's one job is to answer what it can in time and refuse the rest at once.
+A fixed queue bound holds on the machine it was sized on and not on a slower one (issue 56), so the
+pool predicts instead: a new request is answered after the batches running now finish, then after
+the queued requests and itself go through in whole rounds of the plan's batch,
+
+    answer in = busy left + ceil((queued + 1) / B) × round
+
+where a round is the time one planned batch takes through the pool: the plan's latency (the
+profile's) times what the pool served over what the profile predicted (``ServedRounds``, from the
+recent full sub-batches, so a slower machine, a CPU-bound neighbour, JSON decoding or a longer hop
+are all in it). A request whose prediction does not fit the time it has left is refused 503 with a
+``Retry-After`` from the same prediction: it costs no core. ``max_queue`` stays an upper bound.
+
+A request that already waited upstream (TorchServe's own queue, before its Python worker sees
+it) has that much less time; ``UpstreamWait`` bounds that wait from the rounds the worker saw.
+
+Pure: plain numbers in, a verdict out; tested with tables.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+SMOOTHING = 0.2  # weight of the newest full sub-batch in the served/predicted ratio
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int  # 503: refused, try again after retry_after_s; 504: its deadline passed already
+    reason: str
+    retry_after_s: int  # whole seconds, as the Retry-After header takes them
+    late: bool = False  # refused by the prediction (not the queue bound, not an expired wait)
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What the pool looks like to a request arriving now."""
+    busy_left_s: float = 0.0  # until the batches running now are predicted to finish
+    batch: int = 1  # the plan's batch: the requests one round takes
+    round_s: float | None = None  # one round's time, as served; None: nothing to predict with
+
+
+def answer_in_s(queued: int, busy_left_s: float, batch: int, round_s: float) -> float:
+    """Seconds until a request arriving now is answered: the running batches' rest, then whole
+    rounds of the plan's batch for the queued requests and this one."""
+    return busy_left_s + math.ceil((queued + 1) / max(batch, 1)) * round_s
+
+
+def retry_after(excess_s: float) -> int:
+    """Whole seconds after which the queue ahead has drained by `excess_s` of work (at least 1)."""
+    return max(1, math.ceil(excess_s))
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The rule: the queue bound always; with `by_prediction`, the deadline as well."""
+    timeout_s: float
+    max_queue: int
+    by_prediction: bool = True
+
+    def verdict(self, queued: int, outlook: Outlook, waited_s: float = 0.0) -> Refusal | None:
+        """None to admit; else why not. A round of None (no plan latency, nothing served yet):
+        the queue bound alone. `waited_s`: time already spent upstream."""
+        batch, round_s = outlook.batch, outlook.round_s
+        left_s = self.timeout_s - waited_s
+        if left_s <= 0:
+            return Refusal(504, f"waited {waited_s:.2f} s before reaching the model, past its {self.timeout_s:g} s "
+                                f"deadline", 1)
+        if queued >= self.max_queue:
+            drain_s = answer_in_s(queued - self.max_queue, 0.0, batch, round_s or 0.0)
+            return Refusal(503, f"too many requests waiting ({queued}, the limit); try again later",
+                           retry_after(drain_s))
+        if not self.by_prediction or round_s is None:
+            return None
+        predicted_s = answer_in_s(queued, outlook.busy_left_s, batch, round_s)
+        if predicted_s <= left_s:
+            return None
+        return Refusal(503, f"would be answered in {predicted_s:.2f} s, past its {left_s:.2f} s left "
+                            f"({queued} queued, {round_s * 1e3:.0f} ms a batch of {batch}); try again later",
+                       retry_after(predicted_s - left_s), late=True)
+
+
+def upstream_queue(timeout_s: float, round_s: float, batch: int, max_queue: int) -> int:
+    """How many requests a FIFO queue ahead of the pool (TorchServe's job queue) may hold so that
+    its last is answered within the deadline, batches taking `round_s`: it waits for the running
+    batch and its queue's rounds, B × (floor(timeout / round) − 1); at least one batch (so the
+    instances never wait for work), at most `max_queue`."""
+    rounds = math.floor(timeout_s / round_s) - 1 if round_s > 0 else max_queue
+    return max(batch, min(max_queue, batch * rounds))
+
+
+class ServedRounds:
+    """How long a planned batch takes through the pool against the plan's latency for it: the
+    ratio served / predicted over the recent full sub-batches (a partial one says little of a full
+    one's time). 1.0, the plan as predicted, until the first is served."""
+
+    def __init__(self, smoothing: float = SMOOTHING):
+        self.smoothing, self.ratio, self.seen = smoothing, 1.0, 0
+        self.measured_s: float | None = None  # for pools whose instances carry no predicted latency
+
+    def add(self, measured_s: float, requests: int, planned_batch: int, expected_s: float | None) -> None:
+        """One sub-batch of `requests` answered `measured_s` after it was handed out; its instance
+        plans `planned_batch` in `expected_s` (None: unknown)."""
+        if requests < planned_batch or measured_s <= 0:
+            return
+        scale = planned_batch / requests  # more than planned (a long queue): its planned share's time
+        if expected_s:
+            self.ratio = self._mix(self.ratio, measured_s * scale / expected_s)
+        else:
+            self.measured_s = self._mix(self.measured_s, measured_s * scale)
+        self.seen += 1
+
+    def _mix(self, old: float | None, new: float) -> float:
+        if old is None or self.seen == 0:
+            return new
+        return (1 - self.smoothing) * old + self.smoothing * new
+
+    def round_s(self, expected_s: list[float | None]) -> float | None:
+        """A round of the plan: its slowest instance's predicted latency, as served."""
+        known = [e for e in expected_s if e]
+        if known and len(known) == len(expected_s):
+            return max(known) * self.ratio
+        return self.measured_s
+
+
+class UpstreamWait:
+    """A bound on how long the requests of a batch waited in a FIFO queue of `capacity` ahead of
+    this worker (TorchServe's job queue), from when the worker's earlier batches arrived and how big
+    they were. A request in this batch was not yet queued when the worker took the batch after
+    which `capacity` more requests were taken, nor when a batch came short of the full size (the
+    queue was empty then): it waited at most since that batch's arrival."""
+
+    def __init__(self, capacity: int, full: int, keep: int = 256):
+        self.capacity, self.full = capacity, full
+        self.rounds: deque[tuple[float, int]] = deque(maxlen=keep)  # (arrival, size), oldest first
+
+    def arrived(self, now: float, size: int) -> float:
+        """A batch of `size` arrived at `now`: the most its requests can have waited upstream."""
+        waited, taken = 0.0, 0
+        for at, count in reversed(self.rounds):
+            waited = now - at
+            if count < self.full or taken >= self.capacity:
+                break
+            taken += count
+        else:  # no earlier batch bounds it: the worker's whole history
+            waited = now - self.rounds[0][0] if self.rounds else 0.0
+        self.rounds.append((now, size))
+        return waited
