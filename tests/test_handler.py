@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -206,3 +207,31 @@ def test_the_stock_handler_runs_the_runtime_it_is_given(tmp_path, expected):
     with_requests(context, ["application/octet-stream"])
     (response,) = handler.handle([{"body": bytearray(samples[0].numpy().tobytes())}], context)
     assert [p["class"] for p in json.loads(response)["predictions"]] == classes[0]
+
+
+@pytest.mark.slow
+def test_a_batch_that_waited_in_torchserves_queue_past_its_deadline_is_not_run(tmp_path, expected):
+    """TorchServe's queue (jobQueueSize 4) hands over batches of up to 4. A batch after a short
+    one waited at most since it; one that may have waited 5 s, past the 1 s deadline, is answered
+    504 at once, its bodies untouched and no instance running it."""
+    samples, classes = expected
+    context = make_context(tmp_path, batch=4, plan="fat", request_timeout_s=1.0, reconfigure=False)
+    context.model_yaml_config["jobQueueSize"] = 4
+    handler = PackratHandler()
+    handler.initialize(context)
+    try:
+        rows = [{"body": bytearray(sample.numpy().tobytes())} for sample in samples]
+        with_requests(context, ["application/octet-stream"] * len(rows))
+        for _ in range(2):  # a short batch: TorchServe's queue was empty after it
+            responses = [json.loads(r) for r in handler.handle(rows, context)]
+            assert [[p["class"] for p in r["predictions"]] for r in responses] == classes
+        answered = handler.pool.health().answered
+        handler.upstream.rounds.clear()
+        handler.upstream.rounds.append((time.monotonic() - 5.0, 4))  # a full batch 5 s ago, nothing since
+        responses = [json.loads(r) for r in handler.handle(rows, context)]
+        assert all("waited 5.0" in r["error"] for r in responses)
+        assert [context.get_response_status(i)[0] for i in range(len(rows))] == [504] * len(rows)
+        health = handler.pool.health()
+        assert (health.answered, health.expired) == (answered, len(rows))
+    finally:
+        handler.engine.close()

@@ -148,6 +148,27 @@ def test_metrics_count_every_reconfiguration_though_the_controller_keeps_its_las
         assert line in text, line
 
 
+def test_a_refused_request_is_answered_before_its_body_is_read(monkeypatch):
+    """Admission is asked first: a refusal is a 503 with Retry-After, and the body is never read."""
+    from types import SimpleNamespace
+
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+
+    def read(*_):
+        raise AssertionError("the body of a refused request was read")
+
+    model = kserve_server.PackratModel.__new__(kserve_server.PackratModel)
+    model.max_body_bytes = 1000
+    model.serving = SimpleNamespace(refusal=lambda: Answer.error(503, "would be answered in 3.10 s", 2))
+    monkeypatch.setattr(kserve_server, "limited_body", read)
+    app = FastAPI()
+    kserve_server.add_routes(app, SimpleNamespace(get_model=lambda name: model))
+    response = TestClient(app).post("/v2/models/m/infer", content=b"x" * 500)
+    assert response.status_code == 503 and response.headers["Retry-After"] == "2"
+    assert "3.10 s" in response.json()["error"]
+
+
 # ---- a real server ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
