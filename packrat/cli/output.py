@@ -72,3 +72,21 @@ def print_budget_and_profile(status: dict) -> None:
         print(f"profile: {status['profile']}")
     for line in gain_lines(status.get("ios") or []):  # the plan's IOS instances, and what they gained
         print(line)
+
+
+def admission_text(health: dict) -> str:
+    """Admission by prediction: what was taken in and refused, and what a request now would wait."""
+    wait = health.get("predicted_wait_ms")
+    now = f"a request now would be answered in {wait:.0f} ms" if wait is not None else "nothing served to predict from yet"
+    return (f"admission: {health.get('admitted', 0)} admitted, {health.get('refused_late', 0)} refused as too late "
+            f"for their deadline (of the {health.get('refused', 0)} refused); {now} (batches served at "
+            f"{health.get('served_ratio', 1.0):.2f}× the plan's latency)")
+
+
+def hop_text(health: dict) -> str:
+    """Where the pool's recent sub-batches spent their time, stage by stage (the stages are
+    packrat.serving.pool.stages's, in their order), in one line."""
+    stages = health["stage_ms"]
+    parts = ", ".join(f"{name.replace('_', ' ')} {ms:.2f}" for name, ms in stages.items() if name != "total")
+    return (f"pool hop, ms per sub-batch (mean of the last ones, {health.get('requests_per_sub_batch', 0):.1f} "
+            f"requests each): {parts}; total {stages['total']:.2f}")

@@ -7,7 +7,8 @@ import json
 import time
 
 from packrat.cli.args import run_dir_arg
-from packrat.cli.output import cores_text, kinds_text, print_budget_and_profile, runtime_text
+from packrat.cli.output import (admission_text, cores_text, hop_text, kinds_text, print_budget_and_profile,
+                                runtime_text)
 from packrat.cli.types import positive
 from packrat.deploy import torchserve
 from packrat.errors import ServeError
@@ -176,24 +177,6 @@ def served_lines(served: dict | None) -> list[str]:
 
 def num(value) -> str:
     return "?" if value is None else f"{value:.2f}"
-
-
-def admission_text(health: dict) -> str:
-    """Admission by prediction: what was taken in and refused, and what a request now would wait."""
-    wait = health.get("predicted_wait_ms")
-    now = f"a request now would be answered in {wait:.0f} ms" if wait is not None else "nothing served to predict from yet"
-    return (f"admission: {health.get('admitted', 0)} admitted, {health.get('refused_late', 0)} refused as too late "
-            f"for their deadline (of the {health.get('refused', 0)} refused); {now} (batches served at "
-            f"{health.get('served_ratio', 1.0):.2f}× the plan's latency)")
-
-
-def hop_text(health: dict) -> str:
-    """Where the pool's recent sub-batches spent their time, stage by stage (the stages are
-    packrat.serving.pool.stages's, in their order), in one line."""
-    stages = health["stage_ms"]
-    parts = ", ".join(f"{name.replace('_', ' ')} {ms:.2f}" for name, ms in stages.items() if name != "total")
-    return (f"pool hop, ms per sub-batch (mean of the last ones, {health.get('requests_per_sub_batch', 0):.1f} "
-            f"requests each): {parts}; total {stages['total']:.2f}")
 
 
 def node_view(statuses: dict[str, dict]) -> dict | None:
