@@ -12,7 +12,8 @@ within maxBatchDelay, hands the batch over, and sends the next one once this one
 Admission: TorchServe queues requests (up to the archive's jobQueueSize, which `packrat archive`
 sizes from the plan's predicted batch time and the deadline) and answers 503 beyond that, before
 this worker sees them. A request reaching handle() may have waited there: UpstreamWait bounds how
-long from the batches seen before, and the pool refuses it at once (503, with Retry-After) when
+long from the batches seen before and, under `packrat serve`, from looks at how many requests
+TorchServe's queue holds (its management API, 10 times a second); the pool refuses it at once (503, with Retry-After) when
 that wait and its batch's predicted time no longer fit its deadline, before its body is touched.
 handle() submits the batch's requests to the pool together (none leaves before the last is in:
 the instances start at once in this mode, gather 0 ms), its dispatcher splits them among the
@@ -54,12 +55,12 @@ finally:
             del sys.modules[_HIDDEN]
 
 from packrat.handlers import common
-from packrat.frontends.torchserve_control import follow_reconfigure_requests
+from packrat.frontends.torchserve_control import follow_reconfigure_requests, watch_torchserve_queue
 from packrat.serving.engine import Engine
 from packrat.serving.pool.admission import UpstreamWait
 from packrat.serving.pool.api import Answer
 from packrat.serving.pool.child import exit_with_parent
-from packrat.settings import CONTROL_DIR_ENV
+from packrat.settings import CONTROL_DIR_ENV, TS_KEY_FILE_ENV, TS_MANAGEMENT_ENV
 
 METRICS_PERIOD_S = 1.0
 TORCHSERVE_QUEUE = 100  # TorchServe's job_queue_size, for an archive that does not set jobQueueSize
@@ -80,6 +81,8 @@ class PackratHandler(BaseHandler):
         self._reported, self._reported_at = 0, -METRICS_PERIOD_S
         queue = (getattr(context, "model_yaml_config", None) or {}).get("jobQueueSize") or TORCHSERVE_QUEUE
         self.upstream = UpstreamWait(int(queue), self.max_batch)
+        if TS_MANAGEMENT_ENV.get():  # set by `packrat serve`: looks at TorchServe's queue tighten the bound
+            watch_torchserve_queue(self.upstream.seen, TS_MANAGEMENT_ENV.get(), TS_KEY_FILE_ENV.get(), context.model_name)
         self.initialized = True
 
     @property

@@ -34,4 +34,7 @@ STEP_SECONDS = Variable("PACKRAT_STEP_SECONDS", str, "15", "with step: seconds p
 TIMEOUT_S = Variable("PACKRAT_TIMEOUT_S", float, "60", "client-side timeout per request, in seconds")
 REQUEST_LOG = Variable("PACKRAT_REQUEST_LOG", str, "", "a file to append one line per request to "
                                                        "(packrat.loadtest.requestlog)")
-VARIABLES = (MODEL, BODY_FILE, CONTENT_TYPE, TOKEN, SHAPE, STEP_USERS, STEP_SECONDS, TIMEOUT_S, REQUEST_LOG)
+RATE = Variable("PACKRAT_RATE", float, "0", "open loop: the requests per second the users send together, each "
+                                            "paced at RATE / users from a random start (with steady only); 0: "
+                                            "closed loop, each user's next request as soon as its answer arrives")
+VARIABLES = (MODEL, BODY_FILE, CONTENT_TYPE, TOKEN, SHAPE, STEP_USERS, STEP_SECONDS, TIMEOUT_S, REQUEST_LOG, RATE)

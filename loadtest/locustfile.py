@@ -1,12 +1,23 @@
 """Locust users that POST one model sample per request to TorchServe's /predictions/{model}.
 
 Configured by the environment: the model, the body and its type, a token, the load's shape, the
-client's timeout and a request log (loadtest/env.py lists them with their defaults).
+client's timeout, a request log and an open-loop rate (loadtest/env.py lists them with their defaults).
+
+Closed loop by default: each user sends its next request as soon as its answer arrives. With a rate
+(env.RATE), open loop: the users together send RATE requests per second whatever the answers
+take, each at locust's constant_throughput(RATE / users) from a random start within its first
+period (all starting at once would send a burst of every user's first request), so that arrivals
+are spread evenly; a user whose answer takes longer than its period sends the next one at once.
+Enough users keep the pace while answers take up to the server's deadline (packrat bench
+overload runs RATE × (deadline + 1 s)).
 
 Any answer but 200 counts as a failure. Latencies go into a 3-significant-digit histogram;
 the per-second history (--csv-full-history) gets percentiles over about the last second.
 """
 from __future__ import annotations
+
+import random
+import time
 
 import gevent
 import locust.stats
@@ -21,6 +32,7 @@ TOKEN = env.TOKEN.read()
 SHAPE = env.SHAPE.read()
 # A dead or wedged server must fail requests, not hang the run.
 TIMEOUT_S = env.TIMEOUT_S.read()
+RATE = env.RATE.read()  # requests per second of all users together; 0: closed loop
 
 # Locust's documented hook for custom bucketing; its default is too coarse (see bucket_ms).
 locust.stats.bucket_response_time = bucket_ms
@@ -33,6 +45,8 @@ if SHAPE == "step":
     from packrat.loadtest.shapes import StepLoad  # noqa: F401
 elif SHAPE != "steady":
     raise ValueError(f"{env.SHAPE.name} must be steady or step, got {SHAPE!r}")
+if RATE < 0 or (RATE and SHAPE != "steady"):
+    raise ValueError(f"{env.RATE.name} must be >= 0, and is for the steady shape only; got {RATE} with {SHAPE}")
 
 # Read once: per-request work would load the client, not the server.
 if not env.BODY_FILE.read():
@@ -67,10 +81,26 @@ if REQUEST_LOG:
 gevent.get_hub().loop.update_now()
 
 
+def paced(user: "ModelUser") -> float:
+    """Open loop's wait: locust's constant_throughput(RATE / users), kept from the user's own random
+    start (locust's keeps it from the user's creation, which would undo the start's spread): the
+    next request one period after the last was sent, or at once when its answer came later."""
+    now = time.perf_counter()
+    user.next_send = max(user.next_send + user.period_s, now)
+    return user.next_send - now
+
+
 class ModelUser(FastHttpUser):
-    wait_time = constant(0)  # closed loop: the next request as soon as the answer arrives
+    wait_time = constant(0) if not RATE else paced  # closed loop: the next request as soon as the answer arrives
     network_timeout = TIMEOUT_S
     connection_timeout = TIMEOUT_S
+
+    def on_start(self) -> None:
+        if RATE:  # open loop: this user's first request at a random point of its first period
+            users = self.environment.parsed_options.num_users
+            self.period_s = users / RATE
+            self.next_send = time.perf_counter() + random.uniform(0.0, self.period_s)
+            gevent.sleep(self.next_send - time.perf_counter())
 
     @task
     def predict(self) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .env import BODY_FILE, CONTENT_TYPE, MODEL, REQUEST_LOG, SHAPE, STEP_SECONDS, STEP_USERS, TIMEOUT_S, TOKEN
+from .env import BODY_FILE, CONTENT_TYPE, MODEL, RATE, REQUEST_LOG, SHAPE, STEP_SECONDS, STEP_USERS, TIMEOUT_S, TOKEN
 from .histogram import percentile
 from .steps import parse_steps, step_markers
 
@@ -58,8 +58,10 @@ class LoadResult:
 def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Path, *,
                payload: tuple[bytes, str], spawn_rate: float | None = None, token: str | None = None,
                shape: str = "steady", csv_prefix: str = "locust", timeout_s: float | None = None,
-               env: Mapping[str, str] | None = None, request_log: Path | None = None) -> LoadResult:
-    """Load host's /predictions/{model} with closed-loop users and return the exact results.
+               env: Mapping[str, str] | None = None, request_log: Path | None = None,
+               rate: float | None = None, stop_timeout_s: float | None = None) -> LoadResult:
+    """Load host's /predictions/{model} with closed-loop users (or open-loop ones: `rate`) and return
+    the exact results.
 
     steady: `users` users (started at `spawn_rate`/s, default all at once) for `duration_s`
             (rounded up to whole seconds).
@@ -68,9 +70,15 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
     payload: (body, content type) of every request (packrat.codec.payloads.build_payload makes
              one for a model); written to OUT_DIR/request.body for the locust process.
     timeout_s is the client-side timeout per request (the locustfile's default is 60 s);
-    the whole run is killed after its expected length + 60 s.
+    the whole run is killed after its expected length (and stop_timeout_s) + 60 s.
     request_log: a file for one line per request (loadtest.requestlog), replaced if present.
+    rate: open loop (steady only): the users send `rate` requests per second together, each paced at
+          rate / users from a random start (the locustfile's env.RATE), whatever the answers take.
+    stop_timeout_s: at the end, requests in flight are waited for up to this long (locust's
+          --stop-timeout), so that each is logged with its answer; default: cut off.
     """
+    if rate is not None and (rate <= 0 or shape != "steady"):
+        raise ValueError(f"an open-loop rate must be > 0 and with the steady shape, got {rate} with {shape}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prefix = out_dir / csv_prefix
@@ -85,11 +93,14 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
     child_env.update({STEP_USERS.name: f"1,{users},1,{users}", STEP_SECONDS.name: str(duration_s / 4)})
     # An inherited log must not leak into the run either.
     child_env[REQUEST_LOG.name] = str(Path(request_log).resolve()) if request_log is not None else ""
+    child_env[RATE.name] = str(rate) if rate is not None else ""  # nor an inherited rate
     child_env.update(env or {})
     steps = parse_steps(STEP_USERS.read(child_env), STEP_SECONDS.read(child_env)) if shape == "step" else []
     expected_s = steps[-1][0] if steps else _run_time(duration_s)
     cmd = _command(host, prefix, users, duration_s, spawn_rate, shape)
-    _run(cmd, child_env, expected_s + HARD_LIMIT_SLACK_S, json_path)
+    if stop_timeout_s is not None:
+        cmd += ["--stop-timeout", f"{stop_timeout_s:g}"]
+    _run(cmd, child_env, expected_s + (stop_timeout_s or 0.0) + HARD_LIMIT_SLACK_S, json_path)
 
     result = parse_json_stats(json.loads(json_path.read_text()), duration_s=expected_s)
     if history_path.exists():

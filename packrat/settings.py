@@ -68,11 +68,17 @@ SERVED_DIR_ENV = EnvVar("PACKRAT_SERVED_DIR", Path, "~/.cache/packrat/served",
 CONTROL_DIR_ENV = EnvVar("PACKRAT_CONTROL_DIR", Path, None,
                          "set by `packrat serve` for its handlers: the folder of control files they poll "
                          "(`packrat reconfigure` requests)")
+TS_MANAGEMENT_ENV = EnvVar("PACKRAT_TS_MANAGEMENT", str, None,
+                           "set by `packrat serve` for its handlers: TorchServe's management address, where the "
+                           "handler looks at how many requests wait in TorchServe's queue (admission)")
+TS_KEY_FILE_ENV = EnvVar("PACKRAT_TS_KEY_FILE", Path, None,
+                         "set by `packrat serve` for its handlers: TorchServe's key file, for the management token")
 TORCH_SPEC_ENV = EnvVar("PACKRAT_TORCH_SPEC", str, "torch==2.13.0",
                         "read by scripts/setup.sh: the torch requirement it installs")
 TORCH_INDEX_ENV = EnvVar("PACKRAT_TORCH_INDEX", str, "https://download.pytorch.org/whl/cpu",
                          "read by scripts/setup.sh: the package index torch comes from (CPU wheels)")
-ENVIRONMENT = (CORES_ENV, COMPILE_CACHE_ENV, NODE_DIR_ENV, SERVED_DIR_ENV, CONTROL_DIR_ENV, TORCH_SPEC_ENV, TORCH_INDEX_ENV)
+ENVIRONMENT = (CORES_ENV, COMPILE_CACHE_ENV, NODE_DIR_ENV, SERVED_DIR_ENV, CONTROL_DIR_ENV, TS_MANAGEMENT_ENV,
+               TS_KEY_FILE_ENV, TORCH_SPEC_ENV, TORCH_INDEX_ENV)
 
 
 # ---- defaults: what a reader uses for a setting left out -----------------------------------------

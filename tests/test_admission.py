@@ -93,12 +93,25 @@ def test_upstream_wait_is_bounded_by_the_batch_after_which_the_queue_was_taken()
     wait = UpstreamWait(capacity=8, full=4)
     assert wait.arrived(0.0, 4) == 0.0  # nothing before: no wait known
     assert wait.arrived(1.0, 4) == pytest.approx(1.0)  # since the worker began
+    # after the batch at 1.0 at most 8 - 4 were left, and the batch at 2.0 took 4: queued after 1.0
     assert wait.arrived(2.0, 4) == pytest.approx(2.0)
-    # 4 + 4 = 8 taken since the batch at 0.0, the queue's capacity: what came now was queued after it
-    assert wait.arrived(3.0, 4) == pytest.approx(3.0)
-    assert wait.arrived(3.1, 2) == pytest.approx(2.1)  # 8 taken since the batch at 1.0
+    assert wait.arrived(3.0, 4) == pytest.approx(2.0)
+    assert wait.arrived(3.1, 2) == pytest.approx(1.1)
     # the batch of 2 at 3.1 emptied the queue: nothing now waited longer than since then
     assert wait.arrived(3.5, 4) == pytest.approx(0.4)
+
+
+def test_a_look_at_the_queue_tightens_a_long_queues_bound():
+    """A queue of 100 handed out in full batches of 4 bounds nothing for 25 batches; a look saying
+    it held 4 (the next batch) bounds the one after next: it was not queued at the look."""
+    wait = UpstreamWait(capacity=100, full=4)
+    for second in range(10):
+        wait.arrived(float(second), 4)
+    assert wait.arrived(10.0, 4) == pytest.approx(10.0)  # the whole history
+    wait.seen(10.2, 4)  # the batch on its way may not be counted yet: one batch more is allowed
+    assert wait.arrived(11.0, 4) == pytest.approx(11.0)  # the batch queued at the look
+    assert wait.arrived(12.0, 4) == pytest.approx(12.0)  # may have been on its way to the worker then
+    assert wait.arrived(13.0, 4) == pytest.approx(2.8)  # queued after the look
 
 
 def test_the_dispatcher_counts_what_it_admits_and_refuses():

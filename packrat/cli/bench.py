@@ -17,6 +17,7 @@ from packrat.cli.args import model_args, tokenizer_path
 from packrat.cli.bench_chaos import add_chaos_parser
 from packrat.cli.bench_multi_model import add_multi_model_parser
 from packrat.cli.bench_oracle import add_oracle_parser
+from packrat.cli.bench_overload import add_overload_parser
 from packrat.cli.bench_peers import add_peers_parser
 from packrat.cli.types import int_list, name_list, positive, users_list
 from packrat.models.runtimes import RUNTIMES
@@ -39,7 +40,8 @@ def add_bench_parser(sub) -> None:
                                    "model and the stock handler's path in this process against the fat and the "
                                    "planned pool, with the pools' stages.",
                        epilog="example: packrat bench --model resnet50 --batch-size 2,4,8 --duration 30\n"
-                              "others: packrat bench peers --help, packrat bench oracle --help, packrat bench chaos --help, packrat bench multi-model --help")
+                              "others: packrat bench peers --help, packrat bench oracle --help, packrat bench chaos --help, "
+                              "packrat bench overload --help, packrat bench multi-model --help")
     model_args(p)
     p.add_argument("--batch-size", type=int_list, default=[8], help="batch sizes, e.g. 2,4,8 (default: 8)")
     p.add_argument("--duration", type=positive(float), default=30.0, help="seconds of load per run (default: 30)")
@@ -97,6 +99,7 @@ def add_bench_parser(sub) -> None:
     add_peers_parser(measurements)
     add_oracle_parser(measurements)
     add_chaos_parser(measurements)
+    add_overload_parser(measurements)
     add_multi_model_parser(measurements)
 
 

@@ -26,7 +26,7 @@ import psutil
 
 from packrat.errors import ServeError
 from packrat.frontends.torchserve_control import CONTROL_DIR, control_file
-from packrat.settings import CONTROL_DIR_ENV, SERVED_DIR_ENV
+from packrat.settings import CONTROL_DIR_ENV, SERVED_DIR_ENV, TS_KEY_FILE_ENV, TS_MANAGEMENT_ENV
 
 LOG_CONFIG = Path(__file__).parent / "log4j2.xml"
 STATE_FILE = "server.json"
@@ -99,6 +99,8 @@ class Server:
         env.update(TEMP=str(self.run_dir / "tmp"), LOG_LOCATION=str(self.run_dir / "logs"),
                    METRICS_LOCATION=str(self.run_dir / "logs"))
         env[CONTROL_DIR_ENV.name] = str(self.control_dir)
+        env[TS_MANAGEMENT_ENV.name] = self.management_url  # the handlers look at TorchServe's queue there
+        env[TS_KEY_FILE_ENV.name] = str(self.key_file) if self.token_auth else ""
         if self.served_dir is not None:
             env[SERVED_DIR_ENV.name] = str(self.served_dir)
         if self.oip:

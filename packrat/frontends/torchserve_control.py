@@ -1,5 +1,6 @@
 """Control files between `packrat` commands and a running packrat server (the TorchServe handler,
-the KServe server): reconfiguration requests."""
+the KServe server): reconfiguration requests; and the TorchServe handler's looks at TorchServe's
+queue for its model (admission)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import os
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 CONTROL_DIR = "control"  # in the run dir: requests to the running handler, one JSON file per model
 POLL_S = 0.5  # how often a server looks for a new request
+QUEUE_LOOK_S = 0.1  # how often the TorchServe handler looks at TorchServe's queue: 10 small GETs a second
 
 
 def control_file(control_dir: str | Path, model: str) -> Path:
@@ -75,5 +78,31 @@ def follow_reconfigure_requests(controller, control_dir: str | Path, model: str,
                 seen_at = wanted[1]
 
     thread = threading.Thread(target=follow, daemon=True, name=f"packrat-control-{model}")
+    thread.start()
+    return thread
+
+
+def watch_torchserve_queue(seen, management_url: str, key_file: str | Path | None, model: str,
+                           every_s: float = QUEUE_LOOK_S) -> threading.Thread:
+    """A daemon thread calling seen(monotonic time, requests pending) every `every_s` with what
+    TorchServe's management API says its queue for `model` holds (the describe call's
+    jobQueueStatus, answered by Java alone). A look that fails is skipped."""
+    def look() -> int:
+        request = urllib.request.Request(f"{management_url}/models/{model}")
+        if key_file:
+            key = json.loads(Path(key_file).read_text())["management"]["key"]
+            request.add_header("Authorization", f"Bearer {key}")
+        with urllib.request.urlopen(request, timeout=2.0) as response:
+            return int(json.loads(response.read())[0]["jobQueueStatus"]["pendingRequests"])
+
+    def loop() -> None:
+        while True:
+            try:
+                seen(time.monotonic(), look())
+            except (OSError, ValueError, KeyError, IndexError, TypeError):
+                pass  # TorchServe busy or restarting: the next look
+            time.sleep(every_s)
+
+    thread = threading.Thread(target=loop, daemon=True, name=f"packrat-queue-{model}")
     thread.start()
     return thread

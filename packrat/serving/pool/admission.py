@@ -129,24 +129,41 @@ class ServedRounds:
 
 class UpstreamWait:
     """A bound on how long the requests of a batch waited in a FIFO queue of `capacity` ahead of
-    this worker (TorchServe's job queue), from when the worker's earlier batches arrived and how big
-    they were. A request in this batch was not yet queued when the worker took the batch after
-    which `capacity` more requests were taken, nor when a batch came short of the full size (the
-    queue was empty then): it waited at most since that batch's arrival."""
+    this worker (TorchServe's job queue), from the batches the worker was handed before and, where
+    known, from looks at how many requests that queue held (`seen`).
+
+    A queue holds at most `capacity`: after a batch of n is taken, at most capacity − n are left
+    (none after a batch short of `full`: the queue was empty). Once the batches taken since have
+    taken all those, what comes now was not yet queued when that batch was taken: it waited at most
+    since. A look at the queue (t, requests pending) does the same with what it held then, the
+    batch that may have been on its way to the worker counted as pending too."""
 
     def __init__(self, capacity: int, full: int, keep: int = 256):
         self.capacity, self.full = capacity, full
         self.rounds: deque[tuple[float, int]] = deque(maxlen=keep)  # (arrival, size), oldest first
+        self.looks: deque[tuple[float, int]] = deque(maxlen=keep)  # (time, requests queued up to then)
+        self.taken = 0  # requests handed to the worker so far
+
+    def seen(self, at: float, pending: int) -> None:
+        """A look at the queue at `at`: `pending` requests were waiting in it."""
+        self.looks.append((at, self.taken + pending + self.full))
 
     def arrived(self, now: float, size: int) -> float:
         """A batch of `size` arrived at `now`: the most its requests can have waited upstream."""
-        waited, taken = 0.0, 0
-        for at, count in reversed(self.rounds):
-            waited = now - at
-            if count < self.full or taken >= self.capacity:
+        waited = self._by_rounds(now)
+        for at, queued_up_to in reversed(list(self.looks)):  # a copy: looks come from another thread
+            if queued_up_to <= self.taken:  # this batch was not yet queued at that look
+                waited = min(waited, now - at)
                 break
-            taken += count
-        else:  # no earlier batch bounds it: the worker's whole history
-            waited = now - self.rounds[0][0] if self.rounds else 0.0
         self.rounds.append((now, size))
+        self.taken += size
         return waited
+
+    def _by_rounds(self, now: float) -> float:
+        taken = 0
+        for at, count in reversed(self.rounds):
+            left = 0 if count < self.full else self.capacity - count
+            if left <= taken:
+                return now - at
+            taken += count
+        return now - self.rounds[0][0] if self.rounds else 0.0
