@@ -103,3 +103,32 @@ def test_a_benchmark_sending_raw_tensors_plans_as_the_engine_would():
     assert planned_for(served_profile(POINTS), raw_share=1.0).basis == "model"
     assert planned_for(served_profile(POINTS), raw_share=0.0).basis == "served"
     assert planned_for(served_profile(POINTS, "raw"), raw_share=1.0).basis == "served"
+
+
+def test_decoded_bodies_move_thread_instances_to_processes_and_raw_ones_back():
+    """Thread instances (ONNX Runtime in the server's process) are planned where faster; once most
+    bodies are decoded (JSON, images) the plan moves to process instances at once, though slower on
+    paper: a decode in a thread holds the interpreter lock the front end needs. Raw tensors again:
+    back to the threads, by the figures."""
+    now = [0.0]
+    points = {(1, 2, "onnxruntime-thread"): 9.0, (2, 4, "onnxruntime-thread"): 12.0,
+              (1, 2, "onnxruntime"): 10.0, (2, 4, "onnxruntime"): 13.0}
+    tuner, controller, pool = tuner_for(profile_of(points), {}, now)
+    assert {i.runtime for i in controller.plan.instances} == {"onnxruntime-thread"}
+    pool.bodies = [0, MIN_BODIES]
+    tuner.look()
+    assert {i.runtime for i in controller.plan.instances} == {"onnxruntime"}
+    assert "interpreter lock" in controller.requests[-1]
+    now[0] += 120  # past the cool-down
+    pool.bodies = [MIN_BODIES, 0]
+    tuner.look()
+    assert {i.runtime for i in controller.plan.instances} == {"onnxruntime-thread"}
+
+
+def test_a_profile_without_process_points_keeps_its_threads():
+    now = [0.0]
+    tuner, controller, pool = tuner_for(profile_of({(1, 2, "onnxruntime-thread"): 9.0,
+                                                    (2, 4, "onnxruntime-thread"): 12.0}), {}, now)
+    pool.bodies = [0, MIN_BODIES]
+    tuner.look()
+    assert {i.runtime for i in controller.plan.instances} == {"onnxruntime-thread"} and not controller.requests

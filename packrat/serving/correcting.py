@@ -13,6 +13,7 @@ import re
 import time
 from pathlib import Path
 
+from packrat.models.runtimes import instance_kind
 from packrat.profiling.profiles import Profile
 from packrat.serving.served import Correction, corrections_from, inferred_from, served_key
 from packrat.settings import SERVED_DIR_ENV
@@ -41,6 +42,7 @@ class PlanCorrector:
                  every_s: float = CHECK_EVERY_S, keep: bool = True):
         self.base, self.clock, self.wall, self.every_s = base, clock, wall, every_s
         self.path, self.keep = path, keep
+        self.processes_only = False  # thread-kind points left out: bodies are decoded (host_in_processes)
         self.corrections = self._load()
         # figures carried from the corrections to the points that share their cause (served.py)
         self.inferred = inferred_from(self.corrections, self.base.model_points())
@@ -52,6 +54,16 @@ class PlanCorrector:
         the model's own figures, hold on either."""
         self.base = self.base.on(basis)
         self.profile = self._corrected()
+
+    def host_in_processes(self, processes_only: bool) -> bool:
+        """Plan without the thread-kind points (or with them again); whether that changed anything.
+        A thread instance decodes its bodies (JSON, images, text) in the server's process, under its
+        interpreter lock: the front end answering, and refusing, requests waits for every decode."""
+        if processes_only and not any(instance_kind(r) == "process" for r in self.base.measured_runtimes):
+            return False
+        changed, self.processes_only = processes_only != self.processes_only, processes_only
+        self.profile = self._corrected()
+        return changed
 
     def due(self) -> bool:
         """Whether a check is due (once per every_s)."""
@@ -120,7 +132,10 @@ class PlanCorrector:
     def _corrected(self, extra: dict | None = None) -> Profile:
         figures = {key: i.inferred_ms for key, i in self.inferred.items()}
         figures.update((key, c.served_ms) for key, c in self.corrections.items())  # served beats inferred
-        return self.base.corrected({**figures, **(extra or {})})
+        profile = self.base.corrected({**figures, **(extra or {})})
+        if not self.processes_only:
+            return profile
+        return profile.only([r for r in profile.measured_runtimes if instance_kind(r) == "process"])
 
     def _load(self) -> dict:
         if self.path is None or not self.path.exists():

@@ -64,6 +64,7 @@ class PayloadWatch:
     basis: str
     min_bodies: int = MIN_BODIES
     share: float = SHARE_TO_SWITCH
+    decoding: bool = False  # most bodies judged last were decoded (not raw tensors): a clear majority moves it
     pending: tuple[int, int] = (0, 0)  # (raw, decoded) not yet judged: fewer than min_bodies
     judged: tuple[int, int] = (0, 0)  # the last mix judged, for status
 
@@ -78,9 +79,9 @@ class PayloadWatch:
         self.pending, self.judged = (0, 0), (raw, decoded)
         raw_share = raw / (raw + decoded)
         if raw_share >= self.share:  # a clear majority either way; in between, the basis stays
-            wanted = basis_for(self.payload, 1.0)
+            wanted, self.decoding = basis_for(self.payload, 1.0), False
         elif raw_share <= 1 - self.share:
-            wanted = basis_for(self.payload, 0.0)
+            wanted, self.decoding = basis_for(self.payload, 0.0), True
         else:
             return None
         if wanted == self.basis:

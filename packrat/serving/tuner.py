@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Callable
 
+from packrat.models.runtimes import instance_kind
 from packrat.planning.planner import Plan
 from packrat.serving.correcting import PlanCorrector
 from packrat.serving.payloads import PayloadWatch
@@ -50,6 +51,10 @@ class PlanTuner:
                      raw + decoded, "raw tensors" if raw >= decoded else "decoded (images, text, JSON)")
             self.corrector.plan_on(basis)
             self._basis_moved = True
+        if self.corrector.host_in_processes(self.payloads.decoding):
+            self._basis_moved = True
+            if reconfigure and self._move_threads():
+                return
         if self.trials.active is not None:
             if reconfigure:
                 self._follow_trial()
@@ -64,6 +69,17 @@ class PlanTuner:
         if (self.corrector.corrections or self._basis_moved) and self._switch_if_better() != "keep":
             return
         self._try_near_tie(served)
+
+    def _move_threads(self) -> bool:
+        """Decoded bodies: a plan with thread instances moves to process ones at once, whatever the
+        figures say (its decodes hold the interpreter lock the front end needs); whether it asked."""
+        plan = self.controller.plan
+        if not self.corrector.processes_only or all(instance_kind(i.runtime) == "process" for i in plan.instances):
+            return False
+        reason = ("bodies are decoded (JSON, images, text): instances as processes, so that no decode holds the "
+                  "server's interpreter lock")
+        log.info("packrat re-plans: %s", reason)
+        return bool(self.controller.request(plan.batch, reason))
 
     def status(self) -> dict:
         return {"held_back": self.switches.status(), "trials": self.trials.status(), "payload": self.payloads.status()}
