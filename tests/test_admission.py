@@ -77,9 +77,10 @@ def test_served_rounds_follow_full_batches_only():
     assert rounds.ratio == pytest.approx(2.5)
     rounds.add(0.2, 4, 4, 0.2)
     assert rounds.ratio == pytest.approx(1.75)
+    assert rounds.deviation == pytest.approx(0.75)  # |1.0 - 2.5| halved
     rounds.add(0.4, 8, 4, 0.2)  # twice the planned share: its share's time is half
-    assert rounds.ratio == pytest.approx(1.375)
-    assert rounds.round_s([0.1, 0.2]) == pytest.approx(0.275)
+    assert rounds.ratio == pytest.approx(1.375) and rounds.deviation == pytest.approx(0.75)
+    assert rounds.round_s([0.1, 0.2]) == pytest.approx(0.2 * (1.375 + 0.75))  # the mean and a deviation
 
 
 def test_served_rounds_without_a_plan_latency_use_what_was_served():
@@ -87,6 +88,8 @@ def test_served_rounds_without_a_plan_latency_use_what_was_served():
     assert rounds.round_s([None]) is None
     rounds.add(0.3, 4, 4, None)
     assert rounds.round_s([None]) == pytest.approx(0.3)
+    rounds.add(0.5, 4, 4, None)
+    assert rounds.round_s([None]) == pytest.approx(0.34 + 0.04)  # 0.2 off, weighed 0.2
 
 
 def test_upstream_wait_is_bounded_by_the_batch_after_which_the_queue_was_taken():

@@ -53,7 +53,7 @@ class PlanTuner:
             self._basis_moved = True
         if self.corrector.host_in_processes(self.payloads.decoding):
             self._basis_moved = True
-            if reconfigure and self._move_threads():
+            if self._move_threads():  # also under --no-reconfigure: the same batch, hosted otherwise
                 return
         if self.trials.active is not None:
             if reconfigure:

@@ -96,11 +96,15 @@ def upstream_queue(timeout_s: float, round_s: float, batch: int, max_queue: int)
 class ServedRounds:
     """How long a planned batch takes through the pool against the plan's latency for it: the
     ratio served / predicted over the recent full sub-batches (a partial one says little of a full
-    one's time). 1.0, the plan as predicted, until the first is served."""
+    one's time), 1.0, the plan as predicted, until the first is served; and how far single ones
+    stray from it. A round is predicted at the ratio plus that deviation, as TCP times a
+    retransmission: a request admitted on a round's mean would miss its deadline whenever the
+    rounds ahead of it came out a little slower."""
 
     def __init__(self, smoothing: float = SMOOTHING):
-        self.smoothing, self.ratio, self.seen = smoothing, 1.0, 0
+        self.smoothing, self.ratio, self.deviation, self.seen = smoothing, 1.0, 0.0, 0
         self.measured_s: float | None = None  # for pools whose instances carry no predicted latency
+        self.measured_deviation_s = 0.0
 
     def add(self, measured_s: float, requests: int, planned_batch: int, expected_s: float | None) -> None:
         """One sub-batch of `requests` answered `measured_s` after it was handed out; its instance
@@ -109,22 +113,32 @@ class ServedRounds:
             return
         scale = planned_batch / requests  # more than planned (a long queue): its planned share's time
         if expected_s:
-            self.ratio = self._mix(self.ratio, measured_s * scale / expected_s)
+            sample = measured_s * scale / expected_s
+            self.deviation = self._mix(self.deviation, abs(sample - self.ratio), first=0.0)
+            self.ratio = self._mix(self.ratio, sample)
         else:
-            self.measured_s = self._mix(self.measured_s, measured_s * scale)
+            sample = measured_s * scale
+            self.measured_deviation_s = self._mix(self.measured_deviation_s, abs(sample - (self.measured_s or sample)),
+                                                  first=0.0)
+            self.measured_s = self._mix(self.measured_s, sample)
         self.seen += 1
 
-    def _mix(self, old: float | None, new: float) -> float:
+    def _mix(self, old: float | None, new: float, first: float | None = None) -> float:
         if old is None or self.seen == 0:
-            return new
+            return new if first is None else first
         return (1 - self.smoothing) * old + self.smoothing * new
+
+    @property
+    def margin_ratio(self) -> float:
+        """The ratio a round is predicted at: the mean and one deviation."""
+        return self.ratio + self.deviation
 
     def round_s(self, expected_s: list[float | None]) -> float | None:
         """A round of the plan: its slowest instance's predicted latency, as served."""
         known = [e for e in expected_s if e]
         if known and len(known) == len(expected_s):
-            return max(known) * self.ratio
-        return self.measured_s
+            return max(known) * self.margin_ratio
+        return None if self.measured_s is None else self.measured_s + self.measured_deviation_s
 
 
 class UpstreamWait:

@@ -203,7 +203,7 @@ class InstancePool:
         if round_s is None or not instances:
             return Outlook(batch=sum(inst.config.batch for inst in instances) or 1)
         now = time.monotonic()
-        busy_left = [(e * self.rounds.ratio if e else round_s) - (now - inst.busy_since)
+        busy_left = [(e * self.rounds.margin_ratio if e else round_s) - (now - inst.busy_since)
                      for inst, e in zip(instances, expected) if inst.jobs]
         return Outlook(max([0.0, *busy_left]), sum(inst.config.batch for inst in instances), round_s)
 
