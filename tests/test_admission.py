@@ -138,3 +138,13 @@ def test_a_queued_request_that_waited_upstream_expires_sooner():
     clock[0] = 0.5
     dispatcher.expire([])
     assert job.future.result().status == 504
+
+
+def test_rounds_keep_their_pace_while_new_instances_settle():
+    rounds = ServedRounds()
+    rounds.add(0.4, 4, 4, 0.2, now=1.0)
+    rounds.settle(until=5.0)
+    rounds.add(4.0, 4, 4, 0.2, now=3.0)  # a first batch of a new instance: ten times slower, left out
+    assert rounds.ratio == pytest.approx(2.0) and rounds.deviation == 0.0
+    rounds.add(0.6, 4, 4, 0.2, now=6.0)
+    assert rounds.ratio == pytest.approx(2.2)

@@ -105,11 +105,13 @@ class ServedRounds:
         self.smoothing, self.ratio, self.deviation, self.seen = smoothing, 1.0, 0.0, 0
         self.measured_s: float | None = None  # for pools whose instances carry no predicted latency
         self.measured_deviation_s = 0.0
+        self.settling_until = float("-inf")  # a new instance's first batches are not its pace (settle())
 
-    def add(self, measured_s: float, requests: int, planned_batch: int, expected_s: float | None) -> None:
-        """One sub-batch of `requests` answered `measured_s` after it was handed out; its instance
-        plans `planned_batch` in `expected_s` (None: unknown)."""
-        if requests < planned_batch or measured_s <= 0:
+    def add(self, measured_s: float, requests: int, planned_batch: int, expected_s: float | None,
+            now: float = float("inf")) -> None:
+        """One sub-batch of `requests` answered `measured_s` after it was handed out (at `now`); its
+        instance plans `planned_batch` in `expected_s` (None: unknown)."""
+        if requests < planned_batch or measured_s <= 0 or now < self.settling_until:
             return
         scale = planned_batch / requests  # more than planned (a long queue): its planned share's time
         if expected_s:
@@ -127,6 +129,11 @@ class ServedRounds:
         if old is None or self.seen == 0:
             return new if first is None else first
         return (1 - self.smoothing) * old + self.smoothing * new
+
+    def settle(self, until: float) -> None:
+        """Leave out what is answered until then (a switch, a lost instance): the rounds keep the
+        pace they had, not the first batches of instances that just started."""
+        self.settling_until = max(self.settling_until, until)
 
     @property
     def margin_ratio(self) -> float:

@@ -277,6 +277,7 @@ class InstancePool:
         except (EOFError, OSError):  # its socket closed: the process is gone
             with self._lock:
                 self.served.settle(time.monotonic() + SETTLE_S)
+                self.rounds.settle(time.monotonic() + SETTLE_S)
                 self.supervisor.lost(inst)
             return
         if received is None:  # only its turn began
@@ -301,6 +302,7 @@ class InstancePool:
                 if not inst.hung:
                     log.error("instance %d failed: %s", inst.index, failure)
                     self.served.settle(received + SETTLE_S)
+                    self.rounds.settle(received + SETTLE_S)
                     inst.hung = True  # it is not to run again; its thread ends
                     inst.stop()
                     self.supervisor.lost(inst)
@@ -317,7 +319,7 @@ class InstancePool:
         self.dispatcher.answered(jobs, [Answer(*reply) for reply in replies])
         if jobs:  # none: a reconfiguration took them back while they ran (they run again elsewhere)
             expected = inst.config.expected_ms / 1e3 if inst.config.expected_ms else None
-            self.rounds.add(received - inst.sent_stamps[1], len(jobs), inst.config.batch, expected)
+            self.rounds.add(received - inst.sent_stamps[1], len(jobs), inst.config.batch, expected, received)
             self.stages.add((*inst.sent_stamps, *instance_stamps, received, time.monotonic()), len(jobs))
             if turns == 1:  # a batch run in several turns is not the profile's point
                 key = served_key(inst.config.threads, inst.config.batch, inst.mode)
@@ -379,6 +381,7 @@ class InstancePool:
         counts = self.supervisor.reconfigure(configs, warmup_nice)
         with self._lock:
             self.served.settle(time.monotonic() + SETTLE_S)
+            self.rounds.settle(time.monotonic() + SETTLE_S)
         log.info("pool reconfigured: %s (%s)", self.describe(), ", ".join(f"{v} {k}" for k, v in counts.items()))
         return counts
 
