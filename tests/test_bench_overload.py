@@ -57,9 +57,9 @@ def test_status_classes_put_everything_else_and_no_answer_under_other():
 
 @pytest.mark.parametrize("rate, timeout, batch, users", [
     (100.0, 2.0, 4, 300),  # rate × (deadline + 1 s)
-    (10.0, 2.0, 4, 30), (0.5, 2.0, 4, 8),  # at least the closed loop's 2B
+    (10.0, 2.0, 4, 30), (0.5, 2.0, 4, 4),  # at least the closed loop's B
     (33.3, 2.0, 1, 100),  # rounded up: 99.9 → 100
-    (60.0, 0.5, 8, 90), (0.0, 2.0, 2, 4),
+    (60.0, 0.5, 8, 90), (0.0, 2.0, 2, 2),
 ])
 def test_open_loop_users_keep_the_pace_while_answers_take_the_deadline(rate, timeout, batch, users):
     assert overload.open_loop_users(rate, timeout, batch) == users
@@ -365,3 +365,19 @@ def test_a_short_run_on_the_tiny_model_behind_kserve(tmp_path, capsys):
     run_dir = str(tmp_path / "runs")
     assert not [p.pid for p in psutil.process_iter(["cmdline", "create_time"])
                 if p.info["create_time"] >= started - 1 and run_dir in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_refusals_cost_is_the_front_ends_time_beyond_what_its_200s_cost_before():
+    """Before: 100 answers in 2 s of front end and 5 s of instances (20 and 50 ms each). During the
+    overload: 100 answers and 400 refusals in 3 s of front end: 1 s beyond the answers' 2 s, 2.5 ms a
+    refusal; the instances' 5 s for the same answers: refusals cost them nothing."""
+    before = {"by_status": {"200": 100}}
+    over = {"counts": {"200": 100, "503": 400}}
+    cost = overload.refusal_cost({"front_end": 2.0, "instances": 5.0}, {"front_end": 3.0, "instances": 5.0},
+                                 before, over)
+    assert cost["ms_per_200_before"] == pytest.approx({"front_end": 20.0, "instances": 50.0})
+    assert cost["ms_per_200_overload"]["instances"] == pytest.approx(50.0)
+    assert cost["front_end_ms_per_503"] == pytest.approx(2.5)
+    assert "a refusal cost the front end about 2.50 ms" in overload.cost_line(cost)
+    none = overload.refusal_cost({"front_end": 2.0}, {"front_end": 3.0}, before, {"counts": {"200": 100, "503": 0}})
+    assert none["front_end_ms_per_503"] is None  # no refusal: no cost to say

@@ -14,10 +14,10 @@ behaviour). Then, one after the other:
             from before the warm-up to the end (killed on any exit): the machine serves slower
             than its profile says
   warm-up   --warmup s of closed-loop load, not counted
-  before    closed loop, U = 2B locust users for --capacity-s s: capacity = answers 200 per
+  before    closed loop, U = B locust users for --capacity-s s: capacity = answers 200 per
             second, and their p50
   overload  open loop at --factor × capacity requests per second for --duration s, sent whatever
-            the answers take: rate × (deadline + 1 s) users (at least 2B), each paced at
+            the answers take: rate × (deadline + 1 s) users (at least B), each paced at
             rate / users from a random start. The client waits the deadline + 5 s, so the
             server's own answer (200, 503, 504) is what is recorded; requests in flight at the
             end are waited for
@@ -62,7 +62,8 @@ if TYPE_CHECKING:  # the load test and the servers come with run(): `packrat --h
     from packrat.loadtest.requestlog import RequestRecord
 
 ENGINES = ("kserve", "torchserve")
-USERS_PER_BATCH = 2  # the closed-loop phases' users: 2B
+USERS_PER_BATCH = 1  # the closed-loop phases' users: B, a batch in flight (2B queue one: where a round and a
+# queued one pass the deadline, every second request is refused and retried at once, and capacity is the refusals')
 WARMUP_S = 5.0
 CLIENT_SLACK_S = 5.0  # the client waits the server's deadline and this: the server's answer is recorded
 PACE_SLACK_S = 1.0  # open-loop users: rate × (deadline + this)
@@ -133,7 +134,7 @@ def sent_within(records: Sequence[RequestRecord], seconds: float) -> int:
 
 def open_loop_users(rate_rps: float, request_timeout_s: float, batch: int) -> int:
     """Users enough to send `rate_rps` while every answer takes up to the deadline (and a second
-    more): each sends one request per users / rate s. At least the closed loop's 2B."""
+    more): each sends one request per users / rate s. At least the closed loop's B."""
     return max(USERS_PER_BATCH * batch, math.ceil(rate_rps * (request_timeout_s + PACE_SLACK_S)))
 
 
@@ -258,6 +259,30 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def refusal_cost(cpu_before: Mapping, cpu_over: Mapping, before: Mapping, over: Mapping) -> dict:
+    """What the server's processes spent, in CPU ms: per answer 200 before the overload and during
+    it (front end and instances apart), and per refusal during it: the front end's time beyond
+    what its 200s cost before, over the 503s. Refusals that cost the instances nothing leave their
+    CPU per 200 where it was."""
+    ok_before, ok_over, refused = before["by_status"].get("200", 0), over["counts"]["200"], over["counts"]["503"]
+    per_200 = {part: ratio(cpu_before.get(part, 0.0) * 1e3, ok_before) for part in CPU_PARTS}
+    during = {part: ratio(cpu_over.get(part, 0.0) * 1e3, ok_over) for part in CPU_PARTS}
+    front = per_200["front_end"]
+    per_refusal = (ratio(cpu_over.get("front_end", 0.0) * 1e3 - front * ok_over, refused)
+                   if front is not None and refused else None)
+    return {"cpu_s_before": dict(cpu_before), "cpu_s_overload": dict(cpu_over), "ms_per_200_before": per_200,
+            "ms_per_200_overload": during, "front_end_ms_per_503": per_refusal}
+
+
+def cost_line(cost: Mapping) -> str:
+    before, during = cost["ms_per_200_before"], cost["ms_per_200_overload"]
+    refusal = cost["front_end_ms_per_503"]
+    return (f"CPU per answer 200, before / during the overload: instances {fmt_num(before['instances'])} / "
+            f"{fmt_num(during['instances'])} ms, front end {fmt_num(before['front_end'])} / "
+            f"{fmt_num(during['front_end'])} ms; a refusal cost the front end about "
+            f"{fmt_num(refusal, 2) if refusal is not None else '?'} ms")
+
+
 TABLE_HEAD = ["engine", "admission", "slow", "capacity req/s", "before p50 ms", "offered req/s", "sent req/s",
               "sent", "200", "503", "504", "other", "200/s", "÷ capacity", "503 p50/p99 ms", "200 p50/p99 ms",
               "504 of admitted", "after p50 ms", "after / before"]
@@ -298,6 +323,8 @@ def format_report(report: Mapping) -> str:
                    + (f"; predicted_wait_ms at its end: {fmt_num(report['health']['overload'].get('predicted_wait_ms'))}"
                       if "predicted_wait_ms" in report["health"].get("overload", {}) else ""))
         out.append("")
+    if report.get("cpu"):
+        out += [cost_line(report["cpu"]), ""]
     out += [f"- {Verdict(**v).line()}" for v in report["verdicts"]]
     out += [f"\nnote: {note}" for note in report["notes"]]
     return "\n".join(out)
@@ -324,6 +351,39 @@ def cpu_hogs(cores: Sequence[int]):
             proc.kill()
         for proc in procs:
             proc.wait()
+
+
+CPU_PARTS = ("front_end", "instances")
+
+
+def server_cpu(run_dir: Path) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the server in run_dir: its front end (the KServe
+    server's process, or TorchServe's Java and Python worker) and its pool instances."""
+    import psutil
+
+    from packrat.bench.faults import POOL_MARKER, torchserve_pid
+
+    roots = {p.pid for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])}
+    roots |= {pid for pid in (torchserve_pid(run_dir),) if pid is not None}
+    seen: dict[int, psutil.Process] = {}
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            seen.update((p.pid, p) for p in [root, *root.children(recursive=True)])
+        except psutil.Error:
+            continue
+    totals = dict.fromkeys(CPU_PARTS, 0.0)
+    for proc in seen.values():
+        try:
+            times, part = proc.cpu_times(), "instances" if POOL_MARKER in " ".join(proc.cmdline()) else "front_end"
+        except psutil.Error:
+            continue
+        totals[part] += times.user + times.system
+    return totals
+
+
+def cpu_delta(start: Mapping, end: Mapping) -> dict[str, float]:
+    return {part: end.get(part, 0.0) - start.get(part, 0.0) for part in CPU_PARTS}
 
 
 @dataclass
@@ -444,9 +504,11 @@ def run(args) -> dict:
                    timeout_s=client_timeout_s)
         health["start"] = counters(status_or_none(target, notes, "after the warm-up"))
         log(f"before: {users} users for {args.capacity_s:g} s")
+        cpu = {"start": server_cpu(run_dir)}
         before = closed_summary(phase(target, args.model, users, args.capacity_s, run_dir / "before", body,
                                       client_timeout_s), args.capacity_s, users)
         health["before"] = counters(status_or_none(target, notes, "after the capacity run"))
+        cpu["before"] = server_cpu(run_dir)
         capacity = before["rps"]
         rate = args.factor * capacity
         open_users = open_loop_users(rate, args.request_timeout_s, args.batch_size)
@@ -460,6 +522,7 @@ def run(args) -> dict:
             records = phase(target, args.model, open_users, args.duration, run_dir / "overload", body,
                             client_timeout_s, rate=rate)
             health["overload"] = counters(status_or_none(target, notes, "after the overload"))
+            cpu["overload"] = server_cpu(run_dir)
             log(f"after: {users} users for {args.capacity_s:g} s")
             after_records = phase(target, args.model, users, args.capacity_s, run_dir / "after", body,
                                   client_timeout_s)
@@ -482,6 +545,8 @@ def run(args) -> dict:
         notes.append(f"sent {overload['sent_rps']:.1f} req/s of the {rate:.1f} offered: the client could not keep "
                      "the pace (locust shares the cores)")
     found = verdicts(before, overload, after)
+    cost = (refusal_cost(cpu_delta(cpu["start"], cpu["before"]), cpu_delta(cpu["before"], cpu["overload"]),
+                         before, overload) if "overload" in cpu else None)
     return {
         "model": args.model, "engine": args.engine, "batch": args.batch_size, "payload": payload,
         "request_timeout_s": args.request_timeout_s, "max_queue": args.max_queue, "default_max_queue": MAX_QUEUE,
@@ -490,6 +555,6 @@ def run(args) -> dict:
         "max_batch_delay_ms": args.max_batch_delay, "client_timeout_s": client_timeout_s,
         "cores": cpu_budget().cores, "plan": plan, "before": before, "overload": overload, "after": after,
         "after_over_before": ratio(after["p50_ms"], before["p50_ms"]), "health": health,
-        "verdicts": [asdict(v) for v in found], "passed": all(v.passed for v in found), "notes": notes,
+        "cpu": cost, "verdicts": [asdict(v) for v in found], "passed": all(v.passed for v in found), "notes": notes,
         "run_dir": str(run_dir),
     }
