@@ -373,8 +373,9 @@ def test_a_refusals_cost_is_the_front_ends_time_beyond_what_its_200s_cost_before
     refusal; the instances' 5 s for the same answers: refusals cost them nothing."""
     before = {"by_status": {"200": 100}}
     over = {"counts": {"200": 100, "503": 400}}
-    cost = overload.refusal_cost({"front_end": 2.0, "instances": 5.0}, {"front_end": 3.0, "instances": 5.0},
-                                 before, over)
+    cost = overload.refusal_cost({"front_end": 2.0, "instances": 5.0},
+                                 {"front_end": 3.0, "instances": 5.0, "machine": 18.0}, before, over, 10.0)
+    assert cost["others_cores_overload"] == pytest.approx(1.0)  # 18 - 3 - 5 core-seconds over 10 s
     assert cost["ms_per_200_before"] == pytest.approx({"front_end": 20.0, "instances": 50.0})
     assert cost["ms_per_200_overload"]["instances"] == pytest.approx(50.0)
     assert cost["front_end_ms_per_503"] == pytest.approx(2.5)

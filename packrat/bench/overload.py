@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # the load test and the servers come with run(): `packrat --h
 ENGINES = ("kserve", "torchserve")
 USERS_PER_BATCH = 1  # the closed-loop phases' users: B, a batch in flight (2B queue one: where a round and a
 # queued one pass the deadline, every second request is refused and retried at once, and capacity is the refusals')
-WARMUP_S = 5.0
+WARMUP_S = 15.0  # long enough for a plan of thread instances to move to processes on decoded bodies (tuner.py)
 CLIENT_SLACK_S = 5.0  # the client waits the server's deadline and this: the server's answer is recorded
 PACE_SLACK_S = 1.0  # open-loop users: rate × (deadline + this)
 PACE_KEPT = 0.9  # sent below this fraction of the rate offered: a note says the client fell behind
@@ -259,28 +259,34 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def refusal_cost(cpu_before: Mapping, cpu_over: Mapping, before: Mapping, over: Mapping) -> dict:
+def refusal_cost(cpu_before: Mapping, cpu_over: Mapping, before: Mapping, over: Mapping,
+                 duration_s: float | None = None) -> dict:
     """What the server's processes spent, in CPU ms: per answer 200 before the overload and during
     it (front end and instances apart), and per refusal during it: the front end's time beyond
     what its 200s cost before, over the 503s. Refusals that cost the instances nothing leave their
-    CPU per 200 where it was."""
+    CPU per 200 where it was. And the cores the rest of the machine took during the overload
+    (the client, CPU-bound neighbours), over its `duration_s`."""
     ok_before, ok_over, refused = before["by_status"].get("200", 0), over["counts"]["200"], over["counts"]["503"]
     per_200 = {part: ratio(cpu_before.get(part, 0.0) * 1e3, ok_before) for part in CPU_PARTS}
     during = {part: ratio(cpu_over.get(part, 0.0) * 1e3, ok_over) for part in CPU_PARTS}
     front = per_200["front_end"]
     per_refusal = (ratio(cpu_over.get("front_end", 0.0) * 1e3 - front * ok_over, refused)
                    if front is not None and refused else None)
+    others = cpu_over.get("machine", 0.0) - sum(cpu_over.get(part, 0.0) for part in CPU_PARTS)
     return {"cpu_s_before": dict(cpu_before), "cpu_s_overload": dict(cpu_over), "ms_per_200_before": per_200,
-            "ms_per_200_overload": during, "front_end_ms_per_503": per_refusal}
+            "ms_per_200_overload": during, "front_end_ms_per_503": per_refusal,
+            "others_cores_overload": others / duration_s if duration_s else None}
 
 
 def cost_line(cost: Mapping) -> str:
     before, during = cost["ms_per_200_before"], cost["ms_per_200_overload"]
     refusal = cost["front_end_ms_per_503"]
+    others = cost.get("others_cores_overload")
     return (f"CPU per answer 200, before / during the overload: instances {fmt_num(before['instances'])} / "
             f"{fmt_num(during['instances'])} ms, front end {fmt_num(before['front_end'])} / "
             f"{fmt_num(during['front_end'])} ms; a refusal cost the front end about "
-            f"{fmt_num(refusal, 2) if refusal is not None else '?'} ms")
+            f"{fmt_num(refusal, 2) if refusal is not None else '?'} ms"
+            + (f"; the rest of the machine (client, neighbours) took {others:.2f} cores" if others is not None else ""))
 
 
 TABLE_HEAD = ["engine", "admission", "slow", "capacity req/s", "before p50 ms", "offered req/s", "sent req/s",
@@ -379,11 +385,13 @@ def server_cpu(run_dir: Path) -> dict[str, float]:
         except psutil.Error:
             continue
         totals[part] += times.user + times.system
+    machine = psutil.cpu_times()
+    totals["machine"] = machine.user + machine.nice + machine.system + machine.irq + machine.softirq
     return totals
 
 
 def cpu_delta(start: Mapping, end: Mapping) -> dict[str, float]:
-    return {part: end.get(part, 0.0) - start.get(part, 0.0) for part in CPU_PARTS}
+    return {part: end.get(part, 0.0) - start.get(part, 0.0) for part in (*CPU_PARTS, "machine")}
 
 
 @dataclass
@@ -546,7 +554,7 @@ def run(args) -> dict:
                      "the pace (locust shares the cores)")
     found = verdicts(before, overload, after)
     cost = (refusal_cost(cpu_delta(cpu["start"], cpu["before"]), cpu_delta(cpu["before"], cpu["overload"]),
-                         before, overload) if "overload" in cpu else None)
+                         before, overload, args.duration) if "overload" in cpu else None)
     return {
         "model": args.model, "engine": args.engine, "batch": args.batch_size, "payload": payload,
         "request_timeout_s": args.request_timeout_s, "max_queue": args.max_queue, "default_max_queue": MAX_QUEUE,
