@@ -96,9 +96,13 @@ class PackratHandler(BaseHandler):
             return [self.engine.status()]
         waited_s = self.upstream.arrived(time.monotonic(), len(data))
         self.engine.arrive(len(data))
-        with self.pool.together():  # the batch reaches the instances whole, not its first request alone
-            futures = [self._submit(row, context, index, waited_s) for index, row in enumerate(data)]
-        return self._respond([future.result() for future in futures], context)
+        try:
+            with self.pool.together():  # the batch reaches the instances whole, not its first request alone
+                futures = [self._submit(row, context, index, waited_s) for index, row in enumerate(data)]
+            answers = [future.result() for future in futures]
+        finally:
+            self.upstream.answered()
+        return self._respond(answers, context)
 
     def _submit(self, row, context, index: int, waited_s: float) -> Future:
         refused = self.engine.refusal(waited_s)  # before its body is re-encoded or copied anywhere

@@ -110,8 +110,10 @@ def test_a_look_at_the_queue_tightens_a_long_queues_bound():
     wait = UpstreamWait(capacity=100, full=4)
     for second in range(10):
         wait.arrived(float(second), 4)
+        wait.answered()
     assert wait.arrived(10.0, 4) == pytest.approx(10.0)  # the whole history
-    wait.seen(10.2, 4)  # the batch on its way may not be counted yet: one batch more is allowed
+    wait.answered()
+    wait.seen(10.2, 4)  # between batches: one may be on its way, not counted yet: one batch more is allowed
     assert wait.arrived(11.0, 4) == pytest.approx(11.0)  # the batch queued at the look
     assert wait.arrived(12.0, 4) == pytest.approx(12.0)  # may have been on its way to the worker then
     assert wait.arrived(13.0, 4) == pytest.approx(2.8)  # queued after the look
@@ -148,3 +150,20 @@ def test_rounds_keep_their_pace_while_new_instances_settle():
     assert rounds.ratio == pytest.approx(2.0) and rounds.deviation == 0.0
     rounds.add(0.6, 4, 4, 0.2, now=6.0)
     assert rounds.ratio == pytest.approx(2.2)
+
+
+def test_a_look_while_the_worker_holds_a_batch_needs_no_margin_for_one_on_its_way():
+    """TorchServe's ordinary worker gets no batch while it holds one: a look then saw all that waited."""
+    wait = UpstreamWait(capacity=100, full=4)
+    for second in range(10):
+        wait.arrived(float(second), 4)
+        wait.answered()
+    wait.arrived(10.0, 4)
+    wait.seen(10.2, 0)  # held since 10.0: nothing on its way, nothing queued
+    wait.answered()
+    assert wait.arrived(11.0, 4) == pytest.approx(0.8)  # came after the look
+    wait.seen(11.5, 4)
+    wait.answered()
+    wait.seen(11.6, 0)  # between two batches: one may be on its way
+    assert wait.arrived(12.0, 4) == pytest.approx(1.8)  # queued at both later looks: the one at 10.2 bounds it
+    assert wait.arrived(13.0, 4) == pytest.approx(1.4)  # after the look at 11.6, with its margin

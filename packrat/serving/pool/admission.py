@@ -156,18 +156,26 @@ class UpstreamWait:
     A queue holds at most `capacity`: after a batch of n is taken, at most capacity − n are left
     (none after a batch short of `full`: the queue was empty). Once the batches taken since have
     taken all those, what comes now was not yet queued when that batch was taken: it waited at most
-    since. A look at the queue (t, requests pending) does the same with what it held then, the
-    batch that may have been on its way to the worker counted as pending too."""
+    since. A look at the queue (t, requests pending) does the same with what it held then. A look
+    asked while the worker held a batch saw every request not yet handed over: TorchServe's
+    ordinary worker gets its next batch only once it answered this one. Any other look counts a
+    batch that may have been on its way to the worker as pending too."""
 
     def __init__(self, capacity: int, full: int, keep: int = 256):
         self.capacity, self.full = capacity, full
         self.rounds: deque[tuple[float, int]] = deque(maxlen=keep)  # (arrival, size), oldest first
         self.looks: deque[tuple[float, int]] = deque(maxlen=keep)  # (time, requests queued up to then)
         self.taken = 0  # requests handed to the worker so far
+        self.holding_since: float | None = None  # when the batch the worker holds arrived; None: none held
 
     def seen(self, at: float, pending: int) -> None:
-        """A look at the queue at `at`: `pending` requests were waiting in it."""
-        self.looks.append((at, self.taken + pending + self.full))
+        """A look at the queue asked at `at` (and answered since): `pending` requests were waiting in it."""
+        holding = self.holding_since is not None and self.holding_since <= at
+        self.looks.append((at, self.taken + pending + (0 if holding else self.full)))
+
+    def answered(self) -> None:
+        """The worker answered the batch it held."""
+        self.holding_since = None
 
     def arrived(self, now: float, size: int) -> float:
         """A batch of `size` arrived at `now`: the most its requests can have waited upstream."""
@@ -178,6 +186,7 @@ class UpstreamWait:
                 break
         self.rounds.append((now, size))
         self.taken += size
+        self.holding_since = now
         return waited
 
     def _by_rounds(self, now: float) -> float:
