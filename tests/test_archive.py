@@ -109,11 +109,11 @@ def test_a_node_archive_ships_the_packages_of_every_share_the_node_may_give(tmp_
 
 
 def test_torchserve_queue_holds_what_the_deadline_admits_at_the_predicted_batch_time(tmp_path, archived):
-    """The plan for B = 4 on 2 cores, 2 × ⟨1 thread, batch 2⟩, is predicted at 19 ms: a 0.2 s
-    deadline admits 4 × (floor(0.2 / 0.019) − 1) = 36 queued in TorchServe."""
+    """The plan for B = 4 on 2 cores, 2 × ⟨1 thread, batch 2⟩, is predicted at 19 ms, sized for 4
+    times that: a 0.8 s deadline admits 4 × (floor(0.8 / 0.076) − 1) = 36 queued in TorchServe."""
     profile = tmp_path / "toy.csv"
     profile.write_text(PROFILE)
-    for timeout, max_queue, admission in ((0.2, None, None), (0.2, 20, None), (0.01, None, None), (0.2, 20, "queue")):
+    for timeout, max_queue, admission in ((0.8, None, None), (0.8, 20, None), (0.04, None, None), (0.8, 20, "queue")):
         archive.build(Settings("tiny", profiles=[profile], max_batch=4, cores=2, request_timeout_s=timeout,
                                max_queue=max_queue, admission=admission), tmp_path)
     sizes = [yaml.safe_load(text).get("jobQueueSize") for text, _ in archived]
