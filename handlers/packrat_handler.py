@@ -79,8 +79,9 @@ class PackratHandler(BaseHandler):
         if control_dir:
             follow_reconfigure_requests(self.controller, control_dir, context.model_name, self.max_batch)
         self._reported, self._reported_at = 0, -METRICS_PERIOD_S
-        queue = (getattr(context, "model_yaml_config", None) or {}).get("jobQueueSize") or TORCHSERVE_QUEUE
-        self.upstream = UpstreamWait(int(queue), self.max_batch)
+        config = getattr(context, "model_yaml_config", None) or {}
+        queue, delay_ms = config.get("jobQueueSize") or TORCHSERVE_QUEUE, config.get("maxBatchDelay") or 100
+        self.upstream = UpstreamWait(int(queue), self.max_batch, float(delay_ms) / 1e3)
         if TS_MANAGEMENT_ENV.get():  # set by `packrat serve`: looks at TorchServe's queue tighten the bound
             watch_torchserve_queue(self.upstream.seen, TS_MANAGEMENT_ENV.get(), TS_KEY_FILE_ENV.get(), context.model_name)
         self.initialized = True
@@ -101,7 +102,7 @@ class PackratHandler(BaseHandler):
                 futures = [self._submit(row, context, index, waited_s) for index, row in enumerate(data)]
             answers = [future.result() for future in futures]
         finally:
-            self.upstream.answered()
+            self.upstream.answered(time.monotonic())
         return self._respond(answers, context)
 
     def _submit(self, row, context, index: int, waited_s: float) -> Future:

@@ -105,16 +105,16 @@ def test_upstream_wait_is_bounded_by_the_batch_after_which_the_queue_was_taken()
 
 
 def test_a_look_at_the_queue_tightens_a_long_queues_bound():
-    """A queue of 100 handed out in full batches of 4 bounds nothing for 25 batches; a look saying
-    it held 4 (the next batch) bounds the one after next: it was not queued at the look."""
+    """A queue of 100 handed out in full batches of 4, each 50 ms after the last answer, bounds
+    nothing for 25 batches; a look saying it held 4 (the next batch) bounds the one after next."""
     wait = UpstreamWait(capacity=100, full=4)
     for second in range(10):
         wait.arrived(float(second), 4)
-        wait.answered()
+        wait.answered(second + 0.95)
     assert wait.arrived(10.0, 4) == pytest.approx(10.0)  # the whole history
-    wait.answered()
+    wait.answered(10.19)
     wait.seen(10.2, 4)  # between batches: one may be on its way, not counted yet: one batch more is allowed
-    assert wait.arrived(11.0, 4) == pytest.approx(11.0)  # the batch queued at the look
+    assert wait.arrived(10.25, 4) == pytest.approx(10.25)  # the batch queued at the look
     assert wait.arrived(12.0, 4) == pytest.approx(12.0)  # may have been on its way to the worker then
     assert wait.arrived(13.0, 4) == pytest.approx(2.8)  # queued after the look
 
@@ -157,13 +157,25 @@ def test_a_look_while_the_worker_holds_a_batch_needs_no_margin_for_one_on_its_wa
     wait = UpstreamWait(capacity=100, full=4)
     for second in range(10):
         wait.arrived(float(second), 4)
-        wait.answered()
+        wait.answered(second + 0.95)
     wait.arrived(10.0, 4)
     wait.seen(10.2, 0)  # held since 10.0: nothing on its way, nothing queued
-    wait.answered()
+    wait.answered(10.95)
     assert wait.arrived(11.0, 4) == pytest.approx(0.8)  # came after the look
     wait.seen(11.5, 4)
-    wait.answered()
-    wait.seen(11.6, 0)  # between two batches: one may be on its way
+    wait.answered(11.95)
+    wait.seen(11.96, 0)  # between two batches: one may be on its way
     assert wait.arrived(12.0, 4) == pytest.approx(1.8)  # queued at both later looks: the one at 10.2 bounds it
-    assert wait.arrived(13.0, 4) == pytest.approx(1.4)  # after the look at 11.6, with its margin
+    assert wait.arrived(13.0, 4) == pytest.approx(1.04)  # after the look at 11.96, with its margin
+
+
+def test_a_batch_long_after_the_last_answer_found_the_queue_empty():
+    """TorchServe takes a request from an empty queue as it arrives and sends its batch within its
+    delay (50 ms): a batch 2 s after the last answer waited at most that, and a little slack."""
+    wait = UpstreamWait(capacity=100, full=4, delay_s=0.05)
+    for second in range(10):
+        wait.arrived(float(second), 4)
+        wait.answered(second + 0.95)
+    assert wait.arrived(12.0, 4) == pytest.approx(0.15)
+    wait.answered(12.5)
+    assert wait.arrived(12.6, 4) == pytest.approx(12.6)  # within the delay: perhaps queued all along

@@ -25,6 +25,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+IDLE_SLACK_S = 0.1  # beyond TorchServe's batch delay: a batch handed over later found its queue empty
 SMOOTHING = 0.2  # weight of the newest full sub-batch in the served/predicted ratio
 
 
@@ -159,27 +160,33 @@ class UpstreamWait:
     since. A look at the queue (t, requests pending) does the same with what it held then. A look
     asked while the worker held a batch saw every request not yet handed over: TorchServe's
     ordinary worker gets its next batch only once it answered this one. Any other look counts a
-    batch that may have been on its way to the worker as pending too."""
+    batch that may have been on its way to the worker as pending too. And a batch that came
+    later than TorchServe's batch delay (`delay_s`) after the worker's last answer found the queue
+    empty then: its first request was taken as it arrived, and sent at most the delay later."""
 
-    def __init__(self, capacity: int, full: int, keep: int = 256):
-        self.capacity, self.full = capacity, full
+    def __init__(self, capacity: int, full: int, delay_s: float = 0.05, keep: int = 256):
+        self.capacity, self.full, self.delay_s = capacity, full, delay_s
         self.rounds: deque[tuple[float, int]] = deque(maxlen=keep)  # (arrival, size), oldest first
         self.looks: deque[tuple[float, int]] = deque(maxlen=keep)  # (time, requests queued up to then)
         self.taken = 0  # requests handed to the worker so far
         self.holding_since: float | None = None  # when the batch the worker holds arrived; None: none held
+        self.answered_at: float | None = None  # when the worker last answered
 
     def seen(self, at: float, pending: int) -> None:
         """A look at the queue asked at `at` (and answered since): `pending` requests were waiting in it."""
         holding = self.holding_since is not None and self.holding_since <= at
         self.looks.append((at, self.taken + pending + (0 if holding else self.full)))
 
-    def answered(self) -> None:
-        """The worker answered the batch it held."""
-        self.holding_since = None
+    def answered(self, now: float) -> None:
+        """The worker answered the batch it held, at `now`."""
+        self.holding_since, self.answered_at = None, now
 
     def arrived(self, now: float, size: int) -> float:
         """A batch of `size` arrived at `now`: the most its requests can have waited upstream."""
         waited = self._by_rounds(now)
+        idle_since = self.answered_at if self.holding_since is None else None
+        if idle_since is not None and now - idle_since > self.delay_s + IDLE_SLACK_S:
+            waited = min(waited, self.delay_s + IDLE_SLACK_S)  # the queue was empty at the last answer
         for at, queued_up_to in reversed(list(self.looks)):  # a copy: looks come from another thread
             if queued_up_to <= self.taken:  # this batch was not yet queued at that look
                 waited = min(waited, now - at)
