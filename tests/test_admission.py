@@ -68,12 +68,13 @@ def test_retry_after_is_whole_seconds_at_least_one():
     assert [retry_after(s) for s in (0.0, 0.2, 1.0, 1.01, 7.5)] == [1, 1, 1, 2, 8]
 
 
-def test_served_rounds_follow_full_batches_only():
+def test_served_rounds_follow_the_batches_at_their_pace():
     rounds = ServedRounds(smoothing=0.5)
     assert rounds.round_s([0.1, 0.2]) == pytest.approx(0.2)  # the plan, as predicted
-    rounds.add(0.05, 1, 4, 0.2)  # a partial batch says little of a full one
-    assert rounds.ratio == 1.0
-    rounds.add(0.5, 4, 4, 0.2)  # first full one: taken as it is
+    rounds.add(0.125, 1, 4, 0.2)  # a batch of 1 of a planned 4 in 125 ms: 4 at its pace in 500 ms
+    assert rounds.ratio == pytest.approx(2.5)
+    rounds = ServedRounds(smoothing=0.5)
+    rounds.add(0.5, 4, 4, 0.2)  # first one: taken as it is
     assert rounds.ratio == pytest.approx(2.5)
     rounds.add(0.2, 4, 4, 0.2)
     assert rounds.ratio == pytest.approx(1.75)

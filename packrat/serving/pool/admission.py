@@ -96,8 +96,10 @@ def upstream_queue(timeout_s: float, round_s: float, batch: int, max_queue: int)
 
 class ServedRounds:
     """How long a planned batch takes through the pool against the plan's latency for it: the
-    ratio served / predicted over the recent full sub-batches (a partial one says little of a full
-    one's time), 1.0, the plan as predicted, until the first is served; and how far single ones
+    ratio served / predicted over the recent sub-batches, each against its share of the planned
+    batch's latency (a partial batch runs less efficiently per request, so it errs on the slow
+    side: where requests reach the pool slower than it serves, as behind a congested front end,
+    the batches are partial and slow both), 1.0, the plan as predicted, until the first is served; and how far single ones
     stray from it. A round is predicted at the ratio plus that deviation, as TCP times a
     retransmission: a request admitted on a round's mean would miss its deadline whenever the
     rounds ahead of it came out a little slower."""
@@ -112,9 +114,9 @@ class ServedRounds:
             now: float = float("inf")) -> None:
         """One sub-batch of `requests` answered `measured_s` after it was handed out (at `now`); its
         instance plans `planned_batch` in `expected_s` (None: unknown)."""
-        if requests < planned_batch or measured_s <= 0 or now < self.settling_until:
+        if requests <= 0 or measured_s <= 0 or now < self.settling_until:
             return
-        scale = planned_batch / requests  # more than planned (a long queue): its planned share's time
+        scale = planned_batch / requests  # its time for the planned share, at the pace it went
         if expected_s:
             sample = measured_s * scale / expected_s
             self.deviation = self._mix(self.deviation, abs(sample - self.ratio), first=0.0)
