@@ -257,6 +257,7 @@ def test_the_command_and_its_measuring_import_no_torch():
 
 # ---- --slow's processes -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cpu_hogs_are_pinned_and_gone_after_the_block_even_on_an_error():
     cores = sorted(os.sched_getaffinity(0))[:2]
     with pytest.raises(RuntimeError, match="boom"):
@@ -267,6 +268,7 @@ def test_cpu_hogs_are_pinned_and_gone_after_the_block_even_on_an_error():
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
 
 
+@pytest.mark.slow
 def test_a_cpu_hog_ends_when_its_parent_does():
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
                                f"p = subprocess.Popen([sys.executable, '-c', {overload.HOG!r}])\n"

@@ -430,6 +430,7 @@ def test_an_instance_exits_when_its_pool_process_dies_while_it_loads():
                "the instance outlived its pool's process", timeout=10)
 
 
+@pytest.mark.slow
 def test_an_instance_sees_its_pool_process_gone_even_if_it_died_before_the_instance_looked():
     """The instance is told its pool process's pid: a pool process that died before the instance
     could read os.getppid() (which by then names whoever adopted it) is noticed all the same."""

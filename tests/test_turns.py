@@ -103,6 +103,7 @@ def test_an_instance_waiting_for_its_turn_is_not_killed_nor_counted_as_working(t
         assert pool.health().watchdog_kills == 0 and pool.working == 0
 
 
+@pytest.mark.slow
 def test_a_batch_cut_into_turns_gives_the_same_answers(tmp_path):
     requests = [Request(*build_payload("tiny")) for _ in range(3)]
     with InstancePool(ModelConfig("tiny", graph_mode="script"), [InstanceConfig(1, 3, (CORE,))]) as pool:
