@@ -53,8 +53,8 @@ class PlanTuner:
             self._basis_moved = True
         if self.corrector.host_in_processes(self.payloads.decoding):
             self._basis_moved = True
-            if self._move_threads():  # also under --no-reconfigure: the same batch, hosted otherwise
-                return
+        if self._move_threads():  # also under --no-reconfigure: the same batch, hosted otherwise
+            return
         if self.trials.active is not None:
             if reconfigure:
                 self._follow_trial()
@@ -74,7 +74,7 @@ class PlanTuner:
         """Decoded bodies: a plan with thread instances moves to process ones at once, whatever the
         figures say (its decodes hold the interpreter lock the front end needs); whether it asked."""
         plan = self.controller.plan
-        if not self.corrector.processes_only or all(instance_kind(i.runtime) == "process" for i in plan.instances):
+        if not self.corrector.processes_only or self.controller.switching or all(instance_kind(i.runtime) == "process" for i in plan.instances):
             return False
         reason = ("bodies are decoded (JSON, images, text): instances as processes, so that no decode holds the "
                   "server's interpreter lock")

@@ -9,7 +9,7 @@ the queued requests and itself go through in whole rounds of the plan's batch,
 
 where a round is the time one planned batch takes through the pool: the plan's latency (the
 profile's) times what the pool served over what the profile predicted (``ServedRounds``, from the
-recent full sub-batches, so a slower machine, a CPU-bound neighbour, JSON decoding or a longer hop
+recent sub-batches, so a slower machine, a CPU-bound neighbour, JSON decoding or a longer hop
 are all in it). A request whose prediction does not fit the time it has left is refused 503 with a
 ``Retry-After`` from the same prediction: it costs no core. ``max_queue`` stays an upper bound.
 
@@ -106,31 +106,24 @@ class ServedRounds:
 
     def __init__(self, smoothing: float = SMOOTHING):
         self.smoothing, self.ratio, self.deviation, self.seen = smoothing, 1.0, 0.0, 0
-        self.measured_s: float | None = None  # for pools whose instances carry no predicted latency
-        self.measured_deviation_s = 0.0
         self.settling_until = float("-inf")  # a new instance's first batches are not its pace (settle())
 
     def add(self, measured_s: float, requests: int, planned_batch: int, expected_s: float | None,
             now: float = float("inf")) -> None:
         """One sub-batch of `requests` answered `measured_s` after it was handed out (at `now`); its
-        instance plans `planned_batch` in `expected_s` (None: unknown)."""
+        instance plans `planned_batch` in `expected_s` (None: unknown, and the ratio is then the
+        planned share's time itself, in seconds)."""
         if requests <= 0 or measured_s <= 0 or now < self.settling_until:
             return
-        scale = planned_batch / requests  # its time for the planned share, at the pace it went
-        if expected_s:
-            sample = measured_s * scale / expected_s
-            self.deviation = self._mix(self.deviation, abs(sample - self.ratio), first=0.0)
+        sample = measured_s * planned_batch / requests / (expected_s or 1.0)  # the planned share at its pace
+        if self.seen:
+            self.deviation = self._mix(self.deviation, abs(sample - self.ratio))
             self.ratio = self._mix(self.ratio, sample)
         else:
-            sample = measured_s * scale
-            self.measured_deviation_s = self._mix(self.measured_deviation_s, abs(sample - (self.measured_s or sample)),
-                                                  first=0.0)
-            self.measured_s = self._mix(self.measured_s, sample)
+            self.ratio = sample
         self.seen += 1
 
-    def _mix(self, old: float | None, new: float, first: float | None = None) -> float:
-        if old is None or self.seen == 0:
-            return new if first is None else first
+    def _mix(self, old: float, new: float) -> float:
         return (1 - self.smoothing) * old + self.smoothing * new
 
     def settle(self, until: float) -> None:
@@ -148,7 +141,7 @@ class ServedRounds:
         known = [e for e in expected_s if e]
         if known and len(known) == len(expected_s):
             return max(known) * self.margin_ratio
-        return None if self.measured_s is None else self.measured_s + self.measured_deviation_s
+        return self.margin_ratio if self.seen else None
 
 
 class UpstreamWait:
