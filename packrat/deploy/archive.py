@@ -152,8 +152,8 @@ UPSTREAM_HEADROOM = 4.0  # served batch time over the profile's that TorchServe'
 def admitted_queue(settings: Settings, profile, cores: int) -> int | None:
     """TorchServe's queue for the packrat handler: what the deadline admits at UPSTREAM_HEADROOM
     times the batch time the plan predicts on a machine like this one (admission.upstream_queue),
-    within --max-queue. The profile times the model: served batches took 1.8× its figure with raw
-    tensors and 15× with JSON bodies (SqueezeNet, 2 cores), and TorchServe refuses at once only
+    within --max-queue. The profile times the model: served batches took 1.1× its figure with raw
+    tensors and 12× with JSON bodies (SqueezeNet, 2 cores), and TorchServe refuses at once only
     beyond its queue; the handler refuses the rest after their wait there. With
     --admission queue, --max-queue itself. None (TorchServe's default, 100) when neither says, or
     the profile cannot plan the batch."""
