@@ -1,0 +1,213 @@
+"""Which points of a profile to measure: those a plan depends on. Pure: figures in, points out.
+
+A grid of threads × batches under several runtimes has hundreds of points on a many-core machine,
+and the planner's plans use a few of them. The search measures a few designed points per runtime
+(`design`), fits each runtime a scaling model to them (Ernest, NSDI'16: θ0 + θ1·b/t + θ2·b + θ3·t +
+θ4·log t, non-negative, on relative error) corrected near what was measured, and knows the fit's
+error from what it predicted for each point before measuring it. Then, at the machine's T cores and
+every batch B up to the grid's largest:
+    best[B]     the plan over the measured points only (what the profile would give now);
+    hopeful[B]  the plan if every unmeasured point ran as fast as its prediction less `confidence`
+                times the fit's error (and no faster than a measured smaller batch allows).
+Where hopeful[B] beats best[B] by more than `tolerance`, an unmeasured point could change that plan:
+the hopeful plan's unmeasured instances are measured next (under the runtime predicted fastest
+there). It stops when no unmeasured point can, or when the caller's budget ends; either way every
+instance of a plan made from the measured points is a measured point. A runtime whose hopeful
+figures are never in a hopeful plan is measured no further than its design: it cannot win anywhere.
+The published 16-core tables replayed show the share measured and the plans' error
+(tests/test_search.py; docs/benchmarks/profiles.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from packrat.planning.planner import Planner
+
+Key = tuple[str, int, int]  # (runtime, threads, batch)
+DEFAULT_TOLERANCE = 0.02  # a plan this close to the best possible is the plan: the machine's noise is larger
+DEFAULT_CONFIDENCE = 2.0  # how many of the fit's errors below its prediction an unmeasured point may be
+ERROR_FLOOR = 0.03  # the fit's relative error is never taken as smaller: a point's own noise
+MONOTONE_SLACK = 0.05
+RIVAL = 0.10  # another runtime predicted within this of a planned point's figure is measured there too
+SLOW = 1.25  # a point this much slower than the fit is an outlier it is not fitted to (odd threads of some models)  # a larger batch on the same threads is not faster than a measured smaller one, but by noise
+
+
+def design(threads: list[int], batches: list[int]) -> list[tuple[int, int]]:
+    """The first points of every runtime: the fewest, a middle and the most threads at the smallest
+    batch, and the most threads at a middle and the largest batch (the costly ⟨1, large⟩ corner is
+    left to the fit), and a middle point: six that pin the model's five terms."""
+    ts, bs = sorted(set(threads)), sorted(set(batches))
+    mid_t, mid_b = _middle(ts), _middle(bs)
+    return list(dict.fromkeys([(ts[0], bs[0]), (mid_t, bs[0]), (ts[-1], bs[0]), (ts[-1], mid_b),
+                               (ts[-1], bs[-1]), (mid_t, mid_b)]))
+
+
+def _middle(values: list[int]) -> int:
+    """The value nearest the geometric middle of a sorted list."""
+    centre = math.sqrt(values[0] * values[-1])
+    return min(values, key=lambda v: (abs(math.log(v / centre)), v))
+
+
+def _features(t: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.stack([np.ones_like(t), b / t, b, t, np.log(t)], axis=-1)
+
+
+def _fit(points: dict[tuple[int, int], float]) -> np.ndarray:
+    """Non-negative coefficients of the scaling model, least squares on relative error."""
+    t, b = (np.array(axis, dtype=float) for axis in zip(*points))
+    y = np.array(list(points.values()))
+    x = _features(t, b) / y[:, None]
+    active = np.ones(x.shape[1], dtype=bool)
+    while True:  # drop a negative term and fit again: at most five times
+        theta = np.zeros(x.shape[1])
+        theta[active] = np.linalg.lstsq(x[:, active], np.ones(len(y)), rcond=None)[0]
+        if (theta >= 0).all() or active.sum() == 1:
+            return np.maximum(theta, 0)
+        active[np.argmin(theta)] = False
+
+
+@dataclass
+class Search:
+    """The search over `threads` × `batches` under `runtimes`, for plans on `cores` (default: the most
+    threads). record() each figure measured; next_points() says what to measure next."""
+
+    threads: list[int]
+    batches: list[int]
+    runtimes: tuple[str, ...]
+    cores: int | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+    confidence: float = DEFAULT_CONFIDENCE
+    measured: dict[Key, float] = field(default_factory=dict)
+    errors: dict[Key, float] = field(default_factory=dict)  # log(measured / predicted before measuring)
+
+    def __post_init__(self) -> None:
+        self.threads, self.batches = sorted(set(self.threads)), sorted(set(self.batches))
+        self.cores = self.cores or self.threads[-1]
+        self._t, self._b = np.meshgrid(np.array(self.threads, float), np.array(self.batches, float), indexing="ij")
+
+    @property
+    def grid_size(self) -> int:
+        return len(self.threads) * len(self.batches) * len(self.runtimes)
+
+    def record(self, runtime: str, threads: int, batch: int, ms: float) -> None:
+        """A measured figure; the fit's prediction for it, made before, is kept as its error."""
+        if not ms > 0:
+            raise ValueError(f"latency must be > 0, got {ms} for {runtime} threads={threads} batch={batch}")
+        if self._designed(runtime) and (runtime, threads, batch) not in self.measured:
+            predicted = self._predict(runtime)[self.threads.index(threads), self.batches.index(batch)]
+            self.errors[runtime, threads, batch] = math.log(ms / predicted)
+        self.measured[runtime, threads, batch] = ms
+
+    def _own(self, runtime: str) -> dict[tuple[int, int], float]:
+        return {(t, b): ms for (r, t, b), ms in self.measured.items() if r == runtime}
+
+    def _designed(self, runtime: str) -> bool:
+        return set(design(self.threads, self.batches)) <= set(self._own(runtime))
+
+    def fit_error(self) -> float:
+        """The fit's relative error, as its predictions missed the points measured after it (RMS of
+        the log ratios), never below ERROR_FLOOR."""
+        if not self.errors:
+            return ERROR_FLOOR
+        return max(ERROR_FLOOR, math.sqrt(sum(min(e, 0.0) ** 2 for e in self.errors.values()) / len(self.errors)))
+
+    def _fitted(self, runtime: str) -> tuple[np.ndarray, dict[tuple[int, int], float]]:
+        """The runtime's model over the grid, and each of its measured points' miss (log measured /
+        model). Fitted to the fast points: one much slower than the fit (SLOW) is never planned."""
+        own = self._own(runtime)
+        theta = _fit(own)
+        fast = {p: ms for p, ms in own.items() if ms <= SLOW * _features(*map(np.array, p)) @ theta}
+        if len(fast) < len(own) and len(fast) >= 5:
+            theta = _fit(fast)
+        return _features(self._t, self._b) @ theta, {p: math.log(ms / (_features(*map(np.array, p)) @ theta))
+                                                    for p, ms in own.items()}
+
+    def _predict(self, runtime: str) -> np.ndarray:
+        """Every point's predicted ms: the runtime's model, moved by what the other runtimes missed by
+        at that very point (they share the model's shape: a thread count that splits the work badly
+        is slow under all), else by its own fast points' misses weighted by nearness in log threads
+        and log batch."""
+        model, misses = self._fitted(runtime)
+        fast = {p: miss for p, miss in misses.items() if miss <= math.log(SLOW)}
+        t, b = (np.array(axis, dtype=float) for axis in zip(*fast))
+        far = (np.log(self._t)[..., None] - np.log(t)) ** 2 + (np.log(self._b)[..., None] - np.log(b)) ** 2
+        weight = np.exp(-far / 0.5)
+        shift = (weight * np.array(list(fast.values()))).sum(-1) / (weight.sum(-1) + 0.2)
+        others: dict[tuple[int, int], list[float]] = {}
+        for other in self.runtimes:
+            if other != runtime and self._designed(other):
+                for point, miss in self._fitted(other)[1].items():
+                    others.setdefault(point, []).append(miss)
+        for (t, b), found in others.items():
+            shift[self.threads.index(t), self.batches.index(b)] = sum(found) / len(found)
+        return np.maximum(model * np.exp(shift), 1e-9)
+
+    def _hopeful(self, runtime: str) -> np.ndarray:
+        """Every point's figure where measured, else the least it may be: its prediction less
+        `confidence` errors, and no less than a measured smaller batch on the same threads allows."""
+        low = self._predict(runtime) * math.exp(-self.confidence * self.fit_error())
+        own = self._own(runtime)
+        for i, t in enumerate(self.threads):
+            floor = 0.0
+            for j, b in enumerate(self.batches):
+                if (t, b) in own:
+                    low[i, j] = own[t, b]
+                    floor = max(floor, own[t, b] / (1 + MONOTONE_SLACK))
+                else:
+                    low[i, j] = max(low[i, j], floor)
+        return low
+
+    def _planner(self, figures: dict[Key, float]) -> tuple[Planner, dict[tuple[int, int], str]]:
+        fastest: dict[tuple[int, int], tuple[float, str]] = {}
+        for (runtime, t, b), ms in figures.items():
+            fastest[t, b] = min(fastest.get((t, b), (math.inf, "")), (ms, runtime))
+        items = [(t, b, ms) for (t, b), (ms, _) in fastest.items() if t <= self.cores]
+        return (Planner(items, self.cores, self.batches[-1]),
+                {point: runtime for point, (_, runtime) in fastest.items()})
+
+    def next_points(self) -> list[Key]:
+        """What to measure next, all at once (the caller measures them by runtime and threads): the
+        design points not measured yet; else every unmeasured instance of each hopeful plan that beats
+        the measured plan by more than `tolerance`; [] when none can."""
+        first = [(r, t, b) for r in self.runtimes for t, b in design(self.threads, self.batches)
+                 if (r, t, b) not in self.measured]
+        if first:
+            return first
+        hopeful_figures = {(r, t, b): float(figure[i, j]) for r in self.runtimes
+                           for figure in [self._hopeful(r)]
+                           for i, t in enumerate(self.threads) for j, b in enumerate(self.batches)}
+        best, _ = self._planner(self.measured)
+        hopeful, runtime_of = self._planner(hopeful_figures)
+        wanted: list[Key] = []
+        for batch in self.batches:
+            if not hopeful.table[self.cores, batch] < best.table[self.cores, batch] / (1 + self.tolerance):
+                continue
+            for instance in hopeful.plan(self.cores, batch).instances:
+                key = (runtime_of[instance.threads, instance.batch], instance.threads, instance.batch)
+                if key not in self.measured and key not in wanted:
+                    wanted.append(key)
+        return wanted or self._rivals(best)
+
+    def _rivals(self, best: Planner) -> list[Key]:
+        """Each measured plan's instances under the runtimes not measured there that their prediction
+        puts within RIVAL of the measured figure: two runtimes' fits compare less well than each
+        fits itself, and a runtime a few per cent faster at a planned point is a plan a few per cent
+        faster."""
+        predicted = {r: self._predict(r) for r in self.runtimes}
+        wanted: list[Key] = []
+        for batch in self.batches:
+            for instance in best.plan(self.cores, batch).instances:
+                t, b = instance.threads, instance.batch
+                i, j = self.threads.index(t), self.batches.index(b)
+                wanted += [(r, t, b) for r in self.runtimes if (r, t, b) not in self.measured
+                           and (r, t, b) not in wanted and predicted[r][i, j] < instance.latency_ms * (1 + RIVAL)]
+        return wanted
+
+    def dropped(self) -> list[str]:
+        """The runtimes measured at their design points alone: none of their other points could win."""
+        designed = set(design(self.threads, self.batches))
+        return [r for r in self.runtimes if set(self._own(r)) <= designed]
