@@ -197,16 +197,17 @@ def test_plan_with_loaded_figures_from_an_isolated_profile_is_one_line_error(pro
 def test_profile_contention_flags(monkeypatch, profile, capsys):
     seen = []
 
-    def fake_run(settings, threads, batches, out, progress=True, runtimes=(), say=print, every_runtime=False):
+    def fake_search(settings, threads, batches, out, progress=True, runtimes=(), say=print, every_runtime=False,
+                    **rest):
         seen.append((settings.contention, every_runtime, settings.iters, settings.min_time))
-        return load(profile)
+        return profiler.SearchResult(load(profile), 1, 2, None, "done", (), profiler.Account())
 
-    monkeypatch.setattr(profiler, "run", fake_run)
+    monkeypatch.setattr(profiler, "search_profile", fake_search)
     base = ["profile", "--model", "tiny", "--threads", "1", "--out", str(profile), "--quiet"]
     for flags in ([], ["--contention"], ["--isolated"], ["--every-runtime", "--iters", "7"]):
         assert main(base + flags) == 0
     assert [s[0] for s in seen] == [profiler.DEFAULT_CONTENTION, True, False, profiler.DEFAULT_CONTENTION]
-    assert seen[0][1:] == (False, None, profiler.DEFAULT_MIN_TIME_S)  # dominated runtimes dropped; timed ≥ 1 s
+    assert seen[0][1:] == (False, None, profiler.DEFAULT_MIN_TIME_S)  # timed ≥ 1 s
     assert seen[-1][1:] == (True, 7, None)
     with pytest.raises(SystemExit):
         main(base + ["--contention", "--isolated"])
@@ -392,22 +393,21 @@ def test_profile_given_default_or_measured(tmp_path, monkeypatch, capsys):
     path = default_profile.resolve_profile("resnet50", None, batch_sizes=[16, 4])
     assert path == Path("profiles/resnet50.csv") and calls == [("resnet50", path, [1, 2, 4, 8, 16])]
     err = capsys.readouterr().err
-    assert "no profile at profiles/resnet50.csv: measuring one now (10 points, about" in err
+    assert "no profile at profiles/resnet50.csv: measuring one now (within about" in err
     assert "next time it is reused" in err
     assert default_profile.resolve_profile("resnet50", None) == path and len(calls) == 1  # reused
 
 
 def test_measure_profile_renames_a_complete_measurement(tmp_path, monkeypatch):
-    from packrat.models.runtimes import installed_runtimes
 
     written = []
 
-    def fake_run(settings, threads, batches, out, progress=True, runtimes=(), every_runtime=True):
-        assert runtimes == installed_runtimes() and not every_runtime  # as `packrat profile` measures
+    def fake_search(settings, threads, batches, out, progress=True, runtimes=(), say=print):
+        assert runtimes == profiler.default_runtimes()  # as `packrat profile` measures
         written.append((Path(out).name, settings.warmup, settings.min_time, threads, batches, settings.contention))
         Path(out).write_text(PROFILE)
 
-    monkeypatch.setattr(profiler, "run", fake_run)
+    monkeypatch.setattr(profiler, "search_profile", fake_search)
     monkeypatch.setattr(default_profile, "cpu_budget", lambda: SimpleNamespace(cores=2))
     path = tmp_path / "toy.csv"
     profile = default_profile.measure_profile("tiny", path, [4, 1, 2])

@@ -232,13 +232,13 @@ def test_the_ios_runtime_in_the_profiler_and_the_pool(tmp_path):
 
 
 @pytest.mark.integration
-def test_the_adaptive_profile_measures_ios_where_it_measured_the_others(tmp_path):
+def test_the_search_measures_ios_where_it_measured_the_others(tmp_path):
     from packrat.profiling import profiler
 
     settings = profiler.ProfileSettings(model="tiny", warmup=1, iters=3, ios_cache=str(tmp_path / "s"), served=False,
                                         graph_mode="script")
-    done = profiler.run_adaptive(settings, [1], [1, 2], tmp_path / "tiny.csv", progress=False,
-                                 runtimes=("inductor", "ios"), every_runtime=True)
+    done = profiler.search_profile(settings, [1], [1, 2], tmp_path / "tiny.csv", progress=False,
+                                   runtimes=("inductor", "ios"), every_runtime=True)
     profile = done.profile
     assert set(profile.by_runtime["ios"]) == set(profile.by_runtime["inductor"])  # every runtime everywhere
 

@@ -13,7 +13,7 @@ import pytest
 from packrat.errors import ProfileError
 from packrat.machine.topology import Topology, detect
 from packrat.planning.planner import Planner
-from packrat.profiling import profiler, profiles
+from packrat.profiling import measuring, profiler, profiles
 from packrat.profiling.profiles import COLUMNS, NO_SERVED_COLUMNS, Profile, ProfileWriter, load
 
 LOADED = {"model": "tiny", "mode": "compile", "latency": "loaded", "cores": "2", "payload": "jpeg"}
@@ -200,7 +200,7 @@ def fake_point(calls: list):
 
 def test_the_profiler_writes_served_figures_and_the_payload(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(profiler, "measure_point", fake_point(calls))
+    monkeypatch.setattr(measuring, "measure_point", fake_point(calls))
     profile = profiler.run(FAST, [1], [1, 2], tmp_path / "p.csv", topology=Topology(((0,),)), progress=False)
     assert calls == [(1, 1, True, None), (1, 2, True, None)]
     assert profile.metadata["payload"] == "jpeg" and profile.basis == "served"
@@ -211,7 +211,7 @@ def test_the_profiler_writes_served_figures_and_the_payload(tmp_path, monkeypatc
 
 def test_resuming_keeps_to_what_the_file_holds(tmp_path, monkeypatch):
     calls, said = [], []
-    monkeypatch.setattr(profiler, "measure_point", fake_point(calls))
+    monkeypatch.setattr(measuring, "measure_point", fake_point(calls))
     topology = Topology(((0,),))
     out = tmp_path / "p.csv"
     profiler.run(FAST, [1], [1], out, topology=topology, progress=False)
@@ -260,11 +260,12 @@ def test_the_payload_is_the_models_natural_one_as_served():
         profiler.payload_kind(dataclasses.replace(FAST, payload="json"))
 
 
-def test_the_adaptive_grid_runs_on_the_served_figure(tmp_path, monkeypatch):
+def test_the_search_runs_on_the_served_figure(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(profiler, "measure_point", fake_point(calls))
-    done = profiler.run_adaptive(FAST, [1], [1, 2, 4], tmp_path / "p.csv", topology=Topology(((0,),)),
-                                 progress=False)
+    monkeypatch.setattr(measuring, "measure_point", fake_point(calls))
+    monkeypatch.setattr(profiler, "_build", lambda *args: None)
+    done = profiler.search_profile(FAST, [1], [1, 2, 4], tmp_path / "p.csv", topology=Topology(((0,),)),
+                                   progress=False)
     assert done.profile.basis == "served" and all(served for _, _, served, _ in calls)
     assert profiler.planned_ms({"latency_ms": 2.0, "served_ms": 5.0}) == 5.0
     assert profiler.planned_ms({"latency_ms": 2.0, "served_ms": None}) == 2.0

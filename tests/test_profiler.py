@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from packrat.profiling import profiler
+from packrat.profiling import measuring, profiler
 from packrat.errors import ProfilingError
 from packrat.profiling.point import summarize
 from packrat.profiling.profiles import COLUMNS, load
@@ -43,12 +43,12 @@ def started(monkeypatch) -> list:
     """Every loaded copy the profiler starts, to check none is left running."""
     copies = []
 
-    class Recorded(profiler._Copy):
+    class Recorded(measuring._Copy):
         def __init__(self, *args):
             super().__init__(*args)
             copies.append(self)
 
-    monkeypatch.setattr(profiler, "_Copy", Recorded)
+    monkeypatch.setattr(measuring, "_Copy", Recorded)
     return copies
 
 
@@ -86,7 +86,7 @@ def test_run_writes_metadata_and_resumes(tmp_path, monkeypatch):
         calls.append((t, b, tuple(cores)))
         return fake_stats(10.0 * b / t)
 
-    monkeypatch.setattr(profiler, "measure_point", fake_measure)
+    monkeypatch.setattr(measuring, "measure_point", fake_measure)
     out = tmp_path / "tiny.csv"
     topo = Topology(((0, 1, 2, 3),))
     profiler.run(ISOLATED, [1, 2], [1, 2], out, topology=topo, progress=False)
@@ -115,8 +115,8 @@ def test_contention_measures_each_point_as_it_is_served(tmp_path, monkeypatch, i
         loaded.append((t, b, core_sets))
         return fake_stats(18.0 * b / t)
 
-    monkeypatch.setattr(profiler, "measure_point", fake_point)
-    monkeypatch.setattr(profiler, "measure_loaded", fake_loaded)
+    monkeypatch.setattr(measuring, "measure_point", fake_point)
+    monkeypatch.setattr(measuring, "measure_loaded", fake_loaded)
     out = tmp_path / "tiny.csv"
     topo = Topology(((0, 1, 2, 3),))
     assert profiler.DEFAULT_CONTENTION == FAST.contention
@@ -137,7 +137,7 @@ def test_contention_measures_each_point_as_it_is_served(tmp_path, monkeypatch, i
 
 @pytest.mark.parametrize("first,then,flag", [(True, False, "--contention"), (False, True, "--isolated")])
 def test_resume_refuses_the_other_kind(tmp_path, monkeypatch, first, then, flag):
-    monkeypatch.setattr(profiler, "measure_point", lambda settings, t, b, cores: fake_stats(1.0))
+    monkeypatch.setattr(measuring, "measure_point", lambda settings, t, b, cores: fake_stats(1.0))
     out = tmp_path / "tiny.csv"
     topo = Topology(((0,),))  # one core: no copies, so nothing real runs
     profiler.run(dataclasses.replace(FAST, contention=first), [1], [1], out, topology=topo, progress=False)
@@ -171,7 +171,7 @@ def test_loaded_point_runs_copies_on_disjoint_pinned_cores(started):
 
 @pytest.mark.integration
 def test_one_copy_fits_so_the_point_is_measured_once(monkeypatch):
-    monkeypatch.setattr(profiler, "measure_loaded", lambda *a: pytest.fail("no room for a second copy"))
+    monkeypatch.setattr(measuring, "measure_loaded", lambda *a: pytest.fail("no room for a second copy"))
     row = profiler.measure(dataclasses.replace(FAST, contention=True), 2, 1, two_cores())
     assert row["copies"] == 1 and row["latency_ms"] == row["isolated_ms"]
     assert row["mode"] == "compile" and row["torch_threads"] == 2  # the default mode, at the point's threads
@@ -261,35 +261,110 @@ def test_ctrl_c_leaves_a_valid_file_that_resumes_and_no_copy_running(tmp_path):
     assert sorted(load(out).latency) == [(1, 1), (1, 2)]
 
 
-# ---- adaptive ---------------------------------------------------------------------------------------
+# ---- the search -------------------------------------------------------------------------------------
 
 def amdahl(t: int, b: int) -> float:
     """A model whose serial part is a fifth of the work: scaling flattens, so the grid can be cut."""
     return 10.0 * b * (0.2 + 0.8 / t)
 
 
-def test_adaptive_measures_part_of_the_grid_and_resumes(tmp_path, monkeypatch):
-    calls = []
+class FakeWorkers:
+    """measuring.Workers without processes: each batch's row from amdahl(), started counted."""
+    started: list = []
+    calls: list = []
 
-    def fake_measure(settings, t, b, topology):
-        calls.append((t, b))
-        return {"threads": t, "batch": b, **fake_stats(amdahl(t, b)), "isolated_ms": amdahl(t, b), "copies": 1}
+    def __init__(self, settings, threads, topology):
+        self.runtime, self.threads, self.load_s, self.measure_s = settings.runtime, threads, 0.5, 0.0
+        FakeWorkers.started.append((settings.runtime, threads))
 
-    monkeypatch.setattr(profiler, "measure", fake_measure)
-    out, topo = tmp_path / "adaptive.csv", Topology.virtual(8)
+    def measure(self, batch):
+        FakeWorkers.calls.append((self.runtime, self.threads, batch))
+        self.measure_s += 0.25
+        ms = amdahl(self.threads, batch) * (1.3 if self.runtime == "slow" else 1.0)
+        return {"threads": self.threads, "batch": batch, "runtime": self.runtime, **fake_stats(ms),
+                "isolated_ms": ms, "copies": 1}
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def fake_workers(monkeypatch):
+    FakeWorkers.started, FakeWorkers.calls = [], []
+    monkeypatch.setattr(profiler, "Workers", FakeWorkers)
+    monkeypatch.setattr(profiler, "LIVE_COPIES_PER_CORE", 100)
+    monkeypatch.setattr(profiler, "_build", lambda *args: None)
+    monkeypatch.setattr(profiler, "check_runtimes", lambda settings, runtimes, say, account=None:
+                        {r: None for r in runtimes})
+    return FakeWorkers
+
+
+def test_the_search_measures_part_of_the_grid_on_workers_started_once_and_resumes(tmp_path, fake_workers):
+    out, topo = tmp_path / "search.csv", Topology.virtual(8)
     threads, batches = list(range(1, 9)), [1, 2, 4, 8, 16, 32]
-    done = profiler.run_adaptive(ISOLATED, threads, batches, out, topology=topo, progress=False)
-    assert done.grid == 48 and done.points == len(calls) < 48
-    assert set(done.profile.latency) == set(calls) and done.measure_s < done.full_grid_s
-    assert done.to_json(out)["points"] == done.points
-    calls.clear()
-    again = profiler.run_adaptive(ISOLATED, threads, batches, out, topology=topo, progress=False)
-    assert calls == [] and again.points == done.points  # everything needed is in the file already
+    done = profiler.search_profile(ISOLATED, threads, batches, out, topology=topo, progress=False,
+                                   runtimes=("inductor", "slow"))
+    assert done.grid == 96 and done.points == len(fake_workers.calls) < 96 * 0.3
+    assert len(set(fake_workers.calls)) == len(fake_workers.calls)  # no point twice
+    assert len(fake_workers.started) == len(set(fake_workers.started))  # a (runtime, threads) started once
+    assert "no unmeasured point can change a plan" in done.stopped
+    report = done.to_json(out)
+    assert report["runtimes"]["inductor"]["load_s"] == pytest.approx(0.5 * sum(r == "inductor" for r, _ in
+                                                                                 fake_workers.started))
+    assert report["points"] == done.points and report["unaccounted_s"] <= report["wall_s"]
+    assert "search" in load(out).metadata
+    fake_workers.calls.clear()
+    again = profiler.search_profile(ISOLATED, threads, batches, out, topology=topo, progress=False,
+                                    runtimes=("inductor", "slow"))
+    assert fake_workers.calls == [] and again.points == done.points  # everything needed is in the file already
 
 
-def test_adaptive_refuses_more_threads_than_cores(tmp_path):
+def test_workers_beyond_the_live_bound_are_stopped_least_recently_used_first(tmp_path, fake_workers, monkeypatch):
+    monkeypatch.setattr(profiler, "LIVE_COPIES_PER_CORE", 0.25)  # 2 copies on 8 cores (isolated: one a group)
+    live, most = [], []
+    monkeypatch.setattr(FakeWorkers, "measure", lambda self, batch, measure=FakeWorkers.measure: (
+        live.append(self) if self not in live else None, most.append(len(live)), measure(self, batch))[-1])
+    monkeypatch.setattr(FakeWorkers, "close", lambda self: live.remove(self))
+    profiler.search_profile(ISOLATED, list(range(1, 9)), [1, 2, 4, 8, 16, 32], tmp_path / "s.csv",
+                            topology=Topology.virtual(8), progress=False, runtimes=("inductor", "slow"))
+    assert max(most) == 2 and not live  # never more than the bound, every one stopped at the end
+    assert len(fake_workers.started) > len(set(fake_workers.started))  # so some were started again
+
+
+def test_the_search_stops_at_its_budget_with_what_it_measured(tmp_path, fake_workers):
+    out = tmp_path / "search.csv"
+    done = profiler.search_profile(ISOLATED, list(range(1, 9)), [1, 2, 4, 8], out, topology=Topology.virtual(8),
+                                   progress=False, budget_s=0.0)
+    assert done.points == 0 and done.profile is None and "budget of 0 s ended" in done.stopped
+
+
+def test_a_header_only_profile_resumes(tmp_path, fake_workers):
+    out = tmp_path / "search.csv"
+    with profiler.profiles.ProfileWriter(out, profiler.metadata(ISOLATED, Topology.virtual(2))):
+        pass  # interrupted before its first point
+    done = profiler.search_profile(ISOLATED, [1, 2], [1, 2, 4], out, topology=Topology.virtual(2), progress=False)
+    assert done.points > 0 and load(out).latency
+
+
+def test_the_full_grid_measures_every_point(tmp_path, fake_workers):
+    done = profiler.search_profile(ISOLATED, [1, 2], [1, 2, 4], tmp_path / "grid.csv", topology=Topology.virtual(2),
+                                   progress=False, full_grid=True, budget_s=None)
+    assert done.points == done.grid == 6 and done.stopped == "the whole grid measured"
+
+
+def test_the_search_refuses_more_threads_than_cores(tmp_path):
     with pytest.raises(ValueError, match="exceeds"):
-        profiler.run_adaptive(ISOLATED, [1, 64], [1], tmp_path / "x.csv", topology=Topology.virtual(2), progress=False)
+        profiler.search_profile(ISOLATED, [1, 64], [1], tmp_path / "x.csv", topology=Topology.virtual(2),
+                                progress=False)
+
+
+def test_torch_compile_is_left_out_of_the_default_runtimes_with_the_reason(monkeypatch):
+    import packrat.models.runtimes as engines
+
+    monkeypatch.setattr(engines, "installed_runtimes", lambda: ("inductor", "onnxruntime", "torch-compile"))
+    said = []
+    assert profiler.default_runtimes(said.append) == ("inductor", "onnxruntime")
+    assert said and "torch-compile left out" in said[0] and "--runtimes" in said[0]
 
 
 def test_replay_writes_only_the_points_looked_up_with_their_figures(tmp_path):
@@ -301,7 +376,7 @@ def test_replay_writes_only_the_points_looked_up_with_their_figures(tmp_path):
                               "isolated_ms": amdahl(t, b), "copies": 8 // t})
     out = tmp_path / "replayed.csv"
     out.write_text("stale\n")  # a replay rewrites its output
-    done = profiler.run_adaptive(FAST, list(range(1, 9)), [1, 2, 4, 8, 16, 32], out, replay=full, progress=False)
+    done = profiler.search_profile(FAST, list(range(1, 9)), [1, 2, 4, 8, 16, 32], out, replay=full, progress=False)
     source = load(full)
     assert done.points < done.grid == len(source.latency)
     assert all(source.latency[p] == pytest.approx(v, abs=1e-3) for p, v in done.profile.latency.items())
@@ -313,5 +388,6 @@ def test_replay_writes_only_the_points_looked_up_with_their_figures(tmp_path):
 def test_replay_of_a_point_outside_the_table_names_it(tmp_path):
     full = tmp_path / "full.csv"
     full.write_text("threads,batch,latency_ms\n1,1,10\n")
-    with pytest.raises(ProfilingError, match="threads=1 batch=2"):
-        profiler.run_adaptive(FAST, [1], [1, 2], tmp_path / "out.csv", replay=full, progress=False)
+    said = []
+    profiler.search_profile(FAST, [1], [1, 2], tmp_path / "out.csv", replay=full, progress=False, say=said.append)
+    assert any("threads=1 batch=2" in line for line in said)

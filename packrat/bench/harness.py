@@ -5,10 +5,13 @@ import time: a command that only formats figures stays light."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import queue
 import subprocess
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -86,6 +89,66 @@ def child_json(command: Sequence[str], *, marker: str = "", check: bool = False,
     if check:
         raise RuntimeError(result["error"])
     return result
+
+
+class Worker:
+    """A child process that lives across requests (its model loaded once, then asked again and
+    again): a JSON line each way, its answers the stdout lines that start with `marker` (libraries
+    print there too), its stderr kept in `log` for the line that explains a death."""
+
+    def __init__(self, command: Sequence[str], *, marker: str, log: Path, env: dict | None = None):
+        self.marker, self.log, self.answers = marker, Path(log), queue.Queue()
+        with open(self.log, "w") as err:
+            self.process = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=err, text=True, env=env)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            if line.startswith(self.marker):
+                self.answers.put(line[len(self.marker):])
+        self.answers.put(None)  # end of output: the process has ended
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def ask(self, request: dict, timeout: float | None = None) -> dict:
+        """The answer to `request`; {"error": why} when the process ends, or is killed past `timeout` s."""
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            line = self.answers.get(timeout=timeout)
+        except OSError:  # its stdin closed: it has ended
+            line = None
+        except queue.Empty:
+            self.process.kill()
+            self.process.wait()
+            return {"error": f"timed out after {timeout} s"}
+        if line is None:
+            tail = (self.log.read_text().strip().splitlines() or ["?"])[-1]
+            return {"error": f"exit {self.process.wait()}: {tail[:300]}"}
+        return json.loads(line)
+
+    def close(self, grace_s: float = 30.0) -> None:
+        """Its stdin closed (it ends when it reads no more), killed when it outlives `grace_s`."""
+        if self.process.stdin and not self.process.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+MEMORY_RESERVE_MIB = 2048  # left free while pools and sessions start: the OS, the engine, the timed calls' buffers
+
+
+def available_mib() -> float:
+    import psutil
+
+    return psutil.virtual_memory().available / 2 ** 20
 
 
 def error_text(exc: BaseException) -> str:

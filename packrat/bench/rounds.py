@@ -67,6 +67,12 @@ def median_spread(values: Sequence) -> dict | None:
     return {"median": statistics.median(numbers), "spread": [min(numbers), max(numbers)]} if numbers else None
 
 
+def paired(samples: Mapping, reference: Mapping) -> list[float]:
+    """sample / reference for each round (key) both were measured in: ratios taken side by side,
+    which the machine's drift from round to round leaves alone."""
+    return [value / reference[key] for key, value in samples.items() if reference.get(key)]
+
+
 def over_rounds(rounds: Sequence, summed: Collection[str] = (), kept: Collection[str] = ()):
     """Rounds' results of one shape (nested dicts of numbers) as one of that shape: each number its
     median_spread over the rounds that have it; under a key in `summed` the total, under one in

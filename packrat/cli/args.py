@@ -135,28 +135,21 @@ def contention_args(p: argparse.ArgumentParser) -> None:
                         "t ≤ T/2): both figures, for `packrat plan --latency isolated` and the oracle benchmark")
 
 
-def adaptive_args(p: argparse.ArgumentParser) -> None:
-    from packrat.profiling.adaptive import DEFAULT_SLACK
+def search_args(p: argparse.ArgumentParser) -> None:
+    from packrat.profiling.profiler import DEFAULT_BUDGET_S
 
-    p.add_argument("--adaptive", action="store_true",
-                   help="measure only the points that can change a plan for some T ≤ the largest --threads and "
-                        "B ≤ the largest batch size: starting from 1 thread at every batch size, bound the "
-                        "unmeasured points from the measured ones (latency grows with the batch, scaling is at "
-                        "most linear and its returns diminish; see packrat/profiling/adaptive.py) and stop when no "
-                        "bound can beat a plan")
+    p.add_argument("--budget-s", type=positive(float), default=DEFAULT_BUDGET_S, metavar="S",
+                   help="start no point after S seconds (builds included): the profile then holds what was measured "
+                        "and plans with it (default: %(default)g)")
+    p.add_argument("--full-grid", action="store_true",
+                   help="measure every point of threads × batches under every runtime instead of searching, with no "
+                        "budget (hours on a many-core machine)")
     p.add_argument("--replay", type=Path, default=None, metavar="FILE",
-                   help="with --adaptive (implied): look points up in FILE, a full profile (also the published "
-                        "Packrat layout), instead of measuring them; --out is rewritten with the points looked up, "
-                        "to check the method against the full table")
-    p.add_argument("--slack", type=positive(float, zero=True), default=None, metavar="S",
-                   help=f"with --adaptive: noise allowed in the bounds' assumptions, as a fraction "
-                        f"(default: {DEFAULT_SLACK})")
-    p.add_argument("--tolerance", type=positive(float, zero=True), default=0.0, metavar="F",
-                   help="with --adaptive: stop when no point can improve a plan by more than this fraction "
-                        "(default: 0, every plan as the full grid's)")
+                   help="look points up in FILE, a full profile (also the published Packrat layout), instead of "
+                        "measuring them; --out is rewritten with the points looked up: the search checked on a table")
     p.add_argument("--json", action="store_true",
-                   help='with --adaptive: print {"points", "grid", "fraction", "measure_s", "full_grid_s", '
-                        '"saved_s", "saved", "out"} (times are estimates)')
+                   help='print {"points", "grid", "fraction", "budget_s", "stopped", "fit_error", "wall_s", '
+                        '"unaccounted_s", "runtimes": {name: {"build_s", "load_s", "measure_s", "points"}}, "out"}')
 
 
 def archive_args(p: argparse.ArgumentParser, several_models: bool = False) -> None:

@@ -1,4 +1,4 @@
-"""`packrat profile`: measure L(t, b) over a grid (or adaptively), each point in a fresh pinned process."""
+"""`packrat profile`: measure L(t, b) where a plan depends on it (or over the whole grid), on pinned workers."""
 
 from __future__ import annotations
 
@@ -7,30 +7,32 @@ import json
 import sys
 from pathlib import Path
 
-from packrat.cli.args import DEFAULT_BATCHES, adaptive_args, contention_args, graph_mode_args, ios_cache_arg, local_cores
+from packrat.cli.args import DEFAULT_BATCHES, search_args, contention_args, graph_mode_args, ios_cache_arg, local_cores
 
 from packrat.cli.types import int_list, positive, shape
-from packrat.profiling.default_profile import about
-from packrat.profiling.dominance import DROP_AFTER
 from packrat.profiling.profiles import default_path as default_profile_path
 from packrat.profiling import profiler
 from packrat.profiling.profiles import load
 
 
 def add_profile_parser(sub) -> None:
-    p = sub.add_parser("profile", help="measure L(t, b) for a model, one fresh pinned process per point",
-                       description="Measure the latency of one model instance for every thread count t and batch "
-                                   "size b of a grid. Each point runs in a fresh process pinned to t physical cores "
-                                   "of one socket (torch.set_num_threads(t), one inter-op thread), and is timed twice "
-                                   "with the same budget: the model alone (latency_ms), then the whole sub-batch as "
-                                   "an instance serves it from the model's payload, decode + model + encode "
-                                   "(served_ms, unless --model-only): plans are made on the served figure. With "
+    p = sub.add_parser("profile", help="measure L(t, b) for a model where a plan depends on it",
+                       description="Measure the latency of one model instance with t threads at batch b, where the "
+                                   "plans for this machine's cores depend on it. A few designed points per runtime "
+                                   "come first; a scaling model fitted to them predicts every other point with its "
+                                   "error, and the points that could change a plan at some batch of the grid are "
+                                   "measured next, until none can or --budget-s has passed (--full-grid measures "
+                                   "every point). What the points need is built first, in parallel; each runtime and "
+                                   "thread count then walks its batches on workers started once, pinned to t cores "
+                                   "each. A point is timed twice: the model alone (latency_ms), then the whole "
+                                   "sub-batch as an instance serves it, decode + model + encode (served_ms, unless "
+                                   "--model-only): plans are made on the served figure. With "
                                    f"--contention{' (the default)' if profiler.DEFAULT_CONTENTION else ''} each "
                                    "point is measured while ⌊T/t⌋ copies of it run side by side on the T cores "
                                    "this process may use, as a plan of that point serves them. Points "
-                                   "already in --out are skipped, so an interrupted run resumes where it stopped.",
-                       epilog="example: packrat profile --model resnet50 --threads 1-2 --batches 1,2,4,8,16 "
-                              "--min-time 2 --out profiles/resnet50.csv")
+                                   "already in --out are kept, so an interrupted run resumes where it stopped. At the "
+                                   "end it says where the time went: building, loading, measuring, per runtime.",
+                       epilog="example: packrat profile --model resnet50 --batches 1,2,4,8,16 --out profiles/resnet50.csv")
     p.add_argument("--model", default="resnet50",
                    help="zoo name (tiny, tiny_text, resnet50, inception_v3, bert_base, gpt2, squeezenet, randwire, "
                         "nasnet), hf:DIR (a Hugging Face save_pretrained directory), a torch.export program (.pt2), "
@@ -56,7 +58,7 @@ def add_profile_parser(sub) -> None:
                         "torch in --graph-mode; openvino and onnxruntime install with packrat. "
                         "The planner takes the fastest runtime measured at each point, so one plan may mix them; "
                         "a runtime whose outputs differ from eager torch's is refused, with the reason "
-                        "(default: every runtime installed here)")
+                        "(default: every runtime installed here but torch-compile, which compiles in every process)")
     p.add_argument("--ios", action="store_true",
                    help="measure the ios runtime too, after the others: the model run by an IOS schedule "
                         "(independent operators side by side on disjoint threads), searched once per threads and "
@@ -76,11 +78,8 @@ def add_profile_parser(sub) -> None:
                         help="time the model alone on example tensors (latency_ms) and skip the served figure: "
                              "the profile then plans on the model alone, blind to decoding and encoding")
     p.add_argument("--every-runtime", action="store_true",
-                   help="measure every point under every runtime (with --ios, ios too); by default a runtime slower than the fastest "
-                        f"beyond the noise at {DROP_AFTER} points in a row or more that reach half the grid's largest "
-                        "threads and batch (and never the fastest beyond it) is measured no further but at the grid's "
-                        "corners, which the profile's head records")
-    adaptive_args(p)
+                   help="with --ios: measure the ios runtime at every point the others were measured at")
+    search_args(p)
     p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_profile)
@@ -112,39 +111,38 @@ def profile_grid(args: argparse.Namespace) -> tuple[list[int], list[int]]:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from packrat.models.runtimes import installed_runtimes
-
     settings = profile_settings(args)
     threads, batches = profile_grid(args)
-    runtimes = args.runtimes or (("inductor",) if args.replay else installed_runtimes())
+    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    runtimes = args.runtimes or (("inductor",) if args.replay else profiler.default_runtimes(say))
     if args.ios and "ios" not in runtimes:
         runtimes += ("ios",)
     out = args.out or default_profile_path(args.model)
     try:
-        if args.adaptive or args.replay:
-            done = profiler.run_adaptive(settings, threads, batches, out, replay=args.replay, slack=args.slack,
-                                         tolerance=args.tolerance, progress=not args.quiet and not args.json,
-                                         runtimes=runtimes, say=lambda line: print(line, file=sys.stderr),
-                                         every_runtime=args.every_runtime)
-            print_adaptive(done, out, args.json)
-            return 0
-        result = profiler.run(settings, threads, batches, out, progress=not args.quiet, runtimes=runtimes,
-                              say=lambda line: print(line, file=sys.stderr), every_runtime=args.every_runtime)
+        done = profiler.search_profile(settings, threads, batches, out, replay=args.replay,
+                                       budget_s=None if args.full_grid else args.budget_s,
+                                       progress=not args.quiet and not args.json, runtimes=runtimes, say=say,
+                                       full_grid=args.full_grid, every_runtime=args.every_runtime)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the points measured so far are in {out}; run the same command to resume",
               file=sys.stderr)
         return 130
-    counts = ", ".join(f"{len(result.by_runtime[r])} {r}" for r in result.measured_runtimes)
-    basis = f"; served figures from {result.payload} bodies" if result.basis == "served" else "; model-only figures"
-    print(f"{len(result.latency)} points in {out}" + (f" ({counts})" if len(result.by_runtime) > 1 else "") + basis)
+    print_search(done, out, args.json)
     return 0
 
 
-def print_adaptive(done: profiler.AdaptiveResult, out: Path, as_json: bool) -> None:
+def print_search(done: profiler.SearchResult, out: Path, as_json: bool) -> None:
     if as_json:
         print(json.dumps(done.to_json(out), indent=2))
         return
-    print(f"{done.points} of the grid's {done.grid} points ({done.points / done.grid:.0%}) in {out}: no other "
-          f"point can change a plan")
-    print(f"estimated measuring time {about(done.measure_s)} instead of {about(done.full_grid_s)} for the "
-          f"full grid ({done.saved:.0%} saved)")
+    result = done.profile
+    if result is None:
+        print(f"no point measured in {out}: {done.stopped}; run the same command (with a larger --budget-s) to resume")
+    else:
+        counts = ", ".join(f"{len(result.by_runtime[r])} {r}" for r in result.measured_runtimes)
+        basis = f"served figures from {result.payload} bodies" if result.basis == "served" else "model-only figures"
+        print(f"{done.points} of the grid's {done.grid} points ({done.points / done.grid:.0%}) in {out} ({counts}; "
+              f"{basis}): {done.stopped}")
+    print(done.fit_line())
+    for line in done.account.lines():
+        print(line)

@@ -59,8 +59,11 @@ def package_path(cache_dir: str | os.PathLike, name: str, key: str, threads: int
     return Path(cache_dir) / f"{name}-{key}-t{threads}-b{batch}{SUFFIX}"
 
 
-def ladder(batch: int) -> list[int]:
-    """The batch sizes an instance of `batch` keeps packages for: batch, batch // 2, ..., 1."""
+def ladder(batch: int, full: bool = True) -> list[int]:
+    """The batch sizes an instance of `batch` keeps packages for: batch, batch // 2, ..., 1; not
+    `full`, `batch` alone (a profile point: every call has `batch` samples)."""
+    if not full:
+        return [batch]
     sizes = []
     while batch >= 1:
         sizes.append(batch)

@@ -48,11 +48,12 @@ def quiet_jit():
         yield
 
 
-def to_mode(module, examples: tuple, mode: str, name: str = "model", package_for=None):
+def to_mode(module, examples: tuple, mode: str, name: str = "model", package_for=None, ladder: bool = True):
     """(runnable, mode used): the module in `mode`, already run once on `examples` so a failure
     shows here, not on a live request. Falls back to eager (with a warning) when `mode` fails.
     `package_for(batch)`: where compile mode keeps the package for a batch size, built there if
-    missing (None: built in a scratch directory for this process alone)."""
+    missing (None: built in a scratch directory for this process alone); not `ladder`, compile mode
+    loads the examples' batch size alone, not its halving ladder (compiled.ladder)."""
     import torch
 
     if isinstance(module, torch.jit.ScriptModule) and mode != "eager":
@@ -60,7 +61,7 @@ def to_mode(module, examples: tuple, mode: str, name: str = "model", package_for
     elif mode == "eager":
         return module, "eager"
     try:
-        runnable = _script(module, examples) if mode == "script" else _compile(module, examples, package_for)
+        runnable = _script(module, examples) if mode == "script" else _compile(module, examples, package_for, ladder)
     except Exception as exc:  # any tracing/compiling failure: serving eager still works
         first = (str(exc).splitlines() or [""])[0]
         warnings.warn(f"{mode} mode failed for model {name!r}, running eager: {type(exc).__name__}: {first}",
@@ -83,8 +84,8 @@ def _script(module, examples: tuple):
     return graph
 
 
-def _compile(module, examples: tuple, package_for):
-    """The packages of the examples' batch size and its halving ladder, as one callable."""
+def _compile(module, examples: tuple, package_for, ladder: bool = True):
+    """The packages of the examples' batch size and (`ladder`) its halving ladder, as one callable."""
     import tempfile
     from pathlib import Path
 
@@ -95,7 +96,7 @@ def _compile(module, examples: tuple, package_for):
     with tempfile.TemporaryDirectory(prefix="packrat-compiled-") as scratch:  # the loader unpacks what it loads
         where = package_for or (lambda size: Path(scratch) / f"model-b{size}{compiled.SUFFIX}")
         runnable = compiled.Ladder({size: compiled.load_or_build(module, tuple(x[:size] for x in examples), where(size))
-                                    for size in compiled.ladder(examples[0].shape[0])})
+                                    for size in compiled.ladder(examples[0].shape[0], ladder)})
     with torch.no_grad():
         runnable(*examples)
     return runnable

@@ -453,13 +453,15 @@ def _check_compiled(spec) -> None:
 
 
 def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str | None = None,
-                    ios_cache: str | os.PathLike | None = None, cores=None, finish_ios: bool = False):
+                    ios_cache: str | os.PathLike | None = None, cores=None, finish_ios: bool = False,
+                    ladder: bool = True):
     """(callable, example inputs at `batch`) for an instance of `batch` running `runtime`: OpenVINO
     compiled for each size of the batch's halving ladder (as the AOT packages are), ONNX Runtime's
     one session for all (its threads pinned to `cores` for a thread-kind instance, whose calling
     thread is on cores[0]), torch.compile's graphs for the ladder's sizes (torch_compiled), the IOS
     schedule for `threads` and `batch` from `ios_cache` (IOS_CACHE by default; searched there when
-    missing, or with `finish_ios` when its search was cut short), checked against eager.
+    missing, or with `finish_ios` when its search was cut short), checked against eager. Not
+    `ladder` (a profile point), OpenVINO compiles for `batch` alone.
     RuntimeRefused when the runtime cannot run the model."""
     from packrat.models import compiled
 
@@ -475,4 +477,4 @@ def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str |
     path = ensure_artefact(spec, runtime, shipped)
     if base_runtime(runtime) == "onnxruntime":
         return OrtRunner(path, spec, batch, threads, cores if instance_kind(runtime) == "thread" else None), examples
-    return compiled.Ladder({size: OpenVinoRunner(path, spec, size, threads) for size in compiled.ladder(batch)}), examples
+    return compiled.Ladder({size: OpenVinoRunner(path, spec, size, threads) for size in compiled.ladder(batch, ladder)}), examples

@@ -169,12 +169,13 @@ def resolve(spec: str, input_shape: tuple[int, ...] | None = None) -> ModelSpec:
     raise _unknown(spec)
 
 
-def prepare(spec: ModelSpec, batch: int, graph_mode: str | bool | None = None, compile_cache: str | None = None
-            ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
+def prepare(spec: ModelSpec, batch: int, graph_mode: str | bool | None = None, compile_cache: str | None = None,
+            ladder: bool = True) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
     """Build the model and its example inputs, and put it in its graph mode (packrat.models.modes;
     None or True: the default, compile; False: eager). Compile mode loads the packages it finds
     in `compile_cache` (an archive's), else those of this machine's cache
-    (packrat.models.compiled.default_cache_dir()), where it builds the missing ones.
+    (packrat.models.compiled.default_cache_dir()), where it builds the missing ones: for the
+    batch's halving ladder, or (not `ladder`: a profile point) for `batch` alone.
 
     Returns (module, example inputs, mode actually used). Call it as module(*inputs).
     """
@@ -184,7 +185,7 @@ def prepare(spec: ModelSpec, batch: int, graph_mode: str | bool | None = None, c
     if not spec.scriptable and mode != "eager":
         return module, examples, "script" if isinstance(module, torch.jit.ScriptModule) else "eager"
     package_for = (lambda size: compiled_package(spec, size, compile_cache)) if mode == "compile" else None
-    runnable, used = to_mode(module, examples, mode, spec.name, package_for)
+    runnable, used = to_mode(module, examples, mode, spec.name, package_for, ladder)
     return runnable, examples, used
 
 

@@ -10,13 +10,18 @@ profiler's contention measurement) and runs the model when told, as an instance 
 does: after loading and warming up it prints ``ready`` and a JSON object (mode, cores), then
 for every ``run`` line on stdin runs the model once and prints its time in ms; it exits when
 stdin closes. The profiler sends ``run`` to all copies at once and waits for all of them,
-so each round takes as long as the slowest copy, like a batch split across a plan.
+so each round takes as long as the slowest copy, like a batch split across a plan. A ``batch N``
+line makes it a point of batch N (its package or compiled model loaded, its served batch laid
+out, warmed up) and it says ``ready`` again: one process measures point after point
+(measuring.Workers). Without --batch it says ``ready`` once started and waits for one.
 
 With ``--thread-copies 0,1;2,3`` the point is a thread-kind runtime's (onnxruntime-thread), measured
 as the pool serves such instances: one session per core set, each loaded on a thread of this one
 process pinned to its cores (the process to all of them, --cores), run together in rounds timed as
 the loaded copies' are (measure_threads); one core set measures one session alone. It prints one
-JSON line, with what the kernel says of the sessions' threads.
+JSON line, with what the kernel says of the sessions' threads. With --loaded too its threads live
+on: it says ``ready``, then measures a point per ``batch N [K]`` line (the first K sessions; all by
+default) and prints its JSON line.
 
 With ``--payload KIND`` (jpeg, text, raw, or natural: the model's own, codec.payloads.served_payload)
 the point also measures its served figure: the whole sub-batch as a pool instance answers it, through
@@ -62,12 +67,6 @@ def warm_up(module, examples: tuple, runs: int) -> None:
             module(*examples)
 
 
-def time_model(module, examples: tuple, warmup: int, iters: int | None, min_time: float | None) -> list[float]:
-    """Latencies in ms of `iters` calls, or of as many calls as fit in `min_time` s (≥ 3)."""
-    warm_up(module, examples, warmup)
-    return budgeted(lambda: run_once(module, examples), iters, min_time)
-
-
 def run_once(module, examples: tuple) -> float:
     """One call of the model, in inference mode (entered before the clock starts): its time in ms."""
     import torch
@@ -78,31 +77,58 @@ def run_once(module, examples: tuple) -> float:
         return (time.perf_counter() - t0) * 1e3
 
 
-def budgeted(run, iters: int | None, min_time: float | None) -> list:
-    """What `run()` returns, called `iters` times or as often as fits in `min_time` s (≥ 3 times): the
-    budget of every timed figure of a point, alone or loaded, the model's or served."""
+def budgeted(run, iters: int | None, min_time: float | None, max_runs: int | None = None) -> list:
+    """What `run()` returns, called `iters` times or as often as fits in `min_time` s (≥ 3 times, at
+    most `max_runs`: a point of seconds a run is known from a few): the budget of every timed
+    figure of a point, alone or loaded, the model's or served."""
     results = []
     start = time.perf_counter()
     while True:
         results.append(run())
         if iters is not None and len(results) >= iters:
             return results
-        if min_time is not None and len(results) >= 3 and time.perf_counter() - start >= min_time:
+        if min_time is not None and len(results) >= 3 and (time.perf_counter() - start >= min_time
+                                                           or max_runs is not None and len(results) >= max_runs):
             return results
 
 
-def serve_runs(module, examples: tuple, actual: dict, served: "ServedBatch | None" = None) -> None:
-    """The --loaded protocol: say ready (with `actual`), then one timed run per `run` line (the model
-    alone) or `serve` line (a served batch, with `served`) until stdin closes."""
-    print("ready " + json.dumps(actual), flush=True)
+def serve_runs(args: argparse.Namespace) -> None:
+    """The --loaded protocol: say ready (with what _warm says, or once started without --batch), then
+    per line: `batch N` makes this a point of batch N and says ready again; `run` times the model
+    once, `serve` a served batch (its ms, then its stages'), until stdin closes."""
+    import torch
+
+    point = _warm(args) if args.batch else None
+    print("ready " + json.dumps(point[2] if point else {"torch_threads": torch.get_num_threads()}), flush=True)
     for line in sys.stdin:
-        command = line.strip()
-        if command == "serve" and served is not None:
-            print(f"{served.run(module)[0]:.4f}", flush=True)
-            continue
-        if command != "run":
+        command, _, number = line.strip().partition(" ")
+        if command == "batch":
+            args.batch, point = int(number), None  # the last point's model is let go before the next loads
+            point = _warm(args)
+            print("ready " + json.dumps(point[2]), flush=True)
+        elif command == "serve" and point and point[3] is not None:
+            ms, stages = point[3].run(point[0])
+            print(" ".join(f"{x:.4f}" for x in (ms, *stages)), flush=True)
+        elif command == "run" and point:
+            print(f"{run_once(point[0], point[1]):.4f}", flush=True)
+        else:
             return
-        print(f"{run_once(module, examples):.4f}", flush=True)
+
+
+def _warm(args: argparse.Namespace) -> tuple:
+    """(module, examples, actual, ServedBatch or None) of args.batch, warmed up: `actual` is what
+    the process really runs with (mode, cores, torch threads), so callers can check the pinning took."""
+    import torch
+
+    if args.payload:
+        module, examples, mode, served = _prepare_served(args)
+    else:
+        (module, examples, mode), served = _prepare(args), None
+    actual = {"mode": mode, "cores": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}
+    warm_up(module, examples, args.warmup)
+    for _ in range(min(SERVED_WARMUP, args.warmup) if served else 0):
+        served.run(module)
+    return module, examples, actual, served
 
 
 class ServedFailed(RuntimeError):
@@ -156,13 +182,14 @@ class ServedBatch:
         return elapsed, [(b - a) * 1e3 for a, b in zip(laps, laps[1:])]
 
 
-def time_served(serve, warmup: int, iters: int | None, min_time: float | None) -> dict:
+def time_served(serve, warmup: int, *budget) -> dict:
     """The served figure's statistics (served_ms, served_mad_ms, ...) and its stages' mean ms, over
-    `iters` served batches or as many as fit in `min_time` s (≥ 3), after `warmup` untimed ones.
-    `serve()` answers one batch (ServedBatch.run) or a round of them: its ms and its stages' ms."""
+    the served batches budgeted() runs with `budget` (iters, min_time, max_runs), after `warmup`
+    untimed ones. `serve()` answers one batch (ServedBatch.run) or a round of them: its ms and its
+    stages' ms."""
     for _ in range(warmup):
         serve()
-    samples, stages = zip(*budgeted(serve, iters, min_time))
+    samples, stages = zip(*budgeted(serve, *budget))
     means = [statistics.fmean(column) for column in zip(*stages)]
     return {**served_summary(list(samples)), **{f"served_{stage}_ms": ms for stage, ms in
                                                 zip(("decode", "model", "encode"), means)}}
@@ -207,33 +234,48 @@ class _Session(NamedTuple):
     served: "ServedBatch | None"
 
 
-def measure_threads(args: argparse.Namespace, core_sets: list[list[int]]) -> dict:
-    """A thread-kind point as the pool serves it: a session per core set, each loaded on a thread of
-    this process pinned to its cores (serving/pool/thread_instance.py), timed in rounds run by all
-    together, as measure_loaded's copies are: a round's time is its wall time, the slowest session's,
-    as the slowest instance decides a plan's batch. The model first, then served batches with
-    --payload; every session warms up in one untimed round first."""
-    sessions = [_start_session(args, cores, index) for index, cores in enumerate(core_sets)]
+def thread_copies(args: argparse.Namespace, core_sets: list[list[int]]) -> None:
+    """--thread-copies: a thread pinned to each core set; one point measured on them (measure_threads)
+    and printed, or with --loaded a point per `batch N [K]` line on the first K (all by default)."""
+    from packrat.machine.threads import PinnedWorker
+
+    workers = [PinnedWorker(cores, f"packrat-point-{index}") for index, cores in enumerate(core_sets)]
+    if not args.loaded:
+        print(json.dumps(measure_threads(args, workers)), flush=True)
+        return
+    print("ready " + json.dumps({"cores": sorted(os.sched_getaffinity(0))}), flush=True)
+    for line in sys.stdin:
+        command, *numbers = line.split()
+        if command != "batch":
+            return
+        args.batch = int(numbers[0])
+        print(json.dumps(measure_threads(args, workers[:int(numbers[1])] if numbers[1:] else workers)), flush=True)
+
+
+def measure_threads(args: argparse.Namespace, workers: list) -> dict:
+    """A thread-kind point as the pool serves it: a session per worker (a thread of this process
+    pinned to its core set: serving/pool/thread_instance.py), timed in rounds run by all together, as
+    measure_loaded's copies are: a round's time is its wall time, the slowest session's, as the slowest
+    instance decides a plan's batch. The model first, then served batches with --payload; every
+    session warms up in one untimed round first."""
+    sessions = [_start_session(args, worker) for worker in workers]
     _round(sessions, lambda s: warm_up(s.module, s.examples, args.warmup))
-    timed = budgeted(lambda: _round(sessions, lambda s: run_once(s.module, s.examples)), args.iters, args.min_time)
+    timed = budgeted(lambda: _round(sessions, lambda s: run_once(s.module, s.examples)), *_budget(args))
     own = [ms for _, times in timed for ms in times]
     result = {**summarize([wall for wall, _ in timed]), "copy_ms": statistics.fmean(own), "mode": sessions[0].mode,
               "copies": len(sessions), "copy_cores": [s.pinned for s in sessions], **_threads_seen(sessions)}
     if args.payload:
-        result.update(time_served(lambda: _served_round(sessions), min(SERVED_WARMUP, args.warmup), args.iters,
-                                  args.min_time))
-    for session in sessions:
-        session.worker.stop()
+        result.update(time_served(lambda: _served_round(sessions), min(SERVED_WARMUP, args.warmup), *_budget(args)))
     return result
 
 
-def _start_session(args: argparse.Namespace, cores: list[int], index: int) -> _Session:
-    """A session loaded on a new thread pinned to `cores`, in a pool thread instance's order: its
-    decoders and session started there (inheriting its cores), then the thread pinned to the first."""
-    from packrat.machine.threads import PinnedWorker
+def _start_session(args: argparse.Namespace, worker) -> _Session:
+    """A session loaded on `worker` (a thread pinned to its cores), in a pool thread instance's order:
+    its decoders and session started there (inheriting its cores), then the thread pinned to the first."""
+    from packrat.machine.threads import pin_thread
 
-    worker = PinnedWorker(cores, f"packrat-point-{index}")
-    pinned = worker.call(lambda: sorted(os.sched_getaffinity(0))).result()
+    cores = list(worker.cores)  # a session before pinned the thread to its first core: all of them again
+    pinned = worker.call(lambda: (pin_thread(cores), sorted(os.sched_getaffinity(0)))[1]).result()
     if args.payload:
         module, examples, mode, served = worker.call(lambda: _prepare_served(args, cores)).result()
     else:
@@ -273,11 +315,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True)
     parser.add_argument("--input-shape", default=None)
     parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--batch", type=int, default=None, help="required but with --loaded (then told on stdin)")
     parser.add_argument("--cores", required=True, help="comma-separated CPU ids")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--min-time", type=float, default=None)
+    parser.add_argument("--max-runs", type=int, default=None, help="with --min-time: at most this many runs")
     parser.add_argument("--graph-mode", default=DEFAULT_MODE, choices=MODES)
     parser.add_argument("--runtime", default=DEFAULT_RUNTIME, choices=RUNTIMES,
                         help="the engine that runs the model (inductor: torch, in --graph-mode)")
@@ -297,6 +340,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="one of several copies measured together: say ready, then run once per "
                              "'run' line on stdin, printing the time, until stdin closes")
     return parser
+
+
+def _budget(args: argparse.Namespace) -> tuple:
+    """The timed runs' budget, as budgeted() takes it."""
+    return args.iters, args.min_time, args.max_runs
 
 
 def _spec(args: argparse.Namespace):
@@ -348,45 +396,34 @@ def _load(args: argparse.Namespace, spec, cores=None):
 
         # the search before a point's copies (--prepare-only) finishes a schedule cut short before
         module, examples = prepare_runtime(spec, args.runtime, args.batch, args.threads, ios_cache=args.ios_cache,
-                                           cores=cores, finish_ios=args.prepare_only)
+                                           cores=cores, finish_ios=args.prepare_only, ladder=False)
         if cores:
             pin_thread(cores[:1])
         return module, examples, args.runtime
-    return prepare(spec, args.batch, graph_mode=args.graph_mode)
+    return prepare(spec, args.batch, graph_mode=args.graph_mode, ladder=False)  # every call has args.batch samples
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.batch is None and not args.loaded:
+        parser.error("--batch is required (but with --loaded)")
     _pin([int(c) for c in args.cores.split(",")], args.threads)
     import torch
 
-    served = None
     torch.set_num_interop_threads(1)
     if args.prepare_only:
         print(json.dumps({"mode": _prepare(args)[2]}), flush=True)
-        return 0
-    if args.thread_copies:
-        print(json.dumps(measure_threads(args, [[int(c) for c in part.split(",")]
-                                                for part in args.thread_copies.split(";")])), flush=True)
-        return 0
-    if args.payload:
-        module, examples, mode, served = _prepare_served(args)
+    elif args.thread_copies:
+        thread_copies(args, [[int(c) for c in part.split(",")] for part in args.thread_copies.split(";")])
+    elif args.loaded:
+        serve_runs(args)
     else:
-        module, examples, mode = _prepare(args)
-    # What the process really runs with, so callers can check the pinning took.
-    actual = {"mode": mode, "cores": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}
-    if args.loaded:
-        warm_up(module, examples, args.warmup)
-        for _ in range(min(SERVED_WARMUP, args.warmup) if served else 0):
-            served.run(module)
-        serve_runs(module, examples, actual, served)
-        return 0
-    samples = time_model(module, examples, args.warmup, args.iters, args.min_time)
-    result = {**summarize(samples), **actual}
-    if served is not None:
-        result.update(time_served(lambda: served.run(module), min(SERVED_WARMUP, args.warmup), args.iters,
-                                  args.min_time))
-    print(json.dumps(result), flush=True)
+        module, examples, actual, served = _warm(args)
+        result = {**summarize(budgeted(lambda: run_once(module, examples), *_budget(args))), **actual}
+        if served is not None:
+            result.update(time_served(lambda: served.run(module), 0, *_budget(args)))
+        print(json.dumps(result), flush=True)
     return 0
 
 

@@ -393,6 +393,15 @@ def load(path: str | Path) -> Profile:
     return profile
 
 
+def held(path: str | Path) -> Profile | None:
+    """The profile at `path`, None where there is none yet: no file, an empty one, or a head and a
+    header without rows (a profile interrupted before its first point, which the same command resumes)."""
+    path = Path(path)
+    if not path.exists() or len(_read_lines(path)[1]) <= 1:
+        return None
+    return load(path)
+
+
 def _parse_latency(text: str, what: str) -> float:
     value = _parse_number(text, float, what)
     if value <= 0:

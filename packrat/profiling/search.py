@@ -87,11 +87,13 @@ class Search:
     def __post_init__(self) -> None:
         self.threads, self.batches = sorted(set(self.threads)), sorted(set(self.batches))
         self.cores = self.cores or self.threads[-1]
+        self._asked = len(self.runtimes)
         self._t, self._b = np.meshgrid(np.array(self.threads, float), np.array(self.batches, float), indexing="ij")
 
     @property
     def grid_size(self) -> int:
-        return len(self.threads) * len(self.batches) * len(self.runtimes)
+        """Points of the grid under the runtimes asked for (one dropped on a failure still counts)."""
+        return len(self.threads) * len(self.batches) * self._asked
 
     def record(self, runtime: str, threads: int, batch: int, ms: float) -> None:
         """A measured figure; the fit's prediction for it, made before, is kept as its error."""
@@ -173,6 +175,8 @@ class Search:
         """What to measure next, all at once (the caller measures them by runtime and threads): the
         design points not measured yet; else every unmeasured instance of each hopeful plan that beats
         the measured plan by more than `tolerance`; [] when none can."""
+        if not self.runtimes:
+            return []
         first = [(r, t, b) for r in self.runtimes for t, b in design(self.threads, self.batches)
                  if (r, t, b) not in self.measured]
         if first:
@@ -199,7 +203,7 @@ class Search:
         faster."""
         predicted = {r: self._predict(r) for r in self.runtimes}
         wanted: list[Key] = []
-        for batch in self.batches:
+        for batch in (b for b in self.batches if np.isfinite(best.table[self.cores, b])):
             for instance in best.plan(self.cores, batch).instances:
                 t, b = instance.threads, instance.batch
                 i, j = self.threads.index(t), self.batches.index(b)
@@ -211,3 +215,11 @@ class Search:
         """The runtimes measured at their design points alone: none of their other points could win."""
         designed = set(design(self.threads, self.batches))
         return [r for r in self.runtimes if set(self._own(r)) <= designed]
+
+
+class FullGrid(Search):
+    """Every point of the grid under every runtime: `packrat profile --full-grid`, and the yardstick."""
+
+    def next_points(self) -> list[Key]:
+        return [(r, t, b) for t in self.threads for b in self.batches for r in self.runtimes
+                if (r, t, b) not in self.measured]

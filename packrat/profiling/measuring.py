@@ -1,0 +1,398 @@
+"""Measuring profile points: L(t, b) of one runtime in pinned processes (packrat/profiling/point.py).
+
+A point is measured alone (one process on t cores timing itself) or loaded: ⌊T/t⌋ copies on
+disjoint cores run each batch together in lockstep rounds, as a homogeneous plan of that point runs
+them (the slowest copy of each round decides, as it decides a plan's batch). A thread-kind runtime's
+copies are sessions on pinned threads of one process, as the pool hosts them.
+
+measure() takes a point in fresh processes; Workers keeps one (runtime, threads)'s processes across
+points: started and loaded once, then told each batch (issue 62: a point then costs its runs, not
+a process start and a load, ~5 s a point before).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from packrat.errors import ProfilingError
+from packrat.machine.topology import Topology
+from packrat.models.modes import DEFAULT_MODE
+from packrat.models.runtimes import DEFAULT_RUNTIME, instance_kind
+from packrat.profiling.point import budgeted, summarize, time_served
+
+# Whether `packrat profile` measures loaded figures unless told otherwise. Issue 10's oracle found
+# them no better on the 2-core VM (mean |predicted/measured - 1| 8.4 % loaded vs 7.6 % isolated),
+# but then a loaded point cost two measurements and instances ran 6-14 % over their points anyway.
+# Issue 32: split plans served 16-35 % over their isolated predictions (BERT 2×⟨1, 4⟩ 1140 ms
+# predicted, 1542-1619 served), which picked wrong plans; a loaded point now costs one measurement,
+# so the profile measures as the planner serves (BENCHMARKS.md, issue 32).
+DEFAULT_CONTENTION = True
+# The loaded measurement's handshake: each phase (load and warm up, timed runs, stopping) may
+# take this many times the whole isolated measurement of the point, and never less than the floor.
+LOADED_TIMEOUT_FACTOR = 10.0
+LOADED_TIMEOUT_FLOOR_S = 60.0
+# ... and without a lone measurement to scale from (loaded only, the default), this long per phase:
+# loading and compiling a large model on a busy machine may take minutes.
+LOADED_TIMEOUT_NO_YARDSTICK_S = 600.0
+
+# `packrat profile`'s timing of a point: a few untimed runs, then at least this long of timed runs
+# (3 at least), and the served figure as long again. 100 runs after 10 (the default before issue 48)
+# took ResNet-50's 24-point profile on 2 cores past 15 minutes; points that take long need few runs
+# to be known as well as the machine's drift lets them be (±10-30 % here over minutes), and served
+# latencies correct the figures while the plan serves (serving/served.py).
+DEFAULT_WARMUP = 3
+DEFAULT_MIN_TIME_S = 1.0
+# ... and at most this many runs within the min-time: a 1 ms point's median and spread are known
+# long before 1000 runs, and the machine's drift, not their count, bounds what they tell.
+DEFAULT_MAX_RUNS = 30
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    model: str
+    warmup: int = 10
+    iters: int | None = 100
+    min_time: float | None = None
+    graph_mode: str = DEFAULT_MODE  # packrat.models.modes.MODES
+    input_shape: tuple[int, ...] | None = None
+    ios_cache: str | None = None  # where the ios runtime's schedules are kept (None: runtimes.IOS_CACHE)
+    contention: bool = DEFAULT_CONTENTION  # measure each point loaded by copies of itself where they fit
+    isolated_too: bool = False  # with contention: measure every point alone as well (two measurements)
+    runtime: str = DEFAULT_RUNTIME  # the runtime a point is measured under (run() sets it per runtime)
+    served: bool = True  # measure each point's served figure too (decode + model + encode of a sub-batch)
+    payload: str | None = None  # the bodies served points answer: jpeg, text, raw; None: the model's natural one
+    max_runs: int | None = DEFAULT_MAX_RUNS  # with min_time: a point's timed runs end here if not before
+
+    @property
+    def budget(self) -> tuple:
+        """The timed runs' budget, as point.budgeted() takes it."""
+        return self.iters, self.min_time, self.max_runs
+
+
+def _command(settings: ProfileSettings, threads: int, batch: int | None, cores: list[int]
+             ) -> tuple[list[str], dict | None]:
+    """The packrat.profiling.point command line for a point pinned to `cores` (batch None: a --loaded
+    process told its batches later), and its environment."""
+    cmd = [sys.executable, "-m", "packrat.profiling.point", "--model", settings.model,
+           "--threads", str(threads), "--cores", ",".join(map(str, cores)), "--warmup", str(settings.warmup)]
+    for flag, value in (("--batch", batch), ("--iters", settings.iters), ("--min-time", settings.min_time),
+                        ("--max-runs", settings.max_runs)):
+        cmd += [flag, str(value)] if value is not None else []
+    if settings.input_shape:
+        cmd += ["--input-shape", ",".join(map(str, settings.input_shape))]
+    cmd += ["--graph-mode", settings.graph_mode, "--runtime", settings.runtime]
+    if settings.served:
+        cmd += ["--payload", settings.payload or "natural"]
+    if settings.runtime != "ios":
+        return cmd, None
+    from packrat.ios_scheduler.openmp import openmp_env
+
+    return cmd + (["--ios-cache", str(settings.ios_cache)] if settings.ios_cache else []), openmp_env()
+
+
+def _last_line(text: str, fallback: str) -> str:
+    return (text.strip().splitlines() or [fallback])[-1]
+
+
+def measure_point(settings: ProfileSettings, threads: int, batch: int, cores: list[int], *extra: str) -> dict:
+    """Run packrat.profiling.point (with `extra` arguments) in a fresh process pinned to `cores`;
+    return its statistics."""
+    cmd, env = _command(settings, threads, batch, cores)
+    done = subprocess.run(cmd + list(extra), capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        reason = _last_line(done.stderr, f"exit status {done.returncode}")
+        raise ProfilingError(f"measuring threads={threads} batch={batch} failed: {reason}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def copies_for(threads: int, topology: Topology) -> int:
+    """How many copies of a t-thread point a homogeneous plan runs side by side: ⌊T/t⌋."""
+    return topology.num_cores // threads
+
+
+class _CopyFailed(Exception):
+    """One copy of a loaded measurement failed; the message is the reason."""
+
+
+class _Copy:
+    """One `packrat.profiling.point --loaded` process: its stdout read line by line with a deadline,
+    its stderr kept in a file (so it never blocks on a full pipe) for the failure reason."""
+
+    def __init__(self, cmd: list[str], env: dict | None):
+        self._stderr = tempfile.TemporaryFile()
+        self._buffer = b""
+        self.proc = subprocess.Popen(cmd + ["--loaded"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._stderr, env=env)
+
+    def _reason(self) -> str:
+        try:
+            code = self.proc.wait(timeout=5)  # its stdout closed: it is exiting
+        except subprocess.TimeoutExpired:
+            return "a copy closed its output but kept running"
+        self._stderr.seek(0)
+        return _last_line(self._stderr.read().decode(errors="replace"), f"exit status {code}")
+
+    def read_line(self, deadline: float, what: str) -> str:
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                raise _CopyFailed(f"a copy was not {what}")
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                raise _CopyFailed(self._reason())
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode(errors="replace").strip()
+
+    def expect(self, deadline: float, what: str, is_it) -> str:
+        """The first line for which is_it(line) holds; earlier lines (a library's chatter) are skipped."""
+        while True:
+            line = self.read_line(deadline, what)
+            if is_it(line):
+                return line
+
+    def send_run(self, command: str = "run") -> None:
+        """Send one line: `run` (the model once), `serve` (a served batch once), `batch N` (a new point)."""
+        try:
+            self.proc.stdin.write(command.encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError:
+            raise _CopyFailed(self._reason()) from None
+
+    def close_input(self) -> None:
+        """Close stdin: the copy exits after its current run."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass  # already gone
+
+    def stop(self, grace: float) -> None:
+        """Close stdin (the copy then exits after its current run); kill it if it takes over `grace` s."""
+        self.close_input()
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self._stderr.close()
+
+
+def measure_loaded(settings: ProfileSettings, threads: int, batch: int, core_sets: list[list[int]],
+                   timeout: float = LOADED_TIMEOUT_FLOOR_S) -> dict:
+    """One copy of the point per core set, run in lockstep as a plan's instances run a batch.
+
+    Each copy loads and warms up alone and says ready; then every round tells all copies to run
+    at once and waits for all of them (_timed). latency_ms is the mean round, copy_ms the mean of
+    the copies' own run times; with settings.served, served_ms and its spread alike. Each phase
+    (ready, a round, stopping) may take `timeout` s; on any failure every copy is killed and
+    ProfilingError names the point and the reason."""
+    copies: list[_Copy] = []
+    ok = False
+    try:
+        copies += [_Copy(*_command(settings, threads, batch, cores)) for cores in core_sets]
+        ready = _ready(copies, timeout)
+        result = _timed(settings, copies, timeout)
+        ok = True
+    except (_CopyFailed, ValueError) as exc:  # ValueError: a line that is not what the protocol says
+        raise ProfilingError(_failed(threads, batch, len(core_sets), exc)) from None
+    finally:
+        _stop(copies, ok, timeout)
+    return {**result, "mode": ready[0]["mode"], "copy_cores": [r["cores"] for r in ready]}
+
+
+def _failed(threads: int, batch: int, copies: int, exc: Exception) -> str:
+    return f"measuring threads={threads} batch={batch} under load ({copies} copies) failed: {exc}"
+
+
+def _ready(copies: list[_Copy], timeout: float) -> list[dict]:
+    """What each copy says once it is ready (its mode, cores and threads), within `timeout` s."""
+    deadline = time.monotonic() + timeout
+    return [json.loads(copy.expect(deadline, f"ready within {timeout:g} s",
+                                   lambda line: line.startswith("ready "))[6:]) for copy in copies]
+
+
+def _stop(copies: list[_Copy], ok: bool, timeout: float) -> None:
+    for copy in copies:  # all told at once: they exit side by side, not one after another
+        copy.close_input()
+    for copy in copies:
+        copy.stop(timeout if ok else 0)  # on failure (or Ctrl-C) no copy is left running
+
+
+def _timed(settings: ProfileSettings, copies: list[_Copy], timeout: float) -> dict:
+    """The statistics of `copies` (ready and warm) run in lockstep: one untimed round, then
+    settings.budget's rounds of the model, then (settings.served) of served batches. Several copies:
+    a round takes as long as the slowest copy, as a batch split across a homogeneous plan does (the
+    mean over copies would miss that the slowest decides); one copy: its own times, as a lone point
+    times itself. copy_ms: the mean of the copies' own times of the model."""
+    own: list[float] = []
+
+    def timed(command: str) -> tuple[float, list[float]]:
+        wall, lines = _round(copies, timeout, command)
+        own.extend(line[0] for line in lines if command == "run")
+        stages = [statistics.fmean(column) for column in zip(*(line[1:] for line in lines))]
+        return (wall if len(copies) > 1 else lines[0][0]), stages
+
+    _round(copies, timeout)  # untimed: the first lockstep run warms the hand-off
+    result = {**summarize(budgeted(lambda: timed("run")[0], *settings.budget)), "copy_ms": statistics.fmean(own)}
+    return {**result, **(time_served(lambda: timed("serve"), 1, *settings.budget) if settings.served else {})}
+
+
+def _round(copies: list[_Copy], timeout: float, command: str = "run") -> tuple[float, list[list[float]]]:
+    """Run every copy once (`command`: run the model, or serve a batch), together: the wall time in
+    ms, and the numbers each copy answered (its own time first)."""
+    start = time.perf_counter()
+    for copy in copies:
+        copy.send_run(command)
+    deadline = time.monotonic() + timeout
+    lines = [[float(x) for x in copy.read_line(deadline, f"done within {timeout:g} s").split()] for copy in copies]
+    return (time.perf_counter() - start) * 1e3, lines
+
+
+def measure(settings: ProfileSettings, threads: int, batch: int, topology: Topology) -> dict:
+    """One profile row for ⟨threads, batch⟩, in fresh processes: with settings.contention and room for
+    more than one copy, loaded by ⌊T/t⌋ copies (and alone first with isolated_too; else isolated_ms is
+    left empty); otherwise alone, latency_ms and isolated_ms the same figure. With settings.served, the
+    served figures beside them alike (served_ms, served_isolated_ms, served_mad_ms). A thread-kind
+    runtime's copies are threads of one process, as the pool hosts them (measure_threads)."""
+    copies = copies_for(threads, topology) if settings.contention else 1
+    if instance_kind(settings.runtime) == "thread":
+        return measure_threads(settings, threads, batch, topology, copies)
+    timeout, alone, loaded = LOADED_TIMEOUT_FLOOR_S, None, None
+    if settings.runtime == "ios":  # searched once, alone on the point's cores, before any copy times it
+        measure_point(settings, threads, batch, topology.cores_for(threads), "--prepare-only")
+    if copies == 1 or settings.isolated_too:
+        started = time.monotonic()
+        alone = measure_point(settings, threads, batch, topology.cores_for(threads))
+        timeout = max(timeout, LOADED_TIMEOUT_FACTOR * (time.monotonic() - started))
+    if copies > 1:
+        loaded = measure_loaded(settings, threads, batch, topology.assign([threads] * copies),
+                                timeout if settings.isolated_too else LOADED_TIMEOUT_NO_YARDSTICK_S)
+    return _row(settings, threads, batch, copies, alone, loaded)
+
+
+def measure_threads(settings: ProfileSettings, threads: int, batch: int, topology: Topology, copies: int) -> dict:
+    """A thread-kind runtime's row, measured as the pool serves such instances: `copies` sessions as
+    threads of one fresh process, each pinned to its cores, run together (point.measure_threads);
+    with one copy (or isolated_too), one session on a pinned thread alone as well."""
+    alone = (_thread_point(settings, threads, batch, [topology.cores_for(threads)])
+             if copies == 1 or settings.isolated_too else None)
+    loaded = _thread_point(settings, threads, batch, topology.assign([threads] * copies)) if copies > 1 else None
+    return _row(settings, threads, batch, copies, alone, loaded)
+
+
+def _thread_point(settings: ProfileSettings, threads: int, batch: int, core_sets: list[list[int]]) -> dict:
+    """One point process with a session per core set (point --thread-copies), the process pinned to
+    all of them before torch is imported: each session's thread then pins itself to its own."""
+    return measure_point(settings, threads, batch, *_thread_sets(core_sets))
+
+
+def _thread_sets(core_sets: list[list[int]]) -> tuple[list[int], str, str]:
+    """A --thread-copies process's cores (every set's) and its arguments."""
+    return (sorted(core for cores in core_sets for core in cores), "--thread-copies",
+            ";".join(",".join(map(str, cores)) for cores in core_sets))
+
+
+def _row(settings: ProfileSettings, threads: int, batch: int, copies: int, alone: dict | None,
+         loaded: dict | None) -> dict:
+    """The profile row of a point measured `alone` (its figures also the isolated ones) and/or
+    `loaded` by `copies` copies (its figures the row's; isolated_ms None when not measured alone)."""
+    row = {"threads": threads, "batch": batch, "copies": 1, "runtime": settings.runtime}
+    if alone is not None:
+        row.update(alone, isolated_ms=alone["latency_ms"], served_isolated_ms=alone.get("served_ms"))
+    if loaded is not None:
+        row.update(loaded, copies=copies)
+        row.setdefault("isolated_ms", None)
+        row.setdefault("served_isolated_ms", None)
+    return row
+
+
+def planned_ms(row: dict) -> float:
+    """The figure of a measured row that plans are made on: served where measured, else the model's."""
+    return row["served_ms"] if row.get("served_ms") is not None else row["latency_ms"]
+
+
+def planned_spread(row: dict) -> float:
+    """The spread of the figure plans are made on (planned_ms): the served one's where measured."""
+    key = "served_mad_ms" if row.get("served_ms") is not None else "mad_ms"
+    return row.get(key) or 0.0
+
+
+class Workers:
+    """The measuring processes of one (runtime, threads), kept across points: ⌊T/t⌋ loaded copies
+    (one with contention off or where no second fits; a thread-kind runtime's: one process with a
+    session per core set) started and loaded once, then told each batch. measure(batch) gives the
+    row measure() gives: loaded rounds as measure_loaded's; alone (one copy, or isolated_too) the
+    first copy on its own, the others idle. load_s: the start and load; measure_s: the batches'
+    preparation and runs. Any failure stops every copy and raises ProfilingError naming the point."""
+
+    def __init__(self, settings: ProfileSettings, threads: int, topology: Topology,
+                 timeout: float = LOADED_TIMEOUT_NO_YARDSTICK_S):
+        started = time.monotonic()
+        self.settings, self.threads, self.timeout, self.measure_s = settings, threads, timeout, 0.0
+        self.copies = copies_for(threads, topology) if settings.contention else 1
+        self.sets = topology.assign([threads] * self.copies)
+        self.thread_kind = instance_kind(settings.runtime) == "thread"
+        self._procs: list[_Copy] = []
+        try:
+            if self.thread_kind:  # --thread-copies --loaded: one point per `batch N [K]` line
+                every, *extra = _thread_sets(self.sets)
+                cmd, env = _command(settings, threads, None, every)
+                self._procs.append(_Copy(cmd + extra, env))
+            else:
+                self._procs += [_Copy(*_command(settings, threads, None, cores)) for cores in self.sets]
+            _ready(self._procs, timeout)
+        except (_CopyFailed, ValueError) as exc:
+            self.close(ok=False)
+            raise ProfilingError(f"starting {self.copies} measuring copies of threads={threads} failed: {exc}") from None
+        self.load_s = time.monotonic() - started
+
+    def measure(self, batch: int) -> dict:
+        """The profile row of ⟨threads, batch⟩, as measure() gives it."""
+        if not self._procs:
+            raise ProfilingError(f"the measuring copies of threads={self.threads} are stopped")
+        started, alone_too = time.monotonic(), self.copies == 1 or self.settings.isolated_too
+        try:
+            if self.settings.runtime == "ios":  # searched alone on the point's cores, before any copy times it
+                measure_point(self.settings, self.threads, batch, self.sets[0], "--prepare-only")
+            if self.thread_kind:
+                alone = self._thread_batch(batch, 1) if alone_too else None
+                loaded = self._thread_batch(batch, self.copies) if self.copies > 1 else None
+            else:
+                for copy in self._procs:
+                    copy.send_run(f"batch {batch}")
+                ready = _ready(self._procs, self.timeout)
+                alone = {**_timed(self.settings, self._procs[:1], self.timeout), **ready[0]} if alone_too else None
+                loaded = ({**_timed(self.settings, self._procs, self.timeout), "mode": ready[0]["mode"],
+                           "copy_cores": [r["cores"] for r in ready]} if self.copies > 1 else None)
+        except (_CopyFailed, ValueError) as exc:
+            self.close(ok=False)
+            raise ProfilingError(_failed(self.threads, batch, self.copies, exc)) from None
+        finally:
+            self.measure_s += time.monotonic() - started
+        return _row(self.settings, self.threads, batch, self.copies, alone, loaded)
+
+    def _thread_batch(self, batch: int, sessions: int) -> dict:
+        """A thread-kind point of the first `sessions` sessions, measured in the process (its JSON line)."""
+        self._procs[0].send_run(f"batch {batch} {sessions}")
+        deadline = time.monotonic() + self.timeout
+        return json.loads(self._procs[0].expect(deadline, f"done within {self.timeout:g} s",
+                                                lambda line: line.startswith("{")))
+
+    def close(self, ok: bool = True) -> None:
+        _stop(self._procs, ok, self.timeout)
+        self._procs = []
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(ok=exc[0] is None)
