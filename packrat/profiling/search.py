@@ -37,13 +37,11 @@ SLOW = 1.25  # a point this much slower than the fit is an outlier it is not fit
 
 
 def design(threads: list[int], batches: list[int]) -> list[tuple[int, int]]:
-    """The first points of every runtime: the fewest, a middle and the most threads at the smallest
-    batch, and the most threads at a middle and the largest batch (the costly ⟨1, large⟩ corner is
-    left to the fit), and a middle point: six that pin the model's five terms."""
+    """The first points of every runtime: the fewest, a middle and the most threads, each at the
+    smallest and at a middle batch: six that pin the model's five terms, none of them at the largest
+    batches (seconds a run on few threads), which the search measures only where a plan needs them."""
     ts, bs = sorted(set(threads)), sorted(set(batches))
-    mid_t, mid_b = _middle(ts), _middle(bs)
-    return list(dict.fromkeys([(ts[0], bs[0]), (mid_t, bs[0]), (ts[-1], bs[0]), (ts[-1], mid_b),
-                               (ts[-1], bs[-1]), (mid_t, mid_b)]))
+    return list(dict.fromkeys((t, b) for b in (bs[0], _middle(bs)) for t in (ts[0], _middle(ts), ts[-1])))
 
 
 def _middle(values: list[int]) -> int:
