@@ -3,59 +3,58 @@
 # no Java (nothing here starts TorchServe or locust). Everything it writes goes under OUT_DIR;
 # progress goes to stderr, and OUT_DIR/SUMMARY.md holds the tables for docs/benchmarks/many-core.md,
 # each under the exact command that produced it (rewritten after every step), and per B the
-# verdicts issue 48 asks for: packrat against the best peer, predicted / served, plan against the oracle.
+# verdicts: packrat against the best peer, predicted / served, plan against the oracle.
 #
 #   bash benchmarks/device_suite.sh OUT_DIR
 #
-# Steps, with their default time budgets (530 s in all, within a 9-minute call; each verdict of 2-3 %
-# rests on 10 interleaved rounds: the rounds' cost on 16 cores is from ../shared/many-core-2026-11-27,
-# ResNet-50 at B = 8-16 about 0.06-0.2 s a call):
-#   profile  (190 s) the product's default profile: `packrat profile --adaptive` of MODEL, threads 1..T,
-#                    batches 1,2,4,...,32, loaded, every installed runtime (one dominated point after
-#                    point is measured no further), served figures of raw tensor bodies (what the
-#                    peers and the oracle send) -> MODEL.csv, MODEL-adaptive.json, MODEL-plans.json
-#   peers    (170 s) packrat bench peers at B = 8,16, 10 rounds: packrat's plan and its fat pool
-#                    against one in-process session of each installed runtime (ONNX Runtime, OpenVINO
-#                    LATENCY and THROUGHPUT, torch.compile, eager) -> peers.md, peers.json
-#   oracle   (170 s) packrat bench oracle at B = 16, 10 rounds: identical and mixed configurations
-#                    under each runtime, each runtime's fat and the planner's choices -> oracle.json
+# Steps, with their default time budgets (530 s in all, within a 9-minute call). The budgets are an
+# estimate, not yet from a run of these settings (SUMMARY.md says which): ResNet-50 on 16 cores
+# (../shared/many-core-2026-11-28: 60-190 ms a call at B = 8-16, pools set up in 5-9 s) times each
+# step's rounds, plus its set-ups.
+#   profile  (190 s) the product's default profile: `packrat profile` (its search) of MODEL, threads 1..T,
+#                    batches 1,2,4,...,32, loaded, its default runtimes, served figures of raw tensor bodies
+#                    (what the peers and the oracle send), --budget-s the step's less PROFILE_MARGIN
+#                    -> MODEL.csv, MODEL-search.json (its --json account), MODEL-plans.json
+#   peers    (170 s) packrat bench peers at B = 8,16, 10 rounds of 5 batches: packrat's plan and its fat pool
+#                    against one in-process session of ONNX Runtime and of OpenVINO (LATENCY, THROUGHPUT), each
+#                    set up once per B: about 65 s of rounds, 35 s of set-ups, 20 s of processes -> peers.md,
+#                    peers.json. Not by default: torch-compile, whose compiles alone (9 s at B = 8, 65 s at B = 16
+#                    on 2026-11-28) would take half the budget, and eager (2-3x packrat on 16 cores, never the
+#                    best peer; its outputs are still the reference)
+#   oracle   (170 s) packrat bench oracle at B = 16, 10 rounds: identical and mixed configurations under each
+#                    runtime, each runtime's fat and the planner's choices (its own estimate, printed first:
+#                    about 25 pools) -> oracle.json
 #   bench    (110 s) only when asked: `packrat bench --pool-only`, the fat and the planned pool
 #   ios      (300 s) only when asked: benchmarks/ios_networks.py, Inception-v3 and RandWire at batch 1 on 8 and
-#                    16 threads: each search's time (at most 60 s: the parts left then run sequentially,
-#                    counted), the kept schedule against sequential, its stage costs
-#                    against its run, beside ONNX Runtime (sequential and parallel mode) and OpenVINO on
-#                    the same cores -> ios-networks.md (its schedules go on to ios-plan)
+#                    16 threads: each search (at most 60 s), the kept schedule against sequential, its stage
+#                    costs against its run, beside ONNX Runtime and OpenVINO -> ios-networks.md
 #   ios-plan (300 s) only when asked: IOS instances inside the plan: `packrat profile --ios` of Inception-v3
-#                    at batch 1 on threads 1,4,8,16, script mode, every installed runtime but
-#                    torch.compile (minutes to build on a cold machine) beside IOS (searched where
-#                    the others leave half the threads idle); the plan at B = 1 and the oracle at B = 1,
-#                    with and without IOS instances -> IOS_MODEL-ios.csv, ios-plan.json, oracle-ios.json
-# A lease of 15 minutes fits the default steps in one call and one IOS step in a second
-# (SUITE_STEPS=ios); ios-plan reuses the ios step's searches when both run into the same OUT_DIR,
-# so SUITE_STEPS=ios,ios-plan in one call of at most 10 minutes fits a lease of its own.
-# A command past its step's budget is interrupted (profiles resume, the oracle keeps each finished B,
-# IOS each finished case), the suite goes on and exits with status 3 naming the step; any other
-# failure stops it at once.
+#                    at batch 1 on threads 1,4,8,16, script mode, every installed runtime but torch.compile,
+#                    beside IOS; the plan and the oracle at B = 1 with and without IOS instances
+#                    -> IOS_MODEL-ios.csv, ios-plan.json, oracle-ios.json
+# A lease of 15 minutes fits the default steps in one call and SUITE_STEPS=ios,ios-plan (ios-plan reuses
+# the ios step's searches in the same OUT_DIR) in a call of its own.
+# A command past its step's budget is interrupted (profiles resume; peers, the oracle and IOS keep what
+# they measured); one that fails is noted with its last words; either way the suite goes on and exits
+# with status 3 naming those steps. A step that yields little (a profile without points, an oracle that
+# refuses it) is in SUMMARY.md with what is missing and why.
 #
 # Settings (environment variables; defaults in brackets):
 #   SUITE_MODEL [resnet50]  SUITE_THREADS [every core: T; fewer are pinned with taskset]
 #   SUITE_PROFILE_BATCHES [1,2,4,8,16,32]  SUITE_PROFILE_WARMUP [1]  SUITE_PROFILE_MIN_TIME [0.5]
 #   SUITE_PROFILE_KIND [contention]   the loaded figures (the product's default), or isolated
-#   SUITE_PROFILE_PAYLOAD [raw]       or jpeg, text, model-only: the bodies each point's served figure
-#                                     answers
-#   SUITE_RUNTIMES [installed]        every runtime installed, or a list, e.g. inductor,onnxruntime
-#   SUITE_EVERY_RUNTIME [0]           1: measure every runtime at every point (no dominance rule)
-#   SUITE_GRAPH_MODE [compile]        inductor's mode, the product's default (an AOT package per
-#                                     <t, b>, 10-35 s each for ResNet-50); script is cheaper
-#   SUITE_PEERS_MODEL [MODEL]  SUITE_PEERS_BATCHES [8,16]  SUITE_PEERS_ROUNDS [10]
-#   SUITE_PEERS [packrat,fat,eager,torch-compile,openvino-latency,openvino-throughput,onnxruntime]
+#   SUITE_PROFILE_PAYLOAD [raw]       or jpeg, text, model-only: the bodies each point's served figure answers
+#   SUITE_RUNTIMES [default]          the profile's default runtimes, or a list, e.g. inductor,onnxruntime
+#   SUITE_EVERY_RUNTIME [0]           1: ios-plan measures IOS at every point (not only where threads idle)
+#   SUITE_GRAPH_MODE [compile]        inductor's mode, the product's default; script is cheaper
+#   SUITE_PEERS_MODEL [MODEL]  SUITE_PEERS_BATCHES [8,16]  SUITE_PEERS_ROUNDS [10]  SUITE_PEERS_ITERS [5]
+#   SUITE_PEERS [packrat,fat,openvino-latency,openvino-throughput,onnxruntime]
 #   SUITE_ORACLE_BATCHES [16]    SUITE_ORACLE_ROUNDS [10]  SUITE_ORACLE_FAMILY [all]  SUITE_ORACLE_CONFIGS [4]
 #                                     (beyond those always timed: each runtime's identical filling
 #                                     configurations and fat, the plans and their neighbours)
 #   SUITE_BENCH_BATCHES [8,16,32]  SUITE_BENCH_ROUNDS [8]
 #   SUITE_IOS_MODELS [inception_v3,randwire]  SUITE_IOS_THREADS [8,16; those above T dropped]  SUITE_IOS_BATCHES [1]
 #   SUITE_IOS_PEERS [onnxruntime,onnxruntime-parallel,openvino]  SUITE_IOS_SEARCH_BUDGET [60] seconds a search
-#                                     (the parts with most room first; those left after it run sequentially)
 #   SUITE_IOS_PLAN_MODEL [inception_v3]  SUITE_IOS_PLAN_THREADS [1,4,8,16; those above T dropped]
 #   SUITE_IOS_PLAN_ROUNDS [5]  SUITE_IOS_PLAN_GRAPH_MODE [script]  SUITE_IOS_PLAN_RUNTIMES [every installed one but
 #                                     torch-compile: those built in seconds, so the step fits its budget]
@@ -92,16 +91,16 @@ PROFILE_MIN_TIME=${SUITE_PROFILE_MIN_TIME:-0.5}
 PROFILE_PAYLOAD=${SUITE_PROFILE_PAYLOAD:-raw}
 if [[ $PROFILE_PAYLOAD == model-only ]]; then PAYLOAD_ARGS=(--model-only); else PAYLOAD_ARGS=(--payload "$PROFILE_PAYLOAD"); fi
 GRAPH_MODE=${SUITE_GRAPH_MODE:-compile}
-RUNTIMES=${SUITE_RUNTIMES:-installed}
+RUNTIMES=${SUITE_RUNTIMES:-default}
 RUNTIME_ARGS=()
-[[ $RUNTIMES == installed ]] || RUNTIME_ARGS=(--runtimes "$RUNTIMES")
+[[ $RUNTIMES == default || $RUNTIMES == installed ]] || RUNTIME_ARGS=(--runtimes "$RUNTIMES")
 EVERY_RUNTIME_ARGS=()
 [[ ${SUITE_EVERY_RUNTIME:-0} == 1 ]] && EVERY_RUNTIME_ARGS=(--every-runtime)
-RUNTIME_ARGS+=("${EVERY_RUNTIME_ARGS[@]}")
 PEERS_MODEL=${SUITE_PEERS_MODEL:-$MODEL}
 PEERS_BATCHES=${SUITE_PEERS_BATCHES:-8,16}
 PEERS_ROUNDS=${SUITE_PEERS_ROUNDS:-10}
-PEERS=${SUITE_PEERS:-packrat,fat,eager,torch-compile,openvino-latency,openvino-throughput,onnxruntime}
+PEERS_ITERS=${SUITE_PEERS_ITERS:-5}
+PEERS=${SUITE_PEERS:-packrat,fat,openvino-latency,openvino-throughput,onnxruntime}
 BENCH_BATCHES=${SUITE_BENCH_BATCHES:-8,16,32}
 BENCH_ROUNDS=${SUITE_BENCH_ROUNDS:-8}
 ORACLE_BATCHES=${SUITE_ORACLE_BATCHES:-16}
@@ -126,6 +125,10 @@ declare -A BUDGET=([profile]=${SUITE_BUDGET_PROFILE:-190} [bench]=${SUITE_BUDGET
                    [oracle]=${SUITE_BUDGET_ORACLE:-170} [ios]=${SUITE_BUDGET_IOS:-300}
                    [ios-plan]=${SUITE_BUDGET_IOS_PLAN:-300}
                    [peers]=${SUITE_BUDGET_PEERS:-170})
+# where the budgets come from: SUMMARY.md says it (replace with the run they were set from)
+BUDGETS_FROM="an estimate, not yet from a run of these settings (this script's head says how it was made)"
+if env | grep -q '^SUITE_BUDGET_'; then BUDGETS_FROM="set by SUITE_BUDGET_* where given, else $BUDGETS_FROM"; fi
+PROFILE_MARGIN=60  # the points under way when the search's --budget-s ends, and the profile's writing after it
 
 say() { echo "[suite $(date +%H:%M:%S)] $*" >&2; }
 die() { say "FAILED: $*"; exit 1; }
@@ -191,20 +194,19 @@ IOS_THREADS=$(at_most_t "$IOS_THREADS")
 IOS_PLAN_THREADS=$(at_most_t "$IOS_PLAN_THREADS")
 
 STEPS_TSV=$OUT/steps.tsv
-: >"$STEPS_TSV"
+printf 'budgets\t%s\n' "$BUDGETS_FROM" >"$STEPS_TSV"
 say "$MODEL on T=$T cores ($CPUS), python $PY, results in $OUT"
 
 # ---- steps ----------------------------------------------------------------------------------
 
-OVER=()  # steps that ran out of budget
+OVER=()  # steps that ran out of budget or failed
 begin() {  # begin KEY TITLE
     STEP=$1 STEP_TITLE=$2 STEP_START=$SECONDS STEP_STATUS=ok
     say "($STEP) $STEP_TITLE: budget ${BUDGET[$STEP]} s"
 }
-run() {  # run LOG CMD...: CMD's stdout to LOG and stderr; returns 124 when the step's budget ran out
-    local log=$1 rc=0
+run() {  # run LOG CMD...: CMD's stdout to LOG and stderr; 124 when the step's budget ran out, 1 when CMD failed
+    local log=$1 rc=0 shown why
     shift
-    local shown
     shown=$(shell_words "${PIN[@]}" "$@")
     shown=${shown//"$OUT"/$SHOWN_OUT}
     printf 'cmd\t%s\t%s\n' "$STEP" "$shown" >>"$STEPS_TSV"
@@ -214,14 +216,19 @@ run() {  # run LOG CMD...: CMD's stdout to LOG and stderr; returns 124 when the 
         return 124
     fi
     say "\$ $shown"
-    timeout --signal=INT --kill-after=20 "$left" "${PIN[@]}" "$@" | tee "$log" >&2 || rc=$?
+    # stdout to LOG; stderr to the terminal and to OUT/stderr.txt, whose last words say why a command failed
+    { timeout --signal=INT --kill-after=20 "$left" "${PIN[@]}" "$@" 2>&1 1>&3 3>&- | tee "$OUT/stderr.txt" >&2; } 3>&1 \
+        | tee "$log" >&2 || rc=$?
     if (( rc == 124 || rc == 137 )); then
         local setting=SUITE_BUDGET_${STEP^^}
         STEP_STATUS="stopped at its budget of ${BUDGET[$STEP]} s (${setting//-/_})"
-        say "($STEP) $STEP_STATUS"
-        return 124
+    elif (( rc != 0 )); then  # packrat's own "COMMAND: error: ..." lines, else the last line (a traceback's error)
+        why=$(tr '\r' '\n' <"$OUT/stderr.txt" | grep -v '^[[:space:]]*$' | sed -n '/: error: /,$p')
+        [[ -n $why ]] || why=$(tr '\r' '\n' <"$OUT/stderr.txt" | grep -v '^[[:space:]]*$' | tail -n 1)
+        STEP_STATUS="failed (exit $rc): $(tr '\t\n' '  ' <<<"$why")"
     fi
-    (( rc == 0 )) || die "($STEP) exit status $rc: $shown"
+    (( rc == 0 )) || say "($STEP) $STEP_STATUS"
+    (( rc == 0 )) || return $(( rc == 124 || rc == 137 ? 124 : 1 ))
 }
 end() {
     local took=$(( SECONDS - STEP_START ))
@@ -232,26 +239,25 @@ end() {
 }
 
 PROFILE=$OUT/$MODEL.csv
-PROFILE_CMD=("$PY" -m packrat.cli profile --model "$MODEL" --adaptive --threads "1-$T" --batches "$PROFILE_BATCHES"
-             --warmup "$PROFILE_WARMUP" --min-time "$PROFILE_MIN_TIME" "${PAYLOAD_ARGS[@]}" "--$PROFILE_KIND" --graph-mode "$GRAPH_MODE"
-             "${RUNTIME_ARGS[@]}" --out "$PROFILE")
+SEARCH_BUDGET=$(( BUDGET[profile] > 2 * PROFILE_MARGIN ? BUDGET[profile] - PROFILE_MARGIN : BUDGET[profile] / 2 ))
 if wants profile; then
-    begin profile "adaptive profile of $MODEL, threads 1-$T, batches $PROFILE_BATCHES, $PROFILE_KIND"
-    # the same command again with --json measures nothing (the run is complete) and prints the summary
-    if run "$OUT/$MODEL-profile.log" "${PROFILE_CMD[@]}" \
-        && run "$OUT/$MODEL-adaptive.json" "${PROFILE_CMD[@]}" --json; then
+    begin profile "profile of $MODEL (the search, --budget-s $SEARCH_BUDGET), threads 1-$T, batches $PROFILE_BATCHES, $PROFILE_KIND"
+    if run "$OUT/$MODEL-search.json" "$PY" -m packrat.cli profile --model "$MODEL" --threads "1-$T" \
+        --batches "$PROFILE_BATCHES" --warmup "$PROFILE_WARMUP" --min-time "$PROFILE_MIN_TIME" "${PAYLOAD_ARGS[@]}" \
+        "--$PROFILE_KIND" --graph-mode "$GRAPH_MODE" "${RUNTIME_ARGS[@]}" --budget-s "$SEARCH_BUDGET" --json \
+        --out "$PROFILE"; then
         run "$OUT/$MODEL-plans.json" "$PY" -m packrat.cli plan --profile "$PROFILE" --threads "$T" --json || true
     fi
     end
 fi
-if [[ ! -s $PROFILE ]] && { wants bench || wants oracle || wants peers; }; then
+if [[ ! -e $PROFILE ]] && ! wants profile && { wants bench || wants oracle || wants peers; }; then
     die "no profile at $PROFILE: the bench, oracle and peers steps plan from it (add profile to SUITE_STEPS)"
 fi
 
 if wants peers; then
     begin peers "packrat's plan against its peers, $PEERS_MODEL, B = $PEERS_BATCHES, $PEERS_ROUNDS rounds"
     run "$OUT/peers.md" "$PY" -m packrat.cli bench peers --model "$PEERS_MODEL" --profile "$PROFILE" --cores "$T" \
-        --batches "$PEERS_BATCHES" --rounds "$PEERS_ROUNDS" --peers "$PEERS" --keep-caches \
+        --batches "$PEERS_BATCHES" --rounds "$PEERS_ROUNDS" --iters "$PEERS_ITERS" --peers "$PEERS" --keep-caches \
         --json "$OUT/peers.json" || true
     end
 fi
@@ -304,7 +310,7 @@ fi
 
 say "done in $SECONDS s: $OUT/SUMMARY.md"
 if (( ${#OVER[@]} )); then
-    say "OVER BUDGET: ${OVER[*]} (their results are partial; raise SUITE_BUDGET_* or shrink their settings)"
+    say "NOT OK: ${OVER[*]} (over budget or failed: SUMMARY.md says which and why; their results are partial)"
     exit 3
 fi
 echo "$OUT/SUMMARY.md"

@@ -2,10 +2,11 @@
 
     python benchmarks/device_suite_summary.py OUT_DIR
 
-Reads OUT_DIR/machine.json, OUT_DIR/steps.tsv (the suite's log: a `cmd` row per command, a `step`
-row per finished step) and each step's files; writes OUT_DIR/SUMMARY.md: the machine, each step's
-time against its budget, its commands and tables in BENCHMARKS.md's layout. The suite calls this
-after every step, so an interrupted run still has a summary of what finished.
+Reads OUT_DIR/machine.json, OUT_DIR/steps.tsv (the suite's log: where its budgets come from, a `cmd`
+row per command, a `step` row per finished step) and each step's files; writes OUT_DIR/SUMMARY.md:
+the machine, each step's time against its budget, its commands and tables in BENCHMARKS.md's layout,
+and the files a step left missing, with its status (why). The suite calls this after every step, so
+an interrupted run still has a summary of what finished; a step that yielded little raises nothing.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import sys
 from pathlib import Path
 
 from packrat.profiling.plots import SHORT_RUNTIMES
-from packrat.profiling.profiles import load
+from packrat.profiling.profiles import held, load
 
 from packrat.bench import oracle, peers as peers_bench
 from packrat.bench.harness import doc_parser, fmt_num, markdown_table
 
-STEPS = {"profile": "(a) Adaptive profile", "peers": "(b) packrat against its peers",
+STEPS = {"profile": "(a) Profile (the search)", "peers": "(b) packrat against its peers",
          "oracle": "(c) Planner vs the oracle", "bench": "(d) Pool-only bench: fat vs plan",
          "ios": "(e) IOS on many cores", "ios-plan": "(g) IOS instances in the plan"}
 VERDICTS = "(f) Per B: against the best peer, predicted / served, against the oracle"
@@ -33,14 +34,25 @@ def _ratio(top, bottom) -> str:
     return f"{top / bottom:.2f}×" if ok else "-"
 
 
+def read_json(path: Path):
+    """The JSON in `path`; None where it is missing or not JSON (a command stopped while writing it)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def read_log(out: Path) -> tuple[dict[str, list[str]], dict[str, dict]]:
-    """(commands per step, finished steps {key: {title, seconds, budget, status}}) from steps.tsv."""
+    """(commands per step, finished steps {key: {title, seconds, budget, status}}, and "budgets": where
+    the budgets come from) from steps.tsv."""
     commands: dict[str, list[str]] = {}
     steps: dict[str, dict] = {}
     path = out / "steps.tsv"
     for line in path.read_text().splitlines() if path.exists() else []:
         kind, key, *rest = line.split("\t")
-        if kind == "cmd":
+        if kind == "budgets":
+            commands["budgets"] = [key]
+        elif kind == "cmd":
             commands.setdefault(key, []).append(rest[0])
         elif kind == "step":
             title, seconds, budget, status = rest
@@ -48,13 +60,13 @@ def read_log(out: Path) -> tuple[dict[str, list[str]], dict[str, dict]]:
     return commands, steps
 
 
-def header(machine: dict, steps: dict[str, dict]) -> list[str]:
+def header(machine: dict, steps: dict[str, dict], budgets: str = "not recorded") -> list[str]:
     lines = ["# Many-core suite (benchmarks/device_suite.sh)", "",
              f"Machine: {machine.get('cpu', '?')}, T = {machine.get('threads', '?')} core(s) "
              f"({machine.get('logical_cpus', '?')} logical CPUs), torch {machine.get('torch', '?')}, "
              f"Python {machine.get('python', '?')}, {machine.get('date', '?')}.",
              "Settings: " + (", ".join(f"{k}={v}" for k, v in machine.get("settings", {}).items()) or "the defaults")
-             + ".", ""]
+             + ".", f"Budgets: {budgets}.", ""]
     rows = [[f"{LETTER[key]} {step['title']}", f"{step['seconds']} s", f"{step['budget']} s", step["status"]]
             for key in STEPS if (step := steps.get(key))]
     total = sum(s["seconds"] for s in steps.values())
@@ -62,26 +74,29 @@ def header(machine: dict, steps: dict[str, dict]) -> list[str]:
 
 
 def profile_tables(out: Path, machine: dict) -> list[str]:
-    settings = machine.get("settings", {})
-    model = settings.get("SUITE_MODEL", "resnet50")
+    model = machine.get("settings", {}).get("SUITE_MODEL", "resnet50")
     lines: list[str] = []
-    summary = out / f"{model}-adaptive.json"
-    if summary.exists():
-        s = json.loads(summary.read_text())
-        lines += [markdown_table(["points measured", "grid", "fraction", "est. measuring time", "est. full grid",
-                                  "saved"], [[s["points"], s["grid"], f"{s['fraction']:.0%}", f"{s['measure_s']:.0f} s",
-                                              f"{s['full_grid_s']:.0f} s", f"{s['saved']:.0%}"]]), ""]
-    path = out / f"{model}.csv"
-    if path.exists():
-        profile = load(path)
+    search = read_json(out / f"{model}-search.json") or {}
+    if search:  # what `packrat profile --json` printed: the search's account (keys it lacks show "-")
+        lines += [markdown_table(["points measured", "grid", "fraction", "wall s", "budget s", "unaccounted s", "stopped"],
+                                 [[search.get("points", "-"), search.get("grid", "-"), fmt_num(search.get("fraction"), 2),
+                                   fmt_num(search.get("wall_s")), fmt_num(search.get("budget_s")),
+                                   fmt_num(search.get("unaccounted_s")), search.get("stopped", "-")]]), ""]
+        runtimes = search.get("runtimes") or {}
+        lines += [markdown_table(["runtime", "build s", "load s", "measure s", "points"],
+                                 [[name, *(fmt_num(r.get(k)) for k in ("build_s", "load_s", "measure_s")),
+                                   r.get("points", "-")] for name, r in runtimes.items()]), ""] if runtimes else []
+    profile = held(out / f"{model}.csv")
+    if profile is None and (out / f"{model}.csv").exists():
+        lines += [f"{model}.csv holds no points (a head without rows): the profile measured none.", ""]
+    if profile is not None:
         batches, loaded = profile.batches, profile.loaded
         basis = ("served (decode, model and encode of the profile's payload)" if profile.basis == "served"
                  else "model-only")
         lines += [f"{'Loaded mean (isolated mean where measured)' if loaded else 'Isolated mean'} {basis} latency in "
                   "ms, and the point's runtime (OV OpenVINO, ORT ONNX Runtime, none: inductor); · = not measured "
-                  "(the adaptive profiler showed it cannot change a plan)."
-                  + (f" Dropped where dominated: {profile.metadata['dominated']}." if profile.metadata.get("dominated")
-                     else ""), ""]
+                  "(the search found it could not change a plan, or its budget ended first).", ""]
+
         def cell(t: int, b: int) -> str:
             alone = profile.isolated.get((t, b)) if loaded else None  # measured alone as well (--isolated-too)
             figure = fmt_num(profile.latency[t, b]) + (f" ({fmt_num(alone)})" if alone is not None else "")
@@ -89,9 +104,8 @@ def profile_tables(out: Path, machine: dict) -> list[str]:
 
         cells = [[t, *(cell(t, b) if (t, b) in profile.latency else "·" for b in batches)] for t in profile.threads]
         lines += [markdown_table(["t \\ b", *batches], cells), ""]
-    plans = out / f"{model}-plans.json"
-    if plans.exists():
-        rows = json.loads(plans.read_text())
+    rows = read_json(out / f"{model}-plans.json")
+    if rows:
         rows = rows if isinstance(rows, list) else [rows]
         cells = [[p["batch"], oracle.label(oracle.canonical((i["threads"], i["batch"], i.get("runtime", "inductor"))
                                                             for i in p["instances"])),
@@ -103,10 +117,9 @@ def profile_tables(out: Path, machine: dict) -> list[str]:
 
 
 def bench_tables(out: Path) -> list[str]:
-    path = out / "pool-bench" / "pool-bench.json"
-    if not path.exists():
+    results = read_json(out / "pool-bench" / "pool-bench.json")
+    if results is None:
         return []
-    results = json.loads(path.read_text())
     lines = [f"Medians of {results[0]['rounds'] if results else '?'} interleaved rounds in ms (in-process model, "
              "fat pool, planned pool, each answering B raw-tensor requests); transport: the fat pool's wall time "
              "minus its instance's own model time.", ""]
@@ -121,10 +134,9 @@ def bench_tables(out: Path) -> list[str]:
 
 
 def oracle_tables(out: Path, name: str = "oracle.json") -> list[str]:
-    path = out / name
-    if not path.exists():
+    report = read_json(out / name)
+    if not report:
         return []
-    report = json.loads(path.read_text())
     lines = [oracle.markdown(report), ""]
     lines += [f"- {line}" for line in report["verdicts"]["loaded"]]
     lines += [f"- (for comparison) {line}" for line in report["verdicts"]["isolated"]]
@@ -160,19 +172,19 @@ def ios_plan_tables(out: Path) -> list[str]:
 
     lines = []
     for path in sorted(out.glob("*-ios.csv")):  # the step's profile: where IOS was measured at all
-        points = sorted(load(path).by_runtime.get("ios", {}))
+        if (found := held(path)) is None:
+            lines += [f"{path.name} holds no points.", ""]
+            continue
+        points = sorted(found.by_runtime.get("ios", {}))
         shown = ", ".join(f"⟨{t},{b}⟩" for t, b in points) or "none (the other runtimes used half the threads or more)"
         lines += [f"IOS points in {path.name}: {shown}.", ""]
-    plan_path = out / "ios-plan.json"
-    if plan_path.exists():
-        plan = json.loads(plan_path.read_text())
+    plan = read_json(out / "ios-plan.json")
+    if plan:
         shapes = oracle.canonical((i["threads"], i["batch"], i["runtime"]) for i in plan["instances"])
         gains = [f"- {line}" for line in gain_lines(plan.get("ios", []))]
         lines += [f"The plan at B = {plan['batch']}: {oracle.label(shapes)}, expected {fmt_num(plan['expected_latency_ms'])} "
                   "ms.", ""] + (gains + [""] if gains else [])
-    path = out / "oracle-ios.json"
-    report = json.loads(path.read_text()) if path.exists() else {"batches": []}
-    for entry in report["batches"]:
+    for entry in (read_json(out / "oracle-ios.json") or {}).get("batches", []):
         lines += [f"- B = {entry['batch']}: {ios_verdict(entry)}"]
     return lines + [""] + oracle_tables(out, "oracle-ios.json")
 
@@ -207,71 +219,73 @@ def peers_tables(out: Path) -> list[str]:
 
 def verdict_rows(peers: dict | None, report: dict | None) -> list[dict]:
     """Per B, from peers.json and oracle.json (either may be missing): packrat's served latency and
-    prediction (peers' run), the fastest other peer, and the oracle's summary of the loaded plan."""
+    prediction (peers' run), the peer closest to packrat and its paired ratio, and the oracle's
+    summary of the loaded plan."""
     batches = sorted({int(b) for b in (peers or {}).get("summary", {})}
                      | {s["batch"] for s in (report or {}).get("summaries", [])})
     rows = []
     for batch in batches:
         row: dict = {"batch": batch}
         table = (peers or {}).get("summary", {}).get(str(batch), {})
-        packrat = table.get("packrat", {}).get("latency_ms")
-        best, best_ms, row["unmeasured_peers"] = peers_bench.best_peer(table)  # unmeasured: failed, or not installed
+        best, best_row, row["unmeasured_peers"] = peers_bench.best_peer(table)  # unmeasured: failed, or not installed
         plan = (peers or {}).get("meta", {}).get("pools", {}).get("packrat", {}).get(str(batch), {})
-        row.update(packrat_ms=packrat, predicted_ms=plan.get("predicted_ms"), plan=plan.get("describe"))
-        if best is not None:
-            row.update(best_peer=best, best_peer_ms=best_ms)
+        row.update(packrat_ms=table.get("packrat", {}).get("latency_ms"), predicted_ms=plan.get("predicted_ms"),
+                   plan=plan.get("describe"), best_peer=best, best_peer_ms=best_row.get("latency_ms"),
+                   vs_peer=best_row.get("vs_packrat"), vs_peer_spread=best_row.get("vs_packrat_spread"))
         found = next((s for s in (report or {}).get("summaries", []) if s["batch"] == batch), {})
         loaded = found.get("loaded") or {}
         row.update(oracle=found.get("best"), oracle_ms=found.get("best_ms"), vs_oracle=loaded.get("vs_best"),
-                   oracle_pred=loaded.get("predicted_vs_measured"))
+                   vs_oracle_spread=loaded.get("vs_best_spread"), oracle_pred=loaded.get("predicted_vs_measured"))
         rows.append(row)
     return rows
 
 
 def verdict_tables(out: Path) -> list[str]:
-    peers = json.loads((out / "peers.json").read_text()) if (out / "peers.json").exists() else None
-    report = json.loads((out / "oracle.json").read_text()) if (out / "oracle.json").exists() else None
-    rows = verdict_rows(peers, report)
+    rows = verdict_rows(read_json(out / "peers.json"), read_json(out / "oracle.json"))
     if not rows:
         return ["Neither the peers nor the oracle ran.", ""]
     cells = []
     for r in rows:
-        ratio = r["best_peer_ms"] / r["packrat_ms"] if r.get("best_peer_ms") and r.get("packrat_ms") else None
         served = r["predicted_ms"] / r["packrat_ms"] if r.get("predicted_ms") and r.get("packrat_ms") else None
         ahead = r["best_peer_ms"] / r["oracle_ms"] if r.get("best_peer_ms") and r.get("oracle_ms") else None
+        peer_met, missing = peers_bench.peer_verdict(r["vs_peer"], r["unmeasured_peers"], ahead)
         cells.append([r["batch"], r.get("plan") or "-", fmt_num(r.get("packrat_ms")),
                       f"{r['best_peer']} {fmt_num(r['best_peer_ms'])}" if r.get("best_peer") else "-",
-                      _peer_mark(ratio, ahead, r["unmeasured_peers"]),
-                      _mark(served, oracle.met("predicted_vs_measured", served)),
-                      r.get("oracle") or "-", _mark(r.get("vs_oracle"), oracle.met("vs_best", r.get("vs_oracle"))),
+                      _mark(r["vs_peer"], peer_met, r["vs_peer_spread"]) + (f" ({'; '.join(missing)})"
+                                                                            if missing and r["vs_peer"] else ""),
+                      _mark(served, oracle.met("predicted_vs_measured", served)), r.get("oracle") or "-",
+                      _mark(r.get("vs_oracle"), oracle.met("vs_best", r.get("vs_oracle")), r.get("vs_oracle_spread")),
                       fmt_num(r.get("oracle_pred"), 2)])
     return [f"Targets: best peer / packrat ≥ {peers_bench.PEER_TARGET} at every B, ≥ {peers_bench.AHEAD_TARGET} where the oracle beats the "
             f"best peer by {peers_bench.AHEAD_TARGET - 1:.0%}; predicted / served within {oracle.PREDICTION_TOLERANCE:.0%}; the "
             f"plan within {oracle.PLAN_TOLERANCE:.0%} of the oracle. packrat and the peers from (b), the oracle "
-            "from (c); ✓ met, ✗ missed.", "",
+            "from (c); the ratios to packrat and to the oracle are paired per round: their median over the rounds, "
+            "then the rounds' min–max; ✓ met, ✗ missed.", "",
             markdown_table(["B", "packrat's plan", "packrat ms", "best peer ms", "best peer / packrat",
                             "predicted / served", "oracle (best)", "plan / oracle", "oracle: pred / meas"], cells), ""]
 
 
-def _peer_mark(ratio: float | None, ahead: float | None, unmeasured: list[str]) -> str:
-    """best peer / packrat against its target (peers.peer_verdict), with what was not measured."""
-    if ratio is None:
-        return "-"
-    met, missing = peers_bench.peer_verdict(ratio, unmeasured, ahead)
-    return _mark(ratio, met) + (f" ({'; '.join(missing)})" if missing else "")
+def _mark(value: float | None, met: bool, spread: list[float] | None = None) -> str:
+    return "-" if value is None else f"{value:.2f}" + (f" ({peers_bench.span(spread)})" if spread else "") + \
+        f" {'✓' if met else '✗'}"
 
 
-def _mark(value: float | None, met: bool) -> str:
-    return "-" if value is None else f"{value:.2f} {'✓' if met else '✗'}"
+def expected_files(machine: dict) -> dict[str, list[str]]:
+    """Each step's files in OUT_DIR: those missing after it ran are named, with its status."""
+    settings = machine.get("settings", {})
+    model, ios = settings.get("SUITE_MODEL", "resnet50"), settings.get("SUITE_IOS_PLAN_MODEL", "inception_v3")
+    return {"profile": [f"{model}.csv", f"{model}-search.json", f"{model}-plans.json"], "peers": ["peers.json"],
+            "oracle": ["oracle.json"], "bench": ["pool-bench/pool-bench.json"], "ios": ["ios-networks.md"],
+            "ios-plan": [f"{ios}-ios.csv", "ios-plan.json", "oracle-ios.json"]}
 
 
 def summary(out: Path) -> str:
-    machine = json.loads((out / "machine.json").read_text()) if (out / "machine.json").exists() else {}
+    machine = read_json(out / "machine.json") or {}
     commands, steps = read_log(out)
     tables = {"profile": lambda: profile_tables(out, machine), "bench": lambda: bench_tables(out),
               "oracle": lambda: oracle_tables(out), "ios": lambda: ios_tables(out), "peers": lambda: peers_tables(out),
               "ios-plan": lambda: ios_plan_tables(out)}
-    lines = header(machine, steps)
+    lines = header(machine, steps, commands.get("budgets", ["not recorded"])[0])
     for key, title in STEPS.items():
         if key == "ios-plan":  # the letters in order: the verdicts on (b) and (c) are (f)
             lines += [f"## {VERDICTS}", ""] + verdict_tables(out)
@@ -283,6 +297,8 @@ def summary(out: Path) -> str:
         lines += [f"Command: `{command}`" for command in commands.get(key, [])]
         lines += ["", f"Took {step['seconds']} s (budget {step['budget']} s): {step['status']}.", ""]
         lines += tables[key]()
+        missing = [name for name in expected_files(machine)[key] if not (out / name).exists()]
+        lines += [f"Missing: {', '.join(missing)} (the step: {step['status']}).", ""] if missing else []
     return "\n".join(lines).rstrip() + "\n"
 
 

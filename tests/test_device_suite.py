@@ -70,9 +70,9 @@ def test_profile(suite):
     assert profile.payload == "raw" and set(profile.measured_runtimes) <= {"inductor", "onnxruntime"}
     assert set(profile.threads) <= set(range(1, T + 1)) and profile.batches == [1, 2]
     assert {(1, 1), (1, 2)} <= set(profile.latency) and all(v > 0 for v in profile.latency.values())
-    adaptive = json.loads((out / "tiny-adaptive.json").read_text())
-    runtimes = profile.by_runtime  # every runtime's grid counts: points and grid add up over them
-    assert adaptive["points"] == sum(map(len, runtimes.values())) and adaptive["grid"] == 2 * T * len(runtimes)
+    search = json.loads((out / "tiny-search.json").read_text())  # `packrat profile --json`: the search's account
+    assert search["points"] == sum(map(len, profile.by_runtime.values())) <= search["grid"]
+    assert search["budget_s"] == 130 and set(search["runtimes"]) >= set(profile.measured_runtimes)
     plans = json.loads((out / "tiny-plans.json").read_text())
     assert [p["batch"] for p in plans] == [1, 2]
     for p in plans:
@@ -138,18 +138,20 @@ def test_summary(suite):
     text = (out / "SUMMARY.md").read_text()
     sections = text.split("\n## ")[1:]
     assert [s.split("\n")[0] for s in sections] == [
-        "(a) Adaptive profile", "(b) packrat against its peers", "(c) Planner vs the oracle",
+        "(a) Profile (the search)", "(b) packrat against its peers", "(c) Planner vs the oracle",
         "(d) Pool-only bench: fat vs plan", "(e) IOS on many cores",
         "(f) Per B: against the best peer, predicted / served, against the oracle", "(g) IOS instances in the plan"]
     tables = ["| t \\ b | 1 | 2 |", "| peer | median ms |", "| B | configs | oracle (best) |", "| B | in-process |",
               "| model | batch |"]
-    commands = ["-m packrat.cli profile --model tiny --adaptive", "-m packrat.cli bench peers --model tiny",
+    commands = ["-m packrat.cli profile --model tiny --threads 1-", "-m packrat.cli bench peers --model tiny",
                 "-m packrat.cli bench oracle --model tiny", "-m packrat.cli bench --pool-only",
                 " benchmarks/ios_networks.py --models tiny"]
     for section, table, command in zip(sections, tables, commands):
         assert "\nCommand: `" in section and command in section  # .venv/bin/python, or python3 without one
         assert table in section and "ok." in section
-    assert "| B | plan ⟨threads, batch⟩ |" in sections[0] and "--json`" in sections[0]
+    assert "| B | plan ⟨threads, batch⟩ |" in sections[0] and "--budget-s 130 --json" in sections[0]
+    assert "| runtime | build s | load s | measure s | points |" in sections[0]
+    assert "\nBudgets: an estimate, not yet from a run" in text and "Missing:" not in text
     assert "| 2 | " in sections[2] and "| 2 | " in sections[3]  # a row for B = 2
     verdicts = sections[5]
     assert "| B | packrat's plan | packrat ms | best peer ms |" in verdicts
@@ -186,24 +188,60 @@ def test_summary_keeps_the_peers_tables(tmp_path):
 def test_the_verdicts_per_b_judge_packrat_against_the_best_peer_its_prediction_and_the_oracle(tmp_path):
     from benchmarks.device_suite_summary import verdict_tables
 
-    peers = {"summary": {"8": {"packrat": {"latency_ms": 60.0}, "fat": {"latency_ms": 50.0},
-                               "onnxruntime": {"latency_ms": 58.0}, "eager": {"latency_ms": 120.0}},
-                         "16": {"packrat": {"latency_ms": 100.0}, "onnxruntime": {"latency_ms": 113.0}}},
+    def row(ms: float, paired: float, low: float, high: float) -> dict:  # a peer's row: paired with packrat per round
+        return {"latency_ms": ms, "vs_packrat": paired, "vs_packrat_spread": [low, high]}
+
+    peers = {"summary": {"8": {"packrat": row(60.0, 1.0, 1.0, 1.0), "fat": row(50.0, 0.8, 0.8, 0.9),
+                               "onnxruntime": row(58.0, 0.97, 0.9, 1.02), "eager": row(120.0, 2.0, 1.9, 2.1)},
+                         "16": {"packrat": row(100.0, 1.0, 1.0, 1.0), "onnxruntime": row(113.0, 1.13, 1.1, 1.2)}},
              "meta": {"pools": {"packrat": {"8": {"predicted_ms": 42.0, "describe": "8×⟨2 threads, batch 1⟩"},
                                             "16": {"predicted_ms": 98.0, "describe": "4×⟨4 threads, batch 4⟩"}}}}}
     oracle = {"summaries": [{"batch": 16, "best": "4×⟨4,4⟩", "best_ms": 99.0,
-                             "loaded": {"vs_best": 1.01, "predicted_vs_measured": 0.99}}]}
+                             "loaded": {"vs_best": 1.01, "vs_best_spread": [0.99, 1.04], "predicted_vs_measured": 0.99}}]}
     (tmp_path / "peers.json").write_text(json.dumps(peers))
     (tmp_path / "oracle.json").write_text(json.dumps(oracle))
     lines = "\n".join(verdict_tables(tmp_path)).splitlines()
     rows = [line for line in lines if line.startswith(("| 8 |", "| 16 |"))]
-    assert rows[0] == ("| 8 | 8×⟨2 threads, batch 1⟩ | 60.0 | onnxruntime 58.0 | 0.97 ✗ (no oracle) | 0.70 ✗ | - | - "
-                       "| - |")
+    assert rows[0] == ("| 8 | 8×⟨2 threads, batch 1⟩ | 60.0 | onnxruntime 58.0 | 0.97 (0.90–1.02) ✗ (no oracle) | 0.70 ✗ "
+                       "| - | - | - |")
     # 113 / 99: the oracle beats the best peer by over 10 %, so packrat must be ahead by 10 % too
-    assert rows[1] == ("| 16 | 4×⟨4 threads, batch 4⟩ | 100.0 | onnxruntime 113.0 | 1.13 ✓ | 0.98 ✓ | 4×⟨4,4⟩ | "
-                       "1.01 ✓ | 0.99 |")
+    assert rows[1] == ("| 16 | 4×⟨4 threads, batch 4⟩ | 100.0 | onnxruntime 113.0 | 1.13 (1.10–1.20) ✓ | 0.98 ✓ | "
+                       "4×⟨4,4⟩ | 1.01 (0.99–1.04) ✓ | 0.99 |")
     # a peer that failed (or is not installed) could have been the best: the verdict is not known
     peers["summary"]["16"]["openvino-latency"] = {"error": "openvino is not installed", "skipped": True}
     (tmp_path / "peers.json").write_text(json.dumps(peers))
     row = [line for line in "\n".join(verdict_tables(tmp_path)).splitlines() if line.startswith("| 16 |")][0]
-    assert "| onnxruntime 113.0 | 1.13 ✗ (not measured: openvino-latency) |" in row
+    assert "| onnxruntime 113.0 | 1.13 (1.10–1.20) ✗ (not measured: openvino-latency) |" in row
+
+
+def test_the_summary_shows_what_a_step_left_and_says_what_is_missing_and_why(tmp_path):
+    from benchmarks.device_suite_summary import summary
+
+    (tmp_path / "machine.json").write_text(json.dumps({"settings": {"SUITE_MODEL": "tiny"}}))
+    (tmp_path / "tiny.csv").write_text("# model: tiny\n# latency: loaded\nthreads,batch,latency_ms\n")  # a head only
+    refused = "failed (exit 2): packrat bench: error: OUT/tiny.csv is too sparse to plan with:   B=2: it has no points"
+    (tmp_path / "steps.tsv").write_text("budgets\tan estimate\n" + "".join(
+        f"step\t{key}\t{key}\t5\t100\t{status}\n" for key, status in (("profile", "ok"), ("oracle", refused))))
+    text = summary(tmp_path)  # raised ProfileError ("no data rows") on this head-only profile
+    assert "Budgets: an estimate." in text and "tiny.csv holds no points (a head without rows)" in text
+    assert "Missing: tiny-search.json, tiny-plans.json (the step: ok)." in text
+    assert f"Missing: oracle.json (the step: {refused})." in text
+    (tmp_path / "tiny-search.json").write_text('{"points": 0, "grid": 4, "wall_s": 3.5}')  # fewer keys than today's
+    assert "| 0 | 4 | - | 3.5 | - | - | - |" in summary(tmp_path)
+
+
+@pytest.mark.integration
+def test_the_suite_goes_on_past_a_profile_without_points_and_an_oracle_that_refuses_it(tmp_path):
+    if missing_tools():
+        pytest.skip(f"the suite needs {', '.join(missing_tools())}")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "tiny.csv").write_text("# model: tiny\n# mode: eager\n# latency: loaded\nthreads,batch,latency_ms\n")
+    env = {**CLEAN, **TINY, "SUITE_STEPS": "oracle,peers", "SUITE_PEERS": "packrat"}
+    done = subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 3 and "NOT OK: oracle" in done.stderr, done.stderr[-3000:]
+    text = (out / "SUMMARY.md").read_text()
+    assert "failed (exit 2): packrat bench: error: " in text and "is too sparse to plan with:" in text
+    assert "B=2: it has no points" in text and "packrat profile --model tiny" in text
+    peers = json.loads((out / "peers.json").read_text())  # the peers ran on: packrat said why it could not
+    assert "holds no points" in peers["summary"]["2"]["packrat"]["error"]

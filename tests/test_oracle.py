@@ -325,14 +325,6 @@ def test_trim_hint():
 
 # ---- pools in groups that fit memory ----------------------------------------------------------------
 
-def test_memory_groups_cut_where_the_instances_no_longer_fit():
-    one, two, four = ((2, 4, "inductor"),), ((1, 2, "inductor"),) * 2, ((1, 1, "inductor"),) * 4
-    assert oracle.memory_groups([one, two, four, one], 100.0, 350.0) == [[one, two], [four], [one]]
-    assert oracle.memory_groups([four], 100.0, 50.0) == [[four]]  # too big alone: a group of one
-    assert oracle.memory_groups([], 100.0, 1000.0) == [[]]
-    assert oracle.memory_groups([one, two, four], 1.0, 1e9) == [[one, two, four]]
-
-
 def test_anchors_are_the_plans_then_each_runtimes_fat():
     fat_i, fat_o = ((2, 4, "inductor"),), ((2, 4, "onnxruntime"),)
     split = ((1, 2, "onnxruntime"),) * 2
@@ -376,3 +368,53 @@ def test_pools_that_do_not_fit_at_once_are_timed_in_groups_beside_the_plan(tmp_p
     assert entry["groups"] == len(configs) - len(anchors) >= 2  # one configuration a group at 1 MiB
     assert all(len(c["samples_ms"]) == 2 * entry["groups"] for c in anchors)  # timed in every group
     assert all(c["median_ms"] is not None and c["error"] is None for c in configs.values())
+    assert all(len(c["sample_rounds"]) == len(c["samples_ms"]) for c in configs.values())  # each sample's round
+
+
+# ---- a profile too sparse to plan with, and the rounds paired ------------------------------------
+
+def _sparse_args(batches):
+    return type("Args", (), {"runtimes": ("inductor",), "max_configs": 4, "family": "all", "batches": batches})()
+
+
+def test_a_sparse_profile_whose_points_make_b_is_planned_and_one_that_cannot_is_refused_in_words():
+    profile = Profile(latency={}, metadata={"latency": "loaded"})
+    profile.add("inductor", 1, 1, 10.0, None)  # one point, loaded only: what a short search leaves
+    plans = oracle.plan_batches(_sparse_args([2, 3]), profile, Topology.virtual(2))
+    assert plans[0]["planner"]["loaded"]["label"] == "2×⟨1,1⟩"
+    reasons = oracle.too_sparse(plans, profile, 2)
+    assert list(reasons) == [3]  # 2×⟨1,1⟩ makes B = 2 on 2 cores; nothing makes 3
+    assert reasons[3] == ("its points ⟨threads, batch⟩ (⟨1,1⟩) cannot make batch 3 on 2 cores: no set of them "
+                          "has Σ threads ≤ 2 and Σ batch = 3")
+    nothing = oracle.plan_batches(_sparse_args([2]), None, Topology.virtual(2))
+    assert oracle.too_sparse(nothing, None, 2) == {2: "it has no points"}
+
+
+def test_the_oracle_refuses_a_header_only_profile_and_estimates_a_loaded_only_one(tmp_path, capsys):
+    empty = tmp_path / "empty.csv"
+    empty.write_text(PROFILE_HEAD)
+    assert main(["bench", "oracle", "--model", "tiny", "--batches", "1,2", "--threads", "1", "--profile", str(empty),
+                 "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{empty} is too sparse to plan with:\n  B=1: it has no points\n  B=2: it has no points\n" in err
+    assert f"packrat profile --model tiny --threads 1-1 --batches 1,2 --out {empty}" in err
+    loaded = tmp_path / "loaded.csv"  # ⟨1,1⟩ measured beside copies only: no isolated figure
+    loaded.write_text(PROFILE_HEAD + "1,1,5.0,,2,inductor\n")
+    assert main(["bench", "oracle", "--model", "tiny", "--batches", "1", "--threads", "1", "--profile", str(loaded),
+                 "--dry-run"]) == 0
+    assert "estimated run time" in capsys.readouterr().out  # once "empty profile table"
+
+
+def test_the_plan_over_the_best_is_paired_round_by_round_within_each_group():
+    # the plan spans both groups; the best ran in group 1 only, while the machine was slower
+    plan = {"label": "⟨2,2⟩", "median_ms": 110.0, "samples_ms": [100.0, 100.0, 120.0, 124.0],
+            "sample_rounds": [[0, 1], [0, 2], [1, 1], [1, 2]]}
+    best = {"label": "2×⟨1,1⟩", "median_ms": 100.0, "samples_ms": [118.0, 120.0], "sample_rounds": [[1, 1], [1, 2]]}
+    e = {"batch": 2, "configs": [plan, best], "fat": ["⟨2,2⟩"],
+         "planner": {"loaded": {"label": "⟨2,2⟩", "predicted_ms": 100.0}, "isolated": None}}
+    loaded = oracle.summarize_batch(e)["loaded"]
+    assert loaded["vs_best"] == pytest.approx((120 / 118 + 124 / 120) / 2)  # not 100 / 118 by position
+    assert loaded["vs_best_spread"] == pytest.approx([120 / 118, 124 / 120])
+    line = oracle.verdicts([oracle.summarize_batch(e)])[0]
+    assert line.startswith("plan within 3 % of the oracle: PASS") and "worst 1.025 (rounds 1.017–1.033) at B=2" in line
+    assert "| 1.03 (1.02–1.03) |" in oracle.markdown(oracle.build_report(META, [e]))

@@ -198,9 +198,28 @@ def fake_point(calls: list):
     return measure_point
 
 
+def workers_of(measure_point):
+    """measuring.Workers whose every batch is `measure_point(settings, threads, batch, cores)`, alone."""
+    class Workers:
+        load_s = measure_s = 0.0
+
+        def __init__(self, settings, threads, topology):
+            self.settings, self.threads, self.cores = settings, threads, topology.cores_for(threads)
+
+        def measure(self, batch):
+            stats = measure_point(self.settings, self.threads, batch, self.cores)
+            return {"threads": self.threads, "batch": batch, "copies": 1, "runtime": self.settings.runtime, **stats,
+                    "isolated_ms": stats["latency_ms"], "served_isolated_ms": stats.get("served_ms")}
+
+        def close(self):
+            pass
+    return Workers
+
+
 def test_the_profiler_writes_served_figures_and_the_payload(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(measuring, "measure_point", fake_point(calls))
+    monkeypatch.setattr(profiler, "Workers", workers_of(fake_point(calls)))
+    monkeypatch.setattr(profiler, "_build", lambda *args: None)
     profile = profiler.run(FAST, [1], [1, 2], tmp_path / "p.csv", topology=Topology(((0,),)), progress=False)
     assert calls == [(1, 1, True, None), (1, 2, True, None)]
     assert profile.metadata["payload"] == "jpeg" and profile.basis == "served"
@@ -211,7 +230,8 @@ def test_the_profiler_writes_served_figures_and_the_payload(tmp_path, monkeypatc
 
 def test_resuming_keeps_to_what_the_file_holds(tmp_path, monkeypatch):
     calls, said = [], []
-    monkeypatch.setattr(measuring, "measure_point", fake_point(calls))
+    monkeypatch.setattr(profiler, "Workers", workers_of(fake_point(calls)))
+    monkeypatch.setattr(profiler, "_build", lambda *args: None)
     topology = Topology(((0,),))
     out = tmp_path / "p.csv"
     profiler.run(FAST, [1], [1], out, topology=topology, progress=False)
@@ -262,7 +282,7 @@ def test_the_payload_is_the_models_natural_one_as_served():
 
 def test_the_search_runs_on_the_served_figure(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(measuring, "measure_point", fake_point(calls))
+    monkeypatch.setattr(profiler, "Workers", workers_of(fake_point(calls)))
     monkeypatch.setattr(profiler, "_build", lambda *args: None)
     done = profiler.search_profile(FAST, [1], [1, 2, 4], tmp_path / "p.csv", topology=Topology(((0,),)),
                                    progress=False)

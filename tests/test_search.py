@@ -160,3 +160,20 @@ def test_design_spans_the_threads_at_two_batches_and_leaves_the_largest_to_the_p
     assert sorted(points) == [(1, 1), (1, 8), (4, 1), (4, 8), (16, 1), (16, 8)]
     assert sorted(design([1, 2], [1, 2, 4, 8, 16, 32, 64])) == [(1, 1), (1, 8), (2, 1), (2, 8)]
     assert design([1], [1]) == [(1, 1)]
+
+
+@needs_tables
+@pytest.mark.parametrize("model", MODELS)
+def test_a_costly_runtime_borrows_the_others_shape_and_still_plans_as_the_full_grid(model):
+    tables = published(model)
+    search = replay(tables, cores=16, costly=("glibc",))
+    assert worst_ratio(tables, search.measured, 16) <= 1.03
+
+
+def test_a_costly_runtime_slower_everywhere_is_measured_at_its_two_design_points_alone():
+    fast = ernest((2.0, 30.0, 1.5, 0.4, 0.0))
+    tables = {"fast": fast, "costly": {point: 1.2 * ms for point, ms in fast.items()}}
+    search = replay(tables, cores=8, costly=("costly",))
+    assert {(t, b) for r, t, b in search.measured if r == "costly"} == {(8, 1), (3, 8)}
+    assert search.dropped() == ["costly"]
+    assert search._predict("costly") == pytest.approx(search._predict("fast") * 1.2, rel=1e-6)

@@ -38,6 +38,7 @@ several commands with --json each, then print them as one report with --merge.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import platform
@@ -46,21 +47,21 @@ import statistics
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from contextlib import ExitStack
 from pathlib import Path
 
-from packrat.errors import NoPlanError
+from packrat.errors import NoPlanError, ProfileError
 from packrat.models.runtimes import DEFAULT_RUNTIME
 from packrat.planning.planner import Planner
 from packrat.models.modes import served
-from packrat.profiling.profiles import Profile, load
+from packrat.profiling.profiles import Profile, held, load
 from packrat.serving.payloads import planned_for
 from packrat.machine.topology import Topology
 
-from packrat.bench.harness import error_text, local_topology, markdown_table, pool_requests
+from packrat.bench.harness import MEMORY_RESERVE_MIB, available_mib, error_text, local_topology, markdown_table, \
+    pool_requests
 from packrat.bench.pool import answered
 from packrat.bench.results import write_json
-from packrat.bench.rounds import elapsed_ms, in_rounds
+from packrat.bench.rounds import elapsed_ms, grouped_rounds, paired
 from packrat.profiling.profiles import default_path as default_profile_path
 
 Shape = tuple[int, int, str]  # one instance: (threads, batch, runtime)
@@ -338,8 +339,15 @@ def _about(seconds: float) -> str:
 
 # ---- the report (pure: from the JSON-able results) -------------------------------------------
 
+def by_round(config: dict) -> dict[tuple[int, int], float]:
+    """A timed configuration's figure in each (group, round) it ran in (none in files from before rounds were kept)."""
+    return {tuple(key): ms for key, ms in zip(config.get("sample_rounds", []), config["samples_ms"])}
+
+
 def summarize_batch(entry: dict) -> dict:
-    """The oracle and the planner's choices for one B, as ratios (None where unavailable)."""
+    """The oracle and the planner's choices for one B, as ratios (None where unavailable): a choice
+    over the best is the median over rounds of the two's figures in the same round (paired), with
+    the rounds' min–max; the ratio of their medians where no rounds were kept."""
     timed = {c["label"]: c for c in entry["configs"] if c.get("median_ms") is not None}
     summary: dict = {"batch": entry["batch"], "timed": len(timed), "failed": len(entry["configs"]) - len(timed)}
     if not timed:
@@ -356,8 +364,11 @@ def summarize_batch(entry: dict) -> dict:
         if measured is None:
             row["why"] = "its pool failed"
         else:
-            row.update(measured_ms=measured["median_ms"], vs_best=measured["median_ms"] / best["median_ms"],
-                       predicted_vs_measured=choice["predicted_ms"] / measured["median_ms"])
+            pairs = paired(by_round(measured), by_round(best))
+            row.update(measured_ms=measured["median_ms"], predicted_vs_measured=choice["predicted_ms"] / measured["median_ms"],
+                       vs_best=statistics.median(pairs) if pairs else measured["median_ms"] / best["median_ms"])
+            if pairs:
+                row["vs_best_spread"] = [min(pairs), max(pairs)]
         summary[kind] = row
     fats = entry.get("fat", [])  # each runtime's fat instance (one label in files from before runtimes)
     fat = min((timed[f]["median_ms"] for f in ([fats] if isinstance(fats, str) else fats) if f in timed), default=None)
@@ -391,11 +402,12 @@ def verdicts(summaries: Sequence[dict], kind: str = "loaded") -> list[str]:
         missing = [s["batch"] for s in rows if s.get(kind, {}).get(key) is None]
         if not rows or missing:  # the profile has no figures of this kind to plan with
             return f"{name}: n/a ({tag}: no figure at B={','.join(map(str, missing)) or '-'})"
-        values = [(s[kind][key], s["batch"]) for s in rows]
-        worst = max(values, key=lambda v: (abs(v[0] - 1), v[1]))
-        passed = all(met(key, v) for v, _ in values)
-        return (f"{name}: {'PASS' if passed else 'FAIL'} ({tag}: {text} {tolerance:.0%} at every B; "
-                f"worst {worst[0]:.3f} at B={worst[1]})")
+        worst = max(rows, key=lambda s: (abs(s[kind][key] - 1), s["batch"]))
+        spread = worst[kind].get(f"{key}_spread")
+        passed = all(met(key, s[kind][key]) for s in rows)
+        return (f"{name}: {'PASS' if passed else 'FAIL'} ({tag}: {text} {tolerance:.0%} at every B; worst "
+                f"{worst[kind][key]:.3f}" + (f" (rounds {spread[0]:.3f}–{spread[1]:.3f})" if spread else "")
+                + f" at B={worst['batch']})")
 
     return [verdict("plan within 3 % of the oracle", "vs_best", PLAN_TOLERANCE, "measured/best ≤ 1 +"),
             verdict("prediction within 10 % of measured", "predicted_vs_measured", PREDICTION_TOLERANCE,
@@ -403,8 +415,9 @@ def verdicts(summaries: Sequence[dict], kind: str = "loaded") -> list[str]:
 
 
 def _ratio(row: dict | None, key: str) -> str:
-    value = (row or {}).get(key)
-    return f"{value:.2f}" if value is not None else "-"
+    """A ratio, with its rounds' min–max where it was paired."""
+    value, spread = (row or {}).get(key), (row or {}).get(f"{key}_spread")
+    return "-" if value is None else f"{value:.2f}" + (f" ({spread[0]:.2f}–{spread[1]:.2f})" if spread else "")
 
 
 def markdown(report: dict) -> str:
@@ -412,8 +425,8 @@ def markdown(report: dict) -> str:
     meta = report["meta"]
     lines = [f"{meta['model']}, T = {meta['threads']} threads ({meta.get('cpu', '?')}), medians of "
              f"{meta['rounds']} interleaved rounds; ⟨t,b⟩ = an instance with t threads at batch b; "
-             "meas/best: measured latency over the oracle's; pred/meas: the planner's predicted latency over "
-             "its measured one." + (f" Configurations: {IDENTICAL_TEXT}; the oracle is the best of them."
+             "meas/best: the plan's latency over the oracle's in the same round, median over rounds (min–max); "
+             "pred/meas: the planner's predicted latency over its measured one." + (f" Configurations: {IDENTICAL_TEXT}; the oracle is the best of them."
                                     if meta.get("family") == "identical" else ""), ""]
     rows = []
     for s in report["summaries"]:
@@ -484,13 +497,13 @@ def rescore(report: dict, profile_path: Path) -> dict:
 def get_profile(args, topology: Topology, *, measure: bool) -> tuple[Path, Profile | None]:
     """--profile, else profiles/oracle-MODEL.csv, measured (or completed) first when `measure`."""
     if args.profile is not None:
-        return args.profile, load(args.profile)
+        return args.profile, held(args.profile)
     path = default_profile_path(args.model, prefix="oracle-")
     threads = list(range(1, topology.num_cores + 1))
     if measure:
         from packrat.profiling import profiler
 
-        known = set(load(path).latency) if path.exists() else set()
+        known = set(found.latency) if (found := held(path)) else set()
         missing = [(t, b) for t in threads for b in args.batches if (t, b) not in known]
         if missing:
             print(f"measuring {len(missing)} profile points of {args.model} into {path}, with contention: each "
@@ -500,7 +513,29 @@ def get_profile(args, topology: Topology, *, measure: bool) -> tuple[Path, Profi
                                          min_time=args.profile_min_time, contention=True,
                                          isolated_too=True)
             profiler.run(settings, threads, args.batches, path, topology=topology, progress=not args.quiet)
-    return path, (load(path) if path.exists() else None)
+    return path, held(path)
+
+
+def too_sparse(plans: Sequence[dict], profile: Profile | None, threads: int) -> dict[int, str]:
+    """Why each B that no figure of `profile` could plan (neither planner choice in `plans` has a
+    configuration) cannot be: it has no points, or its points cannot make batch B on the cores. A
+    sparse profile whose points make every B is planned as it is: {} then."""
+    points = sorted(profile.latency) if profile is not None else []
+    shown = ", ".join(f"⟨{t},{b}⟩" for t, b in points[:6]) + (f" and {len(points) - 6} more" if len(points) > 6 else "")
+    return {p["batch"]: "it has no points" if not points else
+            (f"its points ⟨threads, batch⟩ ({shown}) cannot make batch {p['batch']} on {threads} cores: no set of "
+             f"them has Σ threads ≤ {threads} and Σ batch = {p['batch']}")
+            for p in plans if not any(choice.get("config") for choice in p["planner"].values())}
+
+
+def refusal(path: Path, reasons: dict[int, str], model: str, threads: int, profile: Profile | None) -> str:
+    """The words the oracle refuses a profile too sparse to plan with in, and the command that measures what it lacks."""
+    batches = sorted(set(profile.batches if profile is not None else []) | set(reasons))
+    head = f"{path} is too sparse to plan with:" if Path(path).exists() else f"no profile at {path}:"
+    return "\n".join([head] + [f"  B={b}: {why}" for b, why in reasons.items()] + [
+        f"measure the points the plans need (those already in it are kept; a larger --budget-s where the last run "
+        f"ran out): packrat profile --model {model} --threads 1-{threads} --batches {','.join(map(str, batches))} "
+        f"--out {path}"])
 
 
 def planner_choice(profile: Profile, kind: str, threads: int, batch: int, topology: Topology) -> dict:
@@ -594,26 +629,6 @@ def trim_hint(plans: list[dict], estimates: list[dict], rounds: int, warmup: int
             f"each, then --merge (per B: {shares})")
 
 
-MEMORY_RESERVE_MIB = 2048  # left free while pools start: the OS, the engine, the timed calls' buffers
-MEMORY_MARGIN = 1.5  # an instance may hold more than the anchors' average (a bigger batch, another runtime)
-
-
-def memory_groups(configs: Sequence[Config], per_instance_mib: float, free_mib: float) -> list[list[Config]]:
-    """`configs` in their order, cut into groups whose instances together fit in `free_mib` at
-    `per_instance_mib` each (a configuration too big on its own makes a group of one); at least one
-    group, empty when there is nothing to time beside the anchors."""
-    groups: list[list[Config]] = [[]]
-    used = 0.0
-    for config in configs:
-        need = len(config) * per_instance_mib
-        if groups[-1] and used + need > free_mib:
-            groups.append([])
-            used = 0.0
-        groups[-1].append(config)
-        used += need
-    return groups
-
-
 def anchored(configs: Sequence[Config], plan: dict) -> tuple[list[Config], list[Config]]:
     """(anchors, the rest): the planner's choices and each runtime's fat, timed in every group, the
     loaded plan first; the rest of the configurations."""
@@ -627,108 +642,115 @@ def rescaled(samples: dict[Config, list[tuple[float, int]]], reference: Config |
     """Each configuration's median from its (ms, group) samples, in the reference's time: one timed
     in group g only is scaled by the reference's median over all groups over its median in g, so that
     its ratio to the reference is the one measured side by side (with one group, medians as they are)."""
-    medians = {c: statistics.median(ms for ms, _ in v) for c, v in samples.items() if v}
+    medians = {c: statistics.median(ms for ms, *_ in v) for c, v in samples.items() if v}
     if reference not in medians:
         return medians
     by_group: dict[int, list[float]] = {}
-    for ms, group in samples[reference]:
+    for ms, group, *_ in samples[reference]:
         by_group.setdefault(group, []).append(ms)
     scale = {g: medians[reference] / statistics.median(v) for g, v in by_group.items()}
 
     def factor(config: Config) -> float:
-        groups = {g for _, g in samples[config]}
+        groups = {g for _, g, *_ in samples[config]}
         return scale.get(groups.pop(), 1.0) if len(groups) == 1 else 1.0  # the anchors span every group
 
     return {c: m * factor(c) for c, m in medians.items()}
 
 
-def _available_mib() -> float:
+def held_mib() -> float:
+    """The memory this process's children (its pools' instances) hold, resident."""
     import psutil
 
-    return psutil.virtual_memory().available / 2 ** 20
+    def rss(child) -> int:
+        with contextlib.suppress(psutil.Error):  # one that ended meanwhile holds none
+            return child.memory_info().rss
+        return 0
+
+    return sum(rss(child) for child in psutil.Process().children(recursive=True)) / 2 ** 20
 
 
 class _Pools:
-    """Starts, warms and times one B's pools, recording what each did in `results`."""
+    """Starts, warms, times and stops one B's pools, recording what each did in `results`."""
 
-    def __init__(self, plan: dict, args, topology: Topology, costs: dict, bar, results: dict):
+    def __init__(self, plan: dict, args, topology: Topology, costs: dict, bar, results: dict, anchors: list):
         from packrat.models.zoo import resolve
 
         self.plan, self.args, self.topology, self.costs, self.bar, self.results = plan, args, topology, costs, bar, results
+        self.anchors = anchors
         self.requests = pool_requests(resolve(args.model), plan["batch"])
-        self.samples: dict[Config, list] = {c: [] for c in plan["configs"]}  # (ms, group)
+        self.samples: dict[Config, list] = {c: [] for c in plan["configs"]}  # (ms, group, round)
+        self.pools: dict = {}
 
-    def start(self, configs: Sequence[Config], stack: ExitStack) -> dict:
+    def start(self, config: Config) -> bool:
         from packrat.serving.pool.api import InstanceConfig, ModelConfig
         from packrat.serving.pool.instance_pool import InstancePool
 
-        pools = {}
-        for config in configs:
-            self.bar.set_description(f"B={self.plan['batch']}: pool {label(config)}")
-            cores = self.topology.assign([t for t, *_ in config])
-            self.results[config]["cores"] = cores
-            try:
-                instances = [InstanceConfig(t, b, tuple(c), 0, None, runtime) for (t, b, runtime), c in zip(config, cores)]
-                model = ModelConfig(self.args.model, graph_mode=self.args.graph_mode, ios_cache=str(self.args.ios_cache))
-                pools[config] = stack.enter_context(InstancePool(model, instances))
-                for _ in range(self.args.warmup):
-                    answered(pools[config], self.requests)
-            except Exception as exc:  # reported, not fatal
-                self.results[config]["error"] = f"pool did not start or warm up: {error_text(exc)}"
-                pools.pop(config, None)
-            self.bar.update(self.costs["start"][config] + self.costs["call"][config] * self.args.warmup)
-        return pools
+        self.bar.set_description(f"B={self.plan['batch']}: pool {label(config)}")
+        cores = self.topology.assign([t for t, *_ in config])
+        self.results[config]["cores"] = cores
+        try:
+            instances = [InstanceConfig(t, b, tuple(c), 0, None, runtime) for (t, b, runtime), c in zip(config, cores)]
+            model = ModelConfig(self.args.model, graph_mode=self.args.graph_mode, ios_cache=str(self.args.ios_cache))
+            self.pools[config] = InstancePool(model, instances)
+            for _ in range(self.args.warmup):
+                answered(self.pools[config], self.requests)
+        except Exception as exc:  # reported, not fatal
+            self.results[config]["error"] = f"pool did not start or warm up: {error_text(exc)}"
+            self.stop(config)
+        self.bar.update(self.costs["start"][config] + self.costs["call"][config] * self.args.warmup)
+        return config in self.pools
 
-    def time(self, pools: dict, group: int, seed: int) -> None:
-        """--rounds interleaved rounds over `pools`; a pool that fails is timed no further."""
-        for r, config in in_rounds(list(pools), self.args.rounds, random.Random(seed)):
-            self.bar.set_description(f"B={self.plan['batch']}: group {group + 1}, round {r}/{self.args.rounds}")
-            if config not in pools:
-                continue
-            try:
-                self.samples[config].append((elapsed_ms(lambda: answered(pools[config], self.requests)), group))
-            except Exception as exc:
-                self.results[config]["error"] = f"round {r} failed: {exc}"
-                del pools[config]
-            self.bar.update(self.costs["call"][config])
+    def time(self, config: Config, group: int, r: int) -> bool:
+        """One call in round r of `group`; False when it failed (the pool is then timed no further)."""
+        self.bar.set_description(f"B={self.plan['batch']}: group {group + 1}, round {r}/{self.args.rounds}")
+        if self.results[config]["group"] is None and config not in self.anchors:
+            self.results[config]["group"] = group
+        elif group and config in self.anchors and r == 1:  # the anchors are timed again beside each group
+            self.bar.total += self.args.rounds * self.costs["call"][config]
+        try:
+            self.samples[config].append((elapsed_ms(lambda: answered(self.pools[config], self.requests)), group, r))
+        except Exception as exc:
+            self.results[config]["error"] = f"round {r} failed: {exc}"
+            self.stop(config)
+        self.bar.update(self.costs["call"][config])
+        return config in self.pools
+
+    def stop(self, config: Config) -> None:
+        if (pool := self.pools.pop(config, None)) is not None:
+            pool.close()
 
 
 def time_batch(plan: dict, args, topology: Topology, costs: dict, bar) -> dict:
-    """Time every configuration of this B in interleaved rounds. The anchors (planner's choices, each
-    runtime's fat) stay started; the rest start in groups that fit the free memory, each group timed in
-    rounds with the anchors and stopped before the next starts. `bar` (tqdm) advances by `costs`."""
+    """Time every configuration of this B in interleaved rounds (rounds.grouped_rounds). The anchors
+    (planner's choices, each runtime's fat) stay started; the rest start in groups that fit the free
+    memory (or --memory-mib), each group timed in rounds with the anchors and stopped before the next
+    starts. `bar` (tqdm) advances by `costs`."""
     batch = plan["batch"]
     results = {c: {"label": label(c), "config": [list(s) for s in c], "cores": None, "samples_ms": [],
                    "predicted_ms": plan.get("predicted", {}).get(c), "group": None,
                    "median_ms": None, "error": None} for c in plan["configs"]}
     start_time = time.monotonic()
     anchors, rest = anchored(plan["configs"], plan)
-    timer = _Pools(plan, args, topology, costs, bar, results)
-    with ExitStack() as stack:
-        before = _available_mib()
-        kept = timer.start(anchors, stack)
-        started = sum(len(c) for c in kept) or 1
-        per_instance = max((before - _available_mib()) / started, 1.0) * MEMORY_MARGIN
-        free = args.memory_mib if args.memory_mib is not None else _available_mib() - MEMORY_RESERVE_MIB
-        groups = memory_groups(rest, per_instance, free)
-        if len(groups) > 1:  # the anchors are timed again beside each further group
-            bar.total += (len(groups) - 1) * args.rounds * sum(costs["call"][c] for c in kept)
-            print(f"B={batch}: {len(rest)} configurations in {len(groups)} groups that fit the free memory, each "
-                  f"timed beside the {len(kept)} anchors (plans and fat instances)", file=sys.stderr, flush=True)
-        for g, group in enumerate(groups):
-            with ExitStack() as group_stack:
-                pools = {**kept, **timer.start(group, group_stack)}
-                for config in group:
-                    results[config]["group"] = g
-                timer.time(pools, g, args.seed * 1_000_003 + batch * 1009 + g)
-                kept = {c: p for c, p in pools.items() if c in kept}  # a failed anchor stays out
+    timer = _Pools(plan, args, topology, costs, bar, results, anchors)
+    full = ((lambda: held_mib() > args.memory_mib) if args.memory_mib is not None
+            else (lambda: available_mib() < MEMORY_RESERVE_MIB))
+    try:
+        groups = grouped_rounds(anchors, rest, timer.start, timer.time, timer.stop, args.rounds,
+                                random.Random(args.seed * 1_000_003 + batch * 1009), full)
+    finally:
+        for config in list(timer.pools):
+            timer.stop(config)
+    if groups > 1:
+        print(f"B={batch}: {len(rest)} configurations in {groups} groups that fit the free memory, each timed "
+              f"beside the {len(anchors)} anchors (plans and fat instances)", file=sys.stderr, flush=True)
     reference = next((c for c in anchors if timer.samples[c] and not results[c]["error"]), None)
     medians = rescaled({c: v for c, v in timer.samples.items() if not results[c]["error"]}, reference)
     for config, result in results.items():
-        result["samples_ms"] = [ms for ms, _ in timer.samples[config]]
+        result["samples_ms"] = [ms for ms, *_ in timer.samples[config]]
+        result["sample_rounds"] = [[group, r] for _, group, r in timer.samples[config]]  # pairs the rounds
         result["median_ms"] = medians.get(config)
     return {"batch": batch, "feasible": plan["feasible"], "fat": plan["fat"], "planner": plan["planner"],
-            "configs": list(results.values()), "groups": len(groups), "wall_s": time.monotonic() - start_time}
+            "configs": list(results.values()), "groups": groups, "wall_s": time.monotonic() - start_time}
 
 
 def _meta(args, topology: Topology, profile_path: Path, profile: Profile) -> dict:
@@ -764,9 +786,12 @@ def run(args) -> int:
         print(f"note: {profile_path} has no loaded figures; the loaded planner is not evaluated", file=sys.stderr)
     args.runtimes = args.runtimes or oracle_runtimes(profile)
     plans = plan_batches(args, profile, topology)
+    asked = profile is not None or args.profile is not None or not args.dry_run  # a dry run may go without one
+    if asked and (reasons := too_sparse(plans, profile, topology.num_cores)):
+        raise ProfileError(refusal(profile_path, reasons, args.model, topology.num_cores, profile))
     isolated, loaded, estimates = None, None, None
-    if profile is not None:
-        isolated, loaded = dict(profile.isolated), dict(profile.latency) if profile.loaded else None
+    if profile is not None:  # a profile of loaded figures only estimates from those
+        isolated, loaded = dict(profile.isolated) or dict(profile.latency), dict(profile.latency) if profile.loaded else None
         estimates = [batch_estimate_s(p["configs"], args.rounds, args.warmup, isolated, loaded) for p in plans]
     print(f"{args.model} on T={topology.num_cores} (cores {topology.cores}), profile "
           f"{profile_path if profile is not None else '(not measured yet)'}")

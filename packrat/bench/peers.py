@@ -32,15 +32,20 @@ with all T cores:
   onnxruntime-parallel the same with ORT_PARALLEL, --ort-parallel-threads INTER:INTRA (default T:1):
                        the knob users reach for, little to run in parallel in ResNet or BERT.
 
-Every peer runs in a fresh process pinned to the T cores, torch with T threads and one inter-op
-thread. Each of --rounds runs every peer once, in a shuffled order, and each peer's process the
-batch sizes in a shuffled order: at each B it prepares ("setup s"), runs --warmup untimed batches,
-then --iters timed ones and keeps their median. Per B the table gives the median over rounds, its
-ratio to packrat's (peer / packrat: above 1, packrat is faster) and the largest absolute difference
-of the outputs from eager's (DIFFERS above 1e-3 of their largest magnitude). The compile caches are
-fresh per run (unless --keep-caches): round 1's setups compile cold, later rounds load what it built. A peer
-whose packages are missing is reported "not installed (pip install ...)" and skipped (packrat
-installs them all, unless installed torch-only). --json OUT keeps every figure.
+Every peer runs in a process of its own pinned to the T cores (torch with T threads and one inter-op
+thread), started once for the whole run: what it builds (IR, session, compiled module, pool) is
+built once, not once a round. At each B every peer is set up there ("setup s": the build and its
+first batch), runs --warmup untimed batches and keeps its outputs; then --rounds interleaved rounds
+each run every peer once, in a shuffled order: one untimed batch (another peer just had the cores),
+then --iters timed ones, their median the round's figure. Per B the table gives the median over
+rounds with the rounds' min–max; vs packrat, the peer's figure over packrat's in the same round
+(paired: the machine's drift between rounds hits both), its median over rounds and min–max, on which
+the verdict rests; and the largest absolute difference of the outputs from eager's (DIFFERS above
+1e-3 of their largest magnitude). Where free memory falls under 2 GiB, the peers not yet set up wait
+for a later group, timed beside packrat once the others are stopped. A peer whose process ended is
+started again at the next B, and its row says so. The compile caches are fresh per run (unless
+--keep-caches). A peer whose packages are missing is reported "not installed (pip install ...)"
+and skipped. --json OUT keeps every figure, also of a run interrupted (the table then says so).
 """
 from __future__ import annotations
 
@@ -56,11 +61,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from packrat.bench.harness import child_json, error_text, fresh_compile_caches, local_topology, \
-    fmt_num, markdown_table, pin, pool_requests
+from packrat.bench.harness import MEMORY_RESERVE_MIB, Worker, available_mib, error_text, fresh_compile_caches, \
+    local_topology, fmt_num, markdown_table, pin, pool_requests
 from packrat.bench.pool import answered
 from packrat.bench.results import write_json
-from packrat.bench.rounds import elapsed_ms, in_rounds
+from packrat.bench.rounds import elapsed_ms, grouped_rounds, median_spread, paired
 from packrat.profiling.profiles import default_path as default_profile_path
 
 PEERS = ("packrat", "packrat-later", "fat", "eager", "script", "compile", "torch-compile", "openvino-latency", "openvino-throughput",
@@ -90,53 +95,45 @@ def diff_stats(output, reference) -> dict:
     return {**found, "differs": "why" in found or found["relative_diff"] > TOLERANCE}
 
 
-def ratio(ms: float | None, packrat_ms: float | None) -> float | None:
-    """peer / packrat: above 1, packrat is faster."""
-    if ms is None or not packrat_ms:
-        return None
-    return ms / packrat_ms
+def by_round(run: dict | None) -> dict[tuple[int, int], float]:
+    """A peer's figure in each (group, round) it was timed in."""
+    return {(r["group"], r["round"]): r["latency_ms"] for r in (run or {}).get("rounds", [])
+            if r.get("latency_ms") is not None}
 
 
-def summarise(runs: dict[str, list[dict]], batches: list[int], skipped: dict[str, str] | None = None) -> dict:
-    """Per B, per peer: the median over rounds of each run's median latency, the median setup, the
-    worst output difference from eager's over the rounds, the ratio to packrat, the first note; a
-    peer with no good run at B gets its first error (or skip reason) instead. `runs[peer]` is that
-    peer's child results, one per round ({"batches": {"B": {...}}} or {"error": ...}); `skipped`
-    holds peers that never ran (not installed), with why."""
+def summarise(runs: dict[str, dict[str, dict]], batches: list[int], skipped: dict[str, str] | None = None) -> dict:
+    """Per B, per peer: the median over rounds of each round's median latency and the rounds'
+    min–max, the setup, the outputs' difference from eager's, the note; vs packrat, the median over
+    rounds of the peer's figure over packrat's in the same round (paired), with their min–max. A peer
+    never timed at B gets its start's error (or skip reason) instead. `runs[B][peer]` is {"start":
+    {...}, "rounds": [{"group", "round", "latency_ms" or "error", ...}]}; `skipped` holds peers that
+    never ran (not installed), with why."""
     summary: dict[int, dict[str, dict]] = {}
     for batch in batches:
-        rows: dict[str, dict] = {}
-        for peer, peer_runs in runs.items():
-            entries = [run.get("batches", {}).get(str(batch)) or {"error": run.get("error", "no result")}
-                       for run in peer_runs]
-            good = [e for e in entries if e.get("latency_ms") is not None]
+        table, rows = runs.get(str(batch), {}), {}
+        for peer, run in table.items():
+            start, good = run.get("start", {}), [r for r in run.get("rounds", []) if r.get("latency_ms") is not None]
             if not good:
-                first = next((e for e in entries if "skipped" in e), None) or (entries[0] if entries else {})
-                rows[peer] = {"error": first.get("skipped") or first.get("error") or "not run"}
-                if "skipped" in first:
-                    rows[peer]["skipped"] = True
+                failed = next((r["error"] for r in run.get("rounds", []) if "error" in r), None)
+                rows[peer] = {"error": start.get("skipped") or start.get("error") or failed or "not run",
+                              **({"skipped": True} if "skipped" in start else {})}
                 continue
-            diffs = [e for e in good if "max_abs_diff" in e]
-            known = [e for e in diffs if e["max_abs_diff"] is not None]
-            row = {"latency_ms": statistics.median(e["latency_ms"] for e in good),
-                   "rounds": len(good), "failed_rounds": len(entries) - len(good),
-                   "setup_s": statistics.median(e["setup_s"] for e in good) if all("setup_s" in e for e in good)
-                   else None,
-                   "max_abs_diff": max((e["max_abs_diff"] for e in known), default=None),
-                   "relative_diff": max((e["relative_diff"] for e in known), default=None),
-                   "differs": any(e.get("differs") for e in diffs),
-                   "diff_why": next((e["why"] for e in diffs if e.get("why")), None),
-                   "note": next((e["note"] for e in good if e.get("note")), "")}
-            staged = [e["stage_ms"] for e in good if e.get("stage_ms")]
+            figures = median_spread([r["latency_ms"] for r in good])
+            row = {"latency_ms": figures["median"], "spread_ms": figures["spread"], "rounds": len(good),
+                   "failed_rounds": len(run["rounds"]) - len(good), "setup_s": start.get("setup_s"),
+                   "max_abs_diff": start.get("max_abs_diff"), "relative_diff": start.get("relative_diff"),
+                   "differs": bool(start.get("differs")), "diff_why": start.get("why"),
+                   "note": "; ".join(filter(None, (start.get("note"), start.get("restarted"))))}
+            staged = [r["stage_ms"] for r in good if r.get("stage_ms")]
             if staged:  # each stage's median over the rounds of its per-round medians
                 row["stage_ms"] = {stage: statistics.median(s[stage] for s in staged) for stage in staged[0]}
+            ratios = paired(by_round(run), by_round(table.get("packrat")))
+            if ratios:
+                row.update(vs_packrat=statistics.median(ratios), vs_packrat_spread=[min(ratios), max(ratios)],
+                           paired_rounds=len(ratios))
             rows[peer] = row
         for peer, why in (skipped or {}).items():
             rows[peer] = {"error": why, "skipped": True}
-        packrat_ms = rows.get("packrat", {}).get("latency_ms")
-        for row in rows.values():
-            if "latency_ms" in row:
-                row["vs_packrat"] = ratio(row["latency_ms"], packrat_ms)
         summary[batch] = {peer: rows[peer] for peer in sorted(rows, key=lambda p: (PEERS.index(p) if p in PEERS
                                                                                     else len(PEERS), p))}
     return summary
@@ -147,12 +144,14 @@ AHEAD_TARGET = 1.10  # ... and this much where the oracle beats the best peer by
 OWN = ("packrat", "packrat-later", "fat")  # packrat's own pools: not peers
 
 
-def best_peer(rows: dict[str, dict]) -> tuple[str | None, float | None, list[str]]:
-    """(the fastest other peer, its ms, the peers that could not be measured) of one B's rows."""
+def best_peer(rows: dict[str, dict]) -> tuple[str | None, dict, list[str]]:
+    """(the other peer closest to packrat: the lowest paired vs packrat, else the fastest; its row;
+    the peers that could not be measured) of one B's rows."""
     others = {p: r for p, r in rows.items() if p not in OWN}
-    timed = {p: r["latency_ms"] for p, r in others.items() if r.get("latency_ms") is not None}
-    best = min(timed, key=timed.get) if timed else None
-    return best, timed.get(best), sorted(p for p in others if p not in timed)
+    timed = {p: r for p, r in others.items() if r.get("latency_ms") is not None}
+    best = min(timed, default=None, key=lambda p: (timed[p].get("vs_packrat") is None, timed[p].get("vs_packrat", 0.0),
+                                                   timed[p]["latency_ms"]))
+    return best, timed.get(best, {}), sorted(p for p in others if p not in timed)
 
 
 def peer_verdict(ratio: float | None, unmeasured: Sequence[str], ahead: float | None = None,
@@ -166,15 +165,21 @@ def peer_verdict(ratio: float | None, unmeasured: Sequence[str], ahead: float | 
     return ratio is not None and not missing and ratio >= target, missing
 
 
+def span(values: Sequence[float] | None, digits: int = 2) -> str:
+    """A [min, max] as 'min–max'; '-' for none."""
+    return f"{values[0]:.{digits}f}–{values[1]:.{digits}f}" if values else "-"
+
+
 def verdict_lines(summary: dict[int, dict[str, dict]]) -> list[str]:
-    """Per B: the best peer against packrat, PASS or FAIL on PEER_TARGET (the oracle's part of the
-    target is `packrat bench oracle`'s)."""
+    """Per B: the best peer against packrat, paired per round, PASS or FAIL on PEER_TARGET by the
+    rounds' median (the oracle's part of the target is `packrat bench oracle`'s)."""
     lines = []
     for batch, rows in summary.items():
-        peer, peer_ms, unmeasured = best_peer(rows)
-        value = ratio(peer_ms, rows.get("packrat", {}).get("latency_ms"))
+        peer, row, unmeasured = best_peer(rows)
+        value = row.get("vs_packrat")
         met, missing = peer_verdict(value, unmeasured, oracle_needed=False)
-        shown = f"{peer} / packrat {value:.3f}" if value is not None else "packrat or every peer not measured"
+        shown = (f"{peer} / packrat {value:.3f}, median of {row['paired_rounds']} paired round(s), "
+                 f"{span(row['vs_packrat_spread'], 3)}" if value is not None else "packrat or every peer not measured")
         lines.append(f"B={batch}: best peer / packrat ≥ {PEER_TARGET}: {'PASS' if met else 'FAIL'} ({shown}"
                      + (f"; {'; '.join(missing)}" if missing else "") + ")")
     return lines
@@ -187,9 +192,9 @@ def _diff_text(row: dict) -> str:
 
 
 def markdown(summary: dict, header: str = "", plans: dict | None = None, predicted: dict | None = None) -> str:
-    """One table per B: peer, median ms, vs packrat, max |Δ| vs eager, setup s, notes; then a line per
-    pool peer on its path (path_line). `plans` maps B to a line about packrat's plan at that B,
-    `predicted` B to the plan's predicted ms."""
+    """One table per B: peer, median ms (rounds' min–max), vs packrat paired (min–max), max |Δ| vs
+    eager, setup s, notes; then a line per pool peer on its path (path_line). `plans` maps B to a
+    line about packrat's plan at that B, `predicted` B to the plan's predicted ms."""
     lines = [header, ""] if header else []
     for batch, rows in summary.items():
         lines += [f"### B = {batch}", ""]
@@ -201,9 +206,11 @@ def markdown(summary: dict, header: str = "", plans: dict | None = None, predict
                 cells.append([peer, "-", "-", "-", "-", row["error"]])
                 continue
             failed = [f"{row['failed_rounds']} round(s) failed"] if row.get("failed_rounds") else []
-            cells.append([peer, f"{row['latency_ms']:.2f}", fmt_num(row.get("vs_packrat"), 2), _diff_text(row),
+            vs = f"{fmt_num(row.get('vs_packrat'), 2)} ({span(row.get('vs_packrat_spread'))})" if "vs_packrat" in row else "-"
+            cells.append([peer, f"{row['latency_ms']:.2f} ({span(row['spread_ms'])})", vs, _diff_text(row),
                           fmt_num(row.get("setup_s")), "; ".join([row["note"]] * bool(row.get("note")) + failed)])
-        lines += [markdown_table(["peer", "median ms", "vs packrat", "max abs Δ vs eager", "setup s", "notes"], cells), ""]
+        lines += [markdown_table(["peer", "median ms (rounds' min–max)", "vs packrat, paired (min–max)",
+                                  "max abs Δ vs eager", "setup s", "notes"], cells), ""]
         lines += [path_line(peer, row, (predicted or {}).get(batch) if peer == "packrat" else None)
                   for peer, row in rows.items() if row.get("stage_ms")]
         lines += [""] if any(row.get("stage_ms") for row in rows.values()) else []
@@ -255,7 +262,7 @@ def parse_ratio(text: str, threads: int) -> tuple[int, int]:
     return inter, intra
 
 
-# ---- the children: one peer, every B, in a fresh pinned process ---------------------------------
+# ---- the children: one process per peer, pinned to the cores, started once ----------------------
 
 def _first_output(result):
     """A module's (first) output tensor: some return tuples or lists."""
@@ -433,27 +440,33 @@ class PoolRunner(Runner):
         self.pool.close()
 
 
-def child(peer: str, config: dict, round_index: int) -> dict:
-    """Runs in the fresh process: every B (shuffled) for one peer; figures and output files."""
-    started = time.perf_counter()
+def serve(peer: str, config: dict) -> None:
+    """A peer's process (`python -m packrat.bench.peers --worker PEER --config FILE`), pinned to the
+    cores, answering the parent's requests, a JSON line each ({"op": "start" | "time" | "stop",
+    "batch": B}), until its stdin closes: what it builds (IR, session, compiled module, pool) stays
+    up across rounds."""
     pin(config["cores"])
     import numpy as np
     import torch
 
     from packrat.models.zoo import resolve
 
-    spec = resolve(config["model"])
-    batches = list(config["batches"])
-    random.Random(config["seed"] * 1_000_003 + round_index * 1009 + PEERS.index(peer)).shuffle(batches)
-    shared: dict = {}
-    results: dict[str, dict] = {}
-    for batch in batches:
+    spec, shared, runners = resolve(config["model"]), {}, {}
+    for line in sys.stdin:
+        request = json.loads(line)
+        batch = request["batch"]
         try:
-            results[str(batch)] = time_batch(peer, spec, batch, config, shared, round_index, np, torch)
-        except Exception as exc:  # one B's failure is reported, the others still run
-            results[str(batch)] = {"error": error_text(exc)}
-    return {"peer": peer, "round": round_index, "order": batches, "batches": results,
-            "child_s": time.perf_counter() - started}
+            with torch.inference_mode() if peer in TORCH_PEERS else contextlib.nullcontext():
+                if request["op"] == "start":
+                    answer = start_runner(peer, spec, batch, config, shared, runners, np)
+                elif request["op"] == "time":
+                    answer = time_runner(runners[batch], config["iters"])
+                else:
+                    runners.pop(batch).close()
+                    answer = {}
+        except Exception as exc:  # one B's failure is reported, the process goes on
+            answer = {"error": error_text(exc)}
+        print(RESULT + json.dumps(answer), flush=True)
 
 
 def prepare_shared(peer: str, spec, config: dict, shared: dict) -> None:
@@ -483,32 +496,42 @@ def runner_for(peer: str, spec, batch: int, config: dict, shared: dict):
     return PoolRunner(spec, config["model"], plan["instances"], config["pools"]["mode"], batch)
 
 
-def time_batch(peer: str, spec, batch: int, config: dict, shared: dict, round_index: int, np, torch) -> dict:
+def start_runner(peer: str, spec, batch: int, config: dict, shared: dict, runners: dict, np) -> dict:
+    """The peer's runner at B built and kept in `runners`: its first run (the setup's end), --warmup
+    more, and its outputs saved for the comparison with eager's."""
     if peer in POOL_PEERS and "skipped" in config["pools"][peer][str(batch)]:
         return {"skipped": config["pools"][peer][str(batch)]["skipped"]}
-    mode = torch.inference_mode() if peer in TORCH_PEERS else contextlib.nullcontext()
-    with mode:
-        prepare_shared(peer, spec, config, shared)
-        begun = time.perf_counter()
-        runner = runner_for(peer, spec, batch, config, shared)
-        try:
-            runner.run()  # the first run belongs to the setup (a graph mode's first call, a pool's warm-up)
-            setup_s = time.perf_counter() - begun
-            timed = round_index > 0  # round 0: eager's outputs only, the reference when eager is not a peer
-            for _ in range(config["warmup"] if timed else 0):
-                runner.run()
-            if isinstance(runner, PoolRunner):
-                runner.forget_stages()
-            times = [elapsed_ms(runner.run) for _ in range(config["iters"] if timed else 0)]
-            stages = runner.stage_ms() if isinstance(runner, PoolRunner) and times else None
-            output = np.asarray(runner.outputs(runner.run()), dtype=np.float32)
-        finally:
-            runner.close()
-    path = Path(config["scratch"]) / "outputs" / f"{peer}-r{round_index}-b{batch}.npy"
+    prepare_shared(peer, spec, config, shared)
+    begun = time.perf_counter()
+    runner = runner_for(peer, spec, batch, config, shared)
+    try:
+        runner.run()  # the first run belongs to the setup (a graph mode's first call, a pool's warm-up)
+        setup_s = time.perf_counter() - begun
+        for _ in range(config["warmup"]):
+            runner.run()
+        output = np.asarray(runner.outputs(runner.run()), dtype=np.float32)
+    except BaseException:
+        runner.close()
+        raise
+    runners[batch] = runner
+    path = Path(config["scratch"]) / "outputs" / f"{peer}-b{batch}.npy"
     path.parent.mkdir(parents=True, exist_ok=True)
     np.save(path, output)
-    return {"latency_ms": statistics.median(times) if times else None, "samples_ms": times, "setup_s": setup_s,
-            "note": runner.note, "output": str(path), **({"stage_ms": stages} if stages else {})}
+    return {"setup_s": setup_s, "note": runner.note, "output": str(path)}
+
+
+ROUND_WARMUP = 1  # untimed batches opening each round: another peer has just had the cores and caches
+
+
+def time_runner(runner: Runner, iters: int) -> dict:
+    """One round of a started runner: ROUND_WARMUP untimed batches, then `iters` timed ones."""
+    for _ in range(ROUND_WARMUP):
+        runner.run()
+    if isinstance(runner, PoolRunner):
+        runner.forget_stages()
+    times = [elapsed_ms(runner.run) for _ in range(iters)]
+    stages = {"stage_ms": runner.stage_ms()} if isinstance(runner, PoolRunner) else {}
+    return {"latency_ms": statistics.median(times), "samples_ms": times, **stages}
 
 
 # ---- the parent --------------------------------------------------------------------------------
@@ -571,16 +594,18 @@ def served_as(profile, corrections: Path):
 def read_profile(args, path: Path):
     """(the profile at `path`, None) or (None, why it cannot be used)."""
     from packrat.errors import ProfileError
-    from packrat.profiling.profiles import load
+    from packrat.profiling.profiles import held
     from packrat.serving.payloads import planned_for
 
-    if not path.exists():
-        return None, (f"no profile {path}: measure one with `packrat profile --model {args.model} "
-                      f"--batches {','.join(map(str, args.batches))} --out {path}` (or give --profile)")
+    measure = f"`packrat profile --model {args.model} --batches {','.join(map(str, args.batches))} --out {path}`"
     try:  # the pools answer raw tensors: planned as the engine plans for them
-        return planned_for(load(path), raw_share=1.0), None
+        profile = held(path)
     except ProfileError as exc:
         return None, f"profile unusable: {exc}"
+    if profile is None:
+        return None, (f"no profile {path}: measure one with {measure} (or give --profile)" if not path.exists()
+                      else f"{path} holds no points: measure them with {measure} (it resumes)")
+    return planned_for(profile, raw_share=1.0), None
 
 
 def plans_of(args, profile, why: str | None, path: Path, cores: list[int], topology, lines: dict, name: str,
@@ -612,36 +637,60 @@ def plans_of(args, profile, why: str | None, path: Path, cores: list[int], topol
     return plans
 
 
-def run_child(args, env: dict, config_path: Path, peer: str, round_index: int) -> dict:
-    """One peer's run in a fresh process (child): its result."""
-    return child_json([sys.executable, "-m", "packrat.bench.peers", "--child", peer, "--config", str(config_path), "--round",
-                       str(round_index)], marker=RESULT, env=env, timeout=args.timeout)
+def measure(peers: list[str], batches: list[int], rounds: int, ask, rng=None, memory_low=lambda: False,
+            say=print, runs: dict | None = None) -> dict:
+    """Per B (a string), per peer: its start and its rounds (summarise's input), into `runs`. At each
+    B every peer is started once, then timed in `rounds` interleaved rounds on what it started, beside
+    packrat; where memory_low() after a start, the peers left start in a later group (rounds.
+    grouped_rounds). `ask(peer, request)` answers a request ({"op": "start" | "time" | "stop",
+    "batch": B}) in the peer's process; an answer with "ended" says that process ended: the peer is
+    timed no further at this B."""
+    runs = {} if runs is None else runs
+    for batch in batches:
+        table = runs[str(batch)] = {}
+        if "eager" not in peers and peers:  # outputs to compare with: eager's, untimed
+            table["_reference"] = {"start": ask("eager", {"op": "start", "batch": batch}), "rounds": []}
+            if "setup_s" in table["_reference"]["start"]:
+                ask("eager", {"op": "stop", "batch": batch})
+
+        def start(peer: str, batch=batch, table=table) -> bool:
+            answer = table.setdefault(peer, {"rounds": []})["start"] = ask(peer, {"op": "start", "batch": batch})
+            say(f"B={batch} {peer}: " + (f"set up in {answer['setup_s']:.1f} s" if "setup_s" in answer
+                                         else answer.get("skipped") or answer.get("error", "?")))
+            return "setup_s" in answer
+
+        def time_one(peer: str, group: int, r: int, batch=batch, table=table) -> bool:
+            answer = ask(peer, {"op": "time", "batch": batch})
+            table[peer]["rounds"].append({"group": group, "round": r, **answer})
+            return not answer.get("ended")
+
+        anchors = ["packrat"] if "packrat" in peers else []
+        grouped_rounds(anchors, [p for p in peers if p not in anchors], start, time_one,
+                       lambda peer, batch=batch: ask(peer, {"op": "stop", "batch": batch}), rounds, rng, memory_low,
+                       lambda group, r, batch=batch, table=table: say(round_line(batch, group, r, table)))
+    return runs
 
 
-def add_diffs(runs: dict[str, list[dict]]) -> None:
-    """Each run's output difference from eager's at that B (the first eager run's outputs, or the
-    untimed "_reference" run's); the output files' names dropped (they go with the scratch folder)."""
+def round_line(batch: int, group: int, r: int, table: dict) -> str:
+    """One round's figures, each peer's over packrat's in the same round beside it."""
+    done = {peer: e for peer, run in table.items() for e in run["rounds"] if (e["group"], e["round"]) == (group, r)}
+    packrat = done.get("packrat", {}).get("latency_ms")
+    parts = [f"{peer} " + (f"{e['latency_ms']:.2f} ms" + (f" ({e['latency_ms'] / packrat:.2f})" if packrat else "")
+                           if e.get("latency_ms") is not None else e.get("error", "?")) for peer, e in done.items()]
+    return f"B={batch} round {r}" + (f" (group {group + 1})" if group else "") + ": " + ", ".join(parts)
+
+
+def add_diffs(runs: dict[str, dict[str, dict]]) -> None:
+    """Each start's output difference from eager's at that B (eager's own, or the untimed
+    "_reference" start's); the output files' names dropped (they go with the scratch folder)."""
     import numpy as np
 
-    def entries(peers):
-        return [(b, e) for peer in peers for run in runs.get(peer, []) for b, e in run.get("batches", {}).items()]
-
-    reference: dict[str, str | None] = {}
-    for batch, entry in entries(["eager", "_reference"]):
-        reference[batch] = reference.get(batch) or entry.get("output")
-    for batch, entry in entries(list(runs)):
-        output = entry.pop("output", None)
-        if output and reference.get(batch):
-            entry.update(diff_stats(np.load(output), np.load(reference[batch])))
-
-
-def _progress(round_index: int, peer: str, result: dict) -> str:
-    if "error" in result:
-        return f"round {round_index} {peer}: {result['error']}"
-    parts = [f"B={batch} " + (f"{e['latency_ms']:.2f} ms (setup {e['setup_s']:.1f} s)" if e.get("latency_ms") is not None
-                              else e.get("error") or e.get("skipped") or "?")
-             for batch, e in sorted(result["batches"].items(), key=lambda item: int(item[0]))]
-    return f"round {round_index} {peer} ({result['child_s']:.0f} s): " + "; ".join(parts)
+    for table in runs.values():
+        reference = next((t["start"].get("output") for p in ("eager", "_reference") if (t := table.get(p))), None)
+        for run in table.values():
+            output = run["start"].pop("output", None)
+            if output and reference:
+                run["start"].update(diff_stats(np.load(output), np.load(reference)))
 
 
 def with_later(peers: list[str], later_profile: Path | None) -> list[str]:
@@ -661,32 +710,46 @@ def run(args) -> int:
     peers = with_later(args.peers, args.later_profile)
     skipped = {peer: why for peer in peers if (why := missing_packages(peer))}
     active = [p for p in peers if p not in skipped]
-    found = versions()
-    rng = random.Random(args.seed)
+    found, runs, interrupted = versions(), {}, False
     with tempfile.TemporaryDirectory(prefix="packrat-peers-") as scratch:
         env = None if args.keep_caches else fresh_compile_caches(Path(scratch))  # None: this environment's
-        config = {"model": args.model, "cores": cores, "batches": args.batches, "iters": args.iters,
-                  "warmup": args.warmup, "seed": args.seed, "scratch": scratch,
+        config = {"model": args.model, "cores": cores, "iters": args.iters, "warmup": args.warmup, "scratch": scratch,
                   "ort_parallel": list(parse_ratio(args.ort_parallel_threads, threads))}
         if any(p in POOL_PEERS for p in active):
             config["pools"] = pool_plans(args, cores)
         config_path = Path(scratch) / "config.json"
         config_path.write_text(json.dumps(config))
-        runs: dict[str, list[dict]] = {peer: [] for peer in active}
-        if "eager" not in active and active:  # outputs to compare with: eager's, once, untimed
-            runs["_reference"] = [run_child(args, env, config_path, "eager", 0)]
-        for round_index, peer in in_rounds(active, args.rounds, rng):
-            result = run_child(args, env, config_path, peer, round_index)
-            runs[peer].append(result)
-            print(_progress(round_index, peer, result), flush=True)
+        workers: dict[str, Worker] = {}
+
+        def ask(peer: str, request: dict) -> dict:
+            extra = {}
+            if peer in workers and not workers[peer].alive:  # it ended: a fresh one, said in its row
+                extra["restarted"] = f"its process was started again at B={request['batch']}: the last had ended"
+            if extra or peer not in workers:
+                workers[peer] = Worker([sys.executable, "-m", "packrat.bench.peers", "--worker", peer, "--config",
+                                        str(config_path)], marker=RESULT, log=Path(scratch) / f"{peer}.log", env=env)
+            answer = workers[peer].ask(request, args.timeout)
+            return {**answer, **extra, **({"ended": True} if not workers[peer].alive else {})}
+
+        try:
+            measure(active, args.batches, args.rounds, ask, random.Random(args.seed),
+                    lambda: available_mib() < MEMORY_RESERVE_MIB, lambda line: print(line, flush=True), runs)
+        except KeyboardInterrupt:  # what was measured is still reported (the suite's budget ends a run so)
+            interrupted = True
+        finally:
+            for worker in workers.values():
+                worker.close()
         add_diffs(runs)
-    runs.pop("_reference", None)
+    for table in runs.values():
+        table.pop("_reference", None)
     summary = summarise(runs, args.batches, skipped)
     pools = config.get("pools", {})
     header = (f"{args.model}, T = {threads} cores {cores}; torch {found['torch']}, openvino {found['openvino']}, "
-              f"onnxruntime {found['onnxruntime']}; medians over {args.rounds} round(s) of each run's median of {args.iters} timed batches "
-              f"(after {args.warmup} warm-up); vs packrat = peer / packrat (above 1: packrat is faster)"
-              + (f"; {pools['mode_note']}" if pools.get("mode_note") else ""))
+              f"onnxruntime {found['onnxruntime']}; each peer started once per B ({args.warmup} warm-up batches), then "
+              f"{args.rounds} interleaved round(s), each of {ROUND_WARMUP} untimed and {args.iters} timed batches: medians "
+              "over rounds of each round's median; vs packrat = peer / packrat in the same round, median over rounds "
+              "(above 1: packrat is faster)" + (f"; {pools['mode_note']}" if pools.get("mode_note") else "")
+              + ("; INTERRUPTED: what was measured before" if interrupted else ""))
     predicted = {batch: plan.get("predicted_ms") for batch in args.batches
                  if (plan := pools.get("packrat", {}).get(str(batch), {}))}
     table = markdown(summary, header, pools.get("lines"), predicted)
@@ -695,27 +758,26 @@ def run(args) -> int:
     if args.json:
         meta = {"model": args.model, "threads": threads, "cores": cores, "batches": args.batches,
                 "rounds": args.rounds, "iters": args.iters, "warmup": args.warmup, "seed": args.seed,
-                "peers": peers, "versions": found,
+                "peers": peers, "versions": found, "interrupted": interrupted,
                 "ort_parallel_threads": config["ort_parallel"],
                 "pools": {k: v for k, v in pools.items() if k != "lines"}, "plans": pools.get("lines", {}),
                 "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
         write_json(args.json, {"meta": meta, "runs": runs, "summary": summary, "markdown": table})
         print(f"all figures: {args.json}")
-    return 0
+    return 130 if interrupted else 0
 
 
-def child_main(argv: list[str]) -> int:
-    """`python -m packrat.bench.peers --child PEER --config FILE --round N`: one peer's run, its result on stdout."""
+def worker_main(argv: list[str]) -> int:
+    """`python -m packrat.bench.peers --worker PEER --config FILE`: one peer's process (serve)."""
     import argparse
 
     p = argparse.ArgumentParser()
-    p.add_argument("--child", choices=PEERS, required=True)
+    p.add_argument("--worker", choices=PEERS, required=True)
     p.add_argument("--config", type=Path, required=True)
-    p.add_argument("--round", type=int, default=0)
     args = p.parse_args(argv)
-    print(RESULT + json.dumps(child(args.child, json.loads(args.config.read_text()), args.round)), flush=True)
+    serve(args.worker, json.loads(args.config.read_text()))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(child_main(sys.argv[1:]))
+    sys.exit(worker_main(sys.argv[1:]))

@@ -55,6 +55,35 @@ def interleaved(cases: Mapping[str, Callable[[], float]], rounds: int, rng=None,
     return samples
 
 
+def grouped_rounds(anchors: Sequence, cases: Sequence, start: Callable[[object], bool],
+                   time_one: Callable[[object, int, int], bool], stop: Callable[[object], object], rounds: int,
+                   rng=None, full: Callable[[], bool] = lambda: False, after_round=lambda group, r: None) -> int:
+    """Interleaved rounds over what fits at once; the number of groups. The `anchors` start first and
+    stay up throughout; then `cases` start in order (start(case): whether it did) until full() after a
+    start, one at least a group. Each group is timed in `rounds` rounds, the live cases in round_order
+    (with `rng`), time_one(case, group, round) saying whether the case lives on; then its cases stop
+    before the next group starts, and the anchors after the last."""
+    anchors, pending, group = [a for a in anchors if start(a)], list(cases), 0
+    while True:
+        live: list = []
+        while pending and (not live or not full()):
+            case = pending.pop(0)
+            live += [case] if start(case) else []
+        for r in range(1, rounds + 1):
+            for case in round_order(anchors + live, r - 1, rng):
+                if not time_one(case, group, r):  # it died: timed no further
+                    (anchors if case in anchors else live).remove(case)
+            after_round(group, r)
+        for case in live:
+            stop(case)
+        group += 1
+        if not pending:
+            break
+    for case in anchors:
+        stop(case)
+    return group
+
+
 def medians(samples: Mapping[str, Sequence[float]]) -> dict[str, float]:
     """Each case's median."""
     return {name: statistics.median(values) for name, values in samples.items()}

@@ -52,7 +52,7 @@ def add_oracle_parser(sub) -> None:
                    help="measure nothing: one report of these runs' JSON (with --profile: that profile's choices)")
     p.add_argument("--seed", type=int, default=0, help="seed of the rounds' shuffles (default: 0)")
     p.add_argument("--memory-mib", type=positive(float), default=None, metavar="MIB",
-                   help="memory one B's pools may hold beside the anchors (default: what is free less "
+                   help="memory one B's pools may hold, resident (default: until what is free falls under "
                         f"{oracle.MEMORY_RESERVE_MIB} MiB); the rest start in later groups")
     p.add_argument("--dry-run", action="store_true",
                    help="print the configurations, the planner's choices and the estimate; measure nothing")

@@ -21,10 +21,10 @@ def add_peers_parser(sub) -> None:
     p.add_argument("--batches", type=int_list, default=[1, 4, 8], help="batch sizes B (default 1,4,8)")
     p.add_argument("--cores", type=count, default=None, metavar="N",
                    help="T: the first N physical cores of this process (default: all of them)")
-    p.add_argument("--rounds", type=count, default=3, help="rounds, each running every peer once (default 3)")
+    p.add_argument("--rounds", type=count, default=3, help="interleaved rounds at each B, each timing every peer once (default 3)")
     p.add_argument("--iters", type=count, default=10, help="timed batches per peer and B in a round (default 10)")
     p.add_argument("--warmup", type=positive(int, zero=True), default=2,
-                   help="untimed batches per peer and B before them, besides the setup's first run (default 2)")
+                   help="untimed batches per peer at each B after its setup's first one (default 2)")
     p.add_argument("--peers", type=name_list(peers.PEERS, "peer"), default=[n for n in peers.PEERS if n != "packrat-later"],
                    help=f"comma list (default: all: {','.join(peers.PEERS)}; packrat-later only with --later-profile, "
                         "which adds it)")
@@ -42,8 +42,8 @@ def add_peers_parser(sub) -> None:
                    help="graph mode of packrat's and fat's instances (default: the profile's mode)")
     p.add_argument("--ort-parallel-threads", default="T:1", metavar="INTER:INTRA",
                    help="onnxruntime-parallel's inter-op and intra-op threads, T for the cores (default T:1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the round orders (default 0)")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds one peer's process may take (default 3600)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the rounds' orders (default 0)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds one request to a peer's process may take: a setup, or a round (default 3600)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write every figure here")
     p.add_argument("--keep-caches", action="store_true", help="this environment's compile caches, not fresh ones: "
                    "setups load what an earlier run built (the tests' smoke run shares the suite's)")

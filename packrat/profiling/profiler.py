@@ -153,24 +153,55 @@ def check_runtimes(settings: ProfileSettings, runtimes: tuple[str, ...], say=pri
                    account: "Account | None" = None) -> dict[str, str | None]:
     """Each runtime -> None when it can run the model (its artefact built and checked against
     eager, once per machine; the time it took to `account`), else why not (said at once: the user
-    learns before any point is measured)."""
+    learns before any point is measured). Artefacts not built yet are built side by side, a process
+    each, when there are several and cores for them."""
     from packrat.models import runtimes as engines
     from packrat.models.zoo import resolve
 
+    spec = resolve(settings.model, settings.input_shape)
+    artefacts = {engines.base_runtime(r): r for r in reversed(runtimes)  # both kinds of a runtime share one
+                 if engines.base_runtime(r) in {*engines.SUFFIXES, *engines.CHECKED} and engines.installed(r)}
+    missing = [r for r in artefacts.values() if not _kept(spec, r)]
+    side_by_side = len(missing) > 1 and cpu_budget().cores > 1
+    found = {}
+    if side_by_side:
+        import concurrent.futures
+        import multiprocessing
+
+        with concurrent.futures.ProcessPoolExecutor(min(len(missing), cpu_budget().cores),
+                                                    mp_context=multiprocessing.get_context("spawn")) as pool:
+            found = dict(zip(missing, pool.map(_verdict, [(settings.model, settings.input_shape, r) for r in missing])))
     verdicts: dict[str, str | None] = {}
     for runtime in runtimes:
-        verdicts[runtime] = None
-        started = time.monotonic()
-        if runtime != DEFAULT_RUNTIME:
-            try:
-                engines.ensure_artefact(resolve(settings.model, settings.input_shape), runtime)
-            except engines.RuntimeRefused as exc:
-                verdicts[runtime] = str(exc)
+        verdicts[runtime], seconds = found.get(runtime) or _verdict((settings.model, settings.input_shape, runtime))
         if account is not None:
-            account.add(runtime, "build", time.monotonic() - started)
+            account.add(runtime, "build", seconds)
         if verdicts[runtime]:
             say(f"runtime {runtime} refused: {verdicts[runtime]}")
     return verdicts
+
+
+def _kept(spec, runtime: str) -> bool:
+    """Whether `runtime`'s artefact (or its refusal) is in this machine's cache already."""
+    from packrat.models import runtimes as engines
+
+    path = engines.artefact_path(spec, runtime)
+    return path.exists() or engines.refusal(path).exists()
+
+
+def _verdict(job: tuple) -> tuple[str | None, float]:
+    """(None, or why `runtime` cannot run the model; seconds it took): its artefact built if missing."""
+    from packrat.models import runtimes as engines
+    from packrat.models.zoo import resolve
+
+    model, input_shape, runtime = job
+    started = time.monotonic()
+    try:
+        if runtime != DEFAULT_RUNTIME:
+            engines.ensure_artefact(resolve(model, input_shape), runtime)
+        return None, time.monotonic() - started
+    except engines.RuntimeRefused as exc:
+        return str(exc), time.monotonic() - started
 
 
 def _some_runtime(verdicts: dict[str, str | None]) -> None:
@@ -268,7 +299,7 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
     profile instead, and `out` rewritten with them: a check of the search on a recorded table."""
     from packrat.profiling.search import FullGrid, Search
 
-    out, account = Path(out), Account()
+    out, account, notes = Path(out), Account(), []  # notes: said once a point is to be measured
     topology = topology or (Topology.virtual(max(threads)) if replay else cpu_budget().topology)
     source = profiles.load(replay) if replay else None
     if source:
@@ -283,12 +314,15 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
             payload_kind(settings)  # a payload the model cannot take is refused before any runtime is built
         verdicts = check_runtimes(settings, runtimes, say, account)
         meta = metadata(settings, topology, verdicts)
-        settings, meta = resumed(settings, out, meta, say)
+        settings, meta = resumed(settings, out, meta, notes.append)
         _existing(out, meta)
     _some_runtime(verdicts)
     usable = [r for r, why in verdicts.items() if not why]
     plain = tuple(r for r in usable if r not in OPT_IN or source is not None)  # replayed: ios looked up like any
-    search = (FullGrid if full_grid else Search)(threads, batches, plain, cores=topology.num_cores)
+    from packrat.profiling.builds import needs_build
+
+    costly = () if source else tuple(r for r in plain if needs_build(settings, r))
+    search = (FullGrid if full_grid else Search)(threads, batches, plain, cores=topology.num_cores, costly=costly)
     held = None if source else profiles.held(out)
     search.measured.update({(r, t, b): ms for (t, b, r), ms in (held.points() if held else {}).items()
                             if r in plain and t in search.threads and b in search.batches})
@@ -296,6 +330,8 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
                bar_format="{desc}: {n_fmt} of the grid's {total_fmt} points measured [{elapsed}]")
     with bar, profiles.ProfileWriter(out, meta) as writer, _WorkerPool(settings, topology, account) as pool:
         def measure_one(runtime: str, t: int, b: int) -> float:
+            while notes:
+                say(notes.pop(0))
             bar.set_description_str(f"{runtime}, threads={t} batch={b}")
             row = _replay_row(source, t, b, runtime) if source else pool.measure(runtime, t, b)
             writer.write(row)

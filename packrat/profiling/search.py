@@ -21,6 +21,7 @@ The published 16-core tables replayed show the share measured and the plans' err
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,6 +43,14 @@ def design(threads: list[int], batches: list[int]) -> list[tuple[int, int]]:
     batches (seconds a run on few threads), which the search measures only where a plan needs them."""
     ts, bs = sorted(set(threads)), sorted(set(batches))
     return list(dict.fromkeys((t, b) for b in (bs[0], _middle(bs)) for t in (ts[0], _middle(ts), ts[-1])))
+
+
+def costly_design(threads: list[int], batches: list[int]) -> list[tuple[int, int]]:
+    """The first points of a runtime whose every point costs a build (inductor's AOT packages): two,
+    the most threads at the smallest batch and a middle point, which set its level on the shape the
+    other runtimes' fits share."""
+    ts, bs = sorted(set(threads)), sorted(set(batches))
+    return list(dict.fromkeys([(ts[-1], bs[0]), (_middle(ts), _middle(bs))]))
 
 
 def _middle(values: list[int]) -> int:
@@ -77,6 +86,7 @@ class Search:
     batches: list[int]
     runtimes: tuple[str, ...]
     cores: int | None = None
+    costly: tuple[str, ...] = ()  # runtimes whose every point costs a build: designed from two points
     tolerance: float = DEFAULT_TOLERANCE
     confidence: float = DEFAULT_CONFIDENCE
     measured: dict[Key, float] = field(default_factory=dict)
@@ -105,8 +115,16 @@ class Search:
     def _own(self, runtime: str) -> dict[tuple[int, int], float]:
         return {(t, b): ms for (r, t, b), ms in self.measured.items() if r == runtime}
 
+    def _design(self, runtime: str) -> list[tuple[int, int]]:
+        borrows = runtime in self.costly and any(r not in self.costly for r in self.runtimes)
+        return (costly_design if borrows else design)(self.threads, self.batches)
+
+    def _lenders(self, runtime: str) -> list[str]:
+        """The runtimes whose fitted shape a costly one borrows: the others not costly, designed."""
+        return [r for r in self.runtimes if r != runtime and r not in self.costly and self._designed(r)]
+
     def _designed(self, runtime: str) -> bool:
-        return set(design(self.threads, self.batches)) <= set(self._own(runtime))
+        return set(self._design(runtime)) <= set(self._own(runtime))
 
     def fit_error(self) -> float:
         """The fit's relative error, as its predictions missed the points measured after it (RMS of
@@ -119,12 +137,23 @@ class Search:
         """The runtime's model over the grid, and each of its measured points' miss (log measured /
         model). Fitted to the fast points: one much slower than the fit (SLOW) is never planned."""
         own = self._own(runtime)
+        lenders = self._lenders(runtime) if runtime in self.costly and len(own) < 5 else []
+        if lenders:
+            return self._borrowed(own, lenders)
         theta = _fit(own)
         fast = {p: ms for p, ms in own.items() if ms <= SLOW * _features(*map(np.array, p)) @ theta}
         if len(fast) < len(own) and len(fast) >= 5:
             theta = _fit(fast)
         return _features(self._t, self._b) @ theta, {p: math.log(ms / (_features(*map(np.array, p)) @ theta))
                                                     for p, ms in own.items()}
+
+    def _borrowed(self, own: dict[tuple[int, int], float], lenders: list[str]) -> tuple[np.ndarray, dict]:
+        """A costly runtime's model until it has points enough of its own: the geometric mean of the
+        other runtimes' fits, at the level its own points set."""
+        shape = np.exp(np.mean([np.log(self._fitted(r)[0]) for r in lenders], axis=0))
+        at = {p: shape[self.threads.index(p[0]), self.batches.index(p[1])] for p in own}
+        level = math.exp(statistics.fmean(math.log(ms / at[p]) for p, ms in own.items()))
+        return shape * level, {p: math.log(ms / (at[p] * level)) for p, ms in own.items()}
 
     def _predict(self, runtime: str) -> np.ndarray:
         """Every point's predicted ms: the runtime's model, moved by what the other runtimes missed by
@@ -175,8 +204,7 @@ class Search:
         the measured plan by more than `tolerance`; [] when none can."""
         if not self.runtimes:
             return []
-        first = [(r, t, b) for r in self.runtimes for t, b in design(self.threads, self.batches)
-                 if (r, t, b) not in self.measured]
+        first = [(r, t, b) for r in self.runtimes for t, b in self._design(r) if (r, t, b) not in self.measured]
         if first:
             return first
         hopeful_figures = {(r, t, b): float(figure[i, j]) for r in self.runtimes
@@ -211,8 +239,7 @@ class Search:
 
     def dropped(self) -> list[str]:
         """The runtimes measured at their design points alone: none of their other points could win."""
-        designed = set(design(self.threads, self.batches))
-        return [r for r in self.runtimes if set(self._own(r)) <= designed]
+        return [r for r in self.runtimes if set(self._own(r)) <= set(self._design(r))]
 
 
 class FullGrid(Search):
