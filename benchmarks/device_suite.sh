@@ -1,69 +1,48 @@
 #!/usr/bin/env bash
-# The many-core suite: one command for a machine with many CPU cores (e.g. 16), torch installed,
-# no Java (nothing here starts TorchServe or locust). Everything it writes goes under OUT_DIR;
-# progress goes to stderr, and OUT_DIR/SUMMARY.md holds the tables for docs/benchmarks/many-core.md,
-# each under the exact command that produced it (rewritten after every step), and per B the
+# The many-core suite: one command for a machine with many CPU cores (e.g. 16), torch installed, no
+# Java. Everything goes under OUT_DIR; progress to stderr; OUT_DIR/SUMMARY.md (rewritten after every
+# step) holds the tables for docs/benchmarks/many-core.md, each under its exact command, and per B the
 # verdicts: packrat against the best peer, predicted / served, plan against the oracle.
 #
 #   bash benchmarks/device_suite.sh OUT_DIR
 #
-# Steps, with their default time budgets (530 s in all, within a 9-minute call). The budgets are an
-# estimate, not yet from a run of these settings (SUMMARY.md says which): ResNet-50 on 16 cores
-# (../shared/many-core-2026-11-28: 60-190 ms a call at B = 8-16, pools set up in 5-9 s) times each
-# step's rounds, plus its set-ups.
-#   profile  (190 s) the product's default profile: `packrat profile` (its search) of MODEL, threads 1..T,
-#                    batches 1,2,4,...,32, loaded, its default runtimes, served figures of raw tensor bodies
-#                    (what the peers and the oracle send), --budget-s the step's less PROFILE_MARGIN
-#                    -> MODEL.csv, MODEL-search.json (its --json account), MODEL-plans.json
-#   peers    (170 s) packrat bench peers at B = 8,16, 10 rounds of 5 batches: packrat's plan and its fat pool
-#                    against one in-process session of ONNX Runtime and of OpenVINO (LATENCY, THROUGHPUT), each
-#                    set up once per B: about 65 s of rounds, 35 s of set-ups, 20 s of processes -> peers.md,
-#                    peers.json. Not by default: torch-compile, whose compiles alone (9 s at B = 8, 65 s at B = 16
-#                    on 2026-11-28) would take half the budget, and eager (2-3x packrat on 16 cores, never the
-#                    best peer; its outputs are still the reference)
-#   oracle   (170 s) packrat bench oracle at B = 16, 10 rounds: identical and mixed configurations under each
-#                    runtime, each runtime's fat and the planner's choices (its own estimate, printed first:
-#                    about 25 pools) -> oracle.json
+# Steps and their budgets (530 s in all, within a 9-minute call; docs/benchmarks/many-core.md has more):
+#   profile  (190 s) `packrat profile` (its search, --budget-s the step's less PROFILE_MARGIN) of MODEL,
+#                    threads 1..T, batches 1..32, loaded, served raw tensors -> MODEL.csv, MODEL-search.json, MODEL-plans.json
+#   peers    (170 s) `packrat bench peers` at B = 8,16, 10 rounds of 5 batches: the plan and its fat pool against
+#                    ONNX Runtime and OpenVINO (LATENCY, THROUGHPUT), each set up once per B -> peers.md, peers.json.
+#                    Not by default: torch-compile (its compiles, 9 s at B = 8 and 65 s at B = 16 on 2026-11-28,
+#                    would take half the budget) and eager (never the best peer; still the outputs' reference)
+#   oracle   (170 s) `packrat bench oracle` at B = 16, 10 rounds, its configurations under each runtime -> oracle.json
 #   bench    (110 s) only when asked: `packrat bench --pool-only`, the fat and the planned pool
-#   ios      (300 s) only when asked: benchmarks/ios_networks.py, Inception-v3 and RandWire at batch 1 on 8 and
-#                    16 threads: each search (at most 60 s), the kept schedule against sequential, its stage
-#                    costs against its run, beside ONNX Runtime and OpenVINO -> ios-networks.md
-#   ios-plan (300 s) only when asked: IOS instances inside the plan: `packrat profile --ios` of Inception-v3
-#                    at batch 1 on threads 1,4,8,16, script mode, every installed runtime but torch.compile,
-#                    beside IOS; the plan and the oracle at B = 1 with and without IOS instances
-#                    -> IOS_MODEL-ios.csv, ios-plan.json, oracle-ios.json
-# A lease of 15 minutes fits the default steps in one call and SUITE_STEPS=ios,ios-plan (ios-plan reuses
-# the ios step's searches in the same OUT_DIR) in a call of its own.
-# A command past its step's budget is interrupted (profiles resume; peers, the oracle and IOS keep what
-# they measured); one that fails is noted with its last words; either way the suite goes on and exits
-# with status 3 naming those steps. A step that yields little (a profile without points, an oracle that
-# refuses it) is in SUMMARY.md with what is missing and why.
+#   ios      (300 s) only when asked: benchmarks/ios_networks.py, Inception-v3 and RandWire at batch 1 on 8, 16 threads
+#   ios-plan (300 s) only when asked: `packrat profile --ios` of Inception-v3 at batch 1, the plan and the oracle
+#                    at B = 1 with and without IOS instances (reusing the ios step's searches in the same OUT_DIR)
+# The budgets are an estimate, not from a run of these settings (SUMMARY.md says so): ResNet-50 on 16 cores
+# (../shared/many-core-2026-11-28: 60-190 ms a call at B = 8-16, pools set up in 5-9 s) times each step's calls,
+# plus its set-ups: the peers' about 65 s of rounds, 35 s of set-ups, 20 s of processes.
+# A command past its budget is interrupted (profiles resume; peers, oracle and IOS keep what they measured),
+# one that fails is noted with its last words; the suite goes on either way and exits with status 3 naming
+# those steps. A step that yields little is in SUMMARY.md with what is missing and why.
 #
-# Settings (environment variables; defaults in brackets):
-#   SUITE_MODEL [resnet50]  SUITE_THREADS [every core: T; fewer are pinned with taskset]
-#   SUITE_PROFILE_BATCHES [1,2,4,8,16,32]  SUITE_PROFILE_WARMUP [1]  SUITE_PROFILE_MIN_TIME [0.5]
-#   SUITE_PROFILE_KIND [contention]   the loaded figures (the product's default), or isolated
-#   SUITE_PROFILE_PAYLOAD [raw]       or jpeg, text, model-only: the bodies each point's served figure answers
-#   SUITE_RUNTIMES [default]          the profile's default runtimes, or a list, e.g. inductor,onnxruntime
-#   SUITE_EVERY_RUNTIME [0]           1: ios-plan measures IOS at every point (not only where threads idle)
-#   SUITE_GRAPH_MODE [compile]        inductor's mode, the product's default; script is cheaper
-#   SUITE_PEERS_MODEL [MODEL]  SUITE_PEERS_BATCHES [8,16]  SUITE_PEERS_ROUNDS [10]  SUITE_PEERS_ITERS [5]
-#   SUITE_PEERS [packrat,fat,openvino-latency,openvino-throughput,onnxruntime]
-#   SUITE_ORACLE_BATCHES [16]    SUITE_ORACLE_ROUNDS [10]  SUITE_ORACLE_FAMILY [all]  SUITE_ORACLE_CONFIGS [4]
-#                                     (beyond those always timed: each runtime's identical filling
-#                                     configurations and fat, the plans and their neighbours)
-#   SUITE_BENCH_BATCHES [8,16,32]  SUITE_BENCH_ROUNDS [8]
-#   SUITE_IOS_MODELS [inception_v3,randwire]  SUITE_IOS_THREADS [8,16; those above T dropped]  SUITE_IOS_BATCHES [1]
-#   SUITE_IOS_PEERS [onnxruntime,onnxruntime-parallel,openvino]  SUITE_IOS_SEARCH_BUDGET [60] seconds a search
-#   SUITE_IOS_PLAN_MODEL [inception_v3]  SUITE_IOS_PLAN_THREADS [1,4,8,16; those above T dropped]
-#   SUITE_IOS_PLAN_ROUNDS [5]  SUITE_IOS_PLAN_GRAPH_MODE [script]  SUITE_IOS_PLAN_RUNTIMES [every installed one but
-#                                     torch-compile: those built in seconds, so the step fits its budget]
-#   SUITE_STEPS [profile,peers,oracle]
-#   SUITE_BUDGET_PROFILE, SUITE_BUDGET_PEERS, SUITE_BUDGET_ORACLE, SUITE_BUDGET_BENCH, SUITE_BUDGET_IOS,
-#   SUITE_BUDGET_IOS_PLAN  seconds
-# Python: .venv/bin/python when there is one, else python3. Re-running into the same OUT_DIR
-# resumes the profile and keeps finished IOS cases. OpenVINO, where it is not installed, can come
-# as wheels on PYTHONPATH (docs/benchmarks/many-core.md says how).
+# Settings, environment variables [defaults]: SUITE_MODEL [resnet50], SUITE_THREADS [every core: T; fewer are
+# pinned with taskset], SUITE_STEPS [profile,peers,oracle; bench, ios, ios-plan too when named],
+# SUITE_PROFILE_BATCHES [1,2,4,8,16,32], SUITE_PROFILE_WARMUP [1], SUITE_PROFILE_MIN_TIME [0.5],
+# SUITE_PROFILE_KIND [contention: the loaded figures, the product's default; or isolated],
+# SUITE_PROFILE_PAYLOAD [raw; or jpeg, text, model-only], SUITE_RUNTIMES [the profile's default; or a list],
+# SUITE_GRAPH_MODE [compile, the product's default; script is cheaper], SUITE_PEERS_MODEL [MODEL],
+# SUITE_PEERS_BATCHES [8,16], SUITE_PEERS_ROUNDS [10], SUITE_PEERS_ITERS [5],
+# SUITE_PEERS [packrat,fat,openvino-latency,openvino-throughput,onnxruntime], SUITE_ORACLE_BATCHES [16],
+# SUITE_ORACLE_ROUNDS [10], SUITE_ORACLE_FAMILY [all], SUITE_ORACLE_CONFIGS [4, beyond those always timed],
+# SUITE_BENCH_BATCHES [8,16,32], SUITE_BENCH_ROUNDS [8], SUITE_IOS_MODELS [inception_v3,randwire],
+# SUITE_IOS_THREADS [8,16; those above T dropped], SUITE_IOS_BATCHES [1],
+# SUITE_IOS_PEERS [onnxruntime,onnxruntime-parallel,openvino], SUITE_IOS_SEARCH_BUDGET [60 s a search],
+# SUITE_IOS_PLAN_MODEL [inception_v3], SUITE_IOS_PLAN_THREADS [1,4,8,16; those above T dropped],
+# SUITE_IOS_PLAN_ROUNDS [5], SUITE_IOS_PLAN_GRAPH_MODE [script], SUITE_IOS_PLAN_RUNTIMES [every installed one
+# but torch-compile: built in seconds], SUITE_EVERY_RUNTIME [0; 1: ios-plan measures IOS at every point],
+# SUITE_BUDGET_PROFILE, _PEERS, _ORACLE, _BENCH, _IOS, _IOS_PLAN [seconds]. Python: .venv/bin/python when there
+# is one, else python3. Re-running into the same OUT_DIR resumes the profile and keeps finished IOS cases.
+# OpenVINO, where it is not installed, can come as wheels on PYTHONPATH (docs/benchmarks/many-core.md says how).
 
 set -euo pipefail
 

@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 from packrat.profiling.plots import SHORT_RUNTIMES
-from packrat.profiling.profiles import held, load
+from packrat.profiling.profiles import held
 
 from packrat.bench import oracle, peers as peers_bench
-from packrat.bench.harness import doc_parser, fmt_num, markdown_table
+from packrat.bench.harness import doc_parser, fmt_num, markdown_table, span
 
 STEPS = {"profile": "(a) Profile (the search)", "peers": "(b) packrat against its peers",
          "oracle": "(c) Planner vs the oracle", "bench": "(d) Pool-only bench: fat vs plan",
@@ -203,18 +203,9 @@ def ios_verdict(entry: dict) -> str:
 
 
 def peers_tables(out: Path) -> list[str]:
-    """packrat bench peers's tables, as it printed them (a heading and a table per B)."""
-    path = out / "peers.md"
-    lines = path.read_text().splitlines() if path.exists() else []
-    kept = [line for line in lines if line.startswith(("|", "### ", "packrat plan:"))]
-    spaced: list[str] = []
-    for line in kept:
-        if not line.startswith("|"):  # a heading or the plan's line: a paragraph of its own
-            spaced += [""] if spaced and spaced[-1] else []
-            spaced += [line, ""]
-        else:
-            spaced.append(line)
-    return spaced + [""] if kept else []
+    """packrat bench peers's tables, as it printed them (peers.json's markdown: a table per B, its plan and path)."""
+    text = (read_json(out / "peers.json") or {}).get("markdown", "")
+    return text.splitlines() + [""] if text else []
 
 
 def verdict_rows(peers: dict | None, report: dict | None) -> list[dict]:
@@ -266,7 +257,7 @@ def verdict_tables(out: Path) -> list[str]:
 
 
 def _mark(value: float | None, met: bool, spread: list[float] | None = None) -> str:
-    return "-" if value is None else f"{value:.2f}" + (f" ({peers_bench.span(spread)})" if spread else "") + \
+    return "-" if value is None else f"{value:.2f}" + (f" ({span(spread)})" if spread else "") + \
         f" {'✓' if met else '✗'}"
 
 

@@ -332,11 +332,12 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
 
 
 def test_pool_bench_rotates_the_cases_and_runs_the_bare_model_last():
-    from packrat.bench.pool import case_rounds, format_pool_results
+    from packrat.bench.pool import format_pool_results
+    from packrat.bench.rounds import interleaved
 
     order = []
     cases = {name: (lambda name=name: order.append(name) or 1.0) for name in ("in-process", "pool-fat", "pool-plan")}
-    assert case_rounds(cases, 2) == {"in-process": [1.0, 1.0], "pool-fat": [1.0, 1.0], "pool-plan": [1.0, 1.0]}
+    assert interleaved(cases, 2, last="in-process") == {"in-process": [1.0, 1.0], "pool-fat": [1.0, 1.0], "pool-plan": [1.0, 1.0]}
     assert order == ["pool-fat", "pool-plan", "in-process", "pool-plan", "pool-fat", "in-process"]
     result = {"batch": 4, "median_ms": {"in-process-codec": 100.0, "pool-fat": 101.0}, "codec_overhead": None,
               "pool_vs_in_process": 1.01, "transport_overhead_ms": 0.5, "plan_speedup_over_fat": None,

@@ -141,7 +141,7 @@ def test_summary(suite):
         "(a) Profile (the search)", "(b) packrat against its peers", "(c) Planner vs the oracle",
         "(d) Pool-only bench: fat vs plan", "(e) IOS on many cores",
         "(f) Per B: against the best peer, predicted / served, against the oracle", "(g) IOS instances in the plan"]
-    tables = ["| t \\ b | 1 | 2 |", "| peer | median ms |", "| B | configs | oracle (best) |", "| B | in-process |",
+    tables = ["| t \\ b | 1 | 2 |", "| peer | median ms (rounds' min–max) |", "| B | configs | oracle (best) |", "| B | in-process |",
               "| model | batch |"]
     commands = ["-m packrat.cli profile --model tiny --threads 1-", "-m packrat.cli bench peers --model tiny",
                 "-m packrat.cli bench oracle --model tiny", "-m packrat.cli bench --pool-only",
@@ -177,11 +177,9 @@ def test_help_and_bad_settings(tmp_path):
 def test_summary_keeps_the_peers_tables(tmp_path):
     from benchmarks.device_suite_summary import peers_tables
 
-    (tmp_path / "peers.md").write_text("round 1 eager (3 s): B=1 2.00 ms\n\n### B = 1\n\n"
-                                       "packrat plan: 1×⟨2 threads, batch 1⟩, predicted 1.0 ms\n\n"
-                                       "| peer | median ms |\n|---|---:|\n| packrat | 1.00 |\n")
-    assert peers_tables(tmp_path) == ["### B = 1", "", "packrat plan: 1×⟨2 threads, batch 1⟩, predicted 1.0 ms", "",
-                                      "| peer | median ms |", "|---|---:|", "| packrat | 1.00 |", ""]
+    table = "tiny, T = 2\n\n### B = 1\n\npackrat plan: 1×⟨2 threads, batch 1⟩\n\n| peer | median ms |\n|---|---|\n"
+    (tmp_path / "peers.json").write_text(json.dumps({"markdown": table}))
+    assert peers_tables(tmp_path) == table.splitlines() + [""]
     assert peers_tables(tmp_path / "missing") == []
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 
 from packrat.machine.topology import Topology
 from packrat.models import runtimes
-from packrat.profiling import profiler, profiles
+from packrat.profiling import measuring, profiler, profiles
 
 pytestmark = [pytest.mark.integration,  # profile-point processes and the ONNX export
               pytest.mark.skipif(not runtimes.installed("onnxruntime"), reason="onnxruntime is not installed"),
@@ -50,3 +51,15 @@ def test_the_profiler_measures_a_thread_runtime_as_threads_and_the_profile_loads
     assert set(profile.served["onnxruntime-thread"]) == {(1, 2), (2, 2)}
     latency, isolated = profile.by_runtime["onnxruntime-thread"][1, 2]  # written rounded
     assert latency == pytest.approx(loaded["latency_ms"], abs=1e-3) and isolated is None
+
+
+def test_thread_workers_measure_point_after_point_in_one_process():
+    with measuring.Workers(dataclasses.replace(SETTINGS, isolated_too=True), 1, TWO_CORES) as workers:
+        rows = [workers.measure(batch) for batch in (2, 1)]
+    assert [row["batch"] for row in rows] == [2, 1] and rows[0]["pid"] == rows[1]["pid"]  # one process
+    for row in rows:
+        assert row["copies"] == 2 and row["session_cores"] == [[CORES[0]], [CORES[1]]]
+        assert row["isolated_ms"] > 0 and row["served_isolated_ms"] > 0 and row["iterations"] == 3
+    with measuring.Workers(SETTINGS, 2, TWO_CORES) as workers:
+        alone = workers.measure(2)
+    assert alone["copies"] == 1 and alone["isolated_ms"] == alone["latency_ms"] and alone["session_cores"] == [CORES[:1]]

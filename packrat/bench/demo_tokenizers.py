@@ -33,14 +33,7 @@ def demo_tokenizer_kind(model: str) -> str:
 
 
 def _wordpiece(text: str):
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-    )
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True, clean_text=True,
                                             handle_chinese_chars=True)
@@ -72,14 +65,7 @@ def _wordpiece(text: str):
 
 
 def _bpe(text: str):
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -5,13 +5,10 @@ import time: a command that only formats figures stays light."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
-import queue
 import subprocess
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -71,75 +68,63 @@ def fresh_compile_caches(scratch: Path) -> dict[str, str]:
             COMPILE_CACHE_ENV.name: str(scratch / "compiled")}
 
 
-def child_json(command: Sequence[str], *, marker: str = "", check: bool = False, **run) -> dict:
+def child_json(command: Sequence[str], *, marker: str = "", **run) -> dict:
     """Run a child process; its result is the JSON on its last stdout line that starts with
     `marker` (libraries print there too). When it fails, times out (`timeout`, passed on with
-    the other keywords to subprocess.run) or prints no result: {"error": why}, or with `check`
-    a RuntimeError."""
+    the other keywords to subprocess.run) or prints no result: {"error": why}."""
     try:
         done = subprocess.run(list(command), capture_output=True, text=True, check=False, **run)
     except subprocess.TimeoutExpired:
-        result = {"error": f"timed out after {run.get('timeout')} s"}
-    else:
-        found = [line[len(marker):] for line in done.stdout.splitlines() if line.startswith(marker) and line.strip()]
-        if done.returncode == 0 and found:
-            return json.loads(found[-1])
-        tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["?"])[-1]
-        result = {"error": f"exit {done.returncode}: {tail[:300]}"}
-    if check:
-        raise RuntimeError(result["error"])
-    return result
+        return {"error": f"timed out after {run.get('timeout')} s"}
+    found = [line[len(marker):] for line in done.stdout.splitlines() if line.startswith(marker) and line.strip()]
+    if done.returncode == 0 and found:
+        return json.loads(found[-1])
+    tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["?"])[-1]
+    return {"error": f"exit {done.returncode}: {tail[:300]}"}
 
 
 class Worker:
-    """A child process that lives across requests (its model loaded once, then asked again and
-    again): a JSON line each way, its answers the stdout lines that start with `marker` (libraries
-    print there too), its stderr kept in `log` for the line that explains a death."""
+    """A process that lives across requests (its model loaded once, then asked again and again):
+    serve(connection, *args) runs in it, with `env` in its environment, answering each request it
+    receives on `connection` with one answer, until the connection closes."""
 
-    def __init__(self, command: Sequence[str], *, marker: str, log: Path, env: dict | None = None):
-        self.marker, self.log, self.answers = marker, Path(log), queue.Queue()
-        with open(self.log, "w") as err:
-            self.process = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=err, text=True, env=env)
-        threading.Thread(target=self._read, daemon=True).start()
+    def __init__(self, serve: Callable, *args, env: dict | None = None):
+        import multiprocessing
 
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            if line.startswith(self.marker):
-                self.answers.put(line[len(self.marker):])
-        self.answers.put(None)  # end of output: the process has ended
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: pinned before torch loads
+        self.connection, theirs = context.Pipe()
+        self.process = context.Process(target=_served, args=(serve, theirs, env or {}, args), name="packrat-worker")
+        self.process.start()
+        theirs.close()
 
     @property
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return self.process.is_alive()
 
-    def ask(self, request: dict, timeout: float | None = None) -> dict:
+    def ask(self, request, timeout: float | None = None):
         """The answer to `request`; {"error": why} when the process ends, or is killed past `timeout` s."""
         try:
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
-            line = self.answers.get(timeout=timeout)
-        except OSError:  # its stdin closed: it has ended
-            line = None
-        except queue.Empty:
-            self.process.kill()
-            self.process.wait()
-            return {"error": f"timed out after {timeout} s"}
-        if line is None:
-            tail = (self.log.read_text().strip().splitlines() or ["?"])[-1]
-            return {"error": f"exit {self.process.wait()}: {tail[:300]}"}
-        return json.loads(line)
+            self.connection.send(request)
+            if self.connection.poll(timeout):
+                return self.connection.recv()
+        except (EOFError, OSError):
+            self.process.join()
+            return {"error": f"its process ended (exit code {self.process.exitcode})"}
+        self.close(0)
+        return {"error": f"timed out after {timeout} s"}
 
     def close(self, grace_s: float = 30.0) -> None:
-        """Its stdin closed (it ends when it reads no more), killed when it outlives `grace_s`."""
-        if self.process.stdin and not self.process.stdin.closed:
-            with contextlib.suppress(OSError):
-                self.process.stdin.close()
-        try:
-            self.process.wait(grace_s)
-        except subprocess.TimeoutExpired:
+        """The connection closed (the process ends when it reads no more), killed past `grace_s`."""
+        self.connection.close()
+        self.process.join(grace_s)
+        if self.process.is_alive():
             self.process.kill()
-            self.process.wait()
+            self.process.join()
+
+
+def _served(serve: Callable, connection, env: dict, args: tuple) -> None:
+    os.environ.update(env)
+    serve(connection, *args)
 
 
 MEMORY_RESERVE_MIB = 2048  # left free while pools and sessions start: the OS, the engine, the timed calls' buffers
@@ -170,6 +155,11 @@ def pool_requests(spec, batch: int, v2: bool = False) -> list:
 def fmt_num(value: float | None, digits: int = 1) -> str:
     """`value` with `digits` decimals; "-" for None, NaN or infinity."""
     return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def span(values: Sequence[float] | None, digits: int = 2) -> str:
+    """A [min, max] as 'min–max'; '-' for none."""
+    return f"{values[0]:.{digits}f}–{values[1]:.{digits}f}" if values else "-"
 
 
 def markdown_row(cells: Iterable) -> str:

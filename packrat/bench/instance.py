@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import statistics
 
+from packrat.bench.harness import markdown_table, span
 from packrat.bench.pool import answered
 from packrat.bench.rounds import elapsed_ms, interleaved
 
@@ -75,19 +76,13 @@ def summary(samples: dict[str, list[float]], **case) -> dict:
 
 def format_gaps(results: list[dict]) -> str:
     """A markdown table of instance_gap results."""
-    lines = ["| model | runtime | t | b | point ms | instance model ms | model / point | instance batch ms "
-             "| batch / point | decode | encode | hop |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        med, spread, stages = r["median_ms"], r["spread_ms"], r["stage_ms"]
-        hop = sum(stages.get(s, 0.0) for s in ("queue", "copy", "send", "wake", "locks", "reply", "hand_out"))
-        cells = [r["model"], r["runtime"], r["threads"], r["batch"],
-                 _with_spread(med["point"], spread["point"]), _with_spread(med["model"], spread["model"]),
-                 f"{r['model_vs_point']:.3f}", _with_spread(med["batch"], spread["batch"]), f"{r['batch_vs_point']:.3f}",
-                 f"{stages.get('decode', 0.0):.2f}", f"{stages.get('encode', 0.0):.2f}", f"{hop:.2f}"]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines)
+    def ms(r: dict, name: str) -> str:
+        return f"{r['median_ms'][name]:.2f} ({span(r['spread_ms'][name])})"
 
-
-def _with_spread(value: float, spread: list[float]) -> str:
-    return f"{value:.2f} ({spread[0]:.2f}–{spread[1]:.2f})"
+    hop = ("queue", "copy", "send", "wake", "locks", "reply", "hand_out")
+    return markdown_table(["model", "runtime", "t", "b", "point ms", "instance model ms", "model / point",
+                           "instance batch ms", "batch / point", "decode", "encode", "hop"],
+                          [[r["model"], r["runtime"], r["threads"], r["batch"], ms(r, "point"), ms(r, "model"),
+                            f"{r['model_vs_point']:.3f}", ms(r, "batch"), f"{r['batch_vs_point']:.3f}",
+                            *(f"{r['stage_ms'].get(stage, 0.0):.2f}" for stage in ("decode", "encode")),
+                            f"{sum(r['stage_ms'].get(stage, 0.0) for stage in hop):.2f}"] for r in results])

@@ -29,11 +29,12 @@ first.
 --family identical times instead i identical instances ⟨T/i, B/i⟩ for every i dividing T and B, plus
 the planner's choices: a handful per B, for many cores; the "oracle" is then the best of those.
 
-The profile (--profile, with both figures) is measured when not given: profiles/oracle-MODEL.csv,
-t = 1..T and --batches, with contention (resumed when present). The run time is estimated first;
-past 10 minutes it also says which --rounds would fit. --dry-run prints the configurations and the
-estimate only; --profile-only measures the profile in a command of its own. Split a long run over
-several commands with --json each, then print them as one report with --merge.
+The profile is --profile, else profiles/MODEL.csv as `packrat profile` writes it; one too sparse
+to plan some B with is refused, with why and the command that measures what it lacks. The pools
+load what the profile built (AOT packages, IRs, in the compile cache). The run time is estimated
+first; past 10 minutes it also says which --rounds would fit. --dry-run prints the configurations
+and the estimate only. Split a long run over several commands with --json each, then print them as
+one report with --merge.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from packrat.errors import NoPlanError, ProfileError
 from packrat.models.runtimes import DEFAULT_RUNTIME
 from packrat.planning.planner import Planner
 from packrat.models.modes import served
-from packrat.profiling.profiles import Profile, held, load
+from packrat.profiling.profiles import Profile, default_path as default_profile_path, held, load
 from packrat.serving.payloads import planned_for
 from packrat.machine.topology import Topology
 
@@ -62,7 +63,6 @@ from packrat.bench.harness import MEMORY_RESERVE_MIB, available_mib, error_text,
 from packrat.bench.pool import answered
 from packrat.bench.results import write_json
 from packrat.bench.rounds import elapsed_ms, grouped_rounds, paired
-from packrat.profiling.profiles import default_path as default_profile_path
 
 Shape = tuple[int, int, str]  # one instance: (threads, batch, runtime)
 Config = tuple[Shape, ...]  # a multiset of instances, canonical: sorted, biggest first
@@ -75,9 +75,6 @@ PREDICTION_TOLERANCE = 0.10  # target: the loaded plan's prediction within 10 % 
 # build and TorchScript), and each timed call's overhead besides the model.
 POOL_START_S = 6.0
 CALL_OVERHEAD_S = 0.005
-PROFILE_MIN_TIME_S = 2.0
-PROFILE_WARMUP = 3
-PROFILE_POINT_OVERHEAD_S = 5.0
 BUDGET_S = 600.0  # what one command should stay within; above it, the estimate says how to trim
 
 
@@ -494,28 +491,6 @@ def rescore(report: dict, profile_path: Path) -> dict:
 
 # ---- the machine side ------------------------------------------------------------------------
 
-def get_profile(args, topology: Topology, *, measure: bool) -> tuple[Path, Profile | None]:
-    """--profile, else profiles/oracle-MODEL.csv, measured (or completed) first when `measure`."""
-    if args.profile is not None:
-        return args.profile, held(args.profile)
-    path = default_profile_path(args.model, prefix="oracle-")
-    threads = list(range(1, topology.num_cores + 1))
-    if measure:
-        from packrat.profiling import profiler
-
-        known = set(found.latency) if (found := held(path)) else set()
-        missing = [(t, b) for t in threads for b in args.batches if (t, b) not in known]
-        if missing:
-            print(f"measuring {len(missing)} profile points of {args.model} into {path}, with contention: each "
-                  f"point alone and, when t ≤ T/2, loaded; at least {_about(len(missing) * PROFILE_POINT_OVERHEAD_S)}"
-                  " (the bar shows the time left); interrupted, the same command resumes it", flush=True)
-            settings = profiler.ProfileSettings(model=args.model, warmup=PROFILE_WARMUP, iters=None,
-                                         min_time=args.profile_min_time, contention=True,
-                                         isolated_too=True)
-            profiler.run(settings, threads, args.batches, path, topology=topology, progress=not args.quiet)
-    return path, held(path)
-
-
 def too_sparse(plans: Sequence[dict], profile: Profile | None, threads: int) -> dict[int, str]:
     """Why each B that no figure of `profile` could plan (neither planner choice in `plans` has a
     configuration) cannot be: it has no points, or its points cannot make batch B on the cores. A
@@ -602,7 +577,7 @@ def print_plans(plans: list[dict], estimates: list[dict] | None, args) -> None:
             if choice:
                 print(f"    planner ({kind}): " + (f"{choice['label']}, predicted {choice['predicted_ms']:.1f} ms"
                                                     if choice.get("label") else choice["why"]))
-        if args.dry_run or args.profile_only or args.verbose:
+        if args.dry_run or args.verbose:
             print("    " + "; ".join(label(c) for c in p["configs"]))
     if estimates:
         total = sum(e["start_s"] + e["timing_s"] for e in estimates)
@@ -732,15 +707,18 @@ def time_batch(plan: dict, args, topology: Topology, costs: dict, bar) -> dict:
     start_time = time.monotonic()
     anchors, rest = anchored(plan["configs"], plan)
     timer = _Pools(plan, args, topology, costs, bar, results, anchors)
-    full = ((lambda: held_mib() > args.memory_mib) if args.memory_mib is not None
+    full = ((lambda: held_mib() > args.memory_mib) if args.memory_mib is not None  # a cap: what the pools hold
             else (lambda: available_mib() < MEMORY_RESERVE_MIB))
+    groups = None  # None: interrupted, the rounds timed so far kept
     try:
         groups = grouped_rounds(anchors, rest, timer.start, timer.time, timer.stop, args.rounds,
                                 random.Random(args.seed * 1_000_003 + batch * 1009), full)
+    except KeyboardInterrupt:
+        print(f"B={batch}: interrupted; the rounds timed so far are kept", file=sys.stderr, flush=True)
     finally:
         for config in list(timer.pools):
             timer.stop(config)
-    if groups > 1:
+    if groups and groups > 1:
         print(f"B={batch}: {len(rest)} configurations in {groups} groups that fit the free memory, each timed "
               f"beside the {len(anchors)} anchors (plans and fat instances)", file=sys.stderr, flush=True)
     reference = next((c for c in anchors if timer.samples[c] and not results[c]["error"]), None)
@@ -777,7 +755,8 @@ def oracle_runtimes(profile: Profile | None) -> tuple[str, ...]:
 
 def run(args) -> int:
     topology = local_topology(args.threads)
-    profile_path, profile = get_profile(args, topology, measure=not args.dry_run)
+    profile_path = args.profile or default_profile_path(args.model)
+    profile = held(profile_path)  # None: no points (or no file), refused below
     if profile is not None:  # its pools answer raw tensors: planned as the engine plans for them
         profile = planned_for(profile, raw_share=1.0)
     # the pools run the model as the profile measured it, as the server does
@@ -794,9 +773,9 @@ def run(args) -> int:
         isolated, loaded = dict(profile.isolated) or dict(profile.latency), dict(profile.latency) if profile.loaded else None
         estimates = [batch_estimate_s(p["configs"], args.rounds, args.warmup, isolated, loaded) for p in plans]
     print(f"{args.model} on T={topology.num_cores} (cores {topology.cores}), profile "
-          f"{profile_path if profile is not None else '(not measured yet)'}")
+          f"{profile_path if profile is not None else '(none yet)'}")
     print_plans(plans, estimates, args)
-    if args.dry_run or args.profile_only:
+    if args.dry_run:
         return 0
     from tqdm import tqdm
 
@@ -812,11 +791,13 @@ def run(args) -> int:
                               for c in plan["configs"]}}
             entries.append(time_batch(plan, args, topology, costs, bar))
             write_json(json_path, build_report(meta, entries))  # after each B, so an interrupted run keeps them
+            if entries[-1]["groups"] is None:
+                break
     report = build_report(meta, entries)
     write_json(json_path, report)
     print_report(report)
     print(f"\nall figures (every configuration's samples and median): {json_path}")
-    return 0
+    return 130 if entries and entries[-1]["groups"] is None else 0
 
 
 def report_merged(paths: Sequence[Path], profile: Path | None, json_path: Path | None) -> int:

@@ -32,20 +32,17 @@ with all T cores:
   onnxruntime-parallel the same with ORT_PARALLEL, --ort-parallel-threads INTER:INTRA (default T:1):
                        the knob users reach for, little to run in parallel in ResNet or BERT.
 
-Every peer runs in a process of its own pinned to the T cores (torch with T threads and one inter-op
-thread), started once for the whole run: what it builds (IR, session, compiled module, pool) is
-built once, not once a round. At each B every peer is set up there ("setup s": the build and its
-first batch), runs --warmup untimed batches and keeps its outputs; then --rounds interleaved rounds
-each run every peer once, in a shuffled order: one untimed batch (another peer just had the cores),
-then --iters timed ones, their median the round's figure. Per B the table gives the median over
-rounds with the rounds' min–max; vs packrat, the peer's figure over packrat's in the same round
-(paired: the machine's drift between rounds hits both), its median over rounds and min–max, on which
-the verdict rests; and the largest absolute difference of the outputs from eager's (DIFFERS above
-1e-3 of their largest magnitude). Where free memory falls under 2 GiB, the peers not yet set up wait
-for a later group, timed beside packrat once the others are stopped. A peer whose process ended is
-started again at the next B, and its row says so. The compile caches are fresh per run (unless
---keep-caches). A peer whose packages are missing is reported "not installed (pip install ...)"
-and skipped. --json OUT keeps every figure, also of a run interrupted (the table then says so).
+Every peer runs in a process of its own pinned to the T cores (torch with T threads, one inter-op
+thread), started once: at each B it is set up there once ("setup s": its build and first batch), runs
+--warmup untimed batches and keeps its outputs; then --rounds interleaved rounds each run every peer
+on what it set up, in a shuffled order: one untimed batch (another peer just had the cores), then
+--iters timed ones, their median the round's figure. Per B: the median over rounds (rounds' min–max);
+vs packrat, the peer's figure over packrat's in the same round, its median over rounds (min–max), on
+which the verdict rests; the largest difference of the outputs from eager's (DIFFERS above 1e-3 of
+their largest magnitude). Short of memory (under 2 GiB free), the peers left wait for a later group,
+timed beside packrat; a peer whose process ended is started again at the next B, and says so. Compile
+caches are fresh per run (unless --keep-caches); a peer whose packages are missing is "not installed
+(pip install ...)". --json OUT keeps every figure, also of an interrupted run.
 """
 from __future__ import annotations
 
@@ -56,13 +53,12 @@ import importlib.util
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from packrat.bench.harness import MEMORY_RESERVE_MIB, Worker, available_mib, error_text, fresh_compile_caches, \
-    local_topology, fmt_num, markdown_table, pin, pool_requests
+    local_topology, fmt_num, markdown_table, pin, pool_requests, span
 from packrat.bench.pool import answered
 from packrat.bench.results import write_json
 from packrat.bench.rounds import elapsed_ms, grouped_rounds, median_spread, paired
@@ -75,7 +71,6 @@ POOL_PEERS = ("packrat", "packrat-later", "fat")
 OPENVINO_PEERS = ("openvino-latency", "openvino-throughput")
 ORT_PEERS = ("onnxruntime", "onnxruntime-parallel")
 NEEDS = {peer: ("openvino",) for peer in OPENVINO_PEERS} | {peer: ("onnxruntime",) for peer in ORT_PEERS}
-RESULT = "PEERS-RESULT "  # prefix of a child's result line on stdout (libraries print there too)
 
 
 # ---- pure: the report from JSON-able results ---------------------------------------------------
@@ -163,11 +158,6 @@ def peer_verdict(ratio: float | None, unmeasured: Sequence[str], ahead: float | 
         (["no oracle"] if oracle_needed and ahead is None else [])
     target = AHEAD_TARGET if ahead is not None and ahead >= AHEAD_TARGET else PEER_TARGET
     return ratio is not None and not missing and ratio >= target, missing
-
-
-def span(values: Sequence[float] | None, digits: int = 2) -> str:
-    """A [min, max] as 'min–max'; '-' for none."""
-    return f"{values[0]:.{digits}f}–{values[1]:.{digits}f}" if values else "-"
 
 
 def verdict_lines(summary: dict[int, dict[str, dict]]) -> list[str]:
@@ -440,11 +430,10 @@ class PoolRunner(Runner):
         self.pool.close()
 
 
-def serve(peer: str, config: dict) -> None:
-    """A peer's process (`python -m packrat.bench.peers --worker PEER --config FILE`), pinned to the
-    cores, answering the parent's requests, a JSON line each ({"op": "start" | "time" | "stop",
-    "batch": B}), until its stdin closes: what it builds (IR, session, compiled module, pool) stays
-    up across rounds."""
+def serve(connection, peer: str, config: dict) -> None:
+    """A peer's process (harness.Worker), pinned to the cores, answering the parent's requests
+    ({"op": "start" | "time" | "stop", "batch": B}) until the connection closes: what it builds (IR,
+    session, compiled module, pool) stays up across rounds."""
     pin(config["cores"])
     import numpy as np
     import torch
@@ -452,8 +441,11 @@ def serve(peer: str, config: dict) -> None:
     from packrat.models.zoo import resolve
 
     spec, shared, runners = resolve(config["model"]), {}, {}
-    for line in sys.stdin:
-        request = json.loads(line)
+    while True:
+        try:
+            request = connection.recv()
+        except (EOFError, KeyboardInterrupt):  # the parent is done (or interrupted: it reports what it has)
+            return
         batch = request["batch"]
         try:
             with torch.inference_mode() if peer in TORCH_PEERS else contextlib.nullcontext():
@@ -466,7 +458,7 @@ def serve(peer: str, config: dict) -> None:
                     answer = {}
         except Exception as exc:  # one B's failure is reported, the process goes on
             answer = {"error": error_text(exc)}
-        print(RESULT + json.dumps(answer), flush=True)
+        connection.send(answer)
 
 
 def prepare_shared(peer: str, spec, config: dict, shared: dict) -> None:
@@ -717,8 +709,6 @@ def run(args) -> int:
                   "ort_parallel": list(parse_ratio(args.ort_parallel_threads, threads))}
         if any(p in POOL_PEERS for p in active):
             config["pools"] = pool_plans(args, cores)
-        config_path = Path(scratch) / "config.json"
-        config_path.write_text(json.dumps(config))
         workers: dict[str, Worker] = {}
 
         def ask(peer: str, request: dict) -> dict:
@@ -726,8 +716,7 @@ def run(args) -> int:
             if peer in workers and not workers[peer].alive:  # it ended: a fresh one, said in its row
                 extra["restarted"] = f"its process was started again at B={request['batch']}: the last had ended"
             if extra or peer not in workers:
-                workers[peer] = Worker([sys.executable, "-m", "packrat.bench.peers", "--worker", peer, "--config",
-                                        str(config_path)], marker=RESULT, log=Path(scratch) / f"{peer}.log", env=env)
+                workers[peer] = Worker(serve, peer, config, env=env)
             answer = workers[peer].ask(request, args.timeout)
             return {**answer, **extra, **({"ended": True} if not workers[peer].alive else {})}
 
@@ -765,19 +754,3 @@ def run(args) -> int:
         write_json(args.json, {"meta": meta, "runs": runs, "summary": summary, "markdown": table})
         print(f"all figures: {args.json}")
     return 130 if interrupted else 0
-
-
-def worker_main(argv: list[str]) -> int:
-    """`python -m packrat.bench.peers --worker PEER --config FILE`: one peer's process (serve)."""
-    import argparse
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--worker", choices=PEERS, required=True)
-    p.add_argument("--config", type=Path, required=True)
-    args = p.parse_args(argv)
-    serve(args.worker, json.loads(args.config.read_text()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(worker_main(sys.argv[1:]))

@@ -25,7 +25,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from packrat.bench.rounds import elapsed_ms, medians, round_order
+from packrat.bench.rounds import elapsed_ms, interleaved, medians
 from packrat.machine.budget import cpu_budget
 from packrat.planning.planner import serving_plan
 from packrat.profiling.profiles import load
@@ -46,25 +46,13 @@ def answered(pool: InstancePool, requests: list) -> list:
     return answers
 
 
-def case_rounds(cases, rounds: int, progress=None) -> dict[str, list[float]]:
-    """Each case's figures over `rounds` rounds, the others in a rotated order and the bare model
-    ("in-process", when among them) last in every round: it warms whatever runs right after it."""
-    others = [name for name in cases if name != "in-process"]
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for round_index in range(rounds):
-        for name in round_order(others, round_index) + (["in-process"] if "in-process" in cases else []):
-            samples[name].append(cases[name]())
-        if progress:
-            progress()
-    return samples
-
-
 def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, progress=None, *,
                payload: str | None = None, tokenizer: Path | None = None, cases=CASES) -> dict:
     """Median latency (ms) of each of `cases` at batch `batch` on this machine's cores, over `rounds`
-    rounds (case_rounds), with B bodies of `payload` (None: the model's natural one; a text payload
-    needs `tokenizer` when the model ships none); `progress()` after each round. The model runs in
-    the profile's graph mode, in this process as in the pools."""
+    interleaved rounds (the bare model closing each: it warms what runs after it), with B bodies of
+    `payload` (None: the model's natural one; a text payload needs `tokenizer` when the model ships
+    none); `progress()` after each round. The model runs in the profile's graph mode, in this process
+    as in the pools."""
     import torch
 
     from packrat.codec.payloads import build_payload, natural_payload
@@ -121,7 +109,7 @@ def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, pro
             run()
         for collected in (laps, overhead, *(pool.stages for pool in pools.values())):
             collected.clear()
-        median = medians(case_rounds(chosen, rounds, progress))
+        median = medians(interleaved(chosen, rounds, progress=progress, last="in-process"))
         stage_ms = {name: pool.stages.medians() for name, pool in pools.items()}
         per_sub_batch = {name: pool.stages.requests_per_sub_batch() for name, pool in pools.items()}
     if laps:

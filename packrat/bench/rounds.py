@@ -43,12 +43,14 @@ def in_rounds(items: Sequence, rounds: int, rng=None) -> Iterator[tuple[int, obj
 
 
 def interleaved(cases: Mapping[str, Callable[[], float]], rounds: int, rng=None,
-                progress: Callable[[], object] | None = None) -> dict[str, list[float]]:
-    """Each case's figures over `rounds` interleaved rounds (in_rounds); a case's call returns its
-    own figure (elapsed_ms of what it runs, say). `progress` is called after each round."""
+                progress: Callable[[], object] | None = None, last: str | None = None) -> dict[str, list[float]]:
+    """Each case's figures over `rounds` interleaved rounds (round_order); a case's call returns its
+    own figure (elapsed_ms of what it runs, say). The case named `last` closes every round (one that
+    warms whatever runs right after it). `progress` is called after each round."""
     samples: dict[str, list[float]] = {name: [] for name in cases}
+    others = [name for name in cases if name != last]
     for round_index in range(rounds):
-        for name in round_order(list(cases), round_index, rng):
+        for name in round_order(others, round_index, rng) + [name for name in cases if name == last]:
             samples[name].append(cases[name]())
         if progress:
             progress()

@@ -25,7 +25,7 @@ def add_oracle_parser(sub) -> None:
     count, some = positive(int), positive(int, zero=True)
     p.add_argument("--model", default="resnet50", help="zoo name, as for `packrat profile` (default: resnet50)")
     p.add_argument("--batches", type=int_list, default=[1, 2, 4, 8, 16],
-                   help="batch sizes B (default 1,2,4,8,16); also the profile's when it is measured")
+                   help="batch sizes B (default 1,2,4,8,16)")
     p.add_argument("--threads", type=count, default=None,
                    help="T, the cores to use: the first T of this process's cores (default: all of them)")
     p.add_argument("--rounds", type=count, default=10, help="interleaved rounds (default: 10)")
@@ -40,12 +40,10 @@ def add_oracle_parser(sub) -> None:
                    help="time each candidate under each of these runtimes (every instance running it), and each "
                         "one's fat instance (default: the runtimes the profile measured, installed here)")
     p.add_argument("--profile", type=Path, default=None,
-                   help="profile CSV with loaded and isolated figures (default: profiles/oracle-MODEL.csv, measured)")
+                   help="profile CSV, as `packrat profile` writes it (default: profiles/MODEL.csv)")
     p.add_argument("--ios-cache", type=Path, default=IOS_CACHE,
                    help=f"where the profile's IOS schedules are kept (default: {IOS_CACHE}); IOS configurations are "
                         "timed only where the profile has the ios runtime's point")
-    p.add_argument("--profile-min-time", type=float, default=oracle.PROFILE_MIN_TIME_S, metavar="S",
-                   help=f"when measuring the profile: at least S s per point (default: {oracle.PROFILE_MIN_TIME_S:g})")
     p.add_argument("--json", type=Path, default=None, help="every figure, written after each B (default: "
                                                            "out/oracle-MODEL.json)")
     p.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
@@ -56,8 +54,6 @@ def add_oracle_parser(sub) -> None:
                         f"{oracle.MEMORY_RESERVE_MIB} MiB); the rest start in later groups")
     p.add_argument("--dry-run", action="store_true",
                    help="print the configurations, the planner's choices and the estimate; measure nothing")
-    p.add_argument("--profile-only", action="store_true",
-                   help="measure (or complete) the profile, print the configurations and the estimate")
     p.add_argument("--verbose", action="store_true", help="also list every configuration to be timed")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_oracle)

@@ -283,20 +283,17 @@ def measure_threads(settings: ProfileSettings, threads: int, batch: int, topolog
     """A thread-kind runtime's row, measured as the pool serves such instances: `copies` sessions as
     threads of one fresh process, each pinned to its cores, run together (point.measure_threads);
     with one copy (or isolated_too), one session on a pinned thread alone as well."""
-    alone = (_thread_point(settings, threads, batch, [topology.cores_for(threads)])
-             if copies == 1 or settings.isolated_too else None)
-    loaded = _thread_point(settings, threads, batch, topology.assign([threads] * copies)) if copies > 1 else None
+    def point(core_sets: list[list[int]]) -> dict:  # one process, a session per core set
+        return measure_point(settings, threads, batch, *_thread_sets(core_sets))
+
+    alone = point([topology.cores_for(threads)]) if copies == 1 or settings.isolated_too else None
+    loaded = point(topology.assign([threads] * copies)) if copies > 1 else None
     return _row(settings, threads, batch, copies, alone, loaded)
 
 
-def _thread_point(settings: ProfileSettings, threads: int, batch: int, core_sets: list[list[int]]) -> dict:
-    """One point process with a session per core set (point --thread-copies), the process pinned to
-    all of them before torch is imported: each session's thread then pins itself to its own."""
-    return measure_point(settings, threads, batch, *_thread_sets(core_sets))
-
-
 def _thread_sets(core_sets: list[list[int]]) -> tuple[list[int], str, str]:
-    """A --thread-copies process's cores (every set's) and its arguments."""
+    """A --thread-copies process's cores (every set's: it is pinned to all before torch is imported,
+    then each session's thread to its own) and its arguments."""
     return (sorted(core for cores in core_sets for core in cores), "--thread-copies",
             ";".join(",".join(map(str, cores)) for cores in core_sets))
 
@@ -350,9 +347,12 @@ class Workers:
             else:
                 self._procs += [_Copy(*_command(settings, threads, None, cores)) for cores in self.sets]
             _ready(self._procs, timeout)
-        except (_CopyFailed, ValueError) as exc:
+        except BaseException as exc:  # Ctrl-C too: no copy is left running
             self.close(ok=False)
-            raise ProfilingError(f"starting {self.copies} measuring copies of threads={threads} failed: {exc}") from None
+            if not isinstance(exc, (_CopyFailed, ValueError)):
+                raise
+            raise ProfilingError(f"starting {self.copies} measuring copies of threads={threads} failed: "
+                                 f"{exc}") from None
         self.load_s = time.monotonic() - started
 
     def measure(self, batch: int) -> dict:

@@ -163,7 +163,7 @@ def check_runtimes(settings: ProfileSettings, runtimes: tuple[str, ...], say=pri
                  if engines.base_runtime(r) in {*engines.SUFFIXES, *engines.CHECKED} and engines.installed(r)}
     missing = [r for r in artefacts.values() if not _kept(spec, r)]
     side_by_side = len(missing) > 1 and cpu_budget().cores > 1
-    found = {}
+    found, started = {}, time.monotonic()
     if side_by_side:
         import concurrent.futures
         import multiprocessing
@@ -172,10 +172,12 @@ def check_runtimes(settings: ProfileSettings, runtimes: tuple[str, ...], say=pri
                                                     mp_context=multiprocessing.get_context("spawn")) as pool:
             found = dict(zip(missing, pool.map(_verdict, [(settings.model, settings.input_shape, r) for r in missing])))
     verdicts: dict[str, str | None] = {}
+    wall = time.monotonic() - started  # side by side, each runtime takes its share of the wall time
     for runtime in runtimes:
         verdicts[runtime], seconds = found.get(runtime) or _verdict((settings.model, settings.input_shape, runtime))
         if account is not None:
-            account.add(runtime, "build", seconds)
+            share = seconds / sum(s for _, s in found.values()) * wall if runtime in found else seconds
+            account.add(runtime, "build", share)
         if verdicts[runtime]:
             say(f"runtime {runtime} refused: {verdicts[runtime]}")
     return verdicts
