@@ -62,48 +62,30 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 SHOWN_OUT=$(realpath -m --relative-to="$REPO" "$OUT")
 [[ $SHOWN_OUT == ..* ]] && SHOWN_OUT=$OUT
 
-MODEL=${SUITE_MODEL:-resnet50}
-PROFILE_BATCHES=${SUITE_PROFILE_BATCHES:-1,2,4,8,16,32}
-PROFILE_KIND=${SUITE_PROFILE_KIND:-contention}
-PROFILE_WARMUP=${SUITE_PROFILE_WARMUP:-1}
-PROFILE_MIN_TIME=${SUITE_PROFILE_MIN_TIME:-0.5}
-PROFILE_PAYLOAD=${SUITE_PROFILE_PAYLOAD:-raw}
+# each NAME=default below is SUITE_NAME where that is set (the head lists them)
+for setting in MODEL=resnet50 PROFILE_BATCHES=1,2,4,8,16,32 PROFILE_KIND=contention PROFILE_WARMUP=1 \
+    PROFILE_MIN_TIME=0.5 PROFILE_PAYLOAD=raw GRAPH_MODE=compile RUNTIMES=default PEERS_BATCHES=8,16 PEERS_ROUNDS=10 \
+    PEERS_ITERS=5 PEERS=packrat,fat,openvino-latency,openvino-throughput,onnxruntime BENCH_BATCHES=8,16,32 \
+    BENCH_ROUNDS=8 ORACLE_BATCHES=16 ORACLE_ROUNDS=10 ORACLE_FAMILY=all ORACLE_CONFIGS=4 \
+    IOS_MODELS=inception_v3,randwire IOS_THREADS=8,16 IOS_BATCHES=1 IOS_PEERS=onnxruntime,onnxruntime-parallel,openvino \
+    IOS_SEARCH_BUDGET=60 IOS_PLAN_MODEL=inception_v3 IOS_PLAN_THREADS=1,4,8,16 IOS_PLAN_ROUNDS=5 \
+    IOS_PLAN_GRAPH_MODE=script; do
+    given=SUITE_${setting%%=*}
+    declare "${setting%%=*}=${!given:-${setting#*=}}"
+done
+PEERS_MODEL=${SUITE_PEERS_MODEL:-$MODEL}
 if [[ $PROFILE_PAYLOAD == model-only ]]; then PAYLOAD_ARGS=(--model-only); else PAYLOAD_ARGS=(--payload "$PROFILE_PAYLOAD"); fi
-GRAPH_MODE=${SUITE_GRAPH_MODE:-compile}
-RUNTIMES=${SUITE_RUNTIMES:-default}
 RUNTIME_ARGS=()
 [[ $RUNTIMES == default || $RUNTIMES == installed ]] || RUNTIME_ARGS=(--runtimes "$RUNTIMES")
 EVERY_RUNTIME_ARGS=()
 [[ ${SUITE_EVERY_RUNTIME:-0} == 1 ]] && EVERY_RUNTIME_ARGS=(--every-runtime)
-PEERS_MODEL=${SUITE_PEERS_MODEL:-$MODEL}
-PEERS_BATCHES=${SUITE_PEERS_BATCHES:-8,16}
-PEERS_ROUNDS=${SUITE_PEERS_ROUNDS:-10}
-PEERS_ITERS=${SUITE_PEERS_ITERS:-5}
-PEERS=${SUITE_PEERS:-packrat,fat,openvino-latency,openvino-throughput,onnxruntime}
-BENCH_BATCHES=${SUITE_BENCH_BATCHES:-8,16,32}
-BENCH_ROUNDS=${SUITE_BENCH_ROUNDS:-8}
-ORACLE_BATCHES=${SUITE_ORACLE_BATCHES:-16}
-ORACLE_ROUNDS=${SUITE_ORACLE_ROUNDS:-10}
-ORACLE_FAMILY=${SUITE_ORACLE_FAMILY:-all}
-ORACLE_CONFIGS=${SUITE_ORACLE_CONFIGS:-4}
-IOS_MODELS=${SUITE_IOS_MODELS:-inception_v3,randwire}
-IOS_THREADS=${SUITE_IOS_THREADS:-8,16}
-IOS_BATCHES=${SUITE_IOS_BATCHES:-1}
-IOS_PEERS=${SUITE_IOS_PEERS:-onnxruntime,onnxruntime-parallel,openvino}
-IOS_SEARCH_BUDGET=${SUITE_IOS_SEARCH_BUDGET:-60}
-IOS_PLAN_MODEL=${SUITE_IOS_PLAN_MODEL:-inception_v3}
-IOS_PLAN_THREADS=${SUITE_IOS_PLAN_THREADS:-1,4,8,16}
-IOS_PLAN_ROUNDS=${SUITE_IOS_PLAN_ROUNDS:-5}
-IOS_PLAN_GRAPH_MODE=${SUITE_IOS_PLAN_GRAPH_MODE:-script}
 STEPS=",${SUITE_STEPS:-profile,peers,oracle},"
 case $PROFILE_KIND in
     isolated | contention) ;;
     *) echo "device_suite: SUITE_PROFILE_KIND must be isolated or contention, not '$PROFILE_KIND'" >&2; exit 2 ;;
 esac
-declare -A BUDGET=([profile]=${SUITE_BUDGET_PROFILE:-190} [bench]=${SUITE_BUDGET_BENCH:-110}
-                   [oracle]=${SUITE_BUDGET_ORACLE:-170} [ios]=${SUITE_BUDGET_IOS:-300}
-                   [ios-plan]=${SUITE_BUDGET_IOS_PLAN:-300}
-                   [peers]=${SUITE_BUDGET_PEERS:-170})
+declare -A BUDGET=([profile]=${SUITE_BUDGET_PROFILE:-190} [peers]=${SUITE_BUDGET_PEERS:-170} [oracle]=${SUITE_BUDGET_ORACLE:-170}
+                   [bench]=${SUITE_BUDGET_BENCH:-110} [ios]=${SUITE_BUDGET_IOS:-300} [ios-plan]=${SUITE_BUDGET_IOS_PLAN:-300})
 # where the budgets come from: SUMMARY.md says it (replace with the run they were set from)
 BUDGETS_FROM="an estimate, not yet from a run of these settings (this script's head says how it was made)"
 if env | grep -q '^SUITE_BUDGET_'; then BUDGETS_FROM="set by SUITE_BUDGET_* where given, else $BUDGETS_FROM"; fi

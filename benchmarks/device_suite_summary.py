@@ -27,6 +27,9 @@ STEPS = {"profile": "(a) Profile (the search)", "peers": "(b) packrat against it
          "ios": "(e) IOS on many cores", "ios-plan": "(g) IOS instances in the plan"}
 VERDICTS = "(f) Per B: against the best peer, predicted / served, against the oracle"
 LETTER = {key: title.split()[0] for key, title in STEPS.items()}
+FILES = {"profile": ["{MODEL}.csv", "{MODEL}-search.json", "{MODEL}-plans.json"], "peers": ["peers.json"],  # each
+         "oracle": ["oracle.json"], "bench": ["pool-bench/pool-bench.json"], "ios": ["ios-networks.md"],  # step's
+         "ios-plan": ["{IOS}-ios.csv", "ios-plan.json", "oracle-ios.json"]}  # files: those missing are named, and why
 
 
 def _ratio(top, bottom) -> str:
@@ -261,15 +264,6 @@ def _mark(value: float | None, met: bool, spread: list[float] | None = None) -> 
         f" {'✓' if met else '✗'}"
 
 
-def expected_files(machine: dict) -> dict[str, list[str]]:
-    """Each step's files in OUT_DIR: those missing after it ran are named, with its status."""
-    settings = machine.get("settings", {})
-    model, ios = settings.get("SUITE_MODEL", "resnet50"), settings.get("SUITE_IOS_PLAN_MODEL", "inception_v3")
-    return {"profile": [f"{model}.csv", f"{model}-search.json", f"{model}-plans.json"], "peers": ["peers.json"],
-            "oracle": ["oracle.json"], "bench": ["pool-bench/pool-bench.json"], "ios": ["ios-networks.md"],
-            "ios-plan": [f"{ios}-ios.csv", "ios-plan.json", "oracle-ios.json"]}
-
-
 def summary(out: Path) -> str:
     machine = read_json(out / "machine.json") or {}
     commands, steps = read_log(out)
@@ -288,7 +282,9 @@ def summary(out: Path) -> str:
         lines += [f"Command: `{command}`" for command in commands.get(key, [])]
         lines += ["", f"Took {step['seconds']} s (budget {step['budget']} s): {step['status']}.", ""]
         lines += tables[key]()
-        missing = [name for name in expected_files(machine)[key] if not (out / name).exists()]
+        names = {"MODEL": machine.get("settings", {}).get("SUITE_MODEL", "resnet50"),
+                 "IOS": machine.get("settings", {}).get("SUITE_IOS_PLAN_MODEL", "inception_v3")}
+        missing = [name.format(**names) for name in FILES[key] if not (out / name.format(**names)).exists()]
         lines += [f"Missing: {', '.join(missing)} (the step: {step['status']}).", ""] if missing else []
     return "\n".join(lines).rstrip() + "\n"
 

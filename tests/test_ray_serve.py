@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="Ray Serve is an optional extra: pip install 'packrat[ray]'")
 
-from packrat.bench.ray_local import LocalCluster, wait_for  # noqa: E402
+from packrat.bench.ray_local import LocalCluster  # noqa: E402
 from packrat.deploy.torchserve import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.integration,
@@ -26,6 +26,18 @@ pytestmark = [pytest.mark.integration,
 
 PROFILE = "# model: tiny\n# mode: script\nthreads,batch,latency_ms\n" + "".join(
     f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in (1, 2) for b in (1, 2, 4))
+
+
+def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.1):
+    """condition()'s first truthy value within timeout_s, else TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} after {timeout_s:.0f} s")
+        time.sleep(interval_s)
+    return value
+
+
 BODY = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32",
                                "data": [0.25] * 3072}]}).encode()
 

@@ -177,3 +177,17 @@ def test_a_costly_runtime_slower_everywhere_is_measured_at_its_two_design_points
     assert {(t, b) for r, t, b in search.measured if r == "costly"} == {(8, 1), (3, 8)}
     assert search.dropped() == ["costly"]
     assert search._predict("costly") == pytest.approx(search._predict("fast") * 1.2, rel=1e-6)
+
+
+def test_a_spent_budget_asks_only_for_what_gives_every_batch_a_plan():
+    fast = ernest((2.0, 30.0, 1.5, 0.4, 0.0))
+    tables = {"fast": fast, "costly": {point: 0.9 * ms for point, ms in fast.items()}}
+    search = Search(list(range(1, 3)), [1, 2, 4, 8, 16, 32, 64], tuple(tables), costly=("costly",))
+    assert search.next_points(cover_only=True) == [("fast", t, b) for t, b in design(search.threads, search.batches)]
+    while points := search.next_points(cover_only=True):
+        assert all(runtime == "fast" for runtime, _, _ in points)  # no build while the budget is spent
+        for runtime, t, b in points:
+            search.record(runtime, t, b, tables[runtime][t, b])
+    best, _ = search._planner(search.measured)
+    assert all(best.table[2, b] < math.inf for b in search.batches)  # every batch of the grid has a plan
+    assert search.next_points()  # while the search itself would measure more

@@ -1,9 +1,9 @@
 """Measuring packrat: load against a pool or a server, interleaved rounds, faults, result files.
 
 The stage above serving and deploy, below the commands (`packrat bench`, `packrat demo`); the
-benchmarks and tests use it too. rounds.py (interleaved rounds, the clock), pool.py (the pool
-alone), server.py (stock vs fat vs plan through TorchServe and locust), step.py (a step load with
-reconfiguration), faults.py (pool instances killed under a server), users.py (locust users per
-run), results.py (JSON result files), payloads.py and demo_tokenizers.py (the bodies load tests
-send), demo.py (what the demo chooses and says), ray_local.py (a Ray cluster of pinned nodes on
-one machine)."""
+benchmarks and tests use it too. rounds.py (interleaved rounds, in groups that fit memory, paired
+ratios, the clock), harness.py (child processes and workers that live across rounds, markdown),
+pool.py (the pool alone), peers.py and oracle.py (the plan against other runtimes and against every
+configuration), server.py (stock vs fat vs plan through TorchServe and locust), step.py, faults.py,
+chaos.py, overload.py (loads and faults under a server), results.py (JSON result files), demo.py and
+demo_tokenizers.py (the demo), ray_local.py (a Ray cluster of pinned nodes on one machine)."""

@@ -44,7 +44,6 @@ import math
 import random
 import re
 import statistics
-import sys
 import threading
 import time
 from collections import Counter
@@ -57,7 +56,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from packrat.bench import faults
-from packrat.bench.harness import fmt_num, markdown_table as markdown
+from packrat.bench.harness import fmt_num, log, markdown_table as markdown
 from packrat.bench.server import config_archive, warmed_server
 from packrat.deploy import torchserve
 from packrat.frontends import torchserve_control
@@ -597,10 +596,6 @@ def bounded(fn: Callable[[], object], timeout_s: float, default=None):
     thread.start()
     thread.join(timeout_s)
     return box[0] if box else default
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def first_request_time(request_log: Path, load: Future, since: float,

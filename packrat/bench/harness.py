@@ -9,6 +9,8 @@ import json
 import math
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -134,6 +136,15 @@ def available_mib() -> float:
     import psutil
 
     return psutil.virtual_memory().available / 2 ** 20
+
+
+def log(message: str) -> None:
+    """A timed progress line on stderr."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def error_text(exc: BaseException) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from packrat.bench.harness import ratio
 from packrat.bench.rounds import over_rounds, round_order
 
 LEAD = "packrat-node"  # whose lead over the other configurations is reported
@@ -67,10 +68,6 @@ def summarise(phases: list[Phase], runs: dict, plans: list | None = None) -> dic
                     stats["expected_slowdown"] = plan_at(plans, end).get(model)
                 out["phases"][phase.name]["models"][model] = stats
     return out
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
 
 
 def of_alone(summary: dict, alone: dict) -> dict:

@@ -4,37 +4,31 @@
 
 On this machine (T = its cores, or --threads), for each batch size B, a pool is built for every
 feasible configuration: every multiset of instances ⟨t, b⟩ with Σt ≤ T and Σb = B, up to the bound
-below. One B's pools are started and warmed up, then timed in --rounds interleaved rounds (each
+below. One B's pools are started and warmed up once, then timed in --rounds interleaved rounds (each
 calls every pool once, in a shuffled order, with B raw-tensor requests); a configuration's latency
 is its median over the rounds. Where they would not all fit in memory at once, the planner's
-choices and each runtime's fat stay started and the rest start in groups that fit, each group timed
-with them; a configuration's median is then scaled by the loaded plan's (or the first anchor's)
-median over all groups over its median in the configuration's group, so every ratio to the plan is
-one measured side by side.
-
-For each B the report gives the best configuration (the oracle), the planner's choice from the
-profile's isolated and from its loaded figures, each choice's measured latency over the oracle's
-and its predicted latency over its measured one, and the fat ⟨T, B⟩ over the oracle. The verdicts:
-the loaded plan within 3 % of the oracle at every B, its prediction within 10 % of the measured.
+choices and each runtime's fat stay started and the rest start in groups, each timed beside them
+(rescaled: every ratio to the plan is one measured side by side). For each B: the oracle (the best
+configuration), the planner's choices from the isolated and the loaded figures, each one's latency
+over the oracle's in the same round (median over rounds, min–max) and its prediction over its
+measurement, and the fat ⟨T, B⟩ over the oracle. Verdicts: the loaded plan within 3 % of the oracle
+at every B, its prediction within 10 % of the measured.
 
 The bound. Configurations are enumerated exhaustively (all_configs) up to EXHAUSTIVE_LIMIT (50,000),
-which covers every T ≤ 8 at B ≤ 16; past that, the candidates are the balanced family
-(balanced_configs: for every instance count k, threads split evenly, batches in proportion or
-evenly). Always timed (required_configs): each runtime's fat ⟨T, B⟩, every configuration of
-identical instances that fills the cores (k·t = T, k·b = B) under each runtime, the planner's two
-choices and their neighbours (one instance changed: its runtime, a thread or a request more). Up
-to --max-configs (default 40) more per B (select_configs), ranked by (idle cores, load imbalance,
-distinct shapes, instances) and taken round robin over the instance counts, ends of the range
-first.
---family identical times instead i identical instances ⟨T/i, B/i⟩ for every i dividing T and B, plus
-the planner's choices: a handful per B, for many cores; the "oracle" is then the best of those.
+every T ≤ 8 at B ≤ 16; past that, the candidates are the balanced family (balanced_configs: for
+every instance count k, threads split evenly, batches in proportion or evenly). Always timed
+(required_configs): each runtime's fat, every configuration of identical instances that fills the
+cores (k·t = T, k·b = B) under each runtime, the planner's choices and their neighbours (one
+instance changed: its runtime, a thread or a request more). Up to --max-configs (default 40) more
+per B (select_configs), ranked by (idle cores, imbalance, shapes, instances), taken round robin over
+the instance counts, ends first. --family identical times i identical instances ⟨T/i, B/i⟩ for
+every i dividing T and B instead, plus the planner's choices: a handful per B, for many cores.
 
 The profile is --profile, else profiles/MODEL.csv as `packrat profile` writes it; one too sparse
 to plan some B with is refused, with why and the command that measures what it lacks. The pools
-load what the profile built (AOT packages, IRs, in the compile cache). The run time is estimated
-first; past 10 minutes it also says which --rounds would fit. --dry-run prints the configurations
-and the estimate only. Split a long run over several commands with --json each, then print them as
-one report with --merge.
+load what the profile built (the compile cache). The run time is estimated first (past 10 minutes
+with the --rounds that would fit); --dry-run stops there. Split a long run over several commands
+with --json each, then print them as one report with --merge.
 """
 
 from __future__ import annotations
@@ -59,7 +53,7 @@ from packrat.serving.payloads import planned_for
 from packrat.machine.topology import Topology
 
 from packrat.bench.harness import MEMORY_RESERVE_MIB, available_mib, error_text, local_topology, markdown_table, \
-    pool_requests
+    pool_requests, span
 from packrat.bench.pool import answered
 from packrat.bench.results import write_json
 from packrat.bench.rounds import elapsed_ms, grouped_rounds, paired
@@ -289,8 +283,6 @@ def estimate_ms(table: dict[tuple[int, int], float], threads: int, batch: int) -
     takes the nearest profiled t's figure scaled by t'/t."""
     if (threads, batch) in table:
         return table[threads, batch]
-    if not table:
-        raise ValueError("empty profile table")
     profiled = sorted({t for t, _ in table})
     if threads not in profiled:
         nearest = min(profiled, key=lambda t: (abs(t - threads), t))
@@ -414,7 +406,7 @@ def verdicts(summaries: Sequence[dict], kind: str = "loaded") -> list[str]:
 def _ratio(row: dict | None, key: str) -> str:
     """A ratio, with its rounds' min–max where it was paired."""
     value, spread = (row or {}).get(key), (row or {}).get(f"{key}_spread")
-    return "-" if value is None else f"{value:.2f}" + (f" ({spread[0]:.2f}–{spread[1]:.2f})" if spread else "")
+    return "-" if value is None else f"{value:.2f}" + (f" ({span(spread)})" if spread else "")
 
 
 def markdown(report: dict) -> str:

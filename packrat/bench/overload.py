@@ -48,7 +48,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -56,7 +55,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from packrat.bench.harness import fmt_num, markdown_table
+from packrat.bench.harness import fmt_num, log, markdown_table, ratio
 
 if TYPE_CHECKING:  # the load test and the servers come with run(): `packrat --help` stays light
     from packrat.loadtest.requestlog import RequestRecord
@@ -255,10 +254,6 @@ def instance_cores(status: Mapping | None) -> list[int]:
     return sorted({core for instance in plan.get("instances", []) for core in instance.get("cores", [])})
 
 
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
 def refusal_cost(cpu_before: Mapping, cpu_over: Mapping, before: Mapping, over: Mapping,
                  duration_s: float | None = None) -> dict:
     """What the server's processes spent, in CPU ms: per answer 200 before the overload and during
@@ -337,10 +332,6 @@ def format_report(report: Mapping) -> str:
 
 
 # ---- processes: the slowing load, the server, the phases -----------------------------------------
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
 
 @contextmanager
 def cpu_hogs(cores: Sequence[int]):

@@ -441,24 +441,22 @@ def serve(connection, peer: str, config: dict) -> None:
     from packrat.models.zoo import resolve
 
     spec, shared, runners = resolve(config["model"]), {}, {}
+    ops = {"start": lambda batch: start_runner(peer, spec, batch, config, shared, runners, np),
+           "time": lambda batch: time_runner(runners[batch], config["iters"]),
+           "stop": lambda batch: runners.pop(batch).close() or {}}
     while True:
         try:
             request = connection.recv()
-        except (EOFError, KeyboardInterrupt):  # the parent is done (or interrupted: it reports what it has)
-            return
-        batch = request["batch"]
+        except (EOFError, KeyboardInterrupt):  # the parent is done, or interrupted
+            break
         try:
             with torch.inference_mode() if peer in TORCH_PEERS else contextlib.nullcontext():
-                if request["op"] == "start":
-                    answer = start_runner(peer, spec, batch, config, shared, runners, np)
-                elif request["op"] == "time":
-                    answer = time_runner(runners[batch], config["iters"])
-                else:
-                    runners.pop(batch).close()
-                    answer = {}
+                answer = ops[request["op"]](request["batch"])
         except Exception as exc:  # one B's failure is reported, the process goes on
             answer = {"error": error_text(exc)}
         connection.send(answer)
+    for runner in runners.values():  # left up by an interrupted parent: a pool's processes end with it
+        runner.close()
 
 
 def prepare_shared(peer: str, spec, config: dict, shared: dict) -> None:
@@ -490,7 +488,7 @@ def runner_for(peer: str, spec, batch: int, config: dict, shared: dict):
 
 def start_runner(peer: str, spec, batch: int, config: dict, shared: dict, runners: dict, np) -> dict:
     """The peer's runner at B built and kept in `runners`: its first run (the setup's end), --warmup
-    more, and its outputs saved for the comparison with eager's."""
+    more, and its outputs (for the comparison with eager's)."""
     if peer in POOL_PEERS and "skipped" in config["pools"][peer][str(batch)]:
         return {"skipped": config["pools"][peer][str(batch)]["skipped"]}
     prepare_shared(peer, spec, config, shared)
@@ -506,13 +504,10 @@ def start_runner(peer: str, spec, batch: int, config: dict, shared: dict, runner
         runner.close()
         raise
     runners[batch] = runner
-    path = Path(config["scratch"]) / "outputs" / f"{peer}-b{batch}.npy"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(path, output)
-    return {"setup_s": setup_s, "note": runner.note, "output": str(path)}
+    return {"setup_s": setup_s, "note": runner.note, "output": output}
 
 
-ROUND_WARMUP = 1  # untimed batches opening each round: another peer has just had the cores and caches
+ROUND_WARMUP = 1  # untimed batches opening each round: another peer just had the cores (its threads may still spin)
 
 
 def time_runner(runner: Runner, iters: int) -> dict:
@@ -674,15 +669,13 @@ def round_line(batch: int, group: int, r: int, table: dict) -> str:
 
 def add_diffs(runs: dict[str, dict[str, dict]]) -> None:
     """Each start's output difference from eager's at that B (eager's own, or the untimed
-    "_reference" start's); the output files' names dropped (they go with the scratch folder)."""
-    import numpy as np
-
+    "_reference" start's), the outputs themselves dropped."""
     for table in runs.values():
         reference = next((t["start"].get("output") for p in ("eager", "_reference") if (t := table.get(p))), None)
         for run in table.values():
             output = run["start"].pop("output", None)
-            if output and reference:
-                run["start"].update(diff_stats(np.load(output), np.load(reference)))
+            if output is not None and reference is not None:
+                run["start"].update(diff_stats(output, reference))
 
 
 def with_later(peers: list[str], later_profile: Path | None) -> list[str]:
@@ -705,7 +698,7 @@ def run(args) -> int:
     found, runs, interrupted = versions(), {}, False
     with tempfile.TemporaryDirectory(prefix="packrat-peers-") as scratch:
         env = None if args.keep_caches else fresh_compile_caches(Path(scratch))  # None: this environment's
-        config = {"model": args.model, "cores": cores, "iters": args.iters, "warmup": args.warmup, "scratch": scratch,
+        config = {"model": args.model, "cores": cores, "iters": args.iters, "warmup": args.warmup,
                   "ort_parallel": list(parse_ratio(args.ort_parallel_threads, threads))}
         if any(p in POOL_PEERS for p in active):
             config["pools"] = pool_plans(args, cores)

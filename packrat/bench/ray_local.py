@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,12 +113,3 @@ def _children(process: psutil.Process) -> list[psutil.Process]:
     except psutil.Error:
         return []
 
-
-def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.1):
-    """condition()'s first truthy value within timeout_s, else TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} after {timeout_s:.0f} s")
-        time.sleep(interval_s)
-    return value

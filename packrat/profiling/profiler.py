@@ -358,31 +358,51 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
 
 
 def _walk(search, measure_one, build, budget_s: float | None, account: Account, say) -> str:
-    """Measure what the search asks for, round after round (each round's (runtime, threads) groups
-    cheapest first: bounds on a budget come from the small points), until it asks for nothing or
-    the budget has passed; why it ended. A runtime failing at a point is measured no further."""
+    """Measure what the search asks for, round after round, until it asks for nothing; why it ended.
+    A round measures the points with nothing to build first, each (runtime, threads) group cheapest
+    first, then builds the rest and measures them. Once `budget_s` has passed, the search asks only
+    for what gives every batch of the grid a plan, with no build where another runtime can give it:
+    a profile that ends at its budget still plans. A runtime failing at a point is measured no further."""
     from packrat.profiling.search import FullGrid
 
-    while points := search.next_points():
-        if budget_s is not None and account.wall() >= budget_s:
-            return f"the budget of {budget_s:.0f} s ended with {len(points)} point(s) still asked for"
-        if build:
-            build(points)
-        groups: dict[tuple[str, int], list[int]] = {}
-        for runtime, t, b in points:
-            groups.setdefault((runtime, t), []).append(b)
-        for (runtime, t), sizes in sorted(groups.items(), key=lambda g: (sum(g[1]) / g[0][1], g[0])):
-            for b in sorted(sizes):
-                if runtime not in search.runtimes or (budget_s is not None and account.wall() >= budget_s):
-                    break
-                try:
-                    search.record(runtime, t, b, measure_one(runtime, t, b))
-                except ProfilingError as exc:
-                    say(f"runtime {runtime} measured no further: {exc}")
-                    search.runtimes = tuple(r for r in search.runtimes if r != runtime)
+    def spent() -> bool:
+        return budget_s is not None and account.wall() >= budget_s
+
+    left = 0
+    while points := search.next_points(cover_only=spent()):
+        costly = [p for p in points if p[0] in search.costly]
+        before = len(search.measured)
+        for part in ([p for p in points if p not in costly], costly):
+            if part is costly and part and build:
+                if spent():
+                    continue
+                build(part)
+            _measure_groups(search, part, measure_one, say)
+        left = len(search.next_points()) if spent() else 0
+        if len(search.measured) == before and spent():
+            break  # what is left needs a build the budget no longer has
     if isinstance(search, FullGrid):
         return "the whole grid measured"
+    if left:
+        return f"the budget of {budget_s:.0f} s ended with {left} point(s) still asked for"
     return f"no unmeasured point can change a plan by more than {search.tolerance:.0%}"
+
+
+def _measure_groups(search, points, measure_one, say) -> None:
+    """`points` measured by (runtime, threads), the groups cheapest first (Σ b / t), each walking its
+    batches upwards; a runtime failing at a point is measured no further."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for runtime, t, b in points:
+        groups.setdefault((runtime, t), []).append(b)
+    for (runtime, t), sizes in sorted(groups.items(), key=lambda g: (sum(g[1]) / g[0][1], g[0])):
+        for b in sorted(sizes):
+            if runtime not in search.runtimes:
+                break
+            try:
+                search.record(runtime, t, b, measure_one(runtime, t, b))
+            except ProfilingError as exc:
+                say(f"runtime {runtime} measured no further: {exc}")
+                search.runtimes = tuple(r for r in search.runtimes if r != runtime)
 
 
 def _build(settings: ProfileSettings, points, topology: Topology, account: Account, writer, say) -> None:

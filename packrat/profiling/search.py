@@ -198,29 +198,37 @@ class Search:
         return (Planner(items, self.cores, self.batches[-1]),
                 {point: runtime for point, (_, runtime) in fastest.items()})
 
-    def next_points(self) -> list[Key]:
+    def next_points(self, cover_only: bool = False) -> list[Key]:
         """What to measure next, all at once (the caller measures them by runtime and threads): the
         design points not measured yet; else every unmeasured instance of each hopeful plan that beats
-        the measured plan by more than `tolerance`; [] when none can."""
-        if not self.runtimes:
-            return []
+        the measured plan by more than `tolerance`; [] when none can. With `cover_only` (a budget
+        spent), only what gives a plan to the grid's batches that have none, under runtimes designed
+        and, where others are, not costly."""
+        designed = [r for r in self.runtimes if self._designed(r)]
+        cheap = [r for r in designed if r not in self.costly] or designed
         first = [(r, t, b) for r in self.runtimes for t, b in self._design(r) if (r, t, b) not in self.measured]
-        if first:
-            return first
-        hopeful_figures = {(r, t, b): float(figure[i, j]) for r in self.runtimes
+        if first and not (cover_only and cheap):
+            if not cover_only:
+                return first
+            runtime = next((r for r, _, _ in first if r not in self.costly), first[0][0])
+            return [key for key in first if key[0] == runtime]  # one runtime's design, the cheapest, covers
+        searched = cheap if cover_only else self.runtimes
+        hopeful_figures = {(r, t, b): float(figure[i, j]) for r in searched
                            for figure in [self._hopeful(r)]
                            for i, t in enumerate(self.threads) for j, b in enumerate(self.batches)}
         best, _ = self._planner(self.measured)
         hopeful, runtime_of = self._planner(hopeful_figures)
         wanted: list[Key] = []
         for batch in self.batches:
-            if not hopeful.table[self.cores, batch] < best.table[self.cores, batch] / (1 + self.tolerance):
+            open_batch = not np.isfinite(best.table[self.cores, batch]) if cover_only else (
+                hopeful.table[self.cores, batch] < best.table[self.cores, batch] / (1 + self.tolerance))
+            if not open_batch or not np.isfinite(hopeful.table[self.cores, batch]):
                 continue
             for instance in hopeful.plan(self.cores, batch).instances:
                 key = (runtime_of[instance.threads, instance.batch], instance.threads, instance.batch)
                 if key not in self.measured and key not in wanted:
                     wanted.append(key)
-        return wanted or self._rivals(best)
+        return wanted if cover_only else wanted or self._rivals(best)
 
     def _rivals(self, best: Planner) -> list[Key]:
         """Each measured plan's instances under the runtimes not measured there that their prediction
@@ -245,6 +253,6 @@ class Search:
 class FullGrid(Search):
     """Every point of the grid under every runtime: `packrat profile --full-grid`, and the yardstick."""
 
-    def next_points(self) -> list[Key]:
+    def next_points(self, cover_only: bool = False) -> list[Key]:
         return [(r, t, b) for t in self.threads for b in self.batches for r in self.runtimes
                 if (r, t, b) not in self.measured]
