@@ -219,7 +219,7 @@ def workers_of(measure_point):
 def test_the_profiler_writes_served_figures_and_the_payload(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(profiler, "Workers", workers_of(fake_point(calls)))
-    monkeypatch.setattr(profiler, "_build", lambda *args: None)
+    monkeypatch.setattr(profiler, "_build", lambda *args: [])
     profile = profiler.run(FAST, [1], [1, 2], tmp_path / "p.csv", topology=Topology(((0,),)), progress=False)
     assert calls == [(1, 1, True, None), (1, 2, True, None)]
     assert profile.metadata["payload"] == "jpeg" and profile.basis == "served"
@@ -231,7 +231,7 @@ def test_the_profiler_writes_served_figures_and_the_payload(tmp_path, monkeypatc
 def test_resuming_keeps_to_what_the_file_holds(tmp_path, monkeypatch):
     calls, said = [], []
     monkeypatch.setattr(profiler, "Workers", workers_of(fake_point(calls)))
-    monkeypatch.setattr(profiler, "_build", lambda *args: None)
+    monkeypatch.setattr(profiler, "_build", lambda *args: [])
     topology = Topology(((0,),))
     out = tmp_path / "p.csv"
     profiler.run(FAST, [1], [1], out, topology=topology, progress=False)
@@ -283,7 +283,7 @@ def test_the_payload_is_the_models_natural_one_as_served():
 def test_the_search_runs_on_the_served_figure(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(profiler, "Workers", workers_of(fake_point(calls)))
-    monkeypatch.setattr(profiler, "_build", lambda *args: None)
+    monkeypatch.setattr(profiler, "_build", lambda *args: [])
     done = profiler.search_profile(FAST, [1], [1, 2, 4], tmp_path / "p.csv", topology=Topology(((0,),)),
                                    progress=False)
     assert done.profile.basis == "served" and all(served for _, _, served, _ in calls)

@@ -86,7 +86,7 @@ def fake_workers(monkeypatch):
     FakeWorkers.started, FakeWorkers.calls = [], []
     monkeypatch.setattr(profiler, "Workers", FakeWorkers)
     monkeypatch.setattr(profiler, "LIVE_COPIES_PER_CORE", 100)
-    monkeypatch.setattr(profiler, "_build", lambda *args: None)
+    monkeypatch.setattr(profiler, "_build", lambda *args: [])
     monkeypatch.setattr(profiler, "check_runtimes", lambda settings, runtimes, say, account=None:
                         {r: None for r in runtimes})
     return FakeWorkers

@@ -399,7 +399,7 @@ def test_the_profiler_measures_every_runtime_asked_for(monkeypatch, tmp_path):
 
     monkeypatch.setattr(runtimes, "ensure_artefact", lambda spec, runtime, shipped=None: None)
     monkeypatch.setattr(profiler, "Workers", Workers)
-    monkeypatch.setattr(profiler, "_build", lambda *args: None)
+    monkeypatch.setattr(profiler, "_build", lambda *args: [])
     profile = profiler.run(profiler.ProfileSettings("tiny"), [1, 2], [1, 2], tmp_path / "p.csv",
                            Topology(((0, 1),)), progress=False, runtimes=("inductor", "onnxruntime"))
     assert sorted(measured) == sorted((t, b, r) for t in (1, 2) for b in (1, 2) for r in ("inductor", "onnxruntime"))

@@ -301,7 +301,7 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
     profile instead, and `out` rewritten with them: a check of the search on a recorded table."""
     from packrat.profiling.search import FullGrid, Search
 
-    out, account, notes = Path(out), Account(), []  # notes: said once a point is to be measured
+    out, account, notes, built_lines = Path(out), Account(), [], []  # notes: said once a point is to be measured
     topology = topology or (Topology.virtual(max(threads)) if replay else cpu_budget().topology)
     source = profiles.load(replay) if replay else None
     if source:
@@ -314,7 +314,9 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
             raise ValueError(f"--threads: {max(threads)} exceeds the {topology.num_cores} cores this process may use")
         if settings.served:
             payload_kind(settings)  # a payload the model cannot take is refused before any runtime is built
+        early = _early_builds(settings, threads, batches, runtimes, topology, account, say)
         verdicts = check_runtimes(settings, runtimes, say, account)
+        built_lines = early()
         meta = metadata(settings, topology, verdicts)
         settings, meta = resumed(settings, out, meta, notes.append)
         _existing(out, meta)
@@ -341,7 +343,10 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
             account.points[runtime] = account.points.get(runtime, 0) + 1
             return planned_ms(row)
 
-        build = None if source else (lambda points: _build(settings, points, topology, account, writer, say))
+        for line in built_lines:
+            writer.note("built", line)
+        build = None if source else (lambda points: [writer.note("built", line) for line in
+                                                     _build(settings, points, topology, account, say)])
         stopped = _walk(search, measure_one, build, budget_s, account, say)
         writer.note("search", f"{len(search.measured)} of the grid's {search.grid_size} points measured "
                               f"({len(search.measured) / search.grid_size:.0%}); {stopped}")
@@ -405,18 +410,37 @@ def _measure_groups(search, points, measure_one, say) -> None:
                 search.runtimes = tuple(r for r in search.runtimes if r != runtime)
 
 
-def _build(settings: ProfileSettings, points, topology: Topology, account: Account, writer, say) -> None:
-    """Every artefact `points` need, built before they are measured (builds.py); what was built said
-    and kept in the profile's head."""
+def _build(settings: ProfileSettings, points, topology: Topology, account: Account, say) -> list[str]:
+    """Every artefact `points` need, built before they are measured (builds.py): what was built, said
+    and returned as lines for the profile's head."""
     from packrat.profiling.builds import build_all
 
-    found = build_all(settings, points, topology, say)
-    for runtime, done in found.items():
+    lines = []
+    for runtime, done in build_all(settings, points, topology, say).items():
         account.add(runtime, "build", done["seconds"])
         if done["built"]:
-            line = f"{runtime}: {done['built']} built in {done['seconds']:.0f} s, {done['reused']} reused"
-            say(f"built {line}")
-            writer.note("built", line)
+            lines.append(f"{runtime}: {done['built']} built in {done['seconds']:.0f} s, {done['reused']} reused")
+            say(f"built {lines[-1]}")
+    return lines
+
+
+def _early_builds(settings: ProfileSettings, threads, batches, runtimes, topology: Topology, account: Account, say):
+    """Inductor's first packages (the costly design: packrat.profiling.search), built while the other
+    runtimes' artefacts are converted beside them, so that no core waits for the other kind of build;
+    the function returned waits for them and gives their lines."""
+    import threading
+
+    from packrat.profiling.builds import needs_build
+    from packrat.profiling.search import costly_design
+
+    lines: list[str] = []
+    if DEFAULT_RUNTIME not in runtimes or len(runtimes) < 2 or not needs_build(settings, DEFAULT_RUNTIME):
+        return lambda: lines
+    points = [(DEFAULT_RUNTIME, t, b) for t, b in costly_design(threads, batches)]
+    worker = threading.Thread(target=lambda: lines.extend(_build(settings, points, topology, account, say)),
+                              name="packrat-early-builds", daemon=True)
+    worker.start()
+    return lambda: worker.join() or lines
 
 
 class _WorkerPool:
