@@ -104,7 +104,7 @@ def serve_runs(args: argparse.Namespace) -> None:
         command, _, number = line.strip().partition(" ")
         if command == "batch":
             args.batch, point = int(number), None  # the last point's model is let go before the next loads
-            point = _warm(args)
+            point = _warm(args, 1 if args.warmed else args.warmup)
             print("ready " + json.dumps(point[2]), flush=True)
         elif command == "serve" and point and point[3] is not None:
             ms, stages = point[3].run(point[0])
@@ -115,8 +115,9 @@ def serve_runs(args: argparse.Namespace) -> None:
             return
 
 
-def _warm(args: argparse.Namespace) -> tuple:
-    """(module, examples, actual, ServedBatch or None) of args.batch, warmed up: `actual` is what
+def _warm(args: argparse.Namespace, runs: int | None = None) -> tuple:
+    """(module, examples, actual, ServedBatch or None) of args.batch, warmed up by `runs` runs (default
+    --warmup; a process that ran a point before needs one, for the new batch's shapes): `actual` is what
     the process really runs with (mode, cores, torch threads), so callers can check the pinning took."""
     import torch
 
@@ -125,9 +126,11 @@ def _warm(args: argparse.Namespace) -> tuple:
     else:
         (module, examples, mode), served = _prepare(args), None
     actual = {"mode": mode, "cores": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}
-    warm_up(module, examples, args.warmup)
-    for _ in range(min(SERVED_WARMUP, args.warmup) if served else 0):
+    runs = args.warmup if runs is None else runs
+    warm_up(module, examples, runs)
+    for _ in range(min(SERVED_WARMUP, runs) if served else 0):
         served.run(module)
+    args.warmed = True
     return module, examples, actual, served
 
 
@@ -406,6 +409,7 @@ def _load(args: argparse.Namespace, spec, cores=None):
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    args.warmed = False  # _warm: the first point of this process warms up by --warmup runs, later ones by one
     if args.batch is None and not args.loaded:
         parser.error("--batch is required (but with --loaded)")
     _pin([int(c) for c in args.cores.split(",")], args.threads)

@@ -30,6 +30,7 @@ pool serves it: its ⌊T/t⌋ copies are sessions on pinned threads of one proce
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import statistics
@@ -247,6 +248,16 @@ class Account:
     def wall(self) -> float:
         return time.monotonic() - self.started
 
+    @contextlib.contextmanager
+    def overlapping(self):
+        """Parts timed side by side within the block: scaled so that together they take its wall time."""
+        before, started = dict(self.seconds), time.monotonic()
+        yield
+        added = {key: seconds - before.get(key, 0.0) for key, seconds in self.seconds.items()}
+        scale = min(1.0, (time.monotonic() - started) / (sum(added.values()) or 1.0))
+        for key, seconds in added.items():
+            self.seconds[key] = before.get(key, 0.0) + seconds * scale
+
     def to_json(self) -> dict:
         runtimes = sorted({r for r, _ in self.seconds} | set(self.points))
         wall = self.wall()
@@ -314,9 +325,10 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
             raise ValueError(f"--threads: {max(threads)} exceeds the {topology.num_cores} cores this process may use")
         if settings.served:
             payload_kind(settings)  # a payload the model cannot take is refused before any runtime is built
-        early = _early_builds(settings, threads, batches, runtimes, topology, account, say)
-        verdicts = check_runtimes(settings, runtimes, say, account)
-        built_lines = early()
+        with account.overlapping():  # inductor's first packages beside the other runtimes' artefacts
+            early = _early_builds(settings, threads, batches, runtimes, topology, account, say)
+            verdicts = check_runtimes(settings, runtimes, say, account)
+            built_lines = early()
         meta = metadata(settings, topology, verdicts)
         settings, meta = resumed(settings, out, meta, notes.append)
         _existing(out, meta)
@@ -376,13 +388,13 @@ def _walk(search, measure_one, build, budget_s: float | None, account: Account, 
     left = 0
     while points := search.next_points(cover_only=spent()):
         costly = [p for p in points if p[0] in search.costly]
-        before = len(search.measured)
+        before, covering = len(search.measured), spent()
         for part in ([p for p in points if p not in costly], costly):
             if part is costly and part and build:
                 if spent():
                     continue
                 build(part)
-            _measure_groups(search, part, measure_one, say)
+            _measure_groups(search, part, measure_one, say, (lambda: False) if covering else spent)
         left = len(search.next_points()) if spent() else 0
         if len(search.measured) == before and spent():
             break  # what is left needs a build the budget no longer has
@@ -393,15 +405,15 @@ def _walk(search, measure_one, build, budget_s: float | None, account: Account, 
     return f"no unmeasured point can change a plan by more than {search.tolerance:.0%}"
 
 
-def _measure_groups(search, points, measure_one, say) -> None:
+def _measure_groups(search, points, measure_one, say, spent) -> None:
     """`points` measured by (runtime, threads), the groups cheapest first (Σ b / t), each walking its
-    batches upwards; a runtime failing at a point is measured no further."""
+    batches upwards, until spent(); a runtime failing at a point is measured no further."""
     groups: dict[tuple[str, int], list[int]] = {}
     for runtime, t, b in points:
         groups.setdefault((runtime, t), []).append(b)
     for (runtime, t), sizes in sorted(groups.items(), key=lambda g: (sum(g[1]) / g[0][1], g[0])):
         for b in sorted(sizes):
-            if runtime not in search.runtimes:
+            if runtime not in search.runtimes or spent():
                 break
             try:
                 search.record(runtime, t, b, measure_one(runtime, t, b))
