@@ -158,12 +158,15 @@ def test_missing_packages_and_parsing():
     assert parse(["--peers", "eager,fat,eager"]).peers == ["eager", "fat"]
     with pytest.raises(SystemExit):
         parse(["--peers", "eager,tensorrt"])
-    assert peers.parse_ratio("T:1", 8) == (8, 1) and peers.parse_ratio("2:4", 8) == (2, 4)
-    with pytest.raises(SystemExit):
-        peers.parse_ratio("0:1", 8)
-    assert peers.parse_cores(None, [0, 2, 4]) == [0, 2, 4] and peers.parse_cores(2, [0, 2, 4]) == [0, 2]
-    with pytest.raises(SystemExit):
-        peers.parse_cores(4, [0, 1])
+    assert parse([]).ort_parallel_threads == (None, 1)  # None: T, the cores
+    assert parse(["--ort-parallel-threads", "2:4"]).ort_parallel_threads == (2, 4)
+    for wrong in ("0:1", "2", "T:1:1", "a:1"):
+        with pytest.raises(SystemExit):
+            parse(["--ort-parallel-threads", wrong])
+    cores = list(peers.local_topology(None).cores)
+    assert list(peers.local_topology(1, "--cores").cores) == cores[:1]
+    with pytest.raises(SystemExit, match="--cores"):
+        peers.local_topology(len(cores) + 1, "--cores")
 
 
 def test_v2_requests_and_answer():

@@ -387,3 +387,11 @@ def test_replay_of_a_point_outside_the_table_names_it(tmp_path):
     said = []
     profiler.search_profile(FAST, [1], [1, 2], tmp_path / "out.csv", replay=full, progress=False, say=said.append)
     assert any("threads=1 batch=2" in line for line in said)
+
+
+def test_builds_are_afforded_only_with_time_to_measure_their_points():
+    account = profiler.Account(started=time.monotonic() - 70, wave_s=40.0)
+    assert profiler._affordable(account, 120.0, cores=2) == 0  # 50 s left: a 40 s wave and its points do not fit
+    assert profiler._affordable(account, 200.0, cores=2) == 4  # 130 s left: two waves of two
+    assert profiler._affordable(profiler.Account(), 120.0, cores=16) == 16  # no wave yet: one is afforded
+    assert profiler._affordable(account, 60.0, cores=2) == 0  # spent

@@ -36,15 +36,15 @@ def positional_args(doc: str, *arguments: tuple[str, Callable, object]) -> list:
     return [getattr(parsed, name) for name, _, _ in arguments]
 
 
-def local_topology(threads: int | None):
-    """This process's cores as a Topology, or its first `threads` of them."""
+def local_topology(threads: int | None, flag: str = "--threads"):
+    """This process's cores as a Topology, or its first `threads` of them (`flag` gave that number)."""
     from packrat.machine.topology import detect
 
     topology = detect()
     if threads is None:
         return topology
     if threads > topology.num_cores:
-        raise SystemExit(f"--threads {threads}: this process may use only {topology.num_cores} cores")
+        raise SystemExit(f"{flag} {threads}: this process may use only {topology.num_cores} cores")
     return detect(set(topology.cores[:threads]))
 
 

@@ -238,29 +238,24 @@ class Chaos:
         fault.what = "no instance held a core lock in 20 s (no model took turns): not struck"
 
     def re_register(self, fault: Fault) -> None:
-        from packrat.deploy import torchserve
-
-        self._unregister(fault.target)
-        time.sleep(5)
-        torchserve.register(self.server, self.mars[fault.target], fault.target)
-        self.live.add(fault.target)
+        self._leave_and_return(fault.target)
         fault.what = f"{fault.target} unregistered, and registered again 5 s later"
 
     def move_slow(self, fault: Fault) -> None:
-        others = self._inject(fault.target, {"delay_s": self.slow_s})
-        self._leave_and_return(fault.target)
-        time.sleep(max(AFTER_RETURN_S, self.slow_s - (time.time() - fault.started)))
-        self._clear_injected()
-        fault.what = (f"moves of {', '.join(others)} made to wait {self.slow_s:g} s while {fault.target} left and came "
-                      f"back; {moves_since(read_state(self.node.root), fault.started)}")
+        self._moves_struck(fault, {"delay_s": self.slow_s}, self.slow_s, f"wait {self.slow_s:g} s")
 
     def move_fail(self, fault: Fault) -> None:
-        others = self._inject(fault.target, {"fail": "a chaos run's move-fail"})
+        self._moves_struck(fault, {"fail": "a chaos run's move-fail"}, self.fail_s, f"fail for {self.fail_s:g} s")
+
+    def _moves_struck(self, fault: Fault, injected: dict, window_s: float, how: str) -> None:
+        """Every other model's moves struck by `injected` while the target leaves and comes back, for
+        `window_s` from the fault's start (AFTER_RETURN_S after it came back at least)."""
+        others = self._inject(fault.target, injected)
         self._leave_and_return(fault.target)
-        time.sleep(max(AFTER_RETURN_S, self.fail_s - (time.time() - fault.started)))
+        time.sleep(max(AFTER_RETURN_S, window_s - (time.time() - fault.started)))
         self._clear_injected()
-        fault.what = (f"moves of {', '.join(others)} made to fail for {self.fail_s:g} s while {fault.target} left and "
-                      f"came back; {moves_since(read_state(self.node.root), fault.started)}")
+        fault.what = (f"moves of {', '.join(others)} made to {how} while {fault.target} left and came back; "
+                      f"{moves_since(read_state(self.node.root), fault.started)}")
 
     def _leave_and_return(self, target: str) -> None:
         """The target unregistered, then registered again 5 s later: the others' cores change on one of

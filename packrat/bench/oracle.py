@@ -1,34 +1,31 @@
 """The oracle: every feasible configuration measured, against the planner's choices.
 
-    packrat bench oracle --model resnet50 --batches 1,2,4,8,16 [--rounds 10]
-
 On this machine (T = its cores, or --threads), for each batch size B, a pool is built for every
 feasible configuration: every multiset of instances ⟨t, b⟩ with Σt ≤ T and Σb = B, up to the bound
 below. One B's pools are started and warmed up once, then timed in --rounds interleaved rounds (each
 calls every pool once, in a shuffled order, with B raw-tensor requests); a configuration's latency
-is its median over the rounds. Where they would not all fit in memory at once, the planner's
-choices and each runtime's fat stay started and the rest start in groups, each timed beside them
-(rescaled: every ratio to the plan is one measured side by side). For each B: the oracle (the best
-configuration), the planner's choices from the isolated and the loaded figures, each one's latency
-over the oracle's in the same round (median over rounds, min–max) and its prediction over its
-measurement, and the fat ⟨T, B⟩ over the oracle. Verdicts: the loaded plan within 3 % of the oracle
-at every B, its prediction within 10 % of the measured.
+is its median over the rounds. Pools that would not all fit in memory start in groups, each timed
+beside the planner's choices and each runtime's fat, which stay started (rescaled: every ratio to
+the plan is one measured side by side). Per B: the oracle (the best configuration); the planner's
+choices from the isolated and the loaded figures, each one's latency over the oracle's in the same
+round (median over rounds, min–max) and its prediction over its measurement; the fat ⟨T, B⟩ over
+the oracle. Verdicts: the loaded plan within 3 % of the oracle at every B, its prediction within
+10 % of the measured.
 
 The bound. Configurations are enumerated exhaustively (all_configs) up to EXHAUSTIVE_LIMIT (50,000),
 every T ≤ 8 at B ≤ 16; past that, the candidates are the balanced family (balanced_configs: for
 every instance count k, threads split evenly, batches in proportion or evenly). Always timed
 (required_configs): each runtime's fat, every configuration of identical instances that fills the
 cores (k·t = T, k·b = B) under each runtime, the planner's choices and their neighbours (one
-instance changed: its runtime, a thread or a request more). Up to --max-configs (default 40) more
-per B (select_configs), ranked by (idle cores, imbalance, shapes, instances), taken round robin over
-the instance counts, ends first. --family identical times i identical instances ⟨T/i, B/i⟩ for
-every i dividing T and B instead, plus the planner's choices: a handful per B, for many cores.
+instance changed: its runtime, a thread or a request more). Up to --max-configs more per B
+(select_configs), ranked by (idle cores, imbalance, shapes, instances), taken round robin over the
+instance counts, ends first. --family identical times only i identical instances ⟨T/i, B/i⟩ for
+every i dividing T and B, plus the planner's choices: a handful per B, for many cores.
 
-The profile is --profile, else profiles/MODEL.csv as `packrat profile` writes it; one too sparse
-to plan some B with is refused, with why and the command that measures what it lacks. The pools
-load what the profile built (the compile cache). The run time is estimated first (past 10 minutes
-with the --rounds that would fit); --dry-run stops there. Split a long run over several commands
-with --json each, then print them as one report with --merge.
+The profile (--profile, else profiles/MODEL.csv) must plan every B: one too sparse is refused, with
+why and the command that measures what it lacks; the pools load what it built (the compile cache).
+The run time is estimated first (past 10 minutes, with the --rounds that would fit); --dry-run stops
+there. Split a long run over several commands with --json each, then report them as one with --merge.
 """
 
 from __future__ import annotations
@@ -441,13 +438,8 @@ def build_report(meta: dict, entries: Sequence[dict]) -> dict:
 
 
 def print_report(report: dict) -> None:
-    print()
-    print(markdown(report))
-    print()
-    for line in report["verdicts"]["loaded"]:
-        print(line)
-    for line in report["verdicts"]["isolated"]:
-        print(f"(for comparison) {line}")
+    print("\n" + "\n".join([markdown(report), "", *report["verdicts"]["loaded"],
+                             *(f"(for comparison) {line}" for line in report["verdicts"]["isolated"])]))
     for entry in report["batches"]:
         for c in entry["configs"]:
             if c.get("error"):
@@ -736,15 +728,6 @@ def _meta(args, topology: Topology, profile_path: Path, profile: Profile) -> dic
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
-def oracle_runtimes(profile: Profile | None) -> tuple[str, ...]:
-    """The runtimes every candidate is timed under by default: those the profile measured and this
-    machine has (a plan may take any of them), else torch's own."""
-    from packrat.models.runtimes import installed
-
-    found = tuple(r for r in (profile.measured_runtimes if profile is not None else ()) if installed(r))
-    return found or (DEFAULT_RUNTIME,)
-
-
 def run(args) -> int:
     topology = local_topology(args.threads)
     profile_path = args.profile or default_profile_path(args.model)
@@ -755,7 +738,9 @@ def run(args) -> int:
     args.graph_mode = served(profile.metadata.get("mode") if profile is not None else None)
     if profile is not None and not profile.loaded:
         print(f"note: {profile_path} has no loaded figures; the loaded planner is not evaluated", file=sys.stderr)
-    args.runtimes = args.runtimes or oracle_runtimes(profile)
+    from packrat.models.runtimes import installed  # by default: what the profile measured and this machine has
+    args.runtimes = args.runtimes or tuple(r for r in (profile.measured_runtimes if profile is not None else ())
+                                           if installed(r)) or (DEFAULT_RUNTIME,)  # (a plan may take any of them)
     plans = plan_batches(args, profile, topology)
     asked = profile is not None or args.profile is not None or not args.dry_run  # a dry run may go without one
     if asked and (reasons := too_sparse(plans, profile, topology.num_cores)):

@@ -1,23 +1,16 @@
 """Packrat's plan against what users would pick instead, side by side, on the same cores.
 
-    packrat bench peers [--model resnet50] [--batches 1,4,8] [--cores N] [--rounds 3] [--iters 10]
-                        [--warmup 2] [--peers packrat,fat,eager,...] [--profile profiles/MODEL.csv]
-                        [--later-profile CSV] [--json OUT]
-
 One zoo model at each batch size B of --batches, on T cores (the physical cores this process may
-use, or the first --cores of them). Every peer answers the same B samples (spec.example_inputs(B))
+use, or the first --cores of them); every peer answers the same B samples (spec.example_inputs(B))
 with all T cores:
 
   packrat              the plan for (T, B) from the profile (its primary figure, or --latency) as
                        packrat serves it without TorchServe: an InstancePool of the plan's instances,
-                       each pinned to its cores and in the runtime the profile measured fastest at its
+                       each pinned to its cores, in the runtime the profile measured fastest at its
                        ⟨t, b⟩; a run is B requests (raw tensor bytes; KServe v2 JSON for several
                        inputs), all answered. Skipped at a B the profile cannot plan.
-  packrat-later        with --later-profile: the same, planned on a second profile of the model (taken
-                       later, e.g. an hour after the first): how far apart two profiles' plans serve.
-                       With --served-corrections FILE (an engine's served-latency file), that profile
-                       (default --profile) corrected as the engine corrected it while it served: the
-                       plans packrat serves after serving a while.
+  packrat-later        the same, planned on --later-profile (how far apart two profiles' plans
+                       serve), or on the profile as --served-corrections corrected it while serving.
   fat                  the same pool with one inductor instance ⟨T threads, batch B⟩: the pool's own
                        overhead (codec, shared memory, dispatch) made visible.
   eager, script        PyTorch eager; TorchScript (trace, freeze, optimize_for_inference).
@@ -29,20 +22,20 @@ with all T cores:
                        as B requests on an AsyncInferQueue, the latency the whole batch's.
   onnxruntime          the ONNX file packrat exports (models.runtimes: dynamo, dynamic batch), an
                        InferenceSession with intra_op_num_threads T, ORT_SEQUENTIAL.
-  onnxruntime-parallel the same with ORT_PARALLEL, --ort-parallel-threads INTER:INTRA (default T:1):
-                       the knob users reach for, little to run in parallel in ResNet or BERT.
+  onnxruntime-parallel the same in ORT_PARALLEL (--ort-parallel-threads): the knob users reach for,
+                       little to run in parallel in ResNet or BERT.
 
 Every peer runs in a process of its own pinned to the T cores (torch with T threads, one inter-op
-thread), started once: at each B it is set up there once ("setup s": its build and first batch), runs
---warmup untimed batches and keeps its outputs; then --rounds interleaved rounds each run every peer
-on what it set up, in a shuffled order: one untimed batch (another peer just had the cores), then
---iters timed ones, their median the round's figure. Per B: the median over rounds (rounds' min–max);
-vs packrat, the peer's figure over packrat's in the same round, its median over rounds (min–max), on
-which the verdict rests; the largest difference of the outputs from eager's (DIFFERS above 1e-3 of
-their largest magnitude). Short of memory (under 2 GiB free), the peers left wait for a later group,
-timed beside packrat; a peer whose process ended is started again at the next B, and says so. Compile
-caches are fresh per run (unless --keep-caches); a peer whose packages are missing is "not installed
-(pip install ...)". --json OUT keeps every figure, also of an interrupted run.
+thread), started once: at each B it is set up there once ("setup s": its build and first batch),
+runs --warmup untimed batches and keeps its outputs; then --rounds interleaved rounds each run every
+peer in a shuffled order: one untimed batch (another peer just had the cores), then --iters timed
+ones, their median the round's figure. Per B: the median over rounds (min–max); vs packrat, the
+median over rounds of the peer's figure over packrat's in the same round (min–max), on which the
+verdict rests; the outputs' largest difference from eager's (DIFFERS above 1e-3 of their largest
+magnitude). Under 2 GiB free, the peers left wait for a later group, timed beside packrat; a peer
+whose process ended is started again at the next B, and says so. Compile caches are fresh per run
+(unless --keep-caches); a peer missing its packages is "not installed (pip install ...)". --json
+keeps every figure, also of an interrupted run.
 """
 from __future__ import annotations
 
@@ -232,34 +225,7 @@ def v2_output(body: bytes):
     return np.asarray(output["data"], dtype=np.float64).reshape(output["shape"])
 
 
-def parse_cores(count: int | None, allowed: list[int]) -> list[int]:
-    """The first --cores of the cores this process may use (all of them when None)."""
-    if count is None:
-        return list(allowed)
-    if not 1 <= count <= len(allowed):
-        raise SystemExit(f"--cores {count}: this process may use {len(allowed)} core(s) ({allowed})")
-    return list(allowed[:count])
-
-
-def parse_ratio(text: str, threads: int) -> tuple[int, int]:
-    """--ort-parallel-threads INTER:INTRA, T standing for the cores."""
-    try:
-        inter, intra = (threads if part.strip().upper() == "T" else int(part) for part in text.split(":"))
-    except ValueError:
-        raise SystemExit(f"--ort-parallel-threads {text!r}: expected INTER:INTRA, e.g. T:1 or 2:1") from None
-    if inter < 1 or intra < 1:
-        raise SystemExit(f"--ort-parallel-threads {text!r}: thread counts must be >= 1")
-    return inter, intra
-
-
 # ---- the children: one process per peer, pinned to the cores, started once ----------------------
-
-def _first_output(result):
-    """A module's (first) output tensor: some return tuples or lists."""
-    while isinstance(result, (tuple, list)):
-        result = result[0]
-    return result
-
 
 class Runner:
     """One peer at one B: run() a batch, outputs(run's result) as numpy, close()."""
@@ -297,7 +263,9 @@ class TorchRunner(Runner):
         return self.module(*self.inputs)
 
     def outputs(self, result):
-        return _first_output(result).detach().float().numpy()
+        while isinstance(result, (tuple, list)):  # some modules return tuples or lists: their first output
+            result = result[0]
+        return result.detach().float().numpy()
 
 
 class OpenVinoModel:
@@ -523,11 +491,6 @@ def time_runner(runner: Runner, iters: int) -> dict:
 
 # ---- the parent --------------------------------------------------------------------------------
 
-def versions() -> dict[str, str]:
-    return {name: importlib.metadata.version(name) if importlib.util.find_spec(name) else "not installed"
-            for name in ("torch", "openvino", "onnxruntime", "onnx", "onnxscript")}
-
-
 def pool_plans(args, cores: list[int]) -> dict:
     """packrat's plan (and packrat-later's) and the fat instance per B, and the pools' graph mode,
     for the children."""
@@ -555,8 +518,12 @@ def pool_plans(args, cores: list[int]) -> dict:
     later_lines: dict = {}
     if args.later_profile:
         later, later_why = read_profile(args, args.later_profile)
-        if later is not None and args.served_corrections:
-            later = served_as(later, args.served_corrections)
+        if later is not None and args.served_corrections:  # as that engine plans with it: its corrections
+            from packrat.serving.correcting import PlanCorrector  # and the figures inferred from them
+
+            if not args.served_corrections.exists():
+                raise SystemExit(f"packrat bench peers: no served-latency file {args.served_corrections}")
+            later = PlanCorrector(later, args.served_corrections, keep=False).profile
             pools["served_corrections"] = str(args.served_corrections)
         pools["later_profile"] = str(args.later_profile)
         pools["packrat-later"] = plans_of(args, later, later_why, args.later_profile, cores, topology,
@@ -566,16 +533,6 @@ def pool_plans(args, cores: list[int]) -> dict:
     for batch, line in later_lines.items():
         pools["lines"][batch] = "\n\n".join(filter(None, (pools["lines"].get(batch), line)))
     return pools
-
-
-def served_as(profile, corrections: Path):
-    """`profile` corrected by an engine's served-latency file, as that engine plans with it
-    (corrections, and the figures inferred from them)."""
-    from packrat.serving.correcting import PlanCorrector
-
-    if not corrections.exists():
-        raise SystemExit(f"packrat bench peers: no served-latency file {corrections}")
-    return PlanCorrector(profile, corrections, keep=False).profile
 
 
 def read_profile(args, path: Path):
@@ -688,18 +645,20 @@ def with_later(peers: list[str], later_profile: Path | None) -> list[str]:
 
 
 def run(args) -> int:
-    cores = parse_cores(args.cores, list(local_topology(None).cores))
+    cores = list(local_topology(args.cores, "--cores").cores)
     threads = len(cores)
     if args.served_corrections and args.later_profile is None:  # the same profile, as served
         args.later_profile = args.profile or default_profile_path(args.model)
     peers = with_later(args.peers, args.later_profile)
     skipped = {peer: why for peer in peers if (why := missing_packages(peer))}
     active = [p for p in peers if p not in skipped]
-    found, runs, interrupted = versions(), {}, False
+    found = {name: importlib.metadata.version(name) if importlib.util.find_spec(name) else "not installed"
+             for name in ("torch", "openvino", "onnxruntime", "onnx", "onnxscript")}
+    runs, interrupted = {}, False
     with tempfile.TemporaryDirectory(prefix="packrat-peers-") as scratch:
         env = None if args.keep_caches else fresh_compile_caches(Path(scratch))  # None: this environment's
         config = {"model": args.model, "cores": cores, "iters": args.iters, "warmup": args.warmup,
-                  "ort_parallel": list(parse_ratio(args.ort_parallel_threads, threads))}
+                  "ort_parallel": [n or threads for n in args.ort_parallel_threads]}
         if any(p in POOL_PEERS for p in active):
             config["pools"] = pool_plans(args, cores)
         workers: dict[str, Worker] = {}

@@ -22,11 +22,6 @@ import psutil
 from packrat.deploy.torchserve import free_port
 
 
-def _ray_command() -> str:
-    exe = Path(sys.executable).with_name("ray")
-    return str(exe) if exe.exists() else "ray"
-
-
 @dataclass
 class LocalCluster:
     """Nodes pinned to `node_cores` (one list of CPU ids per node; the first is the head)."""
@@ -60,8 +55,9 @@ class LocalCluster:
     def _ray(self, cores: list[int], *args: str) -> None:
         # Each node's dashboard agent on a port of its own: on Ray's default (52365) every node after
         # the first retries the head's port for ~3 s before its raylet registers.
-        cmd = ["taskset", "-c", ",".join(map(str, cores)), _ray_command(), "start", "--num-cpus", str(len(cores)),
-               "--disable-usage-stats", "--dashboard-agent-listen-port", str(free_port()), *args]
+        ray = Path(sys.executable).with_name("ray")  # this environment's, else the PATH's
+        cmd = ["taskset", "-c", ",".join(map(str, cores)), str(ray) if ray.exists() else "ray", "start", "--num-cpus",
+               str(len(cores)), "--disable-usage-stats", "--dashboard-agent-listen-port", str(free_port()), *args]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"ray start failed: {(done.stderr or done.stdout).strip().splitlines()[-3:]}")
@@ -71,12 +67,9 @@ class LocalCluster:
         found = [p for p in self._processes() if Path(p.info["cmdline"][0]).name == "raylet"]
         return sorted(found, key=lambda p: p.info["create_time"])
 
-    def raylet_cores(self, raylet: psutil.Process) -> list[int]:
-        return sorted(raylet.cpu_affinity())
-
     def kill_node(self, cores: list[int]) -> int:
         """kill -9 the raylet of the node pinned to `cores` (its workers then exit); its pid."""
-        raylet = next(p for p in self.raylets() if self.raylet_cores(p) == sorted(cores))
+        raylet = next(p for p in self.raylets() if sorted(p.cpu_affinity()) == sorted(cores))
         raylet.send_signal(signal.SIGKILL)
         return raylet.pid
 

@@ -40,7 +40,7 @@ def add_peers_parser(sub) -> None:
                    help="which profiled figure to plan with (default: the profile's primary one)")
     p.add_argument("--packrat-mode", choices=("compile", "script", "eager"), default=None,
                    help="graph mode of packrat's and fat's instances (default: the profile's mode)")
-    p.add_argument("--ort-parallel-threads", default="T:1", metavar="INTER:INTRA",
+    p.add_argument("--ort-parallel-threads", type=thread_counts, default="T:1", metavar="INTER:INTRA",
                    help="onnxruntime-parallel's inter-op and intra-op threads, T for the cores (default T:1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the rounds' orders (default 0)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one request to a peer's process may take: a setup, or a round (default 3600)")
@@ -48,6 +48,17 @@ def add_peers_parser(sub) -> None:
     p.add_argument("--keep-caches", action="store_true", help="this environment's compile caches, not fresh ones: "
                    "setups load what an earlier run built (the tests' smoke run shares the suite's)")
     p.set_defaults(func=cmd_peers)
+
+
+def thread_counts(text: str) -> tuple[int | None, int | None]:
+    """argparse type for --ort-parallel-threads INTER:INTRA: each a count >= 1, or T (None: the cores)."""
+    try:
+        counts = tuple(None if part.strip().upper() == "T" else int(part) for part in text.split(":"))
+    except ValueError:
+        counts = ()
+    if len(counts) != 2 or any(n is not None and n < 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected INTER:INTRA, thread counts >= 1 or T, e.g. T:1 or 2:1")
+    return counts
 
 
 def cmd_peers(args: argparse.Namespace) -> int:

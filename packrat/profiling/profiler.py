@@ -241,6 +241,7 @@ class Account:
     started: float = field(default_factory=time.monotonic)
     seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (runtime, part) -> s
     points: dict[str, int] = field(default_factory=dict)
+    wave_s: float = 0.0  # the longest a wave of builds (one a core, side by side) has taken
 
     def add(self, runtime: str, part: str, seconds: float) -> None:
         self.seconds[runtime, part] = self.seconds.get((runtime, part), 0.0) + seconds
@@ -387,11 +388,12 @@ def _walk(search, measure_one, build, budget_s: float | None, account: Account, 
 
     left = 0
     while points := search.next_points(cover_only=spent()):
-        costly = [p for p in points if p[0] in search.costly]
+        costly = sorted((p for p in points if p[0] in search.costly), key=lambda p: (p[2] / p[1], p))
         before, covering = len(search.measured), spent()
         for part in ([p for p in points if p not in costly], costly):
             if part is costly and part and build:
-                if spent():
+                part = part[:_affordable(account, budget_s, search.cores)] if budget_s is not None else part
+                if not part:
                     continue
                 build(part)
             _measure_groups(search, part, measure_one, say, (lambda: False) if covering else spent)
@@ -403,6 +405,16 @@ def _walk(search, measure_one, build, budget_s: float | None, account: Account, 
     if left:
         return f"the budget of {budget_s:.0f} s ended with {left} point(s) still asked for"
     return f"no unmeasured point can change a plan by more than {search.tolerance:.0%}"
+
+
+def _affordable(account: Account, budget_s: float, cores: int) -> int:
+    """How many builds the budget left affords with their points measured after them: a wave of builds,
+    one a core, takes as long as the longest wave so far, its points half as long again (no wave yet:
+    one is afforded while any budget is left)."""
+    left = budget_s - account.wall()
+    if left <= 0:
+        return 0
+    return cores * int(left // (1.5 * account.wave_s)) if account.wave_s else cores
 
 
 def _measure_groups(search, points, measure_one, say, spent) -> None:
@@ -430,6 +442,8 @@ def _build(settings: ProfileSettings, points, topology: Topology, account: Accou
     lines = []
     for runtime, done in build_all(settings, points, topology, say).items():
         account.add(runtime, "build", done["seconds"])
+        waves = -(-done["built"] // topology.num_cores)
+        account.wave_s = max(account.wave_s, done["seconds"] / waves if waves else 0.0)
         if done["built"]:
             lines.append(f"{runtime}: {done['built']} built in {done['seconds']:.0f} s, {done['reused']} reused")
             say(f"built {lines[-1]}")
