@@ -407,6 +407,7 @@ def test_measure_profile_renames_a_complete_measurement(tmp_path, monkeypatch):
         assert runtimes == profiler.default_runtimes()  # as `packrat profile` measures
         written.append((Path(out).name, settings.warmup, settings.min_time, threads, batches, settings.contention))
         Path(out).write_text(PROFILE)
+        return SimpleNamespace(profile=load(out))
 
     monkeypatch.setattr(profiler, "search_profile", fake_search)
     monkeypatch.setattr(default_profile, "cpu_budget", lambda: SimpleNamespace(cores=2))
@@ -458,7 +459,7 @@ def test_profile_replay_prints_points_against_the_grid(tmp_path, capsys):
     assert main(["profile", "--replay", str(full), "--out", str(out), "--json"]) == 0
     body = json.loads(capsys.readouterr().out)
     assert body["grid"] == 56 and 0 < body["points"] < 56 and body["out"] == str(out)
-    assert {"fraction", "measure_s", "full_grid_s", "saved_s", "saved"} <= set(body)
+    assert {"fraction", "budget_s", "stopped", "fit_error", "wall_s", "unaccounted_s", "runtimes"} <= set(body)
     assert len(load(out).latency) == body["points"]
     assert main(["profile", "--replay", str(full), "--out", str(out), "--quiet"]) == 0
     assert f"{body['points']} of the grid's 56 points" in capsys.readouterr().out
