@@ -23,7 +23,7 @@ def add_demo_parser(sub) -> None:
     p = sub.add_parser("demo", help="profile, plan, then serve three ways and say what packrat gives (the README's "
                                     "main job)",
                        description="The main job, about five minutes on 2 cores: profile the model on this machine "
-                                   "under every installed runtime (cached), plan for every profiled batch, write the "
+                                   "under every installed runtime but torch-compile (cached), plan for every profiled batch, write the "
                                    "plots, then serve it in TorchServe three ways side by side: stock TorchServe as a "
                                    "user runs it (its handler, the eager model), a careful user's handler (one "
                                    "session of the fastest runtime the profile found, on every core) and packrat's "
@@ -66,7 +66,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cores = local_cores()
     out = Path(args.out_dir)
     profile_path = demo_profile_path(args.model, args.graph_mode)
-    print(f"== 1/5 profile {args.model} on {cores} cores under every installed runtime, batches {args.batches} "
+    print(f"== 1/5 profile {args.model} on {cores} cores under every installed runtime but torch-compile, batches {args.batches} "
           f"(cached in {profile_path}; delete it to measure again)")
     profile_path.parent.mkdir(parents=True, exist_ok=True)
     profile = measure_profile(args.model, profile_path, sorted({*args.batches, args.serve_batch}),

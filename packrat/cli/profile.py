@@ -54,7 +54,7 @@ def add_profile_parser(sub) -> None:
                         help="instead of --min-time: this many timed runs per point")
     graph_mode_args(p)
     p.add_argument("--runtimes", type=runtime_list, default=None, metavar="LIST",
-                   help="the runtimes to measure every point under, e.g. inductor,openvino,onnxruntime: inductor is "
+                   help="the runtimes to measure under, e.g. inductor,openvino,onnxruntime: inductor is "
                         "torch in --graph-mode; openvino and onnxruntime install with packrat. "
                         "The planner takes the fastest runtime measured at each point, so one plan may mix them; "
                         "a runtime whose outputs differ from eager torch's is refused, with the reason "
