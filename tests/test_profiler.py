@@ -97,7 +97,7 @@ def fake_workers(monkeypatch):
 @pytest.mark.integration
 def test_one_real_point_runs_pinned_with_its_threads():
     core = detect().cores[-1]
-    stats = profiler.measure_point(EAGER, 1, 2, [core])
+    stats = measuring.measure_point(EAGER, 1, 2, [core])
     assert stats["cores"] == [core]
     assert stats["torch_threads"] == 1
     assert stats["mode"] == "eager"  # the mode asked for, as the point ran it
@@ -108,7 +108,7 @@ def test_one_real_point_runs_pinned_with_its_threads():
 @pytest.mark.integration
 def test_failed_point_names_the_point():
     with pytest.raises(ProfilingError, match="threads=1 batch=1 failed: .*unknown model"):
-        profiler.measure_point(profiler.ProfileSettings(model="no_such_model", iters=1), 1, 1, [0])
+        measuring.measure_point(profiler.ProfileSettings(model="no_such_model", iters=1), 1, 1, [0])
 
 
 def test_summary_statistics():
@@ -132,33 +132,53 @@ def test_run_writes_metadata_and_resumes(tmp_path, fake_workers):
     assert {row["copies"] for row in profile.rows} == {"1"} and profile.isolated == profile.latency
 
 
+class FakeCopy:
+    """A `point --loaded` copy without a process: says ready, and ready again for each `batch N`."""
+
+    def __init__(self, cmd, env):
+        self.threads = int(cmd[cmd.index("--threads") + 1])
+        self.cores = [int(core) for core in cmd[cmd.index("--cores") + 1].split(",")]
+        self.lines, self.batch = ["ready {}"], None
+
+    def send_run(self, command="run"):
+        assert command.startswith("batch "), "rounds are fake_round's"
+        self.batch = int(command.split()[1])
+        self.lines.append("ready " + json.dumps({"mode": "eager", "cores": self.cores, "torch_threads": self.threads}))
+
+    def expect(self, deadline, what, is_it):
+        return self.lines.pop(0)
+
+    def close_input(self):
+        pass
+
+    def stop(self, grace):
+        pass
+
+
 @pytest.mark.parametrize("isolated_too", [False, True])
 def test_contention_measures_each_point_as_it_is_served(tmp_path, monkeypatch, isolated_too):
     """Loaded beside ⌊T/t⌋ - 1 copies where they fit, alone where they do not; alone as well only
     when asked (isolated_too: the oracle's two figures)."""
-    alone, loaded = [], []
+    alone, loaded = set(), set()
 
-    def fake_point(settings, t, b, cores):
-        alone.append((t, b, tuple(cores)))
-        return fake_stats(12.0 * b / t)
+    def fake_round(copies, timeout, command="run"):  # a lockstep round: 12 b / t ms alone, 18 b / t loaded
+        t, b = copies[0].threads, copies[0].batch
+        (loaded if len(copies) > 1 else alone).add((t, b, tuple(tuple(copy.cores) for copy in copies)))
+        return (18.0 if len(copies) > 1 else 12.0) * b / t, [[12.0 * b / t]] * len(copies)
 
-    def fake_loaded(settings, t, b, core_sets, timeout):
-        loaded.append((t, b, core_sets))
-        return fake_stats(18.0 * b / t)
-
-    monkeypatch.setattr(measuring, "measure_point", fake_point)
-    monkeypatch.setattr(measuring, "measure_loaded", fake_loaded)
+    monkeypatch.setattr(measuring, "_Copy", FakeCopy)
+    monkeypatch.setattr(measuring, "_round", fake_round)
     out = tmp_path / "tiny.csv"
     topo = Topology(((0, 1, 2, 3),))
     assert profiler.DEFAULT_CONTENTION == FAST.contention
-    settings = dataclasses.replace(FAST, contention=True, isolated_too=isolated_too)
+    settings = dataclasses.replace(FAST, contention=True, isolated_too=isolated_too, served=False)
     with profiler.profiles.ProfileWriter(out, profiler.metadata(settings, topo)) as writer:
         for t in (1, 2, 3, 4):
             writer.write(measuring.measure(settings, t, 2, topo))
     profile = load(out)
-    assert sorted(alone) == ([(1, 2, (0,)), (2, 2, (0, 1))] if isolated_too else []) + [(3, 2, (0, 1, 2)),
-                                                                                         (4, 2, (0, 1, 2, 3))]
-    assert sorted(loaded) == [(1, 2, [[0], [1], [2], [3]]), (2, 2, [[0, 1], [2, 3]])]  # ⌊4/t⌋ > 1 copies only
+    assert sorted(alone) == ([(1, 2, ((0,),)), (2, 2, ((0, 1),))] if isolated_too else []) + [
+        (3, 2, ((0, 1, 2),)), (4, 2, ((0, 1, 2, 3),))]
+    assert sorted(loaded) == [(1, 2, ((0,), (1,), (2,), (3,))), (2, 2, ((0, 1), (2, 3)))]  # ⌊4/t⌋ > 1 copies only
     assert profile.loaded and profile.metadata["latency"] == "loaded"
     assert profile.latency == {(1, 2): 36.0, (2, 2): 18.0, (3, 2): 8.0, (4, 2): 6.0}
     assert profile.isolated == ({(1, 2): 24.0, (2, 2): 12.0} if isolated_too else {}) | {(3, 2): 8.0, (4, 2): 6.0}
@@ -192,7 +212,7 @@ def test_older_isolated_profile_refuses_loaded_points(tmp_path, monkeypatch):
 @pytest.mark.integration
 def test_loaded_point_runs_copies_on_disjoint_pinned_cores(started):
     topo = two_cores()
-    row = profiler.measure(dataclasses.replace(EAGER, contention=True, isolated_too=True), 1, 2, topo)
+    row = measuring.measure(dataclasses.replace(EAGER, contention=True, isolated_too=True), 1, 2, topo)
     assert row["threads"] == 1 and row["batch"] == 2 and row["copies"] == 2
     assert sorted(map(tuple, row["copy_cores"])) == [(c,) for c in topo.cores]  # each copy on its own core
     assert row["iterations"] == FAST.iters  # lockstep rounds, each as slow as the slowest copy
@@ -203,22 +223,23 @@ def test_loaded_point_runs_copies_on_disjoint_pinned_cores(started):
 
 
 @pytest.mark.integration
-def test_one_copy_fits_so_the_point_is_measured_once(monkeypatch):
-    monkeypatch.setattr(measuring, "measure_loaded", lambda *a: pytest.fail("no room for a second copy"))
-    row = profiler.measure(dataclasses.replace(FAST, contention=True), 2, 1, two_cores())
+def test_one_copy_fits_so_the_point_is_measured_once(started):
+    row = measuring.measure(dataclasses.replace(FAST, contention=True), 2, 1, two_cores())
+    assert len(started) == 1  # no room for a second copy
     assert row["copies"] == 1 and row["latency_ms"] == row["isolated_ms"]
     assert row["mode"] == "compile" and row["torch_threads"] == 2  # the default mode, at the point's threads
 
 
 @pytest.mark.parametrize("settings,timeout,reason", [
-    (profiler.ProfileSettings(model="no_such_model", iters=1), 60.0, "unknown model"),
-    (FAST, 0.01, "a copy was not ready within 0.01 s"),
+    (profiler.ProfileSettings(model="no_such_model", iters=1), 60.0,
+     r"measuring threads=1 batch=1 under load \(2 copies\) failed: .*unknown model"),
+    (FAST, 0.01, r"starting 2 measuring copies of threads=1 failed: a copy was not ready within 0.01 s"),
 ])
 @pytest.mark.integration
 def test_failed_loaded_point_names_it_and_leaves_no_copy(started, settings, timeout, reason):
-    cores = [[c] for c in two_cores().cores]
-    with pytest.raises(ProfilingError, match=f"threads=1 batch=1 under load \\(2 copies\\) failed: .*{reason}"):
-        profiler.measure_loaded(settings, 1, 1, cores, timeout)
+    with pytest.raises(ProfilingError, match=reason):
+        with measuring.Workers(settings, 1, two_cores(), timeout) as workers:
+            workers.measure(1)
     assert len(started) == 2 and all(copy.proc.returncode is not None for copy in started)
 
 

@@ -109,7 +109,7 @@ def test_a_profile_takes_the_fastest_runtime_per_point(tmp_path):
     assert profile.runtimes == {(1, 1): "openvino", (2, 1): "inductor", (1, 2): "onnxruntime"}
     assert profile.measured_runtimes == ["inductor", "onnxruntime", "openvino"]
     assert profile.only(["inductor"]).latency == {(1, 1): 10.0, (2, 1): 6.0}
-    assert profile.runtime_items("onnxruntime") == [(1, 2, 19.0), (2, 1, 7.0)]
+    assert profile.only(["onnxruntime"]).items() == [(1, 2, 19.0), (2, 1, 7.0)]
     plan = Planner(profile.items(), 2, 2, profile.runtimes).plan(2, 2)
     assert [i.runtime for i in plan.instances] == ["openvino", "openvino"]
 

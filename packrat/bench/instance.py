@@ -34,7 +34,7 @@ def instance_gap(model: str, runtime: str, threads: int, batch: int, cores: tupl
     from packrat.codec.payloads import build_payload
     from packrat.codec.config import CodecConfig
     from packrat.models.zoo import resolve
-    from packrat.profiling.profiler import ProfileSettings, measure_point
+    from packrat.profiling.measuring import ProfileSettings, measure_point
     from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
     from packrat.serving.pool.instance_pool import InstancePool
 

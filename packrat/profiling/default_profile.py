@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
 from packrat.machine.budget import cpu_budget
 from packrat.models.modes import DEFAULT_MODE
-from packrat.profiling import profiler
-from packrat.profiling import profiles
+from packrat.profiling import profiler, profiles
 from packrat.profiling.profiles import default_path as default_profile_path, load
 
 DEMO_BATCHES = (1, 2, 4, 8)
-
-
 DEMO_MIN_TIME_S = 2.0
-
-
 DEMO_WARMUP = 3
 
 
@@ -38,23 +32,15 @@ def measure_profile(model: str, path: Path, batches, *, min_time: float = DEMO_M
     file holds: an older cache stays isolated). A new file is measured as PATH.partial.csv and
     renamed when complete, so an interrupted run never leaves half a profile where it would be
     used; the same command resumes it."""
+    partial = path if path.exists() else path.with_name(path.stem + ".partial.csv")
+    held = profiles.held(partial)  # loaded or isolated, as the file holds, if it holds any point
     settings = profiler.ProfileSettings(model=model, warmup=DEMO_WARMUP, iters=None, min_time=min_time,
-                                        input_shape=input_shape, graph_mode=graph_mode)
-    threads = list(range(1, cpu_budget().cores + 1))
-    batches = sorted(set(batches))
+                                        input_shape=input_shape, graph_mode=graph_mode,
+                                        **({"contention": held.loaded} if held else {}))
     every = {"progress": progress, "runtimes": profiler.default_runtimes(), "say": print}
-    if path.exists():
-        return profiler.search_profile(_same_kind(settings, path), threads, batches, path, **every).profile
-    partial = path.with_name(path.stem + ".partial.csv")
-    profiler.search_profile(_same_kind(settings, partial), threads, batches, partial, **every)
+    profiler.search_profile(settings, list(range(1, cpu_budget().cores + 1)), sorted(set(batches)), partial, **every)
     partial.replace(path)
     return load(path)
-
-
-def _same_kind(settings: profiler.ProfileSettings, path: Path) -> profiler.ProfileSettings:
-    """`settings` measuring what the profile at `path` holds (loaded or isolated), if it holds any."""
-    held = profiles.held(path)
-    return settings if held is None else dataclasses.replace(settings, contention=held.loaded)
 
 
 def resolve_profile(model: str, given: Path | None, *, batch_sizes=(),

@@ -1,13 +1,13 @@
 """Measuring profile points: L(t, b) of one runtime in pinned processes (packrat/profiling/point.py).
 
-A point is measured alone (one process on t cores timing itself) or loaded: ⌊T/t⌋ copies on
-disjoint cores run each batch together in lockstep rounds, as a homogeneous plan of that point runs
-them (the slowest copy of each round decides, as it decides a plan's batch). A thread-kind runtime's
-copies are sessions on pinned threads of one process, as the pool hosts them.
-
-measure() takes a point in fresh processes; Workers keeps one (runtime, threads)'s processes across
-points: started and loaded once, then told each batch (issue 62: a point then costs its runs, not
-a process start and a load, ~5 s a point before).
+Workers keeps one (runtime, threads)'s processes across points: started and loaded once, then told
+each batch (issue 62: a point then costs its runs, not a process start and a load, ~5 s a point
+before). A point is measured loaded: ⌊T/t⌋ copies on disjoint cores run each batch together in
+lockstep rounds, as a homogeneous plan of that point runs them (the slowest copy of each round
+decides, as it decides a plan's batch; at once, so in about a lone copy's time); or alone where no
+second copy fits (it is served alone), with contention off, or as well with isolated_too. A
+thread-kind runtime's copies are sessions on pinned threads of one process, as the pool hosts them.
+measure() takes a point on fresh workers.
 """
 
 from __future__ import annotations
@@ -35,13 +35,9 @@ from packrat.profiling.point import budgeted, summarize, time_served
 # predicted, 1542-1619 served), which picked wrong plans; a loaded point now costs one measurement,
 # so the profile measures as the planner serves (BENCHMARKS.md, issue 32).
 DEFAULT_CONTENTION = True
-# The loaded measurement's handshake: each phase (load and warm up, timed runs, stopping) may
-# take this many times the whole isolated measurement of the point, and never less than the floor.
-LOADED_TIMEOUT_FACTOR = 10.0
-LOADED_TIMEOUT_FLOOR_S = 60.0
-# ... and without a lone measurement to scale from (loaded only, the default), this long per phase:
-# loading and compiling a large model on a busy machine may take minutes.
-LOADED_TIMEOUT_NO_YARDSTICK_S = 600.0
+# The measuring copies' handshake: each phase (loading and warming up, a round, stopping) may take
+# this long: loading and compiling a large model on a busy machine may take minutes.
+COPY_TIMEOUT_S = 600.0
 
 # `packrat profile`'s timing of a point: a few untimed runs, then at least this long of timed runs
 # (3 at least), and the served figure as long again. 100 runs after 10 (the default before issue 48)
@@ -113,9 +109,10 @@ def measure_point(settings: ProfileSettings, threads: int, batch: int, cores: li
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def copies_for(threads: int, topology: Topology) -> int:
-    """How many copies of a t-thread point a homogeneous plan runs side by side: ⌊T/t⌋."""
-    return topology.num_cores // threads
+def copies_for(settings: ProfileSettings, threads: int, topology: Topology) -> int:
+    """How many copies of a t-thread point are measured side by side: with contention ⌊T/t⌋, as a
+    homogeneous plan runs them; else one."""
+    return topology.num_cores // threads if settings.contention else 1
 
 
 class _CopyFailed(Exception):
@@ -175,8 +172,7 @@ class _Copy:
             pass  # already gone
 
     def stop(self, grace: float) -> None:
-        """Close stdin (the copy then exits after its current run); kill it if it takes over `grace` s."""
-        self.close_input()
+        """Wait for the copy to exit (its stdin closed); kill it if it takes over `grace` s."""
         try:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
@@ -186,45 +182,11 @@ class _Copy:
         self._stderr.close()
 
 
-def measure_loaded(settings: ProfileSettings, threads: int, batch: int, core_sets: list[list[int]],
-                   timeout: float = LOADED_TIMEOUT_FLOOR_S) -> dict:
-    """One copy of the point per core set, run in lockstep as a plan's instances run a batch.
-
-    Each copy loads and warms up alone and says ready; then every round tells all copies to run
-    at once and waits for all of them (_timed). latency_ms is the mean round, copy_ms the mean of
-    the copies' own run times; with settings.served, served_ms and its spread alike. Each phase
-    (ready, a round, stopping) may take `timeout` s; on any failure every copy is killed and
-    ProfilingError names the point and the reason."""
-    copies: list[_Copy] = []
-    ok = False
-    try:
-        copies += [_Copy(*_command(settings, threads, batch, cores)) for cores in core_sets]
-        ready = _ready(copies, timeout)
-        result = _timed(settings, copies, timeout)
-        ok = True
-    except (_CopyFailed, ValueError) as exc:  # ValueError: a line that is not what the protocol says
-        raise ProfilingError(_failed(threads, batch, len(core_sets), exc)) from None
-    finally:
-        _stop(copies, ok, timeout)
-    return {**result, "mode": ready[0]["mode"], "copy_cores": [r["cores"] for r in ready]}
-
-
-def _failed(threads: int, batch: int, copies: int, exc: Exception) -> str:
-    return f"measuring threads={threads} batch={batch} under load ({copies} copies) failed: {exc}"
-
-
 def _ready(copies: list[_Copy], timeout: float) -> list[dict]:
     """What each copy says once it is ready (its mode, cores and threads), within `timeout` s."""
     deadline = time.monotonic() + timeout
     return [json.loads(copy.expect(deadline, f"ready within {timeout:g} s",
                                    lambda line: line.startswith("ready "))[6:]) for copy in copies]
-
-
-def _stop(copies: list[_Copy], ok: bool, timeout: float) -> None:
-    for copy in copies:  # all told at once: they exit side by side, not one after another
-        copy.close_input()
-    for copy in copies:
-        copy.stop(timeout if ok else 0)  # on failure (or Ctrl-C) no copy is left running
 
 
 def _timed(settings: ProfileSettings, copies: list[_Copy], timeout: float) -> dict:
@@ -257,51 +219,11 @@ def _round(copies: list[_Copy], timeout: float, command: str = "run") -> tuple[f
     return (time.perf_counter() - start) * 1e3, lines
 
 
-def measure(settings: ProfileSettings, threads: int, batch: int, topology: Topology) -> dict:
-    """One profile row for ⟨threads, batch⟩, in fresh processes: with settings.contention and room for
-    more than one copy, loaded by ⌊T/t⌋ copies (and alone first with isolated_too; else isolated_ms is
-    left empty); otherwise alone, latency_ms and isolated_ms the same figure. With settings.served, the
-    served figures beside them alike (served_ms, served_isolated_ms, served_mad_ms). A thread-kind
-    runtime's copies are threads of one process, as the pool hosts them (measure_threads)."""
-    copies = copies_for(threads, topology) if settings.contention else 1
-    if instance_kind(settings.runtime) == "thread":
-        return measure_threads(settings, threads, batch, topology, copies)
-    timeout, alone, loaded = LOADED_TIMEOUT_FLOOR_S, None, None
-    if settings.runtime == "ios":  # searched once, alone on the point's cores, before any copy times it
-        measure_point(settings, threads, batch, topology.cores_for(threads), "--prepare-only")
-    if copies == 1 or settings.isolated_too:
-        started = time.monotonic()
-        alone = measure_point(settings, threads, batch, topology.cores_for(threads))
-        timeout = max(timeout, LOADED_TIMEOUT_FACTOR * (time.monotonic() - started))
-    if copies > 1:
-        loaded = measure_loaded(settings, threads, batch, topology.assign([threads] * copies),
-                                timeout if settings.isolated_too else LOADED_TIMEOUT_NO_YARDSTICK_S)
-    return _row(settings, threads, batch, copies, alone, loaded)
-
-
-def measure_threads(settings: ProfileSettings, threads: int, batch: int, topology: Topology, copies: int) -> dict:
-    """A thread-kind runtime's row, measured as the pool serves such instances: `copies` sessions as
-    threads of one fresh process, each pinned to its cores, run together (point.measure_threads);
-    with one copy (or isolated_too), one session on a pinned thread alone as well."""
-    def point(core_sets: list[list[int]]) -> dict:  # one process, a session per core set
-        return measure_point(settings, threads, batch, *_thread_sets(core_sets))
-
-    alone = point([topology.cores_for(threads)]) if copies == 1 or settings.isolated_too else None
-    loaded = point(topology.assign([threads] * copies)) if copies > 1 else None
-    return _row(settings, threads, batch, copies, alone, loaded)
-
-
-def _thread_sets(core_sets: list[list[int]]) -> tuple[list[int], str, str]:
-    """A --thread-copies process's cores (every set's: it is pinned to all before torch is imported,
-    then each session's thread to its own) and its arguments."""
-    return (sorted(core for cores in core_sets for core in cores), "--thread-copies",
-            ";".join(",".join(map(str, cores)) for cores in core_sets))
-
-
 def _row(settings: ProfileSettings, threads: int, batch: int, copies: int, alone: dict | None,
          loaded: dict | None) -> dict:
     """The profile row of a point measured `alone` (its figures also the isolated ones) and/or
-    `loaded` by `copies` copies (its figures the row's; isolated_ms None when not measured alone)."""
+    `loaded` by `copies` copies (its figures the row's; isolated_ms None when not measured alone);
+    with settings.served, the served figures beside them alike (served_ms, served_isolated_ms, ...)."""
     row = {"threads": threads, "batch": batch, "copies": 1, "runtime": settings.runtime}
     if alone is not None:
         row.update(alone, isolated_ms=alone["latency_ms"], served_isolated_ms=alone.get("served_ms"))
@@ -317,33 +239,26 @@ def planned_ms(row: dict) -> float:
     return row["served_ms"] if row.get("served_ms") is not None else row["latency_ms"]
 
 
-def planned_spread(row: dict) -> float:
-    """The spread of the figure plans are made on (planned_ms): the served one's where measured."""
-    key = "served_mad_ms" if row.get("served_ms") is not None else "mad_ms"
-    return row.get(key) or 0.0
-
-
 class Workers:
-    """The measuring processes of one (runtime, threads), kept across points: ⌊T/t⌋ loaded copies
-    (one with contention off or where no second fits; a thread-kind runtime's: one process with a
-    session per core set) started and loaded once, then told each batch. measure(batch) gives the
-    row measure() gives: loaded rounds as measure_loaded's; alone (one copy, or isolated_too) the
-    first copy on its own, the others idle. load_s: the start and load; measure_s: the batches'
-    preparation and runs. Any failure stops every copy and raises ProfilingError naming the point."""
+    """The measuring processes of one (runtime, threads), kept across points: copies_for() copies on
+    disjoint core sets (a thread-kind runtime's: one process with a session per core set), started
+    and loaded once, then told each batch. measure(batch) gives the point's row: loaded, every copy
+    in lockstep rounds (_timed); alone (one copy, or isolated_too), the first copy on its own, the
+    others idle. load_s: the start and load; measure_s: the batches' preparation and runs. Any
+    failure stops every copy and raises ProfilingError naming the point."""
 
-    def __init__(self, settings: ProfileSettings, threads: int, topology: Topology,
-                 timeout: float = LOADED_TIMEOUT_NO_YARDSTICK_S):
+    def __init__(self, settings: ProfileSettings, threads: int, topology: Topology, timeout: float = COPY_TIMEOUT_S):
         started = time.monotonic()
         self.settings, self.threads, self.timeout, self.measure_s = settings, threads, timeout, 0.0
-        self.copies = copies_for(threads, topology) if settings.contention else 1
+        self.copies = copies_for(settings, threads, topology)
         self.sets = topology.assign([threads] * self.copies)
         self.thread_kind = instance_kind(settings.runtime) == "thread"
         self._procs: list[_Copy] = []
         try:
-            if self.thread_kind:  # --thread-copies --loaded: one point per `batch N [K]` line
-                every, *extra = _thread_sets(self.sets)
-                cmd, env = _command(settings, threads, None, every)
-                self._procs.append(_Copy(cmd + extra, env))
+            if self.thread_kind:  # pinned to every set's cores before torch is imported, a session's thread to its own
+                cmd, env = _command(settings, threads, None, sorted(core for cores in self.sets for core in cores))
+                sets = ";".join(",".join(map(str, cores)) for cores in self.sets)
+                self._procs.append(_Copy(cmd + ["--thread-copies", sets], env))  # a point per `batch N [K]` line
             else:
                 self._procs += [_Copy(*_command(settings, threads, None, cores)) for cores in self.sets]
             _ready(self._procs, timeout)
@@ -356,7 +271,7 @@ class Workers:
         self.load_s = time.monotonic() - started
 
     def measure(self, batch: int) -> dict:
-        """The profile row of ⟨threads, batch⟩, as measure() gives it."""
+        """The profile row of ⟨threads, batch⟩ (_row)."""
         if not self._procs:
             raise ProfilingError(f"the measuring copies of threads={self.threads} are stopped")
         started, alone_too = time.monotonic(), self.copies == 1 or self.settings.isolated_too
@@ -373,9 +288,10 @@ class Workers:
                 alone = {**_timed(self.settings, self._procs[:1], self.timeout), **ready[0]} if alone_too else None
                 loaded = ({**_timed(self.settings, self._procs, self.timeout), "mode": ready[0]["mode"],
                            "copy_cores": [r["cores"] for r in ready]} if self.copies > 1 else None)
-        except (_CopyFailed, ValueError) as exc:
+        except (_CopyFailed, ValueError) as exc:  # ValueError: a line that is not what the protocol says
             self.close(ok=False)
-            raise ProfilingError(_failed(self.threads, batch, self.copies, exc)) from None
+            raise ProfilingError(f"measuring threads={self.threads} batch={batch} under load ({self.copies} copies) "
+                                 f"failed: {exc}") from None
         finally:
             self.measure_s += time.monotonic() - started
         return _row(self.settings, self.threads, batch, self.copies, alone, loaded)
@@ -388,7 +304,11 @@ class Workers:
                                                 lambda line: line.startswith("{")))
 
     def close(self, ok: bool = True) -> None:
-        _stop(self._procs, ok, self.timeout)
+        """Stop every copy, all told at once (they exit side by side); on failure (or Ctrl-C) at once."""
+        for copy in self._procs:
+            copy.close_input()
+        for copy in self._procs:
+            copy.stop(self.timeout if ok else 0)
         self._procs = []
 
     def __enter__(self) -> Workers:
@@ -396,3 +316,9 @@ class Workers:
 
     def __exit__(self, *exc) -> None:
         self.close(ok=exc[0] is None)
+
+
+def measure(settings: ProfileSettings, threads: int, batch: int, topology: Topology) -> dict:
+    """One profile row for ⟨threads, batch⟩ (Workers.measure), on workers started for it alone."""
+    with Workers(settings, threads, topology) as workers:
+        return workers.measure(batch)

@@ -1,39 +1,29 @@
-"""Measure one profile point, L(t, b), in this (fresh) process.
+"""Measure one profile point, L(t, b), in this (fresh) process, pinned to --cores before torch is
+imported (so OpenMP's threads start on the right cores).
 
-Run as ``python -m packrat.profiling.point --model M --threads T --batch B --cores 0,1 ...``;
-prints one JSON line with the statistics. The profiler starts one such process per
-point so no point inherits another's thread pools, allocator state or caches.
-Pinning happens before torch is imported, so OpenMP's threads start on the right cores.
+``python -m packrat.profiling.point --model M --threads T --batch B --cores 0,1 ...`` prints one JSON
+line with the statistics (measuring.measure_point); with ``--prepare-only`` it only loads the model as
+the point runs it (an IOS schedule searched, a package built: builds.py) and prints its mode.
 
-With ``--loaded`` the process is one of several copies measured side by side (the
-profiler's contention measurement) and runs the model when told, as an instance of a plan
-does: after loading and warming up it prints ``ready`` and a JSON object (mode, cores), then
-for every ``run`` line on stdin runs the model once and prints its time in ms; it exits when
-stdin closes. The profiler sends ``run`` to all copies at once and waits for all of them,
-so each round takes as long as the slowest copy, like a batch split across a plan. A ``batch N``
-line makes it a point of batch N (its package or compiled model loaded, its served batch laid
-out, warmed up) and it says ``ready`` again: one process measures point after point
-(measuring.Workers). Without --batch it says ``ready`` once started and waits for one.
+With ``--loaded`` it is one of measuring.Workers' copies, run side by side in lockstep as a plan's
+instances run a batch: it says ``ready`` and a JSON object (mode, cores) once started (and, with
+--batch, loaded and warm); a ``batch N`` line makes it a point of batch N (its package or compiled
+model loaded, its served batch laid out, warmed up) and it says ``ready`` again; each ``run`` line
+runs the model once and prints its time in ms; it exits when stdin closes.
 
 With ``--thread-copies 0,1;2,3`` the point is a thread-kind runtime's (onnxruntime-thread), measured
 as the pool serves such instances: one session per core set, each loaded on a thread of this one
 process pinned to its cores (the process to all of them, --cores), run together in rounds timed as
-the loaded copies' are (measure_threads); one core set measures one session alone. It prints one
-JSON line, with what the kernel says of the sessions' threads. With --loaded too its threads live
-on: it says ``ready``, then measures a point per ``batch N [K]`` line (the first K sessions; all by
-default) and prints its JSON line.
+the copies' are. It says ``ready``, then measures a point per ``batch N [K]`` line (the first K
+sessions; all by default) and prints its JSON line, with what the kernel says of the sessions' threads.
 
 With ``--payload KIND`` (jpeg, text, raw, or natural: the model's own, codec.payloads.served_payload)
 the point also measures its served figure: the whole sub-batch as a pool instance answers it, through
-the instance's own code (codec.batch.answer_batch, as packrat/serving/pool/child.py runs it): the
-codec of the model, decoders started before torch's thread count is set for the model, the instance's
-torch threads (models.runtimes.torch_threads), the batch's input rows with every body laid out as the
-pool's parent lays it (a raw tensor body of one sample straight into its row, where the instance
-reads it without decoding it again; other bodies after the rows, read as slices of the buffer). Each
-timed run answers `batch` copies of one request body; a reply other than 200 fails the point. The
-model-only figure is measured first, in the same process, then the served one with the same budget
-(--iters or --min-time), after SERVED_WARMUP untimed runs; loaded, a ``serve`` line runs one served
-batch as ``run`` runs the model.
+the instance's own code, order and thread counts (codec.batch.answer_batch: _prepare_served) from
+bodies laid out as the pool's parent lays them (ServedBatch). Each timed run answers `batch` copies of
+one request body; a reply other than 200 fails the point. The model-only figure is measured first, in
+the same process, then the served one with the same budget, after SERVED_WARMUP untimed runs;
+loaded, a ``serve`` line runs one served batch as ``run`` runs the model (its ms, then its stages').
 """
 
 from __future__ import annotations
@@ -51,20 +41,6 @@ from packrat.models.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
 PAYLOADS = ("natural", "jpeg", "text", "raw")  # --payload: what a served point answers
 SERVED_WARMUP = 2  # untimed served runs (at most --warmup): the model is warm by then, the decoders are not
-
-
-def _pin(cores: list[int], threads: int) -> None:
-    os.sched_setaffinity(0, cores)
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    os.environ["MKL_NUM_THREADS"] = str(threads)
-
-
-def warm_up(module, examples: tuple, runs: int) -> None:
-    import torch
-
-    with torch.inference_mode():
-        for _ in range(runs):
-            module(*examples)
 
 
 def run_once(module, examples: tuple) -> float:
@@ -93,9 +69,7 @@ def budgeted(run, iters: int | None, min_time: float | None, max_runs: int | Non
 
 
 def serve_runs(args: argparse.Namespace) -> None:
-    """The --loaded protocol: say ready (with what _warm says, or once started without --batch), then
-    per line: `batch N` makes this a point of batch N and says ready again; `run` times the model
-    once, `serve` a served batch (its ms, then its stages'), until stdin closes."""
+    """The --loaded protocol (the module's docstring): ready, then `batch N`, `run` and `serve` lines."""
     import torch
 
     point = _warm(args) if args.batch else None
@@ -104,7 +78,7 @@ def serve_runs(args: argparse.Namespace) -> None:
         command, _, number = line.strip().partition(" ")
         if command == "batch":
             args.batch, point = int(number), None  # the last point's model is let go before the next loads
-            point = _warm(args, 1 if args.warmed else args.warmup)
+            point = _warm(args)
             print("ready " + json.dumps(point[2]), flush=True)
         elif command == "serve" and point and point[3] is not None:
             ms, stages = point[3].run(point[0])
@@ -115,19 +89,17 @@ def serve_runs(args: argparse.Namespace) -> None:
             return
 
 
-def _warm(args: argparse.Namespace, runs: int | None = None) -> tuple:
-    """(module, examples, actual, ServedBatch or None) of args.batch, warmed up by `runs` runs (default
-    --warmup; a process that ran a point before needs one, for the new batch's shapes): `actual` is what
-    the process really runs with (mode, cores, torch threads), so callers can check the pinning took."""
+def _warm(args: argparse.Namespace) -> tuple:
+    """(module, examples, actual, ServedBatch or None) of args.batch, warmed up by --warmup runs (a
+    process that ran a point before needs one, for the new batch's shapes): `actual` is what the
+    process really runs with (mode, cores, torch threads), so callers can check the pinning took."""
     import torch
 
-    if args.payload:
-        module, examples, mode, served = _prepare_served(args)
-    else:
-        (module, examples, mode), served = _prepare(args), None
+    module, examples, mode, served = _prepare(args)
     actual = {"mode": mode, "cores": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads()}
-    runs = args.warmup if runs is None else runs
-    warm_up(module, examples, runs)
+    runs = 1 if args.warmed else args.warmup
+    for _ in range(runs):
+        run_once(module, examples)
     for _ in range(min(SERVED_WARMUP, runs) if served else 0):
         served.run(module)
     args.warmed = True
@@ -141,8 +113,9 @@ class ServedFailed(RuntimeError):
 class ServedBatch:
     """One sub-batch of `batch` requests, each `body`, as a pool instance serves it: bodies laid out in
     one buffer as the pool's parent lays them in the instance's segment (Instance.submit), the
-    batch's input rows at its start (codec.rows.RowsLayout, InputRows), and answered with
-    answer_batch on the instance's decoders."""
+    batch's input rows at its start (codec.rows.RowsLayout, InputRows; a raw body of one sample
+    straight into its row, read there without decoding it again; other bodies after the rows, read
+    as slices of the buffer), and answered with answer_batch on the instance's decoders."""
 
     def __init__(self, codec, decoders, body: bytes, content_type: str, batch: int):
         from packrat.codec.rows import InputRows, RowsLayout
@@ -194,28 +167,16 @@ def time_served(serve, warmup: int, *budget) -> dict:
         serve()
     samples, stages = zip(*budgeted(serve, *budget))
     means = [statistics.fmean(column) for column in zip(*stages)]
-    return {**served_summary(list(samples)), **{f"served_{stage}_ms": ms for stage, ms in
-                                                zip(("decode", "model", "encode"), means)}}
-
-
-def served_summary(samples: list[float]) -> dict[str, float | int]:
-    """summarize() of served batches, its keys named served_*: served_ms the mean."""
-    stats = summarize(samples)
-    return {"served_ms": stats["latency_ms"], **{f"served_{key}": value for key, value in stats.items()
-                                                 if key != "latency_ms"}}
+    stats = summarize(list(samples))  # its keys named served_*: served_ms the mean
+    return {"served_ms": stats.pop("latency_ms"), **{f"served_{key}": value for key, value in stats.items()},
+            **{f"served_{stage}_ms": ms for stage, ms in zip(("decode", "model", "encode"), means)}}
 
 
 def summarize(samples: list[float]) -> dict[str, float | int]:
     ordered = sorted(samples)
     p99_index = min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))
-    return {
-        "latency_ms": statistics.fmean(ordered),
-        "p50_ms": statistics.median(ordered),
-        "p99_ms": ordered[p99_index],
-        "std_ms": statistics.pstdev(ordered),
-        "iterations": len(ordered),
-        "mad_ms": robust_spread(ordered),
-    }
+    return {"latency_ms": statistics.fmean(ordered), "p50_ms": statistics.median(ordered), "p99_ms": ordered[p99_index],
+            "std_ms": statistics.pstdev(ordered), "iterations": len(ordered), "mad_ms": robust_spread(ordered)}
 
 
 def robust_spread(samples: list[float]) -> float:
@@ -238,14 +199,11 @@ class _Session(NamedTuple):
 
 
 def thread_copies(args: argparse.Namespace, core_sets: list[list[int]]) -> None:
-    """--thread-copies: a thread pinned to each core set; one point measured on them (measure_threads)
-    and printed, or with --loaded a point per `batch N [K]` line on the first K (all by default)."""
+    """--thread-copies: a thread pinned to each core set; a point measured (measure_threads) and printed
+    per `batch N [K]` line, on the first K (all by default)."""
     from packrat.machine.threads import PinnedWorker
 
     workers = [PinnedWorker(cores, f"packrat-point-{index}") for index, cores in enumerate(core_sets)]
-    if not args.loaded:
-        print(json.dumps(measure_threads(args, workers)), flush=True)
-        return
     print("ready " + json.dumps({"cores": sorted(os.sched_getaffinity(0))}), flush=True)
     for line in sys.stdin:
         command, *numbers = line.split()
@@ -258,17 +216,17 @@ def thread_copies(args: argparse.Namespace, core_sets: list[list[int]]) -> None:
 def measure_threads(args: argparse.Namespace, workers: list) -> dict:
     """A thread-kind point as the pool serves it: a session per worker (a thread of this process
     pinned to its core set: serving/pool/thread_instance.py), timed in rounds run by all together, as
-    measure_loaded's copies are: a round's time is its wall time, the slowest session's, as the slowest
+    measuring.Workers' copies are: a round's time is its wall time, the slowest session's, as the slowest
     instance decides a plan's batch. The model first, then served batches with --payload; every
     session warms up in one untimed round first."""
     sessions = [_start_session(args, worker) for worker in workers]
-    _round(sessions, lambda s: warm_up(s.module, s.examples, args.warmup))
-    timed = budgeted(lambda: _round(sessions, lambda s: run_once(s.module, s.examples)), *_budget(args))
+    _round(sessions, lambda s: [run_once(s.module, s.examples) for _ in range(args.warmup)])
+    timed = budgeted(lambda: _round(sessions, lambda s: run_once(s.module, s.examples)), *args.budget)
     own = [ms for _, times in timed for ms in times]
     result = {**summarize([wall for wall, _ in timed]), "copy_ms": statistics.fmean(own), "mode": sessions[0].mode,
               "copies": len(sessions), "copy_cores": [s.pinned for s in sessions], **_threads_seen(sessions)}
     if args.payload:
-        result.update(time_served(lambda: _served_round(sessions), min(SERVED_WARMUP, args.warmup), *_budget(args)))
+        result.update(time_served(lambda: _served_round(sessions), min(SERVED_WARMUP, args.warmup), *args.budget))
     return result
 
 
@@ -279,11 +237,7 @@ def _start_session(args: argparse.Namespace, worker) -> _Session:
 
     cores = list(worker.cores)  # a session before pinned the thread to its first core: all of them again
     pinned = worker.call(lambda: (pin_thread(cores), sorted(os.sched_getaffinity(0)))[1]).result()
-    if args.payload:
-        module, examples, mode, served = worker.call(lambda: _prepare_served(args, cores)).result()
-    else:
-        (module, examples, mode), served = worker.call(lambda: _prepare(args, cores)).result(), None
-    return _Session(worker, pinned, module, examples, mode, served)
+    return _Session(worker, pinned, *worker.call(lambda: _prepare(args, cores)).result())
 
 
 def _round(sessions: list[_Session], run) -> tuple[float, list]:
@@ -318,36 +272,25 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True)
     parser.add_argument("--input-shape", default=None)
     parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--batch", type=int, default=None, help="required but with --loaded (then told on stdin)")
+    parser.add_argument("--batch", type=int, default=None, help="required but with --loaded or --thread-copies")
     parser.add_argument("--cores", required=True, help="comma-separated CPU ids")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--min-time", type=float, default=None)
     parser.add_argument("--max-runs", type=int, default=None, help="with --min-time: at most this many runs")
     parser.add_argument("--graph-mode", default=DEFAULT_MODE, choices=MODES)
-    parser.add_argument("--runtime", default=DEFAULT_RUNTIME, choices=RUNTIMES,
-                        help="the engine that runs the model (inductor: torch, in --graph-mode)")
+    parser.add_argument("--runtime", default=DEFAULT_RUNTIME, choices=RUNTIMES, help="inductor: torch, in --graph-mode")
     parser.add_argument("--ios-cache", default=None,
                         help="where the ios runtime's schedules are kept (searched there when missing)")
-    parser.add_argument("--prepare-only", action="store_true",
-                        help="load the model as the point runs it (an IOS schedule searched and kept, an "
-                             "artefact built), print its mode and exit: done alone before copies measure together")
-    parser.add_argument("--payload", default=None, choices=PAYLOADS,
-                        help="also measure the served figure: a sub-batch of these bodies decoded, run and "
-                             "encoded as a pool instance does (natural: the model's own payload)")
-    parser.add_argument("--thread-copies", default=None, metavar="SETS",
-                        help="a thread-kind runtime's point as the pool serves it: a session per core set "
-                             "(';'-separated, e.g. 0;1), each on a thread of this one process pinned to its cores, "
-                             "run together in rounds (a round takes as long as the slowest session)")
-    parser.add_argument("--loaded", action="store_true",
-                        help="one of several copies measured together: say ready, then run once per "
-                             "'run' line on stdin, printing the time, until stdin closes")
+    parser.add_argument("--prepare-only", action="store_true", help="load the model as the point runs it, print "
+                        "its mode and exit: an IOS schedule searched, a package built, alone")
+    parser.add_argument("--payload", default=None, choices=PAYLOADS, help="also measure the served figure "
+                        "(natural: the model's own payload)")
+    parser.add_argument("--thread-copies", default=None, metavar="SETS", help="a thread-kind runtime's "
+                        "point: a session per core set (';'-separated, e.g. 0;1), told its batches on stdin")
+    parser.add_argument("--loaded", action="store_true", help="one of measuring.Workers' copies, told what "
+                        "to run on stdin")
     return parser
-
-
-def _budget(args: argparse.Namespace) -> tuple:
-    """The timed runs' budget, as budgeted() takes it."""
-    return args.iters, args.min_time, args.max_runs
 
 
 def _spec(args: argparse.Namespace):
@@ -357,20 +300,23 @@ def _spec(args: argparse.Namespace):
     return resolve(args.model, shape)
 
 
-def _prepare(args: argparse.Namespace, cores=None):
-    """(module, example inputs, mode) for the point, built after torch's thread settings; `cores`:
-    a thread-kind session's (it runs on the calling thread, pinned to them)."""
+def _prepare(args: argparse.Namespace, cores=None) -> tuple:
+    """(module, example inputs, mode, ServedBatch with --payload or None) for the point, built after
+    torch's thread settings; `cores`: a thread-kind session's (it runs on the calling thread, pinned to
+    them). --prepare-only loads the model alone."""
+    if args.payload and not args.prepare_only:
+        return _prepare_served(args, cores)
     import torch
 
     torch.set_num_threads(args.threads)
-    return _load(args, _spec(args), cores)
+    return (*_load(args, _spec(args), cores), None)
 
 
 def _prepare_served(args: argparse.Namespace, cores=None):
     """(module, example inputs, mode, ServedBatch) for a served point, in a pool instance's order
     (packrat/serving/pool/child.py main()): the codec; the decoders, each taking one intra-op
     thread, before torch's count is set; the point's threads while loading; then the instance's
-    torch threads for the mode it runs."""
+    torch threads for the mode it runs (models.runtimes.torch_threads)."""
     from packrat.codec.batch import Decoders, set_intra_op_threads
     from packrat.codec.codec import Codec
     from packrat.codec.config import CodecConfig
@@ -410,9 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     args.warmed = False  # _warm: the first point of this process warms up by --warmup runs, later ones by one
-    if args.batch is None and not args.loaded:
-        parser.error("--batch is required (but with --loaded)")
-    _pin([int(c) for c in args.cores.split(",")], args.threads)
+    args.budget = (args.iters, args.min_time, args.max_runs)  # the timed runs' budget, as budgeted() takes it
+    if args.batch is None and not (args.loaded or args.thread_copies):
+        parser.error("--batch is required (but with --loaded or --thread-copies)")
+    os.sched_setaffinity(0, [int(c) for c in args.cores.split(",")])
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
     import torch
 
     torch.set_num_interop_threads(1)
@@ -424,9 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         serve_runs(args)
     else:
         module, examples, actual, served = _warm(args)
-        result = {**summarize(budgeted(lambda: run_once(module, examples), *_budget(args))), **actual}
+        result = {**summarize(budgeted(lambda: run_once(module, examples), *args.budget)), **actual}
         if served is not None:
-            result.update(time_served(lambda: served.run(module), 0, *_budget(args)))
+            result.update(time_served(lambda: served.run(module), 0, *args.budget))
         print(json.dumps(result), flush=True)
     return 0
 

@@ -1,31 +1,15 @@
-"""Offline profiler: measures L(t, b) over a grid, each point in a fresh pinned process.
+"""Offline profiler: `packrat profile` measures L(t, b) into a profile file (profiles.py).
 
-By default (contention) each point is measured as ⌊T/t⌋ copies of it on disjoint cores run
-each batch together, as a homogeneous plan of that point runs them (the loaded figure, the
-profile's latency_ms: the slowest copy of each round decides it, as it decides a plan's batch);
-the copies run at once, so a loaded point costs about the wall time of a lone one. A point no
-second copy fits beside (t > T/2) is measured alone: it is served alone. With isolated_too, every
-point is also measured alone (two measurements where copies fit: what the oracle benchmark
-compares); with contention off, every point is measured alone only (the default before issue 32).
-
-Points are appended to the profile file as they finish, so Ctrl-C leaves a valid
-file and a later run with the same arguments measures only what is missing.
-
-Served figures (issue 41, by default): every measurement of a point also times the whole sub-batch as a
-pool instance serves it from the model's natural payload (or the one asked for): decode, model,
-encode (packrat/profiling/point.py), in the same process and with the same budget, right after the
-model alone; the profile keeps both (profiles.py) and plans on the served one. Loaded, the copies
-run their served batches in lockstep rounds after their model rounds. A file of an older layout, or
-one taken model-only, is resumed model-only (said), so a profile never mixes the two.
-
-Runtimes (packrat/models/runtimes.py): every point is measured under each runtime asked for, in
-its own fresh process, the runtime's artefact built (and checked against eager) once before its
-first point. A runtime that cannot run the model, or whose outputs differ from eager's, is
-refused with the reason (printed, and kept in the new profile's metadata) and its points skipped.
-The opt-in ios runtime (an IOS schedule, searched alone on the point's cores before the point is
-timed) is measured after the others, where they leave threads idle (reach.py). A thread-kind
-runtime (onnxruntime-thread: sessions hosted as threads of the serving process) is measured as the
-pool serves it: its ⌊T/t⌋ copies are sessions on pinned threads of one process (measure_threads).
+The search (search.py) picks the points of threads × batches that a plan on this machine's cores
+depends on, round after round, until it asks for none or the budget has passed (search_profile;
+run: the full grid). Each runtime asked for has its artefact built and checked against eager once
+(check_runtimes: refused with the reason, kept in the profile's metadata, if it cannot run the
+model or its outputs differ); a round's packages are built side by side before its points
+(builds.py); each (runtime, threads) then walks its batches on workers started once (_WorkerPool,
+measuring.Workers: loaded by copies of the point by default, served figures beside the model's).
+Points are appended as they finish, so Ctrl-C leaves a valid file that the same command resumes;
+a file of an older layout, or one taken model-only, is resumed model-only (said). The opt-in ios
+runtime is measured after the others, where they leave threads idle (reach.py).
 """
 
 from __future__ import annotations
@@ -45,25 +29,9 @@ from packrat.machine.budget import cpu_budget
 from packrat.machine.topology import Topology, cpu_model
 from packrat.models.runtimes import DEFAULT_RUNTIME, OPT_IN
 from packrat.profiling import profiles, reach
-from packrat.profiling.measuring import (  # noqa: F401  (re-exported: profiler.X as before measuring.py)
-    DEFAULT_CONTENTION,
-    DEFAULT_MAX_RUNS,
-    DEFAULT_MIN_TIME_S,
-    DEFAULT_WARMUP,
-    LOADED_TIMEOUT_FACTOR,
-    LOADED_TIMEOUT_FLOOR_S,
-    LOADED_TIMEOUT_NO_YARDSTICK_S,
-    ProfileSettings,
-    Workers,
-    _command,
-    copies_for,
-    measure,
-    measure_loaded,
-    measure_point,
-    measure_threads,
-    planned_ms,
-    planned_spread,
-)
+from packrat.profiling.measuring import (  # noqa: F401  (DEFAULT_*: re-exported for profiler.X)
+    DEFAULT_CONTENTION, DEFAULT_MIN_TIME_S, DEFAULT_WARMUP, ProfileSettings, Workers, copies_for,
+    measure, planned_ms)
 
 _LATENCY_FLAG = {"loaded": "--contention", "isolated": "--isolated"}  # `packrat profile`'s flags, for hints
 
@@ -79,18 +47,11 @@ def metadata(settings: ProfileSettings, topology: Topology, runtimes: dict[str, 
     runtimes = runtimes or {DEFAULT_RUNTIME: None}
     refused = "; ".join(why for why in runtimes.values() if why)
     served = {"payload": payload_kind(settings, spec)} if settings.served else {}
-    return {
-        "model": settings.model,
-        "mode": settings.graph_mode if spec.scriptable else "eager",
-        "torch": torch.__version__,
-        "cpu": cpu_model(),
-        "latency": "loaded" if settings.contention else "isolated",
-        "cores": str(topology.num_cores),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "runtimes": ",".join(r for r, why in runtimes.items() if not why),
-        **({"refused": refused} if refused else {}),
-        **served,
-    }
+    return {"model": settings.model, "mode": settings.graph_mode if spec.scriptable else "eager",
+            "torch": torch.__version__, "cpu": cpu_model(), "latency": "loaded" if settings.contention else "isolated",
+            "cores": str(topology.num_cores), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "runtimes": ",".join(r for r, why in runtimes.items() if not why),
+            **({"refused": refused} if refused else {}), **served}
 
 
 def payload_kind(settings: ProfileSettings, spec=None) -> str:
@@ -116,38 +77,28 @@ def resumed(settings: ProfileSettings, out: Path, meta: dict[str, str], say=prin
     """`settings` and the head `meta` of a new profile, made to measure what `out` already holds:
     served figures of one payload, or model-only ones. A file without served figures (an older
     layout, or taken with --model-only) is resumed model-only when the payload was left to the
-    default (said); asked for a payload it cannot hold, or model-only figures into a served profile,
-    ProfileError."""
+    default (said); asked for a payload it cannot hold, model-only figures into a served profile, or
+    another model, mode or latency kind than it holds, ProfileError."""
     existing = profiles.held(out)
     if existing is None:
         return settings, meta
-    held = existing.metadata.get("payload")
-    wanted = meta.get("payload")
-    if held == wanted:
-        return settings, meta
-    if held is None and settings.payload is None:
+    held, wanted = existing.metadata.get("payload"), meta.get("payload")
+    if held is None and wanted is not None and settings.payload is None:
         say(f"{out} holds model-only figures: its missing points are measured model-only too "
             f"(choose another --out for served figures)")
-        return replace(settings, served=False), {k: v for k, v in meta.items() if k != "payload"}
-    hint = f"resume it with --payload {held}" if held else "resume it with --model-only"
-    raise ProfileError(f"{out}: holds a profile with {f'payload {held!r}' if held else 'model-only figures'}, "
-                       f"not {f'payload {wanted!r}' if wanted else 'model-only ones'}; choose another --out "
-                       f"(or {hint})")
-
-
-def _existing(out: Path, meta: dict[str, str]) -> set[tuple[str, int, int]]:
-    """Points (runtime, threads, batch) already measured in `out`, which must be of the same model,
-    mode and latency kind."""
-    existing = profiles.held(out)
-    if existing is None:
-        return set()
+        settings, meta = replace(settings, served=False), {k: v for k, v in meta.items() if k != "payload"}
+    elif held != wanted:
+        hint = f"resume it with --payload {held}" if held else "resume it with --model-only"
+        raise ProfileError(f"{out}: holds a profile with {f'payload {held!r}' if held else 'model-only figures'}, "
+                           f"not {f'payload {wanted!r}' if wanted else 'model-only ones'}; choose another --out "
+                           f"(or {hint})")
     found = {**existing.metadata, "latency": "loaded" if existing.loaded else "isolated"}  # older files: isolated
     for key in ("model", "mode", "latency"):
         if found.get(key, meta[key]) != meta[key]:
             hint = f" (or resume it with {_LATENCY_FLAG[found[key]]})" if key == "latency" else ""
-            raise ProfileError(f"{out}: holds a profile with {key} {found[key]!r}, "
-                                          f"not {meta[key]!r}; choose another --out{hint}")
-    return {(runtime, t, b) for runtime, points in existing.by_runtime.items() for t, b in points}
+            raise ProfileError(f"{out}: holds a profile with {key} {found[key]!r}, not {meta[key]!r}; choose "
+                               f"another --out{hint}")
+    return settings, meta
 
 
 def check_runtimes(settings: ProfileSettings, runtimes: tuple[str, ...], say=print,
@@ -162,10 +113,10 @@ def check_runtimes(settings: ProfileSettings, runtimes: tuple[str, ...], say=pri
     spec = resolve(settings.model, settings.input_shape)
     artefacts = {engines.base_runtime(r): r for r in reversed(runtimes)  # both kinds of a runtime share one
                  if engines.base_runtime(r) in {*engines.SUFFIXES, *engines.CHECKED} and engines.installed(r)}
-    missing = [r for r in artefacts.values() if not _kept(spec, r)]
-    side_by_side = len(missing) > 1 and cpu_budget().cores > 1
+    paths = {r: engines.artefact_path(spec, r) for r in artefacts.values()}  # kept: built, or refused, here before
+    missing = [r for r, path in paths.items() if not (path.exists() or engines.refusal(path).exists())]
     found, started = {}, time.monotonic()
-    if side_by_side:
+    if len(missing) > 1 and cpu_budget().cores > 1:
         import concurrent.futures
         import multiprocessing
 
@@ -184,14 +135,6 @@ def check_runtimes(settings: ProfileSettings, runtimes: tuple[str, ...], say=pri
     return verdicts
 
 
-def _kept(spec, runtime: str) -> bool:
-    """Whether `runtime`'s artefact (or its refusal) is in this machine's cache already."""
-    from packrat.models import runtimes as engines
-
-    path = engines.artefact_path(spec, runtime)
-    return path.exists() or engines.refusal(path).exists()
-
-
 def _verdict(job: tuple) -> tuple[str | None, float]:
     """(None, or why `runtime` cannot run the model; seconds it took): its artefact built if missing."""
     from packrat.models import runtimes as engines
@@ -205,11 +148,6 @@ def _verdict(job: tuple) -> tuple[str | None, float]:
         return None, time.monotonic() - started
     except engines.RuntimeRefused as exc:
         return str(exc), time.monotonic() - started
-
-
-def _some_runtime(verdicts: dict[str, str | None]) -> None:
-    if all(verdicts.values()):
-        raise ProfilingError("no runtime asked for can run the model: " + "; ".join(verdicts.values()))
 
 
 # ---- measuring what the search asks for -----------------------------------------------------------
@@ -332,8 +270,8 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
             built_lines = early()
         meta = metadata(settings, topology, verdicts)
         settings, meta = resumed(settings, out, meta, notes.append)
-        _existing(out, meta)
-    _some_runtime(verdicts)
+    if all(verdicts.values()):
+        raise ProfilingError("no runtime asked for can run the model: " + "; ".join(verdicts.values()))
     usable = [r for r, why in verdicts.items() if not why]
     plain = tuple(r for r in usable if r not in OPT_IN or source is not None)  # replayed: ios looked up like any
     from packrat.profiling.builds import needs_build
@@ -364,8 +302,7 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
         writer.note("search", f"{len(search.measured)} of the grid's {search.grid_size} points measured "
                               f"({len(search.measured) / search.grid_size:.0%}); {stopped}")
         if "ios" in usable and not source:
-            _measure_ios(settings, out, None, plain, {(r, t, b) for r, t, b in search.measured}, topology, writer,
-                         say, every_runtime, bar)
+            _measure_ios(settings, out, plain, topology, writer, say, every_runtime, bar)
         bar.set_description_str("done")
     result = SearchResult(profiles.held(out), len(search.measured), search.grid_size, budget_s, stopped,
                           tuple(search.errors.values()), account)
@@ -482,8 +419,8 @@ class _WorkerPool:
         key = (runtime, threads)
         workers = self.live.pop(key, None)
         if workers is None:
-            while self.live and self._copies(threads) + sum(self._copies(t) for _, t in self.live) > (
-                    LIVE_COPIES_PER_CORE * self.topology.num_cores):
+            while self.live and sum(copies_for(self.settings, t, self.topology) for t in (threads, *(
+                    t for _, t in self.live))) > LIVE_COPIES_PER_CORE * self.topology.num_cores:
                 self._stop(*next(iter(self.live.items())))
             workers = Workers(replace(self.settings, runtime=runtime), threads, self.topology)
         self.live[key] = workers  # the last used last
@@ -492,9 +429,6 @@ class _WorkerPool:
         except ProfilingError:
             self._stop(key, self.live[key])
             raise
-
-    def _copies(self, threads: int) -> int:
-        return copies_for(threads, self.topology) if self.settings.contention else 1
 
     def _stop(self, key: tuple[str, int], workers: Workers) -> None:
         self.live.pop(key, None)
@@ -519,34 +453,29 @@ def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: 
                           runtimes=runtimes, say=say, full_grid=True, every_runtime=every_runtime).profile
 
 
-def _measure_ios(settings: ProfileSettings, out: Path, grid: list[tuple[int, int]] | None, plain: tuple[str, ...],
-                 done: set, topology: Topology, writer: profiles.ProfileWriter, say, every_runtime: bool,
-                 bar=None) -> None:
-    """Measure the ios runtime, after the plain runtimes, where it can gain (reach.ios_points on their
-    figures at the points of `grid`, None: every point they measured); everywhere in the grid with
-    `every_runtime` or without a plain runtime. Each point's schedule is searched first (measure)."""
-    figures = profiles.load(out).only(plain).latency if plain and out.stat().st_size else {}
-    if grid is None:
-        grid = sorted(figures)
+def _measure_ios(settings: ProfileSettings, out: Path, plain: tuple[str, ...], topology: Topology,
+                 writer: profiles.ProfileWriter, say, every_runtime: bool, bar) -> None:
+    """Measure the ios runtime, after the plain runtimes, where it can gain (reach.ios_points on the
+    points they measured); at each of those points with `every_runtime` or without a plain runtime;
+    not again where `out` holds it. Each point's schedule is searched first (measuring.Workers)."""
+    held = profiles.held(out)
+    figures = held.only(plain).latency if plain and held else {}
     if every_runtime or not plain:
-        points = list(grid)
+        points = sorted(figures)
     else:
-        points = reach.ios_points({p: figures[p] for p in grid if p in figures})
+        points = reach.ios_points(figures)
         say(f"runtime ios: measured at {len(points)} point(s), those at batch ≤ {reach.IOS_MAX_BATCH} where the "
             f"other runtimes use less than {reach.IOS_EFFICIENCY:.0%} of the threads; --every-runtime measures "
             f"it everywhere")
-    todo = [(t, b) for t, b in points if ("ios", t, b) not in done]
+    todo = [(t, b) for t, b in points if (t, b) not in (held.by_runtime.get("ios", {}) if held else {})]
     from packrat.ios_scheduler.cache import SEARCH_BUDGET_S  # torch: loaded by metadata() already
 
-    if bar is not None:
-        bar.total += len(todo)
+    bar.total += len(todo)
     for index, (t, b) in enumerate(todo, start=1):
-        if bar is not None:
-            bar.set_description_str(f"ios point {index}/{len(todo)}: threads={t} batch={b} (its schedule searched "
-                                    f"first, up to {SEARCH_BUDGET_S:.0f} s, unless kept)")
+        bar.set_description_str(f"ios point {index}/{len(todo)}: threads={t} batch={b} (its schedule searched "
+                                f"first, up to {SEARCH_BUDGET_S:.0f} s, unless kept)")
         writer.write(measure(replace(settings, runtime="ios"), t, b, topology))
-        if bar is not None:
-            bar.update()
+        bar.update()
 
 
 def _replay_row(source: profiles.Profile, threads: int, batch: int, runtime: str = DEFAULT_RUNTIME) -> dict:

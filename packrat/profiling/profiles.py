@@ -1,44 +1,37 @@
 """Profile files: L(t, b), the latency of one instance with t threads at batch b.
 
-A profile is a CSV whose required columns are ``threads,batch,latency_ms`` (mean
-latency in ms); any other column (p50_ms, p99_ms, std_ms, iterations, ...) is kept
-but optional. Lines starting with ``#`` before the header carry metadata as
-``# key: value`` (model, mode, latency, torch version, CPU, cores, date).
+A profile is a CSV whose required columns are ``threads,batch,latency_ms`` (mean latency in ms);
+any other column (p50_ms, p99_ms, std_ms, iterations, ...) is kept but optional. Lines starting
+with ``#`` before the header carry metadata as ``# key: value`` (model, mode, latency, torch
+version, CPU, cores, date).
 
 Two figures per point. A contention profile (``# latency: loaded``, the default since issue 32)
-holds in ``latency_ms`` the loaded mean, measured while ``copies`` copies of the same point
-ran side by side as a homogeneous plan runs them, and in ``isolated_ms`` the same
-point measured alone: for every point when it was asked for (``--isolated-too``), else only for
-the points no second copy fits beside (measured alone because they are served alone; the other
-points' ``isolated_ms`` is empty). An isolated profile (``# latency: isolated``, or no such key:
+holds in ``latency_ms`` the loaded mean, measured while ``copies`` copies of the point ran side by
+side as a homogeneous plan runs them, and in ``isolated_ms`` the point measured alone: for every
+point with ``--isolated-too``, else only for the points no second copy fits beside (served alone;
+the others' ``isolated_ms`` is empty). An isolated profile (``# latency: isolated``, or no such key:
 every older file, and the published layout) holds only the isolated figure; describe() says so.
 
 ``load`` also reads the CSV layout published by the Packrat authors (columns
-``benchmark,topology,...,intraop_threads,batch_size,latency(avg)``), keeping the
-TorchScript (``*_manual_script``), ``sequential`` rows, so their 16-core tables
-can be planned from directly.
+``benchmark,topology,...,intraop_threads,batch_size,latency(avg)``), keeping the TorchScript
+(``*_manual_script``), ``sequential`` rows, so their 16-core tables can be planned from directly.
 
-Runtimes: a ``runtime`` column (inductor, openvino, onnxruntime; packrat/models/runtimes.py) lets a
-profile hold each point under several runtimes; a file without it holds inductor's. The profile's
-L(t, b) is then inductor's figure unless another runtime is faster beyond the noise (by more than
-either point's spread and by RUNTIME_MARGIN), and ``runtimes`` says which runtime that is, so
-the planner takes, point by point, a runtime that holds its lead. A point's spread is ``mad_ms``
-(1.4826 x the median absolute deviation of its batches: a few outliers do not widen it), or, in a
-profile from before it was recorded, ``std_ms``.
+Runtimes: a ``runtime`` column (packrat/models/runtimes.py) lets a profile hold each point under
+several runtimes; a file without it holds inductor's. The profile's L(t, b) is then inductor's
+figure unless another runtime is faster beyond the noise (choose_runtime), and ``runtimes`` says
+which runtime that is. A point's noise is ``mad_ms`` (point.robust_spread), or ``std_ms`` in a
+profile from before it was recorded.
 
 Served figures (issue 41): ``latency_ms`` and ``isolated_ms`` time the model alone on example tensors
-(the model-only figure); ``served_ms`` (and ``served_isolated_ms``, alone, where ``isolated_ms`` was
-measured; ``served_mad_ms``, its spread) time the whole sub-batch as a pool instance answers it from
-the model's natural payload, named by ``# payload: jpeg|text|raw``: each request's body decoded into
-its row of the batch, the model run on the rows, each answer encoded (codec.batch.answer_batch, with
-the instance's decoders and thread counts), measured the same way (loaded by copies, alone where
-measured, under every runtime). A profile whose every point has its served figure plans on it
-(``basis`` "served": ``latency``, ``isolated``, ``runtimes``, items() and the runtime chosen per
-point are then the served figures'); on("model") plans on the model-only ones. A profile without
-those columns (every older file, or one taken with ``--model-only``) plans on the model-only figures,
-as before. points() are the planned figures and model_points() the model-only ones: the pool times
-its instances' model stage alone, so served corrections (packrat.serving.served) compare with
-model_points() and corrected() moves a served figure by what the model's own changed.
+(the model-only figure); ``served_ms`` (``served_isolated_ms`` alone, ``served_mad_ms`` its spread) time
+the whole sub-batch as a pool instance answers it from the payload named by ``# payload: jpeg|text|raw``
+(decoded, run and encoded: point.py), measured the same way. A profile whose every point has its served
+figure plans on it (``basis`` "served": ``latency``, ``isolated``, ``runtimes``, items() and the runtime
+chosen per point are then the served figures'); on("model") plans on the model-only ones, as does a
+profile without those columns (every older file, or one taken with ``--model-only``). points() are the
+planned figures and model_points() the model-only ones: the pool times its instances' model stage
+alone, so served corrections (packrat.serving.served) compare with model_points() and corrected()
+moves a served figure by what the model's own changed.
 """
 
 from __future__ import annotations
@@ -66,8 +59,6 @@ LATENCIES = ("loaded", "isolated")  # values of the `latency` metadata key and o
 BASES = ("served", "model")  # what a profile's planned figures time (Profile.basis, Profile.on)
 DEFAULT_FOLDER = Path("profiles")
 _PUBLISHED = {"threads": "intraop_threads", "batch": "batch_size", "latency_ms": "latency(avg)"}
-
-
 
 
 def default_path(model: str, prefix: str = "") -> Path:
@@ -212,10 +203,6 @@ class Profile:
         """This profile with the points of `runtimes` alone (say, those installed where it is served)."""
         return self._rebuilt(runtimes=list(runtimes))
 
-    def runtime_items(self, runtime: str, latency: str | None = None) -> list[tuple[int, int, float]]:
-        """One runtime's points as (threads, batch, ms), like items()."""
-        return self.only([runtime]).items(latency) if runtime in self.by_runtime else []
-
     @property
     def loaded(self) -> bool:
         """Whether `latency` holds loaded figures (a contention profile)."""
@@ -296,16 +283,6 @@ def choose_runtime(figures: dict[str, tuple[float, float]]) -> str:
     return chosen
 
 
-def dominated(figures: dict[str, tuple[float, float]], margin: float = RUNTIME_MARGIN) -> set[str]:
-    """The runtimes of a point that the fastest one beats beyond the noise: slower than it by more
-    than either figure's spread and by `margin` of its figure at least. With a margin of
-    RUNTIME_MARGIN or more, none of them is the one choose_runtime takes."""
-    fastest = min(figures, key=lambda r: (figures[r][0], r))
-    best, best_spread = figures[fastest]
-    return {r for r, (latency, spread) in figures.items()
-            if r != fastest and latency > best + max(spread, best_spread, margin * best)}
-
-
 def _parse_number(text: str, kind: type, what: str) -> float:
     try:
         value = kind(text)
@@ -361,7 +338,8 @@ def load(path: str | Path) -> Profile:
     # a profile taken whole with IOS instances (`# mode: ios`, before IOS became a runtime) holds the ios runtime's points
     default_runtime = "ios" if metadata.get("mode") == "ios" else DEFAULT_RUNTIME
     for number, row in zip(numbers[1:], reader):
-        if columns is _PUBLISHED and not _is_published_script_row(row):
+        if columns is _PUBLISHED and not (row.get("benchmark", "").endswith("_manual_script")
+                                          and row.get("topology", "sequential") == "sequential"):
             continue
         where = f"{path}: row {number}"
         try:
@@ -388,7 +366,7 @@ def load(path: str | Path) -> Profile:
     # eager, which they say): one without a mode reads as TorchScript, so it is served that way.
     profile.metadata.setdefault("mode", "script")
     if columns is _PUBLISHED:
-        profile.metadata.setdefault("model", _published_model(profile.rows[0]))
+        profile.metadata.setdefault("model", profile.rows[0]["benchmark"].removesuffix("_manual_script"))
         profile.metadata.setdefault("source", "published Packrat measurements (TorchScript, sequential pinning)")
     return profile
 
@@ -442,14 +420,6 @@ def _is_loaded(path: Path, metadata: dict[str, str], header: list[str]) -> bool:
         raise ProfileError(f"{path}: a loaded profile ('# latency: loaded') needs an isolated_ms column "
                            f"(header is: {','.join(header)})")
     return kind == "loaded"
-
-
-def _is_published_script_row(row: dict[str, str]) -> bool:
-    return row.get("benchmark", "").endswith("_manual_script") and row.get("topology", "sequential") == "sequential"
-
-
-def _published_model(row: dict[str, str]) -> str:
-    return row["benchmark"].removesuffix("_manual_script")
 
 
 class ProfileWriter:
