@@ -296,9 +296,17 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
 
         for line in built_lines:
             writer.note("built", line)
-        build = None if source else (lambda points: [writer.note("built", line) for line in
-                                                     _build(settings, points, topology, account, say)])
-        stopped = _walk(search, measure_one, build, budget_s, account, say)
+        def build(points, afford: int) -> list:
+            """The points ready to measure: those built already, and at most `afford` built now."""
+            from packrat.profiling.builds import built, needs_build
+
+            ready = [p for p in points if not needs_build(settings, p[0]) or built(settings, p[1], p[2])]
+            todo = [p for p in points if p not in ready][:afford]
+            for line in _build(settings, todo, topology, account, say) if todo else ():
+                writer.note("built", line)
+            return ready + todo
+
+        stopped = _walk(search, measure_one, None if source else build, budget_s, account, say)
         writer.note("search", f"{len(search.measured)} of the grid's {search.grid_size} points measured "
                               f"({len(search.measured) / search.grid_size:.0%}); {stopped}")
         if "ios" in usable and not source:
@@ -329,18 +337,15 @@ def _walk(search, measure_one, build, budget_s: float | None, account: Account, 
         before, covering = len(search.measured), spent()
         for part in ([p for p in points if p not in costly], costly):
             if part is costly and part and build:
-                part = part[:_affordable(account, budget_s, search.cores)] if budget_s is not None else part
-                if not part:
-                    continue
-                build(part)
+                part = build(part, _affordable(account, budget_s, search.cores) if budget_s is not None else len(part))
             _measure_groups(search, part, measure_one, say, (lambda: False) if covering else spent)
-        left = len(search.next_points()) if spent() else 0
-        if len(search.measured) == before and spent():
-            break  # what is left needs a build the budget no longer has
+        if len(search.measured) == before:  # what is left needs a build the budget no longer has
+            left = len(search.next_points())
+            break
     if isinstance(search, FullGrid):
         return "the whole grid measured"
     if left:
-        return f"the budget of {budget_s:.0f} s ended with {left} point(s) still asked for"
+        return f"the budget of {budget_s:.0f} s ended (or affords no build) with {left} point(s) still asked for"
     return f"no unmeasured point can change a plan by more than {search.tolerance:.0%}"
 
 
