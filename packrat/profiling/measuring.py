@@ -190,7 +190,8 @@ def _ready(copies: list[_Copy], timeout: float) -> list[dict]:
 
 
 def _timed(settings: ProfileSettings, copies: list[_Copy], timeout: float) -> dict:
-    """The statistics of `copies` (ready and warm) run in lockstep: one untimed round, then
+    """The statistics of `copies` (ready, and warmed up by point._warm) run in lockstep: an untimed round
+    where there are several, then
     settings.budget's rounds of the model, then (settings.served) of served batches. Several copies:
     a round takes as long as the slowest copy, as a batch split across a homogeneous plan does (the
     mean over copies would miss that the slowest decides); one copy: its own times, as a lone point
@@ -203,9 +204,10 @@ def _timed(settings: ProfileSettings, copies: list[_Copy], timeout: float) -> di
         stages = [statistics.fmean(column) for column in zip(*(line[1:] for line in lines))]
         return (wall if len(copies) > 1 else lines[0][0]), stages
 
-    _round(copies, timeout)  # untimed: the first lockstep run warms the hand-off
+    if len(copies) > 1:
+        _round(copies, timeout)  # untimed: the first lockstep run warms the hand-off (each copy ran warm already)
     result = {**summarize(budgeted(lambda: timed("run")[0], *settings.budget)), "copy_ms": statistics.fmean(own)}
-    return {**result, **(time_served(lambda: timed("serve"), 1, *settings.budget) if settings.served else {})}
+    return {**result, **(time_served(lambda: timed("serve"), 0, *settings.budget) if settings.served else {})}
 
 
 def _round(copies: list[_Copy], timeout: float, command: str = "run") -> tuple[float, list[list[float]]]:

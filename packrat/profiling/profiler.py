@@ -331,7 +331,6 @@ def _walk(search, measure_one, build, budget_s: float | None, account: Account, 
     def spent() -> bool:
         return budget_s is not None and account.wall() >= budget_s
 
-    left = 0
     while points := search.next_points(cover_only=spent()):
         costly = sorted((p for p in points if p[0] in search.costly), key=lambda p: (p[2] / p[1], p))
         before, covering = len(search.measured), spent()
@@ -340,8 +339,8 @@ def _walk(search, measure_one, build, budget_s: float | None, account: Account, 
                 part = build(part, _affordable(account, budget_s, search.cores) if budget_s is not None else len(part))
             _measure_groups(search, part, measure_one, say, (lambda: False) if covering else spent)
         if len(search.measured) == before:  # what is left needs a build the budget no longer has
-            left = len(search.next_points())
             break
+    left = len(search.next_points())
     if isinstance(search, FullGrid):
         return "the whole grid measured"
     if left:
