@@ -322,8 +322,8 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
 
 def _walk(search, measure_one, build, budget_s: float | None, account: Account, say) -> str:
     """Measure what the search asks for, round after round, until it asks for nothing; why it ended.
-    A round measures the points with nothing to build first, each (runtime, threads) group cheapest
-    first, then builds the rest and measures them. Once `budget_s` has passed, the search asks only
+    A round measures the points with nothing (left) to build first, each (runtime, threads) group
+    cheapest first, then builds what the budget affords of the rest and measures it. Once `budget_s` has passed, the search asks only
     for what gives every batch of the grid a plan, with no build where another runtime can give it:
     a profile that ends at its budget still plans. A runtime failing at a point is measured no further."""
     from packrat.profiling.search import FullGrid
@@ -332,10 +332,11 @@ def _walk(search, measure_one, build, budget_s: float | None, account: Account, 
         return budget_s is not None and account.wall() >= budget_s
 
     while points := search.next_points(cover_only=spent()):
-        costly = sorted((p for p in points if p[0] in search.costly), key=lambda p: (p[2] / p[1], p))
         before, covering = len(search.measured), spent()
-        for part in ([p for p in points if p not in costly], costly):
-            if part is costly and part and build:
+        ready = build(points, 0) if build else points  # built already (or needing nothing): measured first
+        later = sorted((p for p in points if p not in ready), key=lambda p: (p[2] / p[1], p))
+        for part in (ready, later):
+            if part is later and part:
                 part = build(part, _affordable(account, budget_s, search.cores) if budget_s is not None else len(part))
             _measure_groups(search, part, measure_one, say, (lambda: False) if covering else spent)
         if len(search.measured) == before:  # what is left needs a build the budget no longer has
