@@ -222,20 +222,21 @@ class SearchResult:
     misses: tuple[float, ...]  # log(measured / predicted) of each point measured after the fit
     account: Account
 
+    def fit_error(self) -> dict:
+        """How far the fit missed the points measured after it, relative: their count, median and worst."""
+        errors = [abs(math.expm1(m)) for m in self.misses]
+        return {"points": len(errors), "median": statistics.median(errors) if errors else None,
+                "worst": max(errors, default=None)}
+
     def fit_line(self) -> str:
-        if not self.misses:
-            return "no point was measured after the fit"
-        errors = sorted(abs(math.expm1(m)) for m in self.misses)
-        return (f"the fit missed the {len(errors)} point(s) measured after it by {statistics.median(errors):.1%} "
-                f"(median), {errors[-1]:.1%} at worst")
+        found = self.fit_error()
+        return (f"the fit missed the {found['points']} point(s) measured after it by {found['median']:.1%} (median), "
+                f"{found['worst']:.1%} at worst" if found["points"] else "no point was measured after the fit")
 
     def to_json(self, out: Path) -> dict:
-        errors = sorted(abs(math.expm1(m)) for m in self.misses)
         return {"points": self.points, "grid": self.grid, "fraction": round(self.points / self.grid, 4),
-                "budget_s": self.budget_s, "stopped": self.stopped,
-                "fit_error": {"points": len(errors), "median": round(statistics.median(errors), 4) if errors else None,
-                              "worst": round(errors[-1], 4) if errors else None},
-                "out": str(out), **self.account.to_json()}
+                "budget_s": self.budget_s, "stopped": self.stopped, "fit_error": self.fit_error(), "out": str(out),
+                **self.account.to_json()}
 
 
 def search_profile(settings: ProfileSettings, threads: list[int], batches: list[int], out: str | Path, *,
@@ -350,9 +351,8 @@ def _walk(search, measure_one, build, budget_s: float | None, account: Account, 
 
 
 def _affordable(account: Account, budget_s: float, cores: int) -> int:
-    """How many builds the budget left affords with their points measured after them: a wave of builds,
-    one a core, takes as long as the longest wave so far, its points half as long again (no wave yet:
-    one is afforded while any budget is left)."""
+    """Builds the budget left affords, their points measured after them: a wave of builds, one a core,
+    as long as the longest so far, its points half as long again (no wave yet: one, while any is left)."""
     left = budget_s - account.wall()
     if left <= 0:
         return 0
@@ -393,9 +393,8 @@ def _build(settings: ProfileSettings, points, topology: Topology, account: Accou
 
 
 def _early_builds(settings: ProfileSettings, threads, batches, runtimes, topology: Topology, account: Account, say):
-    """Inductor's first packages (the costly design: packrat.profiling.search), built while the other
-    runtimes' artefacts are converted beside them, so that no core waits for the other kind of build;
-    the function returned waits for them and gives their lines."""
+    """Inductor's first packages (search.costly_design), built beside the other runtimes' artefacts
+    being converted; the function returned waits for them and gives their lines."""
     import threading
 
     from packrat.profiling.builds import needs_build
@@ -487,8 +486,8 @@ def _replay_row(source: profiles.Profile, threads: int, batch: int, runtime: str
     points = source.by_runtime.get(runtime, {})
     if (threads, batch) not in points:
         raise ProfilingError(f"the replayed profile has no point threads={threads} batch={batch} ({runtime})")
-    latency, isolated = points[threads, batch]
-    row = {"threads": threads, "batch": batch, "latency_ms": latency, "isolated_ms": isolated, "runtime": runtime}
+    row = {"threads": threads, "batch": batch, "runtime": runtime}
+    row["latency_ms"], row["isolated_ms"] = points[threads, batch]
     if (threads, batch) in source.served.get(runtime, {}):
         row["served_ms"], row["served_isolated_ms"] = source.served[runtime][threads, batch]
     return row

@@ -372,8 +372,7 @@ def load(path: str | Path) -> Profile:
 
 
 def held(path: str | Path) -> Profile | None:
-    """The profile at `path`, None where there is none yet: no file, an empty one, or a head and a
-    header without rows (a profile interrupted before its first point, which the same command resumes)."""
+    """The profile at `path`; None for no file, an empty one, or one cut before its first row (resumed)."""
     path = Path(path)
     if not path.exists() or len(_read_lines(path)[1]) <= 1:
         return None

@@ -127,11 +127,10 @@ class Search:
         return set(self._design(runtime)) <= set(self._own(runtime))
 
     def fit_error(self) -> float:
-        """The fit's relative error, as its predictions missed the points measured after it (RMS of
-        the log ratios), never below ERROR_FLOOR."""
-        if not self.errors:
-            return ERROR_FLOOR
-        return max(ERROR_FLOOR, math.sqrt(sum(min(e, 0.0) ** 2 for e in self.errors.values()) / len(self.errors)))
+        """The fit's error on the fast side (a slower point never makes a plan faster): the RMS of the log
+        ratios of the points measured after it, those slower than predicted counted as 0; ≥ ERROR_FLOOR."""
+        misses = [min(e, 0.0) ** 2 for e in self.errors.values()]
+        return max(ERROR_FLOOR, math.sqrt(sum(misses) / len(misses)) if misses else 0.0)
 
     def _fitted(self, runtime: str) -> tuple[np.ndarray, dict[tuple[int, int], float]]:
         """The runtime's model over the grid, and each of its measured points' miss (log measured /
@@ -231,10 +230,8 @@ class Search:
         return wanted if cover_only else wanted or self._rivals(best)
 
     def _rivals(self, best: Planner) -> list[Key]:
-        """Each measured plan's instances under the runtimes not measured there that their prediction
-        puts within RIVAL of the measured figure: two runtimes' fits compare less well than each
-        fits itself, and a runtime a few per cent faster at a planned point is a plan a few per cent
-        faster."""
+        """Each measured plan's instances under the runtimes not measured there predicted within RIVAL of
+        its figure: two fits compare less well than each fits its own runtime."""
         predicted = {r: self._predict(r) for r in self.runtimes}
         wanted: list[Key] = []
         for batch in (b for b in self.batches if np.isfinite(best.table[self.cores, b])):
