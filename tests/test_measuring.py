@@ -16,6 +16,7 @@ from packrat.machine.topology import Topology, detect
 from packrat.models.zoo import compiled_package, resolve
 from packrat.profiling import builds, measuring
 from packrat.profiling.point import budgeted
+from packrat.settings import COMPILE_CACHE_ENV
 
 EAGER = measuring.ProfileSettings(model="tiny", warmup=1, iters=None, min_time=0.2, graph_mode="eager")
 
@@ -123,7 +124,7 @@ class FakeBuild:
 
 
 def test_builds_pack_a_build_per_core_once_per_key(tmp_path, monkeypatch):
-    monkeypatch.setenv("PACKRAT_COMPILE_CACHE", str(tmp_path))
+    monkeypatch.setenv(COMPILE_CACHE_ENV.name, str(tmp_path))
     monkeypatch.setattr(builds, "POLL_S", 0.0)
     monkeypatch.setattr(FakeBuild, "running", [])
     starts, most = [], []
@@ -157,7 +158,7 @@ def test_builds_pack_a_build_per_core_once_per_key(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_a_real_build_is_the_package_the_points_load(tmp_path, monkeypatch):
     """tiny's packages at ⟨1, 2⟩ and ⟨2, 2⟩ built side by side, then loaded by a worker, not built again."""
-    monkeypatch.setenv("PACKRAT_COMPILE_CACHE", str(tmp_path))
+    monkeypatch.setenv(COMPILE_CACHE_ENV.name, str(tmp_path))
     settings = dataclasses.replace(EAGER, graph_mode="compile", served=False, contention=False)
     found = builds.build_all(settings, [("inductor", 1, 2), ("inductor", 2, 2)], two_cores())
     assert found["inductor"]["built"] == 2 and found["inductor"]["seconds"] > 0
