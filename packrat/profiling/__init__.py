@@ -1,2 +1,2 @@
-"""Profiling: L(t, b) measured point by point in pinned processes, the adaptive grid, profile files, plots,
-the default profile a command serves with (measured when missing)."""
+"""Profiling: L(t, b) measured where a plan depends on it (the search), on pinned workers, profile files,
+plots, the default profile a command serves with (measured when missing)."""
