@@ -250,6 +250,7 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
     kept. Each round's artefacts are built first (builds.py), then each (runtime, threads) walks its
     batches on workers started once (measuring.Workers). With `replay`, points are looked up in that
     profile instead, and `out` rewritten with them: a check of the search on a recorded table."""
+    from packrat.profiling.builds import needs_build
     from packrat.profiling.search import FullGrid, Search
 
     out, account, notes, built_lines = Path(out), Account(), [], []  # notes: said once a point is to be measured
@@ -275,8 +276,6 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
         raise ProfilingError("no runtime asked for can run the model: " + "; ".join(verdicts.values()))
     usable = [r for r, why in verdicts.items() if not why]
     plain = tuple(r for r in usable if r not in OPT_IN or source is not None)  # replayed: ios looked up like any
-    from packrat.profiling.builds import needs_build
-
     costly = () if source else tuple(r for r in plain if needs_build(settings, r))
     search = (FullGrid if full_grid else Search)(threads, batches, plain, cores=topology.num_cores, costly=costly)
     held = None if source else profiles.held(out)
@@ -297,11 +296,12 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
 
         for line in built_lines:
             writer.note("built", line)
+
         def build(points, afford: int) -> list:
             """The points ready to measure: those built already, and at most `afford` built now."""
-            from packrat.profiling.builds import built, needs_build
+            from packrat.profiling.builds import built
 
-            ready = [p for p in points if not needs_build(settings, p[0]) or built(settings, p[1], p[2])]
+            ready = [p for p in points if p[0] not in costly or built(settings, p[1], p[2])]
             todo = [p for p in points if p not in ready][:afford]
             for line in _build(settings, todo, topology, account, say) if todo else ():
                 writer.note("built", line)
