@@ -134,7 +134,7 @@ def test_the_careful_user_runs_one_session_of_the_fastest_runtime_at_every_core(
     assert demo.careful_runtime(profile, 2, 4) == "inductor"
     stock, careful, packrat = demo.demo_configs("onnxruntime", "compile")
     assert stock[1:] == ("stock", "auto", {"graph_mode": "eager"})  # TorchServe's handler as a user runs it
-    assert careful[1:] == ("stock", "auto", {"runtime": "onnxruntime", "graph_mode": "compile"})
+    assert careful[1:] == ("careful", "auto", {"runtime": "onnxruntime", "graph_mode": "compile"})
     assert packrat[:2] == ("packrat", "packrat")
 
 
@@ -152,6 +152,7 @@ def test_a_runtime_session_in_the_stock_handler_gets_one_worker():
     assert workers("stock", runtime="inductor") == (None, None)
     assert workers("stock", runtime="onnxruntime") == (1, 1)  # its session has a thread on every core
     assert workers("packrat") == (1, 1)
+    assert workers("careful") == (1, 1)  # one session on every core, whatever runs it
 
 
 def test_the_demo_profile_keeps_the_default_one_for_serve():

@@ -10,6 +10,7 @@ import torch
 from ts.context import Context, RequestProcessor
 
 from packrat.handlers import common
+from packrat.handlers.careful_handler import CarefulHandler
 from packrat.handlers.packrat_handler import PackratHandler
 from packrat.handlers.stock_handler import StockHandler
 from packrat.models.zoo import prepare, resolve
@@ -62,18 +63,23 @@ def expected():
     return samples, [torch.softmax(row, 0).topk(5).indices.tolist() for row in logits]
 
 
-@pytest.mark.parametrize("handler_class", [PackratHandler, StockHandler])
+# The in-process handlers run the model eagerly or in a session, as the claim is about requests
+# failing alone, not about compiling (which costs 30 s here)
+IN_PROCESS = {StockHandler: {"graph_mode": "eager"}, CarefulHandler: {"runtime": "onnxruntime"}}
+
+
+@pytest.mark.parametrize("handler_class", [PackratHandler, StockHandler, CarefulHandler])
 @pytest.mark.slow
 def test_mixed_batch_bad_requests_fail_alone(tmp_path, expected, handler_class, started):
     samples, classes = expected
-    # The stock handler runs the model in this process: eagerly, as the claim is about requests
-    # failing alone, not about compiling (which costs 30 s here).
-    context = make_context(tmp_path, **({} if handler_class is PackratHandler else {"graph_mode": "eager"}))
+    context = make_context(tmp_path, **IN_PROCESS.get(handler_class, {}))
     if handler_class is PackratHandler:
         handler = started()
     else:
         handler = handler_class()
+        before = torch.get_num_threads()
         handler.initialize(context)
+        torch.set_num_threads(before)  # the careful handler set this process's count for itself
     rows = [
         {"body": bytearray(samples[0].numpy().tobytes())},
         {"body": bytearray(b"not a tensor")},
@@ -235,3 +241,29 @@ def test_a_batch_that_waited_in_torchserves_queue_past_its_deadline_is_not_run(t
         assert (health.answered, health.expired) == (answered, len(rows))
     finally:
         handler.engine.close()
+
+
+@pytest.mark.integration
+def test_the_careful_handler_runs_a_plain_session_on_every_core_and_decodes_in_parallel(tmp_path, expected, request):
+    """What a careful user writes (issue 63): the runtime's own session with its defaults and a thread
+    per core, decoders on every core, torch's intra-op threads at 1 where it only decodes, one batch
+    of rows the session reads; a full batch answered as the model answers."""
+    pytest.importorskip("onnxruntime")
+    import os
+
+    samples, classes = expected
+    handler = CarefulHandler()
+    context = make_context(tmp_path, batch=3, runtime="onnxruntime")
+    before = torch.get_num_threads()
+    handler.initialize(context)
+    request.addfinalizer(lambda: torch.set_num_threads(before))  # the handler set this process's count
+    options = handler.model.session.get_session_options()
+    assert options.intra_op_num_threads == len(os.sched_getaffinity(0))
+    assert options.inter_op_num_threads == 0  # the runtime's default, not packrat's one
+    with pytest.raises(Exception):  # packrat's own spinning setting is not the user's
+        options.get_session_config_entry("session.force_spinning_stop")
+    assert torch.get_num_threads() == 1
+    assert handler.rows.slots == 3
+    with_requests(context, ["application/octet-stream"] * 3)
+    responses = handler.handle([{"body": bytearray(sample.numpy().tobytes())} for sample in samples], context)
+    assert [[p["class"] for p in json.loads(r)["predictions"]] for r in responses] == classes

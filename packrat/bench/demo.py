@@ -51,7 +51,7 @@ def demo_configs(careful: str, graph_mode: str) -> tuple:
     """The three servers (name, handler, plan mode, settings): stock TorchServe running the eager
     model as a user's handler would, one session of `careful` on every core, packrat's plan."""
     return (("stock", "stock", "auto", {"graph_mode": "eager"}),
-            ("careful", "stock", "auto", {"runtime": careful, "graph_mode": graph_mode}),
+            ("careful", "careful", "auto", {"runtime": careful, "graph_mode": graph_mode}),
             ("packrat", "packrat", "auto"))
 
 

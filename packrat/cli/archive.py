@@ -53,8 +53,9 @@ def add_archive_parser(sub) -> None:
                                    "other packrat models served on the same cores.",
                        epilog="example: packrat archive --model resnet50 --batch-size 8 --export-path model_store")
     archive_args(p)
-    p.add_argument("--handler", choices=("packrat", "stock"), default="packrat",
-                   help="packrat (default) or stock: the in-process baseline handler, TorchServe's default workers")
+    p.add_argument("--handler", choices=("packrat", "stock", "careful"), default="packrat",
+                   help="packrat (default); stock: the in-process baseline handler, TorchServe's default workers; "
+                        "careful: one worker running one session (the settings' runtime) on every core, decoding in parallel")
     p.add_argument("--export-path", type=Path, default=Path("model_store"), help="default: model_store")
     p.set_defaults(func=cmd_archive)
 

@@ -26,15 +26,16 @@ def model_config_yaml(settings: Settings, *, handler: str = "packrat", max_batch
     """TorchServe's per-model config: its batching and workers, and packrat's settings under `packrat:`.
 
     The packrat handler gets one worker (the pool uses every core) in TorchServe's ordinary mode, and
-    so does the stock handler running another runtime than inductor (its session has a thread a core):
+    so do the careful handler and the stock handler running another runtime than inductor (one
+    session with a thread a core):
     TorchServe gathers batches of up to max_batch within max_batch_delay_ms and the pool splits
     each among its instances. (TorchServe's asynchronous mode strands requests under load:
     BENCHMARKS.md, issue 16.) `job_queue`: TorchServe's queue for the model (jobQueueSize: requests
     beyond it are answered 503 before the worker sees them); None: TorchServe's default."""
     torchserve = {"batchSize": settings.max_batch, "maxBatchDelay": max_batch_delay_ms, "responseTimeout": 300,
                   "startupTimeout": 600}
-    if handler == "packrat" or settings.runtime not in (None, DEFAULT_RUNTIME):
-        # the pool, or the stock handler's one session of a runtime, has a thread on every core
+    if handler in ("packrat", "careful") or settings.runtime not in (None, DEFAULT_RUNTIME):
+        # the pool, or a handler's one session of a runtime, has a thread on every core
         torchserve.update(minWorkers=1, maxWorkers=1)
     if job_queue is not None:
         torchserve["jobQueueSize"] = job_queue

@@ -298,17 +298,19 @@ _CONVERT = {"openvino": _convert_openvino, "onnxruntime": _convert_onnx}
 # ---- running: one instance's model ----------------------------------------------------------
 
 class OpenVinoRunner:
-    """The IR compiled for one static batch size, with `threads` threads and no pinning of its own."""
+    """The IR compiled for one static batch size, with `threads` threads and no pinning of its own;
+    `plain`: as a careful user compiles it (the LATENCY hint and OpenVINO's own pinning and streams)."""
 
-    def __init__(self, path: Path, spec, batch: int, threads: int):
+    def __init__(self, path: Path, spec, batch: int, threads: int, plain: bool = False):
         import openvino as ov
 
         core = ov.Core()
         model = core.read_model(str(path))
         model.reshape({i: [batch, *s.shape] for i, s in enumerate(spec.inputs)})  # static: the fastest
-        compiled = core.compile_model(model, "CPU", {
-            "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": threads,
-            "ENABLE_CPU_PINNING": False, "INFERENCE_PRECISION_HINT": "f32"})
+        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"}
+        if not plain:
+            config.update({"NUM_STREAMS": 1, "ENABLE_CPU_PINNING": False})
+        compiled = core.compile_model(model, "CPU", config)
         self.request = compiled.create_infer_request()
 
     def __call__(self, *inputs):
@@ -325,20 +327,23 @@ class OrtRunner:
     intra-op threads are pinned one to each core after the first (``intra_op_thread_affinities``:
     1-based CPU ids, an entry per thread but the calling one, which computes too and is pinned by its
     caller to the first core). `cancel()` ends a run under way from another thread (its call then
-    raises RunCancelled)."""
+    raises RunCancelled). `plain`: the session as a careful user makes it, the runtime's defaults
+    but for a thread per core."""
 
-    def __init__(self, path: Path, spec, batch: int, threads: int, cores=None):
+    def __init__(self, path: Path, spec, batch: int, threads: int, cores=None, plain: bool = False):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        options.intra_op_num_threads = threads
         options.log_severity_level = 3  # warnings about unused initialisers are not the user's concern
-        # Its threads spin between the operators of a run, and stop when the run ends: spinning on
-        # after it took a core from the instance's decoders (4 JPEGs of a SqueezeNet batch: decoded
-        # in 9.1 ms on 2 decoders, as if on one, against 4.8 in-process; BENCHMARKS.md, issue 41).
-        options.add_session_config_entry("session.force_spinning_stop", "1")
+        if not plain:
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            options.inter_op_num_threads = 1
+            # Its threads spin between the operators of a run, and stop when the run ends: spinning on
+            # after it took a core from the instance's decoders (4 JPEGs of a SqueezeNet batch: decoded
+            # in 9.1 ms on 2 decoders, as if on one, against 4.8 in-process; BENCHMARKS.md, issue 41).
+            options.add_session_config_entry("session.force_spinning_stop", "1")
         if cores is not None and threads > 1:
             options.add_session_config_entry("session.intra_op_thread_affinities", ort_affinities(cores, threads))
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -454,14 +459,15 @@ def _check_compiled(spec) -> None:
 
 def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str | None = None,
                     ios_cache: str | os.PathLike | None = None, cores=None, finish_ios: bool = False,
-                    ladder: bool = True):
+                    ladder: bool = True, plain: bool = False):
     """(callable, example inputs at `batch`) for an instance of `batch` running `runtime`: OpenVINO
     compiled for each size of the batch's halving ladder (as the AOT packages are), ONNX Runtime's
     one session for all (its threads pinned to `cores` for a thread-kind instance, whose calling
     thread is on cores[0]), torch.compile's graphs for the ladder's sizes (torch_compiled), the IOS
     schedule for `threads` and `batch` from `ios_cache` (IOS_CACHE by default; searched there when
     missing, or with `finish_ios` when its search was cut short), checked against eager. Not
-    `ladder` (a profile point), OpenVINO compiles for `batch` alone.
+    `ladder` (a profile point), OpenVINO compiles for `batch` alone. `plain`: ONNX Runtime's session
+    or OpenVINO's compiled model as a careful user makes it (OrtRunner, OpenVinoRunner).
     RuntimeRefused when the runtime cannot run the model."""
     from packrat.models import compiled
 
@@ -476,5 +482,7 @@ def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str |
         return torch_compiled(spec, batch), examples
     path = ensure_artefact(spec, runtime, shipped)
     if base_runtime(runtime) == "onnxruntime":
-        return OrtRunner(path, spec, batch, threads, cores if instance_kind(runtime) == "thread" else None), examples
-    return compiled.Ladder({size: OpenVinoRunner(path, spec, size, threads) for size in compiled.ladder(batch, ladder)}), examples
+        return OrtRunner(path, spec, batch, threads, cores if instance_kind(runtime) == "thread" else None,
+                         plain), examples
+    return compiled.Ladder({size: OpenVinoRunner(path, spec, size, threads, plain)
+                            for size in compiled.ladder(batch, ladder)}), examples
