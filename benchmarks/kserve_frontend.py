@@ -73,13 +73,9 @@ def torchserve_server(model: str, mar: Path, run_dir: Path, users: int, body):
 @contextmanager
 def kserve_server(model: str, mar: Path, run_dir: Path, users: int, body):
     from packrat.bench.faults import InstanceKiller
-    from packrat.deploy import kserve
-    from packrat.deploy.torchserve import free_port
+    from packrat.bench.server import kserve_serving
 
-    log("-- kserve: starting the KServe model server")
-    server = kserve.start(kserve.KServeServer(run_dir, (model,), http_port=free_port(), grpc_port=free_port(),
-                                              served_dir=run_dir / "served"), [mar])
-    try:
+    with kserve_serving(model, mar, run_dir, log) as server:
         load(server.url, model, users, WARMUP_S, run_dir / "warmup", body)
 
         def run(n, seconds, where, kill):
@@ -88,8 +84,6 @@ def kserve_server(model: str, mar: Path, run_dir: Path, users: int, body):
             return result, (killer.kills if killer else 0)
 
         yield run
-    finally:
-        kserve.stop(server)
 
 
 @contextmanager

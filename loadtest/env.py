@@ -25,6 +25,10 @@ MODEL = Variable("PACKRAT_MODEL", str, "resnet50", "the served model's name: req
 BODY_FILE = Variable("PACKRAT_BODY_FILE", str, "", "the file every request sends as its body (a photo, a text, "
                                                    "a tensor...); required")
 CONTENT_TYPE = Variable("PACKRAT_CONTENT_TYPE", str, "application/octet-stream", "the body's Content-Type")
+REQUEST_PATH = Variable("PACKRAT_REQUEST_PATH", str, "", "the path every request is POSTed to, e.g. "
+                                                     "/v2/models/NAME/infer; empty: /predictions/MODEL")
+HEADER_LENGTH = Variable("PACKRAT_HEADER_LENGTH", str, "", "a KServe v2 binary body's JSON header length in bytes, "
+                                                           "sent as Inference-Header-Content-Length; empty: none")
 TOKEN = Variable("PACKRAT_TOKEN", str, "", "bearer token when TorchServe's token authorisation is on")
 SHAPE = Variable("PACKRAT_SHAPE", str, "steady", "steady: users, spawn rate and run time from locust's command "
                                                  "line; step: packrat.loadtest.shapes.StepLoad drives the run and ends it")
@@ -37,4 +41,5 @@ REQUEST_LOG = Variable("PACKRAT_REQUEST_LOG", str, "", "a file to append one lin
 RATE = Variable("PACKRAT_RATE", float, "0", "open loop: the requests per second the users send together, each "
                                             "paced at RATE / users from a random start (with steady only); 0: "
                                             "closed loop, each user's next request as soon as its answer arrives")
-VARIABLES = (MODEL, BODY_FILE, CONTENT_TYPE, TOKEN, SHAPE, STEP_USERS, STEP_SECONDS, TIMEOUT_S, REQUEST_LOG, RATE)
+VARIABLES = (MODEL, BODY_FILE, CONTENT_TYPE, REQUEST_PATH, HEADER_LENGTH, TOKEN, SHAPE, STEP_USERS, STEP_SECONDS,
+             TIMEOUT_S, REQUEST_LOG, RATE)

@@ -1,7 +1,9 @@
-"""Locust users that POST one model sample per request to TorchServe's /predictions/{model}.
+"""Locust users that POST one model sample per request to TorchServe's /predictions/{model} (or
+another path: a KServe v2 infer route, its binary body's header length in a header of its own).
 
-Configured by the environment: the model, the body and its type, a token, the load's shape, the
-client's timeout, a request log and an open-loop rate (loadtest/env.py lists them with their defaults).
+Configured by the environment: the model, the body and its type, the path and header length, a
+token, the load's shape, the client's timeout, a request log and an open-loop rate (loadtest/env.py
+lists them with their defaults).
 
 Closed loop by default: each user sends its next request as soon as its answer arrives. With a rate
 (env.RATE), open loop: the users together send RATE requests per second whatever the answers
@@ -57,7 +59,9 @@ with open(env.BODY_FILE.read(), "rb") as _body:
 HEADERS = {"Content-Type": env.CONTENT_TYPE.read()}
 if TOKEN:
     HEADERS["Authorization"] = f"Bearer {TOKEN}"
-PATH = f"/predictions/{MODEL}"
+if env.HEADER_LENGTH.read():  # the KServe v2 binary extension: where the body's JSON header ends
+    HEADERS["Inference-Header-Content-Length"] = env.HEADER_LENGTH.read()
+PATH = env.REQUEST_PATH.read() or f"/predictions/{MODEL}"
 
 REQUEST_LOG = env.REQUEST_LOG.read()
 if REQUEST_LOG:

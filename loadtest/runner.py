@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .env import BODY_FILE, CONTENT_TYPE, MODEL, RATE, REQUEST_LOG, SHAPE, STEP_SECONDS, STEP_USERS, TIMEOUT_S, TOKEN
+from .env import (BODY_FILE, CONTENT_TYPE, HEADER_LENGTH, MODEL, RATE, REQUEST_LOG, REQUEST_PATH, SHAPE, STEP_SECONDS,
+                  STEP_USERS, TIMEOUT_S, TOKEN)
 from .histogram import percentile
 from .steps import parse_steps, step_markers
 
@@ -59,9 +60,10 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
                payload: tuple[bytes, str], spawn_rate: float | None = None, token: str | None = None,
                shape: str = "steady", csv_prefix: str = "locust", timeout_s: float | None = None,
                env: Mapping[str, str] | None = None, request_log: Path | None = None,
-               rate: float | None = None, stop_timeout_s: float | None = None) -> LoadResult:
-    """Load host's /predictions/{model} with closed-loop users (or open-loop ones: `rate`) and return
-    the exact results.
+               rate: float | None = None, stop_timeout_s: float | None = None, path: str | None = None,
+               header_length: int | None = None) -> LoadResult:
+    """Load host's /predictions/{model} (or `path`) with closed-loop users (or open-loop ones: `rate`)
+    and return the exact results.
 
     steady: `users` users (started at `spawn_rate`/s, default all at once) for `duration_s`
             (rounded up to whole seconds).
@@ -76,6 +78,8 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
           rate / users from a random start (the locustfile's env.RATE), whatever the answers take.
     stop_timeout_s: at the end, requests in flight are waited for up to this long (locust's
           --stop-timeout), so that each is logged with its answer; default: cut off.
+    path: where the requests go instead, e.g. /v2/models/{model}/infer; header_length: a KServe v2
+          binary body's JSON header length, sent as its Inference-Header-Content-Length.
     """
     if rate is not None and (rate <= 0 or shape != "steady"):
         raise ValueError(f"an open-loop rate must be > 0 and with the steady shape, got {rate} with {shape}")
@@ -84,8 +88,8 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
     prefix = out_dir / csv_prefix
     json_path, history_path = Path(f"{prefix}.json"), Path(f"{prefix}_stats_history.csv")
     stale = [json_path, history_path] + ([Path(request_log)] if request_log is not None else [])
-    for path in stale:  # never read a previous run's numbers
-        path.unlink(missing_ok=True)
+    for old in stale:  # never read a previous run's numbers
+        old.unlink(missing_ok=True)
 
     body_file = out_dir / "request.body"
     body_file.write_bytes(payload[0])
@@ -94,6 +98,8 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
     # An inherited log must not leak into the run either.
     child_env[REQUEST_LOG.name] = str(Path(request_log).resolve()) if request_log is not None else ""
     child_env[RATE.name] = str(rate) if rate is not None else ""  # nor an inherited rate
+    child_env[REQUEST_PATH.name] = path or ""  # nor an inherited path or header length
+    child_env[HEADER_LENGTH.name] = "" if header_length is None else str(header_length)
     child_env.update(env or {})
     steps = parse_steps(STEP_USERS.read(child_env), STEP_SECONDS.read(child_env)) if shape == "step" else []
     expected_s = steps[-1][0] if steps else _run_time(duration_s)

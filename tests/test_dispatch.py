@@ -64,6 +64,38 @@ def test_a_partial_wave_waits_for_the_gather_window_then_goes():
     assert inst.batches == [2]
 
 
+def test_nothing_waits_for_requests_that_are_not_coming():
+    """One closed-loop user: its one request is all the pool will get until it is answered, so after
+    the first hand-out showed that, it goes at once; once a wave brought more, a partial one waits."""
+    d, clock = dispatcher(gather_ms=30)
+    inst = FakeInstance(4)
+    queue(d, 1)
+    assert d.assign([inst]) == pytest.approx(0.030)  # nothing known yet: wait for the wave
+    clock.now = 0.031
+    d.assign([inst])
+    for answered in range(3):
+        inst.jobs = []
+        queue(d, 1)
+        assert d.assign([inst]) is None  # one request in the pool, as at every hand-out before
+        assert inst.batches[-1] == 1
+    inst.jobs = []
+    queue(d, 4)  # more users arrived: a wave of 4 goes whole
+    assert d.assign([inst]) is None and inst.batches[-1] == 4
+    inst.jobs = []
+    queue(d, 2)  # two of the next wave of four are in: wait for the rest
+    assert d.assign([inst]) == pytest.approx(0.030)
+
+
+def test_requests_running_elsewhere_count_towards_the_wave():
+    d, clock = dispatcher(gather_ms=30)
+    a, b = FakeInstance(2), FakeInstance(2)
+    queue(d, 4)
+    d.assign([a, b])  # a wave of 4
+    a.jobs = []
+    queue(d, 1)  # b still runs 2: 3 in the pool of the 4 a wave brings, so a waits for its second
+    assert d.assign([a, b]) == pytest.approx(0.030)
+
+
 def test_beyond_the_plan_instances_take_up_to_their_capacity():
     d, _ = dispatcher()
     a, b = FakeInstance(2, capacity=8), FakeInstance(2, capacity=8)

@@ -298,7 +298,7 @@ def test_torch_compile_is_refused_with_its_reason_where_it_would_run_eager(modul
 def test_an_instance_falls_back_to_the_points_next_runtime(monkeypatch):
     from packrat.serving.pool import child
 
-    def load_runtime(spec, model, config, runtime):
+    def load_runtime(spec, model, config, runtime, stop_spinning=True):
         if runtime == "openvino":
             raise runtimes.RuntimeRefused("openvino cannot run tiny: made up")
         return "module", (), runtime

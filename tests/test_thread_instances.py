@@ -174,8 +174,8 @@ def test_a_thread_that_does_not_return_gives_its_cores_to_a_process(monkeypatch)
     released = threading.Event()
     real = child.load_runtime
 
-    def stubborn_runtime(spec, model, config, runtime):
-        module, examples, mode = real(spec, model, config, runtime)
+    def stubborn_runtime(spec, model, config, runtime, stop_spinning=True):
+        module, examples, mode = real(spec, model, config, runtime, stop_spinning)
 
         def run(*inputs):
             if float(inputs[0].max()) > STALL_AT:

@@ -276,6 +276,20 @@ def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, w
         torchserve.stop(server)
 
 
+@contextmanager
+def kserve_serving(model: str, mar: Path, run_dir: Path, log=print):
+    """packrat's KServe server (`packrat serve --engine kserve`'s) serving the archive on free loopback
+    ports, REST and gRPC, its engine's served figures in run_dir/served (not the user's); stopped on exit."""
+    from packrat.deploy import kserve
+
+    log("-- kserve: starting the KServe model server")
+    server = kserve.start(kserve.KServeServer(run_dir, (model,), http_port=torchserve.free_port(),
+                                              grpc_port=torchserve.free_port(), served_dir=run_dir / "served"), [mar])
+    try:
+        yield server
+    finally:
+        kserve.stop(server)
+
 
 def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, duration: float,
                      users=None, as_json: bool = False, *, payload: str | None = None,

@@ -15,6 +15,7 @@ from packrat.bench.step import format_step_results, step_bench
 from packrat.bench.users import BATCH_USERS
 from packrat.cli.args import model_args, tokenizer_path
 from packrat.cli.bench_chaos import add_chaos_parser
+from packrat.cli.bench_http import add_http_parser
 from packrat.cli.bench_multi_model import add_multi_model_parser
 from packrat.cli.bench_oracle import add_oracle_parser
 from packrat.cli.bench_overload import add_overload_parser
@@ -41,7 +42,8 @@ def add_bench_parser(sub) -> None:
                                    "planned pool, with the pools' stages.",
                        epilog="example: packrat bench --model resnet50 --batch-size 2,4,8 --duration 30\n"
                               "others: packrat bench peers --help, packrat bench oracle --help, packrat bench chaos --help, "
-                              "packrat bench overload --help, packrat bench multi-model --help")
+                              "packrat bench overload --help, packrat bench multi-model --help, "
+                              "packrat bench http --help")
     model_args(p)
     p.add_argument("--batch-size", type=int_list, default=[8], help="batch sizes, e.g. 2,4,8 (default: 8)")
     p.add_argument("--duration", type=positive(float), default=30.0, help="seconds of load per run (default: 30)")
@@ -101,6 +103,7 @@ def add_bench_parser(sub) -> None:
     add_chaos_parser(measurements)
     add_overload_parser(measurements)
     add_multi_model_parser(measurements)
+    add_http_parser(measurements)
 
 
 def bench_tokenizer(model: str, payload: str, given: Path | None, demo: bool, out: Path) -> Path | None:

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from packrat.codec.codec import Codec
+from packrat.codec.answers import TOP_FORMS
 from packrat.codec.config import Decoded
 from packrat.codec.rows import InputRows
 from packrat.codec.samples import NOT_FINITE, all_finite
@@ -68,6 +69,11 @@ class Decoders:
                                             initargs=(1,))
             list(self._pool.map(lambda _: started.wait(), range(threads)))  # every thread up, not one reused
 
+    @property
+    def parallel(self) -> bool:
+        """Whether it decodes on threads of its own, beside the model's on the same cores."""
+        return self._pool is not None
+
     def mapper(self, requests: int):
         """map() for a batch of `requests`: the decoders' when there is more than one to decode."""
         return self._pool.map if self._pool is not None and requests > 1 else map
@@ -100,31 +106,42 @@ def answer_batch(module, codec: Codec, bodies: list[tuple], mapper=map, laps: li
             decoded[index] = outcome
     _lap(laps)
     placed = rows is not None and all(placed for _, placed in decoded.values())
-    whole = None  # the batch's outputs in one tensor, a row per request, when the model ran on the rows
     if placed and decoded:
         outputs, whole = run_rows(module, rows, list(decoded))
     else:
-        outputs = run_each(module, {i: d.samples for i, (d, _) in decoded.items()})
+        outputs, whole = run_each(module, {i: _samples(rows, i, d) for i, (d, _) in decoded.items()}), None
     _lap(laps)
-    # What every row's answer needs, computed for the batch at once: a call per request costs more
-    # than the work in it (SqueezeNet, B = 8: encoding took 0.08 ms a request)
+    _encode_all(codec, rows, decoded, outputs, whole, answers)
+    _lap(laps)
+    return answers
+
+
+def _encode_all(codec: Codec, rows: InputRows | None, decoded: dict, outputs: dict | None,
+                whole: torch.Tensor | None, answers: list) -> None:
+    """Each decoded request's answer into `answers`. What every row's answer needs is computed for
+    the batch at once, and a row's own slice of `whole` only where its answer reads it: a call or a
+    tensor per request costs more than the work in it (SqueezeNet, B = 8: encoding took 0.08 ms a
+    request; an MLP's batch of 8 spent 0.06 ms slicing its outputs; docs/benchmarks/peers.md)."""
     finite = whole is not None and all_finite(whole)
     tops = codec.answers.tops(whole) if whole is not None else None
     for position, (index, (item, _)) in enumerate(decoded.items()):
-        output = outputs[index]
+        output = outputs[index] if whole is None else None
         if isinstance(output, str):
             answers[index] = error(500, output)
             continue
-        if not finite and not all_finite(output):
-            answers[index] = not_finite(item.samples)
-            continue
+        if not finite:
+            output = whole[position:position + 1] if output is None else output
+            if not all_finite(output):
+                answers[index] = not_finite(_samples(rows, index, item))
+                continue
+        top = None if tops is None else tops[position]
+        if top is None or item.form not in TOP_FORMS:  # its answer reads its outputs
+            output = whole[position:position + 1] if output is None else output
         try:
-            encoded = codec.encoded(output, item, None if tops is None else tops[position])
+            encoded = codec.encoded(output, item, top)
             answers[index] = Reply(200, encoded.body, "", encoded.content_type, encoded.header_length)
         except Exception as exc:  # our failure, this request's alone
             answers[index] = error(500, f"cannot encode the answer: {type(exc).__name__}: {first_line(exc)}")
-    _lap(laps)
-    return answers
 
 
 def not_finite(samples: tuple[torch.Tensor, ...]) -> Reply:
@@ -152,13 +169,23 @@ def _decoder(codec: Codec, rows: InputRows | None):
     return decode
 
 
+# A raw tensor body that lies in its row as it came: its samples are the row (_samples), made only
+# where they are read (a batch run request by request, a NaN answered), not for every request
+IN_ROW = Decoded((), "plain")
+
+
 def _as_it_lies(codec: Codec, rows: InputRows, index: int, request: tuple):
-    """A raw tensor body written into its row, ready there: (its Decoded, True), one view of the
-    row, where decode() would make and check tensors per sample; None when decode() must read it
-    (another form, or an input to check or fill)."""
-    if not codec.ready_in_row(*request):
-        return None
-    return Decoded((rows.tensors[0][index:index + 1],), "plain"), True
+    """A raw tensor body written into its row, ready there: (IN_ROW, True), where decode() would make
+    and check tensors per sample; None when decode() must read it (another form, or an input to
+    check or fill)."""
+    return (IN_ROW, True) if codec.ready_in_row(*request) else None
+
+
+def _samples(rows: InputRows | None, index: int, decoded: Decoded) -> tuple[torch.Tensor, ...]:
+    """A decoded request's samples: those of a body lying in its row are that row, as views."""
+    if decoded is IN_ROW:
+        return tuple(tensor[index:index + 1] for tensor in rows.tensors)
+    return decoded.samples
 
 
 def _lap(laps: list[float] | None) -> None:
@@ -166,14 +193,13 @@ def _lap(laps: list[float] | None) -> None:
         laps.append(time.monotonic())
 
 
-def run_rows(module, rows: InputRows, indices: list[int]) -> tuple[dict, torch.Tensor | None]:
-    """Each index's outputs from one call on the rows (each request one sample in its row), and
-    that call's outputs whole; if it fails, each request alone (run_each), and None."""
+def run_rows(module, rows: InputRows, indices: list[int]) -> tuple[dict | None, torch.Tensor | None]:
+    """(None, the outputs of one call on the rows, a row per request in the order of `indices`);
+    if that call fails, (each index's outputs from run_each: each request alone, None)."""
     inputs = rows.taken(indices)
     with torch.inference_mode():
         try:
-            outputs = module(*inputs)
-            return {index: outputs[position:position + 1] for position, index in enumerate(indices)}, outputs
+            return None, module(*inputs)
         except RunCancelled:  # the watchdog's: the batch runs again elsewhere, not request by request here
             raise
         except Exception:

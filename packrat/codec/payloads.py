@@ -10,6 +10,7 @@ text  an English paragraph (the server tokenizes it), text/plain; charset=utf-8
 `natural_payload(model)` is what a user of that model would send: a photo to an image
 model, text to a token model, the raw tensor otherwise; `served_payload(spec)` the same for a
 model served with its own codec, where a token model without a tokenizer takes token ids.
+`v2_binary_payload(spec)` is one sample as tritonclient sends it: KServe v2 with binary tensors.
 """
 from __future__ import annotations
 
@@ -163,3 +164,19 @@ def payload_of(spec, kind: str) -> tuple[bytes, str]:
         return json.dumps({"inputs": sample[0].tolist()} if len(sample) == 1 else named).encode(), CONTENT_TYPES[kind]
     # Raw little-endian bytes (whatever machine this client runs on), or for several inputs KServe v2.
     return sample_request(spec.inputs, sample)
+
+
+def v2_binary_payload(spec) -> tuple[bytes, str, int]:
+    """(body, content type, header length) of one request for sample 0 of `spec`'s example input as
+    tritonclient sends it by default: a KServe v2 JSON header naming each input (its batch dimension
+    1 included), then their raw little-endian bytes (packrat.codec.oip), the answer asked in binary.
+    The header length goes in Inference-Header-Content-Length."""
+    from packrat.codec import oip
+
+    tensors = spec.example_inputs(1)
+    head = {"inputs": [{"name": s.name, "shape": list(x.shape), "datatype": oip.datatype(x.dtype)}
+                       for s, x in zip(spec.inputs, tensors)], "parameters": {"binary_data_output": True}}
+    arrays = [x.contiguous().numpy() for x in tensors]
+    chunks = [a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes() for a in arrays]  # whatever this machine's order
+    body, length = oip.request(head, chunks)
+    return body, CONTENT_TYPES["raw"], length

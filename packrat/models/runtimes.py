@@ -328,9 +328,11 @@ class OrtRunner:
     1-based CPU ids, an entry per thread but the calling one, which computes too and is pinned by its
     caller to the first core). `cancel()` ends a run under way from another thread (its call then
     raises RunCancelled). `plain`: the session as a careful user makes it, the runtime's defaults
-    but for a thread per core."""
+    but for a thread per core. `stop_spinning`: its threads stop spinning when a run ends, for the
+    decoders that share its cores."""
 
-    def __init__(self, path: Path, spec, batch: int, threads: int, cores=None, plain: bool = False):
+    def __init__(self, path: Path, spec, batch: int, threads: int, cores=None, plain: bool = False,
+                 stop_spinning: bool = True):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -340,9 +342,12 @@ class OrtRunner:
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             options.inter_op_num_threads = 1
+        if stop_spinning and not plain:
             # Its threads spin between the operators of a run, and stop when the run ends: spinning on
             # after it took a core from the instance's decoders (4 JPEGs of a SqueezeNet batch: decoded
             # in 9.1 ms on 2 decoders, as if on one, against 4.8 in-process; BENCHMARKS.md, issue 41).
+            # Without decoders they spin on, as a plain session's do: waking them from sleep at every
+            # run cost a light model's batch more than its run (docs/benchmarks/peers.md, issue 63).
             options.add_session_config_entry("session.force_spinning_stop", "1")
         if cores is not None and threads > 1:
             options.add_session_config_entry("session.intra_op_thread_affinities", ort_affinities(cores, threads))
@@ -459,7 +464,7 @@ def _check_compiled(spec) -> None:
 
 def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str | None = None,
                     ios_cache: str | os.PathLike | None = None, cores=None, finish_ios: bool = False,
-                    ladder: bool = True, plain: bool = False):
+                    ladder: bool = True, plain: bool = False, stop_spinning: bool = True):
     """(callable, example inputs at `batch`) for an instance of `batch` running `runtime`: OpenVINO
     compiled for each size of the batch's halving ladder (as the AOT packages are), ONNX Runtime's
     one session for all (its threads pinned to `cores` for a thread-kind instance, whose calling
@@ -467,7 +472,8 @@ def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str |
     schedule for `threads` and `batch` from `ios_cache` (IOS_CACHE by default; searched there when
     missing, or with `finish_ios` when its search was cut short), checked against eager. Not
     `ladder` (a profile point), OpenVINO compiles for `batch` alone. `plain`: ONNX Runtime's session
-    or OpenVINO's compiled model as a careful user makes it (OrtRunner, OpenVinoRunner).
+    or OpenVINO's compiled model as a careful user makes it (OrtRunner, OpenVinoRunner);
+    `stop_spinning`: ONNX Runtime's threads stop spinning after a run (OrtRunner).
     RuntimeRefused when the runtime cannot run the model."""
     from packrat.models import compiled
 
@@ -483,6 +489,6 @@ def prepare_runtime(spec, runtime: str, batch: int, threads: int, shipped: str |
     path = ensure_artefact(spec, runtime, shipped)
     if base_runtime(runtime) == "onnxruntime":
         return OrtRunner(path, spec, batch, threads, cores if instance_kind(runtime) == "thread" else None,
-                         plain), examples
+                         plain, stop_spinning), examples
     return compiled.Ladder({size: OpenVinoRunner(path, spec, size, threads, plain)
                             for size in compiled.ladder(batch, ladder)}), examples

@@ -308,8 +308,13 @@ def _prepare(args: argparse.Namespace, cores=None) -> tuple:
         return _prepare_served(args, cores)
     import torch
 
+    from packrat.codec.codec import Codec
+    from packrat.codec.config import CodecConfig
+
     torch.set_num_threads(args.threads)
-    return (*_load(args, _spec(args), cores), None)
+    spec = _spec(args)
+    image = Codec(CodecConfig.for_model(spec)).input_kind == "image"  # an instance of it has decoders
+    return (*_load(args, spec, cores, stop_spinning=image and args.threads > 1), None)
 
 
 def _prepare_served(args: argparse.Namespace, cores=None):
@@ -329,14 +334,15 @@ def _prepare_served(args: argparse.Namespace, cores=None):
     check_payload_of(spec, kind, args.model)
     decoders = Decoders(args.threads if codec.input_kind == "image" else 1)
     set_intra_op_threads(args.threads)
-    module, examples, mode = _load(args, spec, cores)
+    module, examples, mode = _load(args, spec, cores, decoders.parallel)
     set_intra_op_threads(torch_threads(mode, args.threads))
     return module, examples, mode, ServedBatch(codec, decoders, *payload_of(spec, kind), args.batch)
 
 
-def _load(args: argparse.Namespace, spec, cores=None):
-    """(module, example inputs, mode): the model as the point runs it. A thread-kind session's
-    intra-op threads are pinned to `cores` but the first, where the calling thread then stays."""
+def _load(args: argparse.Namespace, spec, cores=None, stop_spinning: bool = True):
+    """(module, example inputs, mode): the model as the point runs it, as an instance with the same
+    decoders would (`stop_spinning`, prepare_runtime). A thread-kind session's intra-op threads are
+    pinned to `cores` but the first, where the calling thread then stays."""
     from packrat.models.zoo import prepare
 
     if args.runtime != DEFAULT_RUNTIME:
@@ -345,7 +351,8 @@ def _load(args: argparse.Namespace, spec, cores=None):
 
         # the search before a point's copies (--prepare-only) finishes a schedule cut short before
         module, examples = prepare_runtime(spec, args.runtime, args.batch, args.threads, ios_cache=args.ios_cache,
-                                           cores=cores, finish_ios=args.prepare_only, ladder=False)
+                                           cores=cores, finish_ios=args.prepare_only, ladder=False,
+                                           stop_spinning=stop_spinning)
         if cores:
             pin_thread(cores[:1])
         return module, examples, args.runtime

@@ -116,10 +116,10 @@ def warm_up(module, examples: tuple, threads: int, turn=contextlib.nullcontext) 
     return full_ms
 
 
-def load(model: ModelConfig, config: InstanceConfig):
+def load(model: ModelConfig, config: InstanceConfig, stop_spinning: bool = True):
     """(module, example inputs, mode, why it runs another runtime than planned or None). A runtime
     that fails here (not installed, refused for this model, or failing to load) gives way to the
-    point's next runtime, inductor last."""
+    point's next runtime, inductor last. `stop_spinning`: as prepare_runtime takes it."""
     from packrat.models.zoo import prepare, resolve
 
     spec = resolve(model.model, model.input_shape)
@@ -128,18 +128,19 @@ def load(model: ModelConfig, config: InstanceConfig):
         if runtime == DEFAULT_RUNTIME:
             break
         try:
-            return (*load_runtime(spec, model, config, runtime), fell_back(config.runtime, runtime, failures))
+            return (*load_runtime(spec, model, config, runtime, stop_spinning),
+                    fell_back(config.runtime, runtime, failures))
         except Exception as exc:  # this runtime cannot serve here: the next one may
             failures.append(f"{runtime}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
     module, examples, mode = prepare(spec, config.batch, graph_mode=model.graph_mode, compile_cache=model.compile_cache)
     return module, examples, mode, fell_back(config.runtime, DEFAULT_RUNTIME, failures)
 
 
-def load_runtime(spec, model: ModelConfig, config: InstanceConfig, runtime: str):
+def load_runtime(spec, model: ModelConfig, config: InstanceConfig, runtime: str, stop_spinning: bool = True):
     from packrat.models.runtimes import prepare_runtime
 
     module, examples = prepare_runtime(spec, runtime, config.batch, config.threads, model.compile_cache,
-                                       ios_cache=model.ios_cache, cores=config.cores)
+                                       ios_cache=model.ios_cache, cores=config.cores, stop_spinning=stop_spinning)
     return module, examples, runtime
 
 
@@ -172,7 +173,7 @@ def main(conn: Connection, parent: int | None = None) -> None:
         # only images are worth decoding in parallel: tokenising holds the GIL, raw tensors are a copy
         decoders = Decoders(config.threads if codec.input_kind == "image" else 1)
         set_intra_op_threads(config.threads)  # after the decoders took their one each; what loading reads
-        module, examples, mode, fallback = load(model, config)
+        module, examples, mode, fallback = load(model, config, decoders.parallel)
         set_intra_op_threads(torch_threads(mode, config.threads))
         with torch.inference_mode():
             warm_ms = warm_up(module, examples, config.threads, lambda: holding(locks, config.cores))

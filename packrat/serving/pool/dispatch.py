@@ -8,7 +8,12 @@ capacity when the queue is longer). One refinement, measured (BENCHMARKS.md, dis
 idle instance whose planned share has not all arrived waits up to ``gather_s`` (30 ms) for the rest
 before it starts. In a closed loop the requests of a wave arrive milliseconds apart; starting on
 the first alone made a fat ⟨2 threads, batch 4⟩ instance run batches of one and two, 1.1-1.4x
-slower at p50 than whole batches, while 30 ms recovered them. Under a queue nothing waits.
+slower at p50 than whole batches, while 30 ms recovered them. Under a queue nothing waits, and
+nothing waits for requests that are not coming: the wait holds only while fewer requests are in
+the pool (queued or running) than there were at its recent hand-outs (RECENT_WAVES). One
+closed-loop user never has more than its one request in: it waited the whole window at every
+request (packrat's KServe server at 1 user, 50 ms a request against 1.4 for a plain server;
+docs/benchmarks/peers.md, issue 63).
 
 A request is admitted only when it can be answered within its deadline (admission.py: the queue
 ahead, the running batches and the plan's round as served); the rest are refused 503 at once.
@@ -32,6 +37,7 @@ from packrat.serving.pool.api import Answer, InstanceConfig, Request
 from packrat.settings import GATHER_MS, MAX_QUEUE, REQUEST_TIMEOUT_S  # the defaults, declared with the schema
 
 MAX_ATTEMPTS = 3  # lost instances one request may be part of before it is answered 500
+RECENT_WAVES = 8  # hand-outs whose requests in the pool tell how many a wave brings
 
 
 @dataclass(eq=False)
@@ -121,6 +127,7 @@ class Dispatcher:
         self.admission = Admission(request_timeout_s, max_queue, by_prediction=admission == "predicted")
         self.queue: deque[Job] = deque()
         self.counts = Counts()
+        self.waves: deque[int] = deque(maxlen=RECENT_WAVES)  # requests in the pool at recent hand-outs
 
     def refusal(self, outlook: Outlook = Outlook(), waited_s: float = 0.0) -> Answer | None:
         """The answer refusing a request arriving now (counted), or None: it would be admitted."""
@@ -164,12 +171,16 @@ class Dispatcher:
     def assign(self, runners: Iterable[Runner]) -> float | None:
         """Give queued requests to the idle runners, split by their planned shares. Returns how
         long to look again after, while a gather window is open, else None."""
+        runners = list(runners)
         idle = [runner for runner in runners if runner.idle]
         if not self.queue or not idle:
             return None
         waited = self.clock() - self.queue[0].queued_at
-        if len(self.queue) < sum(r.config.batch for r in idle) and waited < self.gather_s:
+        in_pool = len(self.queue) + sum(len(r.jobs) for r in runners)
+        coming = not self.waves or in_pool < max(self.waves)  # unknown at first: a wave may be on its way
+        if len(self.queue) < sum(r.config.batch for r in idle) and waited < self.gather_s and coming:
             return self.gather_s - waited  # the rest of the wave is probably on its way
+        self.waves.append(in_pool)
         n = min(len(self.queue), sum(r.config.slots for r in idle))
         sizes = split_sizes(n, [r.config.batch for r in idle], [r.config.slots for r in idle])
         for runner, size in zip(idle, sizes):

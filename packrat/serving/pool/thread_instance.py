@@ -101,7 +101,7 @@ class ThreadInstance:
             before = set(task_affinities())
             decoders = Decoders(self.config.threads if codec.input_kind == "image" else 1)
             set_intra_op_threads(1)  # torch only decodes and encodes here (models.runtimes.torch_threads)
-            module, examples, mode = load_runtime(spec, model, self.config, self.config.runtime)
+            module, examples, mode = load_runtime(spec, model, self.config, self.config.runtime, decoders.parallel)
             self.thread_ids = (set(task_affinities()) - before) | {threading.get_native_id()}
         pin_thread(self.config.cores[:1])  # the session's threads have the other cores, one each
         with torch.inference_mode():

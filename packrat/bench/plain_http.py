@@ -1,0 +1,176 @@
+"""packrat's KServe server against the plain HTTP server a careful user writes instead, FastAPI on
+uvicorn with one ONNX Runtime session (packrat/bench/plain_server.py), through HTTP on the same cores.
+
+For one zoo model (--model, default squeezenet) and a batch size B (--batch-size, default 4), side by
+side on free loopback ports: packrat's KServe server (`packrat serve --engine kserve`'s) with the plan
+for B from the profile (--profile, default profiles/MODEL.csv, measured first when missing; the plan
+fixed, the engine's gather wait --max-batch-delay), and the plain server (no batching: one request,
+one session.run). Each is warmed up by locust for --warmup s; then --rounds interleaved rounds each
+load every (server, users) case for --duration s, in an order rotated every round: 1 and B
+closed-loop locust users, each POSTing one sample to /v2/models/MODEL/infer as tritonclient sends it
+(KServe v2 with binary tensors: a JSON header, its length in Inference-Header-Content-Length, the raw
+bytes); both servers answer in binary.
+
+Per users count: each server's p50 and req/s (median over rounds, min–max) and the paired ratios
+packrat / plain of each round (median, min–max). The verdict holds issue 63's targets against the
+medians of the paired ratios: packrat's p50 ≤ 1.05× and its req/s ≥ 0.95× the plain server's, with no
+failed request. Locust runs on the same cores as both servers and takes its share from whichever is
+loaded: the figures compare the servers with each other, not with an idle machine.
+
+Output: the tables and the verdict (stdout), OUT/http-bench.json with every figure (--json prints it
+instead), and under OUT locust's files and the servers' logs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+from packrat.bench.harness import markdown_table, span
+from packrat.bench.rounds import in_rounds, median_spread, paired
+
+SERVERS = ("packrat", "plain")
+P50_TARGET, RPS_TARGET = 1.05, 0.95  # packrat / plain: p50 at most, req/s at least (issue 63)
+WARMUP_S = 8.0
+
+
+# ---- pure: the report from plain numbers -----------------------------------------------------------
+
+def summarise(runs: Sequence[Mapping]) -> dict[int, dict]:
+    """Per users count: each server's p50_ms and rps over rounds (median_spread), requests and
+    failures summed; the paired per-round ratios packrat / plain of p50 and rps (median_spread); and
+    the verdict. `runs`: one {"server", "users", "round", "p50_ms", "rps", "requests", "failures"} per
+    locust run."""
+    summary = {}
+    for users in sorted({r["users"] for r in runs}):
+        mine = {name: [r for r in runs if r["users"] == users and r["server"] == name] for name in SERVERS}
+        row = {name: {"p50_ms": median_spread([r["p50_ms"] for r in found]),
+                      "rps": median_spread([r["rps"] for r in found]),
+                      "requests": sum(r["requests"] for r in found), "failures": sum(r["failures"] for r in found)}
+               for name, found in mine.items()}
+        for figure in ("p50_ms", "rps"):
+            by_round = {name: {r["round"]: r[figure] for r in found} for name, found in mine.items()}
+            row[f"{figure}_ratio"] = median_spread(paired(by_round["packrat"], by_round["plain"]))
+        row["verdict"] = verdict(row)
+        summary[users] = row
+    return summary
+
+
+def verdict(row: Mapping) -> dict:
+    """met: packrat / plain p50 ≤ P50_TARGET and req/s ≥ RPS_TARGET by the paired medians, and no
+    request failed on either server; with the reasons it was missed."""
+    p50, rps = ((row.get(key) or {}).get("median") for key in ("p50_ms_ratio", "rps_ratio"))
+    failures = sum(row[name]["failures"] for name in SERVERS)
+    missed = []
+    if p50 is None or p50 > P50_TARGET:
+        missed.append("p50 not measured" if p50 is None else f"p50 {p50:.3f} > {P50_TARGET}")
+    if rps is None or rps < RPS_TARGET:
+        missed.append("req/s not measured" if rps is None else f"req/s {rps:.3f} < {RPS_TARGET}")
+    if failures:
+        missed.append(f"{failures} failed request(s)")
+    return {"met": not missed, "missed": missed}
+
+
+def verdict_lines(summary: Mapping[int, Mapping]) -> list[str]:
+    """One line per users count: met, or missed and why."""
+    targets = f"packrat / plain: p50 ≤ {P50_TARGET}, req/s ≥ {RPS_TARGET}, none failed"
+    return [f"verdict at {users} user(s) ({targets}): " + ("met" if row["verdict"]["met"] else
+                                                           f"missed ({'; '.join(row['verdict']['missed'])})")
+            for users, row in summary.items()]
+
+
+def shown(figures: Mapping | None, digits: int) -> str:
+    """A median_spread as 'median (min–max)'."""
+    return f"{figures['median']:.{digits}f} ({span(figures['spread'], digits)})" if figures else "-"
+
+
+def format_report(report: Mapping) -> str:
+    """The header, a row per users count and server, a row of paired ratios per users count, the verdicts."""
+    summary = {int(users): row for users, row in report["summary"].items()}  # JSON made the keys strings
+    rows = [[users, name, shown(row[name]["p50_ms"], 2), shown(row[name]["rps"], 1), row[name]["requests"],
+             row[name]["failures"]] for users, row in summary.items() for name in SERVERS]
+    ratios = [[users, shown(row["p50_ms_ratio"], 3), shown(row["rps_ratio"], 3)] for users, row in summary.items()]
+    return "\n".join([
+        report["header"], "",
+        markdown_table(["users", "server", "p50 ms (min–max)", "req/s (min–max)", "requests", "failed"], rows), "",
+        markdown_table(["users", "p50 packrat / plain (min–max)", "req/s packrat / plain (min–max)"], ratios),
+        "", *verdict_lines(summary),
+        "", "locust runs on the same cores as both servers: it takes its share from whichever is loaded"])
+
+
+def header(args, cores: int, plan: Mapping | None) -> str:
+    instances = " + ".join(f"⟨{i['threads']}, {i['batch']}, {i['runtime']}⟩"
+                           for i in (plan or {}).get("instances", ()))
+    return (f"{args.model}, B = {args.batch_size}, {cores} cores; packrat's KServe server "
+            f"({instances or 'plan unknown'}, gather wait {args.max_batch_delay} ms) against FastAPI + one ONNX "
+            f"Runtime session ({cores} intra-op threads); binary KServe v2 bodies; {args.rounds} interleaved "
+            f"round(s) of {args.duration:g} s per server and users count after {args.warmup:g} s of warm-up; figures: "
+            f"medians over rounds; ratios: packrat / plain in the same round (paired), median over rounds")
+
+
+# ---- the measurement -------------------------------------------------------------------------------
+
+def log(*parts) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def round_figures(result, seconds: float) -> dict:
+    """A locust run's p50 (and p95, p99), req/s (answers per whole second of load, as
+    packrat.bench.server.pooled counts them), requests and failures."""
+    from packrat.bench.server import pooled
+
+    return {"p50_ms": result.p50_ms, "p95_ms": result.p95_ms, "p99_ms": result.p99_ms,
+            "rps": pooled([result], seconds).throughput_rps, "requests": result.requests, "failures": result.failures}
+
+
+def run(args) -> dict:
+    """Both servers started and warmed up, the rounds run; the report (JSON-able), also in OUT/http-bench.json."""
+    import importlib.util
+
+    from packrat.bench.plain_server import plain_serving
+    from packrat.bench.results import write_json
+    from packrat.bench.server import config_archive, kserve_serving
+    from packrat.codec.payloads import v2_binary_payload
+    from packrat.deploy import kserve
+    from packrat.deploy.torchserve import free_port
+    from packrat.loadtest import run_locust
+    from packrat.models.zoo import resolve
+    from packrat.profiling.default_profile import resolve_profile
+
+    if importlib.util.find_spec("kserve") is None:
+        raise SystemExit("packrat bench http needs the KServe SDK: pip install 'packrat-serve[kserve]'")
+    model, batch, out = args.model, args.batch_size, args.out
+    body, content_type, length = v2_binary_payload(resolve(model))
+    profile = resolve_profile(model, args.profile, batch_sizes=[batch])
+    mar = config_archive(("http", "packrat", "auto"), model, batch, profile, out / "model_store",
+                         max_batch_delay_ms=args.max_batch_delay)
+
+    def load(url: str, users: int, seconds: float, where: Path):
+        return run_locust(url, model, users, seconds, where, payload=(body, content_type),
+                          path=f"/v2/models/{model}/infer", header_length=length)
+
+    runs = []
+    with ExitStack() as stack:
+        served = stack.enter_context(kserve_serving(model, mar, out / "packrat", log))
+        urls = {"packrat": served.url,
+                "plain": stack.enter_context(plain_serving(model, out / "plain", free_port(), log=log))}
+        plan = kserve.status(served)[model]["plan"]
+        for name, url in urls.items():
+            log(f"-- {name}: warming up, {batch} users for {args.warmup:g} s")
+            load(url, batch, args.warmup, out / name / "warmup")
+        for round_, (name, users) in in_rounds([(name, users) for name in SERVERS for users in sorted({1, batch})],
+                                               args.rounds):
+            log(f"-- round {round_}/{args.rounds}: {name}, {users} user(s)")
+            result = load(urls[name], users, args.duration, out / name / f"u{users}-r{round_}")
+            runs.append({"server": name, "users": users, "round": round_, **round_figures(result, args.duration)})
+    cores = len(os.sched_getaffinity(0))  # the plain server's threads; packrat plans for its CPU budget
+    report = {"model": model, "batch": batch, "rounds": args.rounds, "duration_s": args.duration,
+              "warmup_s": args.warmup, "max_batch_delay_ms": args.max_batch_delay, "cores": cores,
+              "profile": str(profile), "plan": plan, "targets": {"p50": P50_TARGET, "rps": RPS_TARGET},
+              "header": header(args, cores, plan), "runs": runs, "summary": summarise(runs)}
+    report["markdown"] = format_report(report)
+    write_json(out / "http-bench.json", report)
+    return report
