@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packrat.errors import ProfileError
+from packrat.models.runtimes import RUNTIMES
 from packrat.settings import RUNTIME_MARGIN
 
 REQUIRED = ("threads", "batch", "latency_ms")
@@ -269,18 +270,23 @@ def gains(profile: Profile, instances, runtime: str = "ios") -> list[dict]:
 
 
 def choose_runtime(figures: dict[str, tuple[float, float]]) -> str:
-    """The runtime a point's figure is taken from, given each runtime's (ms, spread): inductor's,
-    unless another is faster beyond the noise (faster by more than either figure's spread and by
-    RUNTIME_MARGIN at least; the fastest such one). Without inductor's figure, the fastest."""
-    if DEFAULT_RUNTIME not in figures:
-        return min(figures, key=lambda r: (figures[r][0], r))
-    default, default_spread = figures[DEFAULT_RUNTIME]
-    chosen = DEFAULT_RUNTIME
-    for runtime, (latency, spread) in sorted(figures.items()):
-        margin = max(spread, default_spread, RUNTIME_MARGIN * default)
-        if latency < default - margin and latency < figures[chosen][0]:
-            chosen = runtime
-    return chosen
+    """The runtime a point's figure is taken from, given each runtime's (ms, spread): the first of
+    RUNTIMES (inductor, then the process kinds before the thread kind) unless another is faster
+    beyond the noise (by more than either figure's spread and by RUNTIME_MARGIN at least); then
+    the first of those, and so on until none beats the chosen one. Two runtimes, or two kinds of
+    one, within each other's noise never swap on a coin toss (issue 63)."""
+    chosen = min(figures, key=_preference)
+    while True:
+        latency, spread = figures[chosen]
+        beating = [r for r, (ms, noise) in figures.items()
+                   if ms < latency - max(spread, noise, RUNTIME_MARGIN * latency)]
+        if not beating:
+            return chosen
+        chosen = min(beating, key=_preference)
+
+
+def _preference(runtime: str) -> tuple[int, str]:
+    return (RUNTIMES.index(runtime) if runtime in RUNTIMES else len(RUNTIMES), runtime)
 
 
 def _parse_number(text: str, kind: type, what: str) -> float:
