@@ -153,3 +153,16 @@ def test_bad_files(tmp_path, capfd):
         resolve(str(garbage))
     assert "\n" not in str(raised.value) and raised.value.__cause__ is None and raised.value.__suppress_context__
     assert "Traceback" not in capfd.readouterr().err  # torch's logged traceback is dropped
+
+
+def test_programs_load_from_several_threads_at_once(tmp_path):
+    """torch.export.load is not thread-safe: the profiler's early builds load the program beside its
+    points (issue 63: one of them failed, "_CURRENT_DESERIALIZER is already set")."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from packrat.models.exported import _load
+
+    path = _save(torch.nn.Linear(4, 2), (torch.randn(2, 4),), ({0: BATCH},), tmp_path / "linear.pt2")
+    with ThreadPoolExecutor(4) as pool:
+        programs = list(pool.map(lambda _: _load(str(path)), range(8)))
+    assert len(programs) == 8

@@ -24,6 +24,7 @@ import functools
 import keyword
 import logging
 import os
+import threading
 import warnings
 import zipfile
 from typing import TYPE_CHECKING
@@ -166,13 +167,19 @@ class _DeserializeErrors(logging.Filter):
         return False
 
 
+# torch.export.load sets a process-wide deserializer: two threads loading at once (the profiler's
+# early builds beside its points) failed with "_CURRENT_DESERIALIZER is already set"
+_LOADING = threading.Lock()
+
+
 def _load(path: str) -> torch.export.ExportedProgram:
     if not os.path.isfile(path):
         raise ValueError(f"model file not found: {path}")
     logger, errors = logging.getLogger("torch.export"), _DeserializeErrors()
     logger.addFilter(errors)
     try:
-        return torch.export.load(path)
+        with _LOADING:
+            return torch.export.load(path)
     except Exception as exc:  # torch raises anything from zipfile, the archive reader or the deserializer
         raise ValueError(f"cannot load torch.export program {path}: {_why(path, exc, errors.error)}") from None
     finally:

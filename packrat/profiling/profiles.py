@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packrat.errors import ProfileError
-from packrat.models.runtimes import RUNTIMES
+from packrat.models.runtimes import RUNTIMES, base_runtime, instance_kind
 from packrat.settings import RUNTIME_MARGIN
 
 REQUIRED = ("threads", "batch", "latency_ms")
@@ -270,11 +270,11 @@ def gains(profile: Profile, instances, runtime: str = "ios") -> list[dict]:
 
 
 def choose_runtime(figures: dict[str, tuple[float, float]]) -> str:
-    """The runtime a point's figure is taken from, given each runtime's (ms, spread): the first of
-    RUNTIMES (inductor, then the process kinds before the thread kind) unless another is faster
-    beyond the noise (by more than either figure's spread and by RUNTIME_MARGIN at least); then
-    the first of those, and so on until none beats the chosen one. Two runtimes, or two kinds of
-    one, within each other's noise never swap on a coin toss (issue 63)."""
+    """The runtime a point's figure is taken from, given each runtime's (ms, spread): the first
+    (_preference) unless another is faster beyond the noise (by more than either figure's spread
+    and by RUNTIME_MARGIN at least); then the first of those, and so on until none beats the
+    chosen one. Two runtimes, or two kinds of one, within each other's noise never swap on a coin
+    toss (issue 63)."""
     chosen = min(figures, key=_preference)
     while True:
         latency, spread = figures[chosen]
@@ -285,8 +285,12 @@ def choose_runtime(figures: dict[str, tuple[float, float]]) -> str:
         chosen = min(beating, key=_preference)
 
 
-def _preference(runtime: str) -> tuple[int, str]:
-    return (RUNTIMES.index(runtime) if runtime in RUNTIMES else len(RUNTIMES), runtime)
+def _preference(runtime: str) -> tuple[int, bool, str]:
+    """Inductor first, then RUNTIMES' order; of one runtime's kinds the thread kind first: a served
+    point times the sub-batch in the instance, and the process kind's hop between processes
+    (0.3-0.7 ms a batch here, docs/benchmarks/peers.md) is not in it."""
+    base = base_runtime(runtime)
+    return (RUNTIMES.index(base) if base in RUNTIMES else len(RUNTIMES), instance_kind(runtime) != "thread", runtime)
 
 
 def _parse_number(text: str, kind: type, what: str) -> float:
