@@ -20,6 +20,7 @@ from PIL import Image, ImageFile
 from packrat.codec import forms
 from packrat.codec.batch import answer_batch
 from packrat.codec.codec import Codec
+from packrat.codec.rows import InputRows
 
 from packrat.codec.config import CodecConfig, Decoded
 
@@ -442,6 +443,23 @@ def test_outputs_that_are_not_finite_from_finite_inputs_are_ours():
     nan = torch.tensor([math.nan] * 4)
     (reply,) = answer_batch(lambda x: x * nan, Codec(VECTOR), [(torch.ones(4).numpy().tobytes(), None)])
     assert reply.status == 500 and "not finite" in reply.reason
+
+
+CLASSES = CodecConfig((4,), "float32", "classification")
+
+
+@pytest.mark.parametrize("rows", [InputRows.allocate(CLASSES, 3), None])
+def test_a_classifiers_answer_stands_where_its_top_scores_are_finite(rows):
+    """A classifier's row is checked by the scores its answer reads (answer_batch: no other pass
+    over the outputs after the run): a NaN or +inf output of one row makes that row's softmax NaN,
+    so it alone is answered 500; an -inf logit (a class masked off) is a probability of 0."""
+    outputs = torch.tensor([[1.0, 2.0, 3.0, 4.0], [1.0, math.nan, 0.0, 0.0], [-math.inf, 0.0, 1.0, 2.0]])
+    bodies = [(torch.ones(4).numpy().tobytes(), "application/octet-stream")] * 3
+    good, nan, masked = answer_batch(lambda x: outputs[:len(x)], Codec(CLASSES), bodies, rows=rows)
+    assert good.status == 200 and nan.status == 500 and "not finite" in nan.reason
+    assert masked.status == 200 and json.loads(masked.body)["predictions"][-1] == {"class": 0, "score": 0.0}
+    (alone,) = answer_batch(lambda x: outputs[2:3], Codec(CLASSES), bodies[:1], rows=rows)
+    assert alone.status == 200 and alone.body == masked.body
 
 
 def test_a_model_that_absorbs_a_non_finite_input_answers_it():

@@ -14,6 +14,7 @@ carrying several samples) the samples are concatenated, as before rows existed.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -122,26 +123,40 @@ def _encode_all(codec: Codec, rows: InputRows | None, decoded: dict, outputs: di
     the batch at once, and a row's own slice of `whole` only where its answer reads it: a call or a
     tensor per request costs more than the work in it (SqueezeNet, B = 8: encoding took 0.08 ms a
     request; an MLP's batch of 8 spent 0.06 ms slicing its outputs; docs/benchmarks/peers.md)."""
-    finite = whole is not None and all_finite(whole)
     tops = codec.answers.tops(whole) if whole is not None else None
+    finite = whole is not None and (_tops_finite(tops) if tops is not None else all_finite(whole))
     for position, (index, (item, _)) in enumerate(decoded.items()):
         output = outputs[index] if whole is None else None
         if isinstance(output, str):
             answers[index] = error(500, output)
             continue
-        if not finite:
-            output = whole[position:position + 1] if output is None else output
-            if not all_finite(output):
-                answers[index] = not_finite(_samples(rows, index, item))
-                continue
-        top = None if tops is None else tops[position]
+        top = tops[position] if tops is not None else _top(codec, output)
         if top is None or item.form not in TOP_FORMS:  # its answer reads its outputs
             output = whole[position:position + 1] if output is None else output
+        if not finite and not (_tops_finite([top]) if top is not None else all_finite(output)):
+            answers[index] = not_finite(_samples(rows, index, item))
+            continue
         try:
             encoded = codec.encoded(output, item, top)
             answers[index] = Reply(200, encoded.body, "", encoded.content_type, encoded.header_length)
         except Exception as exc:  # our failure, this request's alone
             answers[index] = error(500, f"cannot encode the answer: {type(exc).__name__}: {first_line(exc)}")
+
+
+def _top(codec: Codec, output) -> tuple[list[float], list[int]] | None:
+    """A request's own top classes, when it ran alone (run_each) with one sample; else None."""
+    if output is None or len(output) != 1:
+        return None
+    tops = codec.answers.tops(output)
+    return tops[0] if tops else None
+
+
+def _tops_finite(tops: list[tuple[list[float], list[int]]]) -> bool:
+    """Whether a classifier's rows are answerable: their top scores finite. A NaN or +inf among a
+    row's outputs makes its whole softmax NaN, so this is the outputs' check for its answer, from
+    the figures the answer reads, not another pass over the outputs after the run (whose cold
+    caches made that pass 0.12 ms of a SqueezeNet batch of 1; docs/benchmarks/peers.md)."""
+    return math.isfinite(sum(sum(scores) for scores, _ in tops))
 
 
 def not_finite(samples: tuple[torch.Tensor, ...]) -> Reply:
