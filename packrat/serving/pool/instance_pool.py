@@ -184,7 +184,13 @@ class InstancePool:
                 self.bodies.decoded += 1
             if self._held:  # inside together(): its end hands the requests out, with no wake-up between
                 return job.future
-        self._wake()
+            # Handed out here when an instance can take it, as together()'s end does: waking the
+            # dispatch thread for it cost a GIL hand-off each way, 0.6 ms a request behind the
+            # KServe server's event loop (docs/benchmarks/peers.md, issue 63)
+            self.dispatcher.assign(self.supervisor.instances)
+            left = bool(self.dispatcher.queue)
+        if left:  # a gather window to time, or no instance free: the loop's to hand out
+            self._wake()
         return job.future
 
     def refusal(self, waited_s: float = 0.0) -> Answer | None:
