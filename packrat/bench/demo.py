@@ -71,8 +71,8 @@ def verdict(runs: list[ServerRun], careful: str) -> list[str]:
              f"{ratio(planned.throughput_rps, stock.throughput_rps)} its requests per second: "
              + ("lower latency and more throughput from the same cores." if won else
                 f"short of the win it aims for (p50 ≤ {WIN_P50:.2f}×, req/s ≥ {WIN_RPS:.2f}×) this time.")]
-    lines.append(f"Against a careful user's handler (one {careful} session on every core, the fastest runtime the "
-                 f"profile found): packrat's p50 was {ratio(planned.p50_ms, user.p50_ms)} its; "
+    lines.append(f"Against a careful user's handler (one {careful} session on every core, decoding in parallel; "
+                 f"the fastest runtime the profile found): packrat's p50 was {ratio(planned.p50_ms, user.p50_ms)} its; "
                  + ("level or ahead." if level <= LEVEL_P50 else
                     f"behind by more than {LEVEL_P50 - 1:.0%}: on this machine that handler is the better choice."))
     return lines

@@ -26,7 +26,7 @@ def add_demo_parser(sub) -> None:
                                    "under every installed runtime but torch-compile (cached), plan for every profiled batch, write the "
                                    "plots, then serve it in TorchServe three ways side by side: stock TorchServe as a "
                                    "user runs it (its handler, the eager model), a careful user's handler (one "
-                                   "session of the fastest runtime the profile found, on every core) and packrat's "
+                                   "session of the fastest runtime the profile found, on every core, decoding in parallel) and packrat's "
                                    "plan; load them with closed-loop locust users in interleaved rounds and say what "
                                    "packrat gives against each. Last, what splitting the cores gives on 16 cores, "
                                    "planned on the Packrat authors' published table when it is at hand.")

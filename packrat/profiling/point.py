@@ -225,7 +225,8 @@ def measure_threads(args: argparse.Namespace, workers: list) -> dict:
     _round(sessions, lambda s: [run_once(s.module, s.examples) for _ in range(args.warmup)])
     timed = budgeted(lambda: _round(sessions, lambda s: run_once(s.module, s.examples)), *args.budget)
     own = [ms for _, times in timed for ms in times]
-    result = {**summarize([max(times) for _, times in timed]), "copy_ms": statistics.fmean(own), "mode": sessions[0].mode,
+    result = {**summarize([max(times) for _, times in timed]), "copy_ms": statistics.fmean(own),
+              "mode": sessions[0].mode,
               "copies": len(sessions), "copy_cores": [s.pinned for s in sessions], **_threads_seen(sessions)}
     if args.payload:
         result.update(time_served(lambda: _served_round(sessions), min(SERVED_WARMUP, args.warmup), *args.budget))
