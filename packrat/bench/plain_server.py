@@ -115,15 +115,11 @@ def session_inputs(session) -> dict[str, tuple[str, list]]:
 
 def plain_session(model: str):
     """One InferenceSession of packrat's ONNX file of the zoo model, intra-op threads = this process's cores."""
-    import onnxruntime as ort
-
-    from packrat.models.runtimes import ensure_artefact
+    from packrat.models.runtimes import OrtRunner, ensure_artefact
     from packrat.models.zoo import resolve
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = len(os.sched_getaffinity(0))
-    return ort.InferenceSession(str(ensure_artefact(resolve(model), "onnxruntime")), options,
-                                providers=["CPUExecutionProvider"])
+    spec = resolve(model)
+    return OrtRunner(ensure_artefact(spec, "onnxruntime"), spec, 1, len(os.sched_getaffinity(0)), plain=True).session
 
 
 def build_app(model: str, session):
