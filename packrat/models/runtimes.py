@@ -346,8 +346,8 @@ class OrtRunner:
             # Its threads spin between the operators of a run, and stop when the run ends: spinning on
             # after it took a core from the instance's decoders (4 JPEGs of a SqueezeNet batch: decoded
             # in 9.1 ms on 2 decoders, as if on one, against 4.8 in-process; BENCHMARKS.md, issue 41).
-            # Without decoders they spin on, as a plain session's do: waking them from sleep at every
-            # run cost a light model's batch more than its run (docs/benchmarks/peers.md, issue 63).
+            # Without decoders nothing of the instance's needs their cores after a run: they spin on,
+            # as a plain session's do (issue 63; its effect alone was not measured apart).
             options.add_session_config_entry("session.force_spinning_stop", "1")
         if cores is not None and threads > 1:
             options.add_session_config_entry("session.intra_op_thread_affinities", ort_affinities(cores, threads))
