@@ -7,6 +7,7 @@ server, how KServe's parsed requests become engine requests and binary answers K
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import threading
@@ -149,14 +150,15 @@ def test_metrics_count_every_reconfiguration_though_the_controller_keeps_its_las
 
 
 def test_a_refused_request_is_answered_before_its_body_is_read(monkeypatch):
-    """Admission is asked first: a refusal is a 503 with Retry-After, and the body is never read."""
+    """Admission is asked first: a refusal is a 503 with Retry-After, and the body is never made a
+    request (read only to be dropped, by the middleware)."""
     from types import SimpleNamespace
 
     from fastapi import FastAPI
     from starlette.testclient import TestClient
 
     def read(*_):
-        raise AssertionError("the body of a refused request was read")
+        raise AssertionError("the body of a refused request was read for the engine")
 
     model = kserve_server.PackratModel.__new__(kserve_server.PackratModel)
     model.max_body_bytes = 1000
@@ -167,6 +169,81 @@ def test_a_refused_request_is_answered_before_its_body_is_read(monkeypatch):
     response = TestClient(app).post("/v2/models/m/infer", content=b"x" * 500)
     assert response.status_code == 503 and response.headers["Retry-After"] == "2"
     assert "3.10 s" in response.json()["error"]
+
+
+def refusing_app(limit: int = 16 << 20, refuse: bool = True):
+    """KServe's routes as the server adds them, for a model that refuses every request 503 (or
+    admits it, with `refuse` False, and is never reached in these tests)."""
+    from types import SimpleNamespace
+
+    from fastapi import FastAPI
+
+    model = kserve_server.PackratModel.__new__(kserve_server.PackratModel)
+    model.max_body_bytes = limit
+    refused = Answer.error(503, "would be answered in 3.10 s", 2) if refuse else None
+    model.serving = SimpleNamespace(refusal=lambda: refused)
+    app = FastAPI()
+    kserve_server.add_routes(app, SimpleNamespace(get_model=lambda name: model if name == "m" else None))
+    return app
+
+
+@contextlib.contextmanager
+def uvicorn_on_loopback(app):
+    """`app` served by uvicorn, as KServe serves its app, on a free loopback port; stopped after."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        yield server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def slow_upload(port: int, path: str, size: int, close: bool) -> tuple[int, bytes]:
+    """POST `size` bytes in 64 KiB pieces a few ms apart, as a client on a slow link sends; then the
+    answer. `close`: the request says Connection: close (as urllib and HTTP/1.0 clients do)."""
+    import http.client
+
+    def pieces():
+        for start in range(0, size, 1 << 16):
+            time.sleep(0.003)
+            yield b"x" * min(1 << 16, size - start)
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Content-Length": str(size), "Content-Type": "application/json"}
+    if close:
+        headers["Connection"] = "close"
+    try:
+        conn.request("POST", path, body=pieces(), headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("close", [True, False], ids=["connection-close", "keep-alive"])
+@pytest.mark.parametrize("path", ["/v2/models/m/infer", "/v2/models/absent/infer", "/no/such/route"])
+def test_a_client_still_sending_reads_the_early_answer(path, close):
+    """A 3 MB body sent slowly to a server that answers before reading it (a refusal by admission,
+    an unknown model, an unknown route): the client reads the answer, not a broken pipe. Without
+    the body read first, a Connection: close request got EPIPE while still sending."""
+    with uvicorn_on_loopback(refusing_app()) as port:
+        status, body = slow_upload(port, path, 3 << 20, close)
+    assert status == {"/v2/models/m/infer": 503, "/v2/models/absent/infer": 404}.get(path, 404), body
+    if status == 503:
+        assert b"3.10 s" in body
+
+
+def test_an_oversized_slow_upload_reads_its_413():
+    """The same for a body over the limit: the 413 reaches a client still sending."""
+    with uvicorn_on_loopback(refusing_app(limit=1 << 20, refuse=False)) as port:
+        status, body = slow_upload(port, "/v2/models/m/infer", 3 << 20, close=True)
+    assert status == 413 and b"over 1048576 bytes" in body, body
 
 
 # ---- a real server ---------------------------------------------------------------------------
@@ -432,3 +509,24 @@ def repository_call(server, method: str, name: str):
     message = getattr(pb, f"{method}Request")(model_name=name)
     with grpc.insecure_channel(server.grpc_address) as channel:
         return getattr(GRPCInferenceServiceStub(channel), method)(message, timeout=240)
+
+
+def test_the_connection_limit_is_the_raised_files_limit_less_a_reserve(monkeypatch):
+    """Past the open-files limit accept() fails and clients wait unanswered: the REST server answers
+    503 below it. The soft limit is raised to the hard one first; where that is refused, it stands."""
+    import resource
+
+    limits = {"now": (1024, 4096)}
+    monkeypatch.setattr(resource, "getrlimit", lambda which: limits["now"])
+    monkeypatch.setattr(resource, "setrlimit", lambda which, value: limits.update(now=value))
+    assert kserve_server.connection_limit() == 4096 - kserve_server.FD_RESERVE
+    assert limits["now"] == (4096, 4096)
+
+    def refuse(which, value):
+        raise ValueError("not allowed")
+
+    limits["now"] = (1024, 4096)
+    monkeypatch.setattr(resource, "setrlimit", refuse)
+    assert kserve_server.connection_limit() == 1024 - kserve_server.FD_RESERVE
+    limits["now"] = (200, 200)
+    assert kserve_server.connection_limit() == kserve_server.FD_RESERVE  # never below the reserve itself

@@ -16,6 +16,10 @@ How a request reaches the engine, by path:
   inputs into a v2 binary body (raw_input_contents as they are) and the binary answer back into an
   InferResponse whose outputs are raw bytes (raw_output_contents).
 Every answer is the request's own: a bad input is its 400, its batch-mates are answered normally.
+An answer sent before its body was read (admission's 503, a 404, a 413) first reads and drops the
+rest of the body (frontends/http.py): a client still sending then reads the answer, not a reset.
+The REST server's own limits: a backlog of BACKLOG connections, and connection_limit() open
+connections before uvicorn answers 503; one process, one event loop (the engines are in it).
 
     python -m packrat.frontends.kserve_server --model-store model_store [--model NAME ...]
         [--host 127.0.0.1] [--http-port 8080] [--grpc-port 8081]
@@ -30,6 +34,7 @@ import argparse
 import asyncio
 import json
 import logging
+import resource
 import shutil
 import tempfile
 import threading
@@ -62,7 +67,7 @@ from starlette.responses import JSONResponse, Response
 from packrat.codec import oip
 from packrat.codec.kserve import model_metadata
 from packrat.errors import error_body
-from packrat.frontends.http import answer_response, engine_request, limited_body
+from packrat.frontends.http import ReadBodyBeforeAnswering, answer_response, engine_request, limited_body
 from packrat.frontends.kserve_metrics import PackratCollector
 from packrat.frontends.torchserve_control import follow_reconfigure_requests
 from packrat.serving.engine import Engine
@@ -73,6 +78,8 @@ log = logging.getLogger(__name__)
 MODEL_CONFIG = "model-config.yaml"  # an archive's TorchServe config: batching, and packrat's settings
 GRPC_HEADROOM = 1 << 20  # a gRPC message may exceed the body limit by its header; the engine still refuses the rest
 # gRPC status of each HTTP status an Answer carries (400 and the others: invalid argument)
+BACKLOG = 2048  # connections the kernel holds before they are accepted (uvicorn's default; capped by somaxconn)
+FD_RESERVE = 256  # open files kept back from connections: instances' sockets, shared memory, archives, logs
 GRPC_ERRORS = {404: grpc_errors.NotFound, 413: grpc_errors.ResourceExhausted, 500: grpc_errors.Internal,
                503: grpc_errors.Unavailable, 504: grpc_errors.DeadlineExceeded}
 
@@ -295,7 +302,8 @@ def archive_settings(model_dir: Path) -> Settings:
 # ---- REST routes ahead of KServe's: the raw body to the engine -----------------------------------
 
 def add_routes(app: FastAPI, repository: PackratRepository) -> None:
-    """Inference on the raw body (v2, v1, TorchServe's path), and /status, on KServe's app before its own routes."""
+    """Inference on the raw body (v2, v1, TorchServe's path), and /status, on KServe's app before its
+    own routes; on every route, an answer sent before its body was read waits for the body first."""
 
     async def infer(request: HttpRequest, model_name: str, model_version: str | None = None) -> Response:
         model = repository.get_model(model_name)
@@ -322,6 +330,7 @@ def add_routes(app: FastAPI, repository: PackratRepository) -> None:
                  "/v1/models/{model_name}:predict", "/predictions/{model_name}"):
         app.add_api_route(path, infer, methods=["POST"], include_in_schema=False)
     app.add_api_route("/status", status, methods=["GET"], include_in_schema=False)
+    app.add_middleware(ReadBodyBeforeAnswering)
 
 
 def _error(status: int, reason: str) -> Response:
@@ -354,6 +363,8 @@ class PackratModelServer(kserve.ModelServer):
                                        self.http_port, grace_period=self.grace_period, event_loop=self.event_loop,
                                        timeout_keep_alive=self.timeout_keep_alive)
         self._rest_server.config.host = self.host
+        self._rest_server.config.backlog = BACKLOG
+        self._rest_server.config.limit_concurrency = connection_limit()
         self.servers.append(self._rest_server.start())
         if self.enable_grpc:
             self._grpc_server = GrpcServer(self)
@@ -402,6 +413,22 @@ class GrpcServer:
     async def stop(self, sig: int | None = None) -> None:
         if self._grpc is not None:
             await self._grpc.stop(grace=self.server.grace_period)
+
+
+def connection_limit() -> int:
+    """Open connections (and requests under way) past which the REST server answers 503 (uvicorn's
+    limit_concurrency): the open-files limit, raised to its hard limit, less FD_RESERVE. Past the
+    files limit accept() would fail, and clients would wait in the backlog until they time out."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):  # a container may refuse it: the soft limit stands
+            pass
+    soft = 1 << 20 if soft == resource.RLIM_INFINITY else soft
+    return max(FD_RESERVE, soft - FD_RESERVE)
 
 
 def quiet_logs(access_log: bool) -> None:
