@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
-from packrat.codec.oip import HEADER
+from packrat.codec.oip import HEADER, timeout_s
 from packrat.serving.pool.api import Answer, Request
 from packrat.settings import Settings
 
@@ -53,18 +53,21 @@ def request_body(row: dict):
     return row.get("body") if body is None else body
 
 
-def to_request(row: dict, context, index: int, waited_s: float = 0.0) -> Request:
+def to_request(row: dict, context, index: int, received_at: float | None = None) -> Request:
     """One row as bytes: raw bodies as they are (TorchServe's bytearray, not copied: the pool copies
     it once, into shared memory); what TorchServe already decoded (JSON, text, when its
-    decode_input_request is on) encoded back. `waited_s`: how long it may have waited in TorchServe's queue."""
+    decode_input_request is on) encoded back. `received_at`: the earliest it may have reached
+    TorchServe (time.monotonic(); its deadline counts from there); a raw body's Triton `timeout`
+    parameter is the client's deadline (oip.timeout_s)."""
     body, kind = request_body(row), content_type(context, index)
     if isinstance(body, (bytes, bytearray)):  # only raw bytes can hold a KServe v2 binary body
-        return Request(body, kind, header(context, index, HEADER), waited_s)
+        length = header(context, index, HEADER)
+        return Request(body, kind, length, received_at, timeout_s(body, length))
     if isinstance(body, str):
-        return Request(body.encode("utf-8"), kind or "text/plain", waited_s=waited_s)
+        return Request(body.encode("utf-8"), kind or "text/plain", received_at=received_at)
     if body is None:
-        return Request(b"", kind, waited_s=waited_s)
-    return Request(json.dumps(body).encode("utf-8"), "application/json", waited_s=waited_s)
+        return Request(b"", kind, received_at=received_at)
+    return Request(json.dumps(body).encode("utf-8"), "application/json", received_at=received_at)
 
 
 def respond(answers: list[Answer], context) -> list[bytes]:

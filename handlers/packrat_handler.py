@@ -24,13 +24,16 @@ The management API's `GET /models/NAME?customized=true` returns the controller's
 pool health, reconfigurations).
 
 Recovery (the archive's `request_timeout_s`, `max_queue`, `batch_timeout_s`, `hang_factor`,
-`hang_floor_s`) is the pool's: see packrat/serving/pool/supervisor.py. Under `packrat serve` the handler also
+`hang_floor_s`) is the pool's: see packrat/serving/pool/supervisor.py. Where a stuck thread instance
+leaves the engine no cores, this worker process exits (restart_worker): TorchServe starts another,
+whose engine plans on every core again. Under `packrat serve` the handler also
 follows `packrat reconfigure` (a control file it polls).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from concurrent.futures import Future
@@ -63,6 +66,8 @@ from packrat.serving.pool.child import exit_with_parent
 from packrat.settings import CONTROL_DIR_ENV, TS_KEY_FILE_ENV, TS_MANAGEMENT_ENV
 
 METRICS_PERIOD_S = 1.0
+RESTART_EXIT = 75  # EX_TEMPFAIL: the worker exits to be started again (restart_worker)
+RESTART_GRACE_S = 1.0  # the batch in hand gets its 503s out before the worker exits
 TORCHSERVE_QUEUE = 100  # TorchServe's job_queue_size, for an archive that does not set jobQueueSize
 
 
@@ -73,7 +78,8 @@ class PackratHandler(BaseHandler):
         control_dir = CONTROL_DIR_ENV.get()  # set by `packrat serve`
         self.max_batch = settings.max_batch  # the batch the plan is for: TorchServe's batch size
         self.engine = Engine(settings, properties["model_dir"], context.model_name, max_batch=self.max_batch,
-                             asynchronous=False)
+                             asynchronous=False, restart=lambda reason: restart_worker(getattr(self, "engine", None),
+                                                                                       reason))
         self.pool, self.controller = self.engine.pool, self.engine.controller
         exit_with_parent(self.engine.close)  # the pool goes when Java does, whatever keeps this worker
         if control_dir:
@@ -95,24 +101,25 @@ class PackratHandler(BaseHandler):
         the batch."""
         if _describing(context):
             return [self.engine.status()]
-        waited_s = self.upstream.arrived(time.monotonic(), len(data))
+        now = time.monotonic()
+        received_at = now - self.upstream.arrived(now, len(data))  # the earliest it may have reached TorchServe
         self.engine.arrive(len(data))
         try:
             with self.pool.together():  # the batch reaches the instances whole, not its first request alone
-                futures = [self._submit(row, context, index, waited_s) for index, row in enumerate(data)]
+                futures = [self._submit(row, context, index, received_at) for index, row in enumerate(data)]
             answers = [future.result() for future in futures]
         finally:
             self.upstream.answered(time.monotonic())
         return self._respond(answers, context)
 
-    def _submit(self, row, context, index: int, waited_s: float) -> Future:
-        refused = self.engine.refusal(waited_s)  # before its body is re-encoded or copied anywhere
+    def _submit(self, row, context, index: int, received_at: float) -> Future:
+        refused = self.engine.refusal(received_at)  # before its body is re-encoded or copied anywhere
         if refused is not None:
             future = Future()
             future.set_result(refused)
             return future
         try:
-            request = common.to_request(row, context, index, waited_s)
+            request = common.to_request(row, context, index, received_at)
         except Exception as exc:  # a body TorchServe decoded into something we cannot re-encode: its own failure
             future = Future()
             future.set_result(Answer.error(400, f"undecodable request: {type(exc).__name__}: {exc}"))
@@ -142,9 +149,12 @@ class PackratHandler(BaseHandler):
         if health.predicted_wait_ms is not None:
             context.metrics.add_metric("PackratPredictedWait", health.predicted_wait_ms, "ms",
                                        metric_type=MetricTypes.GAUGE)
-        for name, value in (("PackratAdmittedRequests", health.admitted), ("PackratRefusedLate", health.refused_late),
+        for name, value in (("PackratAdmittedRequests", health.admitted),
                             ("PackratWatchdogKills", health.watchdog_kills), ("PackratExpiredRequests", health.expired),
                             ("PackratRequeuedRequests", health.requeued), ("PackratRespawns", self.pool.respawns)):
+            context.metrics.add_metric(name, value, "count", metric_type=MetricTypes.GAUGE)
+        for cause, value in health.refusals.items():  # PackratRefusedLate, PackratRefusedQueueFull, ...
+            name = "PackratRefused" + "".join(word.title() for word in cause.split("_"))
             context.metrics.add_metric(name, value, "count", metric_type=MetricTypes.GAUGE)
         records = self.controller.reconfigurations
         if len(records) == self._reported:
@@ -159,6 +169,19 @@ class PackratHandler(BaseHandler):
         context.metrics.add_metric("PackratPlanBatch", plan.batch, "count", metric_type=MetricTypes.GAUGE)
         context.metrics.add_metric("PackratPlanInstances", len(plan.instances), "count", metric_type=MetricTypes.GAUGE)
         self._reported = len(records)
+
+
+def restart_worker(engine, reason: str, grace_s: float = RESTART_GRACE_S, exit=os._exit) -> None:
+    """The engine has no cores left (stuck thread instances hold them, and only the end of this
+    process ends them): after `grace_s`, its pool closed, this worker exits; TorchServe starts
+    another in its place, as it does for any worker that dies."""
+    common.log.error("packrat worker exits (code %d) for TorchServe to start another: %s", RESTART_EXIT, reason)
+    time.sleep(grace_s)
+    try:
+        if engine is not None:
+            engine.close()
+    finally:
+        exit(RESTART_EXIT)
 
 
 def _describing(context) -> bool:

@@ -41,5 +41,8 @@ REQUEST_LOG = Variable("PACKRAT_REQUEST_LOG", str, "", "a file to append one lin
 RATE = Variable("PACKRAT_RATE", float, "0", "open loop: the requests per second the users send together, each "
                                             "paced at RATE / users from a random start (with steady only); 0: "
                                             "closed loop, each user's next request as soon as its answer arrives")
+RETRY_AFTER = Variable("PACKRAT_RETRY_AFTER", float, "0", "closed loop: after a 503 with a Retry-After header, "
+                                                          "a user waits that many seconds, at most this many, "
+                                                          "before its next request; 0: it sends again at once")
 VARIABLES = (MODEL, BODY_FILE, CONTENT_TYPE, REQUEST_PATH, HEADER_LENGTH, TOKEN, SHAPE, STEP_USERS, STEP_SECONDS,
-             TIMEOUT_S, REQUEST_LOG, RATE)
+             TIMEOUT_S, REQUEST_LOG, RATE, RETRY_AFTER)

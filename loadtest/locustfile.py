@@ -13,8 +13,14 @@ are spread evenly; a user whose answer takes longer than its period sends the ne
 Enough users keep the pace while answers take up to the server's deadline (packrat bench
 overload runs RATE × (deadline + 1 s)).
 
+Closed loop with env.RETRY_AFTER set, a user answered 503 with a Retry-After header waits that long
+(at most RETRY_AFTER seconds) before its next request, as a client that honours it would; open-loop
+users keep their pace whatever the answers say.
+
 Any answer but 200 counts as a failure. Latencies go into a 3-significant-digit histogram;
-the per-second history (--csv-full-history) gets percentiles over about the last second.
+the per-second history (--csv-full-history) gets percentiles over about the last second. The
+request log (env.REQUEST_LOG) classes each client error (no whole HTTP answer) by what
+geventhttpclient raised: reset, refused, timeout or other (requestlog.error_class).
 """
 from __future__ import annotations
 
@@ -23,11 +29,13 @@ import time
 
 import gevent
 import locust.stats
-from locust import FastHttpUser, constant, task
+from locust import FastHttpUser, task
+from locust.contrib.fasthttp import LocustBadStatusCode
+from locust.exception import CatchResponseError
 
 from packrat.loadtest import env
 from packrat.loadtest.histogram import bucket_ms
-from packrat.loadtest.requestlog import RequestRecord, format_record
+from packrat.loadtest.requestlog import RequestRecord, error_class, format_record
 
 MODEL = env.MODEL.read()
 TOKEN = env.TOKEN.read()
@@ -35,6 +43,7 @@ SHAPE = env.SHAPE.read()
 # A dead or wedged server must fail requests, not hang the run.
 TIMEOUT_S = env.TIMEOUT_S.read()
 RATE = env.RATE.read()  # requests per second of all users together; 0: closed loop
+RETRY_AFTER = env.RETRY_AFTER.read()  # closed loop: the longest wait a 503's Retry-After earns; 0: none
 
 # Locust's documented hook for custom bucketing; its default is too coarse (see bucket_ms).
 locust.stats.bucket_response_time = bucket_ms
@@ -49,6 +58,8 @@ elif SHAPE != "steady":
     raise ValueError(f"{env.SHAPE.name} must be steady or step, got {SHAPE!r}")
 if RATE < 0 or (RATE and SHAPE != "steady"):
     raise ValueError(f"{env.RATE.name} must be >= 0, and is for the steady shape only; got {RATE} with {SHAPE}")
+if RETRY_AFTER < 0:
+    raise ValueError(f"{env.RETRY_AFTER.name} must be >= 0, got {RETRY_AFTER}")
 
 # Read once: per-request work would load the client, not the server.
 if not env.BODY_FILE.read():
@@ -62,6 +73,18 @@ if TOKEN:
 if env.HEADER_LENGTH.read():  # the KServe v2 binary extension: where the body's JSON header ends
     HEADERS["Inference-Header-Content-Length"] = env.HEADER_LENGTH.read()
 PATH = env.REQUEST_PATH.read() or f"/predictions/{MODEL}"
+
+
+def client_error(response, exception) -> str:
+    """The class of the request's client error ("" when a whole HTTP answer came): for no answer,
+    what the transport raised (geventhttpclient's, kept on the response); for an answer whose body
+    was cut, the read's error. An answer's own status is no client error."""
+    if exception is None:
+        return ""
+    if getattr(response, "status_code", 0):
+        return "" if isinstance(exception, (CatchResponseError, LocustBadStatusCode)) else error_class(exception)
+    return error_class(getattr(response, "error", None) or exception)
+
 
 REQUEST_LOG = env.REQUEST_LOG.read()
 if REQUEST_LOG:
@@ -78,11 +101,25 @@ if REQUEST_LOG:
                 reason = ""
             reason = reason or str(getattr(response, "error", None) or exception)
         _request_log.write(format_record(RequestRecord(start_time, response_time, status, exception is not None,
-                                                       reason)))
+                                                       reason, client_error(response, exception))))
 
 # Locust arms its --run-time timer on gevent's cached loop clock, which stood still while this
 # file imported locust and read the body: without a refresh, runs end that much too early.
 gevent.get_hub().loop.update_now()
+
+
+def retry_after_s(value) -> float:
+    """A Retry-After header's seconds (a number; a date or nothing: 0), within RETRY_AFTER."""
+    try:
+        return min(max(float(value), 0.0), RETRY_AFTER)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def closed(user: "ModelUser") -> float:
+    """Closed loop's wait: none, or the pause a 503's Retry-After asked for (once)."""
+    pause, user.pause_s = user.pause_s, 0.0
+    return pause
 
 
 def paced(user: "ModelUser") -> float:
@@ -95,7 +132,8 @@ def paced(user: "ModelUser") -> float:
 
 
 class ModelUser(FastHttpUser):
-    wait_time = constant(0) if not RATE else paced  # closed loop: the next request as soon as the answer arrives
+    wait_time = closed if not RATE else paced  # closed loop: the next request as soon as the answer arrives
+    pause_s = 0.0  # closed loop: the wait a 503's Retry-After asked for
     network_timeout = TIMEOUT_S
     connection_timeout = TIMEOUT_S
 
@@ -111,3 +149,5 @@ class ModelUser(FastHttpUser):
         with self.client.post(PATH, data=BODY, headers=HEADERS, catch_response=True) as response:
             if response.status_code != 200:
                 response.failure(f"HTTP {response.status_code}")
+            if response.status_code == 503 and RETRY_AFTER and not RATE:
+                self.pause_s = retry_after_s((response.headers or {}).get("Retry-After"))

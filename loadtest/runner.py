@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .env import (BODY_FILE, CONTENT_TYPE, HEADER_LENGTH, MODEL, RATE, REQUEST_LOG, REQUEST_PATH, SHAPE, STEP_SECONDS,
-                  STEP_USERS, TIMEOUT_S, TOKEN)
+from .env import (BODY_FILE, CONTENT_TYPE, HEADER_LENGTH, MODEL, RATE, REQUEST_LOG, REQUEST_PATH, RETRY_AFTER, SHAPE,
+                  STEP_SECONDS, STEP_USERS, TIMEOUT_S, TOKEN)
 from .histogram import percentile
 from .steps import parse_steps, step_markers
 
@@ -61,7 +61,7 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
                shape: str = "steady", csv_prefix: str = "locust", timeout_s: float | None = None,
                env: Mapping[str, str] | None = None, request_log: Path | None = None,
                rate: float | None = None, stop_timeout_s: float | None = None, path: str | None = None,
-               header_length: int | None = None) -> LoadResult:
+               header_length: int | None = None, retry_after_s: float | None = None) -> LoadResult:
     """Load host's /predictions/{model} (or `path`) with closed-loop users (or open-loop ones: `rate`)
     and return the exact results.
 
@@ -80,6 +80,8 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
           --stop-timeout), so that each is logged with its answer; default: cut off.
     path: where the requests go instead, e.g. /v2/models/{model}/infer; header_length: a KServe v2
           binary body's JSON header length, sent as its Inference-Header-Content-Length.
+    retry_after_s: closed loop: after a 503 with a Retry-After header, a user waits that long, at most
+          this many seconds, before its next request (env.RETRY_AFTER); default: it sends again at once.
     """
     if rate is not None and (rate <= 0 or shape != "steady"):
         raise ValueError(f"an open-loop rate must be > 0 and with the steady shape, got {rate} with {shape}")
@@ -100,6 +102,7 @@ def run_locust(host: str, model: str, users: int, duration_s: float, out_dir: Pa
     child_env[RATE.name] = str(rate) if rate is not None else ""  # nor an inherited rate
     child_env[REQUEST_PATH.name] = path or ""  # nor an inherited path or header length
     child_env[HEADER_LENGTH.name] = "" if header_length is None else str(header_length)
+    child_env[RETRY_AFTER.name] = "" if retry_after_s is None else str(retry_after_s)
     child_env.update(env or {})
     steps = parse_steps(STEP_USERS.read(child_env), STEP_SECONDS.read(child_env)) if shape == "step" else []
     expected_s = steps[-1][0] if steps else _run_time(duration_s)

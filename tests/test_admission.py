@@ -3,6 +3,8 @@
 import pytest
 
 from packrat.serving.pool.admission import (
+    CAUSES,
+    RATIO_BOUNDS,
     Admission,
     Outlook,
     ServedRounds,
@@ -28,7 +30,7 @@ def test_answer_in_rounds(queued, busy_left, expected):
 
 
 def test_admits_what_fits_the_deadline_and_refuses_the_rest():
-    rule = Admission(timeout_s=2.0, max_queue=1000)
+    rule = Admission(timeout_s=2.0, max_queue=1000, jitter=lambda: 0.0)
     assert rule.verdict(19, ROUND) is None  # 5 rounds: 1.75 s
     refusal = rule.verdict(20, ROUND)  # 6 rounds: 2.1 s
     assert refusal.status == 503 and refusal.late and "2.10 s" in refusal.reason
@@ -68,29 +70,88 @@ def test_retry_after_is_whole_seconds_at_least_one():
     assert [retry_after(s) for s in (0.0, 0.2, 1.0, 1.01, 7.5)] == [1, 1, 1, 2, 8]
 
 
+@pytest.mark.parametrize("excess, jitter, expected", [
+    (0.0, 0.0, 1), (0.0, 0.99, 1),  # nothing to drain: a second
+    (0.2, 0.0, 1), (0.2, 0.5, 1), (0.2, 0.9, 2),  # a short drain: spread over a second more
+    (4.0, 0.0, 4), (4.0, 0.3, 5), (4.0, 0.99, 6),  # a long one: over half of it more
+    (10.0, 0.99, 15),
+])
+def test_retry_after_spreads_refused_clients_over_half_the_drain_more(excess, jitter, expected):
+    assert retry_after(excess, jitter) == expected
+
+
+def test_refusals_at_once_get_spread_retry_afters():
+    import random
+
+    rule = Admission(timeout_s=1.0, max_queue=1000, jitter=random.Random(7).random)
+    seen = [rule.verdict(18, Outlook(0.0, 4, 0.5)).retry_after_s for _ in range(200)]  # 2.5 s: 1.5 s past it
+    assert min(seen) == 2 and max(seen) == 3 and 0.3 < seen.count(3) / len(seen) < 0.7
+
+
 def test_served_rounds_follow_the_batches_at_their_pace():
     rounds = ServedRounds(smoothing=0.5)
     assert rounds.round_s([0.1, 0.2]) == pytest.approx(0.2)  # the plan, as predicted
-    rounds.add(0.125, 1, 4, 0.2)  # a batch of 1 of a planned 4 in 125 ms: 4 at its pace in 500 ms
-    assert rounds.ratio == pytest.approx(2.5)
+    rounds.add(0.125, 1, 4, 0.2)  # a batch of 1 of a planned 4 in 125 ms: counted twice, 250 ms, not 500
+    assert rounds.ratio == pytest.approx(1.125) and rounds.deviation == pytest.approx(0.125)
     rounds = ServedRounds(smoothing=0.5)
-    rounds.add(0.5, 4, 4, 0.2)  # first one: taken as it is
-    assert rounds.ratio == pytest.approx(2.5)
+    rounds.add(0.5, 4, 4, 0.2)  # the first one too is mixed in, from the plan's 1.0
+    assert rounds.ratio == pytest.approx(1.75) and rounds.deviation == pytest.approx(0.75)
     rounds.add(0.2, 4, 4, 0.2)
-    assert rounds.ratio == pytest.approx(1.75)
-    assert rounds.deviation == pytest.approx(0.75)  # |1.0 - 2.5| halved
-    rounds.add(0.4, 8, 4, 0.2)  # twice the planned share: its share's time is half
     assert rounds.ratio == pytest.approx(1.375) and rounds.deviation == pytest.approx(0.75)
-    assert rounds.round_s([0.1, 0.2]) == pytest.approx(0.2 * (1.375 + 0.75))  # the mean and a deviation
+    rounds.add(0.4, 8, 4, 0.2)  # twice the planned share: its share's time is half
+    assert rounds.ratio == pytest.approx(1.1875) and rounds.deviation == pytest.approx(0.5625)
+    assert rounds.round_s([0.1, 0.2]) == pytest.approx(0.2 * (1.1875 + 0.5625))  # the mean and a deviation
+
+
+@pytest.mark.parametrize("measured, requests, sample", [
+    (0.1, 4, 1.0),  # the planned batch at the plan's pace
+    (0.1, 2, 2.0),  # half a batch in a whole batch's time: twice its own time
+    (0.05, 1, 1.0),  # a batch of one in half the time: twice, not four times
+    (0.3, 1, 4.0),  # ... and the step bound: at most 4× the ratio it joins
+    (0.3, 12, 1.0),  # three batches' worth in three batches' time
+    (0.3, 8, 1.5),
+    (0.01, 4, 0.1),  # ten times faster
+    (0.001, 4, 0.05),  # a hundred times: the ratio's lower bound
+])
+def test_a_sample_is_the_planned_share_against_the_plan_bounded(measured, requests, sample):
+    rounds = ServedRounds(smoothing=1.0)  # the ratio is the last sample
+    rounds.add(measured, requests, 4, 0.1)
+    assert rounds.ratio == pytest.approx(sample)
+
+
+def test_the_ratio_stays_within_its_bounds():
+    slow, fast = ServedRounds(), ServedRounds()
+    for _ in range(200):
+        slow.add(100.0, 4, 4, 0.1)  # 1000× the plan
+        fast.add(1e-6, 4, 4, 0.1)
+    assert slow.ratio == pytest.approx(RATIO_BOUNDS[1]) and slow.margin_ratio == pytest.approx(RATIO_BOUNDS[1])
+    assert fast.ratio == pytest.approx(RATIO_BOUNDS[0])
 
 
 def test_served_rounds_without_a_plan_latency_use_what_was_served():
     rounds = ServedRounds()
     assert rounds.round_s([None]) is None
-    rounds.add(0.3, 4, 4, None)
+    rounds.add(0.3, 4, 4, None)  # the first planned share served: what such an instance is expected to take
+    assert rounds.reference_s == pytest.approx(0.3) and rounds.ratio == 1.0
     assert rounds.round_s([None]) == pytest.approx(0.3)
-    rounds.add(0.5, 4, 4, None)
-    assert rounds.round_s([None]) == pytest.approx(0.34 + 0.04)  # 0.2 off, weighed 0.2
+    rounds.add(0.5, 4, 4, None)  # 5/3 of it: a ratio, as any instance's
+    assert rounds.ratio == pytest.approx(0.8 + 0.2 * 5 / 3)
+    assert rounds.round_s([None]) == pytest.approx(0.3 * (rounds.ratio + rounds.deviation))
+
+
+def test_a_pool_of_planned_and_unplanned_instances_keeps_one_unit():
+    """One instance plans 200 ms, one has no plan latency: both are ratios of what each is expected
+    to take, so neither's seconds end up in the other's prediction."""
+    rounds = ServedRounds()
+    assert rounds.round_s([0.2, None]) == pytest.approx(0.2)  # the unplanned one not served yet: the plan's
+    rounds.add(0.2, 4, 4, 0.2)
+    rounds.add(0.05, 4, 4, None)  # sets its expected time: 50 ms, a ratio of 1
+    for _ in range(5):
+        rounds.add(0.2, 4, 4, 0.2)
+        rounds.add(0.05, 4, 4, None)
+    assert rounds.ratio == pytest.approx(1.0) and rounds.round_s([0.2, None]) == pytest.approx(0.2)
+    rounds.add(0.4, 4, 4, 0.2)  # the planned one at twice its pace
+    assert rounds.ratio == pytest.approx(1.2) and rounds.round_s([0.2, None]) == pytest.approx(0.2 * 1.4)
 
 
 def test_upstream_wait_is_bounded_by_the_batch_after_which_the_queue_was_taken():
@@ -122,7 +183,7 @@ def test_a_look_at_the_queue_tightens_a_long_queues_bound():
 
 def test_the_dispatcher_counts_what_it_admits_and_refuses():
     clock = [0.0]
-    dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=100, clock=lambda: clock[0])
+    dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=100, clock=lambda: clock[0], jitter=lambda: 0.0)
     outlook = Outlook(0.0, 2, 0.3)
     answers = [dispatcher.enqueue(Request(b"x"), outlook) for _ in range(8)]
     refused = [job.future.result() for job in answers if job.future.done()]
@@ -130,14 +191,14 @@ def test_the_dispatcher_counts_what_it_admits_and_refuses():
     assert {a.status for a in refused} == {503} and all(a.retry_after_s == 1 for a in refused)
     counts = dispatcher.counts
     assert (counts.admitted, counts.refused, counts.refused_late) == (6, 2, 2)
-    late = dispatcher.enqueue(Request(b"x", waited_s=1.2), outlook)
+    late = dispatcher.enqueue(Request(b"x", received_at=-1.2), outlook)
     assert late.future.result().status == 504 and counts.expired == 1
 
 
 def test_a_queued_request_that_waited_upstream_expires_sooner():
     clock = [0.0]
     dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=100, clock=lambda: clock[0], admission="queue")
-    job = dispatcher.enqueue(Request(b"x", waited_s=0.6))
+    job = dispatcher.enqueue(Request(b"x", received_at=-0.6))
     clock[0] = 0.5
     dispatcher.expire([])
     assert job.future.result().status == 504
@@ -148,9 +209,9 @@ def test_rounds_keep_their_pace_while_new_instances_settle():
     rounds.add(0.4, 4, 4, 0.2, now=1.0)
     rounds.settle(until=5.0)
     rounds.add(4.0, 4, 4, 0.2, now=3.0)  # a first batch of a new instance: ten times slower, left out
-    assert rounds.ratio == pytest.approx(2.0) and rounds.deviation == 0.0
+    assert rounds.ratio == pytest.approx(1.2) and rounds.deviation == pytest.approx(0.2)
     rounds.add(0.6, 4, 4, 0.2, now=6.0)
-    assert rounds.ratio == pytest.approx(2.2)
+    assert rounds.ratio == pytest.approx(1.56)
 
 
 def test_a_look_while_the_worker_holds_a_batch_needs_no_margin_for_one_on_its_way():
@@ -180,3 +241,127 @@ def test_a_batch_long_after_the_last_answer_found_the_queue_empty():
     assert wait.arrived(12.0, 4) == pytest.approx(0.15)
     wait.answered(12.5)
     assert wait.arrived(12.6, 4) == pytest.approx(12.6)  # within the delay: perhaps queued all along
+
+
+PLAN_S, PLAN_B = 0.1, 4  # one instance planning 4 requests in 100 ms
+
+
+def burst(rounds: ServedRounds, rule: Admission, now: float, arriving: int = 8) -> tuple[int, float]:
+    """`arriving` requests reach the idle pool at `now` one after another; those admitted are served
+    at the plan's pace in sub-batches of up to its batch (half of a batch's time is fixed cost).
+    How many were admitted, and when the last was answered."""
+    admitted = 0
+    for _ in range(arriving):
+        outlook = rounds.outlook(now, [(PLAN_S, PLAN_B, None)], idle=admitted == 0)
+        admitted += rule.verdict(admitted, outlook) is None
+    left = admitted
+    while left:
+        size = min(PLAN_B, left)
+        took = PLAN_S * (0.5 + 0.5 * size / PLAN_B)
+        now += took
+        rounds.add(took, size, PLAN_B, PLAN_S, now)
+        left -= size
+    return admitted, now
+
+
+def test_a_ratio_poisoned_by_one_slow_sub_batch_admits_again_within_a_few_rounds():
+    """One sub-batch 20× slower than the plan (a stall, a neighbour's burst) must not shut the pool:
+    it moves the ratio a bounded step, the pool keeps admitting, and what it serves brings the ratio
+    back, so within a few rounds it admits what it did before."""
+    rule, rounds, now = Admission(timeout_s=0.3, max_queue=100), ServedRounds(), 0.0
+    for _ in range(20):
+        admitted, now = burst(rounds, rule, now)
+    assert admitted == 8  # two rounds of 100 ms fit 300 ms
+    now += 2.0
+    rounds.add(2.0, PLAN_B, PLAN_B, PLAN_S, now)  # the poison
+    seen = []
+    for _ in range(6):
+        admitted, now = burst(rounds, rule, now + 1.0)
+        seen.append(admitted)
+    assert seen[0] >= 1 and 8 in seen, seen
+    assert rounds.ratio < 1.5
+
+
+def test_an_idle_pool_whose_ratio_predicts_a_miss_admits_a_probe_and_recovers():
+    """A ratio 20× the plan (the machine was slow for a while) predicts a miss even for one request
+    at an idle pool: refusing it would serve no batch and leave the ratio as it is for ever. A
+    request reaching an idle pool is admitted whatever the prediction (a probe); what it is served
+    in brings the ratio down, until whole batches are admitted again."""
+    rule, rounds, now = Admission(timeout_s=0.5, max_queue=100), ServedRounds(), 0.0
+    for _ in range(100):
+        now += 2.0
+        rounds.add(2.0, PLAN_B, PLAN_B, PLAN_S, now)
+    assert rounds.margin_ratio == pytest.approx(20.0)
+    idle = rounds.outlook(now, [(PLAN_S, PLAN_B, None)], idle=True)
+    assert answer_in_s(0, 0.0, idle.batch, idle.round_s) > 0.5  # the prediction misses...
+    assert rule.verdict(0, idle) is None  # ...and the probe is admitted all the same
+    assert rule.verdict(0, rounds.outlook(now, [(PLAN_S, PLAN_B, now)], idle=False)).late  # not beside a batch
+    seen = []
+    for _ in range(20):  # a request 50 ms after each answer, as a loaded server's clients bring them
+        admitted, now = burst(rounds, rule, now + 0.05)
+        seen.append(admitted)
+    assert seen[0] == 1 and max(seen) >= PLAN_B, seen
+
+
+def test_an_idle_pools_ratio_decays_towards_the_plan():
+    rounds, now = ServedRounds(), 0.0
+    for _ in range(100):
+        now += 2.0
+        rounds.add(2.0, PLAN_B, PLAN_B, PLAN_S, now)
+    busy = rounds.outlook(now + 30.0, [(PLAN_S, PLAN_B, now)], idle=False)
+    assert rounds.ratio == pytest.approx(20.0) and busy.round_s == pytest.approx(2.0)  # running: no decay
+    rounds.outlook(now + 40.0, [(PLAN_S, PLAN_B, None)], idle=True)  # idle 10 s since: one half-life
+    assert rounds.ratio == pytest.approx(1 + 19 / 2)
+    idle = rounds.outlook(now + 100.0, [(PLAN_S, PLAN_B, None)], idle=True)  # a minute later
+    assert idle.round_s == pytest.approx(PLAN_S * (1 + 19 / 2 ** 7), rel=1e-3)
+
+
+def test_a_requests_time_counts_from_its_receipt():
+    """A request received 0.8 s before it reaches the pool (its body read, parsed, waiting for the
+    GIL) has 0.2 s of a 1 s deadline left: a 0.3 s round no longer fits, and queued, it expires
+    1 s after its receipt, not after it was queued."""
+    clock = [10.0]
+    dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=100, clock=lambda: clock[0], jitter=lambda: 0.0)
+    outlook = Outlook(0.0, 2, 0.3)
+    assert dispatcher.refusal(outlook, received_at=9.2).status == 503  # the early check, before the body
+    assert dispatcher.refusal(outlook, received_at=10.0) is None
+    late = dispatcher.enqueue(Request(b"x", received_at=9.2), outlook)
+    assert "past its 0.20 s left" in late.future.result().reason
+    fits = dispatcher.enqueue(Request(b"x", received_at=9.6), Outlook(0.0, 2, 0.1))
+    assert fits.deadline == pytest.approx(10.6)
+    clock[0] = 10.6
+    dispatcher.expire([])
+    assert fits.future.result().status == 504
+
+
+def test_the_clients_deadline_wins_where_it_is_tighter():
+    clock = [0.0]
+    dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=100, clock=lambda: clock[0], jitter=lambda: 0.0)
+    outlook = Outlook(0.0, 2, 0.3)
+    tight = dispatcher.enqueue(Request(b"x", received_at=0.0, timeout_s=0.2), outlook)
+    assert tight.future.result().status == 503  # 0.3 s does not fit its 0.2 s
+    loose = dispatcher.enqueue(Request(b"x", received_at=0.0, timeout_s=5.0), outlook)
+    assert loose.deadline == 1.0  # the server's, tighter
+    clients = dispatcher.enqueue(Request(b"x", received_at=0.0, timeout_s=0.5), outlook)
+    assert clients.deadline == 0.5
+    clock[0] = 0.5
+    dispatcher.expire([])
+    assert clients.future.result().status == 504 and "0.5 s" in clients.future.result().reason
+    assert not loose.future.done()
+    assert Admission(1.0, 100).verdict(0, Outlook(0.0, 2, 0.3), 0.0, client_timeout_s=0.1).late
+
+
+def test_refusals_are_counted_by_cause():
+    clock = [0.0]
+    dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=4, clock=lambda: clock[0], jitter=lambda: 0.0)
+    for _ in range(5):
+        dispatcher.enqueue(Request(b"x"), Outlook(0.0, 1, 0.3))  # 3 fit; the fourth and fifth are late
+    for _ in range(2):
+        dispatcher.enqueue(Request(b"x"), Outlook(0.0, 4, 0.1))  # one fits; then the queue is full
+    dispatcher.enqueue(Request(b"x", received_at=-2.0), Outlook(0.0, 4, 0.1))  # its deadline passed upstream
+    dispatcher.unavailable("no instance is ready")
+    dispatcher.refuse_queued("the model is being unloaded")  # the 4 admitted
+    counts = dispatcher.counts
+    assert dict(counts.refusals) == {"late": 2, "queue_full": 1, "expired_before": 1, "unavailable": 5}
+    assert set(counts.refusals) <= set(CAUSES)
+    assert (counts.admitted, counts.refused, counts.refused_late, counts.expired) == (4, 8, 2, 1)

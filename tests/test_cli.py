@@ -624,12 +624,12 @@ def test_status_names_each_instance_s_kind(monkeypatch, capsys, tmp_path):
     kinds = [{"index": 0, "kind": "thread", "runtime": "onnxruntime-thread", "cores": [0, 1]},
              {"index": 1, "kind": "process", "runtime": "onnxruntime", "cores": [2]}]
     health = {"instances": 2, "ready": 2, "respawning": 0, "respawn_failures": 0, "unavailable": None, "queued": 0,
-              "answered": 4, "refused": 0, "kinds": kinds, "abandoned": 1}
+              "answered": 4, "refused": 0, "kinds": kinds, "abandoned": 1, "fenced": [3]}
     plan = {"batch": 4, "threads": 3, "instances": [{"threads": 2, "batch": 2, "cores": [0, 1]},
                                                     {"threads": 1, "batch": 2, "cores": [2]}]}
     out = status_output(monkeypatch, capsys, tmp_path, plan, health)
     assert "instance kinds: #0 thread on cores 0-1, onnxruntime-thread, #1 process on cores 2, onnxruntime" in out
-    assert "1 stuck thread instance(s) replaced by processes" in out
+    assert "1 stuck thread instance(s) abandoned (cores [3] fenced off)" in out
 
 
 def test_status_says_where_the_pools_time_goes(monkeypatch, capsys, tmp_path):

@@ -132,7 +132,8 @@ def test_metrics_count_every_reconfiguration_though_the_controller_keeps_its_las
                                  reconfigurations=[record(), record("failed")])
     rows = [{"threads": 2, "batch": 4, "runtime": "inductor", "predicted_ms": 11.0, "served_ms": 13.0}]
     engine = SimpleNamespace(controller=controller, pool=SimpleNamespace(
-        served_figures=dict, health=lambda: Health(1, 1, 0, 0, None, 0, 7, 0), respawns=2),
+        served_figures=dict, health=lambda: Health(1, 1, 0, 0, None, 0, 7, 4, refusals={"late": 3, "queue_full": 1}),
+        respawns=2),
         corrector=SimpleNamespace(status=lambda plan, served: {"instances": rows, "corrections": [{}]}))
     registry = CollectorRegistry()
     registry.register(PackratCollector(lambda: {"m": SimpleNamespace(serving=engine), "other": object()}))
@@ -145,7 +146,10 @@ def test_metrics_count_every_reconfiguration_though_the_controller_keeps_its_las
     for line in ('packrat_plan_batch{model="m"} 4.0', 'packrat_plan_expected_latency_ms{model="m"} 12.5',
                  'packrat_instance_served_latency_ms{batch="4",model="m",runtime="inductor",threads="2"} 13.0',
                  'packrat_answered_requests_total{model="m"} 7.0', 'packrat_respawns_total{model="m"} 2.0',
-                 'packrat_corrections{model="m"} 1.0', 'packrat_instances_ready{model="m"} 1.0'):
+                 'packrat_corrections{model="m"} 1.0', 'packrat_instances_ready{model="m"} 1.0',
+                 'packrat_refusals_total{cause="late",model="m"} 3.0',
+                 'packrat_refusals_total{cause="queue_full",model="m"} 1.0',
+                 'packrat_refusals_total{cause="unavailable",model="m"} 0.0'):
         assert line in text, line
 
 
@@ -162,13 +166,100 @@ def test_a_refused_request_is_answered_before_its_body_is_read(monkeypatch):
 
     model = kserve_server.PackratModel.__new__(kserve_server.PackratModel)
     model.max_body_bytes = 1000
-    model.serving = SimpleNamespace(refusal=lambda: Answer.error(503, "would be answered in 3.10 s", 2))
+    model.serving = SimpleNamespace(refusal=lambda received_at: Answer.error(503, "would be answered in 3.10 s", 2))
     monkeypatch.setattr(kserve_server, "limited_body", read)
     app = FastAPI()
     kserve_server.add_routes(app, SimpleNamespace(get_model=lambda name: model))
     response = TestClient(app).post("/v2/models/m/infer", content=b"x" * 500)
     assert response.status_code == 503 and response.headers["Retry-After"] == "2"
     assert "3.10 s" in response.json()["error"]
+
+
+def recording_model(answer: Answer = Answer.error(503, "refused")):
+    """A PackratModel whose engine keeps the requests it is given (and answers each `answer`)."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    model = kserve_server.PackratModel.__new__(kserve_server.PackratModel)
+    model.name, model.max_body_bytes, model.requests = "m", 1 << 20, []
+
+    def submit(request):
+        model.requests.append(request)
+        future = Future()
+        future.set_result(answer)
+        return future
+
+    model.serving = SimpleNamespace(arrive=lambda: None, submit=submit, refusal=lambda received_at: None)
+    return model
+
+
+def grpc_infer(timeout_us: int | None = None) -> pb.ModelInferRequest:
+    message = pb.ModelInferRequest(model_name="m", inputs=[
+        pb.ModelInferRequest.InferInputTensor(name="input", datatype="FP32", shape=SHAPE)],
+        raw_input_contents=[sample().tobytes()])
+    if timeout_us is not None:
+        message.parameters["timeout"].int64_param = timeout_us
+    return message
+
+
+@pytest.mark.parametrize("grpc_deadline, timeout_us, expected", [
+    (None, None, None),  # no client deadline: the server's
+    (0.25, None, 0.25),  # gRPC's deadline
+    (None, 400_000, 0.4),  # Triton's timeout parameter, in microseconds
+    (0.25, 400_000, 0.25),  # both: the tighter
+    (2.0, 400_000, 0.4),
+])
+def test_a_grpc_calls_deadline_and_tritons_timeout_reach_the_engine(grpc_deadline, timeout_us, expected):
+    """KServe hands predict() no gRPC context: the servicer notes when the call began and its
+    deadline; the request's deadline counts from then, the client's where it is tighter."""
+    from types import SimpleNamespace
+
+    from grpc_interceptor import exceptions as grpc_errors
+
+    model = recording_model()
+
+    class Plane:  # KServe's data plane: the parsed request to the model's predict()
+        async def infer(self, request, headers, model_name):
+            return await model.predict(request, headers), {}
+
+    servicer = kserve_server.RepositoryServicer(Plane(), None)
+    context = SimpleNamespace(invocation_metadata=lambda: (), time_remaining=lambda: grpc_deadline)
+    before = time.monotonic()
+    with pytest.raises(grpc_errors.Unavailable):
+        asyncio.run(servicer.ModelInfer(grpc_infer(timeout_us), context))
+    (request,) = model.requests
+    assert before <= request.received_at <= time.monotonic()
+    assert request.timeout_s == (None if expected is None else pytest.approx(expected))
+    assert kserve_server.GRPC_CALL.get() is None  # reset after the call
+
+
+def test_a_rest_requests_deadline_counts_from_before_its_body_and_reads_tritons_timeout():
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+    from types import SimpleNamespace
+
+    model = recording_model(Answer(200, b"{}"))
+    received = []
+    model.serving.refusal = lambda received_at: received.append(received_at)
+    app = FastAPI()
+    kserve_server.add_routes(app, SimpleNamespace(get_model=lambda name: model))
+    body, length = oip.request({"inputs": [{"name": "input", "shape": SHAPE, "datatype": "FP32"}],
+                                "parameters": {"timeout": 300_000}}, [sample().tobytes()])
+    before = time.monotonic()
+    response = TestClient(app).post("/v2/models/m/infer", content=body, headers={oip.HEADER: str(length)})
+    assert response.status_code == 200
+    (request,) = model.requests
+    assert received == [request.received_at] and before <= request.received_at
+    assert request.timeout_s == pytest.approx(0.3)
+
+
+def test_tritons_timeout_parameter_in_seconds():
+    assert kserve_server.parameter_timeout_s(grpc_infer(1_500_000).parameters) == pytest.approx(1.5)
+    assert kserve_server.parameter_timeout_s(grpc_infer().parameters) is None
+    assert kserve_server.parameter_timeout_s({"timeout": 2000}) == pytest.approx(0.002)
+    assert kserve_server.parameter_timeout_s({"timeout": 0}) is None  # no deadline
+    assert kserve_server.parameter_timeout_s({"timeout": "soon"}) is None
+    assert kserve_server.parameter_timeout_s(None) is None
 
 
 def refusing_app(limit: int = 16 << 20, refuse: bool = True):
@@ -181,7 +272,7 @@ def refusing_app(limit: int = 16 << 20, refuse: bool = True):
     model = kserve_server.PackratModel.__new__(kserve_server.PackratModel)
     model.max_body_bytes = limit
     refused = Answer.error(503, "would be answered in 3.10 s", 2) if refuse else None
-    model.serving = SimpleNamespace(refusal=lambda: refused)
+    model.serving = SimpleNamespace(refusal=lambda received_at: refused)
     app = FastAPI()
     kserve_server.add_routes(app, SimpleNamespace(get_model=lambda name: model if name == "m" else None))
     return app

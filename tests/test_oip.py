@@ -214,3 +214,41 @@ def test_torchserve_rows_carry_the_header_length_and_answers_set_it():
     assert context.get_response_content_type(1) == "application/json"
     assert "Inference-Header-Content-Length" not in context.get_response_headers(1)
     assert context.get_response_status(1) == (400, "no")
+
+
+def tritonclient_body(timeout_us: int | None, binary: bool, rows: int = 1) -> tuple[bytes, int | None]:
+    """A request body exactly as tritonclient's HTTP client writes it."""
+    import tritonclient.http as triton
+    from tritonclient.http import _utils
+
+    given = triton.InferInput("input", [rows, 3], "FP32")
+    given.set_data_from_numpy(np.ones((rows, 3), np.float32), binary_data=binary)
+    return _utils._get_inference_request(inputs=[given], request_id="", outputs=None, sequence_id=0,
+                                         sequence_start=False, sequence_end=False, priority=0, timeout=timeout_us,
+                                         custom_parameters=None)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+@pytest.mark.parametrize("rows", [1, 20_000])  # a JSON body of 60 000 numbers: its parameters read at its end
+def test_tritons_timeout_parameter_is_read_from_the_bodys_header(binary, rows):
+    from packrat.codec import oip
+
+    body, length = tritonclient_body(250_000, binary, rows)
+    assert oip.timeout_s(body, length) == pytest.approx(0.25)
+    assert oip.timeout_s(bytearray(body), None if length is None else str(length)) == pytest.approx(0.25)
+    assert oip.timeout_s(*tritonclient_body(None, binary, rows)) is None
+
+
+@pytest.mark.parametrize("body, expected", [
+    (b'{"parameters": {"timeout": 5000}, "inputs": [{"name": "x", "data": [1]}]}', 0.005),  # small: parsed whole
+    (b'{"parameters": {"timeout": 5000}, "inputs": [' + b"1," * 40_000 + b'1]}', None),  # large, not at its end
+    (b'{"inputs": [{"name": "x", "parameters": {"timeout": 5000}, "data": [1]}]}', None),  # an input's, not its
+    (b'{"inputs": [], "parameters": {"timeout": 0}}', None),  # no deadline
+    (b'{"inputs": [], "parameters": {"timeout": true}}', None),
+    (b'{"inputs": [], "parameters": {"timeout": 2.5e6}}', 2.5),
+    (b'{"inputs": [], "parameters": {"timeout": 5', None),  # not JSON: the instance says so
+])
+def test_a_json_bodys_timeout_is_its_top_level_parameter(body, expected):
+    from packrat.codec import oip
+
+    assert oip.timeout_s(body, None) == expected

@@ -538,7 +538,8 @@ def test_requests_submitted_together_reach_the_instance_as_one_batch(shared):
 def test_admission_refuses_what_it_predicts_late_and_learns_from_what_is_served(reference):
     """A plan predicting 400 ms a batch of one, a 1 s deadline: of 10 requests at once, 2 fit (two
     rounds); the rest are refused at once with when to retry. The tiny model takes about a
-    millisecond: once its batches are served the prediction follows, and the same burst is taken whole."""
+    millisecond: as its batches are served the prediction follows (a fifth of the way a batch, down
+    to a twentieth of the plan), and the same burst is taken whole."""
     requests, expected = reference
     with InstancePool(TINY, [InstanceConfig(1, 1, (CORES[0],), expected_ms=400.0)], request_timeout_s=1.0) as pool:
         first = pool.infer(requests[:10])
@@ -546,8 +547,14 @@ def test_admission_refuses_what_it_predicts_late_and_learns_from_what_is_served(
         assert all(a.retry_after_s >= 1 and "would be answered in" in a.reason for a in first[2:])
         health = pool.health()
         assert (health.admitted, health.refused, health.refused_late) == (2, 8, 8)
-        for request in requests[:5]:  # full batches of the plan's one: served far faster than predicted
+        assert health.refusals["late"] == 8
+        for request in requests:  # full batches of the plan's one: served far faster than predicted
             pool.infer([request])
         assert pool.health().served_ratio < 0.5 and pool.health().predicted_wait_ms < 200
         assert [a.status for a in pool.infer(requests[:10])] == [200] * 10
         assert pool.refusal() is None
+        with pool._lock:
+            pool.rounds.ratio = 20.0  # as if the machine had been 20× slow: a miss predicted for one request alone
+        assert pool.health().predicted_wait_ms > 1000
+        assert pool.refusal() is None and pool.infer([requests[0]])[0].ok  # an idle pool admits it: a probe
+        assert pool.health().served_ratio < 20.0  # ...whose time corrects the ratio

@@ -167,36 +167,205 @@ def test_a_run_blocked_in_the_session_is_cancelled_and_its_requests_run_again(sh
     assert kinds == ["thread", "thread"]  # each cancelled run returned: the same kind came back
 
 
-@pytest.mark.skipif(len(CORES) < 2, reason="two instances on cores of their own")
-def test_a_thread_that_does_not_return_gives_its_cores_to_a_process(monkeypatch):
-    """A run that ignores cancellation (here a module without cancel(), blocked in Python): the
-    thread is abandoned and a process instance of the runtime takes its cores; no request is lost."""
-    released = threading.Event()
+def wait_until(condition, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def hang_once_in_python(monkeypatch) -> threading.Event:
+    """Thread instances whose run, the first time a poisoned sample reaches one, blocks in Python
+    (no cancel() reaches it: the runtime's cancellation cannot end it) until the event returned is
+    set; the poisoned sample runs normally after that."""
+    released, hung = threading.Event(), threading.Event()
     real = child.load_runtime
 
     def stubborn_runtime(spec, model, config, runtime, stop_spinning=True):
         module, examples, mode = real(spec, model, config, runtime, stop_spinning)
 
         def run(*inputs):
-            if float(inputs[0].max()) > STALL_AT:
+            if float(inputs[0].max()) > STALL_AT and not hung.is_set():
+                hung.set()
                 released.wait(120)
             return module(*inputs)
         return run, examples, mode
 
     monkeypatch.setattr(child, "load_runtime", stubborn_runtime)  # the threads load in this process
+    return released
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="two instances on cores of their own")
+def test_a_thread_stuck_in_python_is_fenced_off_and_its_requests_run_elsewhere(monkeypatch):
+    """Its requests are re-queued and answered by the other instance, none lost; its cores are
+    fenced off (nothing started on them) and the listener told, until the thread returns: then its
+    cores come back and its slot is respawned, a thread instance again."""
+    released = hang_once_in_python(monkeypatch)
+    fences: list[frozenset] = []
     inputs = samples(3, seed=3)
+    reference = expected(inputs)
     try:
         with InstancePool(ModelConfig("tiny"), one_instance_per_core(), watchdog=Watchdog(batch_timeout_s=0.5),
-                          request_timeout_s=120) as pool:
+                          request_timeout_s=120, on_fence=fences.append) as pool:
             answers = pool.infer([poisoned(inputs[0]), raw(inputs[1]), raw(inputs[2])])
-            kinds = sorted(inst.kind for inst in pool.supervisor.instances)
-            abandoned = pool.supervisor.abandoned
+            wait_until(lambda: fences, "the stuck thread was not fenced off")
+            stuck, health = pool.fenced_cores(), pool.health()
+            (slot,) = [inst for inst in pool.supervisor.instances if set(inst.config.cores) & stuck]
+            assert len(stuck) == 1 and fences == [stuck] and health.fenced == sorted(stuck)
+            assert health.abandoned == 1 and health.ready == 1 and health.unavailable is None and not slot.ready
+            again = pool.infer([raw(x) for x in inputs])  # the other instance serves meanwhile
+            released.set()
+            wait_until(lambda: len(fences) == 2 and pool.health().ready == 2,
+                       "the returned thread's slot did not come back")
+            assert fences[-1] == frozenset() and not pool.fenced_cores()
+            assert [inst.kind for inst in pool.supervisor.instances] == ["thread", "thread"]
     finally:
         released.set()
+    assert answers[0].status == 200 and all(same(a, e) for a, e in zip(answers[1:], reference[1:]))
+    assert all(same(a, e) for a, e in zip(again, reference))
+
+
+def thread_engine(tmp_path, restart, **settings):
+    """An engine of thread instances of the tiny model on 2 cores: its profile plans two ⟨1 thread,
+    batch 2⟩ instances, or one ⟨2 threads, batch 4⟩ with plan "fat"; a batch hangs after 0.5 s."""
+    from packrat.serving.engine import Engine
+    from packrat.settings import Settings
+
+    (tmp_path / "profile.csv").write_text("# model: tiny\nthreads,batch,latency_ms,runtime\n" + "".join(
+        f"{t},{b},{ms},{THREAD}\n" for t, b, ms in ((1, 1, 1.0), (1, 2, 1.0), (1, 4, 2.0), (2, 2, 1.5), (2, 4, 1.6))))
+    settings = Settings(model="tiny", profiles=("profile.csv",), max_batch=4, share_node=False, reconfigure=False,
+                        cores=2, batch_timeout_s=0.5, request_timeout_s=60, **settings)
+    return Engine(settings, tmp_path, "tiny", max_batch=4, asynchronous=False, restart=restart)
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="two instances on cores of their own")
+def test_the_engine_re_plans_around_a_thread_stuck_in_python(tmp_path, monkeypatch):
+    """Issue 64: a thread instance hanging in Python (not in the runtime) has its requests
+    re-queued and answered, 0 lost; the next plan leaves its cores out, and takes them back once
+    the thread returns. Nothing restarts: cores are left."""
+    released = hang_once_in_python(monkeypatch)
+    restarts: list[str] = []
+    inputs = samples(4, seed=4)
     reference = expected(inputs)
-    assert all(same(a, e) for a, e in zip(answers[1:], reference[1:]))
-    assert answers[0].status == 200  # the process instance runs the plain session: nothing stalls there
-    assert abandoned >= 1 and "process" in kinds
+    engine = thread_engine(tmp_path, restarts.append)
+    try:
+        assert engine.controller.plan.describe().startswith("2×⟨1 threads, batch 2")
+        futures = [engine.submit(r) for r in [poisoned(inputs[0]), *map(raw, inputs[1:])]]
+        answers = [f.result(60) for f in futures]
+        wait_until(lambda: engine.controller.reconfigurations and not engine.controller.switching,
+                   "no re-plan followed the fence")
+        record, stuck = engine.controller.reconfigurations[-1], engine.pool.fenced_cores()
+        assert record.error is None and "fenced off" in record.reason and len(stuck) == 1
+        plan = engine.controller.plan
+        assert plan.instances and not any(set(i.cores) & stuck for i in plan.instances)
+        assert not any(set(config.cores) & stuck for config in engine.pool.configs)
+        again = [engine.submit(raw(x)).result(60) for x in inputs]  # served on the cores left
+        assert engine.pool.health().ready == len(engine.pool.configs) and not restarts
+        released.set()
+        wait_until(lambda: not engine.pool.fenced_cores() and len(engine.controller.reconfigurations) >= 2
+                   and not engine.controller.switching, "the returned thread's cores were not planned again")
+        assert engine.controller.reconfigurations[-1].error is None
+        assert any(set(i.cores) & stuck for i in engine.controller.plan.instances)
+    finally:
+        released.set()
+        engine.close()
+    assert answers[0].status == 200 and all(same(a, e) for a, e in zip(answers[1:], reference[1:]))
+    assert all(same(a, e) for a, e in zip(again, reference)) and not restarts
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="a fat instance on 2 cores")
+def test_with_no_cores_left_the_engine_refuses_with_the_reason_reports_not_ready_and_restarts(tmp_path, monkeypatch):
+    """A fat thread instance stuck in Python: every request is answered 503 with the reason, the
+    front ends report not ready, and the engine asks its front end to restart it, once."""
+    released = hang_once_in_python(monkeypatch)
+    restarts: list[str] = []
+    inputs = samples(2, seed=5)
+    engine = thread_engine(tmp_path, restarts.append, plan="fat")
+    try:
+        assert engine.controller.plan.describe().startswith("1×⟨2 threads, batch 4")
+        stuck = engine.submit(poisoned(inputs[0])).result(60)
+        later = engine.submit(raw(inputs[1])).result(10)
+        wait_until(lambda: restarts, "the engine did not ask for a restart")
+        health = engine.pool.health()
+        readiness = front_ends_ready(engine)
+        time.sleep(0.2)
+        assert len(restarts) == 1
+        released.set()
+        wait_until(lambda: engine.pool.health().ready == 1, "the returned thread's slot did not come back")
+        back = engine.submit(raw(inputs[1])).result(60)
+    finally:
+        released.set()
+        engine.close()
+    for answer in (stuck, later):
+        assert answer.status == 503 and "no cores left" in answer.reason, answer
+    assert "no cores left" in restarts[0] and health.ready == 0 and "no cores left" in health.unavailable
+    assert readiness == {"kserve": False, "ray": False}
+    assert back.status == 200
+
+
+def front_ends_ready(engine) -> dict:
+    """What the KServe model's healthy() and the Ray Serve engine's check_health say of `engine`."""
+    import asyncio
+
+    ready = {}
+    try:
+        from packrat.frontends.kserve_server import PackratModel
+    except ImportError:
+        pass
+    else:
+        model = PackratModel.__new__(PackratModel)
+        model.serving, model.closed = engine, threading.Event()
+        ready["kserve"] = asyncio.run(model.healthy())
+    try:
+        from packrat.frontends.ray_serve import PackratEngine
+    except ImportError:
+        pass
+    else:
+        replica = PackratEngine.__new__(PackratEngine)
+        replica.engine = engine
+        try:
+            replica.check_health()
+            ready["ray"] = replica.ready()
+        except RuntimeError as exc:
+            ready["ray"] = "no cores left" not in str(exc)
+        finally:
+            replica.engine = None  # its __del__ would close the engine
+    return ready
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="two instances on cores of their own")
+def test_a_stuck_load_does_not_hold_up_another_instances_start(monkeypatch):
+    """No start lock: an instance whose load never returns leaves the others to start, each with its own threads."""
+    from packrat.codec.config import CodecConfig
+    from packrat.serving.pool.thread_instance import ThreadInstance
+
+    released = threading.Event()
+    real = child.load_runtime
+
+    def slow_on_the_second_core(spec, model, config, runtime, stop_spinning=True):
+        if config.cores == (CORES[1],):
+            released.wait(120)
+        return real(spec, model, config, runtime, stop_spinning)
+
+    monkeypatch.setattr(child, "load_runtime", slow_on_the_second_core)
+    codec = CodecConfig.for_model(resolve("tiny"))
+    first, second = one_instance_per_core()
+    stuck = ThreadInstance(1, ModelConfig("tiny"), second, codec, lambda *_: None)
+    try:
+        time.sleep(0.5)  # its load is under way, and stays so
+        started = ThreadInstance(0, ModelConfig("tiny"), first, codec, lambda *_: None)
+        try:
+            assert started.wait_ready(30) and started.thread_ids and not stuck.ready
+            threads = task_affinities()
+            assert {threads[tid][0] for tid in started.thread_ids if tid in threads} == {started.name}
+        finally:
+            started.close()
+        released.set()
+        stuck.wait_ready(60)
+        assert stuck.thread_ids and not stuck.thread_ids & started.thread_ids
+    finally:
+        released.set()
+        stuck.close()
 
 
 def test_onnx_runtime_affinities_name_every_thread_but_the_caller():

@@ -1,5 +1,7 @@
 """`packrat bench overload`: one served model offered more than it can serve, open loop; what it
-answers, how fast it refuses and whether it recovers (the measuring: packrat/bench/overload.py)."""
+answers, how fast it refuses, whether it recovers and its health answers in time, over --runs runs
+on one started server; or --soak: steady load with bursts and instance kills, its resources
+sampled (the measuring: packrat/bench/overload.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ from pathlib import Path
 
 from packrat.bench import overload  # light: the servers and the load test come with overload.run
 from packrat.cli.args import doc_subparser, model_args, tokenizer_path
-from packrat.cli.bench_chaos import PAYLOADS
 from packrat.cli.types import positive
 from packrat.settings import ADMISSIONS, INSTANCE_KINDS, MAX_QUEUE
 
@@ -20,16 +21,20 @@ def add_overload_parser(sub) -> None:
                       overload.__doc__, (
                           "packrat bench overload --model resnet50 --json out/overload.json",
                           "packrat bench overload --model resnet50 --slow --admission queue   # the old fixed bound",
-                          "packrat bench overload --model tiny --capacity-s 3 --duration 5   # smoke run"))
+                          "packrat bench overload --model squeezenet --payload v2-binary --runs 5 --json out/o.json",
+                          "packrat bench overload --model squeezenet --payload v2-json --soak 30 --instance-kind process",
+                          "packrat bench overload --model tiny --capacity-s 3 --duration 5   # smoke run",
+                          "packrat bench overload --model tiny --soak 1 --soak-every 20 --sample-every 5 --duration 5"))
     number, count = positive(float), positive(int)
     model_args(p)
     p.add_argument("--engine", choices=overload.ENGINES, default="kserve",
                    help="kserve: packrat's KServe server (the default); torchserve: real TorchServe with the "
                         "packrat handler")
     p.add_argument("--batch-size", type=count, default=4, help="the batch size B, planned for (default 4)")
-    p.add_argument("--payload", choices=PAYLOADS, default=None,
+    p.add_argument("--payload", choices=overload.PAYLOADS, default=None,
                    help="request body (default: the model's natural one: jpeg for image models, text for token "
-                        "models, raw otherwise)")
+                        "models, raw otherwise); v2-json and v2-binary: KServe v2 inference requests, to "
+                        "/v2/models/NAME/infer on the KServe server, /predictions/NAME on TorchServe")
     p.add_argument("--tokenizer", type=tokenizer_path, default=None, metavar="DIR",
                    help="the tokenizer.json the server uses (a text payload needs one)")
     p.add_argument("--request-timeout-s", type=number, default=2.0,
@@ -50,7 +55,18 @@ def add_overload_parser(sub) -> None:
                    help="the open-loop rate, as a multiple of the measured capacity (default 3)")
     p.add_argument("--duration", type=number, default=20.0, help="seconds of overload (default 20)")
     p.add_argument("--capacity-s", type=number, default=10.0,
-                   help="seconds of each closed-loop run, before and after (default 10)")
+                   help="seconds of each closed-loop run: capacity with B users, with 2B, and after (default 10)")
+    p.add_argument("--runs", type=count, default=1,
+                   help="capacity, overload and after this many times on the one started server, a table row and "
+                        "verdicts each (default 1)")
+    p.add_argument("--soak", type=number, default=None, metavar="MINUTES",
+                   help=f"instead of the runs: {overload.SOAK_LOAD:g} × capacity for MINUTES, a burst to --factor × "
+                        f"capacity for --duration s and an instance process killed every --soak-every s, the "
+                        f"server's PSS, open files and /dev/shm sampled")
+    p.add_argument("--soak-every", type=number, default=overload.SOAK_EVERY_S, metavar="S",
+                   help=f"the soak's interval between bursts, and between kills (default {overload.SOAK_EVERY_S:g})")
+    p.add_argument("--sample-every", type=number, default=overload.SAMPLE_EVERY_S, metavar="S",
+                   help=f"the soak's interval between resource samples (default {overload.SAMPLE_EVERY_S:g})")
     p.add_argument("--warmup", type=number, default=overload.WARMUP_S,
                    help=f"seconds of closed-loop warm-up, not counted (default {overload.WARMUP_S:g})")
     p.add_argument("--max-batch-delay", type=count, default=50, metavar="MS",
@@ -64,9 +80,15 @@ def add_overload_parser(sub) -> None:
 def cmd_overload(args: argparse.Namespace) -> int:
     from packrat.bench.results import write_json
 
+    if args.soak is not None and args.runs != 1:
+        raise SystemExit("--soak runs instead of --runs: give one or the other")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: the server, the CPU hogs
-    report = overload.run(args)
-    report["markdown"] = overload.format_report(report)
+    if args.soak is not None:
+        report = overload.run_soak(args)
+        report["markdown"] = overload.format_soak_report(report)
+    else:
+        report = overload.run(args)
+        report["markdown"] = overload.format_report(report)
     print(report["markdown"])
     if args.json:
         write_json(args.json, report)

@@ -78,9 +78,10 @@ def admission_text(health: dict) -> str:
     """Admission by prediction: what was taken in and refused, and what a request now would wait."""
     wait = health.get("predicted_wait_ms")
     now = f"a request now would be answered in {wait:.0f} ms" if wait is not None else "nothing served to predict from yet"
+    causes = ", ".join(f"{n} {cause.replace('_', ' ')}" for cause, n in health.get("refusals", {}).items() if n)
     return (f"admission: {health.get('admitted', 0)} admitted, {health.get('refused_late', 0)} refused as too late "
-            f"for their deadline (of the {health.get('refused', 0)} refused); {now} (batches served at "
-            f"{health.get('served_ratio', 1.0):.2f}× the plan's latency)")
+            f"for their deadline (of the {health.get('refused', 0)} refused{'; by cause: ' + causes if causes else ''}"
+            f"); {now} (batches served at {health.get('served_ratio', 1.0):.2f}× the plan's latency)")
 
 
 def hop_text(health: dict) -> str:

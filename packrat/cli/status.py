@@ -16,9 +16,10 @@ from packrat.errors import ServeError
 MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"eager"|"ios", "ios": [{"threads", '
               '"batch", "ms", "against", "against_ms"}] (IOS instances), "health": {"instances", "ready", "respawning", '
               '"respawn_failures", "unavailable", "queued", "answered", "refused", "admitted", "refused_late", '
-              '"predicted_wait_ms", "served_ratio", "stage_ms": '
+              '"predicted_wait_ms", "served_ratio", "refusals": {"late", "queue_full", "expired_before", "unavailable"}, '
+              '"stage_ms": '
               '{"queue", "copy", "send", "wake", "locks", "decode", "model", "encode", "reply", "hand_out", "total"}, '
-              '"sub_batches", "requests_per_sub_batch", "fallbacks", "kinds", "abandoned", ...}, '
+              '"sub_batches", "requests_per_sub_batch", "fallbacks", "kinds", "abandoned", "fenced", ...}, '
               '"reconfigurations": [{"from_batch", "to_batch", "reason", "seconds", "failed_requests", ...}], "served": '
               '{"instances": [{"threads", "batch", "runtime", "predicted_ms", "planned_ms", "served_ms", "samples"}], '
               '"corrections": [{"threads", "batch", "runtime", "profile_ms", "served_ms", "samples", "at"}], '
@@ -116,7 +117,9 @@ def print_model(name: str, status: dict, last: int) -> None:
         print(f"instances: {health['ready']}/{health['instances']} ready, {health['respawning']} respawning, "
               f"{health['respawn_failures']} failed respawn attempt(s); {health['queued']} queued, "
               f"{health['answered']} answered, {health['refused']} refused (503); {state}")
-        stuck = f", {health.get('abandoned')} stuck thread instance(s) replaced by processes" * bool(health.get("abandoned"))
+        fenced = health.get("fenced") or []
+        stuck = (f", {health.get('abandoned')} stuck thread instance(s) abandoned"
+                 f"{f' (cores {fenced} fenced off)' if fenced else ''}") * bool(health.get("abandoned"))
         print(f"recovery: {health.get('watchdog_kills', 0)} hung instance(s) killed by the watchdog, {health.get('requeued', 0)}"
               f" request(s) re-run after losing their instance, {health.get('expired', 0)} past their deadline (504){stuck}")
         print(admission_text(health))

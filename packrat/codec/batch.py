@@ -60,14 +60,15 @@ class Decoders:
     work must not lead an OpenMP team of its own, since a second team in the process makes every
     team sleep between parallel regions instead of spinning (BENCHMARKS.md, IOS: 1.3x slower
     models). The threads start here, before the model's thread count is set for good
-    (set_intra_op_threads)."""
+    (set_intra_op_threads). `one_thread_each` False: each reads the count the process has (a thread
+    instance's decoders: setting it is process-wide, the engine's to do, not an instance's)."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, one_thread_each: bool = True):
         self._pool = None
         if threads > 1:
             started = threading.Barrier(threads)
-            self._pool = ThreadPoolExecutor(threads, "packrat-decode", initializer=set_intra_op_threads,
-                                            initargs=(1,))
+            self._pool = ThreadPoolExecutor(threads, "packrat-decode", initializer=set_intra_op_threads
+                                            if one_thread_each else None, initargs=(1,) if one_thread_each else ())
             list(self._pool.map(lambda _: started.wait(), range(threads)))  # every thread up, not one reused
 
     @property

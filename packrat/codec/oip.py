@@ -67,6 +67,60 @@ def split(body: bytes, length: int | None):
     return head, body[length:]
 
 
+TIMEOUT = b'"timeout"'  # Triton's request parameter: the client's deadline, in microseconds
+PARAMETERS = b'"parameters"'
+JSON_SCAN_BYTES = 64 << 10  # a plain JSON body this small is parsed whole for its timeout (~1 ms at most)
+
+
+def timeout_s(body, length: int | str | None) -> float | None:
+    """The client's deadline in seconds from Triton's request parameter `"parameters": {"timeout":
+    MICROSECONDS}`, or None (none given, or none readable cheaply). Read in the front end, ahead of
+    the instance that decodes the body, so it is cheap: a body that does not hold `"timeout"` at all
+    costs one byte search. A binary body's JSON header (its first `length` bytes) is parsed; a plain
+    JSON body's top-level "parameters" is parsed where it closes the body (tritonclient writes it
+    last), else the whole body only if it is under JSON_SCAN_BYTES: a large body with its parameters
+    elsewhere keeps the server's deadline (parsing megabytes of numbers here would cost every
+    request behind it in the event loop). A timeout only tightens its own request's deadline, so a
+    misread costs that request alone."""
+    try:
+        length = header_length(length)
+    except RequestError:
+        return None  # the instance refuses the body with the reason
+    if isinstance(body, memoryview):  # front ends hand bytes; a view has no byte search
+        body = body.tobytes()
+    head = body[:length] if length is not None else body
+    if TIMEOUT not in head:
+        return None
+    found = _last_parameters(head) if length is None else None
+    if found is None and (length is not None or len(head) <= JSON_SCAN_BYTES):
+        try:
+            whole = json.loads(head)
+        except (ValueError, RecursionError):
+            return None
+        found = whole.get("parameters") if isinstance(whole, dict) else None
+    micros = found.get("timeout") if isinstance(found, dict) else None
+    if isinstance(micros, bool) or not isinstance(micros, (int, float)) or not micros > 0:
+        return None
+    return micros / 1e6
+
+
+def _last_parameters(body) -> dict | None:
+    """The body's last "parameters" object, if it is the top-level one: only the top-level
+    object's closing brace follows it."""
+    at = body.rfind(PARAMETERS)
+    if at < 0 or body[at - 1:at] == b"\\":  # none, or inside a string
+        return None
+    rest = bytes(body[at + len(PARAMETERS):]).decode("latin-1").lstrip()  # latin-1: any bytes decode
+    if not rest.startswith(":"):
+        return None
+    rest = rest[1:].lstrip()
+    try:
+        found, end = json.JSONDecoder().raw_decode(rest)
+    except (ValueError, RecursionError):
+        return None
+    return found if isinstance(found, dict) and rest[end:].strip() == "}" else None
+
+
 def chunks(entries: list, data: bytes) -> list[bytes | None]:
     """Each input's binary data (None where it has JSON "data" instead); every byte must be one's."""
     found, offset = [], 0

@@ -10,7 +10,8 @@ text  an English paragraph (the server tokenizes it), text/plain; charset=utf-8
 `natural_payload(model)` is what a user of that model would send: a photo to an image
 model, text to a token model, the raw tensor otherwise; `served_payload(spec)` the same for a
 model served with its own codec, where a token model without a tokenizer takes token ids.
-`v2_binary_payload(spec)` is one sample as tritonclient sends it: KServe v2 with binary tensors.
+`v2_binary_payload(spec)` is one sample as tritonclient sends it: KServe v2 with binary tensors;
+`v2_json_payload(spec)` the same in KServe v2 JSON (each input's numbers under "data").
 """
 from __future__ import annotations
 
@@ -180,3 +181,15 @@ def v2_binary_payload(spec) -> tuple[bytes, str, int]:
     chunks = [a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes() for a in arrays]  # whatever this machine's order
     body, length = oip.request(head, chunks)
     return body, CONTENT_TYPES["raw"], length
+
+
+def v2_json_payload(spec) -> tuple[bytes, str]:
+    """(body, content type) of one request for sample 0 of `spec`'s example input as a KServe v2
+    JSON client sends it: each input named, with its shape (the batch dimension 1 included), its
+    datatype and its numbers flat, in row-major order, under "data"."""
+    from packrat.codec import oip
+
+    tensors = spec.example_inputs(1)
+    head = {"inputs": [{"name": s.name, "shape": list(x.shape), "datatype": oip.datatype(x.dtype),
+                        "data": x.contiguous().flatten().tolist()} for s, x in zip(spec.inputs, tensors)]}
+    return json.dumps(head, separators=(",", ":")).encode(), CONTENT_TYPES["json"]

@@ -10,6 +10,7 @@ import time
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
+from packrat.codec import oip
 from packrat.codec.oip import HEADER
 from packrat.serving.pool.api import Answer, Request
 
@@ -88,9 +89,12 @@ def _has_body(scope) -> bool:
     return False
 
 
-def engine_request(body: bytes, request: HttpRequest) -> Request:
-    """The body as the engine takes it, with the headers that say how to read it."""
-    return Request(body, request.headers.get("content-type"), request.headers.get(HEADER))
+def engine_request(body: bytes, request: HttpRequest, received_at: float | None = None) -> Request:
+    """The body as the engine takes it, with the headers that say how to read it, when it was
+    received (time.monotonic(), taken before the body was read) and the client's deadline (Triton's
+    `timeout` parameter, oip.timeout_s)."""
+    length = request.headers.get(HEADER)
+    return Request(body, request.headers.get("content-type"), length, received_at, oip.timeout_s(body, length))
 
 
 def answer_response(answer: Answer, headers: dict | None = None) -> Response:

@@ -1,7 +1,7 @@
 """packrat's figures on the KServe server's /metrics, beside KServe's own (prometheus_client's
 default registry): per model, the plan, each planned instance's predicted and served latency, the
-pool's health and the reconfigurations. Read from the engines when /metrics is scraped, so serving
-pays nothing for them."""
+pool's health (its refusals by cause among it) and the reconfigurations. Read from the engines when
+/metrics is scraped, so serving pays nothing for them."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from packrat.serving.pool.admission import CAUSES
 
 # pool health counters, as counters: (metric, Health field, help)
 HEALTH_COUNTERS = (
@@ -100,8 +102,14 @@ def health_metrics(engines: dict) -> Iterator:
     counters = {metric: CounterMetricFamily(metric, text, labels=["model"]) for metric, _, text in HEALTH_COUNTERS}
     gauges = {metric: GaugeMetricFamily(metric, text, labels=["model"]) for metric, _, text in HEALTH_GAUGES}
     respawns = CounterMetricFamily("packrat_respawns", "instances started again after they died", labels=["model"])
+    refusals = CounterMetricFamily("packrat_refusals", "requests not admitted or not run, by cause: late (predicted "
+                                   "past their deadline), queue_full, expired_before (504: their deadline passed "
+                                   "before they reached the pool), unavailable (no instance could run them)",
+                                   labels=["model", "cause"])
     for name, engine in engines.items():
         health = engine.pool.health()
+        for cause in CAUSES:
+            refusals.add_metric([name, cause], health.refusals.get(cause, 0))
         for metric, field, _ in HEALTH_COUNTERS:
             counters[metric].add_metric([name], getattr(health, field))
         for metric, field, _ in HEALTH_GAUGES:
@@ -111,3 +119,4 @@ def health_metrics(engines: dict) -> Iterator:
     yield from counters.values()
     yield from gauges.values()
     yield respawns
+    yield refusals

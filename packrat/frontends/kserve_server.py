@@ -16,6 +16,9 @@ How a request reaches the engine, by path:
   inputs into a v2 binary body (raw_input_contents as they are) and the binary answer back into an
   InferResponse whose outputs are raw bytes (raw_output_contents).
 Every answer is the request's own: a bad input is its 400, its batch-mates are answered normally.
+A request's deadline counts from when its route began (its body's reading and parsing are in it), or
+its gRPC call; the client's own where tighter: the call's gRPC deadline, Triton's `timeout` parameter
+(microseconds; oip.timeout_s reads it from a REST body cheaply).
 An answer sent before its body was read (admission's 503, a 404, a 413) first reads and drops the
 rest of the body (frontends/http.py): a client still sending then reads the answer, not a reset.
 The REST server's own limits: a backlog of BACKLOG connections, and connection_limit() open
@@ -34,13 +37,16 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import resource
 import shutil
+import sys
 import tempfile
 import threading
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from pathlib import Path
 
 import grpc
@@ -76,10 +82,14 @@ from packrat.settings import CONTROL_DIR_ENV, MAX_BODY_BYTES, Settings
 
 log = logging.getLogger(__name__)
 MODEL_CONFIG = "model-config.yaml"  # an archive's TorchServe config: batching, and packrat's settings
+RESTART_GRACE_S = 1.0  # answers in hand get out before the server re-executes itself (PackratRepository.restart)
 GRPC_HEADROOM = 1 << 20  # a gRPC message may exceed the body limit by its header; the engine still refuses the rest
-# gRPC status of each HTTP status an Answer carries (400 and the others: invalid argument)
+# a gRPC call's receipt, set by the servicer's ModelInfer for the predict() it awaits (the same task):
+# (time.monotonic() as it began, the client's deadline then in seconds or None)
+GRPC_CALL: ContextVar[tuple[float, float | None] | None] = ContextVar("packrat_grpc_call", default=None)
 BACKLOG = 2048  # connections the kernel holds before they are accepted (uvicorn's default; capped by somaxconn)
 FD_RESERVE = 256  # open files kept back from connections: instances' sockets, shared memory, archives, logs
+# gRPC status of each HTTP status an Answer carries (400 and the others: invalid argument)
 GRPC_ERRORS = {404: grpc_errors.NotFound, 413: grpc_errors.ResourceExhausted, 500: grpc_errors.Internal,
                503: grpc_errors.Unavailable, 504: grpc_errors.DeadlineExceeded}
 
@@ -90,10 +100,11 @@ class PackratModel(kserve.Model):
     """A packrat engine registered in KServe's model repository. (KServe's own `engine` attribute
     means something else: an engine to start; ours is `serving`.)"""
 
-    def __init__(self, name: str, model_dir: Path, settings: Settings):
+    def __init__(self, name: str, model_dir: Path, settings: Settings, restart=None):
         super().__init__(name)
         self.closed = threading.Event()  # set once unloaded: readiness goes, `packrat reconfigure` stops
-        self.serving = Engine(settings, model_dir, name, max_batch=settings.max_batch, asynchronous=True)
+        self.serving = Engine(settings, model_dir, name, max_batch=settings.max_batch, asynchronous=True,
+                              restart=restart)  # restart(reason): the repository's, with no cores left
         self.max_body_bytes = settings.max_body_bytes
         try:
             self.metadata = model_metadata(name, self.serving.spec.inputs, probe_output(self.serving))
@@ -109,7 +120,8 @@ class PackratModel(kserve.Model):
 
     async def healthy(self) -> bool:
         """Ready while the pool can serve: an instance is ready, or a respawn with a fair chance is
-        under way (requests wait for it); not once every instance fails to load, or after unload."""
+        under way (requests wait for it); not once every instance fails to load or is a stuck
+        thread (no cores left), or after unload."""
         return not self.closed.is_set() and self.serving.pool.health().unavailable is None
 
     def get_input_types(self) -> list[dict]:
@@ -124,12 +136,17 @@ class PackratModel(kserve.Model):
         return await asyncio.wrap_future(self.serving.submit(request))
 
     async def predict(self, payload, headers=None, response_headers=None):
-        """KServe's parsed request (gRPC, or its own REST routes): an InferRequest, or a v1 dict."""
+        """KServe's parsed request (gRPC, or its own REST routes): an InferRequest, or a v1 dict. Its
+        deadline counts from the gRPC call's start (else from here); the client's, if tighter: the
+        call's gRPC deadline, or Triton's `timeout` request parameter."""
+        received_at, timeout_s = GRPC_CALL.get() or (time.monotonic(), None)
         if isinstance(payload, InferRequest):
             body, length = infer_body(payload)
-            answer = await self.answer(Request(body, "application/octet-stream", length))
+            timeout_s = tighter(timeout_s, parameter_timeout_s(payload.parameters))
+            answer = await self.answer(Request(body, "application/octet-stream", length, received_at, timeout_s))
             return infer_response(self.name, payload, checked(answer, payload.from_grpc))
-        answer = await self.answer(Request(json.dumps(payload).encode(), "application/json"))
+        answer = await self.answer(Request(json.dumps(payload).encode(), "application/json", received_at=received_at,
+                                           timeout_s=timeout_s))
         return json.loads(checked(answer, False).body)
 
     def stop(self) -> None:
@@ -161,6 +178,24 @@ def probe_output(engine: Engine) -> dict | None:
         return None
     output = oip.split(answer.body, answer.header_length)[0]["outputs"][0]
     return {"datatype": output["datatype"], "shape": output["shape"]}
+
+
+def parameter_timeout_s(parameters) -> float | None:
+    """Triton's `timeout` request parameter (microseconds) in seconds, from gRPC's InferParameter map
+    or a REST request's dict; None when absent or not a positive number."""
+    value = parameters.get("timeout") if parameters else None
+    if value is not None and hasattr(value, "WhichOneof"):  # a gRPC InferParameter
+        kind = value.WhichOneof("parameter_choice")
+        value = getattr(value, kind) if kind in ("int64_param", "uint64_param", "double_param") else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return None
+    return value / 1e6
+
+
+def tighter(*timeouts_s: float | None) -> float | None:
+    """The tightest of the deadlines given (None: none)."""
+    given = [t for t in timeouts_s if t is not None]
+    return min(given) if given else None
 
 
 def infer_body(request: InferRequest) -> tuple[bytes, int]:
@@ -238,7 +273,7 @@ class PackratRepository(ModelRepository):
         """NAME's engine, built from its archive (blocks until its pool serves: seconds to minutes)."""
         model_dir = self._model_dir(name)
         settings = archive_settings(model_dir)
-        model = PackratModel(name, model_dir, settings)
+        model = PackratModel(name, model_dir, settings, restart=self.restart)
         control_dir = CONTROL_DIR_ENV.get()
         if control_dir:  # `packrat reconfigure` asks through a file, as with TorchServe
             follow_reconfigure_requests(model.serving.controller, control_dir, name, settings.max_batch,
@@ -283,6 +318,26 @@ class PackratRepository(ModelRepository):
             self.unload(name)
         shutil.rmtree(self._unpacked, ignore_errors=True)
 
+    def restart(self, reason: str, grace_s: float = RESTART_GRACE_S, execv=os.execv) -> None:
+        """A model has no cores left (stuck thread instances hold them, and only the end of this
+        process ends them): the server re-executes itself with the arguments it was started with,
+        same pid (a pod's container, `packrat serve`'s watch and the port stay), once every model
+        is marked not ready and its engine closed (what they hold answered 503), and `grace_s` has
+        let those answers out. Models loaded later through the repository extension are not
+        loaded again."""
+        log.error("packrat KServe server restarts itself: %s", reason)
+        models = [model for model in self.get_models().values() if isinstance(model, PackratModel)]
+        for model in models:
+            model.ready = False
+            model.closed.set()
+        for model in models:
+            try:
+                model.serving.close()
+            except Exception as exc:  # the restart must happen whatever a close does
+                log.warning("packrat model %s did not close cleanly: %s", model.name, exc)
+        time.sleep(grace_s)
+        execv(sys.executable, sys.orig_argv)
+
 
 def archive_settings(model_dir: Path) -> Settings:
     """The settings an archive's model-config.yaml carries under `packrat:`; the pool gathers a
@@ -306,17 +361,18 @@ def add_routes(app: FastAPI, repository: PackratRepository) -> None:
     own routes; on every route, an answer sent before its body was read waits for the body first."""
 
     async def infer(request: HttpRequest, model_name: str, model_version: str | None = None) -> Response:
+        received_at = time.monotonic()  # its deadline counts from here: the body's reading and parsing in it
         model = repository.get_model(model_name)
         if not isinstance(model, PackratModel):
             return _error(404, f"Model with name {model_name} does not exist.")
-        refused = model.serving.refusal()  # before the body is read: a refusal costs no core
+        refused = model.serving.refusal(received_at)  # before the body is read: a refusal costs no core
         if refused is not None:
             return answer_response(refused)
         body = await limited_body(request, model.max_body_bytes)
         if body is None:
             return _error(413, f"request body over {model.max_body_bytes} bytes")
         started = time.perf_counter()
-        answer = await model.answer(engine_request(body, request))
+        answer = await model.answer(engine_request(body, request, received_at))
         PREDICT_HIST_TIME.labels(model_name=model_name).observe(time.perf_counter() - started)
         return answer_response(answer)
 
@@ -381,7 +437,15 @@ class PackratModelServer(kserve.ModelServer):
 class RepositoryServicer(InferenceServicer):
     """KServe's gRPC servicer with its model repository calls answered: in KServe 0.21 they read a
     result the repository extension never returns (it returns None), so every gRPC load and unload
-    failed with INTERNAL after doing its work."""
+    failed with INTERNAL after doing its work. And ModelInfer notes when the call began and the
+    client's deadline (KServe hands predict() no gRPC context) for the request's own deadline."""
+
+    async def ModelInfer(self, request, context):
+        token = GRPC_CALL.set((time.monotonic(), context.time_remaining()))  # None: the call has no deadline
+        try:
+            return await super().ModelInfer(request, context)
+        finally:
+            GRPC_CALL.reset(token)
 
     async def RepositoryModelLoad(self, request, context):
         await self._mode_repository_extension.load(model_name=request.model_name)

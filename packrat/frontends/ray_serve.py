@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -56,7 +57,7 @@ class PackratEngine:
             (Path(self._profile_dir.name) / file_name).write_text(text)
         settings = Settings.from_section(section).replace(profiles=tuple(profile_texts))
         self.engine = Engine(settings, self._profile_dir.name, name, max_batch=settings.max_batch,
-                             asynchronous=True)
+                             asynchronous=True, restart=self._replaced)
         self.node = ray.get_runtime_context().get_node_id()
         # Which engine answered: the node, and the cores it plans for (its CPU budget).
         self.headers = {"X-Packrat-Node": self.node,
@@ -64,14 +65,19 @@ class PackratEngine:
         self.metadata = model_metadata(name, self.engine.spec.inputs)
         log.info("packrat engine on node %s: %s", self.node, self.engine.budget.describe())
 
-    async def infer(self, body: bytes, content_type: str | None, header_length: str | None) -> tuple[Answer, dict]:
+    async def infer(self, body: bytes, content_type: str | None, header_length: str | None,
+                    waited_s: float = 0.0) -> tuple[Answer, dict]:
         """The request's Answer, and the headers naming this engine. One the pool would refuse is
-        answered before anything is made of its body."""
-        refused = self.engine.refusal()
+        answered before anything is made of its body. `waited_s`: how long the ingress held it
+        before the call (its clock is another process's, perhaps another node's): its deadline
+        counts from then, the hop between them aside; the client's (Triton's `timeout`) if tighter."""
+        received_at = time.monotonic() - waited_s
+        refused = self.engine.refusal(received_at)
         if refused is not None:
             return refused, self.headers
         self.engine.arrive()
-        answer = await asyncio.wrap_future(self.engine.submit(Request(body, content_type, header_length)))
+        request = Request(body, content_type, header_length, received_at, oip.timeout_s(body, header_length))
+        answer = await asyncio.wrap_future(self.engine.submit(request))
         return answer, self.headers
 
     def ready(self) -> bool:
@@ -83,8 +89,15 @@ class PackratEngine:
     def model_metadata(self) -> dict:
         return self.metadata
 
+    @staticmethod
+    def _replaced(reason: str) -> None:
+        """The engine's restart: Ray Serve's, which replaces a replica whose check_health fails (its
+        actor process ends, and the stuck threads with it)."""
+        log.error("packrat engine unavailable (%s): Ray Serve replaces this replica once its health check fails", reason)
+
     def check_health(self) -> None:
-        """Ray Serve's periodic check: a pool that can no longer serve gets its replica replaced."""
+        """Ray Serve's periodic check: a pool that can no longer serve (no cores left, or the model
+        cannot be loaded) gets its replica replaced."""
         unavailable = self.engine.pool.health().unavailable
         if unavailable:
             raise RuntimeError(f"packrat pool unavailable: {unavailable}")
@@ -117,11 +130,12 @@ class PackratIngress:
         return _error(405 if path in self.infer_paths else 404, f"no route for {request.method} {path}")
 
     async def _infer(self, request: HttpRequest) -> Response:
+        received_at = time.monotonic()  # the engine counts the request's deadline from here (waited_s)
         body = await limited_body(request, self.max_body_bytes)
         if body is None:
             return _error(413, f"request body over {self.max_body_bytes} bytes")
         answer, headers = await self._call("infer", body, request.headers.get("content-type"),
-                                           request.headers.get(oip.HEADER))
+                                           request.headers.get(oip.HEADER), time.monotonic() - received_at)
         if answer.status != 200:
             return _error(answer.status, answer.reason, answer_headers(answer))
         binary = {oip.HEADER: str(answer.header_length)} if answer.header_length is not None else {}

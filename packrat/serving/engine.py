@@ -4,14 +4,25 @@ plan, the instance pool and the controller that re-plans as the load changes.
 Front ends only adapt their requests to it: the TorchServe handler (handlers/packrat_handler.py)
 and the Ray Serve deployment (packrat/frontends/ray_serve.py) both build an Engine from the same
 Settings (packrat/settings.py: an archive's `packrat:` section), with files relative to `model_dir`.
+
+Cores fenced off. A thread instance stuck in a run it cannot leave is abandoned by the pool, its
+cores fenced off until it returns (pool/supervisor.py). Every plan the engine makes leaves the
+fenced cores out (plan_for), and a change of them re-plans at once on the cores left (the
+controller's replan): nothing is pinned onto a stuck thread's cores. Where no cores are left (a fat
+instance stuck), the pool answers every request 503 with that reason, front ends report not ready,
+and the engine calls the `restart(reason)` its front end gave it: only the end of the process ends
+a stuck thread (the TorchServe worker exits and TorchServe starts another; the KServe server
+re-executes itself; Ray Serve replaces a replica whose check_health fails).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Callable
 
 from packrat.codec.config import CodecConfig
 from packrat.errors import MoveFailed, PoolError
@@ -39,10 +50,13 @@ log = logging.getLogger(__name__)
 class Engine:
     """The pool serving the model of `settings`, planned for this machine's CPU budget and batch
     `max_batch`; `asynchronous` front ends hand requests over one by one (the pool gathers them),
-    the others whole batches. submit() returns a future of the request's Answer."""
+    the others whole batches. submit() returns a future of the request's Answer. `restart(reason)`:
+    how the front end restarts the serving process when no cores are left (None: it serves 503s
+    until the stuck thread returns)."""
 
     def __init__(self, settings: Settings, model_dir: str | Path, model_name: str, *, max_batch: int,
-                 asynchronous: bool):
+                 asynchronous: bool, restart: Callable[[str], None] | None = None):
+        self._restart, self._restart_asked = restart, threading.Event()
         self.budget: CpuBudget = cpu_budget(settings.cores, "the archive's `cores` setting")
         log.info("packrat CPU budget: %s", self.budget.describe())
         profile, profile_path, choice = chosen_profile(settings, model_dir, self.budget)
@@ -51,6 +65,7 @@ class Engine:
         profile = runnable_here(profile)
         if settings.instance_kind == "process":
             profile = processes_only(profile)
+        serving_torch_threads(profile)
         # The profile as served here: its figures corrected by what the instances serve (served.py);
         # kept for a restart only by a model that has its cores to itself
         self.corrector = PlanCorrector(profile, corrections_file(model_name, profile_path),
@@ -85,7 +100,7 @@ class Engine:
         if not asynchronous:  # the whole batch is here: nothing more comes until it is answered
             recovery.setdefault("gather_ms", 0.0)
         self.pool = InstancePool.from_plan(model, plan, capacity=max_batch, fallbacks=self._fallbacks, codec=self.codec,
-                                           **recovery)
+                                           on_fence=self._fences_changed, **recovery)
         if turns:
             self.pool.take_turns(self.node.lock_dir, self._turn_ms)
         mismatch = mode_mismatch(profile.metadata.get("mode"), self.pool.mode)
@@ -97,6 +112,8 @@ class Engine:
         self.reconfigure = settings.reconfigure  # follow the load, unless told not to
         # corrections, switches on them and trials of near-ties: the plan tuned to what is served
         self.tuner = PlanTuner(self.controller, self.pool, self.corrector, self.plan_for)
+        if self.pool.fenced_cores():  # a thread stuck before the controller was there to re-plan
+            self._fences_changed(self.pool.fenced_cores())
         if self.node is not None:
             self.node.applying = True
 
@@ -145,14 +162,44 @@ class Engine:
 
     def plan_for(self, batch: int, topology: Topology | None = None, profile: Profile | None = None):
         """The plan for `batch` on this model's cores, or `topology`'s (the fat one where the archive
-        says so), on the profile as corrected by what was served, or on `profile`."""
-        topology = topology or self.topology
+        says so), on the profile as corrected by what was served, or on `profile`; never on cores
+        fenced off (held by a stuck thread instance)."""
+        fenced = self.pool.fenced_cores() if self.pool is not None else frozenset()
+        topology = cores_left(topology or self.topology, fenced)
+        if not topology.cores:
+            raise PoolError(f"no cores left to plan on: cores {sorted(fenced)} are fenced off")
         profile = profile or self.corrector.profile
         plan, fallback = serving_plan(profile.items(), topology.num_cores, batch, topology, self._plan_mode,
                                       profile.runtimes)
         if fallback:
             log.warning(fallback)
         return plan
+
+    def _fences_changed(self, fenced: frozenset) -> None:
+        """The cores abandoned thread instances hold changed (from the pool's thread): re-plan in
+        the background on the cores left (all of them again once the threads returned); with none
+        left, restart."""
+        if not cores_left(self.topology, fenced).cores:
+            self._no_cores_left(f"no cores left to serve on: cores {sorted(fenced)} are held by stuck thread "
+                                f"instance(s)")
+            return
+        if self.controller is None:  # still starting: its first plan is made after this
+            return
+        reason = (f"cores {sorted(fenced)} fenced off: a thread instance is stuck on them" if fenced
+                  else "the fenced cores came back: their stuck thread returned")
+        threading.Thread(target=self.controller.replan, args=(reason,), daemon=True, name="packrat-fence").start()
+
+    def _no_cores_left(self, reason: str) -> None:
+        """Requests are answered 503 (the pool's `unavailable`) and front ends report not ready; the
+        front end's restart, once, is the only way to end the stuck threads."""
+        if self._restart_asked.is_set():
+            return
+        self._restart_asked.set()
+        if self._restart is None:
+            log.error("packrat: %s; nothing restarts this engine: requests are refused until a thread returns", reason)
+            return
+        log.error("packrat: %s; restarting", reason)
+        threading.Thread(target=self._restart, args=(reason,), daemon=True, name="packrat-restart").start()
 
     def arrive(self, count: int = 1) -> None:
         """`count` requests arrived together: one observation of the load for the controller, and
@@ -182,11 +229,13 @@ class Engine:
             future.set_result(Answer.error(503 if isinstance(exc, PoolError) else 500, f"{type(exc).__name__}: {exc}"))
             return future
 
-    def refusal(self, waited_s: float = 0.0) -> Answer | None:
+    def refusal(self, received_at: float | None = None, timeout_s: float | None = None) -> Answer | None:
         """How the live pool would refuse a request arriving now (503 with when to retry, counted),
-        or None: a front end asks before it reads or decodes the body, so a refusal costs no core."""
+        or None: a front end asks before it reads or decodes the body, so a refusal costs no core.
+        `received_at`: when the front end received it (time.monotonic()); `timeout_s`: the client's
+        own deadline after that, where known this early."""
         try:
-            return self.pool.refusal(waited_s)
+            return self.pool.refusal(received_at, timeout_s)
         except Exception as exc:  # never a reason to lose the request: submit() decides then
             log.warning("packrat admission not decided early: %s", exc)
             return None
@@ -207,6 +256,24 @@ class Engine:
         if self.node is not None:
             self.node.leave()  # the node re-plans without it: others may grow onto its cores
         self.pool.close()
+
+
+def cores_left(topology: Topology, fenced) -> Topology:
+    """`topology` without the cores `fenced`."""
+    return topology_of(topology, [core for core in topology.cores if core not in fenced])
+
+
+def serving_torch_threads(profile: Profile) -> None:
+    """torch's intra-op threads in the serving process, set once, here, before any instance starts:
+    one, where the profile holds thread-kind points. That count is the process's (each thread reads
+    it on its first parallel region), and torch runs no model here (process instances run theirs in
+    their own processes): its work here is the thread instances' decoding and encoding on their
+    cores, where a team of torch's threads would spin beside the runtime's (models.runtimes.torch_threads)."""
+    from packrat.codec.batch import set_intra_op_threads
+    from packrat.models.runtimes import instance_kind
+
+    if any(instance_kind(runtime) == "thread" for runtime in profile.measured_runtimes):
+        set_intra_op_threads(1)
 
 
 def chosen_profile(settings: Settings, model_dir: str | Path, budget: CpuBudget) -> tuple[Profile, Path, str]:

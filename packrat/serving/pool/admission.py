@@ -11,22 +11,47 @@ where a round is the time one planned batch takes through the pool: the plan's l
 profile's) times what the pool served over what the profile predicted (``ServedRounds``, from the
 recent sub-batches, so a slower machine, a CPU-bound neighbour, JSON decoding or a longer hop
 are all in it). A request whose prediction does not fit the time it has left is refused 503 with a
-``Retry-After`` from the same prediction: it costs no core. ``max_queue`` stays an upper bound.
+``Retry-After`` from the same prediction, spread by a random share so that refused clients do not
+all come back in the same second: it costs no core. ``max_queue`` stays an upper bound.
 
-A request that already waited upstream (TorchServe's own queue, before its Python worker sees
-it) has that much less time; ``UpstreamWait`` bounds that wait from the rounds the worker saw.
+A request's time counts from when the front end received it (``Request.received_at``): receiving
+and parsing its body, waiting for the GIL, TorchServe's own queue (bounded by ``UpstreamWait``) are
+all spent from its deadline. Its deadline is the server's ``request_timeout_s`` or the client's own
+(a gRPC deadline, Triton's ``timeout`` parameter), whichever is tighter.
 
-Pure: plain numbers in, a verdict out; tested with tables.
+The prediction corrects itself. While nothing runs or waits in the pool, a request is admitted
+whatever the prediction says (a probe): a ratio that predicts a miss for an idle pool would
+otherwise refuse every request, no batch would be served, and the ratio would never change. Probes
+are ordinary admitted requests, in the admitted count and, if late, in the 504s. And while the pool
+is idle the ratio decays towards the plan (``DECAY_HALF_LIFE_S``): nothing served confirms it.
+
+Pure: plain numbers in, a verdict out (clocks and the jitter are passed in); tested with tables.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 IDLE_SLACK_S = 0.1  # beyond TorchServe's batch delay: a batch handed over later found its queue empty
-SMOOTHING = 0.2  # weight of the newest full sub-batch in the served/predicted ratio
+SMOOTHING = 0.2  # weight of the newest sub-batch in the served/predicted ratio (the first one's too)
+RATIO_BOUNDS = (0.05, 20.0)  # the ratio stays within 20× of the plan either way: beyond, the profile is not
+# this machine's, and following it further would only lengthen the way back
+PARTIAL_SCALE = 2.0  # a partial sub-batch's time counts at most twice for the planned batch: its fixed
+# cost (the hop, the model's per-call overhead) does not grow with the batch, so scaling by B / n overshoots
+STEP_BOUND = 4.0  # a sample counts as at most 4× the ratio it joins: one stalled sub-batch moves the prediction
+# (and its deviation) little, a lasting slow-down is followed within a few (a fast sample needs no bound: the lower
+# ratio it brings is offset by the deviation it adds)
+DECAY_HALF_LIFE_S = 10.0  # an idle pool's ratio halves its distance to the plan this often: long beside a
+# batch (ms to a second), short beside a refused client's retries
+RETRY_JITTER = 0.5  # Retry-After: the predicted drain plus up to half of it (at least up to a second more)
+
+# why a request was not admitted: the admission's causes, and the pool's own (no instance can run it)
+LATE, QUEUE_FULL, EXPIRED_BEFORE, UNAVAILABLE = "late", "queue_full", "expired_before", "unavailable"
+CAUSES = (LATE, QUEUE_FULL, EXPIRED_BEFORE, UNAVAILABLE)
 
 
 @dataclass(frozen=True)
@@ -34,7 +59,12 @@ class Refusal:
     status: int  # 503: refused, try again after retry_after_s; 504: its deadline passed already
     reason: str
     retry_after_s: int  # whole seconds, as the Retry-After header takes them
-    late: bool = False  # refused by the prediction (not the queue bound, not an expired wait)
+    cause: str = LATE  # one of CAUSES: what the metrics count it under
+
+    @property
+    def late(self) -> bool:
+        """Refused by the prediction (not the queue bound, not an expired wait)."""
+        return self.cause == LATE
 
 
 @dataclass(frozen=True)
@@ -43,6 +73,7 @@ class Outlook:
     busy_left_s: float = 0.0  # until the batches running now are predicted to finish
     batch: int = 1  # the plan's batch: the requests one round takes
     round_s: float | None = None  # one round's time, as served; None: nothing to predict with
+    idle: bool = False  # nothing runs or waits in the pool: a request now is a probe, admitted
 
 
 def answer_in_s(queued: int, busy_left_s: float, batch: int, round_s: float) -> float:
@@ -51,9 +82,11 @@ def answer_in_s(queued: int, busy_left_s: float, batch: int, round_s: float) -> 
     return busy_left_s + math.ceil((queued + 1) / max(batch, 1)) * round_s
 
 
-def retry_after(excess_s: float) -> int:
-    """Whole seconds after which the queue ahead has drained by `excess_s` of work (at least 1)."""
-    return max(1, math.ceil(excess_s))
+def retry_after(excess_s: float, jitter: float = 0.0) -> int:
+    """Whole seconds after which the queue ahead has drained by `excess_s` of work, spread by
+    `jitter` (uniform in [0, 1)) over up to RETRY_JITTER of it more, and at least a second more,
+    so clients refused together do not return together; at least 1."""
+    return max(1, math.ceil(excess_s + jitter * max(RETRY_JITTER * excess_s, 1.0)))
 
 
 @dataclass(frozen=True)
@@ -62,19 +95,29 @@ class Admission:
     timeout_s: float
     max_queue: int
     by_prediction: bool = True
+    jitter: Callable[[], float] = field(default=random.random, compare=False)  # Retry-After's spread, in [0, 1)
 
-    def verdict(self, queued: int, outlook: Outlook, waited_s: float = 0.0) -> Refusal | None:
-        """None to admit; else why not. A round of None (no plan latency, nothing served yet):
-        the queue bound alone. `waited_s`: time already spent upstream."""
+    def timeout_for(self, client_timeout_s: float | None = None) -> float:
+        """A request's time from its receipt to its answer: the server's, or the client's if tighter."""
+        return self.timeout_s if client_timeout_s is None else min(self.timeout_s, client_timeout_s)
+
+    def verdict(self, queued: int, outlook: Outlook, waited_s: float = 0.0,
+                client_timeout_s: float | None = None) -> Refusal | None:
+        """None to admit; else why not. `waited_s`: time since the front end received it;
+        `client_timeout_s`: the client's own deadline after that, if it sent one. A round of None (no
+        plan latency, nothing served yet): the queue bound alone. An idle pool admits (a probe)."""
         batch, round_s = outlook.batch, outlook.round_s
-        left_s = self.timeout_s - waited_s
+        timeout_s = self.timeout_for(client_timeout_s)
+        left_s = timeout_s - waited_s
         if left_s <= 0:
-            return Refusal(504, f"waited {waited_s:.2f} s before reaching the model, past its {self.timeout_s:g} s "
-                                f"deadline", 1)
+            return Refusal(504, f"waited {waited_s:.2f} s before reaching the model, past its {timeout_s:g} s "
+                                f"deadline", 1, EXPIRED_BEFORE)
         if queued >= self.max_queue:
             drain_s = answer_in_s(queued - self.max_queue, 0.0, batch, round_s or 0.0)
             return Refusal(503, f"too many requests waiting ({queued}, the limit); try again later",
-                           retry_after(drain_s))
+                           retry_after(drain_s, self.jitter()), QUEUE_FULL)
+        if outlook.idle and queued == 0:  # a probe: what it takes is the ratio's next sample
+            return None
         if not self.by_prediction or round_s is None:
             return None
         predicted_s = answer_in_s(queued, outlook.busy_left_s, batch, round_s)
@@ -82,7 +125,7 @@ class Admission:
             return None
         return Refusal(503, f"would be answered in {predicted_s:.2f} s, past its {left_s:.2f} s left "
                             f"({queued} queued, {round_s * 1e3:.0f} ms a batch of {batch}); try again later",
-                       retry_after(predicted_s - left_s), late=True)
+                       retry_after(predicted_s - left_s, self.jitter()), LATE)
 
 
 def upstream_queue(timeout_s: float, round_s: float, batch: int, max_queue: int) -> int:
@@ -95,36 +138,63 @@ def upstream_queue(timeout_s: float, round_s: float, batch: int, max_queue: int)
 
 
 class ServedRounds:
-    """How long a planned batch takes through the pool against the plan's latency for it: the
-    ratio served / predicted over the recent sub-batches, each against its share of the planned
-    batch's latency (a partial batch runs less efficiently per request, so it errs on the slow
-    side: where requests reach the pool slower than it serves, as behind a congested front end,
-    the batches are partial and slow both), 1.0, the plan as predicted, until the first is served; and how far single ones
-    stray from it. A round is predicted at the ratio plus that deviation, as TCP times a
-    retransmission: a request admitted on a round's mean would miss its deadline whenever the
-    rounds ahead of it came out a little slower."""
+    """How long a planned batch takes through the pool against the plan's latency for it: one
+    unitless ratio, served / predicted, over the recent sub-batches, and how far single ones stray
+    from it. A round is predicted at the ratio plus that deviation, as TCP times a retransmission: a
+    request admitted on a round's mean would miss its deadline whenever the rounds ahead of it came
+    out a little slower.
 
-    def __init__(self, smoothing: float = SMOOTHING):
-        self.smoothing, self.ratio, self.deviation, self.seen = smoothing, 1.0, 0.0, 0
+    Each sub-batch is a sample: its time for its instance's planned batch over that instance's
+    predicted latency. A partial sub-batch is scaled up to the planned batch, at most PARTIAL_SCALE
+    times (it runs less efficiently per request, so it errs on the slow side: where requests reach
+    the pool slower than it serves, as behind a congested front end, the batches are partial and
+    slow both); a sub-batch beyond the plan, down in proportion. An instance with no predicted
+    latency is expected to take what the first such planned share served took (`reference_s`), so
+    its samples are ratios too, never seconds. Every sample is clamped to RATIO_BOUNDS and to at
+    most STEP_BOUND times the ratio, and mixed in with SMOOTHING, the first one as well, from 1.0
+    (the plan as predicted). While the pool is idle the ratio and its deviation decay back towards
+    the plan (look()); a busy pool needs no decay: its sub-batches are samples, and a pool that
+    refuses all it is sent is idle between its batches (the admission's probe)."""
+
+    def __init__(self, smoothing: float = SMOOTHING, bounds: tuple[float, float] = RATIO_BOUNDS,
+                 half_life_s: float = DECAY_HALF_LIFE_S):
+        self.smoothing, self.bounds, self.half_life_s = smoothing, bounds, half_life_s
+        self.ratio, self.deviation, self.seen = 1.0, 0.0, 0
+        self.reference_s: float | None = None  # expected planned share of an instance with no plan latency
         self.settling_until = float("-inf")  # a new instance's first batches are not its pace (settle())
+        self.looked_at: float | None = None  # when the ratio was last confirmed (a sample) or decayed
 
     def add(self, measured_s: float, requests: int, planned_batch: int, expected_s: float | None,
-            now: float = float("inf")) -> None:
+            now: float | None = None) -> None:
         """One sub-batch of `requests` answered `measured_s` after it was handed out (at `now`); its
-        instance plans `planned_batch` in `expected_s` (None: unknown, and the ratio is then the
-        planned share's time itself, in seconds)."""
-        if requests <= 0 or measured_s <= 0 or now < self.settling_until:
+        instance plans `planned_batch` in `expected_s` (None: no plan latency, see `reference_s`)."""
+        if requests <= 0 or measured_s <= 0 or (now is not None and now < self.settling_until):
             return
-        sample = measured_s * planned_batch / requests / (expected_s or 1.0)  # the planned share at its pace
-        if self.seen:
-            self.deviation = self._mix(self.deviation, abs(sample - self.ratio))
-            self.ratio = self._mix(self.ratio, sample)
-        else:
-            self.ratio = sample
+        scale = planned_batch / requests
+        share_s = measured_s * (min(scale, PARTIAL_SCALE) if scale > 1 else scale)  # the planned share's time
+        if not expected_s:
+            if self.reference_s is None:
+                self.reference_s = share_s
+            expected_s = self.reference_s
+        sample = min(max(share_s / expected_s, self.bounds[0]), self.bounds[1], self.ratio * STEP_BOUND)
+        self.deviation = self._mix(self.deviation, abs(sample - self.ratio))
+        self.ratio = self._mix(self.ratio, sample)
         self.seen += 1
+        if now is not None:
+            self.looked_at = now
 
     def _mix(self, old: float, new: float) -> float:
         return (1 - self.smoothing) * old + self.smoothing * new
+
+    def look(self, now: float, idle: bool) -> None:
+        """The pool is looked at, at `now`: while it is idle (nothing runs, nothing waits) no
+        sub-batch confirms the pace, so the ratio and its deviation decay towards the plan's (1.0,
+        none), halving their distance every half_life_s since the last look or sample."""
+        if idle and self.looked_at is not None and now > self.looked_at:
+            kept = 0.5 ** ((now - self.looked_at) / self.half_life_s)
+            self.ratio = 1.0 + (self.ratio - 1.0) * kept
+            self.deviation *= kept
+        self.looked_at = now
 
     def settle(self, until: float) -> None:
         """Leave out what is answered until then (a switch, a lost instance): the rounds keep the
@@ -133,15 +203,33 @@ class ServedRounds:
 
     @property
     def margin_ratio(self) -> float:
-        """The ratio a round is predicted at: the mean and one deviation."""
-        return self.ratio + self.deviation
+        """The ratio a round is predicted at: the mean and one deviation, within RATIO_BOUNDS."""
+        return min(self.ratio + self.deviation, self.bounds[1])
 
-    def round_s(self, expected_s: list[float | None]) -> float | None:
-        """A round of the plan: its slowest instance's predicted latency, as served."""
-        known = [e for e in expected_s if e]
-        if known and len(known) == len(expected_s):
-            return max(known) * self.margin_ratio
-        return self.margin_ratio if self.seen else None
+    def expected(self, expected_s: float | None) -> float | None:
+        """An instance's predicted time for its planned share: its plan latency, else `reference_s`."""
+        return expected_s or self.reference_s
+
+    def round_s(self, expected_s: Sequence[float | None]) -> float | None:
+        """A round of the plan: its slowest instance's predicted time, as served; None while no
+        instance has a time to predict with (no plan latency, nothing served)."""
+        known = [e for e in map(self.expected, expected_s) if e]
+        return max(known) * self.margin_ratio if known else None
+
+    def outlook(self, now: float, instances: Sequence[tuple[float | None, int, float | None]],
+                idle: bool) -> Outlook:
+        """What a request arriving at `now` sees: each ready instance as (its plan latency or None,
+        its planned batch, when it began its running sub-batch or None); `idle`: nothing runs or
+        waits anywhere in the pool (look())."""
+        self.look(now, idle)
+        batch = sum(planned for _, planned, _ in instances) or 1
+        round_s = self.round_s([e for e, _, _ in instances])
+        if round_s is None:
+            return Outlook(batch=batch, idle=idle)
+        margin = self.margin_ratio
+        busy_left = [(self.expected(e) * margin if self.expected(e) else round_s) - (now - since)
+                     for e, _, since in instances if since is not None]
+        return Outlook(max([0.0, *busy_left]), batch, round_s, idle)
 
 
 class UpstreamWait:

@@ -38,7 +38,10 @@ class Request:
     body: bytes | bytearray | memoryview  # any bytes-like body: the pool copies it once, into shared memory
     content_type: str | None = None
     header_length: int | str | None = None  # KServe v2 binary extension: Inference-Header-Content-Length, as sent
-    waited_s: float = 0.0  # time it already waited ahead of the pool (TorchServe's queue): its deadline is nearer
+    received_at: float | None = None  # time.monotonic() when the front end received it (its deadline counts
+    # from there: receiving, parsing, the GIL, TorchServe's queue); None: when the pool got it
+    timeout_s: float | None = None  # the client's own deadline after received_at (gRPC's, Triton's `timeout`);
+    # the server's request_timeout_s or this, whichever is tighter
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,14 @@ class Health:
     requests_per_sub_batch: float = 0.0  # their mean size over the same last sub-batches
     fallbacks: list[str] = field(default_factory=list)  # instances running another runtime than planned, and why
     kinds: list[dict] = field(default_factory=list)  # each instance: index, kind (thread or process), runtime, cores
-    abandoned: int = 0  # thread instances stuck in a cancelled run, left behind and replaced by processes
+    abandoned: int = 0  # thread instances left stuck in a cancelled run since the start (supervisor.py)
+    fenced: list[int] = field(default_factory=list)  # the cores those still stuck hold: left out of every plan
     admitted: int = 0  # requests taken in since the pool started
     refused_late: int = 0  # of the refused: predicted to be answered after their deadline (admission.py)
     predicted_wait_ms: float | None = None  # a request arriving now would be answered in this, as predicted
-    served_ratio: float = 1.0  # how long the pool's full sub-batches took over the plan's latency for them
+    served_ratio: float = 1.0  # how long the pool's sub-batches took over the plan's latency for them (admission.py)
+    refusals: dict[str, int] = field(default_factory=dict)  # requests not admitted or not run, by cause
+    # (admission.CAUSES: late, queue_full, expired_before, unavailable); each also in refused or expired
 
 
 def configs_for(plan, capacity: int = 0, fallbacks=None) -> list[InstanceConfig]:

@@ -91,7 +91,7 @@ def attach(name: str, size: int) -> mmap.mmap:
         return mmap.mmap(file.fileno(), size, access=mmap.ACCESS_WRITE)
 
 
-def warm_up(module, examples: tuple, threads: int, turn=contextlib.nullcontext) -> float:
+def warm_up(module, examples: tuple, threads: int, turn=contextlib.nullcontext, cpu_clock=time.process_time) -> float:
     """Run every batch size the instance will see soon (halving down to 1), so a graph mode's
     compilation or specialisation per shape happens here, not on a live request. Returns the full batch's second run in ms
     as it would take with its `threads` cores to itself: the wall time, or the CPU time per thread
@@ -99,18 +99,19 @@ def warm_up(module, examples: tuple, threads: int, turn=contextlib.nullcontext) 
     mostly waits for a core, and the watchdog's allowance for this instance rests on this figure.
     Where the cores are time-shared, each timed run takes its turn (`turn()`: the core locks); the
     first run of each shape, which may compile for seconds, runs outside the turns, at the low
-    priority of a warm-up beside a live pool, so it does not hold the other models off."""
+    priority of a warm-up beside a live pool, so it does not hold the other models off. `cpu_clock`:
+    the CPU seconds of the instance's threads (the process's, for an instance process)."""
     size = full = examples[0].shape[0]
     full_ms = 0.0
     while size >= 1:
         inputs = [example[:size] for example in examples]
         module(*inputs)
         with turn():
-            started, cpu_started = time.perf_counter(), time.process_time()
+            started, cpu_started = time.perf_counter(), cpu_clock()
             module(*inputs)
         if size == full:
             wall_ms = (time.perf_counter() - started) * 1e3
-            cpu_ms = (time.process_time() - cpu_started) * 1e3
+            cpu_ms = (cpu_clock() - cpu_started) * 1e3
             full_ms = min(wall_ms, cpu_ms / threads)
         size //= 2
     return full_ms

@@ -16,23 +16,24 @@ request (packrat's KServe server at 1 user, 50 ms a request against 1.4 for a pl
 docs/benchmarks/peers.md, issue 63).
 
 A request is admitted only when it can be answered within its deadline (admission.py: the queue
-ahead, the running batches and the plan's round as served); the rest are refused 503 at once.
-Every request has a deadline (``request_timeout_s`` after it arrived, less what it waited ahead of
-the pool): one not answered by then,
-queued or running, is answered 504 with the reason, so nothing waits forever. A request whose
-instance died or hung goes back to the front of the queue; one that has been on ``max_attempts``
-lost instances (it may be what kills them) is answered 500 instead.
+ahead, the running batches and the plan's round as served; a request reaching an idle pool always,
+a probe); the rest are refused 503 at once, and counted by cause. Every request has a deadline
+(``request_timeout_s`` after the front end received it, or the client's own if tighter): one not
+answered by then, queued or running, is answered 504 with the reason, so nothing waits forever. A
+request whose instance died or hung goes back to the front of the queue; one that has been on
+``max_attempts`` lost instances (it may be what kills them) is answered 500 instead.
 """
 
 from __future__ import annotations
 
+import random
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol, Sequence
 
-from packrat.serving.pool.admission import Admission, Outlook, Refusal
+from packrat.serving.pool.admission import UNAVAILABLE, Admission, Outlook, Refusal
 from packrat.serving.pool.api import Answer, InstanceConfig, Request
 from packrat.settings import GATHER_MS, MAX_QUEUE, REQUEST_TIMEOUT_S  # the defaults, declared with the schema
 
@@ -112,8 +113,9 @@ class Counts:
     answered: int = 0
     refused: int = 0  # 503: not answerable in time, queue full, or no instance can run
     refused_late: int = 0  # of those, not answerable in time (the prediction)
-    expired: int = 0  # 504: past the deadline
+    expired: int = 0  # 504: past the deadline (admitted, or already before it reached the pool)
     requeued: int = 0
+    refusals: Counter = field(default_factory=Counter)  # the 503s, and the 504s before admission, by cause
 
 
 class Dispatcher:
@@ -121,35 +123,49 @@ class Dispatcher:
 
     def __init__(self, gather_ms: float = GATHER_MS, request_timeout_s: float = REQUEST_TIMEOUT_S,
                  max_queue: int = MAX_QUEUE, max_attempts: int = MAX_ATTEMPTS,
-                 clock: Callable[[], float] = time.monotonic, admission: str = "predicted"):
+                 clock: Callable[[], float] = time.monotonic, admission: str = "predicted",
+                 jitter: Callable[[], float] = random.random):
         self.gather_s, self.request_timeout_s = gather_ms / 1e3, request_timeout_s
         self.max_queue, self.max_attempts, self.clock = max_queue, max_attempts, clock
-        self.admission = Admission(request_timeout_s, max_queue, by_prediction=admission == "predicted")
+        self.admission = Admission(request_timeout_s, max_queue, by_prediction=admission == "predicted",
+                                   jitter=jitter)
         self.queue: deque[Job] = deque()
         self.counts = Counts()
         self.waves: deque[int] = deque(maxlen=RECENT_WAVES)  # requests in the pool at recent hand-outs
 
-    def refusal(self, outlook: Outlook = Outlook(), waited_s: float = 0.0) -> Answer | None:
-        """The answer refusing a request arriving now (counted), or None: it would be admitted."""
-        refusal = self.admission.verdict(len(self.queue), outlook, waited_s)
+    def refusal(self, outlook: Outlook = Outlook(), received_at: float | None = None,
+                timeout_s: float | None = None) -> Answer | None:
+        """The answer refusing a request arriving now (counted), or None: it would be admitted.
+        `received_at`: when the front end received it (this clock's time; None: now); `timeout_s`:
+        the client's own deadline after that, if it sent one."""
+        waited_s = 0.0 if received_at is None else max(0.0, self.clock() - received_at)
+        refusal = self.admission.verdict(len(self.queue), outlook, waited_s, timeout_s)
         if refusal is None:
             return None
         self._count(refusal)
         return Answer.error(refusal.status, refusal.reason, refusal.retry_after_s)
 
     def _count(self, refusal: Refusal) -> None:
+        self.counts.refusals[refusal.cause] += 1
         if refusal.status == 504:
             self.counts.expired += 1
             return
         self.counts.refused += 1
         self.counts.refused_late += refusal.late
 
+    def unavailable(self, reason: str) -> Answer:
+        """The answer refusing a request no instance can run now (counted)."""
+        self.counts.refused += 1
+        self.counts.refusals[UNAVAILABLE] += 1
+        return Answer.error(503, reason)
+
     def enqueue(self, request: Request, outlook: Outlook = Outlook()) -> Job:
         """A job for the request: queued, or answered at once when it would not be answered in time
         (or the queue is full)."""
         now = self.clock()
-        job = Job(request, Future(), now, now + self.request_timeout_s - request.waited_s)
-        refused = self.refusal(outlook, request.waited_s)
+        received = now if request.received_at is None else request.received_at
+        job = Job(request, Future(), now, received + self.admission.timeout_for(request.timeout_s))
+        refused = self.refusal(outlook, received, request.timeout_s)
         if refused is not None:
             job.resolve(refused)
         else:
@@ -158,8 +174,10 @@ class Dispatcher:
         return job
 
     def refuse(self, job: Job, reason: str) -> None:
+        """An admitted job answered 503: no instance can run it (the pool is unavailable, or closing)."""
         if job.resolve(Answer.error(503, reason)):
             self.counts.refused += 1
+            self.counts.refusals[UNAVAILABLE] += 1
 
     def refuse_queued(self, reason: str) -> int:
         """Answer every queued request 503 with the reason; how many there were."""
@@ -218,8 +236,8 @@ class Dispatcher:
         for where, jobs in (("queued", list(self.queue)), ("running", list(running))):
             for job in jobs:
                 if now >= job.deadline and job.resolve(Answer.error(
-                        504, f"not answered within {self.request_timeout_s:g} s ({where}; "
-                             f"{job.attempts} instance(s) lost while running it)")):
+                        504, f"not answered within {self.admission.timeout_for(job.request.timeout_s):g} s "
+                             f"({where}; {job.attempts} instance(s) lost while running it)")):
                     self.counts.expired += 1
         self.queue = deque(job for job in self.queue if not job.future.done())
         return min(job.deadline for job in self.queue) - now if self.queue else None

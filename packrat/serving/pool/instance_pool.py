@@ -44,7 +44,7 @@ from packrat.serving.pool.api import (
     Request,
     configs_for,
 )
-from packrat.serving.pool.admission import Outlook, ServedRounds, answer_in_s
+from packrat.serving.pool.admission import CAUSES, Outlook, ServedRounds, answer_in_s
 from packrat.serving.pool.child import exit_with_parent
 from packrat.serving.pool.dispatch import Dispatcher, split_sizes
 from packrat.serving.pool.instance import Instance, sweep_stale_segments
@@ -78,7 +78,7 @@ class InstancePool:
     def __init__(self, model: ModelConfig, instances: Sequence[InstanceConfig], codec: CodecConfig | None = None,
                  start_timeout: float = 600.0, gather_ms: float = GATHER_MS,
                  request_timeout_s: float = REQUEST_TIMEOUT_S, max_queue: int = MAX_QUEUE,
-                 admission: str = "predicted", watchdog: Watchdog = Watchdog()):
+                 admission: str = "predicted", watchdog: Watchdog = Watchdog(), on_fence=None):
         if not instances:
             raise ValueError("a pool needs at least one instance")
         check_cores(instances)
@@ -103,7 +103,8 @@ class InstancePool:
         self._wake_w.setblocking(False)
         self.dispatcher = Dispatcher(gather_ms, request_timeout_s, max_queue, admission=admission)
         self.supervisor = Supervisor(model, codec, self._lock, self._closed, self.dispatcher.requeue, self._wake,
-                                     start_timeout=start_timeout, watchdog=watchdog, thread_done=self._thread_done)
+                                     start_timeout=start_timeout, watchdog=watchdog, thread_done=self._thread_done,
+                                     on_fence=on_fence)  # on_fence(cores): abandoned threads' cores changed
         swept = sweep_stale_segments()
         if swept:
             log.warning("removed %d shared-memory segment(s) left by a dead process: %s", len(swept), swept)
@@ -158,8 +159,13 @@ class InstancePool:
                          for i in instances)
 
     def pids(self) -> list[int]:
+        """Each instance's process (a thread instance's is the serving process)."""
         with self._lock:
             return [inst.pid for inst in self.supervisor.instances]
+
+    def fenced_cores(self) -> frozenset:
+        """The cores abandoned thread instances hold: no plan may use them (supervisor.py)."""
+        return self.supervisor.fenced_cores()
 
     # ---- answering requests -------------------------------------------------------------------
 
@@ -173,8 +179,7 @@ class InstancePool:
                                                    f"(limit {self.codec.max_body_bytes})"))
             reason = self.supervisor.unavailable()
             if reason:
-                self.dispatcher.counts.refused += 1
-                return _answered(Answer.error(503, reason))
+                return _answered(self.dispatcher.unavailable(reason))
             job = self.dispatcher.enqueue(request, self._outlook())
             if job.future.done():  # refused: it costs no instance anything
                 return job.future
@@ -190,25 +195,21 @@ class InstancePool:
         self._wake()
         return job.future
 
-    def refusal(self, waited_s: float = 0.0) -> Answer | None:
+    def refusal(self, received_at: float | None = None, timeout_s: float | None = None) -> Answer | None:
         """How a request arriving now would be refused (counted as refused), or None if it would be
-        admitted: for a front end to ask before it reads and decodes the body."""
+        admitted: for a front end to ask before it reads and decodes the body. `received_at`: when
+        the front end received it (time.monotonic()); `timeout_s`: the client's deadline, if known."""
         with self._lock:
             if self._closed.is_set():
                 return None  # submit() says so
-            return self.dispatcher.refusal(self._outlook(), waited_s)
+            return self.dispatcher.refusal(self._outlook(), received_at, timeout_s)
 
     def _outlook(self) -> Outlook:
         """The queue's view ahead of a request arriving now (caller holds the lock)."""
-        instances = [inst for inst in self.supervisor.instances if inst.ready]
-        expected = [inst.config.expected_ms / 1e3 if inst.config.expected_ms else None for inst in instances]
-        round_s = self.rounds.round_s(expected)
-        if round_s is None or not instances:
-            return Outlook(batch=sum(inst.config.batch for inst in instances) or 1)
-        now = time.monotonic()
-        busy_left = [(e * self.rounds.margin_ratio if e else round_s) - (now - inst.busy_since)
-                     for inst, e in zip(instances, expected) if inst.jobs]
-        return Outlook(max([0.0, *busy_left]), sum(inst.config.batch for inst in instances), round_s)
+        idle = not self.dispatcher.queue and not any(inst.jobs for inst in self._everyone())
+        return self.rounds.outlook(time.monotonic(), [(_expected_s(inst.config), inst.config.batch,
+                                                       inst.busy_since if inst.jobs else None)
+                                                      for inst in self.supervisor.instances if inst.ready], idle)
 
     def infer(self, requests: Sequence[Request]) -> list[Answer]:
         """Answers for `requests`, in order, run as one batch (blocks until all are answered)."""
@@ -321,8 +322,8 @@ class InstancePool:
         """A sub-batch's answers handed out and its stages and served time kept (caller holds the lock)."""
         self.dispatcher.answered(jobs, [Answer(*reply) for reply in replies])
         if jobs:  # none: a reconfiguration took them back while they ran (they run again elsewhere)
-            expected = inst.config.expected_ms / 1e3 if inst.config.expected_ms else None
-            self.rounds.add(received - inst.sent_stamps[1], len(jobs), inst.config.batch, expected, received)
+            self.rounds.add(received - inst.sent_stamps[1], len(jobs), inst.config.batch, _expected_s(inst.config),
+                            received)
             self.stages.add((*inst.sent_stamps, *instance_stamps, received, time.monotonic()), len(jobs))
             if turns == 1:  # a batch run in several turns is not the profile's point
                 key = served_key(inst.config.threads, inst.config.batch, inst.mode)
@@ -349,9 +350,11 @@ class InstancePool:
                           requests_per_sub_batch=self.stages.requests_per_sub_batch(),
                           fallbacks=[f"instance {i.index} {i.fallback}" for i in s.instances if i.fallback],
                           kinds=[{"index": i.index, "kind": i.kind, "runtime": i.config.runtime,
-                                  "cores": list(i.config.cores)} for i in s.instances],
-                          abandoned=s.abandoned, admitted=counts.admitted, refused_late=counts.refused_late,
-                          predicted_wait_ms=self._predicted_wait_ms(), served_ratio=round(self.rounds.ratio, 3))
+                                  "cores": list(i.config.cores), "pid": i.pid,
+                                  **({"tid": i.tid} if i.kind == "thread" else {})} for i in s.instances],
+                          abandoned=s.abandoned, fenced=sorted(s.fenced_cores()), admitted=counts.admitted, refused_late=counts.refused_late,
+                          predicted_wait_ms=self._predicted_wait_ms(), served_ratio=round(self.rounds.ratio, 3),
+                          refusals={cause: counts.refusals[cause] for cause in CAUSES})
 
     def _predicted_wait_ms(self) -> float | None:
         """When a request arriving now would be answered, as predicted (caller holds the lock)."""
@@ -411,6 +414,11 @@ class InstancePool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _expected_s(config: InstanceConfig) -> float | None:
+    """An instance's planned latency in seconds (None: its plan has none)."""
+    return config.expected_ms / 1e3 if config.expected_ms else None
 
 
 def check_cores(configs: Sequence[InstanceConfig]) -> None:

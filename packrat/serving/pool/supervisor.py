@@ -10,6 +10,15 @@ killed by a signal, or fewer than `load_attempts` attempts in a row failed while
 wait in the queue, bounded by their deadline. When every instance's last `load_attempts` attempts
 failed while loading the model, the model cannot be loaded: queued and new requests are answered
 503 at once with the load error, until an instance comes back.
+
+A hung thread instance (thread_instance.py) cannot be killed: its run is cancelled, its requests
+handed back at once, and its thread given the watchdog's allowance to return. One that does not
+(stuck in Python, a decoder, a lock: anything but the runtime's cancellable run) is abandoned and
+its cores fenced off: no instance is started on them while it holds them, and `on_fence(cores)`
+tells the engine, which re-plans on the cores left (engine.py). When the thread returns, its cores
+are unfenced (`on_fence` again) and its slot, if a re-plan has not retired it, respawned. With
+every instance fenced, no cores are left: requests are answered 503 with that reason
+(`unavailable`), which front ends report as not ready, and the engine restarts its process.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Sequence
 
 from packrat.codec.config import CodecConfig
+from packrat.errors import PoolError
 from packrat.models.runtimes import instance_kind, process_kind
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.core_locks import holders
@@ -94,17 +104,20 @@ class Supervisor:
 
     def __init__(self, model: ModelConfig, codec: CodecConfig, lock: threading.RLock, closed: threading.Event,
                  requeue: Callable[[list, str], None], wake: Callable[[], None], *, start_timeout: float = 600.0,
-                 watchdog: Watchdog = Watchdog(), load_attempts: int = LOAD_ATTEMPTS, thread_done=None):
+                 watchdog: Watchdog = Watchdog(), load_attempts: int = LOAD_ATTEMPTS, thread_done=None,
+                 on_fence: Callable[[frozenset], None] | None = None):
         self.model, self.codec, self._lock, self._closed = model, codec, lock, closed
         self._requeue, self._wake = requeue, wake
         self._thread_done = thread_done  # the pool's: a thread instance's answers or failure (thread_instance.Done)
+        self._on_fence = on_fence  # told the fenced cores whenever they change (called without the lock)
         self.start_timeout, self.watchdog, self.load_attempts = start_timeout, watchdog, load_attempts
         self.instances: list[Instance] = []
         self.parked: list[Instance] = []  # retired by the last switch; reused if the plan comes back
         self.core_locks: str | None = None  # while the cores are time-shared: the node's core-lock directory
         self.turn_ms: float | None = None  # and the longest turn an instance takes on them
         self.respawns = self.respawning = self.respawn_failures = self.watchdog_kills = 0
-        self.abandoned = 0  # thread instances left stuck in a cancelled run, replaced by processes
+        self.abandoned = 0  # thread instances left stuck in a cancelled run since the start
+        self.fenced: list[ThreadInstance] = []  # those still stuck: their cores are left out
         self._silent_holds: dict[tuple[int, float], float] = {}  # (pid, batch sent) -> first seen holding
 
     def spawn(self, config: InstanceConfig, index: int, nice: int = 0, slot: Slot | None = None) -> Instance:
@@ -151,7 +164,11 @@ class Supervisor:
     def silent_hold_since(self, inst: Instance) -> float | None:
         """When the instance, whose batch it says waits for a turn, was first seen holding the lock
         of every core it has (the kernel's word, /proc/locks, not its own); None while it does not.
-        One that just took them and is about to say so is seen once and let be."""
+        One that just took them and is about to say so is seen once and let be. A thread instance is
+        never asked: it says so in the same call that takes them (no silence to see), and /proc/locks
+        names the process, which every thread instance in it shares."""
+        if inst.kind == "thread":
+            return None
         key = (inst.pid, inst.busy_since)  # this batch's wait
         try:
             held = holders(inst.locks, inst.config.cores) if inst.locks is not None else {}
@@ -168,9 +185,9 @@ class Supervisor:
         for inst in self.watchdog.overdue(self.instances + self.parked, now, self.silent_hold_since):
             allowance = self.watchdog.allowance_s(inst.config, inst.warm_ms, len(inst.jobs))
             how = "holds its cores' locks without running" if inst.waiting_turn else "has run"
-            log.error("instance %d (cores %s, pid %d) hung: a batch of %d %s %.1f s (allowance %.1f s); "
+            log.error("instance %d (cores %s, %s) hung: a batch of %d %s %.1f s (allowance %.1f s); "
                       "killing it, its requests run again elsewhere", inst.index, list(inst.config.cores),
-                      inst.pid, len(inst.jobs), how, now - inst.busy_since, allowance)
+                      who(inst), len(inst.jobs), how, now - inst.busy_since, allowance)
             inst.hung = True
             self.watchdog_kills += 1
             inst.kill()  # a process's socket closes: lost() follows from the dispatch loop
@@ -186,6 +203,8 @@ class Supervisor:
         if dead in self.parked:
             self.parked.remove(dead)
             dead.close(timeout=0)
+            if dead.kind == "thread" and dead.hung:  # nothing to respawn, but its cores may have to be fenced
+                threading.Thread(target=self._fence_if_stuck, args=(dead,), daemon=True, name="packrat-fence").start()
             return
         if dead not in self.instances:
             return
@@ -197,9 +216,16 @@ class Supervisor:
 
     def _respawn(self, dead: Instance) -> None:
         """Start a replacement until one comes up (back-off between attempts) or the pool moves on.
-        Runs in its own thread, without the lock while a replacement loads."""
-        delay, attempt, current = BACKOFF_S[0], 0, dead
-        config = self._replacement(dead)
+        Runs in its own thread, without the lock while a replacement loads. A hung thread instance
+        that does not return is fenced first; its slot is respawned once it returns (if still planned)."""
+        delay, attempt, current, config = BACKOFF_S[0], 0, dead, dead.config
+        if self._abandon(dead):
+            if not self._await_return(dead):
+                return
+            with self._lock:
+                if self._closed.is_set() or dead not in self.instances:  # a re-plan retired it meanwhile
+                    return
+                self.respawning += 1
         while True:
             with self._lock:
                 if self._closed.is_set() or current not in self.instances:  # closed, or retired by a switch
@@ -237,20 +263,54 @@ class Supervisor:
             self._wake()
             return
 
-    def _replacement(self, dead) -> InstanceConfig:
-        """What replaces a lost instance: the same, unless it is a thread instance whose cancelled
-        run has not returned within the watchdog's allowance. That thread is abandoned, still on its
-        cores, and a process instance of its runtime takes them (sharing them with it until the
-        engine restarts): nothing can stop a thread stuck in native code."""
+    def _fence_if_stuck(self, dead) -> None:
+        if self._abandon(dead, respawning=False):
+            self._await_return(dead)
+
+    def _abandon(self, dead, respawning: bool = True) -> bool:
+        """Whether `dead` is a hung thread instance whose cancelled run did not return within the
+        watchdog's allowance: then it is abandoned, its cores fenced off (nothing can stop a thread;
+        an instance pinned beside it would share its cores with it for good) and the engine told."""
         if dead.kind != "thread" or not dead.hung:
-            return dead.config
+            return False
         dead.worker.thread.join(self.watchdog.allowance_s(dead.config, dead.warm_ms, dead.config.batch))
         if not dead.stuck:
-            return dead.config
-        log.error("instance %d's thread (cores %s) did not return from its cancelled run: abandoned; a process "
-                  "instance takes its cores beside it until the engine restarts", dead.index, list(dead.config.cores))
-        self.abandoned += 1
-        return replace(dead.config, runtime=process_kind(dead.config.runtime))
+            return False
+        with self._lock:
+            dead.abandoned = True
+            self.fenced.append(dead)
+            self.abandoned += 1
+            self.respawning -= respawning  # nothing is started for it while it holds its cores
+        log.error("instance %d's thread (cores %s, %s) did not return from its cancelled run: abandoned, its cores "
+                  "fenced off until it returns", dead.index, list(dead.config.cores), who(dead))
+        self._fences_changed()
+        return True
+
+    def _await_return(self, dead) -> bool:
+        """Until the abandoned thread of `dead` returns (then its cores are unfenced: True) or the
+        pool closes (False)."""
+        while dead.worker.alive:
+            if self._closed.is_set():
+                return False
+            dead.worker.thread.join(1.0)  # one look a second, and only while a thread is stuck
+        with self._lock:
+            self.fenced.remove(dead)
+        log.warning("instance %d's abandoned thread returned: cores %s unfenced", dead.index, list(dead.config.cores))
+        self._fences_changed()
+        return True
+
+    def fenced_cores(self) -> frozenset:
+        """The cores abandoned threads still hold."""
+        with self._lock:
+            return frozenset(core for inst in self.fenced for core in inst.config.cores)
+
+    def _fences_changed(self) -> None:
+        self._wake()  # queued requests may now have to be refused, or may run again
+        if self._on_fence is not None and not self._closed.is_set():  # a closed pool re-plans nothing
+            try:
+                self._on_fence(self.fenced_cores())
+            except Exception:  # the engine's re-plan must not end this thread
+                log.exception("re-planning around the fenced cores failed")
 
     def _back_off(self, delay: float) -> float:
         """Wait `delay` (less if the pool closes); the next, doubled up to BACKOFF_S[1]."""
@@ -258,10 +318,15 @@ class Supervisor:
         return min(delay * 2, BACKOFF_S[1])
 
     def unavailable(self) -> str | None:
-        """Why no request can be run now, or None: the model cannot be loaded (every instance's
-        last attempts failed while loading). A respawn with a fair chance is waited for."""
+        """Why no request can be run now, or None: no cores are left (every instance is an abandoned
+        thread), or the model cannot be loaded (every instance's last attempts failed while
+        loading). A respawn with a fair chance is waited for."""
         if any(inst.ready for inst in self.instances):
             return None
+        if self.instances and all(inst in self.fenced for inst in self.instances):
+            cores = sorted(core for inst in self.instances for core in inst.config.cores)
+            return (f"no cores left to serve on: the thread of every instance (cores {cores}) is stuck in a run "
+                    f"that did not return when cancelled; a restart of the server frees them")
         slots = [inst.slot for inst in self.instances]
         if slots and all(slot.hopeless(self.load_attempts) for slot in slots):
             return (f"the model cannot be loaded: the last {self.load_attempts} attempts to start an instance "
@@ -282,6 +347,9 @@ class Supervisor:
         Thread counts of live instances never change. If a new instance fails to start, the pool
         is left as it was and PoolError raised.
         """
+        fenced = self.fenced_cores() & {core for config in configs for core in config.cores}
+        if fenced:  # a plan made before the fence: the re-plan that follows it leaves them out
+            raise PoolError(f"cores {sorted(fenced)} are fenced off: an abandoned thread instance holds them")
         with self._lock:
             active, parked = list(self.instances), list(self.parked)
         kept = match(configs, active + parked)
@@ -335,6 +403,11 @@ def close_all(instances: Iterable[Instance], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     for inst in instances:
         inst.close(max(0.0, deadline - time.monotonic()))
+
+
+def who(inst) -> str:
+    """An instance for a log line: its process, or its thread within the serving process."""
+    return f"thread {inst.tid} of pid {inst.pid}" if inst.kind == "thread" else f"pid {inst.pid}"
 
 
 def exit_code(inst: Instance) -> int | None:

@@ -13,15 +13,25 @@ the dispatch thread).
 The handle has the process handle's interface (ready, jobs, busy_since, waiting_turn, sent_stamps,
 hung, submit, kill, stop, close, ...), so the dispatcher and the supervisor treat both alike;
 `kind` tells them apart where they must differ: a stuck thread cannot be killed, only cancelled
-(`kill` ends the session's run under way), and its stamps come without a socket in between.
+(`kill` ends the session's run under way), and its stamps come without a socket in between. A
+thread that does not return from a cancelled run (stuck in Python, a decoder, a lock) is abandoned
+by the supervisor, its cores fenced off until it returns (supervisor.py).
 
 Its threads: the instance's thread is pinned to all its cores while it starts the image decoders
 (which inherit that) and loads the session (whose intra-op threads are pinned one to each core but
-the first), then to its first core, where it computes its share of each run.
+the first), then to its first core, where it computes its share of each run. It carries a name of
+its own in the kernel (packrat-tN), which every thread it starts inherits: its threads are those
+of that name, found without holding up any other instance's start (`thread_ids`), and their CPU
+time is theirs, not the process's (warm_up's clock; bench.overload.server_cpu).
+
+It changes nothing process-wide: `pid` is the serving process's (which it shares with the engine
+and every other thread instance), `tid` its own thread's; torch's intra-op thread count, which is
+the process's, is left to the engine (engine.serving_torch_threads).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -33,7 +43,7 @@ import numpy
 
 from packrat.codec.config import CodecConfig
 from packrat.codec.rows import RowsLayout
-from packrat.machine.threads import PinnedWorker, pin_thread, task_affinities
+from packrat.machine.threads import PinnedWorker, pin_thread, task_affinities, thread_cpu_s
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.instance import StartFailed
 
@@ -42,8 +52,13 @@ log = logging.getLogger("packrat.serving.pool")
 # done(instance, jobs, (replies, instance stamps, turns) or None, why it failed or None): the pool's
 Done = Callable[["ThreadInstance", list, tuple | None, str | None], None]
 BYTES = (bytes, bytearray, memoryview)
-# Held while an instance starts its threads, so the threads that appear meanwhile are its own
-_STARTING_THREADS = threading.Lock()
+THREAD_NAME = "packrat-t"  # the kernel's name of a thread instance's threads: this, then a number unique in the process
+_numbers = itertools.count()
+
+
+def own_threads(tasks: dict[int, tuple[str, set[int]]], name: str) -> set[int]:
+    """The ids of the threads named `name` among `tasks` (task_affinities()): an instance's own."""
+    return {tid for tid, (task_name, _) in tasks.items() if task_name == name}
 
 
 class ThreadInstance:
@@ -65,6 +80,7 @@ class ThreadInstance:
         self.waiting_turn = False
         self.sent_stamps: tuple[float, ...] = ()
         self.hung = False  # cancelled by the watchdog
+        self.abandoned = False  # stuck in that run past its allowance: its cores fenced off (supervisor.py)
         self.locks = locks
         self.turn_ms: float | None = None
         self.sent_locked = False
@@ -75,7 +91,8 @@ class ThreadInstance:
         self._view = memoryview(self._buffer)
         self._rows = numpy.frombuffer(self._buffer, numpy.uint8)  # the same bytes, for numpy's copies
         self._served = None  # what the thread serves with, once loaded (_Loaded)
-        self.worker = PinnedWorker(config.cores, f"packrat-instance-{index}")
+        self.name = f"{THREAD_NAME}{next(_numbers)}"
+        self.worker = PinnedWorker(config.cores, f"packrat-instance-{index}", self.name)
         self._loading = self.worker.call(lambda: self._load(model, codec, nice))
 
     # ---- on the instance's thread ----------------------------------------------------------------
@@ -83,7 +100,7 @@ class ThreadInstance:
     def _load(self, model: ModelConfig, codec_config: CodecConfig, nice: int) -> None:
         import torch
 
-        from packrat.codec.batch import Decoders, set_intra_op_threads
+        from packrat.codec.batch import Decoders
         from packrat.codec.codec import Codec
         from packrat.codec.rows import InputRows
         from packrat.models.runtimes import ensure_artefact
@@ -96,17 +113,16 @@ class ThreadInstance:
             os.setpriority(os.PRIO_PROCESS, 0, nice)  # this thread alone; the threads it starts inherit it
         codec = Codec(codec_config)
         spec = resolve(model.model, model.input_shape)
-        ensure_artefact(spec, self.config.runtime, model.compile_cache)  # built (slow, once) before the lock
-        with _STARTING_THREADS:
-            before = set(task_affinities())
-            decoders = Decoders(self.config.threads if codec.input_kind == "image" else 1)
-            set_intra_op_threads(1)  # torch only decodes and encodes here (models.runtimes.torch_threads)
-            module, examples, mode = load_runtime(spec, model, self.config, self.config.runtime, decoders.parallel)
-            self.thread_ids = (set(task_affinities()) - before) | {threading.get_native_id()}
+        ensure_artefact(spec, self.config.runtime, model.compile_cache)
+        # torch's thread count is the process's: the decoders read it (engine.serving_torch_threads)
+        decoders = Decoders(self.config.threads if codec.input_kind == "image" else 1, one_thread_each=False)
+        module, examples, mode = load_runtime(spec, model, self.config, self.config.runtime, decoders.parallel)
+        self.thread_ids = own_threads(task_affinities(), self.name) | {threading.get_native_id()}
         pin_thread(self.config.cores[:1])  # the session's threads have the other cores, one each
         with torch.inference_mode():
             self.warm_ms = warm_up(module, examples, self.config.threads,
-                                   lambda: holding(self.locks, self.config.cores))
+                                   lambda: holding(self.locks, self.config.cores),
+                                   cpu_clock=lambda: thread_cpu_s(self.thread_ids))
         self.mode = mode
         self._served = (module, codec, decoders, InputRows(codec_config, self.layout, self._view), Turn(self.config.cores))
 
@@ -157,7 +173,13 @@ class ThreadInstance:
 
     @property
     def pid(self) -> int:
+        """The serving process's: shared with the engine and every other thread instance, not its own."""
         return os.getpid()
+
+    @property
+    def tid(self) -> int | None:
+        """The kernel's id of its own thread."""
+        return self.worker.native_id
 
     def wait_ready(self, timeout: float) -> str:
         try:
@@ -220,8 +242,11 @@ class ThreadInstance:
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop it and wait up to `timeout` for its thread to end; a thread that does not (stuck in a
-        run) is left behind, holding its memory and cores until the process ends."""
+        run) is left behind, holding its memory and cores until it returns or the process ends. One
+        the supervisor abandoned is not waited for again."""
         self.stop()
+        if self.abandoned:
+            return
         self.worker.thread.join(timeout)
         if self.worker.alive and timeout > 0:
             log.error("instance %d's thread (cores %s) did not end within %.0f s; left behind",
