@@ -154,8 +154,8 @@ def test_metrics_count_every_reconfiguration_though_the_controller_keeps_its_las
 
 
 def test_a_refused_request_is_answered_before_its_body_is_read(monkeypatch):
-    """Admission is asked first: a refusal is a 503 with Retry-After, and the body is never made a
-    request (read only to be dropped, by the middleware)."""
+    """Admission is asked first: a refusal is a 503 with Retry-After, and the body is never read
+    (a kept-alive connection drops it in uvicorn)."""
     from types import SimpleNamespace
 
     from fastapi import FastAPI
@@ -167,9 +167,9 @@ def test_a_refused_request_is_answered_before_its_body_is_read(monkeypatch):
     model = kserve_server.PackratModel.__new__(kserve_server.PackratModel)
     model.max_body_bytes = 1000
     model.serving = SimpleNamespace(refusal=lambda received_at: Answer.error(503, "would be answered in 3.10 s", 2))
-    monkeypatch.setattr(kserve_server, "limited_body", read)
-    app = FastAPI()
-    kserve_server.add_routes(app, SimpleNamespace(get_model=lambda name: model))
+    monkeypatch.setattr(kserve_server, "asgi_body", read)
+    monkeypatch.setattr(kserve_server, "linger", read)
+    app = kserve_server.serving_app(FastAPI(), SimpleNamespace(get_model=lambda name: model))
     response = TestClient(app).post("/v2/models/m/infer", content=b"x" * 500)
     assert response.status_code == 503 and response.headers["Retry-After"] == "2"
     assert "3.10 s" in response.json()["error"]
@@ -241,8 +241,7 @@ def test_a_rest_requests_deadline_counts_from_before_its_body_and_reads_tritons_
     model = recording_model(Answer(200, b"{}"))
     received = []
     model.serving.refusal = lambda received_at: received.append(received_at)
-    app = FastAPI()
-    kserve_server.add_routes(app, SimpleNamespace(get_model=lambda name: model))
+    app = kserve_server.serving_app(FastAPI(), SimpleNamespace(get_model=lambda name: model))
     body, length = oip.request({"inputs": [{"name": "input", "shape": SHAPE, "datatype": "FP32"}],
                                 "parameters": {"timeout": 300_000}}, [sample().tobytes()])
     before = time.monotonic()
@@ -273,9 +272,7 @@ def refusing_app(limit: int = 16 << 20, refuse: bool = True):
     model.max_body_bytes = limit
     refused = Answer.error(503, "would be answered in 3.10 s", 2) if refuse else None
     model.serving = SimpleNamespace(refusal=lambda received_at: refused)
-    app = FastAPI()
-    kserve_server.add_routes(app, SimpleNamespace(get_model=lambda name: model if name == "m" else None))
-    return app
+    return kserve_server.serving_app(FastAPI(), SimpleNamespace(get_model=lambda name: model if name == "m" else None))
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """What the HTTP front ends share (the Ray Serve ingress, the KServe server's REST routes): a request
-body read within its limit, an Answer as a Starlette response, and the rest of a body read before a
-refusal goes out. Both speak Starlette."""
+body read within its limit, an Answer's headers, and the rest of a body read before an early answer
+goes out. The Ray ingress speaks Starlette; the KServe server's inference paths raw ASGI."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ import asyncio
 import time
 
 from starlette.requests import Request as HttpRequest
-from starlette.responses import Response
 
-from packrat.codec import oip
 from packrat.codec.oip import HEADER
-from packrat.serving.pool.api import Answer, Request
+from packrat.serving.pool.api import Answer
 
 # A body left unread when the answer goes out is read and dropped first, up to these bounds (nginx's
 # lingering close does the same for 5 s): a socket closed with unread bytes sends a reset, and a client
@@ -89,21 +87,6 @@ def _has_body(scope) -> bool:
     return False
 
 
-def engine_request(body: bytes, request: HttpRequest, received_at: float | None = None) -> Request:
-    """The body as the engine takes it, with the headers that say how to read it, when it was
-    received (time.monotonic(), taken before the body was read) and the client's deadline (Triton's
-    `timeout` parameter, oip.timeout_s)."""
-    length = request.headers.get(HEADER)
-    return Request(body, request.headers.get("content-type"), length, received_at, oip.timeout_s(body, length))
-
-
-def answer_response(answer: Answer, headers: dict | None = None) -> Response:
-    """The answer as it is: its status, body (JSON, or a binary v2 answer with its header length), type
-    and, for a refusal, when to try again."""
-    headers = {**(headers or {}), **answer_headers(answer)}
-    return Response(answer.body, status_code=answer.status, media_type=answer.content_type, headers=headers)
-
-
 def answer_headers(answer: Answer) -> dict[str, str]:
     """The headers an answer carries: a binary v2 answer's header length, a refusal's Retry-After."""
     headers = {}
@@ -112,3 +95,54 @@ def answer_headers(answer: Answer) -> dict[str, str]:
     if answer.retry_after_s is not None:
         headers["Retry-After"] = str(answer.retry_after_s)
     return headers
+
+
+# ---- raw ASGI: the inference path without a framework's per-request work --------------------------
+
+def _next_chunk(receive):
+    """A function giving a raw ASGI body's next chunk, raising StopAsyncIteration past its end."""
+    more = True
+
+    async def next_chunk() -> bytes:
+        nonlocal more
+        if not more:
+            raise StopAsyncIteration
+        message = await receive()
+        more = message["type"] == "http.request" and message.get("more_body", False)
+        return message.get("body", b"")
+
+    return next_chunk
+
+
+async def asgi_body(receive, limit: int) -> bytes | None:
+    """The body from ASGI messages; None when it is over `limit` bytes (the rest read and dropped
+    within the linger bounds, so the client reads the 413)."""
+    next_chunk, kept, size = _next_chunk(receive), [], 0
+    try:
+        while True:
+            chunk = await next_chunk()
+            size += len(chunk)
+            if size > limit:
+                await _linger(next_chunk)
+                return None
+            kept.append(chunk)
+    except StopAsyncIteration:
+        return kept[0] if len(kept) == 1 else b"".join(kept)
+
+
+async def linger(receive) -> int:
+    """Read and drop a raw ASGI body none of which was read, within the linger bounds; the bytes."""
+    return await _linger(_next_chunk(receive))
+
+
+async def send_answer(send, answer: Answer, extra: tuple = ()) -> None:
+    """The answer as two ASGI messages: its status, type and headers (answer_headers), then its body."""
+    headers = [(b"content-type", answer.content_type.encode()), (b"content-length", str(len(answer.body)).encode()),
+               *((name.lower().encode(), value.encode()) for name, value in answer_headers(answer).items()), *extra]
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})
+
+
+def scope_headers(scope) -> dict[bytes, bytes]:
+    """The request's headers by lower-case name (ASGI gives them lower-cased)."""
+    return dict(scope["headers"])

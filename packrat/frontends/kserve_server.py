@@ -11,7 +11,8 @@ How a request reaches the engine, by path:
   raw body, read within `max_body_bytes` (413 beyond), goes to the engine as it came (JSON, or the
   binary tensor extension with its Inference-Header-Content-Length); the instance decodes it. KServe's own REST
   route would parse it first (pydantic, numpy, lists) in this process's one event loop, work the
-  instance redoes: these routes are registered ahead of KServe's, on its FastAPI app.
+  instance redoes. These paths are answered in raw ASGI ahead of KServe's app (InferenceFirst):
+  FastAPI's routing and KServe's timing middleware cost a refusal 4x its own work.
 - gRPC `ModelInfer`: KServe's servicer parses the message into an InferRequest; predict() turns its
   inputs into a v2 binary body (raw_input_contents as they are) and the binary answer back into an
   InferResponse whose outputs are raw bytes (raw_output_contents).
@@ -19,8 +20,9 @@ Every answer is the request's own: a bad input is its 400, its batch-mates are a
 A request's deadline counts from when its route began (its body's reading and parsing are in it), or
 its gRPC call; the client's own where tighter: the call's gRPC deadline, Triton's `timeout` parameter
 (microseconds; oip.timeout_s reads it from a REST body cheaply).
-An answer sent before its body was read (admission's 503, a 404, a 413) first reads and drops the
-rest of the body (frontends/http.py): a client still sending then reads the answer, not a reset.
+An answer sent before its body was read (admission's 503, a 404, a 413) reaches a client still
+sending: on a kept-alive connection uvicorn drops the rest of the body after the answer; on one that
+closes after it, the rest is read and dropped first (frontends/http.py), or the close would reset.
 The REST server's own limits: a backlog of BACKLOG connections, and connection_limit() open
 connections before uvicorn answers 503; one process, one event loop (the engines are in it).
 
@@ -38,6 +40,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import resource
 import shutil
 import sys
@@ -72,8 +75,7 @@ from starlette.responses import JSONResponse, Response
 
 from packrat.codec import oip
 from packrat.codec.kserve import model_metadata
-from packrat.errors import error_body
-from packrat.frontends.http import ReadBodyBeforeAnswering, answer_response, engine_request, limited_body
+from packrat.frontends.http import ReadBodyBeforeAnswering, asgi_body, linger, scope_headers, send_answer
 from packrat.frontends.kserve_metrics import PackratCollector
 from packrat.frontends.torchserve_control import follow_reconfigure_requests
 from packrat.serving.engine import Engine
@@ -354,44 +356,78 @@ def archive_settings(model_dir: Path) -> Settings:
     return settings
 
 
-# ---- REST routes ahead of KServe's: the raw body to the engine -----------------------------------
+# ---- REST: the inference paths ahead of KServe's app, the raw body to the engine ------------------
+
+# v2 (with or without a version), v1 and TorchServe's paths: the same clients and load tests reach either front end
+INFER_PATH = re.compile(r"/(?:v2/models/([^/]+)(?:/versions/[^/]+)?/infer|v1/models/([^/:]+):predict"
+                        r"|predictions/([^/]+))/?")
+
+
+class InferenceFirst:
+    """The REST server's ASGI app. A POST to a packrat model's inference path is answered here, in
+    raw ASGI, ahead of FastAPI's routing and KServe's middleware (a route match, dependency
+    resolution, a timing middleware reading getrusage: work each request pays, a refusal under
+    overload included); everything else goes to KServe's app, behind ReadBodyBeforeAnswering."""
+
+    def __init__(self, app, repository: PackratRepository):
+        self.app, self.repository = ReadBodyBeforeAnswering(app), repository
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            found = INFER_PATH.fullmatch(scope["path"])
+            model = found and self.repository.get_model(next(name for name in found.groups() if name))
+            if isinstance(model, PackratModel):
+                return await send_answer(send, await self.answer(model, scope, receive))
+        await self.app(scope, receive, send)
+
+    async def answer(self, model: PackratModel, scope, receive) -> Answer:
+        """Admission first, before the body is read: a refusal costs no core. Its deadline counts from here."""
+        received_at = time.monotonic()
+        refused = model.serving.refusal(received_at)
+        if refused is not None:
+            if _closes_after(scope):  # uvicorn drops the rest of a kept-alive body itself; a closing one would reset
+                await linger(receive)
+            return refused
+        body = await asgi_body(receive, model.max_body_bytes)
+        if body is None:
+            return Answer.error(413, f"request body over {model.max_body_bytes} bytes")
+        headers = scope_headers(scope)
+        length = headers.get(HEADER_KEY)
+        length = length.decode() if length is not None else None
+        content_type = headers.get(b"content-type")
+        request = Request(body, content_type.decode() if content_type else None, length, received_at,
+                          oip.timeout_s(body, length))
+        started = time.perf_counter()
+        answer = await model.answer(request)
+        PREDICT_HIST_TIME.labels(model_name=model.name).observe(time.perf_counter() - started)
+        return answer
+
+
+HEADER_KEY = oip.HEADER.lower().encode()
+
+
+def _closes_after(scope) -> bool:
+    """Whether the connection closes after this answer (HTTP/1.0, or Connection: close)."""
+    if scope.get("http_version") == "1.0":
+        return True
+    return any(name == b"connection" and b"close" in value.lower() for name, value in scope["headers"])
+
+
+def serving_app(app: FastAPI, repository: PackratRepository) -> InferenceFirst:
+    """What the REST server runs: the inference paths, then KServe's app with /status added."""
+    add_routes(app, repository)
+    return InferenceFirst(app, repository)
+
 
 def add_routes(app: FastAPI, repository: PackratRepository) -> None:
-    """Inference on the raw body (v2, v1, TorchServe's path), and /status, on KServe's app before its
-    own routes; on every route, an answer sent before its body was read waits for the body first."""
-
-    async def infer(request: HttpRequest, model_name: str, model_version: str | None = None) -> Response:
-        received_at = time.monotonic()  # its deadline counts from here: the body's reading and parsing in it
-        model = repository.get_model(model_name)
-        if not isinstance(model, PackratModel):
-            return _error(404, f"Model with name {model_name} does not exist.")
-        refused = model.serving.refusal(received_at)  # before the body is read: a refusal costs no core
-        if refused is not None:
-            return answer_response(refused)
-        body = await limited_body(request, model.max_body_bytes)
-        if body is None:
-            return _error(413, f"request body over {model.max_body_bytes} bytes")
-        started = time.perf_counter()
-        answer = await model.answer(engine_request(body, request, received_at))
-        PREDICT_HIST_TIME.labels(model_name=model_name).observe(time.perf_counter() - started)
-        return answer_response(answer)
+    """/status on KServe's app: every packrat model's plan, health and figures."""
 
     async def status(request: HttpRequest) -> Response:
         models = repository.get_models()
         return JSONResponse({name: model.status() for name, model in models.items()
                              if isinstance(model, PackratModel)})
 
-    # TorchServe's /predictions/NAME too: the same clients and load tests reach either front end
-    for path in ("/v2/models/{model_name}/infer", "/v2/models/{model_name}/versions/{model_version}/infer",
-                 "/v1/models/{model_name}:predict", "/predictions/{model_name}"):
-        app.add_api_route(path, infer, methods=["POST"], include_in_schema=False)
     app.add_api_route("/status", status, methods=["GET"], include_in_schema=False)
-    app.add_middleware(ReadBodyBeforeAnswering)
-
-
-def _error(status: int, reason: str) -> Response:
-    """An error as KServe words it: {"error": reason}."""
-    return Response(error_body(reason), status_code=status, media_type="application/json")
 
 
 # ---- the server ------------------------------------------------------------------------------------
@@ -408,7 +444,7 @@ class PackratModelServer(kserve.ModelServer):
         self.host, self.repository = host, repository
         self.grpc_message_bytes = max_body_bytes + GRPC_HEADROOM
         quiet_logs(access_log)
-        add_routes(kserve.model_server.app, repository)
+        self.app = serving_app(kserve.model_server.app, repository)
         self._collector = PackratCollector(repository.get_models)
         REGISTRY.register(self._collector)
 
@@ -418,6 +454,7 @@ class PackratModelServer(kserve.ModelServer):
         self._rest_server = RESTServer("kserve.model_server:app", self.dataplane, self.model_repository_extension,
                                        self.http_port, grace_period=self.grace_period, event_loop=self.event_loop,
                                        timeout_keep_alive=self.timeout_keep_alive)
+        self._rest_server.config.app = self.app  # KServe's app (its routes added at start) behind packrat's paths
         self._rest_server.config.host = self.host
         self._rest_server.config.backlog = BACKLOG
         self._rest_server.config.limit_concurrency = connection_limit()
