@@ -30,16 +30,25 @@ def test_answer_in_rounds(queued, busy_left, expected):
 
 
 def test_admits_what_fits_the_deadline_and_refuses_the_rest():
-    rule = Admission(timeout_s=2.0, max_queue=1000, jitter=lambda: 0.0)
+    rule = Admission(timeout_s=2.0, max_queue=1000, swing=1.0, jitter=lambda: 0.0)
     assert rule.verdict(19, ROUND) is None  # 5 rounds: 1.75 s
     refusal = rule.verdict(20, ROUND)  # 6 rounds: 2.1 s
     assert refusal.status == 503 and refusal.late and "2.10 s" in refusal.reason
     assert refusal.retry_after_s == 1
 
 
+def test_what_fits_only_at_the_predicted_pace_is_refused():
+    """The prediction must hold a third slower (SWING): 5 rounds of 0.35 s fit 2 s at the predicted
+    pace, but not at a slower one, which under overload comes in bursts and sinks a whole queue."""
+    assert Admission(timeout_s=2.0, max_queue=1000, swing=1.0).verdict(19, ROUND) is None
+    refusal = Admission(timeout_s=2.0, max_queue=1000, jitter=lambda: 0.0).verdict(19, ROUND)
+    assert refusal.late and "1.75 s (2.33 s at a 1.33x slower pace), past its 2.00 s left" in refusal.reason
+    assert Admission(timeout_s=2.0, max_queue=1000).verdict(15, ROUND) is None  # 4 rounds: 1.40 s, 1.87 s slower
+
+
 def test_a_slower_machine_admits_less_where_a_fixed_queue_would_not():
     """The same queue of 16 fits 2 s at 0.35 s a round and not at 2.5 times that."""
-    rule = Admission(timeout_s=2.0, max_queue=16)
+    rule = Admission(timeout_s=2.0, max_queue=16, swing=1.0)
     assert rule.verdict(12, ROUND) is None
     slow = Outlook(0.0, 4, 0.35 * 2.5)
     assert rule.verdict(12, slow).late
@@ -60,7 +69,7 @@ def test_nothing_to_predict_with_admits_up_to_the_bound():
 
 
 def test_time_waited_upstream_counts_and_a_passed_deadline_is_504():
-    rule = Admission(timeout_s=2.0, max_queue=100)
+    rule = Admission(timeout_s=2.0, max_queue=100, swing=1.0)
     assert rule.verdict(0, ROUND, waited_s=1.5) is None
     assert rule.verdict(4, ROUND, waited_s=1.5).late  # 0.7 s no longer fits in 0.5 s
     assert rule.verdict(0, ROUND, waited_s=2.1).status == 504
@@ -83,7 +92,7 @@ def test_retry_after_spreads_refused_clients_over_half_the_drain_more(excess, ji
 def test_refusals_at_once_get_spread_retry_afters():
     import random
 
-    rule = Admission(timeout_s=1.0, max_queue=1000, jitter=random.Random(7).random)
+    rule = Admission(timeout_s=1.0, max_queue=1000, swing=1.0, jitter=random.Random(7).random)
     seen = [rule.verdict(18, Outlook(0.0, 4, 0.5)).retry_after_s for _ in range(200)]  # 2.5 s: 1.5 s past it
     assert min(seen) == 2 and max(seen) == 3 and 0.3 < seen.count(3) / len(seen) < 0.7
 
@@ -183,7 +192,7 @@ def test_a_look_at_the_queue_tightens_a_long_queues_bound():
 
 def test_the_dispatcher_counts_what_it_admits_and_refuses():
     clock = [0.0]
-    dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=100, clock=lambda: clock[0], jitter=lambda: 0.0)
+    dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=100, clock=lambda: clock[0], jitter=lambda: 0.0, swing=1.0)
     outlook = Outlook(0.0, 2, 0.3)
     answers = [dispatcher.enqueue(Request(b"x"), outlook) for _ in range(8)]
     refused = [job.future.result() for job in answers if job.future.done()]
@@ -268,7 +277,7 @@ def test_a_ratio_poisoned_by_one_slow_sub_batch_admits_again_within_a_few_rounds
     """One sub-batch 20× slower than the plan (a stall, a neighbour's burst) must not shut the pool:
     it moves the ratio a bounded step, the pool keeps admitting, and what it serves brings the ratio
     back, so within a few rounds it admits what it did before."""
-    rule, rounds, now = Admission(timeout_s=0.3, max_queue=100), ServedRounds(), 0.0
+    rule, rounds, now = Admission(timeout_s=0.3, max_queue=100, swing=1.0), ServedRounds(), 0.0
     for _ in range(20):
         admitted, now = burst(rounds, rule, now)
     assert admitted == 8  # two rounds of 100 ms fit 300 ms
@@ -287,7 +296,7 @@ def test_an_idle_pool_whose_ratio_predicts_a_miss_admits_a_probe_and_recovers():
     at an idle pool: refusing it would serve no batch and leave the ratio as it is for ever. A
     request reaching an idle pool is admitted whatever the prediction (a probe); what it is served
     in brings the ratio down, until whole batches are admitted again."""
-    rule, rounds, now = Admission(timeout_s=0.5, max_queue=100), ServedRounds(), 0.0
+    rule, rounds, now = Admission(timeout_s=0.5, max_queue=100, swing=1.0), ServedRounds(), 0.0
     for _ in range(100):
         now += 2.0
         rounds.add(2.0, PLAN_B, PLAN_B, PLAN_S, now)
@@ -321,7 +330,7 @@ def test_a_requests_time_counts_from_its_receipt():
     GIL) has 0.2 s of a 1 s deadline left: a 0.3 s round no longer fits, and queued, it expires
     1 s after its receipt, not after it was queued."""
     clock = [10.0]
-    dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=100, clock=lambda: clock[0], jitter=lambda: 0.0)
+    dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=100, clock=lambda: clock[0], jitter=lambda: 0.0, swing=1.0)
     outlook = Outlook(0.0, 2, 0.3)
     assert dispatcher.refusal(outlook, received_at=9.2).status == 503  # the early check, before the body
     assert dispatcher.refusal(outlook, received_at=10.0) is None
@@ -336,7 +345,7 @@ def test_a_requests_time_counts_from_its_receipt():
 
 def test_the_clients_deadline_wins_where_it_is_tighter():
     clock = [0.0]
-    dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=100, clock=lambda: clock[0], jitter=lambda: 0.0)
+    dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=100, clock=lambda: clock[0], jitter=lambda: 0.0, swing=1.0)
     outlook = Outlook(0.0, 2, 0.3)
     tight = dispatcher.enqueue(Request(b"x", received_at=0.0, timeout_s=0.2), outlook)
     assert tight.future.result().status == 503  # 0.3 s does not fit its 0.2 s
@@ -348,12 +357,12 @@ def test_the_clients_deadline_wins_where_it_is_tighter():
     dispatcher.expire([])
     assert clients.future.result().status == 504 and "0.5 s" in clients.future.result().reason
     assert not loose.future.done()
-    assert Admission(1.0, 100).verdict(0, Outlook(0.0, 2, 0.3), 0.0, client_timeout_s=0.1).late
+    assert Admission(1.0, 100, swing=1.0).verdict(0, Outlook(0.0, 2, 0.3), 0.0, client_timeout_s=0.1).late
 
 
 def test_refusals_are_counted_by_cause():
     clock = [0.0]
-    dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=4, clock=lambda: clock[0], jitter=lambda: 0.0)
+    dispatcher = Dispatcher(request_timeout_s=1.0, max_queue=4, clock=lambda: clock[0], jitter=lambda: 0.0, swing=1.0)
     for _ in range(5):
         dispatcher.enqueue(Request(b"x"), Outlook(0.0, 1, 0.3))  # 3 fit; the fourth and fifth are late
     for _ in range(2):

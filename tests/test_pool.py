@@ -536,12 +536,12 @@ def test_requests_submitted_together_reach_the_instance_as_one_batch(shared):
 
 @pytest.mark.slow
 def test_admission_refuses_what_it_predicts_late_and_learns_from_what_is_served(reference):
-    """A plan predicting 400 ms a batch of one, a 1 s deadline: of 10 requests at once, 2 fit (two
-    rounds); the rest are refused at once with when to retry. The tiny model takes about a
+    """A plan predicting 300 ms a batch of one, a 1 s deadline: of 10 requests at once, 2 fit (two
+    rounds, a third slower: 0.8 s); the rest are refused at once with when to retry. The tiny model takes about a
     millisecond: as its batches are served the prediction follows (a fifth of the way a batch, down
     to a twentieth of the plan), and the same burst is taken whole."""
     requests, expected = reference
-    with InstancePool(TINY, [InstanceConfig(1, 1, (CORES[0],), expected_ms=400.0)], request_timeout_s=1.0) as pool:
+    with InstancePool(TINY, [InstanceConfig(1, 1, (CORES[0],), expected_ms=300.0)], request_timeout_s=1.0) as pool:
         first = pool.infer(requests[:10])
         assert [a.status for a in first] == [200, 200] + [503] * 8
         assert all(a.retry_after_s >= 1 and "would be answered in" in a.reason for a in first[2:])

@@ -12,7 +12,7 @@ How a request reaches the engine, by path:
   binary tensor extension with its Inference-Header-Content-Length); the instance decodes it. KServe's own REST
   route would parse it first (pydantic, numpy, lists) in this process's one event loop, work the
   instance redoes. These paths are answered in raw ASGI ahead of KServe's app (InferenceFirst):
-  FastAPI's routing and KServe's timing middleware cost a refusal 4x its own work.
+  FastAPI's routing and KServe's timing middleware were most of what a refusal cost.
 - gRPC `ModelInfer`: KServe's servicer parses the message into an InferRequest; predict() turns its
   inputs into a v2 binary body (raw_input_contents as they are) and the binary answer back into an
   InferResponse whose outputs are raw bytes (raw_output_contents).

@@ -10,7 +10,8 @@ the queued requests and itself go through in whole rounds of the plan's batch,
 where a round is the time one planned batch takes through the pool: the plan's latency (the
 profile's) times what the pool served over what the profile predicted (``ServedRounds``, from the
 recent sub-batches, so a slower machine, a CPU-bound neighbour, JSON decoding or a longer hop
-are all in it). A request whose prediction does not fit the time it has left is refused 503 with a
+are all in it). A request whose prediction, SWING times over (the pace a third slower than predicted),
+does not fit the time it has left is refused 503 with a
 ``Retry-After`` from the same prediction, spread by a random share so that refused clients do not
 all come back in the same second: it costs no core. ``max_queue`` stays an upper bound.
 
@@ -47,6 +48,9 @@ STEP_BOUND = 4.0  # a sample counts as at most 4× the ratio it joins: one stall
 # ratio it brings is offset by the deviation it adds)
 DECAY_HALF_LIFE_S = 10.0  # an idle pool's ratio halves its distance to the plan this often: long beside a
 # batch (ms to a second), short beside a refused client's retries
+SWING = 4 / 3  # a request is admitted where its answer would still be in time at the pool's pace a third
+# slower than predicted, all the way: under 3x load the pace swings by whole seconds (a client's burst, a
+# neighbour), and the rounds queued then miss together; a queue past a round or two adds no throughput anyway
 RETRY_JITTER = 0.5  # Retry-After: the predicted drain plus up to half of it (at least up to a second more)
 
 # why a request was not admitted: the admission's causes, and the pool's own (no instance can run it)
@@ -95,6 +99,7 @@ class Admission:
     timeout_s: float
     max_queue: int
     by_prediction: bool = True
+    swing: float = SWING  # the prediction times this must fit the time left
     jitter: Callable[[], float] = field(default=random.random, compare=False)  # Retry-After's spread, in [0, 1)
 
     def timeout_for(self, client_timeout_s: float | None = None) -> float:
@@ -121,11 +126,12 @@ class Admission:
         if not self.by_prediction or round_s is None:
             return None
         predicted_s = answer_in_s(queued, outlook.busy_left_s, batch, round_s)
-        if predicted_s <= left_s:
+        if predicted_s * self.swing <= left_s:
             return None
-        return Refusal(503, f"would be answered in {predicted_s:.2f} s, past its {left_s:.2f} s left "
-                            f"({queued} queued, {round_s * 1e3:.0f} ms a batch of {batch}); try again later",
-                       retry_after(predicted_s - left_s, self.jitter()), LATE)
+        return Refusal(503, f"would be answered in {predicted_s:.2f} s ({predicted_s * self.swing:.2f} s at a "
+                            f"{self.swing:.2f}x slower pace), past its {left_s:.2f} s left ({queued} queued, "
+                            f"{round_s * 1e3:.0f} ms a batch of {batch}); try again later",
+                       retry_after(predicted_s * self.swing - left_s, self.jitter()), LATE)
 
 
 def upstream_queue(timeout_s: float, round_s: float, batch: int, max_queue: int) -> int:

@@ -33,7 +33,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol, Sequence
 
-from packrat.serving.pool.admission import UNAVAILABLE, Admission, Outlook, Refusal
+from packrat.serving.pool.admission import SWING, UNAVAILABLE, Admission, Outlook, Refusal
 from packrat.serving.pool.api import Answer, InstanceConfig, Request
 from packrat.settings import GATHER_MS, MAX_QUEUE, REQUEST_TIMEOUT_S  # the defaults, declared with the schema
 
@@ -124,11 +124,11 @@ class Dispatcher:
     def __init__(self, gather_ms: float = GATHER_MS, request_timeout_s: float = REQUEST_TIMEOUT_S,
                  max_queue: int = MAX_QUEUE, max_attempts: int = MAX_ATTEMPTS,
                  clock: Callable[[], float] = time.monotonic, admission: str = "predicted",
-                 jitter: Callable[[], float] = random.random):
+                 jitter: Callable[[], float] = random.random, swing: float = SWING):
         self.gather_s, self.request_timeout_s = gather_ms / 1e3, request_timeout_s
         self.max_queue, self.max_attempts, self.clock = max_queue, max_attempts, clock
         self.admission = Admission(request_timeout_s, max_queue, by_prediction=admission == "predicted",
-                                   jitter=jitter)
+                                   swing=swing, jitter=jitter)
         self.queue: deque[Job] = deque()
         self.counts = Counts()
         self.waves: deque[int] = deque(maxlen=RECENT_WAVES)  # requests in the pool at recent hand-outs
