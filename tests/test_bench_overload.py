@@ -838,11 +838,14 @@ def test_a_refusals_cost_is_the_front_ends_time_beyond_what_its_200s_cost_before
     before = {"by_status": {"200": 100}}
     over = {"counts": {"200": 100, "503": 400}}
     cost = overload.refusal_cost({"front_end": 2.0, "instances": 5.0},
-                                 {"front_end": 3.0, "instances": 5.0, "machine": 18.0}, before, over, 10.0)
+                                 {"front_end": 3.0, "instances": 5.0, "machine": 18.0}, [before], over, 10.0)
     assert cost["others_cores_overload"] == pytest.approx(1.0)  # 18 - 3 - 5 core-seconds over 10 s
     assert cost["ms_per_200_before"] == pytest.approx({"front_end": 20.0, "instances": 50.0})
     assert cost["ms_per_200_overload"]["instances"] == pytest.approx(50.0)
     assert cost["front_end_ms_per_503"] == pytest.approx(2.5)
     assert "a refusal cost the front end about 2.50 ms" in overload.cost_line(cost)
-    none = overload.refusal_cost({"front_end": 2.0}, {"front_end": 3.0}, before, {"counts": {"200": 100, "503": 0}})
+    none = overload.refusal_cost({"front_end": 2.0}, {"front_end": 3.0}, [before], {"counts": {"200": 100, "503": 0}})
     assert none["front_end_ms_per_503"] is None  # no refusal: no cost to say
+    both = overload.refusal_cost({"front_end": 2.0, "instances": 5.0}, {"front_end": 3.0, "instances": 5.0},
+                                 [before, {"by_status": {"200": 150, "503": 3}}], over)
+    assert both["ms_per_200_before"] == pytest.approx({"front_end": 8.0, "instances": 20.0})  # the CPU spans both runs

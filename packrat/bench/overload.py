@@ -401,14 +401,15 @@ def instance_cores(status: Mapping | None) -> list[int]:
     return sorted({core for instance in plan.get("instances", []) for core in instance.get("cores", [])})
 
 
-def refusal_cost(cpu_before: Mapping, cpu_over: Mapping, before: Mapping, over: Mapping,
+def refusal_cost(cpu_before: Mapping, cpu_over: Mapping, before: Sequence[Mapping], over: Mapping,
                  duration_s: float | None = None) -> dict:
-    """What the server's processes spent, in CPU ms: per answer 200 before the overload and during
-    it (front end and instances apart), and per refusal during it: the front end's time beyond
+    """What the server's processes spent, in CPU ms: per answer 200 before the overload (over every
+    closed-loop run `before`, which `cpu_before` spans) and during it (front end and instances apart), and per refusal during it: the front end's time beyond
     what its 200s cost before, over the 503s. Refusals that cost the instances nothing leave their
     CPU per 200 where it was. And the cores the rest of the machine took during the overload
     (the client, CPU-bound neighbours), over its `duration_s`."""
-    ok_before, ok_over, refused = before["by_status"].get("200", 0), over["counts"]["200"], over["counts"]["503"]
+    ok_before = sum(run["by_status"].get("200", 0) for run in before)
+    ok_over, refused = over["counts"]["200"], over["counts"]["503"]
     per_200 = {part: ratio(cpu_before.get(part, 0.0) * 1e3, ok_before) for part in CPU_PARTS}
     during = {part: ratio(cpu_over.get(part, 0.0) * 1e3, ok_over) for part in CPU_PARTS}
     front = per_200["front_end"]
@@ -963,7 +964,7 @@ def one_run(n: int, target: Target, args, body: Body, run_dir: Path, open_files:
     if capacity <= 0:
         found.append(health_verdict([]))
     cost = (refusal_cost(cpu_delta(cpu["start"], cpu["before"]), cpu_delta(cpu["before"], cpu["overload"]),
-                         before, overload, args.duration) if "overload" in cpu else None)
+                         runs, overload, args.duration) if "overload" in cpu else None)
     for verdict in found:
         log(f"run {n}: {verdict.line()}")
     return {"run": n, "capacity_runs": runs, "before": before, "overload": overload, "after": after,
