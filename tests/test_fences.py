@@ -47,7 +47,7 @@ class FakeThreadInstance:
         self.index, self.warm_ms, self.mode = 0, 1.0, "onnxruntime-thread"
         self.hung = self.abandoned = False
         self.ready, self.jobs, self.waiting_turn, self.busy_since = True, [], False, 0.0
-        self.locks, self.slot, self.pid, self.tid = None, Slot(), 1, 2
+        self.locks, self.slot, self.pid, self.tid, self.fallback = None, Slot(), 1, 2, None
         self.worker = FakeWorker(release or threading.Event())
 
     @property
@@ -144,6 +144,74 @@ def test_a_hung_parked_thread_is_fenced_too():
             sup.lost(parked)
         wait_until(lambda: fences, "not fenced")
         assert fences == [frozenset({0})] and not spawned and sup.respawning == 0
+    finally:
+        release.set()
+        sup._closed.set()
+
+
+class FakeLoadingInstance(FakeThreadInstance):
+    """A thread instance whose load fails: raises at once, or (`release` given) has not returned
+    when wait_ready gives up on it, its thread still loading until `release` is set."""
+
+    def __init__(self, cores: tuple[int, ...], release: threading.Event | None = None):
+        super().__init__(cores, release)
+        self.config = InstanceConfig(1, 1, cores, expected_ms=1.0, runtime="onnxruntime-thread")
+        self.ready, self.stuck_loading = False, release is not None
+        self.closed = False
+
+    @property
+    def loading(self) -> bool:
+        return self.stuck_loading and self.worker.alive
+
+    def close(self, timeout: float = 0) -> None:
+        self.closed = True
+
+    def wait_ready(self, timeout: float) -> str:
+        from packrat.serving.pool.instance import StartFailed
+
+        raise StartFailed("instance 0 did not start within 1 s" if self.stuck_loading else "instance 0 failed to start")
+
+
+def test_a_thread_stuck_loading_is_fenced_not_covered_by_a_process_and_one_that_failed_falls_back():
+    from packrat.serving.pool.supervisor import StuckLoading
+
+    release = threading.Event()
+    fences, spawned = [], []
+    sup = supervisor_of([], fences, spawned)
+    try:
+        stuck = FakeLoadingInstance((0,), release)
+        with pytest.raises(StuckLoading, match="still loading"):  # a switch's new instance: the switch fails
+            sup.ready(stuck)
+        assert fences == [frozenset({0})] and sup.fenced_cores() == {0} and stuck.abandoned and stuck.closed
+        assert not spawned  # no process pinned on top of a thread that may still run there
+        release.set()
+        wait_until(lambda: len(fences) == 2, "not unfenced once its thread returned")
+        assert fences[-1] == frozenset() and not spawned  # retired (never planned): nothing respawned
+
+        failed = FakeLoadingInstance((1,))  # its load raised: a process instance on its cores, as before
+        assert sup.ready(failed) is not failed and spawned[-1].runtime == "onnxruntime" and len(fences) == 2
+    finally:
+        release.set()
+        sup._closed.set()
+
+
+def test_a_thread_stuck_loading_at_the_start_keeps_its_place_fenced_and_is_respawned_once_it_returns():
+    release = threading.Event()
+    fences, spawned = [], []
+    sup = supervisor_of([], fences, spawned)
+    made = iter([FakeLoadingInstance((0,), release), FakeThreadInstance((1,))])
+    sup.spawn = lambda config, index, nice=0, slot=None: spawned.append(config) or next(made, None) \
+        or FakeThreadInstance(config.cores)
+    try:
+        mode = sup.start([InstanceConfig(1, 1, (0,), runtime="onnxruntime-thread"),
+                          InstanceConfig(1, 1, (1,), runtime="onnxruntime-thread")])
+        stuck = sup.instances[0]
+        assert mode == "onnxruntime-thread" and not stuck.ready and sup.instances[1].ready
+        assert fences == [frozenset({0})] and len(spawned) == 2  # the other serves; no process on core 0
+        assert sup.unavailable() is None
+        release.set()
+        wait_until(lambda: len(spawned) == 3 and sup.respawning == 0, "its slot was not respawned")
+        assert fences[-1] == frozenset() and sup.instances[0] is not stuck and sup.instances[0].ready
     finally:
         release.set()
         sup._closed.set()
@@ -259,3 +327,50 @@ def test_the_kserve_server_closes_every_model_and_re_executes_itself(tmp_path):
     shutil.rmtree(repository._unpacked, ignore_errors=True)
     assert sorted(closed) == ["a", "b"] and executed == [(sys.executable, sys.orig_argv)]
     assert all(m.closed.is_set() and not m.ready for m in repository.get_models().values())
+
+
+# ---- the node: fenced cores are given to no model --------------------------------------------------
+
+def test_the_node_plans_no_model_on_cores_a_member_has_fenced(tmp_path):
+    """A member's heartbeat says which cores its stuck threads hold: the owner re-plans at once on
+    the others, for every model (that one included), and gives them back once they are unfenced."""
+    import json
+    import os
+
+    from packrat.serving.node import NodeOwner, read_state
+
+    owner = NodeOwner(tmp_path, Topology.virtual(4), clock=lambda: 1000.0)
+    items = [[t, 4, 400.0 / t] for t in (1, 2, 3, 4)]
+
+    def settle(fenced: dict) -> dict:
+        for _ in range(6):  # every member applies each step, the owner goes on to the next
+            state = read_state(tmp_path) or {}
+            applied = [state["generation"], state["step"]] if state.get("steps") else None
+            for name in ("r", "s"):
+                (tmp_path / "members" / f"{name}.json").write_text(json.dumps({
+                    "id": name, "model": name, "pid": os.getpid(), "heartbeat": 1000.0, "items": items, "batch": 4,
+                    "rate": None, "slo_ms": None, "applied": applied, "fenced": fenced.get(name, [])}))
+            owner.tick()
+        return read_state(tmp_path)
+
+    def given(state: dict) -> set:
+        return {core for cores, _ in state["target"]["allocation"].values() for core in cores}
+
+    assert given(settle({})) == {0, 1, 2, 3}
+    r_core = settle({})["target"]["allocation"]["r"][0][0]
+    state = settle({"r": [r_core]})
+    assert r_core not in given(state) and given(state) == {0, 1, 2, 3} - {r_core}
+    assert state["target"]["fenced"] == [r_core] and "fenced off" in state["moves"][-1]["reason"]
+    assert all(r_core not in cores for cores, _ in state["steps"][-1].values())  # where the move ends
+    state = settle({})
+    assert given(state) == {0, 1, 2, 3} and "came back" in state["moves"][-1]["reason"]
+
+
+def test_the_engine_tells_the_node_its_fenced_cores():
+    from packrat.serving.engine import Engine
+
+    engine = Engine.__new__(Engine)
+    engine.controller, engine._batch_now = None, 4
+    engine.corrector = SimpleNamespace(profile=SimpleNamespace(items=lambda: [(1, 4, 2.0)]))
+    engine.pool = SimpleNamespace(outstanding=0, fenced_cores=lambda: frozenset({3, 1}))
+    assert engine._describe()["fenced"] == [1, 3]

@@ -8,7 +8,9 @@ Settings (packrat/settings.py: an archive's `packrat:` section), with files rela
 Cores fenced off. A thread instance stuck in a run it cannot leave is abandoned by the pool, its
 cores fenced off until it returns (pool/supervisor.py). Every plan the engine makes leaves the
 fenced cores out (plan_for), and a change of them re-plans at once on the cores left (the
-controller's replan): nothing is pinned onto a stuck thread's cores. Where no cores are left (a fat
+controller's replan): nothing is pinned onto a stuck thread's cores. On a shared node the engine
+reports them with its load (_describe), and the node's plan gives them to no model until they come
+back (serving/node/owner.py). Where no cores are left (a fat
 instance stuck), the pool answers every request 503 with that reason, front ends report not ready,
 and the engine calls the `restart(reason)` its front end gave it: only the end of the process ends
 a stuck thread (the TorchServe worker exits and TorchServe starts another; the KServe server
@@ -134,10 +136,12 @@ class Engine:
         return node, share[1]
 
     def _describe(self) -> dict:
-        """What this model tells the node: its profile, the batch it plans for, the requests in hand."""
+        """What this model tells the node: its profile, the batch it plans for, the requests in hand,
+        and the cores its stuck thread instances hold (fenced), which the node gives no model."""
         batch = self.controller.estimator.current if self.controller is not None else self._batch_now
         return {"items": [list(item) for item in self.corrector.profile.items()], "batch": batch,
-                "in_hand": self.pool.outstanding if self.pool is not None else 0}
+                "in_hand": self.pool.outstanding if self.pool is not None else 0,
+                "fenced": sorted(self.pool.fenced_cores()) if self.pool is not None else []}
 
     def _move(self, cores: tuple[int, ...], turns: bool) -> None:
         """Serve on `cores` from now on, in turns with other models or not: turns are taken before

@@ -30,7 +30,8 @@ Share = tuple[tuple[int, ...], bool]  # cores, whether it takes turns on them
 class NodeMember:
     """`apply(cores, locked)` moves the engine to its share, blocking until it serves there; when it
     raises, the engine still serves on its old cores (taking turns if it did, or was asked to).
-    `describe()` gives what the heartbeat reports: {"batch", "items", "in_hand"}."""
+    `describe()` gives what the heartbeat reports: {"batch", "items", "in_hand"} and, optionally,
+    "fenced": the cores its stuck thread instances hold, which the node plans for no model."""
 
     def __init__(self, root: Path, model: str, topology: Topology, apply: Callable[[tuple[int, ...], bool], None],
                  describe: Callable[[], dict], *, slo_ms: float | None = None, period_s: float = PERIOD_S,
@@ -170,7 +171,8 @@ class NodeMember:
         write_json(self._beat_path, {
             "id": self.id, "model": self.model, "pid": os.getpid(), "heartbeat": time.time(),
             "items": described["items"], "batch": described["batch"], "rate": self.meter.rate(),
-            "slo_ms": self.slo_ms, "applied": self.applied, "moving": self.moving, "failed": self.failed,
+            "slo_ms": self.slo_ms, "fenced": list(described.get("fenced") or []),
+            "applied": self.applied, "moving": self.moving, "failed": self.failed,
             "share": [list(self.share[0]), self.share[1]] if self.share else None})
 
     def status(self) -> dict:
@@ -185,7 +187,8 @@ class NodeMember:
                 "step": state.get("step"),
                 "members": {k: {"model": m["model"], "pid": m["pid"], "rate_rps": m["rate"], "batch": m["batch"],
                                 "slo_ms": m.get("slo_ms"), "serves_on": m.get("share"), "moving": m.get("moving"),
-                                "failed": m.get("failed")} for k, m in members.items()},
+                                "failed": m.get("failed"), "fenced": m.get("fenced", [])}
+                            for k, m in members.items()},
                 "moves": state.get("moves", [])}
 
     def leave(self) -> None:

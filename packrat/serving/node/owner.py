@@ -6,6 +6,11 @@ bursts that alternate do not thrash); it moves to a step's successor once every 
 it. A member that could not apply its part says so in its heartbeat: the owner then *holds* the
 node (every member stays on the cores it serves on, taking turns wherever they overlap) and tries
 again after a back-off. Every move is kept with its reason, duration and outcome.
+
+Cores fenced off. A member whose stuck thread instances hold cores says so in its heartbeat
+(`fenced`, engine.py); the owner plans every model on the node's other cores, so no model (that one
+included) is given a core a stuck thread may still run on, and re-plans at once when they change
+(all of them again once the threads returned, or their process ended and its heartbeat went).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import time
 
 from packrat.errors import NoPlanError
 from packrat.machine.topology import Topology
-from packrat.planning.node import Allocation, ModelLoad, NodePlan, NodePlanner, transition
+from packrat.planning.node import Allocation, ModelLoad, NodePlan, NodePlanner, topology_of, transition
 from packrat.serving.node.files import STALE_S, alive, plan_path, read_json, read_state, stopped, write_json
 
 log = logging.getLogger("packrat.serving.node")
@@ -112,24 +117,33 @@ class NodeOwner:
             return
         in_motion = state["step"] + 1 < len(state["steps"]) or not self._step_done(state, members)
         joined_or_left = set(members) != set(state.get("target", {}).get("allocation", {}))
-        if in_motion and not joined_or_left:
+        fenced = fenced_cores(members, self.topology)
+        refenced = fenced != set(state.get("target", {}).get("fenced", []))
+        if in_motion and not joined_or_left and not refenced:
             return
+        left = planned_cores(self.topology, fenced)
         try:
-            planner = NodePlanner([_load(m) for m in members.values()], self.topology.num_cores)
-            plan = planner.plan(self.topology)
+            if not left.cores:
+                raise NoPlanError(f"every core is fenced off ({sorted(fenced)}): stuck thread instances hold them")
+            planner = NodePlanner([_load(m) for m in members.values()], left.num_cores)
+            plan = planner.plan(left)
         except (NoPlanError, ValueError) as exc:
             log.error("no node plan: %s", exc)
             return
-        reason = self._why(state, members, plan, planner, joined_or_left)
+        reason = self._why(state, members, plan, planner, joined_or_left, fenced)
         if reason is not None:
-            self._publish(state, plan, members, reason)
+            self._publish(state, plan, members, reason, fenced)
 
-    def _why(self, state: dict, members: dict, plan: NodePlan, planner: NodePlanner, joined_or_left: bool) -> str | None:
+    def _why(self, state: dict, members: dict, plan: NodePlan, planner: NodePlanner, joined_or_left: bool,
+             fenced: set[int]) -> str | None:
         """Why the node should move to `plan`, or None to stay."""
         current = state.get("target")
         if current is None or joined_or_left:
             names = sorted(m["model"] for m in members.values())
             return f"members {', '.join(names)}" if current is None else f"members changed: now {', '.join(names)}"
+        if fenced != set(current.get("fenced", [])):  # at once: a model may be serving on a stuck thread's cores
+            return (f"cores {sorted(fenced)} fenced off: stuck thread instances hold them" if fenced
+                    else "the fenced cores came back: their stuck threads returned")
         if _allocation(plan, members) == _parsed(current["allocation"]):
             return None
         if self.clock() < state.get("retry_at", 0):  # a move failed: not again before the back-off
@@ -143,7 +157,7 @@ class NodeOwner:
             return None
         return f"load shifted: worst score {now_worst:.2f} → {plan.worst:.2f}"
 
-    def _publish(self, state: dict, plan: NodePlan, members: dict, reason: str) -> None:
+    def _publish(self, state: dict, plan: NodePlan, members: dict, reason: str, fenced: set[int]) -> None:
         new = _allocation(plan, members)
         old = _parsed(state["steps"][state["step"]]) if state["steps"] else {}
         old.update({k: v for k, v in shares(members).items() if k in old or k in new})  # where they really are
@@ -151,7 +165,8 @@ class NodeOwner:
         for member_id, member in members.items():  # model names read better than member ids
             text = text.replace(member_id, member["model"])
         self._record(state, Move(state["generation"] + 1, reason, text, self.clock()), transition(old, new) or [new],
-                     {"allocation": _serialised(new), "plan": plan.to_json(), "names": _names(members)})
+                     {"allocation": _serialised(new), "plan": plan.to_json(), "names": _names(members),
+                      "fenced": sorted(fenced)})
         log.info("node plan %d (%s): %s", state["generation"], reason, text)
 
     def _hold(self, state: dict, members: dict, failed: dict[str, str]) -> None:
@@ -197,6 +212,16 @@ class NodeOwner:
                 state["failures"] = 0
             log.info("node plan %d in place in %.2f s", moves[-1]["generation"], moves[-1]["seconds"])
             self._save(state)
+
+
+def fenced_cores(members: dict, topology: Topology) -> set[int]:
+    """The node's cores that some member's stuck thread instances hold (its heartbeat's `fenced`)."""
+    return {core for m in members.values() for core in m.get("fenced") or []} & set(topology.cores)
+
+
+def planned_cores(topology: Topology, fenced: set[int]) -> Topology:
+    """The node's cores that models may be given: all but the fenced ones."""
+    return topology_of(topology, [core for core in topology.cores if core not in fenced])
 
 
 def _load(member: dict) -> ModelLoad:

@@ -19,6 +19,10 @@ tells the engine, which re-plans on the cores left (engine.py). When the thread 
 are unfenced (`on_fence` again) and its slot, if a re-plan has not retired it, respawned. With
 every instance fenced, no cores are left: requests are answered 503 with that reason
 (`unavailable`), which front ends report as not ready, and the engine restarts its process.
+
+A thread instance whose load does not return within `start_timeout` is fenced the same way (a
+process on its cores would share them with a thread that may still run); one whose load failed
+(raised) gives way to a process instance on the same cores (`ready`).
 """
 
 from __future__ import annotations
@@ -81,6 +85,10 @@ class Watchdog:
         return found
 
 
+class StuckLoading(StartFailed):
+    """A thread instance's load did not return within the start timeout: its cores are fenced."""
+
+
 class Slot:
     """What the supervisor remembers of one planned instance across its respawns."""
 
@@ -131,23 +139,38 @@ class Supervisor:
 
     def start(self, configs: Sequence[InstanceConfig]) -> str:
         """Start every instance and wait for all; their graph mode (that of torch's instances where
-        some run another runtime). PoolError (and nothing left running) if one fails."""
+        some run another runtime). PoolError (and nothing left running) if one fails. A thread
+        instance stuck loading stays in its place, fenced (`ready`): the others serve, the engine
+        re-plans without its cores, and its slot is respawned once its thread returns."""
         self.instances = [self.spawn(config, i) for i, config in enumerate(configs)]
-        self.instances = [self.ready(inst) for inst in self.instances]
-        modes = [inst.mode for inst in self.instances]
-        return next((m for m, c in zip(modes, configs) if c.runtime == "inductor"), modes[0])
+        for position, inst in enumerate(list(self.instances)):
+            try:
+                started = self.ready(inst)
+            except StuckLoading:
+                continue  # left in its place, fenced: its respawn, once its thread returns, takes the place
+            with self._lock:
+                self.instances[position] = started
+        modes = [(inst.mode, config) for inst, config in zip(self.instances, configs) if inst.ready]
+        return next((m for m, c in modes if c.runtime == "inductor"), modes[0][0] if modes else "")
 
     def ready(self, inst, nice: int = 0):
         """`inst` once it has loaded (wait_ready). A thread instance that cannot start (its runtime is
         missing, say) gives way to a process instance of the same runtime on the same cores, which
-        falls back to the point's other runtimes as any process instance does."""
+        falls back to the point's other runtimes as any process instance does. One whose load has
+        not returned within `start_timeout` is fenced like a hung thread (its cores left out until
+        its thread returns, then its slot respawned if still planned) and StuckLoading raised."""
         try:
             inst.wait_ready(self.start_timeout)
             return inst
         except StartFailed as exc:
             if inst.kind != "thread":
                 raise
-            inst.close(timeout=0)
+            inst.close(timeout=0)  # its thread ends once its load returns, if it does
+            if inst.loading:  # a process pinned beside a thread still loading would share its cores with it
+                self._fence(inst, f"did not return from its load within {self.start_timeout:.0f} s")
+                threading.Thread(target=self._respawn, args=(inst, True), daemon=True, name="packrat-fence").start()
+                raise StuckLoading(f"{exc}: its thread is still loading; cores {list(inst.config.cores)} "
+                                   f"fenced off until it returns") from None
             config = replace(inst.config, runtime=process_kind(inst.config.runtime))
             log.warning("instance %d runs as a process: %s", inst.index, exc)
             process = self.spawn(config, inst.index, nice, inst.slot)
@@ -214,12 +237,13 @@ class Supervisor:
         dead.close(timeout=0)
         threading.Thread(target=self._respawn, args=(dead,), daemon=True, name="packrat-respawn").start()
 
-    def _respawn(self, dead: Instance) -> None:
+    def _respawn(self, dead: Instance, fenced: bool = False) -> None:
         """Start a replacement until one comes up (back-off between attempts) or the pool moves on.
         Runs in its own thread, without the lock while a replacement loads. A hung thread instance
-        that does not return is fenced first; its slot is respawned once it returns (if still planned)."""
+        that does not return is fenced first (`fenced`: it already is, stuck loading); its slot is
+        respawned once it returns (if still planned)."""
         delay, attempt, current, config = BACKOFF_S[0], 0, dead, dead.config
-        if self._abandon(dead):
+        if fenced or self._abandon(dead):
             if not self._await_return(dead):
                 return
             with self._lock:
@@ -276,15 +300,19 @@ class Supervisor:
         dead.worker.thread.join(self.watchdog.allowance_s(dead.config, dead.warm_ms, dead.config.batch))
         if not dead.stuck:
             return False
+        self._fence(dead, "did not return from its cancelled run", respawning)
+        return True
+
+    def _fence(self, inst, what: str, respawning: bool = False) -> None:
+        """Abandon the thread instance `inst`, whose thread `what`: its cores fenced off, the engine told."""
         with self._lock:
-            dead.abandoned = True
-            self.fenced.append(dead)
+            inst.abandoned = True
+            self.fenced.append(inst)
             self.abandoned += 1
             self.respawning -= respawning  # nothing is started for it while it holds its cores
-        log.error("instance %d's thread (cores %s, %s) did not return from its cancelled run: abandoned, its cores "
-                  "fenced off until it returns", dead.index, list(dead.config.cores), who(dead))
+        log.error("instance %d's thread (cores %s, %s) %s: abandoned, its cores fenced off until it returns",
+                  inst.index, list(inst.config.cores), who(inst), what)
         self._fences_changed()
-        return True
 
     def _await_return(self, dead) -> bool:
         """Until the abandoned thread of `dead` returns (then its cores are unfenced: True) or the
@@ -345,7 +373,8 @@ class Supervisor:
         requests, while retired instances finish the requests they hold and are parked (idle,
         blocked on their socket: memory but no CPU) until the next switch that retires others.
         Thread counts of live instances never change. If a new instance fails to start, the pool
-        is left as it was and PoolError raised.
+        is left as it was and PoolError raised (a thread instance stuck loading is fenced first:
+        the engine's re-plan that follows leaves its cores out).
         """
         fenced = self.fenced_cores() & {core for config in configs for core in config.cores}
         if fenced:  # a plan made before the fence: the re-plan that follows it leaves them out

@@ -14,8 +14,9 @@ The handle has the process handle's interface (ready, jobs, busy_since, waiting_
 hung, submit, kill, stop, close, ...), so the dispatcher and the supervisor treat both alike;
 `kind` tells them apart where they must differ: a stuck thread cannot be killed, only cancelled
 (`kill` ends the session's run under way), and its stamps come without a socket in between. A
-thread that does not return from a cancelled run (stuck in Python, a decoder, a lock) is abandoned
-by the supervisor, its cores fenced off until it returns (supervisor.py).
+thread that does not return from a cancelled run (stuck in Python, a decoder, a lock), or from its
+load within the start timeout, is abandoned by the supervisor, its cores fenced off until it
+returns (supervisor.py).
 
 Its threads: the instance's thread is pinned to all its cores while it starts the image decoders
 (which inherit that) and loads the session (whose intra-op threads are pinned one to each core but
@@ -226,6 +227,11 @@ class ThreadInstance:
     def stuck(self) -> bool:
         """Its thread has not returned from a cancelled run."""
         return self.hung and self.worker.alive
+
+    @property
+    def loading(self) -> bool:
+        """Its load has not returned (nor raised): its thread is still in it."""
+        return not self._loading.done()
 
     def kill(self) -> None:
         """Cancel the session's run under way (the watchdog's; a thread cannot be killed). The thread
