@@ -543,6 +543,28 @@ def test_a_server_given_a_served_dir_hands_it_to_its_handlers(tmp_path):
     assert own.env()[SERVED_DIR_ENV.name] == str(tmp_path / "served")
 
 
+def test_torchserve_s_temp_variables_all_name_its_run_dir_or_a_short_link_to_it(tmp_path, monkeypatch):
+    """TEMP, TMPDIR and TMP alike (its pid file follows TMPDIR); where run_dir/tmp is too long for a
+    worker's socket, a link to it in the first short directory that takes one, kept across starts."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
+    short = torchserve.Server(tmp_path / "run", "toy")
+    assert torchserve.short_temp(short) is None
+    assert {short.env()[name] for name in torchserve.TEMP_ENVS} == {str(tmp_path / "run" / "tmp")}
+    long = torchserve.Server(tmp_path / ("d" * 100) / "run", "toy")
+    (long.run_dir / "tmp").mkdir(parents=True)
+    assert not torchserve.fits_sockets(long.run_dir / "tmp")
+    monkeypatch.setattr(torchserve, "SHORT_DIRS", (str(tmp_path / ("x" * 100)), str(tmp_path)))  # the first too long
+    long.temp_link = torchserve.short_temp(long)
+    assert long.temp_link.parent == tmp_path and long.temp_link.resolve() == (long.run_dir / "tmp").resolve()
+    assert torchserve.fits_sockets(long.temp_link)
+    assert {long.env()[name] for name in torchserve.TEMP_ENVS} == {str(long.temp_link)}
+    long.save()
+    again = torchserve.Server.load(long.run_dir)
+    assert again.temp_link == long.temp_link and torchserve.short_temp(again) == long.temp_link
+    torchserve.drop_temp_link(again)
+    assert not long.temp_link.is_symlink() and (long.run_dir / "tmp").is_dir()
+
+
 def test_reconfigure_request_round_trip(tmp_path):
     from packrat.deploy import torchserve
     from packrat.frontends import torchserve_control

@@ -130,6 +130,35 @@ def test_cli_serve_and_stop(tmp_path, capsys):
     assert not torchserve.java_running(torchserve.Server.load(run_dir))
 
 
+def test_two_servers_under_one_long_tmpdir_keep_their_own_pid_files_and_sockets(tmp_path, monkeypatch):
+    """TMPDIR set (TorchServe finds its pid file with tempfile.gettempdir(), which reads it first) and
+    long (a worker's socket path must fit 107 bytes): two servers started under it, one with its run
+    dir inside it, each serve, and stopping one leaves the other serving."""
+    shared = tmp_path / ("t" * 90)
+    shared.mkdir()
+    monkeypatch.setenv("TMPDIR", str(shared))
+    profile = tmp_path / "tiny.csv"
+    profile.write_text(PROFILE)
+    mar = archive.build(Settings("tiny", profiles=[profile], max_batch=2), tmp_path / "store", max_batch_delay_ms=20)
+    servers = []
+    try:
+        for run_dir in (shared / "run", tmp_path / "short"):
+            servers.append(torchserve.start(torchserve.Server(run_dir, "tiny", torchserve.Ports.free(), token_auth=False),
+                                            mar, timeout=180))
+        long, short = servers
+        assert long.temp_link is not None and short.temp_link is None
+        body = torch.zeros(3, 32, 32).numpy().tobytes()
+        assert [post(s, body, "application/octet-stream", token=None)[0] for s in servers] == [200, 200]
+        assert not (shared / ".model_server.pid").exists()  # each in its own run dir
+        torchserve.stop(long)
+        assert not torchserve.java_running(long) and torchserve.java_running(short)
+        assert not long.temp_link.is_symlink()
+        assert post(short, body, "application/octet-stream", token=None)[0] == 200
+    finally:
+        for server in servers:
+            torchserve.stop(server)
+
+
 def test_cli_serve_without_profile_says_what_to_do(tmp_path, capsys):
     from packrat.cli.main import main
 

@@ -307,7 +307,7 @@ class Tracker:
 
     def leftovers(self, grace_s: float, shm_before: set[str]) -> dict:
         """What of this server is still there after its stop, waiting up to grace_s for it to go."""
-        temp = str(self.run_dir / "tmp")
+        temp = str(torchserve.Server.load(self.run_dir).temp_dir)  # the TEMP its processes were given
         start = time.monotonic()
         while True:
             processes = self._our_processes(temp)

@@ -2,7 +2,8 @@
 
 TorchServe facts this relies on: `torchserve --start` returns at once with Java in the
 background; `/ping` is not readiness, so we wait until the management API lists every
-worker READY; TEMP holds the pid file and worker sockets, so each server gets its own;
+worker READY; TEMP holds the pid file and worker sockets, so each server gets its own (and
+TMPDIR and TMP with it: the pid file's place is `tempfile.gettempdir()`, which reads TMPDIR first);
 token authorisation writes key_file.json into the directory TorchServe starts in.
 """
 
@@ -13,6 +14,7 @@ import os
 import shutil
 import socket
 import subprocess
+import secrets
 import sys
 import time
 import urllib.error
@@ -32,6 +34,10 @@ LOG_CONFIG = Path(__file__).parent / "log4j2.xml"
 STATE_FILE = "server.json"
 JAVA_CLASS = "org.pytorch.serve.ModelServer"  # in Java's command line, as `torchserve --stop` checks
 OIP_ENV = "TS_OPEN_INFERENCE_PROTOCOL"  # "oip": TorchServe serves the KServe v2 / Open Inference Protocol paths
+TEMP_ENVS = ("TEMP", "TMPDIR", "TMP")  # Java's temp dir reads TEMP; Python's tempfile reads TMPDIR first
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path on Linux (sun_path, less its NUL)
+WORKER_SOCKET = "/.ts.sock.65535"  # the longest name TorchServe gives a worker's socket in TEMP
+SHORT_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # where a short link to a long TEMP may go
 
 
 def free_port() -> int:
@@ -67,10 +73,19 @@ class Server:
     # Where its handlers keep served latencies (settings.SERVED_DIR_ENV); None: the user's. A benchmark
     # gives each configuration its own, so that one's corrections do not plan another's.
     served_dir: Path | None = None
+    # A short link to run_dir/tmp where that path is too long for a worker's socket; None: not needed.
+    temp_link: Path | None = None
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir).resolve()  # TorchServe rejects a relative TEMP
         self.models = tuple(dict.fromkeys((self.model, *self.models)))
+        self.temp_link = Path(self.temp_link) if self.temp_link else None
+
+    @property
+    def temp_dir(self) -> Path:
+        """TorchServe's TEMP: its pid file, worker sockets and unpacked models (run_dir/tmp, or the
+        short link to it)."""
+        return self.temp_link or self.run_dir / "tmp"
 
     @property
     def inference_url(self) -> str:
@@ -96,8 +111,8 @@ class Server:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(TEMP=str(self.run_dir / "tmp"), LOG_LOCATION=str(self.run_dir / "logs"),
-                   METRICS_LOCATION=str(self.run_dir / "logs"))
+        env.update(dict.fromkeys(TEMP_ENVS, str(self.temp_dir)))
+        env.update(LOG_LOCATION=str(self.run_dir / "logs"), METRICS_LOCATION=str(self.run_dir / "logs"))
         env[CONTROL_DIR_ENV.name] = str(self.control_dir)
         env[TS_MANAGEMENT_ENV.name] = self.management_url  # the handlers look at TorchServe's queue there
         env[TS_KEY_FILE_ENV.name] = str(self.key_file) if self.token_auth else ""
@@ -109,7 +124,8 @@ class Server:
 
     def save(self) -> None:
         state = {"model": self.model, "models": list(self.models), "ports": asdict(self.ports),
-                 "token_auth": self.token_auth, "oip": self.oip, "model_api": self.model_api}
+                 "token_auth": self.token_auth, "oip": self.oip, "model_api": self.model_api,
+                 "temp_link": self.temp_link and str(self.temp_link)}
         (self.run_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
 
     @classmethod
@@ -120,7 +136,52 @@ class Server:
         except (OSError, ValueError):
             raise ServeError(f"no packrat server recorded in {run_dir} ({path} missing or unreadable)") from None
         return cls(Path(run_dir), state["model"], Ports(**state["ports"]), state["token_auth"], state.get("oip", False),
-                   tuple(state.get("models", ())), state.get("model_api", False))
+                   tuple(state.get("models", ())), state.get("model_api", False), temp_link=state.get("temp_link"))
+
+
+# ---- TEMP: short enough for the worker sockets ------------------------------------------------------
+
+def fits_sockets(temp: Path) -> bool:
+    """Whether a worker socket in `temp` is a path a Unix socket can have."""
+    return len(os.fsencode(str(temp)) + WORKER_SOCKET.encode()) <= SOCKET_PATH_MAX
+
+
+def short_temp(server: Server) -> Path | None:
+    """None where run_dir/tmp fits the worker sockets; else a link to it in a short directory (the
+    one an earlier start made, if it still leads there)."""
+    real = server.run_dir / "tmp"
+    if fits_sockets(real):
+        return None
+    if server.temp_link is not None and server.temp_link.is_symlink() and server.temp_link.resolve() == real.resolve():
+        return server.temp_link
+    for base in SHORT_DIRS:
+        link = _link_in(base, real)
+        if link is not None:
+            return link
+    raise ServeError(f"TorchServe's worker sockets go in its TEMP ({real}), a path too long for a Unix socket "
+                     f"({SOCKET_PATH_MAX} bytes), and no short link to it could be made in {', '.join(SHORT_DIRS)}")
+
+
+def _link_in(base: str, target: Path) -> Path | None:
+    """A new symlink to `target` under a fresh name in `base` (None if it cannot be made there)."""
+    for _ in range(10):  # a name taken by someone else: draw another
+        link = Path(base) / f"packrat-ts-{secrets.token_hex(6)}"
+        if not fits_sockets(link):
+            return None
+        try:
+            os.symlink(target, link)
+            return link
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+    return None
+
+
+def drop_temp_link(server: Server) -> None:
+    """Remove the short link, if the server has one (its target stays)."""
+    if server.temp_link is not None and server.temp_link.is_symlink():
+        server.temp_link.unlink(missing_ok=True)
 
 
 # ---- archive -------------------------------------------------------------------------------
@@ -174,6 +235,7 @@ def start(server: Server, mars: Path | Sequence[Path], *, timeout: float = 300.0
     config = run_dir / "config.properties"
     config.write_text(config_properties(server.ports, store, server.token_auth, model_api=server.model_api))
     server.key_file.unlink(missing_ok=True)
+    server.temp_link = short_temp(server)
     cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs", "--ts-config", str(config),
            "--model-store", str(store), "--models",
            *(f"{model}={Path(mar).name}" for model, mar in zip(server.models, mars)),
@@ -315,7 +377,7 @@ def java_running(server: Server) -> bool:
 
 
 def _pid_file(server: Server) -> Path:
-    return server.run_dir / "tmp" / ".model_server.pid"
+    return server.run_dir / "tmp" / ".model_server.pid"  # in temp_dir: the same file, through the link if any
 
 
 def log_tail(server: Server, lines: int = 3) -> str:
@@ -339,6 +401,8 @@ def stop(server: Server, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while java is not None and not _exited(java) and time.monotonic() < deadline:
         time.sleep(0.05)
+    if java is None or _exited(java):
+        drop_temp_link(server)
 
 
 def _java(server: Server) -> psutil.Process | None:
