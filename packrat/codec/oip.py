@@ -19,6 +19,9 @@ import torch
 from packrat.errors import RequestError, first_line
 
 HEADER = "Inference-Header-Content-Length"
+# A binary request's JSON header: tritonclient's holds names and shapes (well under a KiB); one that
+# carries tensors as JSON "data" is a JSON body's work, which a plain JSON request does within the body limit.
+MAX_HEADER_BYTES = 1 << 20
 DTYPES = {"FP32": torch.float32, "FP64": torch.float64, "FP16": torch.float16, "BF16": torch.bfloat16,
           "INT64": torch.int64, "INT32": torch.int32, "INT16": torch.int16, "INT8": torch.int8,
           "UINT8": torch.uint8, "BOOL": torch.bool}
@@ -45,6 +48,18 @@ def header_length(value) -> int | None:
     return length
 
 
+def checked_header(value, body_size: int) -> int | None:
+    """The header length `value` gives (None: absent), refused before anything is parsed: 400 where
+    it is no byte count or runs past the body, 413 over MAX_HEADER_BYTES."""
+    length = header_length(value)
+    if length is not None and length > body_size:
+        raise RequestError(400, f"{HEADER} is {length} but the body has only {body_size} bytes")
+    if length is not None and length > MAX_HEADER_BYTES:
+        raise RequestError(413, f"inference header of {length} bytes, over the limit of {MAX_HEADER_BYTES}: "
+                                f"send large tensors as binary data, or the request as plain JSON")
+    return length
+
+
 def split(body: bytes, length: int | None):
     """(JSON header, the bytes after it). Without a header length, the end of the JSON value is found
     by parsing; returns None then if nothing follows it (a plain JSON body)."""
@@ -56,8 +71,8 @@ def split(body: bytes, length: int | None):
             return None
         if not body[length:].strip():
             return None
-    elif length > len(body):
-        raise RequestError(400, f"{HEADER} is {length} but the body has only {len(body)} bytes")
+    else:
+        checked_header(length, len(body))
     try:
         head = json.loads(body[:length])
     except (ValueError, RecursionError) as exc:
@@ -75,26 +90,25 @@ JSON_SCAN_BYTES = 64 << 10  # a plain JSON body this small is parsed whole for i
 def timeout_s(body, length: int | str | None) -> float | None:
     """The client's deadline in seconds from Triton's request parameter `"parameters": {"timeout":
     MICROSECONDS}`, or None (none given, or none readable cheaply). Read in the front end, ahead of
-    the instance that decodes the body, so it is cheap: a body that does not hold `"timeout"` at all
-    costs one byte search. A binary body's JSON header (its first `length` bytes) is parsed; a plain
-    JSON body's top-level "parameters" is parsed where it closes the body (tritonclient writes it
-    last), else the whole body only if it is under JSON_SCAN_BYTES: a large body with its parameters
-    elsewhere keeps the server's deadline (parsing megabytes of numbers here would cost every
-    request behind it in the event loop). A timeout only tightens its own request's deadline, so a
-    misread costs that request alone."""
+    the instance that decodes the body, so it costs at most JSON_SCAN_BYTES of work whatever the
+    body's size. The JSON read is a binary body's header (its first `length` bytes) or a plain JSON
+    body, alike: its top-level "parameters" is parsed where it closes the JSON (tritonclient writes
+    it last) within its last JSON_SCAN_BYTES, else the whole JSON only if it is that small: a large
+    one with its parameters elsewhere keeps the server's deadline (parsing megabytes of numbers here
+    would cost every request behind it in the event loop). A timeout only tightens its own
+    request's deadline, so a misread costs that request alone."""
     try:
         length = header_length(length)
     except RequestError:
         return None  # the instance refuses the body with the reason
-    if isinstance(body, memoryview):  # front ends hand bytes; a view has no byte search
-        body = body.tobytes()
-    head = body[:length] if length is not None else body
-    if TIMEOUT not in head:
+    end = len(body) if length is None else min(length, len(body))
+    tail = bytes(body[max(0, end - JSON_SCAN_BYTES):end])  # where any timeout read lies; the whole JSON if small
+    if TIMEOUT not in tail:
         return None
-    found = _last_parameters(head) if length is None else None
-    if found is None and (length is not None or len(head) <= JSON_SCAN_BYTES):
+    found = _last_parameters(tail)
+    if found is None and end <= JSON_SCAN_BYTES:
         try:
-            whole = json.loads(head)
+            whole = json.loads(tail)
         except (ValueError, RecursionError):
             return None
         found = whole.get("parameters") if isinstance(whole, dict) else None
@@ -104,13 +118,13 @@ def timeout_s(body, length: int | str | None) -> float | None:
     return micros / 1e6
 
 
-def _last_parameters(body) -> dict | None:
+def _last_parameters(body: bytes) -> dict | None:
     """The body's last "parameters" object, if it is the top-level one: only the top-level
     object's closing brace follows it."""
     at = body.rfind(PARAMETERS)
     if at < 0 or body[at - 1:at] == b"\\":  # none, or inside a string
         return None
-    rest = bytes(body[at + len(PARAMETERS):]).decode("latin-1").lstrip()  # latin-1: any bytes decode
+    rest = body[at + len(PARAMETERS):].decode("latin-1").lstrip()  # latin-1: any bytes decode
     if not rest.startswith(":"):
         return None
     rest = rest[1:].lstrip()

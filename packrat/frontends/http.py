@@ -9,7 +9,9 @@ import time
 
 from starlette.requests import Request as HttpRequest
 
+from packrat.codec import oip
 from packrat.codec.oip import HEADER
+from packrat.errors import RequestError
 from packrat.serving.pool.api import Answer
 
 # A body left unread when the answer goes out is read and dropped first, up to these bounds (nginx's
@@ -85,6 +87,16 @@ def _has_body(scope) -> bool:
         if name == b"transfer-encoding" or (name == b"content-length" and value.strip() not in (b"", b"0")):
             return True
     return False
+
+
+def header_refusal(body: bytes, length: str | None) -> Answer | None:
+    """The answer to a binary v2 request whose header length is refused (oip.checked_header: past
+    the body, or over its limit), before anything of it is parsed; None for any other request."""
+    try:
+        oip.checked_header(length, len(body))
+    except RequestError as exc:
+        return Answer.error(exc.status, exc.reason)
+    return None
 
 
 def answer_headers(answer: Answer) -> dict[str, str]:

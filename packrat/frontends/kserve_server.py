@@ -75,7 +75,8 @@ from starlette.responses import JSONResponse, Response
 
 from packrat.codec import oip
 from packrat.codec.kserve import model_metadata
-from packrat.frontends.http import ReadBodyBeforeAnswering, asgi_body, linger, scope_headers, send_answer
+from packrat.frontends.http import (ReadBodyBeforeAnswering, asgi_body, header_refusal, linger, scope_headers,
+                                    send_answer)
 from packrat.frontends.kserve_metrics import PackratCollector
 from packrat.frontends.torchserve_control import follow_reconfigure_requests
 from packrat.serving.engine import Engine
@@ -394,6 +395,9 @@ class InferenceFirst:
         headers = scope_headers(scope)
         length = headers.get(HEADER_KEY)
         length = length.decode() if length is not None else None
+        refused = header_refusal(body, length)
+        if refused is not None:
+            return refused
         content_type = headers.get(b"content-type")
         request = Request(body, content_type.decode() if content_type else None, length, received_at,
                           oip.timeout_s(body, length))

@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse, Response
 
 from packrat.codec import oip
 from packrat.codec.kserve import model_metadata
-from packrat.frontends.http import answer_headers, limited_body
+from packrat.frontends.http import answer_headers, header_refusal, limited_body
 from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer, Request
 from packrat.settings import Settings
@@ -134,8 +134,12 @@ class PackratIngress:
         body = await limited_body(request, self.max_body_bytes)
         if body is None:
             return _error(413, f"request body over {self.max_body_bytes} bytes")
-        answer, headers = await self._call("infer", body, request.headers.get("content-type"),
-                                           request.headers.get(oip.HEADER), time.monotonic() - received_at)
+        length = request.headers.get(oip.HEADER)
+        refused = header_refusal(body, length)
+        if refused is not None:
+            return _error(refused.status, refused.reason)
+        answer, headers = await self._call("infer", body, request.headers.get("content-type"), length,
+                                           time.monotonic() - received_at)
         if answer.status != 200:
             return _error(answer.status, answer.reason, answer_headers(answer))
         binary = {oip.HEADER: str(answer.header_length)} if answer.header_length is not None else {}

@@ -1,0 +1,63 @@
+"""The Ray Serve ingress (packrat/frontends/ray_serve.py: PackratIngress) without a cluster: real
+HTTP requests as Starlette hands them over, the engines' deployment handle faked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("ray.serve", reason="Ray Serve is an optional extra: pip install 'packrat[ray]'")
+
+from starlette.requests import Request as HttpRequest  # noqa: E402
+
+from packrat.codec import oip  # noqa: E402
+from packrat.frontends.ray_serve import PackratIngress  # noqa: E402
+from packrat.serving.pool.api import Answer  # noqa: E402
+
+
+class Engines:
+    """The engines' handle: each call recorded as (method, args), answered by `answer(method, args)`."""
+
+    def __init__(self, answer=lambda method, args: (Answer(200, b"{}"), {})):
+        self.calls, self._answer = [], answer
+
+    def __getattr__(self, method: str):
+        async def call(*args):
+            self.calls.append((method, args))
+            return self._answer(method, args)
+
+        return SimpleNamespace(remote=call)
+
+
+def post(ingress: PackratIngress, body: bytes, headers: dict[str, str], messages: list[dict] | None = None):
+    """The ingress's response to a POST of `body` (or of the ASGI `messages` given) to its v2 path."""
+    scope = {"type": "http", "method": "POST", "path": f"/v2/models/{ingress.name}/infer", "query_string": b"",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()], "root_path": ""}
+    given = iter(messages or [{"type": "http.request", "body": body}])
+
+    async def receive():
+        return next(given, {"type": "http.disconnect"})
+
+    return asyncio.run(ingress(HttpRequest(scope, receive)))
+
+
+def test_a_16_mib_binary_header_is_refused_before_any_engine_sees_it():
+    from test_oip import huge_header
+
+    engines = Engines()
+    ingress = PackratIngress("m", engines, 32 << 20)
+    header = huge_header(timeout_last=True)
+    body = header + b"\0" * 12
+    started = time.perf_counter()
+    response = post(ingress, body, {oip.HEADER: str(len(header))})
+    took_s = time.perf_counter() - started
+    assert response.status_code == 413 and "over the limit of 1048576" in json.loads(response.body)["message"]
+    assert not engines.calls and took_s < 0.2  # measured ~1 ms
+    response = post(ingress, body[:100], {oip.HEADER: str(16 << 20)})
+    assert response.status_code == 400 and "but the body has only 100 bytes" in json.loads(response.body)["message"]
+    response = post(ingress, b"{}", {oip.HEADER: "2"})  # a header within its limit: to an engine
+    assert response.status_code == 200 and engines.calls[0][0] == "infer" and engines.calls[0][1][2] == "2"
