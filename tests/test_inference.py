@@ -9,13 +9,14 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 from packrat.codec.codec import Codec
 from packrat.codec.config import CodecConfig
 from packrat.codec.payloads import build_payload
 from packrat.models.zoo import prepare, resolve
 from packrat.codec.batch import answer_batch
-from packrat.codec.batch import Decoders
+from packrat.codec.batch import Decoders, _on_a_new_thread, own_intra_op_threads
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +72,19 @@ def test_decoder_threads_run_one_intra_op_thread_and_leave_the_models_count():
             "print(json.dumps({'decoders': seen, 'main': torch.get_num_threads()}))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(done.stdout.splitlines()[-1]) == {"decoders": [1, 1, 1, 1], "main": 2}
+
+
+@pytest.fixture
+def process_count_of_2():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_threads_own_count_leaves_the_processes(process_count_of_2):
+    """A thread instance's threads run one intra-op thread each in a process whose count is its host's."""
+    assert _on_a_new_thread(lambda: (own_intra_op_threads(1), torch.get_num_threads())[1]) == 1
+    decoders = Decoders(2, process_wide=False)
+    assert list(decoders.mapper(4)(lambda _: torch.get_num_threads(), range(4))) == [1, 1, 1, 1]
+    assert _on_a_new_thread(torch.get_num_threads) == 2  # what a thread reads on its first parallel region

@@ -52,6 +52,28 @@ def set_intra_op_threads(threads: int) -> None:
     torch.get_num_threads()
 
 
+_PROCESS_COUNT = threading.Lock()  # one own_intra_op_threads at a time puts the process's count back
+
+
+def own_intra_op_threads(threads: int) -> None:
+    """This thread's torch intra-op threads fixed at `threads`, the process's count left as it was:
+    torch.set_num_threads sets both this thread's OpenMP count and the count every thread reads on
+    its first parallel region, so the latter is read and put back from threads of their own."""
+    with _PROCESS_COUNT:
+        process = _on_a_new_thread(torch.get_num_threads)  # a fresh thread reads the process's count
+        set_intra_op_threads(threads)
+        _on_a_new_thread(lambda: torch.set_num_threads(process))
+
+
+def _on_a_new_thread(call):
+    """call() on a thread started for it, and its result."""
+    result = []
+    thread = threading.Thread(target=lambda: result.append(call()), name="packrat-torch-count")
+    thread.start()
+    thread.join()
+    return result[0]
+
+
 class Decoders:
     """Decodes a batch's requests in parallel on the instance's cores. JPEG decoding and resizing
     release the GIL (issue 25, 4 ResNet-50 photos: 18.0 ms on 2 decoders against 23.0
@@ -59,16 +81,16 @@ class Decoders:
     request is decoded on the calling thread: a hop to a decoder would only add to it. Each decoder runs one intra-op thread: its tensor
     work must not lead an OpenMP team of its own, since a second team in the process makes every
     team sleep between parallel regions instead of spinning (BENCHMARKS.md, IOS: 1.3x slower
-    models). The threads start here, before the model's thread count is set for good
-    (set_intra_op_threads). `one_thread_each` False: each reads the count the process has (a thread
-    instance's decoders: setting it is process-wide, the engine's to do, not an instance's)."""
+    models). `process_wide`: each sets its count as the process's too (set_intra_op_threads: an
+    instance process's decoders, which start before the model's count is set for good); else its
+    own alone (own_intra_op_threads: a thread instance's, in a process whose count is its host's)."""
 
-    def __init__(self, threads: int, one_thread_each: bool = True):
+    def __init__(self, threads: int, process_wide: bool = True):
         self._pool = None
         if threads > 1:
             started = threading.Barrier(threads)
-            self._pool = ThreadPoolExecutor(threads, "packrat-decode", initializer=set_intra_op_threads
-                                            if one_thread_each else None, initargs=(1,) if one_thread_each else ())
+            self._pool = ThreadPoolExecutor(threads, "packrat-decode", initargs=(1,), initializer=set_intra_op_threads
+                                            if process_wide else own_intra_op_threads)
             list(self._pool.map(lambda _: started.wait(), range(threads)))  # every thread up, not one reused
 
     @property

@@ -26,8 +26,9 @@ of that name, found without holding up any other instance's start (`thread_ids`)
 time is theirs, not the process's (warm_up's clock; bench.overload.server_cpu).
 
 It changes nothing process-wide: `pid` is the serving process's (which it shares with the engine
-and every other thread instance), `tid` its own thread's; torch's intra-op thread count, which is
-the process's, is left to the engine (engine.serving_torch_threads).
+and every other thread instance), `tid` its own thread's; its own thread and its decoders each run
+torch with one intra-op thread, set for them alone (codec.batch.own_intra_op_threads), whatever the
+process's count (the engine's, engine.serving_torch_threads, or a benchmark's).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class ThreadInstance:
     def _load(self, model: ModelConfig, codec_config: CodecConfig, nice: int) -> None:
         import torch
 
-        from packrat.codec.batch import Decoders
+        from packrat.codec.batch import Decoders, own_intra_op_threads
         from packrat.codec.codec import Codec
         from packrat.codec.rows import InputRows
         from packrat.models.runtimes import ensure_artefact
@@ -112,11 +113,13 @@ class ThreadInstance:
 
         if nice:
             os.setpriority(os.PRIO_PROCESS, 0, nice)  # this thread alone; the threads it starts inherit it
+        # Issue 70's 7.3 ms encode at B = 8: torch split the softmax over the process's 2 threads, its
+        # OpenMP worker on this thread's one core, where it ran only once this thread's barrier spin gave up
+        own_intra_op_threads(1)
         codec = Codec(codec_config)
         spec = resolve(model.model, model.input_shape)
         ensure_artefact(spec, self.config.runtime, model.compile_cache)
-        # torch's thread count is the process's: the decoders read it (engine.serving_torch_threads)
-        decoders = Decoders(self.config.threads if codec.input_kind == "image" else 1, one_thread_each=False)
+        decoders = Decoders(self.config.threads if codec.input_kind == "image" else 1, process_wide=False)
         module, examples, mode = load_runtime(spec, model, self.config, self.config.runtime, decoders.parallel)
         self.thread_ids = own_threads(task_affinities(), self.name) | {threading.get_native_id()}
         pin_thread(self.config.cores[:1])  # the session's threads have the other cores, one each
