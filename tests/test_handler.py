@@ -9,7 +9,7 @@ import pytest
 import torch
 from ts.context import Context, RequestProcessor
 
-from packrat.handlers import common
+from packrat.handlers import careful_handler, common
 from packrat.handlers.careful_handler import CarefulHandler
 from packrat.handlers.packrat_handler import PackratHandler
 from packrat.handlers.stock_handler import StockHandler
@@ -246,8 +246,9 @@ def test_a_batch_that_waited_in_torchserves_queue_past_its_deadline_is_not_run(t
 @pytest.mark.integration
 def test_the_careful_handler_runs_a_plain_session_on_every_core_and_decodes_in_parallel(tmp_path, expected, request):
     """What a careful user writes (issue 63): the runtime's own session with its defaults and a thread
-    per core, decoders on every core, torch's intra-op threads at 1 where it only decodes, one batch
-    of rows the session reads; a full batch answered as the model answers."""
+    per core, decoders on every core (beside which the session's threads stop spinning, issue 70),
+    torch's intra-op threads at 1 where it only decodes, one batch of rows the session reads; a full
+    batch answered as the model answers."""
     pytest.importorskip("onnxruntime")
     import os
 
@@ -260,10 +261,34 @@ def test_the_careful_handler_runs_a_plain_session_on_every_core_and_decodes_in_p
     options = handler.model.session.get_session_options()
     assert options.intra_op_num_threads == len(os.sched_getaffinity(0))
     assert options.inter_op_num_threads == 0  # the runtime's default, not packrat's one
-    with pytest.raises(Exception):  # packrat's own spinning setting is not the user's
-        options.get_session_config_entry("session.force_spinning_stop")
+    if handler.decoders.parallel:  # its threads stop spinning beside the decoders, as packrat's instances' do
+        assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    else:
+        with pytest.raises(Exception):  # nothing shares their cores after a run: they spin on
+            options.get_session_config_entry("session.force_spinning_stop")
     assert torch.get_num_threads() == 1
     assert handler.rows.slots == 3
     with_requests(context, ["application/octet-stream"] * 3)
     responses = handler.handle([{"body": bytearray(sample.numpy().tobytes())} for sample in samples], context)
     assert [[p["class"] for p in json.loads(r)["predictions"]] for r in responses] == classes
+
+
+def test_the_careful_handler_warms_every_batch_size_and_says_what_differs(tmp_path, monkeypatch, request, caplog):
+    """Each size of the halving ladder warmed up, as the pool's instances do (issue 70); its session
+    told to stop spinning exactly where its decoders run in parallel; its start says how it is not
+    packrat's instance."""
+    sizes, asked = [], {}
+
+    def prepare_runtime(spec, runtime, batch, threads, shipped=None, plain=False, stop_spinning=None):
+        asked.update(plain=plain, stop_spinning=stop_spinning)
+        return (lambda x: sizes.append(len(x)) or torch.zeros(len(x), 10)), spec.example_inputs(batch)
+
+    monkeypatch.setattr(careful_handler, "prepare_runtime", prepare_runtime)
+    before = torch.get_num_threads()
+    request.addfinalizer(lambda: torch.set_num_threads(before))  # the handler sets this process's count
+    handler = CarefulHandler()
+    with caplog.at_level("INFO", logger=careful_handler.log.name):
+        handler.initialize(make_context(tmp_path, batch=4, runtime="onnxruntime"))
+    assert sorted(set(sizes)) == [1, 2, 4]
+    assert asked == {"plain": True, "stop_spinning": handler.decoders.parallel}
+    assert "unlike a packrat instance: one session on all the worker's cores" in caplog.text

@@ -329,7 +329,7 @@ class OrtRunner:
     caller to the first core). `cancel()` ends a run under way from another thread (its call then
     raises RunCancelled). `plain`: the session as a careful user makes it, the runtime's defaults
     but for a thread per core. `stop_spinning`: its threads stop spinning when a run ends, for the
-    decoders that share its cores."""
+    decoders that share its cores (plain or not)."""
 
     def __init__(self, path: Path, spec, batch: int, threads: int, cores=None, plain: bool = False,
                  stop_spinning: bool = True):
@@ -342,12 +342,13 @@ class OrtRunner:
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             options.inter_op_num_threads = 1
-        if stop_spinning and not plain:
+        if stop_spinning:
             # Its threads spin between the operators of a run, and stop when the run ends: spinning on
             # after it took a core from the instance's decoders (4 JPEGs of a SqueezeNet batch: decoded
             # in 9.1 ms on 2 decoders, as if on one, against 4.8 in-process; BENCHMARKS.md, issue 41).
             # Without decoders nothing of the instance's needs their cores after a run: they spin on,
-            # as a plain session's do (issue 63; its effect alone was not measured apart).
+            # as a plain session's do (issue 63; its effect alone was not measured apart). A plain
+            # session (the careful handler's) is told the same where its decoders run (issue 70).
             options.add_session_config_entry("session.force_spinning_stop", "1")
         if cores is not None and threads > 1:
             options.add_session_config_entry("session.intra_op_thread_affinities", ort_affinities(cores, threads))
