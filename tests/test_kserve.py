@@ -374,6 +374,63 @@ def test_an_oversized_slow_upload_reads_its_413():
     assert status == 413 and b"over 1048576 bytes" in body, body
 
 
+def chunks(body: bytes, *ends: int) -> list[dict]:
+    """ASGI body messages of body[:end] for each end in `ends`, the last one saying the body is done."""
+    starts = (0, *ends[:-1])
+    return [{"type": "http.request", "body": body[a:b], "more_body": b != ends[-1]} for a, b in zip(starts, ends)]
+
+
+def test_a_body_cut_short_is_refused_and_never_reaches_the_engine():
+    """The client gone before its body's end (http.disconnect), or fewer bytes than its
+    Content-Length: 400 "cut short" (to no one, if the connection is closed), never served."""
+    from types import SimpleNamespace
+
+    from fastapi import FastAPI
+
+    model = recording_model(Answer(200, b"{}"))
+    app = kserve_server.serving_app(FastAPI(), SimpleNamespace(get_model=lambda name: model))
+    body = sample().tobytes()
+    headers = {"Content-Length": str(len(body)), "Content-Type": "application/octet-stream"}
+    gone = chunks(body, 4000, 8000)[:1]  # then a disconnect
+    status, answer = asgi_post(app, "/v2/models/m/infer", gone, headers)
+    assert status == 400 and "the connection closed after 4000 bytes" in json.loads(answer)["error"]
+    status, answer = asgi_post(app, "/v2/models/m/infer", chunks(body, 4000, 8000), headers)
+    assert status == 400 and f"8000 of the {len(body)} bytes its Content-Length says" in json.loads(answer)["error"]
+    assert not model.requests
+    assert asgi_post(app, "/v2/models/m/infer", chunks(body, 4000, len(body)), headers)[0] == 200
+    assert [r.body for r in model.requests] == [body]
+
+
+def test_a_client_that_leaves_mid_body_is_never_served_through_uvicorn():
+    """The same through uvicorn as KServe runs it: a socket that sends half its Content-Length and closes."""
+    import socket
+    from types import SimpleNamespace
+
+    from fastapi import FastAPI
+
+    model = recording_model(Answer(200, b"{}"))
+    app = kserve_server.serving_app(FastAPI(), SimpleNamespace(get_model=lambda name: model))
+    statuses = []
+
+    async def recorded(scope, receive, send):
+        async def send_recorded(message):
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+            await send(message)
+
+        await app(scope, receive, send_recorded)
+
+    with uvicorn_on_loopback(recorded) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            client.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+                           b"Content-Length: 12288\r\n\r\n" + b"\0" * 6000)
+            time.sleep(0.2)  # the server reads the first half before the close
+        deadline = time.monotonic() + 10
+        while not statuses and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert statuses == [400] and not model.requests
+
+
 # ---- a real server ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

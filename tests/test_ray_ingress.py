@@ -61,3 +61,18 @@ def test_a_16_mib_binary_header_is_refused_before_any_engine_sees_it():
     assert response.status_code == 400 and "but the body has only 100 bytes" in json.loads(response.body)["message"]
     response = post(ingress, b"{}", {oip.HEADER: "2"})  # a header within its limit: to an engine
     assert response.status_code == 200 and engines.calls[0][0] == "infer" and engines.calls[0][1][2] == "2"
+
+
+def test_a_body_cut_short_is_refused_and_never_reaches_an_engine():
+    """The client gone before its body's end, or fewer bytes than its Content-Length: 400, no engine called."""
+    engines = Engines()
+    ingress = PackratIngress("m", engines, 1 << 20)
+    body = b"\0" * 12288
+    headers = {"Content-Length": str(len(body)), "Content-Type": "application/octet-stream"}
+    half = {"type": "http.request", "body": body[:6000], "more_body": True}
+    response = post(ingress, body, headers, [half])  # then a disconnect
+    assert response.status_code == 400 and "closed after 6000 bytes" in json.loads(response.body)["message"]
+    response = post(ingress, body, headers, [{**half, "more_body": False}])
+    assert response.status_code == 400 and "6000 of the 12288 bytes" in json.loads(response.body)["message"]
+    assert not engines.calls
+    assert post(ingress, body, headers).status_code == 200 and engines.calls[0][1][0] == body

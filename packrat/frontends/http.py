@@ -1,13 +1,12 @@
 """What the HTTP front ends share (the Ray Serve ingress, the KServe server's REST routes): a request
-body read within its limit, an Answer's headers, and the rest of a body read before an early answer
-goes out. The Ray ingress speaks Starlette; the KServe server's inference paths raw ASGI."""
+body read within its limit (and whole: one cut short is refused), an Answer's headers, and the rest
+of a body read before an early answer goes out. The Ray ingress speaks Starlette; the KServe
+server's inference paths raw ASGI; both read bodies as raw ASGI."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-
-from starlette.requests import Request as HttpRequest
 
 from packrat.codec import oip
 from packrat.codec.oip import HEADER
@@ -19,21 +18,6 @@ from packrat.serving.pool.api import Answer
 # still sending sees a broken pipe, not the answer. Past them the client is the one holding us up.
 LINGER_BYTES = 64 * 2**20
 LINGER_S = 5.0
-
-
-async def limited_body(request: HttpRequest, limit: int) -> bytes | None:
-    """The body; None when it is over `limit` bytes. An oversized body is read on (within the linger
-    bounds), keeping none of it past the limit: refusing it unread resets the connection, and the
-    client would never see the 413."""
-    kept, size = [], 0
-    stream = request.stream()
-    async for chunk in stream:
-        size += len(chunk)
-        if size > limit:
-            await _linger(stream.__anext__)
-            return None
-        kept.append(chunk)
-    return b"".join(kept)
 
 
 async def _linger(next_chunk) -> int:
@@ -126,20 +110,35 @@ def _next_chunk(receive):
     return next_chunk
 
 
-async def asgi_body(receive, limit: int) -> bytes | None:
+async def asgi_body(scope, receive, limit: int) -> bytes | None:
     """The body from ASGI messages; None when it is over `limit` bytes (the rest read and dropped
-    within the linger bounds, so the client reads the 413)."""
-    next_chunk, kept, size = _next_chunk(receive), [], 0
-    try:
-        while True:
-            chunk = await next_chunk()
-            size += len(chunk)
-            if size > limit:
-                await _linger(next_chunk)
-                return None
-            kept.append(chunk)
-    except StopAsyncIteration:
-        return kept[0] if len(kept) == 1 else b"".join(kept)
+    within the linger bounds, so the client reads the 413). A body cut short (the client gone before
+    its end, or fewer bytes than its Content-Length) raises RequestError 400: never served as if whole."""
+    kept, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # http.disconnect
+            raise RequestError(400, f"request body cut short: the connection closed after {size} bytes")
+        chunk, more = message.get("body", b""), message.get("more_body", False)
+        size += len(chunk)
+        if size > limit:
+            if more:
+                await linger(receive)
+            return None
+        kept.append(chunk)
+        if not more:
+            break
+    declared = _content_length(scope)
+    if declared is not None and size != declared:
+        raise RequestError(400, f"request body cut short: {size} of the {declared} bytes its Content-Length says")
+    return kept[0] if len(kept) == 1 else b"".join(kept)
+
+
+def _content_length(scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.strip().isdigit() else None
+    return None
 
 
 async def linger(receive) -> int:

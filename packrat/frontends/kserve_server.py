@@ -75,6 +75,7 @@ from starlette.responses import JSONResponse, Response
 
 from packrat.codec import oip
 from packrat.codec.kserve import model_metadata
+from packrat.errors import RequestError
 from packrat.frontends.http import (ReadBodyBeforeAnswering, asgi_body, header_refusal, linger, scope_headers,
                                     send_answer)
 from packrat.frontends.kserve_metrics import PackratCollector
@@ -389,7 +390,10 @@ class InferenceFirst:
             if _closes_after(scope):  # uvicorn drops the rest of a kept-alive body itself; a closing one would reset
                 await linger(receive)
             return refused
-        body = await asgi_body(receive, model.max_body_bytes)
+        try:
+            body = await asgi_body(scope, receive, model.max_body_bytes)
+        except RequestError as exc:  # cut short: answered (if anyone is left to read it), never served
+            return Answer.error(exc.status, exc.reason)
         if body is None:
             return Answer.error(413, f"request body over {model.max_body_bytes} bytes")
         headers = scope_headers(scope)

@@ -34,7 +34,8 @@ from starlette.responses import JSONResponse, Response
 
 from packrat.codec import oip
 from packrat.codec.kserve import model_metadata
-from packrat.frontends.http import answer_headers, header_refusal, limited_body
+from packrat.errors import RequestError
+from packrat.frontends.http import answer_headers, asgi_body, header_refusal
 from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer, Request
 from packrat.settings import Settings
@@ -131,7 +132,10 @@ class PackratIngress:
 
     async def _infer(self, request: HttpRequest) -> Response:
         received_at = time.monotonic()  # the engine counts the request's deadline from here (waited_s)
-        body = await limited_body(request, self.max_body_bytes)
+        try:
+            body = await asgi_body(request.scope, request.receive, self.max_body_bytes)
+        except RequestError as exc:  # cut short: answered (if anyone is left to read it), never served
+            return _error(exc.status, exc.reason)
         if body is None:
             return _error(413, f"request body over {self.max_body_bytes} bytes")
         length = request.headers.get(oip.HEADER)
