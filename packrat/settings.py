@@ -96,6 +96,9 @@ TURN_MS = 100.0  # the longest turn on time-shared cores (BENCHMARKS.md, issue 3
 # than either point's spread (std over its iterations) and by at least this fraction: two profiles of
 # one model otherwise picked different runtimes on noise (issue 32).
 RUNTIME_MARGIN = 0.02
+# Settling near-ties before serving (serving/settling.py) takes at most this long in all: a few pools
+# started and a few seconds of rounds per batch.
+SETTLE_S = 60.0
 PLANS = ("auto", "fat")
 INSTANCE_KINDS = ("auto", "process")  # how instances are hosted: the plan's choice, or every one a process
 # How the pool recovers requests; None keeps the pool's own default (above).
@@ -157,6 +160,10 @@ class Settings:
                                          "then costs one instance, not the server)", choices=INSTANCE_KINDS)
     reconfigure: bool = setting(True, "follow the observed batch sizes with new plans (--no-reconfigure: keep "
                                       "the plan for --max-batch)")
+    settle_s: float = setting(SETTLE_S, "before serving, the plans the profile cannot tell apart at a batch it may "
+                                        "serve are timed side by side through pools of their own, and the faster "
+                                        "served: at most this many seconds in all (0: serve the profile's plans)",
+                              minimum=0, metavar="S")
     cores: int | None = setting(None, f"plan for at most N cores (default: every core this process may use: its "
                                       f"CPU affinity, cut to its cgroup's CPU quota, or ${CORES_ENV}). More than "
                                       f"the machine gives is cut to what it gives", minimum=1, metavar="N")

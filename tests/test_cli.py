@@ -509,7 +509,7 @@ def test_every_setting_is_an_option_named_after_it_and_the_old_names_stay(comman
     shown = capsys.readouterr().out
     names = [f.name for f in fields(Settings) if f.metadata.get("option", True) and f.name != "estimator"]
     names += [f"estimator_{f.name}" for f in fields(EstimatorSettings)]
-    assert len(names) == 28 and not [n for n in names if f"--{n.replace('_', '-')}" not in shown]
+    assert len(names) == 29 and not [n for n in names if f"--{n.replace('_', '-')}" not in shown]
     args = cli.build_parser().parse_args([command, "--batch-size", "4", "--slo", "20", "--max-body-mb", "2",
                                           "--plan-batch", "2", "--hang-factor", "3", "--estimator-window", "3",
                                           "--no-share-node", "--gather-ms", "0", "--graph-mode", "eager",

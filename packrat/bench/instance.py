@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 
 from packrat.bench.harness import markdown_table, span
-from packrat.bench.pool import answered
+from packrat.serving.settling import answered
 from packrat.bench.rounds import elapsed_ms, interleaved
 
 MEASURES = ("point", "model", "batch")

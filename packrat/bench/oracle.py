@@ -51,7 +51,7 @@ from packrat.machine.topology import Topology
 
 from packrat.bench.harness import MEMORY_RESERVE_MIB, available_mib, error_text, local_topology, markdown_table, \
     pool_requests, span
-from packrat.bench.pool import answered
+from packrat.serving.settling import answered
 from packrat.bench.results import write_json
 from packrat.bench.rounds import elapsed_ms, grouped_rounds, paired
 

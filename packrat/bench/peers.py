@@ -52,7 +52,7 @@ from pathlib import Path
 
 from packrat.bench.harness import MEMORY_RESERVE_MIB, Worker, available_mib, error_text, fresh_compile_caches, \
     local_topology, fmt_num, markdown_table, pin, pool_requests, span
-from packrat.bench.pool import answered
+from packrat.serving.settling import answered
 from packrat.bench.results import write_json
 from packrat.bench.rounds import elapsed_ms, grouped_rounds, median_spread, paired
 from packrat.profiling.profiles import default_path as default_profile_path
@@ -515,6 +515,8 @@ def pool_plans(args, cores: list[int]) -> dict:
         pools["fat"][str(batch)] = {"instances": [{"threads": len(cores), "batch": batch, "cores": cores,
                                                    "expected_ms": fat_ms}]}
     pools["packrat"] = plans_of(args, profile, why, path, cores, topology, pools["lines"], "packrat plan", mode)
+    if profile is not None and args.settle_s > 0:
+        pools["settled"] = settled_plans(args, profile, topology, mode, pools["packrat"], pools["lines"])
     later_lines: dict = {}
     if args.later_profile:
         later, later_why = read_profile(args, args.later_profile)
@@ -533,6 +535,35 @@ def pool_plans(args, cores: list[int]) -> dict:
     for batch, line in later_lines.items():
         pools["lines"][batch] = "\n\n".join(filter(None, (pools["lines"].get(batch), line)))
     return pools
+
+
+def settled_plans(args, profile, topology, mode: str, plans: dict, lines: dict) -> dict:
+    """packrat's plans as an engine serves them: the near-ties at each B timed side by side and the
+    faster taken (serving/settling.py), on the same cores, before the peers start; each B's line
+    says which and why. B -> the settlement (JSON)."""
+    from packrat.models.zoo import resolve
+    from packrat.serving.settling import model_pools, settle_batches
+
+    batches = [b for b in args.batches if "instances" in plans[str(b)]]
+    if not batches or (args.latency or profile.figures[0]) != profile.figures[0]:
+        return {}  # settling times the plans of the primary figures, as a server plans on them
+    pools = model_pools(args.model, mode, max(batches))
+    try:
+        found = settle_batches(profile, resolve(args.model), pools, topology, batches, args.settle_s,
+                               say=lambda line: print(line, flush=True))
+    finally:
+        pools.close()
+    for settlement in found:
+        plans[str(settlement.batch)] = pool_plan(settlement.plan)
+        lines[settlement.batch] = f"{lines.get(settlement.batch, '')}\n\n{settlement.line()}".strip()
+    return {str(s.batch): s.to_json() for s in found}
+
+
+def pool_plan(plan) -> dict:
+    """A plan as the children build its pool: its instances, what it is, its prediction."""
+    return {"instances": [{"threads": i.threads, "batch": i.batch, "cores": list(i.cores), "expected_ms": i.latency_ms,
+                           "runtime": i.runtime} for i in plan.instances],
+            "describe": plan.describe(), "predicted_ms": plan.expected_latency_ms}
 
 
 def read_profile(args, path: Path):
@@ -571,10 +602,7 @@ def plans_of(args, profile, why: str | None, path: Path, cores: list[int], topol
             plans[str(batch)] = {"skipped": f"no plan for B={batch} from {path}: {exc}"}
             lines[batch] = f"{name}: no plan for B={batch} from {path} ({exc})"
             continue
-        plans[str(batch)] = {"instances": [{"threads": i.threads, "batch": i.batch, "cores": list(i.cores),
-                                            "expected_ms": i.latency_ms, "runtime": i.runtime}
-                                           for i in plan.instances],
-                             "describe": plan.describe(), "predicted_ms": plan.expected_latency_ms}
+        plans[str(batch)] = pool_plan(plan)
         fat = f"{plan.fat_latency_ms:.1f} ms" if plan.fat_latency_ms else "not profiled"
         lines[batch] = (f"{name}: {plan.describe()}, predicted {plan.expected_latency_ms:.1f} ms "
                         f"(fat ⟨{threads}, {batch}⟩ {fat}; {latency} latencies of {path}, {mode} mode)")

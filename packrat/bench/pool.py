@@ -23,27 +23,15 @@ import statistics
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from packrat.bench.rounds import elapsed_ms, interleaved, medians
 from packrat.machine.budget import cpu_budget
 from packrat.planning.planner import serving_plan
 from packrat.profiling.profiles import load
-
-if TYPE_CHECKING:
-    from packrat.serving.pool.instance_pool import InstancePool
+from packrat.serving.settling import answered
 
 CASES = ("in-process", "in-process-codec", "pool-fat", "pool-plan")
 IN_PROCESS_STAGES = ("decode", "model", "encode")  # the laps answer_batch stamps
-
-
-def answered(pool: InstancePool, requests: list) -> list:
-    """The pool's answers to `requests`; RuntimeError when it refused any."""
-    answers = pool.infer(requests)
-    bad = [a for a in answers if not a.ok]
-    if bad:
-        raise RuntimeError(f"{len(bad)} of {len(answers)} requests answered {bad[0].status}: {bad[0].reason}")
-    return answers
 
 
 def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, progress=None, *,

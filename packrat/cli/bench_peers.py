@@ -8,6 +8,7 @@ from pathlib import Path
 
 from packrat.cli.args import doc_subparser
 from packrat.cli.types import int_list, name_list, positive
+from packrat.settings import SETTLE_S
 
 
 def add_peers_parser(sub) -> None:
@@ -42,6 +43,10 @@ def add_peers_parser(sub) -> None:
                    help="graph mode of packrat's and fat's instances (default: the profile's mode)")
     p.add_argument("--ort-parallel-threads", type=thread_counts, default="T:1", metavar="INTER:INTRA",
                    help="onnxruntime-parallel's inter-op and intra-op threads, T for the cores (default T:1)")
+    p.add_argument("--settle-s", type=positive(float, zero=True), default=SETTLE_S, metavar="S",
+                   help="packrat's plan as an engine serves it: where plans tie within the profile's noise at a B, "
+                        f"they are timed side by side first and the faster measured, within S seconds in all "
+                        f"(default {SETTLE_S:g}; 0: the profile's plan as it is)")
     p.add_argument("--seed", type=int, default=0, help="seed of the rounds' orders (default 0)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one request to a peer's process may take: a setup, or a round (default 3600)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write every figure here")

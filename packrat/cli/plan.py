@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from packrat.cli.args import local_cores, topology_for
@@ -11,8 +12,10 @@ from packrat.cli.args import local_cores, topology_for
 from packrat.cli.types import positive
 from packrat.cli.output import gain_lines, print_plan, print_plan_table
 from packrat.errors import NoPlanError
+from packrat.machine.budget import cpu_budget
 from packrat.planning.planner import Planner
 from packrat.profiling.profiles import LATENCIES, gains, load
+from packrat.settings import SETTLE_S
 
 
 def add_plan_parser(sub) -> None:
@@ -44,6 +47,16 @@ def add_plan_parser(sub) -> None:
                         "runtime: inductor, openvino, onnxruntime, torch-compile or ios, the fastest the profile "
                         "measured for that ⟨threads, batch⟩; ios: [{threads, batch, ms, against, against_ms}] for "
                         "each instance shape that runs an IOS schedule, against the fastest other runtime there")
+    p.add_argument("--settle", action="store_true",
+                   help="where plans are within the profile's noise of each other at a batch (other runtimes, "
+                        "shapes, fat instances, both kinds of a runtime), time them side by side through pools on "
+                        "this machine's cores, in interleaved rounds, and print the faster as the plan, with the "
+                        "verdict, as a server does before it serves (with --json: \"settled\" per plan, null where "
+                        "nothing ties); T must fit this machine")
+    p.add_argument("--settle-s", type=positive(float), default=SETTLE_S, metavar="S",
+                   help=f"with --settle: seconds at most, in all (default {SETTLE_S:g})")
+    p.add_argument("--model", default=None,
+                   help="with --settle: the model to run (default: the profile's `# model:`)")
     p.set_defaults(func=cmd_plan)
 
 
@@ -64,8 +77,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if args.batch:
                 raise
             skipped.append(f"B={batch}: no plan: {exc}")
+    settled = settled_plans(args, profile, threads, [p.batch for p in plans]) if args.settle else {}
+    plans = [settled[p.batch].plan if p.batch in settled else p for p in plans]
     if args.json:
-        body = [{**p.to_json(), "latency": latency, "basis": profile.basis, "ios": ios_gains(profile, [p])}
+        body = [{**p.to_json(), "latency": latency, "basis": profile.basis, "ios": ios_gains(profile, [p]),
+                 **({"settled": settled[p.batch].to_json() if p.batch in settled else None} if args.settle else {})}
                 for p in plans]
         print(json.dumps(body[0] if args.batch else body, indent=2))
         return 0
@@ -78,7 +94,31 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print_plan_table(plans, skipped)
     for line in gain_lines(ios_gains(profile, plans)):
         print(line)
+    for settlement in settled.values():
+        print(settlement.line())
     return 0
+
+
+def settled_plans(args: argparse.Namespace, profile, threads: int, batches: list[int]) -> dict:
+    """B -> the settlement of the near-ties at B (serving/settling.py), on this machine's first
+    `threads` cores; the progress goes to stderr."""
+    from packrat.models.zoo import resolve
+    from packrat.serving.settling import model_pools, settle_batches
+
+    local = cpu_budget().topology
+    if threads > local.num_cores or args.latency == "isolated":
+        raise SystemExit("packrat plan --settle: it times the plans on this machine's cores, on the profile's primary "
+                         f"figures: T ≤ {local.num_cores} and no --latency isolated")
+    model = args.model or profile.metadata.get("model")
+    if not model:
+        raise SystemExit(f"packrat plan --settle: {args.profile} names no model: give --model")
+    pools = model_pools(model, profile.metadata.get("mode"), max(batches))
+    try:
+        found = settle_batches(profile, resolve(model), pools, local.limited(threads), batches, args.settle_s,
+                               say=lambda line: print(line, file=sys.stderr, flush=True))
+    finally:
+        pools.close()
+    return {s.batch: s for s in found}
 
 
 def ios_gains(profile, plans) -> list[dict]:

@@ -43,6 +43,7 @@ from packrat.serving.node import NodeMember, node_dir
 from packrat.serving.pool.api import Answer, ModelConfig, configs_for
 from packrat.serving.pool.instance_pool import InstancePool
 from packrat.serving.pool.supervisor import Watchdog
+from packrat.serving.settling import Pools, SettledPlans, batches_to_settle, settle_batches
 from packrat.serving.tuner import PlanTuner
 from packrat.settings import Settings
 
@@ -81,6 +82,7 @@ class Engine:
         self._fallbacks = profile.fallbacks()  # each point's runtimes, for an instance whose runtime fails here
         start_batch = min(settings.plan_batch or max_batch, max_batch)
         self.pool = self.controller = None
+        self.settled = SettledPlans()  # near-ties timed before serving: the plan served at their batch
         self.topology, self.node, turns = self.budget.topology, None, False
         if settings.share_node:
             self.node, turns = self._join_node(model_name, start_batch, settings.slo_ms)
@@ -95,14 +97,25 @@ class Engine:
 
     def _start_serving(self, settings: Settings, model: ModelConfig, profile: Profile, start_batch: int,
                        max_batch: int, asynchronous: bool, turns: bool) -> None:
-        """The plan, the pool and the controller; then the node may move this model."""
-        plan = self.plan_for(start_batch)
-        log.info("packrat plan for T=%d, B=%d: %s", plan.threads, plan.batch, plan.describe())
+        """Near-ties settled, then the plan, the pool and the controller; then the node may move this model."""
         recovery = pool_settings(settings)
         if not asynchronous:  # the whole batch is here: nothing more comes until it is answered
             recovery.setdefault("gather_ms", 0.0)
-        self.pool = InstancePool.from_plan(model, plan, capacity=max_batch, fallbacks=self._fallbacks, codec=self.codec,
-                                           on_fence=self._fences_changed, **recovery)
+
+        def new_pool(configs) -> InstancePool:
+            return InstancePool(model, configs, codec=self.codec, on_fence=self._fences_changed, **recovery)
+
+        pools = Pools(new_pool, max_batch)
+        try:
+            if settings.settle_s > 0 and not turns:  # cores time-shared with other models time nothing apart
+                self.settle(pools, batches_to_settle(start_batch, max_batch, settings.reconfigure), settings.settle_s)
+            plan = self.plan_for(start_batch)
+            log.info("packrat plan for T=%d, B=%d: %s", plan.threads, plan.batch, plan.describe())
+            # the winner's pool, already started, serves; else a new one
+            self.pool = pools.take(plan, max_batch, self._fallbacks) or new_pool(configs_for(plan, max_batch,
+                                                                                             self._fallbacks))
+        finally:
+            pools.close()
         if turns:
             self.pool.take_turns(self.node.lock_dir, self._turn_ms)
         mismatch = mode_mismatch(profile.metadata.get("mode"), self.pool.mode)
@@ -172,12 +185,23 @@ class Engine:
         topology = cores_left(topology or self.topology, fenced)
         if not topology.cores:
             raise PoolError(f"no cores left to plan on: cores {sorted(fenced)} are fenced off")
+        corrected = profile is None  # settled plans stand on the profile as served, not on one given
         profile = profile or self.corrector.profile
         plan, fallback = serving_plan(profile.items(), topology.num_cores, batch, topology, self._plan_mode,
                                       profile.runtimes)
         if fallback:
             log.warning(fallback)
-        return plan
+        if not corrected:
+            return plan
+        return self.settled.plan(plan, topology.cores, profile.points(),
+                                 {key: c.at for key, c in self.corrector.corrections.items()})
+
+    def settle(self, pools: Pools, batches: list[int], time_s: float) -> None:
+        """Settle the near-ties at `batches` before serving (settling.settle_batches), in `pools`,
+        within `time_s` seconds; each settlement logged and remembered: plan_for serves its winner."""
+        for settlement in settle_batches(self.corrector.profile, self.spec, pools, self.topology, batches, time_s,
+                                         self._plan_mode == "fat", lambda line: log.info("packrat %s", line)):
+            self.settled.add(settlement)
 
     def _fences_changed(self, fenced: frozenset) -> None:
         """The cores abandoned thread instances hold changed (from the pool's thread): re-plan in
@@ -251,7 +275,8 @@ class Engine:
         status = {**self.controller.status(), "cpu_budget": self.budget.to_json(), "profile": self.profile_choice,
                   "ios": gains(self.corrector.profile, plan.instances),
                   "served": {**self.corrector.status(plan, self.pool.served_figures()),
-                             **self.tuner.status()}}
+                             **self.tuner.status()},
+                  "settled": self.settled.status()}
         if self.node is not None:
             status["node"] = self.node.status()
         return status

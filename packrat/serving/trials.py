@@ -29,9 +29,9 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
+from packrat.planning.settling import MAX_TIE  # a plan expected this much slower is no near-tie, whatever the spreads
 from packrat.serving.served import MIN_SAMPLES, SWITCH_MARGIN, Key
 
-MAX_TIE = 0.15  # a plan expected this much slower than the served one is not a near-tie, whatever the spreads
 TRIAL_BATCHES = MIN_SAMPLES  # the batches a trial serves: as many as a correction needs
 TRIAL_MAX_S = 60.0  # ... and the longest it lasts
 GIVE_UP_SAMPLES = 5  # after this many batches ...
