@@ -448,18 +448,29 @@ def test_outputs_that_are_not_finite_from_finite_inputs_are_ours():
 CLASSES = CodecConfig((4,), "float32", "classification")
 
 
-@pytest.mark.parametrize("rows", [InputRows.allocate(CLASSES, 3), None])
-def test_a_classifiers_answer_stands_where_its_top_scores_are_finite(rows):
-    """A classifier's row is checked by the scores its answer reads (answer_batch: no other pass
-    over the outputs after the run): a NaN or +inf output of one row makes that row's softmax NaN,
-    so it alone is answered 500; an -inf logit (a class masked off) is a probability of 0."""
-    outputs = torch.tensor([[1.0, 2.0, 3.0, 4.0], [1.0, math.nan, 0.0, 0.0], [-math.inf, 0.0, 1.0, 2.0]])
-    bodies = [(torch.ones(4).numpy().tobytes(), "application/octet-stream")] * 3
-    good, nan, masked = answer_batch(lambda x: outputs[:len(x)], Codec(CLASSES), bodies, rows=rows)
-    assert good.status == 200 and nan.status == 500 and "not finite" in nan.reason
-    assert masked.status == 200 and json.loads(masked.body)["predictions"][-1] == {"class": 0, "score": 0.0}
-    (alone,) = answer_batch(lambda x: outputs[2:3], Codec(CLASSES), bodies[:1], rows=rows)
-    assert alone.status == 200 and alone.body == masked.body
+ROW_OUTPUTS = torch.tensor([[1.0, 2.0, 3.0, 4.0], [1.0, math.nan, 0.0, 0.0], [-math.inf, 0.0, 1.0, 2.0],
+                            [math.inf, 0.0, 1.0, 2.0], [4.0, 3.0, 2.0, 1.0]])
+FORMS = {"plain": lambda x: (x.numpy().tobytes(), "application/octet-stream"),
+         "kserve-v1": lambda x: ({"instances": [x.tolist()]}, None),
+         "kserve-v2 JSON": lambda x: (v2(data=x.tolist()), None),
+         "kserve-v2 binary": lambda x: (v2(data=x.tolist(), parameters={"binary_data_output": True}), None)}
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("rows", [InputRows.allocate(CLASSES, 5), None], ids=["rows", "each"])
+def test_every_row_with_an_output_not_finite_is_answered_so_in_every_form(form, rows):
+    """NaN, +inf or -inf anywhere among a row's outputs: that row alone is answered "not finite"
+    (500: its inputs were finite), whatever its answer reads (an -inf logit passed the softmax of a
+    top-5 answer, then failed a v2 JSON answer's encoding with a 500 of its own); its batch-mates
+    are answered. With rows the batch runs whole; without, each request alone."""
+    bodies = [FORMS[form](torch.ones(4))] * len(ROW_OUTPUTS)
+    if rows is not None:
+        replies = answer_batch(lambda x: ROW_OUTPUTS[:len(x)], Codec(CLASSES), bodies, rows=rows)
+    else:
+        replies = [answer_batch(lambda x, i=i: ROW_OUTPUTS[i:i + 1], Codec(CLASSES), [body])[0]
+                   for i, body in enumerate(bodies)]
+    assert [r.status for r in replies] == [200, 500, 500, 500, 200], [r.reason for r in replies]
+    assert all(r.reason == "the model's outputs for this input are not finite (NaN or infinity)" for r in replies[1:4])
 
 
 def test_a_model_that_absorbs_a_non_finite_input_answers_it():
