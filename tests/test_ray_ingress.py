@@ -76,3 +76,30 @@ def test_a_body_cut_short_is_refused_and_never_reaches_an_engine():
     assert response.status_code == 400 and "6000 of the 12288 bytes" in json.loads(response.body)["message"]
     assert not engines.calls
     assert post(ingress, body, headers).status_code == 200 and engines.calls[0][1][0] == body
+
+
+def test_a_retry_after_a_dead_engine_counts_the_time_lost_against_the_deadline(monkeypatch):
+    """The engine that died held the request LOST_S before it did; the next engine is told the whole
+    wait since the ingress received it (its deadline counts from there), not the wait before the first try."""
+    from ray.exceptions import RayActorError
+
+    from packrat.frontends import ray_serve
+
+    lost_s = 0.3
+    monkeypatch.setattr(ray_serve, "RETRY_PAUSE_S", 0.01)
+    waits = []
+
+    class DyingFirst(Engines):
+        def __getattr__(self, method: str):
+            async def call(*args):
+                waits.append(args[-1])
+                if len(waits) == 1:
+                    await asyncio.sleep(lost_s)
+                    raise RayActorError()
+                return Answer(200, b"{}"), {}
+
+            return SimpleNamespace(remote=call)
+
+    response = post(PackratIngress("m", DyingFirst(), 1 << 20), b"\0" * 16, {"Content-Length": "16"})
+    assert response.status_code == 200 and len(waits) == 2
+    assert waits[1] - waits[0] >= lost_s  # the sleep's own bound; the retry pause adds to it

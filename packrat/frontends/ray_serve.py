@@ -143,17 +143,20 @@ class PackratIngress:
         if refused is not None:
             return _error(refused.status, refused.reason)
         answer, headers = await self._call("infer", body, request.headers.get("content-type"), length,
-                                           time.monotonic() - received_at)
+                                           received_at=received_at)
         if answer.status != 200:
             return _error(answer.status, answer.reason, answer_headers(answer))
         binary = {oip.HEADER: str(answer.header_length)} if answer.header_length is not None else {}
         return Response(answer.body, media_type=answer.content_type, headers={**headers, **binary})
 
-    async def _call(self, method: str, *args):
-        """An engine's answer to method(*args), from another engine if one dies while answering."""
+    async def _call(self, method: str, *args, received_at: float | None = None):
+        """An engine's answer to method(*args), from another engine if one dies while answering.
+        `received_at`: when the ingress received the request; each try then passes how long it has
+        waited since (the engine's waited_s), the time lost on engines that died included."""
         for attempt in range(ENGINE_ATTEMPTS):
+            waited = () if received_at is None else (time.monotonic() - received_at,)
             try:
-                return await getattr(self.engines, method).remote(*args)
+                return await getattr(self.engines, method).remote(*args, *waited)
             except RayActorError as exc:  # its node or process died: the work was lost, not done
                 if attempt == ENGINE_ATTEMPTS - 1:
                     raise
