@@ -251,11 +251,22 @@ def test_pools_start_once_per_set_of_instances_and_hand_the_winners_over():
     settle(tied_at(1), pools, [None], 60.0, (0, 1), clock=clock)
     four = tied_at(4, 120.0, 110.0)
     settle(four, pools, [None] * 4, 60.0, (0, 1), clock=clock)
-    assert len(pools.pools) == 2 and all(len(p.reconfigured) == 1 for p in pools.pools.values())
+    started = [p for same in pools.pools.values() for p in same]
+    assert len(started) == 2 and all(len(p.reconfigured) == 1 for p in started)
     winner = pools.take(four[1].plan, 8)
-    assert winner is not None and len(winner.reconfigured) == 2 and len(pools.pools) == 1
+    assert winner is not None and len(winner.reconfigured) == 2 and pools.take(four[1].plan, 8) is None
     pools.close()
-    assert not winner.closed
+    assert not winner.closed and all(p.closed for p in started if p is not winner)
+
+
+def test_two_plans_of_the_same_instances_with_other_shares_get_a_pool_each():
+    points = figures({(1, 1, IND): 50.0, (1, 3, IND): 100.0, (1, 2, IND): 99.0, (2, 4, IND): 180.0}, spread=1.0)
+    tied = candidates(points, chosen(points), 2, 4, Topology.virtual(2))
+    assert [c.label for c in tied] == ["2×⟨1 threads, batch 2⟩", "1×⟨1 threads, batch 3⟩ + 1×⟨1 threads, batch 1⟩"]
+    clock, started = Clock(), []
+    pools = Pools(lambda configs: started.append(FakePool(clock, sum(c.batch for c in configs))) or started[-1], 8)
+    settle(tied, pools, [None] * 4, 60.0, (0, 1), clock=clock)
+    assert len(started) == 2 and not any(p.reconfigured for p in started)
 
 
 def test_a_settled_plan_stands_until_the_profiles_plan_moves_or_is_served():

@@ -94,36 +94,41 @@ def instances_of(configs) -> tuple:
 
 
 class Pools:
-    """The pools settling starts, one per set of instances (threads, cores, runtime), kept across
-    batches: `start(configs)` builds one (an InstancePool, say); a plan of the same instances at
-    another batch reconfigures it, starting nothing. close() ends them all."""
+    """The pools settling starts, kept across batches: `start(configs)` builds one (an InstancePool,
+    say); a plan of the same instances (threads, cores, runtime) at another batch reconfigures one
+    of them, starting nothing. Two plans of one batch never share a pool (⟨1, 1⟩ + ⟨1, 3⟩ and
+    2 × ⟨1, 2⟩ have the same instances, with other shares). close() ends them all."""
 
     def __init__(self, start: Callable[[list], object], capacity: int):
         self.start, self.capacity = start, capacity
-        self.pools: dict[tuple, object] = {}
+        self.pools: dict[tuple, list] = {}  # instances -> the pools of them
 
-    def pool_for(self, plan: Plan):
+    def pool_for(self, plan: Plan, busy=()):
+        """A pool of `plan`'s instances at its shares, none of `busy` (those of the other plans timed)."""
         configs = configs_for(plan, self.capacity)
-        key = instances_of(configs)
-        pool = self.pools.get(key)
+        same = self.pools.setdefault(instances_of(configs), [])
+        pool = next((p for p in same if all(p is not b for b in busy)), None)
         if pool is None:
-            pool = self.pools[key] = self.start(configs)
+            same.append(pool := self.start(configs))
         else:
             pool.reconfigure(configs)
         return pool
 
     def take(self, plan: Plan, capacity: int, fallbacks=None):
-        """The started pool of `plan`'s instances, reconfigured to it (`capacity`, `fallbacks`:
+        """A started pool of `plan`'s instances, reconfigured to it (`capacity`, `fallbacks`:
         api.configs_for), handed over: close() leaves it; None where none was started."""
         configs = configs_for(plan, capacity, fallbacks)
-        pool = self.pools.pop(instances_of(configs), None)
-        if pool is not None:
-            pool.reconfigure(configs)
+        same = self.pools.get(instances_of(configs))
+        if not same:
+            return None
+        pool = same.pop()
+        pool.reconfigure(configs)
         return pool
 
     def close(self) -> None:
-        for pool in self.pools.values():
-            pool.close()
+        for same in self.pools.values():
+            for pool in same:
+                pool.close()
         self.pools.clear()
 
 
@@ -181,7 +186,7 @@ def settle(candidates: Sequence[Candidate], pools: Pools, requests: Sequence[Req
     ready, left_out = {}, []
     for c in candidates:
         try:
-            ready[c.label] = started(pools.pool_for(c.plan), c.plan, requests)
+            ready[c.label] = started(pools.pool_for(c.plan, list(ready.values())), c.plan, requests)
         except Exception as exc:  # timed without it: it cannot be served as planned anyway
             left_out.append(f"{c.label}: {type(exc).__name__}: {exc}")
     labels = [c.label for c in candidates if c.label in ready]
