@@ -243,6 +243,7 @@ def test_a_candidate_that_falls_back_is_left_out_and_said():
     assert found.plan.describe() == FAT_OV and found.rounds == 0
     assert found.left_out == [f"{FAT_ORT}: PoolError: runs another runtime than planned (instance 0 runs inductor: "
                               f"not installed)"]
+    assert found.line().startswith(f"settled B=1 on {FAT_OV} (the profile's plan): not timed against nothing")
 
 
 def test_pools_start_once_per_set_of_instances_and_hand_the_winners_over():

@@ -55,13 +55,13 @@ class Settlement:
 
     def line(self) -> str:
         """E.g. 'settled B=4 on 1×⟨2 threads, batch 4, onnxruntime⟩ (onnxruntime's best): 102.1 ms against
-        1×⟨2 threads, batch 4, openvino⟩ (the profile's plan) 105.3 ms, 5 of 5 rounds faster (5 rounds, 4.2 s)'."""
+        1×⟨2 threads, batch 4, openvino⟩ (the profile's plan) 105.3 ms, 0 of 5 rounds faster (5 rounds, 4.2 s)'."""
         won = next(c for c in self.candidates if c["label"] == self.plan.describe())
         others = [c for c in self.candidates if c is not won and c.get("median_ms") is not None]
-        against = "; ".join(f"{c['label']} ({c['why']}) {c['median_ms']:.1f} ms, {verb(c)}" for c in others)
+        against = "; ".join(f"{c['label']} ({c['why']}) {ms_text(c)}, {verb(c)}" for c in others)
         tail = f"{self.rounds} rounds, {self.seconds:.1f} s" + ("" if self.decided else ", rounds ran out")
         left = f"; left out: {'; '.join(self.left_out)}" if self.left_out else ""
-        return (f"settled B={self.batch} on {won['label']} ({won['why']}): {won['median_ms']:.1f} ms against "
+        return (f"settled B={self.batch} on {won['label']} ({won['why']}): {ms_text(won)} against "
                 f"{against or 'nothing'} ({tail}){left}")
 
     def to_json(self) -> dict:
@@ -69,6 +69,10 @@ class Settlement:
         found["plan"] = self.plan.to_json()
         found["plan_text"], found["line"], found["changed"] = self.plan.describe(), self.line(), self.changed
         return found
+
+
+def ms_text(row: dict) -> str:
+    return "not timed" if row.get("median_ms") is None else f"{row['median_ms']:.1f} ms"
 
 
 def verb(other: dict) -> str:
