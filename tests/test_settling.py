@@ -234,6 +234,9 @@ def test_the_time_given_bounds_the_rounds_and_no_winner_comes_of_too_few():
     found = settle(tied_at(1), fake_pools(clock, {OV: 30.4, ORT: 27.6}), [None], 0.5, (0, 1), clock=clock)
     assert found.plan.describe() == FAT_OV and not found.decided and 0 < found.rounds < 5
     assert found.line().endswith("rounds ran out)")
+    slow_start = Pools(lambda configs: clock.__setattr__("now", clock.now + 5.0) or FakePool(clock, 30.0), 8)
+    found = settle(tied_at(1), slow_start, [None], 3.0, (0, 1), clock=clock)
+    assert found.rounds == 0 and found.left_out == [f"{FAT_ORT}: no time left to start it"]
 
 
 def test_a_candidate_that_falls_back_is_left_out_and_said():

@@ -189,6 +189,9 @@ def settle(candidates: Sequence[Candidate], pools: Pools, requests: Sequence[Req
     deadline = began + time_s
     ready, left_out = {}, []
     for c in candidates:
+        if c is not first and clock() >= deadline:  # a start may build (an AOT package: tens of seconds)
+            left_out.append(f"{c.label}: no time left to start it")
+            continue
         try:
             ready[c.label] = started(pools.pool_for(c.plan, list(ready.values())), c.plan, requests)
         except Exception as exc:  # timed without it: it cannot be served as planned anyway
