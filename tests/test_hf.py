@@ -51,10 +51,11 @@ OUTPUT_WIDTH = {"bert-cls": 2, "bert": HIDDEN, "distilbert": HIDDEN, "distilbert
                 "gpt2": VOCAB}
 
 
-def _tokenizer_json(path: str) -> None:
+def _tokenizer_json(path: str, first_id: int = 0) -> None:
+    """A word-level tokenizer of WORDS, its ids from `first_id` (past the model's VOCAB: one that does not fit it)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    vocab = {token: i for i, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])}
+    vocab = {token: first_id + i for i, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -134,6 +135,47 @@ def test_sequence_length(hf_dir):
         resolve(f"hf:{hf_dir['roberta']}", (64,))
     with pytest.raises(ValueError, match="sequence length"):
         resolve(f"hf:{hf_dir['gpt2']}", (3, 16))
+
+
+@pytest.mark.parametrize("length", [None, 16])
+def test_the_text_a_profile_or_a_load_test_sends_fits_the_model(hf_dir, length):
+    """The paragraph's 103 tokens did not fit a BERT of 64 positions: every served figure was a 413."""
+    from packrat.codec.codec import Codec
+    from packrat.codec.config import CodecConfig
+    from packrat.codec.payloads import TEXT, payload_of
+    from packrat.codec.text import TextEncoder
+
+    spec = resolve(f"hf:{hf_dir['bert-cls']}", length and (length,))
+    text = payload_of(spec, "text")[0].decode()
+    tokenizer = TextEncoder(spec.tokenizer, spec.input_shape[0], False, False).tokenizer
+    one_more = TEXT[:TEXT.index(" ", len(text) + 1)]  # the next word too
+    assert TEXT.startswith(text + " ") and len(tokenizer.encode(one_more).ids) > spec.input_shape[0]
+    Codec(CodecConfig.for_model(spec)).decode(text.encode(), "text/plain")  # no 413: it fits
+
+
+@pytest.mark.integration
+def test_a_short_text_model_is_profiled_and_one_whose_every_runtime_fails_exits_2(hf_dir, tmp_path, capsys):
+    """A BERT of 64 positions gets its served figures (its text fits); with a tokenizer whose ids are
+    past its vocabulary every served point fails, and the profile says so and exits 2 with the first
+    failure's reason, where it said "no unmeasured point can change a plan" and exited 0 (a rerun alike)."""
+    import shutil
+
+    from packrat.cli.main import main
+    from packrat.profiling.profiles import load
+
+    argv = ["profile", "--threads", "1", "--batches", "1", "--iters", "3", "--warmup", "1", "--graph-mode", "eager",
+            "--runtimes", "inductor", "--quiet"]
+    assert main([*argv, "--model", f"hf:{hf_dir['bert-cls']}", "--out", str(tmp_path / "fits.csv")]) == 0
+    profile = load(tmp_path / "fits.csv")
+    assert profile.has_served and profile.payload == "text" and list(profile.points()) == [(1, 1, "inductor")]
+    unfit = tmp_path / "unfit"
+    shutil.copytree(hf_dir["bert-cls"], unfit)
+    _tokenizer_json(str(unfit / "tokenizer.json"), first_id=VOCAB)
+    capsys.readouterr()
+    assert main([*argv, "--model", f"hf:{unfit}", "--out", str(tmp_path / "unfit.csv")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("packrat profile: error: no point measured: every runtime failed; the first, inductor: ")
+    assert "outside the model's vocabulary" in error, error
 
 
 def test_errors(hf_dir, tmp_path, monkeypatch):

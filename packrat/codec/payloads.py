@@ -5,7 +5,8 @@ raw   the sample's tensor bytes (little-endian), application/octet-stream (a mod
       inputs: a KServe v2 JSON body of them)
 json  {"inputs": nested lists}, application/json
 jpeg  a synthetic photo-like 500x375 JPEG (the server decodes, resizes and crops it), image/jpeg
-text  an English paragraph (the server tokenizes it), text/plain; charset=utf-8
+text  an English paragraph (the server tokenizes it), text/plain; charset=utf-8: as much of it as
+      the model's sequence length takes (fitted_text)
 
 `natural_payload(model)` is what a user of that model would send: a photo to an image
 model, text to a token model, the raw tensor otherwise; `served_payload(spec)` the same for a
@@ -158,13 +159,34 @@ def payload_of(spec, kind: str) -> tuple[bytes, str]:
     if kind == "jpeg":
         return synthetic_jpeg(), CONTENT_TYPES[kind]
     if kind == "text":
-        return TEXT.encode("utf-8"), CONTENT_TYPES[kind]
+        return fitted_text(spec).encode("utf-8"), CONTENT_TYPES[kind]
     sample = tuple(x[0] for x in spec.example_inputs(1))
     if kind == "json":  # one input: {"inputs": numbers}; several: each by name
         named = {s.name: x.tolist() for s, x in zip(spec.inputs, sample)}
         return json.dumps({"inputs": sample[0].tolist()} if len(sample) == 1 else named).encode(), CONTENT_TYPES[kind]
     # Raw little-endian bytes (whatever machine this client runs on), or for several inputs KServe v2.
     return sample_request(spec.inputs, sample)
+
+
+def fitted_text(spec) -> str:
+    """TEXT, or where the model's tokenizer makes it longer than the model's sequence length (a
+    BERT of 64 positions takes 64 of its 103 tokens), its longest prefix of whole words that fits:
+    the text a served point or a load test sends must be one the server answers, not a 413."""
+    if not getattr(spec, "tokenizer", None) or not _is_tokens(spec):
+        return TEXT  # a model that cannot read text refuses it with its own reason
+    from packrat.codec.text import TextEncoder
+
+    encoder = TextEncoder(spec.tokenizer, spec.input_shape[0], pad_left=False, truncate=False)
+    words = TEXT.split(" ")
+
+    def fits(count: int) -> bool:
+        return len(encoder.tokenizer.encode(" ".join(words[:count])).ids) <= encoder.length
+
+    low, high = 1, len(words)  # the most words that fit, by bisection: a tokenizer call is ~0.1 ms
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return " ".join(words[:low])
 
 
 def v2_binary_payload(spec) -> tuple[bytes, str, int]:

@@ -283,12 +283,17 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
                             if r in plain and t in search.threads and b in search.batches})
     bar = tqdm(total=search.grid_size, initial=len(search.measured), disable=not progress, unit="point",
                bar_format="{desc}: {n_fmt} of the grid's {total_fmt} points measured [{elapsed}]")
+    failures: list[str] = []  # why each runtime that failed at a point was measured no further, in order
     with bar, profiles.ProfileWriter(out, meta) as writer, _WorkerPool(settings, topology, account) as pool:
         def measure_one(runtime: str, t: int, b: int) -> float:
             while notes:
                 say(notes.pop(0))
             bar.set_description_str(f"{runtime}, threads={t} batch={b}")
-            row = _replay_row(source, t, b, runtime) if source else pool.measure(runtime, t, b)
+            try:
+                row = _replay_row(source, t, b, runtime) if source else pool.measure(runtime, t, b)
+            except ProfilingError as exc:
+                failures.append(f"{runtime}: {exc}")
+                raise
             writer.write(row)
             bar.update()
             account.points[runtime] = account.points.get(runtime, 0) + 1
@@ -313,6 +318,8 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
         if "ios" in usable and not source:
             _measure_ios(settings, out, plain, topology, writer, say, every_runtime, bar)
         bar.set_description_str("done")
+    if failures and not search.measured:  # every runtime failed: no profile, and a rerun would fail alike
+        raise ProfilingError(f"no point measured: every runtime failed; the first, {failures[0]}")
     result = SearchResult(profiles.held(out), len(search.measured), search.grid_size, budget_s, stopped,
                           tuple(search.errors.values()), account)
     if result.misses:
