@@ -348,11 +348,15 @@ def test_workers_beyond_the_live_bound_are_stopped_least_recently_used_first(tmp
     assert max(most) == 2 and not live  # never more than the bound, every one stopped at the end
 
 
-def test_the_search_stops_at_its_budget_with_what_it_measured(tmp_path, fake_workers):
+def test_a_spent_budget_measures_only_what_gives_every_batch_a_plan(tmp_path, fake_workers):
     out = tmp_path / "search.csv"
     done = profiler.search_profile(ISOLATED, list(range(1, 9)), [1, 2, 4, 8], out, topology=Topology.virtual(8),
                                    progress=False, budget_s=0.0)
-    assert done.points == 0 and done.profile is None and "budget of 0 s ended" in done.stopped
+    assert done.points == 6 and "budget of 0 s ended" in done.stopped  # one runtime's design points cover
+    from packrat.planning.planner import Planner
+
+    planner = Planner(done.profile.items(), 8, 8)
+    assert all(planner.plan(8, b).instances for b in (1, 2, 4, 8))
 
 
 def test_a_header_only_profile_resumes(tmp_path, fake_workers):
@@ -410,9 +414,25 @@ def test_replay_of_a_point_outside_the_table_names_it(tmp_path):
     assert any("threads=1 batch=2" in line for line in said)
 
 
-def test_builds_are_afforded_only_with_time_to_measure_their_points():
-    account = profiler.Account(started=time.monotonic() - 70, wave_s=40.0)
-    assert profiler._affordable(account, 120.0, cores=2) == 0  # 50 s left: a 40 s wave and its points do not fit
-    assert profiler._affordable(account, 200.0, cores=2) == 4  # 130 s left: two waves of two
-    assert profiler._affordable(profiler.Account(), 120.0, cores=16) == 16  # no wave yet: one is afforded
-    assert profiler._affordable(account, 60.0, cores=2) == 0  # spent
+def test_a_build_the_budget_left_cannot_afford_is_never_started(tmp_path):
+    """Inductor (compile mode: a 40 s package a point) is faster everywhere: with time, the search
+    builds and measures it past its two first packages; with 60 s, whose first 40 go to those, never."""
+    from packrat.profiling.search import costly_design
+
+    full = tmp_path / "full.csv"
+    with profiler.profiles.ProfileWriter(full, {"model": "toy", "mode": "compile", "latency": "loaded"}) as writer:
+        for t in (1, 2):
+            for b in (1, 2, 4, 8):
+                for runtime, scale in (("inductor", 0.8), ("onnxruntime", 1.0)):
+                    writer.write({"threads": t, "batch": b, "latency_ms": amdahl(t, b) * scale * 1e3,
+                                  "isolated_ms": amdahl(t, b) * scale * 1e3, "copies": 2 // t, "runtime": runtime})
+
+    def inductor_points(budget_s):
+        done = profiler.search_profile(FAST, [1, 2], [1, 2, 4, 8], tmp_path / f"{budget_s}.csv", replay=full,
+                                       progress=False, budget_s=budget_s)
+        return {p for p in done.profile.by_runtime["inductor"]}, done
+
+    assert len(inductor_points(1000.0)[0]) > 2
+    points, done = inductor_points(60.0)
+    assert points <= set(costly_design([1, 2], [1, 2, 4, 8]))  # built early, beside the conversions
+    assert done.account.to_json()["runtimes"]["inductor"]["build_s"] == 40.0  # the early wave alone, charged

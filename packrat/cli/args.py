@@ -136,20 +136,25 @@ def contention_args(p: argparse.ArgumentParser) -> None:
 
 
 def search_args(p: argparse.ArgumentParser) -> None:
-    from packrat.profiling.profiler import DEFAULT_BUDGET_S
+    from packrat.profiling.profiler import BUDGET_BASE_S, BUDGET_PER_DOUBLING_S
 
-    p.add_argument("--budget-s", type=positive(float), default=DEFAULT_BUDGET_S, metavar="S",
+    p.add_argument("--budget-s", type=positive(float), default=None, metavar="S",
                    help="start no point after S seconds (builds included): the profile then holds what was measured "
-                        "and plans with it (default: %(default)g)")
+                        f"and plans with it (default: {BUDGET_BASE_S:g} + {BUDGET_PER_DOUBLING_S:g} x log2(cores), "
+                        "a time the machine's size sets; the search ends before when no unmeasured point can "
+                        "change a plan)")
     p.add_argument("--full-grid", action="store_true",
                    help="measure every point of threads × batches under every runtime instead of searching, with no "
                         "budget (hours on a many-core machine)")
     p.add_argument("--replay", type=Path, default=None, metavar="FILE",
                    help="look points up in FILE, a full profile (also the published Packrat layout), instead of "
-                        "measuring them; --out is rewritten with the points looked up: the search checked on a table")
+                        "measuring them, on a simulated clock that charges each point what measuring it would cost "
+                        "on the recorded machine (so --budget-s is replayed too); --out is rewritten with the points "
+                        "looked up: the search checked on a table")
     p.add_argument("--json", action="store_true",
-                   help='print {"points", "grid", "fraction", "budget_s", "stopped", "fit_error", "wall_s", '
-                        '"unaccounted_s", "runtimes": {name: {"build_s", "load_s", "measure_s", "points"}}, "out"}')
+                   help='print {"points", "grid", "fraction", "budget_s", "stopped", "within", "fit_error", "wall_s", '
+                        '"simulated", "unaccounted_s", "runtimes": {name: {"build_s", "load_s", "measure_s", '
+                        '"points"}}, "out"}')
 
 
 def archive_args(p: argparse.ArgumentParser, several_models: bool = False) -> None:

@@ -80,9 +80,27 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--every-runtime", action="store_true",
                    help="with --ios: measure the ios runtime at every point the others were measured at")
     search_args(p)
+    replay_args(p)
     p.add_argument("--out", type=Path, default=None, help="profile CSV (default: profiles/MODEL.csv)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_profile)
+
+
+def replay_args(p: argparse.ArgumentParser) -> None:
+    """What a replay's simulated clock and noise are (profiling/replay.py)."""
+    from packrat.profiling.costs import DEFAULT_BUILD_S, DEFAULT_LOAD_S
+
+    p.add_argument("--noise", type=float, default=0.0, metavar="SHARE",
+                   help="with --replay: each run's figure is the table's times lognormal noise of this share (a "
+                        "real machine gives 0.03-0.05), seeded by the point; runs stop as real ones do "
+                        "(default: 0, the table as it is)")
+    p.add_argument("--seed", type=int, default=0, help="with --replay and --noise: the noise's seed (default: 0)")
+    p.add_argument("--load-s", type=positive(float), default=None, metavar="S",
+                   help="with --replay: what starting and loading a worker group costs (default: %g s, the "
+                        "2-core account)" % DEFAULT_LOAD_S)
+    p.add_argument("--build-s", type=positive(float), default=None, metavar="S",
+                   help="with --replay: what one package costs to build on one core, for inductor in compile "
+                        "mode (default: %g s, the 2-core account)" % DEFAULT_BUILD_S)
 
 
 def runtime_list(text: str) -> tuple[str, ...]:
@@ -120,15 +138,21 @@ def cmd_profile(args: argparse.Namespace) -> int:
     out = args.out or default_profile_path(args.model)
     try:
         done = profiler.search_profile(settings, threads, batches, out, replay=args.replay,
-                                       budget_s=None if args.full_grid else args.budget_s,
+                                       budget_s=None if args.full_grid else args.budget_s or profiler.SCALED,
                                        progress=not args.quiet and not args.json, runtimes=runtimes, say=say,
-                                       full_grid=args.full_grid, every_runtime=args.every_runtime)
+                                       full_grid=args.full_grid, every_runtime=args.every_runtime,
+                                       noise=args.noise, seed=args.seed, costs=replay_costs(args))
     except KeyboardInterrupt:
         print(f"\ninterrupted: the points measured so far are in {out}; run the same command to resume",
               file=sys.stderr)
         return 130
     print_search(done, out, args.json)
     return 0
+
+
+def replay_costs(args: argparse.Namespace) -> dict:
+    """The fixed costs a replay charges where --load-s or --build-s set them."""
+    return {name: value for name, value in (("load_s", args.load_s), ("build_s", args.build_s)) if value is not None}
 
 
 def print_search(done: profiler.SearchResult, out: Path, as_json: bool) -> None:
@@ -143,6 +167,7 @@ def print_search(done: profiler.SearchResult, out: Path, as_json: bool) -> None:
         basis = f"served figures from {result.payload} bodies" if result.basis == "served" else "model-only figures"
         print(f"{done.points} of the grid's {done.grid} points ({done.points / done.grid:.0%}) in {out} ({counts}; "
               f"{basis}): {done.stopped}")
+    print(profiler.within_text(done.within))
     print(done.fit_line())
     for line in done.account.lines():
         print(line)

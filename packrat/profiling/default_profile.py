@@ -56,7 +56,7 @@ def resolve_profile(model: str, given: Path | None, *, batch_sizes=(),
     if path.exists():
         return path
     batches = sorted(set(DEMO_BATCHES) | set(batch_sizes))
-    print(f"no profile at {path}: measuring one now (about {about(profiler.DEFAULT_BUDGET_S)}); next time it is reused",
+    print(f"no profile at {path}: measuring one now (about {about(profiler.default_budget_s(cpu_budget().cores))}); next time it is reused",
           file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     measure_profile(model, path, batches, input_shape=input_shape)

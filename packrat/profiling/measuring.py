@@ -26,6 +26,7 @@ from packrat.errors import ProfilingError
 from packrat.machine.topology import Topology
 from packrat.models.modes import DEFAULT_MODE
 from packrat.models.runtimes import DEFAULT_RUNTIME, instance_kind
+from packrat.profiling.costs import DEFAULT_PRECISION, Costs
 from packrat.profiling.point import budgeted, summarize, time_served
 
 # Whether `packrat profile` measures loaded figures unless told otherwise. Issue 10's oracle found
@@ -66,11 +67,18 @@ class ProfileSettings:
     served: bool = True  # measure each point's served figure too (decode + model + encode of a sub-batch)
     payload: str | None = None  # the bodies served points answer: jpeg, text, raw; None: the model's natural one
     max_runs: int | None = DEFAULT_MAX_RUNS  # with min_time: a point's timed runs end here if not before
+    precision: float | None = DEFAULT_PRECISION  # with min_time: ... or once the mean is known this well
 
     @property
     def budget(self) -> tuple:
         """The timed runs' budget, as point.budgeted() takes it."""
-        return self.iters, self.min_time, self.max_runs
+        return self.iters, self.min_time, self.max_runs, self.precision
+
+    @property
+    def costs(self) -> Costs:
+        """What measuring a point costs under these rules (costs.py), for the search and replays."""
+        return Costs(warmup=self.warmup, min_time=self.min_time, max_runs=self.max_runs, iters=self.iters,
+                     served=self.served, precision=self.precision)
 
 
 def _command(settings: ProfileSettings, threads: int, batch: int | None, cores: list[int]
@@ -80,7 +88,7 @@ def _command(settings: ProfileSettings, threads: int, batch: int | None, cores: 
     cmd = [sys.executable, "-m", "packrat.profiling.point", "--model", settings.model,
            "--threads", str(threads), "--cores", ",".join(map(str, cores)), "--warmup", str(settings.warmup)]
     for flag, value in (("--batch", batch), ("--iters", settings.iters), ("--min-time", settings.min_time),
-                        ("--max-runs", settings.max_runs)):
+                        ("--max-runs", settings.max_runs), ("--precision", settings.precision)):
         cmd += [flag, str(value)] if value is not None else []
     if settings.input_shape:
         cmd += ["--input-shape", ",".join(map(str, settings.input_shape))]

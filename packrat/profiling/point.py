@@ -38,9 +38,9 @@ from typing import NamedTuple
 
 from packrat.models.modes import DEFAULT_MODE, MODES
 from packrat.models.runtimes import DEFAULT_RUNTIME, RUNTIMES
+from packrat.profiling.costs import SERVED_WARMUP, enough_runs
 
 PAYLOADS = ("natural", "jpeg", "text", "raw")  # --payload: what a served point answers
-SERVED_WARMUP = 2  # untimed served runs (at most --warmup): the model is warm by then, the decoders are not
 
 
 def run_once(module, examples: tuple) -> float:
@@ -53,18 +53,21 @@ def run_once(module, examples: tuple) -> float:
         return (time.perf_counter() - t0) * 1e3
 
 
-def budgeted(run, iters: int | None, min_time: float | None, max_runs: int | None = None) -> list:
-    """What `run()` returns, called `iters` times or as often as fits in `min_time` s (≥ 3 times, at
-    most `max_runs`: a point of seconds a run is known from a few): the budget of every timed
-    figure of a point, alone or loaded, the model's or served."""
-    results = []
+def budgeted(run, iters: int | None, min_time: float | None, max_runs: int | None = None,
+             precision: float | None = None) -> list:
+    """What `run()` returns (its ms, or its ms first in a tuple), called `iters` times or until
+    costs.enough_runs: ≥ 3 times, then until the mean is known within `precision`, `min_time` s
+    have passed or `max_runs` are done: the budget of every timed figure of a point, alone or
+    loaded, the model's or served."""
+    results, times = [], []
     start = time.perf_counter()
     while True:
         results.append(run())
-        if iters is not None and len(results) >= iters:
-            return results
-        if min_time is not None and len(results) >= 3 and (time.perf_counter() - start >= min_time
-                                                           or max_runs is not None and len(results) >= max_runs):
+        times.append(results[-1][0] if isinstance(results[-1], tuple) else results[-1])
+        if iters is not None:
+            if len(results) >= iters:
+                return results
+        elif enough_runs(times, time.perf_counter() - start, min_time, max_runs, precision):
             return results
 
 
@@ -223,9 +226,13 @@ def measure_threads(args: argparse.Namespace, workers: list) -> dict:
     served batches with --payload; every session warms up in one untimed round first."""
     sessions = [_start_session(args, worker) for worker in workers]
     _round(sessions, lambda s: [run_once(s.module, s.examples) for _ in range(args.warmup)])
-    timed = budgeted(lambda: _round(sessions, lambda s: run_once(s.module, s.examples)), *args.budget)
+    def slowest_round() -> tuple[float, list[float]]:
+        times = _round(sessions, lambda s: run_once(s.module, s.examples))[1]
+        return max(times), times
+
+    timed = budgeted(slowest_round, *args.budget)
     own = [ms for _, times in timed for ms in times]
-    result = {**summarize([max(times) for _, times in timed]), "copy_ms": statistics.fmean(own),
+    result = {**summarize([slowest for slowest, _ in timed]), "copy_ms": statistics.fmean(own),
               "mode": sessions[0].mode,
               "copies": len(sessions), "copy_cores": [s.pinned for s in sessions], **_threads_seen(sessions)}
     if args.payload:
@@ -282,6 +289,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--min-time", type=float, default=None)
     parser.add_argument("--max-runs", type=int, default=None, help="with --min-time: at most this many runs")
+    parser.add_argument("--precision", type=float, default=None,
+                        help="with --min-time: stop once the mean is known within this share (costs.enough_runs)")
     parser.add_argument("--graph-mode", default=DEFAULT_MODE, choices=MODES)
     parser.add_argument("--runtime", default=DEFAULT_RUNTIME, choices=RUNTIMES, help="inductor: torch, in --graph-mode")
     parser.add_argument("--ios-cache", default=None,
@@ -367,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     args.warmed = False  # _warm: the first point of this process warms up by --warmup runs, later ones by one
-    args.budget = (args.iters, args.min_time, args.max_runs)  # the timed runs' budget, as budgeted() takes it
+    args.budget = (args.iters, args.min_time, args.max_runs, args.precision)  # the timed runs' budget, as budgeted() takes it
     if args.batch is None and not (args.loaded or args.thread_copies):
         parser.error("--batch is required (but with --loaded or --thread-copies)")
     os.sched_setaffinity(0, [int(c) for c in args.cores.split(",")])

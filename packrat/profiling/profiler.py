@@ -21,6 +21,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
@@ -156,9 +157,15 @@ def _verdict(job: tuple) -> tuple[str | None, float]:
 NOT_BY_DEFAULT = {"torch-compile": "it compiles in every copy of every point and in every instance (65 s of "
                                    "set-up at B = 16 on 16 cores), unfit for a many-core default; --runtimes "
                                    "takes it"}
-# When the search starts no more points: with the builds before it and the points under way, a 16-core
-# profile within 3 minutes (docs/profiling.md gives the account it rests on).
-DEFAULT_BUDGET_S = 120.0
+SCALED = "scaled"  # search_profile's budget_s: default_budget_s of the machine's cores
+BUDGET_BASE_S, BUDGET_PER_DOUBLING_S = 60.0, 30.0
+
+
+def default_budget_s(cores: int) -> float:
+    """When the search starts no more points by default: a time the machine's size sets, as the grid
+    of thread counts grows with it (the search usually ends before, once no unmeasured point can
+    change a plan; docs/profiling.md replays 16 and 64 cores on a simulated clock)."""
+    return BUDGET_BASE_S + BUDGET_PER_DOUBLING_S * math.log2(max(1, cores))
 LIVE_COPIES_PER_CORE = 4  # measuring copies kept started between rounds, per core: each holds a model in memory
 PARTS = ("build", "load", "measure")
 
@@ -175,17 +182,22 @@ def default_runtimes(say=print) -> tuple[str, ...]:
 @dataclass
 class Account:
     """Where a profile's wall time went, per runtime: building (artefacts and packages), starting and
-    loading measuring workers, measuring; what none of those covers is unaccounted."""
-    started: float = field(default_factory=time.monotonic)
+    loading measuring workers, measuring; what none of those covers is unaccounted. A replay's clock
+    is simulated (replay.SimulatedClock): its account is what measuring would have cost."""
+    clock: Callable[[], float] = time.monotonic
+    simulated: bool = False
     seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (runtime, part) -> s
     points: dict[str, int] = field(default_factory=dict)
     wave_s: float = 0.0  # the longest a wave of builds (one a core, side by side) has taken
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
 
     def add(self, runtime: str, part: str, seconds: float) -> None:
         self.seconds[runtime, part] = self.seconds.get((runtime, part), 0.0) + seconds
 
     def wall(self) -> float:
-        return time.monotonic() - self.started
+        return self.clock() - self.started
 
     @contextlib.contextmanager
     def overlapping(self):
@@ -200,7 +212,8 @@ class Account:
     def to_json(self) -> dict:
         runtimes = sorted({r for r, _ in self.seconds} | set(self.points))
         wall = self.wall()
-        return {"wall_s": round(wall, 1), "unaccounted_s": round(wall - sum(self.seconds.values()), 1),
+        return {"wall_s": round(wall, 1), "simulated": self.simulated,
+                "unaccounted_s": round(wall - sum(self.seconds.values()), 1),
                 "runtimes": {r: {**{f"{part}_s": round(self.seconds.get((r, part), 0.0), 1) for part in PARTS},
                                  "points": self.points.get(r, 0)} for r in runtimes}}
 
@@ -209,7 +222,8 @@ class Account:
         rows = [f"  {r}: building {f['build_s']:.0f} s, loading {f['load_s']:.0f} s, measuring {f['measure_s']:.0f} s, "
                 f"{f['points']} point(s)" for r, f in found["runtimes"].items()]
         share = found["unaccounted_s"] / found["wall_s"] if found["wall_s"] else 0.0
-        return [f"time: {found['wall_s']:.0f} s", *rows, f"  unaccounted: {found['unaccounted_s']:.0f} s ({share:.0%})"]
+        clock = " (simulated: what measuring would cost on the recorded machine)" if self.simulated else ""
+        return [f"time: {found['wall_s']:.0f} s{clock}", *rows, f"  unaccounted: {found['unaccounted_s']:.0f} s ({share:.0%})"]
 
 
 @dataclass(frozen=True)
@@ -221,6 +235,7 @@ class SearchResult:
     stopped: str  # why the search ended
     misses: tuple[float, ...]  # log(measured / predicted) of each point measured after the fit
     account: Account
+    within: float = math.inf  # how far the plans may be from the grid's best, by the fit (Search.within)
 
     def fit_error(self) -> dict:
         """How far the fit missed the points measured after it, relative: their count, median and worst."""
@@ -236,32 +251,42 @@ class SearchResult:
     def to_json(self, out: Path) -> dict:
         return {"points": self.points, "grid": self.grid, "fraction": round(self.points / self.grid, 4),
                 "budget_s": self.budget_s, "stopped": self.stopped, "fit_error": self.fit_error(), "out": str(out),
+                "within": round(self.within, 4) if math.isfinite(self.within) else None,
                 **self.account.to_json()}
 
 
 def search_profile(settings: ProfileSettings, threads: list[int], batches: list[int], out: str | Path, *,
                    topology: Topology | None = None, replay: str | Path | None = None,
-                   budget_s: float | None = DEFAULT_BUDGET_S, progress: bool = True,
+                   budget_s: float | None | str = SCALED, progress: bool = True,
                    runtimes: tuple[str, ...] = (DEFAULT_RUNTIME,), say=print, full_grid: bool = False,
-                   every_runtime: bool = False) -> SearchResult:
+                   every_runtime: bool = False, noise: float = 0.0, seed: int = 0,
+                   costs: dict | None = None) -> SearchResult:
     """Measure into `out` the points of threads × batches a plan on this machine's cores depends on
-    (search.Search; with `full_grid`, every point), under each runtime that can run the model, until
-    the search asks for none or `budget_s` has passed (None: no budget); points already in `out` are
-    kept. Each round's artefacts are built first (builds.py), then each (runtime, threads) walks its
-    batches on workers started once (measuring.Workers). With `replay`, points are looked up in that
-    profile instead, and `out` rewritten with them: a check of the search on a recorded table."""
+    (search.Search; with `full_grid`, every point), under each runtime that can run the model, the
+    most valuable per second first, until the search asks for none or `budget_s` has passed (None: no
+    budget; SCALED: default_budget_s of the cores); points already in `out` are kept. What a point
+    needs is built first (builds.py), then each (runtime, threads) measures on workers started once
+    (measuring.Workers). With `replay`, points are looked up in that profile on a simulated clock
+    (replay.py: `noise`, `seed`, and `costs` overriding costs.Costs' fixed costs), and `out`
+    rewritten with them: a check of the search, and of its budget, on a recorded table."""
     from packrat.profiling.builds import needs_build
-    from packrat.profiling.search import FullGrid, Search
+    from packrat.profiling.replay import Replay, SimulatedClock
+    from packrat.profiling.search import FullGrid, Search, costly_design
 
-    out, account, notes, built_lines = Path(out), Account(), [], []  # notes: said once a point is to be measured
+    out, notes, built_lines = Path(out), [], []  # notes: said once a point is to be measured
     topology = topology or (Topology.virtual(max(threads)) if replay else cpu_budget().topology)
+    budget_s = default_budget_s(topology.num_cores) if budget_s == SCALED else budget_s
     source = profiles.load(replay) if replay else None
     if source:
         settings = replace(settings, contention=source.loaded, served=source.has_served)
+        clock = SimulatedClock()
+        simulated = Replay(source, clock, replace(settings.costs, **(costs or {})), noise, seed)
+        account = Account(clock=clock, simulated=True)
         meta = {**source.metadata, "latency": "loaded" if source.loaded else "isolated", "replayed_from": str(replay)}
         out.unlink(missing_ok=True)
         verdicts = {runtime: None for runtime in source.measured_runtimes}
     else:
+        account, simulated = Account(), None
         if max(threads) > topology.num_cores:
             raise ValueError(f"--threads: {max(threads)} exceeds the {topology.num_cores} cores this process may use")
         if settings.served:
@@ -276,7 +301,7 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
         raise ProfilingError("no runtime asked for can run the model: " + "; ".join(verdicts.values()))
     usable = [r for r, why in verdicts.items() if not why]
     plain = tuple(r for r in usable if r not in OPT_IN or source is not None)  # replayed: ios looked up like any
-    costly = () if source else tuple(r for r in plain if needs_build(settings, r))
+    costly = tuple(r for r in plain if (_replayed_needs_build(source, r) if source else needs_build(settings, r)))
     search = (FullGrid if full_grid else Search)(threads, batches, plain, cores=topology.num_cores, costly=costly)
     held = None if source else profiles.held(out)
     search.measured.update({(r, t, b): ms for (t, b, r), ms in (held.points() if held else {}).items()
@@ -284,13 +309,14 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
     bar = tqdm(total=search.grid_size, initial=len(search.measured), disable=not progress, unit="point",
                bar_format="{desc}: {n_fmt} of the grid's {total_fmt} points measured [{elapsed}]")
     failures: list[str] = []  # why each runtime that failed at a point was measured no further, in order
-    with bar, profiles.ProfileWriter(out, meta) as writer, _WorkerPool(settings, topology, account) as pool:
+    start = simulated.workers if simulated else Workers
+    with bar, profiles.ProfileWriter(out, meta) as writer, _WorkerPool(settings, topology, account, start) as pool:
         def measure_one(runtime: str, t: int, b: int) -> float:
             while notes:
                 say(notes.pop(0))
             bar.set_description_str(f"{runtime}, threads={t} batch={b}")
             try:
-                row = _replay_row(source, t, b, runtime) if source else pool.measure(runtime, t, b)
+                row = pool.measure(runtime, t, b)
             except ProfilingError as exc:
                 failures.append(f"{runtime}: {exc}")
                 raise
@@ -299,88 +325,119 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
             account.points[runtime] = account.points.get(runtime, 0) + 1
             return planned_ms(row)
 
+        builder = _Builder(settings, topology, account, say, writer, costly, simulated)
         for line in built_lines:
             writer.note("built", line)
-
-        def build(points, afford: int) -> list:
-            """The points ready to measure: those built already, and at most `afford` built now."""
-            from packrat.profiling.builds import built
-
-            ready = [p for p in points if p[0] not in costly or built(settings, p[1], p[2])]
-            todo = [p for p in points if p not in ready][:afford]
-            for line in _build(settings, todo, topology, account, say) if todo else ():
-                writer.note("built", line)
-            return ready + todo
-
-        stopped = _walk(search, measure_one, None if source else build, budget_s, account, say)
+        if simulated and costly and len(plain) > 1:  # the early builds, charged
+            builder.build([(costly[0], t, b) for t, b in costly_design(threads, batches)])
+        stopped = _walk(search, measure_one, builder, budget_s, account, pool, say)
+        within = search.within()
         writer.note("search", f"{len(search.measured)} of the grid's {search.grid_size} points measured "
-                              f"({len(search.measured) / search.grid_size:.0%}); {stopped}")
+                              f"({len(search.measured) / search.grid_size:.0%}); {stopped}; {within_text(within)}"
+                              + (f"; simulated: {account.wall():.0f} s on the recorded machine" if simulated else ""))
         if "ios" in usable and not source:
             _measure_ios(settings, out, plain, topology, writer, say, every_runtime, bar)
         bar.set_description_str("done")
     if failures and not search.measured:  # every runtime failed: no profile, and a rerun would fail alike
         raise ProfilingError(f"no point measured: every runtime failed; the first, {failures[0]}")
     result = SearchResult(profiles.held(out), len(search.measured), search.grid_size, budget_s, stopped,
-                          tuple(search.errors.values()), account)
+                          tuple(search.errors.values()), account, within)
     if result.misses:
         with profiles.ProfileWriter(out, meta) as writer:
             writer.note("fit", result.fit_line())
     return result
 
 
-def _walk(search, measure_one, build, budget_s: float | None, account: Account, say) -> str:
-    """Measure what the search asks for, round after round, until it asks for nothing; why it ended.
-    A round measures the points with nothing (left) to build first, each (runtime, threads) group
-    cheapest first, then builds what the budget affords of the rest and measures it. Once `budget_s` has passed, the search asks only
-    for what gives every batch of the grid a plan, with no build where another runtime can give it:
-    a profile that ends at its budget still plans. A runtime failing at a point is measured no further."""
+def within_text(within: float) -> str:
+    """How far the plans may be from the grid's best, by the fit, in words."""
+    return f"plans within {within:.0%} of the grid's best by the fit" if math.isfinite(within) else \
+        "plans not bounded: a runtime's design points are not all measured"
+
+
+def _replayed_needs_build(source: profiles.Profile, runtime: str) -> bool:
+    """Whether a replayed runtime's points each cost a build on the recorded machine: inductor's, in
+    compile mode (builds.needs_build, read from the profile's head)."""
+    return runtime == DEFAULT_RUNTIME and source.metadata.get("mode") == "compile"
+
+
+def _walk(search, measure_one, builder: "_Builder", budget_s: float | None, account: Account, pool, say) -> str:
+    """Measure what the search asks for, one point at a time, the search asked again after each: the
+    point of most value per second of its predicted cost first (the design points cheapest first),
+    among those the budget left affords. Once `budget_s` has passed (or affords none), the search
+    asks only for what gives every batch of the grid a plan, with no build where another runtime can
+    give it: a profile that ends at its budget still plans. A runtime failing at a point is measured
+    no further."""
     from packrat.profiling.search import FullGrid
 
-    def spent() -> bool:
-        return budget_s is not None and account.wall() >= budget_s
+    forced = False
 
-    while points := search.next_points(cover_only=spent()):
-        before, covering = len(search.measured), spent()
-        ready = build(points, 0) if build else points  # built already (or needing nothing): measured first
-        later = sorted((p for p in points if p not in ready), key=lambda p: (p[2] / p[1], p))
-        for part in (ready, later):
-            if part is later and part:
-                part = build(part, _affordable(account, budget_s, search.cores) if budget_s is not None else len(part))
-            _measure_groups(search, part, measure_one, say, (lambda: False) if covering else spent)
-        if len(search.measured) == before:  # what is left needs a build the budget no longer has
-            break
-    left = len(search.next_points())
+    def spent() -> bool:
+        return forced or budget_s is not None and account.wall() >= budget_s
+
+    while wanted := search.wanted(cover_only=spent()):
+        covering = spent()
+        ranked = _ranked(search, wanted, pool, builder)
+        if not covering and budget_s is not None:
+            ranked = [(key, cost) for key, cost in ranked if cost <= budget_s - account.wall()]
+            if not ranked:
+                forced = True
+                continue
+        key = ranked[0][0]
+        if builder.needs(key):  # a wave: the most valuable packages wanted, one a core
+            builder.build([k for k, _ in ranked if builder.needs(k)][:search.cores])
+        try:
+            search.record(*key, measure_one(*key))
+        except ProfilingError as exc:
+            say(f"runtime {key[0]} measured no further: {exc}")
+            search.runtimes = tuple(r for r in search.runtimes if r != key[0])
+    left = len(search.wanted())
     if isinstance(search, FullGrid):
         return "the whole grid measured"
     if left:
-        return f"the budget of {budget_s:.0f} s ended (or affords no build) with {left} point(s) still asked for"
+        return f"the budget of {budget_s:.0f} s ended (or affords no point) with {left} point(s) still asked for"
     return f"no unmeasured point can change a plan by more than {search.tolerance:.0%}"
 
 
-def _affordable(account: Account, budget_s: float, cores: int) -> int:
-    """Builds the budget left affords, their points measured after them: a wave of builds, one a core,
-    as long as the longest so far, its points half as long again (no wave yet: one, while any is left)."""
-    left = budget_s - account.wall()
-    if left <= 0:
-        return 0
-    return cores * int(left // (1.5 * account.wave_s)) if account.wave_s else cores
+def _ranked(search, wanted: dict, pool: "_WorkerPool", builder: "_Builder") -> list[tuple[tuple, float]]:
+    """The points wanted with their predicted cost in seconds (costs.Costs: a worker group's load where
+    it is not live, a build where one is needed), the most value per second first, ties cheapest
+    first. Before any fit a point's cost is guessed from b / t."""
+    costs = pool.settings.costs
+    predicted = search.predicted_ms(wanted)
+    ranked = []
+    for key, value in wanted.items():
+        runtime, t, b = key
+        live = (runtime, t) in pool.live
+        ms = predicted[key] or b / t
+        cost = (0.0 if live else costs.load_s) + costs.point_s(ms, first=not live, copies=pool.copies(t)) \
+            + (costs.build_s if builder.needs(key) else 0.0)
+        ranked.append((-value / cost if math.isfinite(value) else -math.inf, cost, key))
+    return [(key, cost) for _, cost, key in sorted(ranked)]
 
 
-def _measure_groups(search, points, measure_one, say, spent) -> None:
-    """`points` measured by (runtime, threads), the groups cheapest first (Σ b / t), each walking its
-    batches upwards, until spent(); a runtime failing at a point is measured no further."""
-    groups: dict[tuple[str, int], list[int]] = {}
-    for runtime, t, b in points:
-        groups.setdefault((runtime, t), []).append(b)
-    for (runtime, t), sizes in sorted(groups.items(), key=lambda g: (sum(g[1]) / g[0][1], g[0])):
-        for b in sorted(sizes):
-            if runtime not in search.runtimes or spent():
-                break
-            try:
-                search.record(runtime, t, b, measure_one(runtime, t, b))
-            except ProfilingError as exc:
-                say(f"runtime {runtime} measured no further: {exc}")
-                search.runtimes = tuple(r for r in search.runtimes if r != runtime)
+class _Builder:
+    """Builds what costly points need before they are measured (builds.py), or in a replay charges the
+    simulated clock for them; the lines of what was built go to the profile's head."""
+
+    def __init__(self, settings, topology, account, say, writer, costly, simulated=None):
+        self.settings, self.topology, self.account, self.say = settings, topology, account, say
+        self.writer, self.costly, self.simulated, self.done = writer, costly, simulated, set()
+
+    def needs(self, key) -> bool:
+        from packrat.profiling.builds import built
+
+        runtime, t, b = key
+        return runtime in self.costly and key not in self.done and (
+            self.simulated is not None or not built(self.settings, t, b))
+
+    def build(self, points) -> None:
+        if self.simulated is not None:
+            seconds = self.simulated.build(len(points), self.topology.num_cores)
+            self.account.add(points[0][0], "build", seconds)
+        else:
+            for line in _build(self.settings, points, self.topology, self.account, self.say):
+                self.writer.note("built", line)
+        self.done.update(points)
 
 
 def _build(settings: ProfileSettings, points, topology: Topology, account: Account, say) -> list[str]:
@@ -422,9 +479,12 @@ class _WorkerPool:
     copies a core at most: the least recently used are stopped first); their start and their runs go
     to the account."""
 
-    def __init__(self, settings: ProfileSettings, topology: Topology, account: Account):
-        self.settings, self.topology, self.account = settings, topology, account
+    def __init__(self, settings: ProfileSettings, topology: Topology, account: Account, start=Workers):
+        self.settings, self.topology, self.account, self.start = settings, topology, account, start
         self.live: dict[tuple[str, int], Workers] = {}
+
+    def copies(self, threads: int) -> int:
+        return copies_for(self.settings, threads, self.topology)
 
     def measure(self, runtime: str, threads: int, batch: int) -> dict:
         key = (runtime, threads)
@@ -433,7 +493,7 @@ class _WorkerPool:
             while self.live and sum(copies_for(self.settings, t, self.topology) for t in (threads, *(
                     t for _, t in self.live))) > LIVE_COPIES_PER_CORE * self.topology.num_cores:
                 self._stop(*next(iter(self.live.items())))
-            workers = Workers(replace(self.settings, runtime=runtime), threads, self.topology)
+            workers = self.start(replace(self.settings, runtime=runtime), threads, self.topology)
         self.live[key] = workers  # the last used last
         try:
             return workers.measure(batch)
@@ -487,14 +547,3 @@ def _measure_ios(settings: ProfileSettings, out: Path, plain: tuple[str, ...], t
                                 f"first, up to {SEARCH_BUDGET_S:.0f} s, unless kept)")
         writer.write(measure(replace(settings, runtime="ios"), t, b, topology))
         bar.update()
-
-
-def _replay_row(source: profiles.Profile, threads: int, batch: int, runtime: str = DEFAULT_RUNTIME) -> dict:
-    points = source.by_runtime.get(runtime, {})
-    if (threads, batch) not in points:
-        raise ProfilingError(f"the replayed profile has no point threads={threads} batch={batch} ({runtime})")
-    row = {"threads": threads, "batch": batch, "runtime": runtime}
-    row["latency_ms"], row["isolated_ms"] = points[threads, batch]
-    if (threads, batch) in source.served.get(runtime, {}):
-        row["served_ms"], row["served_isolated_ms"] = source.served[runtime][threads, batch]
-    return row

@@ -198,48 +198,84 @@ class Search:
                 {point: runtime for point, (_, runtime) in fastest.items()})
 
     def next_points(self, cover_only: bool = False) -> list[Key]:
-        """What to measure next, all at once (the caller measures them by runtime and threads): the
-        design points not measured yet; else every unmeasured instance of each hopeful plan that beats
-        the measured plan by more than `tolerance`; [] when none can. With `cover_only` (a budget
-        spent), only what gives a plan to the grid's batches that have none, under runtimes designed
-        and, where others are, not costly."""
+        """What to measure next (wanted()'s points, in its order)."""
+        return list(self.wanted(cover_only))
+
+    def wanted(self, cover_only: bool = False) -> dict[Key, float]:
+        """What to measure next, each point with its value: how much it may change the plans (the
+        sum, over the batches whose hopeful plan holds it, of log(best / hopeful)). The design
+        points not measured yet come first (value inf); else every unmeasured instance of each
+        hopeful plan that beats the measured plan by more than `tolerance`; else the rivals;
+        {} when none can. With `cover_only` (a budget spent), only what gives a plan to the grid's
+        batches that have none, under runtimes designed and, where others are, not costly."""
         designed = [r for r in self.runtimes if self._designed(r)]
         cheap = [r for r in designed if r not in self.costly] or designed
         first = [(r, t, b) for r in self.runtimes for t, b in self._design(r) if (r, t, b) not in self.measured]
         if first and not (cover_only and cheap):
-            if not cover_only:
-                return first
-            runtime = next((r for r, _, _ in first if r not in self.costly), first[0][0])
-            return [key for key in first if key[0] == runtime]  # one runtime's design, the cheapest, covers
-        searched = cheap if cover_only else self.runtimes
-        hopeful_figures = {(r, t, b): float(figure[i, j]) for r in searched
+            if cover_only:  # one runtime's design, the cheapest, covers
+                runtime = next((r for r, _, _ in first if r not in self.costly), first[0][0])
+                first = [key for key in first if key[0] == runtime]
+            return dict.fromkeys(first, math.inf)
+        best, hopeful, runtime_of = self._plans(cheap if cover_only else self.runtimes)
+        wanted: dict[Key, float] = {}
+        for batch in self.batches:
+            measured, hoped = best.table[self.cores, batch], hopeful.table[self.cores, batch]
+            open_batch = not np.isfinite(measured) if cover_only else hoped < measured / (1 + self.tolerance)
+            if not open_batch or not np.isfinite(hoped):
+                continue
+            gain = 1.0 if cover_only else math.log(measured / hoped)
+            for instance in hopeful.plan(self.cores, batch).instances:
+                key = (runtime_of[instance.threads, instance.batch], instance.threads, instance.batch)
+                if key not in self.measured:
+                    wanted[key] = wanted.get(key, 0.0) + gain
+        return wanted if cover_only or wanted else dict.fromkeys(self._rivals(best), math.log(1 + self.tolerance))
+
+    def _plans(self, runtimes) -> tuple[Planner, Planner, dict[tuple[int, int], str]]:
+        """The planner over the measured points, the hopeful planner over `runtimes`, and which
+        runtime each hopeful point is."""
+        hopeful_figures = {(r, t, b): float(figure[i, j]) for r in runtimes
                            for figure in [self._hopeful(r)]
                            for i, t in enumerate(self.threads) for j, b in enumerate(self.batches)}
         best, _ = self._planner(self.measured)
         hopeful, runtime_of = self._planner(hopeful_figures)
-        wanted: list[Key] = []
-        for batch in self.batches:
-            open_batch = not np.isfinite(best.table[self.cores, batch]) if cover_only else (
-                hopeful.table[self.cores, batch] < best.table[self.cores, batch] / (1 + self.tolerance))
-            if not open_batch or not np.isfinite(hopeful.table[self.cores, batch]):
-                continue
-            for instance in hopeful.plan(self.cores, batch).instances:
-                key = (runtime_of[instance.threads, instance.batch], instance.threads, instance.batch)
-                if key not in self.measured and key not in wanted:
-                    wanted.append(key)
-        return wanted if cover_only else wanted or self._rivals(best)
+        return best, hopeful, runtime_of
+
+    def within(self) -> float:
+        """How far, by the fit, the measured plans may be from the grid's best: the worst, over the
+        grid's batches, of best / hopeful - 1 (0 where no unmeasured point can do better)."""
+        if any(not self._designed(r) for r in self.runtimes):
+            return math.inf
+        best, hopeful, _ = self._plans(self.runtimes)
+        ratios = [best.table[self.cores, b] / hopeful.table[self.cores, b] for b in self.batches]
+        return max(0.0, max(ratios) - 1)
+
+    def predicted_ms(self, keys) -> dict[Key, float | None]:
+        """Each point's predicted figure: its runtime's fit, else (not designed yet) the mean of the
+        designed runtimes' fits there; None before any fit."""
+        designed = [r for r in self.runtimes if self._designed(r)]
+        fits = {r: self._predict(r) for r in designed}
+        found: dict[Key, float | None] = {}
+        for runtime, t, b in keys:
+            used = [runtime] if runtime in fits else designed
+            i, j = self.threads.index(t), self.batches.index(b)
+            found[runtime, t, b] = statistics.fmean(float(fits[r][i, j]) for r in used) if used else None
+        return found
 
     def _rivals(self, best: Planner) -> list[Key]:
         """Each measured plan's instances under the runtimes not measured there predicted within RIVAL of
-        its figure: two fits compare less well than each fits its own runtime."""
+        its figure, twice that for runtimes measured past their design (a hopeful plan held them
+        somewhere). Two fits compare less well than each fits its own runtime: runtimes a few % apart
+        were ranked wrongly by fits 10 % off (a 64-core replay), and on 2 cores by the machine."""
         predicted = {r: self._predict(r) for r in self.runtimes}
+        contending = set(self.runtimes) - set(self.dropped())
         wanted: list[Key] = []
         for batch in (b for b in self.batches if np.isfinite(best.table[self.cores, b])):
             for instance in best.plan(self.cores, batch).instances:
                 t, b = instance.threads, instance.batch
                 i, j = self.threads.index(t), self.batches.index(b)
                 wanted += [(r, t, b) for r in self.runtimes if (r, t, b) not in self.measured
-                           and (r, t, b) not in wanted and predicted[r][i, j] < instance.latency_ms * (1 + RIVAL)]
+                           and (r, t, b) not in wanted
+                           and predicted[r][i, j] < instance.latency_ms * (1 + (1.5 * RIVAL if r in contending else RIVAL))]
         return wanted
 
     def dropped(self) -> list[str]:
@@ -250,6 +286,6 @@ class Search:
 class FullGrid(Search):
     """Every point of the grid under every runtime: `packrat profile --full-grid`, and the yardstick."""
 
-    def next_points(self, cover_only: bool = False) -> list[Key]:
-        return [(r, t, b) for t in self.threads for b in self.batches for r in self.runtimes
-                if (r, t, b) not in self.measured]
+    def wanted(self, cover_only: bool = False) -> dict[Key, float]:
+        return dict.fromkeys(((r, t, b) for t in self.threads for b in self.batches for r in self.runtimes
+                              if (r, t, b) not in self.measured), 1.0)
