@@ -92,6 +92,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"{latency} latencies, {profile.metadata['mode']} mode, "
               f"{'served figures (' + str(profile.payload) + ')' if profile.basis == 'served' else 'model-only figures'}")
         print_plan_table(plans, skipped)
+    if profile.bound:
+        print(f"the profile's search: {profile.bound}")
     for line in gain_lines(ios_gains(profile, plans)):
         print(line)
     for settlement in settled.values():

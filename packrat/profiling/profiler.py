@@ -108,14 +108,7 @@ def check_runtimes(settings: ProfileSettings, runtimes: tuple[str, ...], say=pri
     eager, once per machine; the time it took to `account`), else why not (said at once: the user
     learns before any point is measured). Artefacts not built yet are built side by side, a process
     each, when there are several and cores for them."""
-    from packrat.models import runtimes as engines
-    from packrat.models.zoo import resolve
-
-    spec = resolve(settings.model, settings.input_shape)
-    artefacts = {engines.base_runtime(r): r for r in reversed(runtimes)  # both kinds of a runtime share one
-                 if engines.base_runtime(r) in {*engines.SUFFIXES, *engines.CHECKED} and engines.installed(r)}
-    paths = {r: engines.artefact_path(spec, r) for r in artefacts.values()}  # kept: built, or refused, here before
-    missing = [r for r, path in paths.items() if not (path.exists() or engines.refusal(path).exists())]
+    missing = _missing_artefacts(settings, runtimes)
     found, started = {}, time.monotonic()
     if len(missing) > 1 and cpu_budget().cores > 1:
         import concurrent.futures
@@ -134,6 +127,18 @@ def check_runtimes(settings: ProfileSettings, runtimes: tuple[str, ...], say=pri
         if verdicts[runtime]:
             say(f"runtime {runtime} refused: {verdicts[runtime]}")
     return verdicts
+
+
+def _missing_artefacts(settings: ProfileSettings, runtimes: tuple[str, ...]) -> list[str]:
+    """The runtimes whose artefact is neither built nor refused here yet: a conversion each."""
+    from packrat.models import runtimes as engines
+    from packrat.models.zoo import resolve
+
+    spec = resolve(settings.model, settings.input_shape)
+    artefacts = {engines.base_runtime(r): r for r in reversed(runtimes)  # both kinds of a runtime share one
+                 if engines.base_runtime(r) in {*engines.SUFFIXES, *engines.CHECKED} and engines.installed(r)}
+    paths = {r: engines.artefact_path(spec, r) for r in artefacts.values()}  # kept: built, or refused, here before
+    return [r for r, path in paths.items() if not (path.exists() or engines.refusal(path).exists())]
 
 
 def _verdict(job: tuple) -> tuple[str | None, float]:
@@ -271,7 +276,7 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
     rewritten with them: a check of the search, and of its budget, on a recorded table."""
     from packrat.profiling.builds import needs_build
     from packrat.profiling.replay import Replay, SimulatedClock
-    from packrat.profiling.search import FullGrid, Search, costly_design
+    from packrat.profiling.search import FullGrid, Search
 
     out, notes, built_lines = Path(out), [], []  # notes: said once a point is to be measured
     topology = topology or (Topology.virtual(max(threads)) if replay else cpu_budget().topology)
@@ -328,12 +333,12 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
         builder = _Builder(settings, topology, account, say, writer, costly, simulated)
         for line in built_lines:
             writer.note("built", line)
-        if simulated and costly and len(plain) > 1:  # the early builds, charged
-            builder.build([(costly[0], t, b) for t, b in costly_design(threads, batches)])
         stopped = _walk(search, measure_one, builder, budget_s, account, pool, say)
         within = search.within()
         writer.note("search", f"{len(search.measured)} of the grid's {search.grid_size} points measured "
                               f"({len(search.measured) / search.grid_size:.0%}); {stopped}; {within_text(within)}"
+                              + (f" ({', '.join(search.unmeasured())} not measured: the budget left no time for "
+                                 f"its first points)" if search.unmeasured() else "")
                               + (f"; simulated: {account.wall():.0f} s on the recorded machine" if simulated else ""))
         if "ios" in usable and not source:
             _measure_ios(settings, out, plain, topology, writer, say, every_runtime, bar)
@@ -457,19 +462,23 @@ def _build(settings: ProfileSettings, points, topology: Topology, account: Accou
 
 
 def _early_builds(settings: ProfileSettings, threads, batches, runtimes, topology: Topology, account: Account, say):
-    """Inductor's first packages (search.costly_design), built beside the other runtimes' artefacts
-    being converted; the function returned waits for them and gives their lines."""
+    """Inductor's first packages (search.costly_design), built on the cores the other runtimes'
+    conversions leave idle while they run; none without conversions (or cores) to build beside: the
+    search then builds them only if their value is worth their cost (on 2 cores the conversions take
+    both, and a package is 40 s of one). The function returned waits for them and gives their lines."""
     import threading
 
     from packrat.profiling.builds import needs_build
     from packrat.profiling.search import costly_design
 
     lines: list[str] = []
-    if DEFAULT_RUNTIME not in runtimes or len(runtimes) < 2 or not needs_build(settings, DEFAULT_RUNTIME):
+    spare = topology.num_cores - len(conversions := _missing_artefacts(settings, runtimes))
+    if DEFAULT_RUNTIME not in runtimes or len(runtimes) < 2 or not needs_build(settings, DEFAULT_RUNTIME) \
+            or not conversions or spare < 1:
         return lambda: lines
-    points = [(DEFAULT_RUNTIME, t, b) for t, b in costly_design(threads, batches)]
-    worker = threading.Thread(target=lambda: lines.extend(_build(settings, points, topology, account, say)),
-                              name="packrat-early-builds", daemon=True)
+    points = [(DEFAULT_RUNTIME, t, b) for t, b in costly_design(threads, batches)][:spare]
+    worker = threading.Thread(target=lambda: lines.extend(_build(settings, points, topology.limited(spare), account,
+                                                                 say)), name="packrat-early-builds", daemon=True)
     worker.start()
     return lambda: worker.join() or lines
 

@@ -37,6 +37,7 @@ moves a served figure by what the model's own changed.
 from __future__ import annotations
 
 import csv
+import re
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,8 +218,18 @@ class Profile:
             return ("isolated",)
         return LATENCIES if set(self.isolated) == set(self.latency) else ("loaded",)
 
+    @property
+    def bound(self) -> str | None:
+        """How far its plans may be from the grid's best by the search's fit, as its `# search:` line
+        says ("plans within 2% of the grid's best by the fit"); None for a profile without one."""
+        found = re.search(r"plans (?:within \S+ of the grid's best|not bounded)[^;]*", self.metadata.get("search", ""))
+        return found.group(0) if found else None
+
     def describe(self) -> str:
         """What its figures are, in a line (logged when a server plans with it)."""
+        return self._figures() + (f"; the search: {self.bound}" if self.bound else "")
+
+    def _figures(self) -> str:
         if self.basis == "served":
             what = (f"served figures (each sub-batch answered from {self.metadata.get('payload', '?')} bodies: "
                     f"decode, model, encode, as an instance does); ")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -107,8 +107,3 @@ class ReplayedWorkers:
 
     def close(self, ok: bool = True) -> None:
         pass
-
-
-def replay_settings(settings: ProfileSettings, source: profiles.Profile) -> ProfileSettings:
-    """`settings` made to replay `source`: its latency kind and whether it holds served figures."""
-    return replace(settings, contention=source.loaded, served=source.has_served)

@@ -211,12 +211,30 @@ class Search:
         designed = [r for r in self.runtimes if self._designed(r)]
         cheap = [r for r in designed if r not in self.costly] or designed
         first = [(r, t, b) for r in self.runtimes for t, b in self._design(r) if (r, t, b) not in self.measured]
+        borrowing = [key for key in first if key[0] in self.costly and self._lenders(key[0])]
+        first = [key for key in first if key not in borrowing]
         if first and not (cover_only and cheap):
             if cover_only:  # one runtime's design, the cheapest, covers
                 runtime = next((r for r, _, _ in first if r not in self.costly), first[0][0])
                 first = [key for key in first if key[0] == runtime]
             return dict.fromkeys(first, math.inf)
-        best, hopeful, runtime_of = self._plans(cheap if cover_only else self.runtimes)
+        wanted: dict[Key, float] = {}
+        # The cheap runtimes' hopes too, where a costly one is designed: each batch then gets its best
+        # plan without builds, whatever the costly runtime's hopes (on which a budget may end).
+        for searched in [cheap] if cover_only or set(cheap) == set(designed) else [designed, cheap]:
+            for key, value in self._hoped_for(searched, cover_only).items():
+                wanted[key] = max(wanted.get(key, 0.0), value)
+        if cover_only:
+            return wanted
+        # A costly runtime's first points are worth what a rival's are: it may be a few % ahead anywhere.
+        wanted.update(dict.fromkeys(borrowing, math.log(1 + RIVAL)))
+        return wanted or dict.fromkeys(self._rivals(self._plans(designed)[0]), math.log(1 + self.tolerance))
+
+    def _hoped_for(self, runtimes: list[str], cover_only: bool) -> dict[Key, float]:
+        """The unmeasured instances of each hopeful plan over `runtimes` that beats the measured plan by
+        more than `tolerance` (cover_only: of each batch without a measured plan), each valued by the
+        sum of log(best / hopeful) over the batches whose plan holds it (1 a batch when covering)."""
+        best, hopeful, runtime_of = self._plans(runtimes)
         wanted: dict[Key, float] = {}
         for batch in self.batches:
             measured, hoped = best.table[self.cores, batch], hopeful.table[self.cores, batch]
@@ -228,7 +246,7 @@ class Search:
                 key = (runtime_of[instance.threads, instance.batch], instance.threads, instance.batch)
                 if key not in self.measured:
                     wanted[key] = wanted.get(key, 0.0) + gain
-        return wanted if cover_only or wanted else dict.fromkeys(self._rivals(best), math.log(1 + self.tolerance))
+        return wanted
 
     def _plans(self, runtimes) -> tuple[Planner, Planner, dict[tuple[int, int], str]]:
         """The planner over the measured points, the hopeful planner over `runtimes`, and which
@@ -242,10 +260,12 @@ class Search:
 
     def within(self) -> float:
         """How far, by the fit, the measured plans may be from the grid's best: the worst, over the
-        grid's batches, of best / hopeful - 1 (0 where no unmeasured point can do better)."""
-        if any(not self._designed(r) for r in self.runtimes):
+        grid's batches, of best / hopeful - 1 (0 where no unmeasured point can do better), over the
+        runtimes designed (unmeasured() names the others)."""
+        designed = [r for r in self.runtimes if self._designed(r)]
+        if not designed:
             return math.inf
-        best, hopeful, _ = self._plans(self.runtimes)
+        best, hopeful, _ = self._plans(designed)
         ratios = [best.table[self.cores, b] / hopeful.table[self.cores, b] for b in self.batches]
         return max(0.0, max(ratios) - 1)
 
@@ -277,6 +297,11 @@ class Search:
                            and (r, t, b) not in wanted
                            and predicted[r][i, j] < instance.latency_ms * (1 + (1.5 * RIVAL if r in contending else RIVAL))]
         return wanted
+
+    def unmeasured(self) -> list[str]:
+        """The runtimes whose design points were not all measured (a costly one the budget left no
+        time to build for): the plans are not bounded against them."""
+        return [r for r in self.runtimes if not self._designed(r)]
 
     def dropped(self) -> list[str]:
         """The runtimes measured at their design points alone: none of their other points could win."""
