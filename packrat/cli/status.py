@@ -27,9 +27,8 @@ MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"ea
               '"held_back": {"plan", "current_ms", "proposed_ms", "cooldown_left_s"} or null, "trials": {"active": '
               '{"previous", "plan", "previous_ms", "expected_ms", "untried", "started_at", "served_ms", "batches"} or '
               'null, "history": [{..., "outcome", "seconds"}]}}, '
-              '"settled": [{"batch", "cores", "profile_plan", "plan_text", "why", "changed", "candidates": [{"label", '
-              '"why", "expected_ms", "median_ms", "ratio", "faster_in", "of"}], "rounds", "seconds", "decided", '
-              '"left_out", "line"}], '
+              '"settled": [{"batch", "cores", "profile_plan", "plan_text", "why", "changed", "candidates": [{"label", "why", '
+              '"expected_ms", "median_ms", "ratio", "faster_in", "of"}], "rounds", "seconds", "decided", "left_out", "line"}], '
               '"cpu_budget": {"cores", "source", "detail"}, "profile": "NAME: why it was chosen", "node": {...}}')
 
 
@@ -130,9 +129,8 @@ def print_model(name: str, status: dict, last: int) -> None:
         [print(f"runtime fallback: {line}") for line in health.get("fallbacks", [])]
         if health.get("stage_ms"):
             print(hop_text(health))
-    for settled in status.get("settled", []):  # near-ties timed before serving (serving/settling.py)
-        print(settled["line"])
-    for line in served_lines(status.get("served")):
+    settled = [s["line"] for s in status.get("settled", [])]  # near-ties timed before serving (serving/settling.py)
+    for line in settled + served_lines(status.get("served")):
         print(line)
     records = status["reconfigurations"]
     print(f"{len(records)} reconfiguration(s){' (newest last)' if records else ''}")
