@@ -100,8 +100,7 @@ def candidates(points: Mapping[Key, Figure], runtimes: Mapping[tuple[int, int], 
         own = {(t, b): runtime for t, b, r in points if r == runtime}
         best = best_plan(points, own, threads, batch, topology, fat_only)
         add(best, f"{runtime}'s best")
-        add(best_plan(points, {(threads, batch): runtime} if (threads, batch) in own else {}, threads, batch,
-                      topology, True), f"{runtime}'s fat instance")
+        add(best_plan(points, own, threads, batch, topology, True), f"{runtime}'s fat instance")
         if best is not None and not fat_only:
             add(best_plan(points, without_slowest(own, best, points), threads, batch, topology),
                 f"{runtime}'s other shapes")
