@@ -16,7 +16,7 @@ from model_checks import close, marked, two_threads  # noqa: F401 (autouse fixtu
 # Tests script/save tiny models themselves; TorchScript's deprecation notices are noise here.
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.:DeprecationWarning")
 
-OUTPUT_DIM = {"tiny": 10, "tiny_text": 32, "resnet50": 1000, "inception_v3": 1000, "bert_base": 768, "gpt2": 50257,
+OUTPUT_DIM = {"tiny": 10, "tiny_text": 32, "trivial": 10, "resnet50": 1000, "inception_v3": 1000, "bert_base": 768, "gpt2": 50257,
               "squeezenet": 1000, "randwire": 1000, "nasnet": 1000}
 
 

@@ -30,6 +30,7 @@ from packrat.models.spec import (
 from packrat.models.squeezenet import squeezenet
 from packrat.models.tiny import TINY_TEXT_LENGTH, TINY_TEXT_VOCAB, tiny, tiny_text
 from packrat.models.transformer import BERT_VOCAB, GPT2_VOCAB, bert_base, gpt2
+from packrat.models.trivial import trivial
 
 __all__ = ["ZOO", "DEFAULT_MODEL", "resolve", "prepare"]
 
@@ -70,6 +71,8 @@ ZOO: dict[str, ModelSpec] = {
                   "small 3-conv CNN, 10 classes; fast enough for tests"),
         _zoo("tiny_text", tiny_text, token_inputs(TINY_TEXT_LENGTH, TINY_TEXT_VOCAB), True,
                   "embedding", "16 tokens and their mask -> 32-dim embedding; the text path's test model"),
+        _zoo("trivial", trivial, _image((3, 32, 32)), True, "classification",
+                  "tiny's input, 10 logits from its channel means: next to no cost (the front end's ceiling)"),
         _zoo("resnet50", resnet50, _image((3, 224, 224)), True, "classification",
                   "ResNet-50 (bottleneck [3,4,6,3]), 1000 classes"),
         _zoo("inception_v3", inception_v3, _image((3, 299, 299)), True,
