@@ -1,15 +1,67 @@
 #!/usr/bin/env bash
 # Sets up .venv (with the test extras) and runs the test suite. Extra arguments go to pytest;
 # --quick stands for the quick tier, -m "not integration and not slow" (the README says what each marker means).
+#
+# Two pytest runs (docs/testing.md): first the tests marked `serial` (they time things, or need the
+# cores to themselves) alone, then every other test on PACKRAT_TEST_WORKERS pytest-xdist workers
+# (default: 2 where 2 cores or more are ours, else 1), a file per worker at a time (--dist loadfile:
+# a module's server or pool is started once). Both runs share one session directory (compile cache,
+# tests/conftest.py). A -m given here is combined with each run's. PACKRAT_TEST_WORKERS=0: one plain
+# pytest run of everything, as before the split. The exit status is pytest's: 5 (nothing collected)
+# only where neither run collected a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 args=()
+marks=""
+quick='not integration and not slow'
+expect_mark=0
+exitfirst=0
 for arg in "$@"; do
-    if [ "$arg" = "--quick" ]; then
-        args+=(-m "not integration and not slow")
+    if [ "$expect_mark" = 1 ]; then
+        marks="${marks:+($marks) and }($arg)"; expect_mark=0
+    elif [ "$arg" = "--quick" ]; then
+        marks="${marks:+($marks) and }($quick)"
+    elif [ "$arg" = "-m" ]; then
+        expect_mark=1
+    elif [[ "$arg" == -m?* ]]; then
+        marks="${marks:+($marks) and }(${arg#-m})"
     else
+        [[ "$arg" == "-x" || "$arg" == "--exitfirst" ]] && exitfirst=1
         args+=("$arg")
     fi
 done
-exec .venv/bin/python -m pytest ${args[@]+"${args[@]}"}
+python=.venv/bin/python
+cores=$("$python" -c "import os; print(len(os.sched_getaffinity(0)))")
+workers=${PACKRAT_TEST_WORKERS:-$([ "$cores" -ge 2 ] && echo 2 || echo 1)}
+if [ "$workers" = 0 ] || ! "$python" -c "import xdist" 2>/dev/null; then  # one run, as before the split
+    exec "$python" -m pytest ${marks:+-m "$marks"} ${args[@]+"${args[@]}"}
+fi
+
+session=$(mktemp -d "${TMPDIR:-/tmp}/packrat-tests-XXXXXX")
+trap 'rm -rf "$session"' EXIT
+export PACKRAT_TEST_SESSION_DIR=$session
+
+echo "test.sh: the serial tests, alone (-m serial)"
+set +e
+"$python" -m pytest -m "${marks:+($marks) and }serial" ${args[@]+"${args[@]}"}
+serial=$?
+set -e
+if [ "$serial" = 2 ] || [ "$serial" = 3 ] || [ "$serial" = 4 ] || { [ "$exitfirst" = 1 ] && [ "$serial" = 1 ]; }; then
+    exit "$serial"  # interrupted, an internal or usage error, or -x with a failure: no second run
+fi
+echo "test.sh: the other tests on $workers workers (-n $workers --dist loadfile -m 'not serial')"
+set +e
+"$python" -m pytest -n "$workers" --dist loadfile -m "${marks:+($marks) and }not serial" ${args[@]+"${args[@]}"}
+parallel=$?
+set -e
+if [ "$serial" = 5 ] && [ "$parallel" = 5 ]; then
+    exit 5  # neither run collected a test
+fi
+[ "$serial" = 5 ] && serial=0
+[ "$parallel" = 5 ] && parallel=0
+if [ "$serial" != 0 ]; then
+    echo "test.sh: the serial run failed (exit $serial)" >&2
+    exit "$serial"
+fi
+exit "$parallel"

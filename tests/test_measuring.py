@@ -77,6 +77,7 @@ def test_a_failing_worker_names_the_point_and_leaves_no_copy(monkeypatch):
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.serial  # compares timings: another test beside it would skew one side
 def test_a_reused_worker_measures_what_fresh_processes_measure():
     """tiny, eager, two 1-thread copies in lockstep: three batches on one Workers against fresh
     measure() calls, in the order reused, fresh, fresh, reused per batch, so a drift of the machine

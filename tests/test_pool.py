@@ -38,8 +38,10 @@ CORES = detect().cores
 RAW = "application/octet-stream"
 
 
-def shm_segments() -> set[str]:
-    return {p.name for p in Path("/dev/shm").iterdir()}
+def shm_segments(pid: int | None = None) -> set[str]:
+    """The segments of the pools in process `pid` (this one's by default; named packrat-PID-…):
+    not those of another test run beside this one."""
+    return {p.name for p in Path("/dev/shm").glob(f"packrat-{pid or os.getpid()}-*")}
 
 
 def raw(sample: torch.Tensor) -> Request:
@@ -316,7 +318,7 @@ def test_pool_process_killed_leaves_no_instance_and_no_segment_behind(reference)
     parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         instances = [psutil.Process(int(pid)) for pid in parent.stdout.readline().split()]
-        assert any(name.startswith(f"packrat-{parent.pid}-") for name in shm_segments())
+        assert any(name.startswith(f"packrat-{parent.pid}-") for name in shm_segments(parent.pid))
     finally:
         parent.kill()
         parent.wait()
@@ -324,7 +326,7 @@ def test_pool_process_killed_leaves_no_instance_and_no_segment_behind(reference)
         wait_until(lambda: not instance.is_running() or instance.status() == psutil.STATUS_ZOMBIE,
                    "an instance outlived its pool's process", timeout=10)
     with InstancePool(TINY, [InstanceConfig(1, 1, (CORES[0],))]):
-        assert not any(name.startswith(f"packrat-{parent.pid}-") for name in shm_segments())
+        assert not any(name.startswith(f"packrat-{parent.pid}-") for name in shm_segments(parent.pid))
 
 
 @pytest.mark.slow

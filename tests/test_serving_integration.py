@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import time
 import urllib.error
@@ -37,12 +38,31 @@ def server(tmp_path_factory):
     started = time.time()
     srv = torchserve.start(torchserve.Server(run_dir, "tiny", torchserve.Ports.free(), token_auth=True), mar, timeout=180)
     yield srv
+    # The processes of this module's servers: Java's and every one under it (workers, their
+    # instances, whose command line ends with their pool's pid), and any instance whose TEMP (its
+    # server's) is under this session's temporary folder; not those of a test run beside this one.
+    java = psutil.Process(int((run_dir / "tmp" / ".model_server.pid").read_text().strip()))
+    processes = [java, *java.children(recursive=True)]
+    ours, pids = {(p.pid, p.create_time()) for p in processes}, {str(p.pid) for p in processes}
+    basetemp = str(tmp_path_factory.getbasetemp()) + os.sep
     torchserve.stop(srv)
     assert not torchserve.java_running(srv)
+
+    def of_this_run(process: psutil.Process, cmdline: list[str]) -> bool:
+        line = " ".join(cmdline)
+        if str(run_dir) in line:
+            return True
+        if "packrat.serving.pool" not in line:
+            return False
+        try:
+            return cmdline[-1] in pids or any(v.startswith(basetemp) for v in process.environ().values())
+        except psutil.Error:
+            return False
+
     deadline = time.monotonic() + 10  # an instance still loading notices within its watch interval
-    while leftovers := [p for p in psutil.process_iter(["cmdline", "create_time"])
-                        if p.info["create_time"] >= started and
-                        any(marker in " ".join(p.info["cmdline"] or []) for marker in ("packrat.serving.pool", str(run_dir)))]:
+    while leftovers := [p for p in psutil.process_iter(["cmdline", "create_time", "status"])
+                        if p.info["create_time"] >= started and p.info["status"] != psutil.STATUS_ZOMBIE and
+                        ((p.pid, p.info["create_time"]) in ours or of_this_run(p, p.info["cmdline"] or []))]:
         assert time.monotonic() < deadline, f"instance processes outlived the server: {leftovers}"
         time.sleep(0.2)
 
