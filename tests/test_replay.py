@@ -15,7 +15,7 @@ from packrat.profiling import profiler
 from packrat.profiling.costs import Costs, enough_runs
 from packrat.profiling.measuring import ProfileSettings
 from packrat.profiling.search import design
-from test_search import BATCHES, MODELS, needs_tables, published, stretched
+from test_search import BATCHES, MODELS, SHARED, needs_tables, published, stretched
 
 SETTINGS = ProfileSettings(model="replayed", warmup=3, iters=None, min_time=1.0)  # `packrat profile`'s defaults
 NOISE = 0.04  # what a real machine gives run to run
@@ -36,11 +36,12 @@ def synthetic() -> dict[str, dict[tuple[int, int], float]]:
 
 def write_table(tables: dict, path) -> None:
     with open(path, "w", newline="") as handle:
-        handle.write("# model: replayed\n# mode: script\n# latency: loaded\n")
-        writer = csv.writer(handle)
-        writer.writerow(["threads", "batch", "latency_ms", "isolated_ms", "copies", "runtime"])
+        handle.write("# model: replayed\n# mode: script\n# latency: loaded\n# payload: raw\n")
+        writer = csv.writer(handle)  # served figures as the model's: a default profile measures both, twice the runs
+        writer.writerow(["threads", "batch", "latency_ms", "isolated_ms", "copies", "runtime", "served_ms",
+                         "served_isolated_ms"])
         for runtime, table in tables.items():
-            writer.writerows([t, b, ms, ms, 1, runtime] for (t, b), ms in sorted(table.items()))
+            writer.writerows([t, b, ms, ms, 1, runtime, ms, ms] for (t, b), ms in sorted(table.items()))
 
 
 def replayed(tables: dict, cores: int, tmp_path, **kwargs) -> profiler.SearchResult:
@@ -110,13 +111,14 @@ def test_a_budget_too_small_is_replayed_and_still_plans_every_batch(tmp_path):
 
 
 def test_the_simulated_clock_charges_a_point_as_the_cost_model_says(tmp_path):
-    """One point, no noise: its worker's load, 3 warm-up runs and the timed runs the rules take."""
+    """One point, no noise: its worker's load, 3 warm-up runs and the timed runs the rules take, then
+    the served figure's 2 warm-up runs and as many timed."""
     tables = {"only": {(1, 1): 250.0}}
     done = profiler.search_profile(SETTINGS, [1], [1], tmp_path / "one.csv", replay=_written(tables, tmp_path),
                                    progress=False, say=lambda line: None)
-    costs = Costs(served=False)
+    costs = Costs()
     assert costs.expected_runs(250.0, noise=0.0) == 4  # the min-time of 1 s passes before 5 precise runs
-    expected = costs.load_s + 250.0 * (3 + 4) / 1e3
+    expected = costs.load_s + 250.0 * (3 + 4) / 1e3 + 250.0 * (2 + 4) / 1e3
     assert done.account.wall() == pytest.approx(expected)
     assert done.profile.latency[1, 1] == pytest.approx(250.0)
 
@@ -135,3 +137,24 @@ def test_runs_stop_once_the_mean_is_known_as_well_as_the_plans_need():
     assert enough_runs([100.0, 108.0, 93.0], 1.0, 1.0, 30)  # the min-time passed
     assert enough_runs([100.0, 108.0, 93.0] * 10, 0.5, 1.0, 30)  # the most runs done
     assert not enough_runs([100.0, 100.0, 100.0, 100.0, 100.0], 0.0, 10.0, 30, precision=None)
+
+
+def report(seeds: int = 5) -> None:
+    """The figures docs/profiling.md quotes: `python tests/test_replay.py` (published tables if at hand)."""
+    import tempfile
+    from pathlib import Path
+
+    sources = {**({model: published(model) for model in MODELS} if SHARED.exists() else {}), "synthetic": synthetic()}
+    print("| tables | T | points (of grid) | simulated s, worst | plan / full grid's, worst |\n|---|---:|---:|---:|---:|")
+    for name, tables in sources.items():
+        for cores in (16, 32, 64):
+            scaled = {r: stretched(table, cores // 16) for r, table in tables.items()} if cores > 16 else tables
+            runs = [replayed(scaled, cores, Path(tempfile.mkdtemp()), seed=seed) for seed in range(seeds)]
+            worst = max(max(served_ratios(scaled, measured_of(done), cores)) for done in runs)
+            points = sorted(done.points for done in runs)
+            print(f"| {name} | {cores} | {points[0]}–{points[-1]} (of {runs[0].grid}) | "
+                  f"{max(done.account.wall() for done in runs):.0f} | {worst:.3f} |")
+
+
+if __name__ == "__main__":
+    report()

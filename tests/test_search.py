@@ -87,7 +87,7 @@ def test_the_search_measures_little_of_a_16_core_grid_and_plans_as_the_full_grid
     tables = published(model)
     search = replay(tables, cores=16)
     assert search.grid_size == 288
-    assert len(search.measured) <= 0.15 * 288
+    assert len(search.measured) <= 0.18 * 288  # 2.5 fit errors of hope (4 % run noise hid a 5 % dip at 2)
     assert worst_ratio(tables, search.measured, 16) <= 1.03
     assert set(search.measured.values()) <= {ms for table in tables.values() for ms in table.values()}
 

@@ -30,7 +30,7 @@ from packrat.planning.planner import Planner
 
 Key = tuple[str, int, int]  # (runtime, threads, batch)
 DEFAULT_TOLERANCE = 0.02  # a plan this close to the best possible is the plan: the machine's noise is larger
-DEFAULT_CONFIDENCE = 2.0  # how many of the fit's errors below its prediction an unmeasured point may be
+DEFAULT_CONFIDENCE = 2.5  # how many of the fit's errors below its prediction an unmeasured point may be
 ERROR_FLOOR = 0.03  # the fit's relative error is never taken as smaller: a point's own noise
 MONOTONE_SLACK = 0.05  # a larger batch on the same threads is not faster than a measured smaller one, but by noise
 RIVAL = 0.10  # another runtime predicted within this of a planned point's figure is measured there too
