@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from packrat.bench.harness import doc_parser, first_cores, fmt_num, markdown_table, pin
-from packrat.bench.results import write_json
+from packrat.bench.harness import doc_parser, first_cores, pin
+from packrat.bench.results import fmt_num, markdown_table, write_json
 from packrat.bench.rounds import interleaved, median_spread
 from packrat.cli.types import shape as shape_type
 from packrat.codec.images import CROP_FRACTION, FORMATS, MEAN, STD, refusals, to_sample

@@ -20,7 +20,8 @@ from packrat.profiling.plots import SHORT_RUNTIMES
 from packrat.profiling.profiles import held
 
 from packrat.bench import oracle, peers as peers_bench
-from packrat.bench.harness import doc_parser, fmt_num, markdown_table, span
+from packrat.bench.harness import doc_parser
+from packrat.bench.results import fmt_num, markdown_table, span
 
 STEPS = {"profile": "(a) Profile (the search)", "peers": "(b) packrat against its peers",
          "oracle": "(c) Planner vs the oracle", "bench": "(d) Pool-only bench: fat vs plan",

@@ -30,10 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from packrat.bench.harness import child_json, doc_parser, first_cores, fmt_num, fresh_compile_caches, \
-    markdown_table, pin
+from packrat.bench.harness import child_json, doc_parser, first_cores, fresh_compile_caches, pin
+from packrat.bench.results import fmt_num, markdown_table, write_json
 from packrat.bench.peers import TorchRunner
-from packrat.bench.results import write_json
 from packrat.bench.rounds import elapsed_ms, in_rounds
 from packrat.cli.types import int_list, name_list
 

@@ -19,7 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from packrat.bench.harness import doc_parser, fmt_num, markdown_table
+from packrat.bench.harness import doc_parser
+from packrat.bench.results import fmt_num, markdown_table
 from packrat.profiling.profiles import load
 from packrat.serving.served import CORRECTION_MARGIN, Correction, inferred_from
 

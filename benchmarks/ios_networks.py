@@ -43,7 +43,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from packrat.bench.harness import child_json, doc_parser, error_text, first_cores, markdown_head
+from packrat.bench.harness import child_json, doc_parser, error_text, first_cores
+from packrat.bench.results import markdown_head
 from packrat.bench.rounds import elapsed_ms, interleaved, medians
 from packrat.cli.types import int_list, name_list
 

@@ -27,7 +27,8 @@ from packrat.ios_scheduler.graph import capture
 from packrat.ios_scheduler.runtime import WorkerSet
 from packrat.models.zoo import resolve
 
-from packrat.bench.harness import doc_parser, first_cores, markdown_head, markdown_row
+from packrat.bench.harness import doc_parser, first_cores
+from packrat.bench.results import markdown_head, markdown_row
 from packrat.cli.types import name_list
 from packrat.bench.rounds import elapsed_ms, interleaved, medians
 

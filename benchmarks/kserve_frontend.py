@@ -28,8 +28,8 @@ import time
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
-from packrat.bench.harness import doc_parser, fmt_num, markdown_table
-from packrat.bench.results import write_json
+from packrat.bench.harness import doc_parser
+from packrat.bench.results import fmt_num, markdown_table, write_json
 from packrat.bench.rounds import in_rounds
 
 EXAMPLES = """examples:

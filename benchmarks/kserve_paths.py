@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 
-from packrat.bench.harness import doc_parser, markdown_table
+from packrat.bench.harness import doc_parser
+from packrat.bench.results import markdown_table
 from packrat.bench.rounds import interleaved
 
 EXAMPLES = "example:\n  python benchmarks/kserve_paths.py --shape 3,224,224 --outputs 1000 --rounds 5 --repeat 50"

@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from packrat.bench.harness import doc_parser, fmt_num, markdown_table
+from packrat.bench.harness import doc_parser
+from packrat.bench.results import fmt_num, markdown_table, write_json
 from packrat.bench import node_chaos
-from packrat.bench.results import write_json
 from packrat.cli.types import name_list
 from packrat.settings import NODE_DIR_ENV
 

@@ -120,7 +120,7 @@ def summarise(results: list[dict]) -> dict:
 
 
 def table(summary: dict) -> str:
-    from packrat.bench.harness import fmt_num, markdown_table
+    from packrat.bench.results import fmt_num, markdown_table
 
     rows = []
     for key, cell in summary.items():
@@ -168,7 +168,8 @@ def main(argv=None) -> int:
     if argv[:1] == ["--child"]:  # a run, in a fresh process of its own
         print(RESULT + json.dumps(child(json.loads(argv[1]))), flush=True)
         return 0
-    from packrat.bench.harness import first_cores, fmt_num
+    from packrat.bench.harness import first_cores
+    from packrat.bench.results import fmt_num
 
     args = parser().parse_args(argv)
     cores = first_cores(args.cores or len(os.sched_getaffinity(0)))

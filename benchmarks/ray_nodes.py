@@ -24,8 +24,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from packrat.bench.harness import doc_parser, markdown_table
-from packrat.bench.results import write_json
+from packrat.bench.harness import doc_parser
+from packrat.bench.results import markdown_table, write_json
 from packrat.bench.rounds import in_rounds
 
 # layout → (nodes' cores, each replica's batch as a multiple of B)

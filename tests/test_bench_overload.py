@@ -1,4 +1,5 @@
-"""packrat bench overload (packrat/bench/overload.py): its pure parts (counts by status and client
+"""packrat bench overload (packrat/bench/overload.py, overload_report.py, soak.py and the harness's users.py,
+servers.py, resources.py, faults.py): its pure parts (counts by status and client
 error, client errors classed by errno, percentiles, summaries, the open-loop user count, the best of
 the capacity runs, the verdicts per run and over the runs, the health probes' verdict, the soak's
 schedule, kill windows and slopes: where they pass and where they must not), its command line, the
@@ -16,13 +17,15 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
 import pytest
 
-from packrat.bench import overload
+from packrat.bench import faults, overload, overload_report, resources, results, servers, soak
+from packrat.bench import users as bench_users
 from packrat.cli import bench_overload
 from packrat.cli.main import build_parser, main
 from packrat.loadtest.requestlog import (RequestRecord, error_class, format_record, parse_line, read_request_log,
@@ -51,24 +54,24 @@ def counts(ok=0, refused=0, late=0, other=0, errors=None) -> dict:
     ([5.0, 1.0], 0.001, 1.0),
 ])
 def test_percentile_is_the_nearest_rank(values, q, expected):
-    assert overload.percentile(values, q) == expected
+    assert bench_users.percentile(values, q) == expected
 
 
 def test_status_classes_put_client_errors_apart_by_class_and_other_statuses_under_other():
     records = [rec(0), rec(0), rec(0, status=503), rec(0, status=504), rec(0, status=0, error="reset"),
                rec(0, status=0, error="timeout"), rec(0, status=0, error="reset"), rec(0, status=500),
                rec(0, status=429), rec(0, status=0)]  # the last: no class recorded, its reason "x" says nothing
-    got = overload.status_classes(records)
+    got = bench_users.status_classes(records)
     assert got == {"200": 2, "503": 1, "504": 1, "other": 2, "client_error": 4,
                    "errors": {"reset": 2, "timeout": 1, "other": 1}}
-    assert overload.admitted(got) == 9 and overload.share_504(got) == pytest.approx(1 / 9)
-    assert overload.answered(got) == 6
-    assert overload.by_status(records) == {"0": 4, "200": 2, "503": 1, "504": 1, "500": 1, "429": 1}
-    assert overload.status_classes([]) == counts()
-    assert overload.share_504(counts(refused=5)) is None  # nothing admitted
-    assert overload.fmt_errors(got) == "4 (reset 2, timeout 1, other 1)" and overload.fmt_errors(counts()) == "0"
+    assert bench_users.admitted(got) == 9 and bench_users.share_504(got) == pytest.approx(1 / 9)
+    assert bench_users.answered(got) == 6
+    assert bench_users.by_status(records) == {"0": 4, "200": 2, "503": 1, "504": 1, "500": 1, "429": 1}
+    assert bench_users.status_classes([]) == counts()
+    assert bench_users.share_504(counts(refused=5)) is None  # nothing admitted
+    assert bench_users.fmt_errors(got) == "4 (reset 2, timeout 1, other 1)" and bench_users.fmt_errors(counts()) == "0"
     # an answer 200 whose body was cut is a client error, not a 200
-    assert overload.status_classes([rec(0, status=200, error="reset")]) == counts(errors={"reset": 1})
+    assert bench_users.status_classes([rec(0, status=200, error="reset")]) == counts(errors={"reset": 1})
 
 
 # ---- client errors by errno ----------------------------------------------------------------------
@@ -139,35 +142,35 @@ def test_the_request_log_carries_the_class_on_client_errors_only():
     (60.0, 0.5, 8, 90), (0.0, 2.0, 2, 2),
 ])
 def test_open_loop_users_keep_the_pace_while_answers_take_the_deadline(rate, timeout, batch, users):
-    assert overload.open_loop_users(rate, timeout, batch) == users
+    assert bench_users.open_loop_users(rate, timeout, batch) == users
 
 
 def test_rates_count_answers_within_the_phases_whole_seconds_from_its_first_request():
     records = [rec(100.0, 50), rec(100.5, 400), rec(101.0, 900), rec(101.2, 900, 503), rec(101.5, 800)]
     # ends: 100.05, 100.9, 101.9, 102.1 (a 503), 102.3: within 2 s of 100.0 are three 200s
-    assert overload.answered_within(records, 2) == 3 and overload.answered_within(records, 3) == 4
-    assert overload.answered_within(records, 3, status=503) == 1
-    assert overload.sent_within(records, 1) == 3 and overload.sent_within(records, 2) == 5
-    assert overload.answered_within([], 3) == overload.sent_within([], 3) == 0
-    assert [overload.run_seconds(d) for d in (0.2, 1, 2.5, 3)] == [1, 1, 3, 3]  # locust's run time
+    assert bench_users.answered_within(records, 2) == 3 and bench_users.answered_within(records, 3) == 4
+    assert bench_users.answered_within(records, 3, status=503) == 1
+    assert bench_users.sent_within(records, 1) == 3 and bench_users.sent_within(records, 2) == 5
+    assert bench_users.answered_within([], 3) == bench_users.sent_within([], 3) == 0
+    assert [bench_users.run_seconds(d) for d in (0.2, 1, 2.5, 3)] == [1, 1, 3, 3]  # locust's run time
 
 
 def test_summaries():
     closed = [rec(0.0 + i * 0.1, 20.0 + i) for i in range(20)] + [rec(1.0, 5.0, 504)]
-    before = overload.closed_summary(closed, 2, users=8)
+    before = overload_report.closed_summary(closed, 2, users=8)
     assert before["rps"] == 10.0 and before["requests"] == 21 and before["users"] == 8
     assert before["p50_ms"] == 29.0 and before["p99_ms"] == 39.0  # the 200s' only
     assert before["by_status"] == {"200": 20, "504": 1}
     records = ([rec(i * 0.01, 100.0) for i in range(100)] + [rec(0.5, 3.0 + i % 5, 503) for i in range(50)]
                + [rec(0.2, 2100.0, 504), rec(0.3, 7000.0, 0, "timeout")])
-    over = overload.overload_summary(records, 1, capacity_rps=100.0, rate_rps=300.0, users=900)
+    over = overload_report.overload_summary(records, 1, capacity_rps=100.0, rate_rps=300.0, users=900)
     assert over["counts"] == counts(ok=100, refused=50, late=1, errors={"timeout": 1})
     assert over["sent"] == 152 and over["admitted"] == 102 and over["share_504"] == pytest.approx(1 / 102)
     assert over["served_rps"] == 91.0 and over["served_ratio"] == pytest.approx(0.91)  # ends after 1 s left out
     assert (over["p50_503_ms"], over["p99_503_ms"]) == (5.0, 7.0)
     assert (over["p50_200_ms"], over["p99_200_ms"]) == (100.0, 100.0)
     assert over["rate_rps"] == 300.0 and over["users"] == 900 and over["sent_rps"] == 152.0
-    empty = overload.overload_summary([], 5, capacity_rps=0.0, rate_rps=0.0, users=8)
+    empty = overload_report.overload_summary([], 5, capacity_rps=0.0, rate_rps=0.0, users=8)
     assert empty["sent"] == 0 and empty["served_ratio"] is None and empty["p99_503_ms"] is None
 
 
@@ -186,7 +189,7 @@ def test_summaries():
     (counts(errors={"refused": 40}), False, "no request was answered (40 sent, client errors: 40 (refused 40))"),
 ])
 def test_only_200_or_503(given, passed, says):
-    verdict = overload.statuses_verdict(given)
+    verdict = overload_report.statuses_verdict(given)
     assert verdict.passed is passed and says in verdict.value
 
 
@@ -196,7 +199,7 @@ def test_only_200_or_503(given, passed, says):
     (50.0, 0.0, False, "no capacity measured"), (50.0, None, False, "no capacity measured"),
 ])
 def test_served_at_least_0_85_of_capacity(served, capacity, passed, says):
-    verdict = overload.served_verdict(served, capacity)
+    verdict = overload_report.served_verdict(served, capacity)
     assert verdict.passed is passed and says in verdict.value
 
 
@@ -212,7 +215,7 @@ def test_served_at_least_0_85_of_capacity(served, capacity, passed, says):
     (None, counts(refused=3), False, "without latencies"),
 ])
 def test_refused_fast(p99, given, passed, says):
-    verdict = overload.refusals_verdict(p99, given)
+    verdict = overload_report.refusals_verdict(p99, given)
     assert verdict.passed is passed and says in verdict.value
 
 
@@ -222,24 +225,24 @@ def test_refused_fast(p99, given, passed, says):
     (None, 20.0, False, "no p50 before"), (0.0, 20.0, False, "no p50 before"), (20.0, None, False, "no p50 after"),
 ])
 def test_recovered(before, after, passed, says):
-    verdict = overload.recovery_verdict(before, after)
+    verdict = overload_report.recovery_verdict(before, after)
     assert verdict.passed is passed and says in verdict.value
 
 
 def test_a_run_with_no_answers_fails_every_verdict():
-    before = overload.closed_summary([rec(0, 1, 0)] * 3, 3, users=8)
-    over = overload.overload_summary([rec(0, 7000, 0)] * 5, 5, before["rps"], 0.0, 8)
-    after = overload.closed_summary([], 3, users=8)
-    assert [v.passed for v in overload.verdicts(before, over, after)] == [False, False, False, False]
-    assert [v.passed for v in overload.verdicts(before, over, after, [])] == [False] * 5  # nothing probed either
+    before = overload_report.closed_summary([rec(0, 1, 0)] * 3, 3, users=8)
+    over = overload_report.overload_summary([rec(0, 7000, 0)] * 5, 5, before["rps"], 0.0, 8)
+    after = overload_report.closed_summary([], 3, users=8)
+    assert [v.passed for v in overload_report.verdicts(before, over, after)] == [False, False, False, False]
+    assert [v.passed for v in overload_report.verdicts(before, over, after, [])] == [False] * 5  # nothing probed either
 
 
 def test_a_good_run_passes_every_verdict():
-    before = overload.closed_summary([rec(i * 0.01, 20.0) for i in range(300)], 3, users=8)
+    before = overload_report.closed_summary([rec(i * 0.01, 20.0) for i in range(300)], 3, users=8)
     records = [rec(i * 0.005, 900.0) for i in range(500)] + [rec(i * 0.01, 3.0, 503) for i in range(400)]
-    over = overload.overload_summary(records, 5, before["rps"], 3 * before["rps"], 900)
-    after = overload.closed_summary([rec(i * 0.01, 21.0) for i in range(300)], 3, users=8)
-    found = overload.verdicts(before, over, after, [probe("/v2/health/live", 200, 3.0)] * 10)
+    over = overload_report.overload_summary(records, 5, before["rps"], 3 * before["rps"], 900)
+    after = overload_report.closed_summary([rec(i * 0.01, 21.0) for i in range(300)], 3, users=8)
+    found = overload_report.verdicts(before, over, after, [probe("/v2/health/live", 200, 3.0)] * 10)
     assert [v.name for v in found] == ["only 200 or 503", "served", "refused fast", "recovered", "health in time"]
     assert all(v.passed for v in found), [v.line() for v in found]
 
@@ -257,16 +260,16 @@ def closed(rps: float, users: int, p50: float = 20.0) -> dict:
     ([closed(0.0, 4), closed(0.0, 8)], 0), ([closed(3.0, 4)], 0), ([], -1),
 ])
 def test_capacity_is_the_best_rate_of_200s_over_the_capacity_runs(runs, best):
-    assert overload.best_capacity(runs) == best
+    assert overload_report.best_capacity(runs) == best
 
 
 def test_capacity_counts_answers_200_only_so_refusals_retried_add_nothing():
     """2B users meeting refusals: 100 answers 200 and 400 quick 503s in 2 s is 50 req/s, not 250."""
     records = [rec(i * 0.02, 20.0) for i in range(100)] + [rec(i * 0.005, 1.0, 503) for i in range(400)]
-    assert overload.closed_summary(records, 2, users=8)["rps"] == 50.0
-    b = overload.closed_summary([rec(i * 0.025, 20.0) for i in range(80)], 2, users=4)  # 40 req/s
-    assert overload.best_capacity([b, overload.closed_summary(records, 2, users=8)]) == 1
-    cut = overload.closed_summary([rec(i * 0.02, 20.0, 200, "reset") for i in range(100)], 2, users=8)
+    assert overload_report.closed_summary(records, 2, users=8)["rps"] == 50.0
+    b = overload_report.closed_summary([rec(i * 0.025, 20.0) for i in range(80)], 2, users=4)  # 40 req/s
+    assert overload_report.best_capacity([b, overload_report.closed_summary(records, 2, users=8)]) == 1
+    cut = overload_report.closed_summary([rec(i * 0.02, 20.0, 200, "reset") for i in range(100)], 2, users=8)
     assert cut["rps"] == 0.0 and cut["client_errors"] == {"reset": 100}  # a 200 whose body was cut counts nothing
 
 
@@ -286,18 +289,18 @@ def probe(path: str, status: int = 200, ms: float = 5.0, error: str = "") -> dic
     ([], False, "no probe was made"),
 ])
 def test_health_answers_within_1_s(probes, passed, says):
-    verdict = overload.health_verdict(probes)
+    verdict = overload_report.health_verdict(probes)
     assert verdict.name == "health in time" and verdict.passed is passed and says in verdict.value, verdict.value
 
 
 def test_probe_summary_per_path():
     probes = [probe("/a", ms=float(i)) for i in range(1, 101)] + [probe("/b", 0, 5000.0, "timeout"), probe("/b")]
-    got = overload.probe_summary(probes)
+    got = overload_report.probe_summary(probes)
     assert list(got) == ["/a", "/b"]
     assert got["/a"] == {"probes": 100, "by_status": {"200": 100}, "p50_ms": 50.0, "p99_ms": 99.0, "max_ms": 100.0,
                          "late": 0}
     assert got["/b"]["by_status"] == {"0 timeout": 1, "200": 1} and got["/b"]["late"] == 1
-    assert overload.probe_summary([]) == {}
+    assert overload_report.probe_summary([]) == {}
 
 
 @pytest.mark.parametrize("payload", ["v2-json", "v2-binary"])
@@ -308,50 +311,50 @@ def test_v2_bodies_go_to_the_v2_route_on_kserve_and_decode_to_the_sample(payload
     from packrat.codec.config import CodecConfig
     from packrat.models.zoo import resolve
 
-    body = overload.request_body("tiny", payload, None, "kserve")
+    body = servers.request_body("tiny", payload, None, "kserve")
     assert body.path == "/v2/models/tiny/infer" and (body.header_length is not None) is (payload == "v2-binary")
     spec = resolve("tiny")
     decoded = Codec(CodecConfig.for_model(spec)).decode(body.payload[0], body.payload[1], body.header_length)
     assert decoded.form == "kserve-v2" and torch.equal(decoded.samples[0], spec.example_inputs(1)[0])
-    on_torchserve = overload.request_body("tiny", payload, None, "torchserve")
+    on_torchserve = servers.request_body("tiny", payload, None, "torchserve")
     assert on_torchserve.path is None and on_torchserve.payload == body.payload  # /predictions/NAME, same body
-    raw = overload.request_body("tiny", "raw", None, "kserve")
+    raw = servers.request_body("tiny", "raw", None, "kserve")
     assert raw.path is None and raw.header_length is None and raw.payload[1] == "application/octet-stream"
 
 
 def test_health_paths_are_a_kubelets():
-    assert overload.health_paths("kserve", "squeezenet") == ("/v2/health/live", "/v2/health/ready",
+    assert servers.health_paths("kserve", "squeezenet") == ("/v2/health/live", "/v2/health/ready",
                                                              "/v2/models/squeezenet/ready")
-    assert overload.health_paths("torchserve", "squeezenet") == ("/ping",)
+    assert servers.health_paths("torchserve", "squeezenet") == ("/ping",)
 
 
 def test_a_probe_answers_or_says_why_not(stub):
-    got = overload.probe(stub, "/v2/health/live", "key")
+    got = servers.probe(stub, "/v2/health/live", "key")
     assert got["status"] == 200 and got["path"] == "/v2/health/live" and 0 < got["ms"] < 5000 and not got["error"]
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    got = overload.probe(f"http://127.0.0.1:{port}", "/ping", None)
+    got = servers.probe(f"http://127.0.0.1:{port}", "/ping", None)
     assert got["status"] == 0 and got["error"] == "refused"
 
 
 # ---- over several runs ---------------------------------------------------------------------------
 
 def verdict(name: str, passed: bool) -> dict:
-    return overload.asdict(overload.Verdict(name, f"{name}'s target", passed, "x"))
+    return asdict(results.Verdict(name, f"{name}'s target", passed, "x"))
 
 
 def test_over_the_runs_each_verdict_must_pass_in_every_run():
     runs = [[verdict("served", True), verdict("recovered", True)],
             [verdict("served", True), verdict("recovered", False)],
             [verdict("served", True), verdict("recovered", False)]]
-    served, recovered = overload.overall_verdicts(runs)
+    served, recovered = overload_report.overall_verdicts(runs)
     assert (served.name, served.passed, served.value) == ("served", True, "3 of 3 runs")
     assert served.target == "served's target, in every run"
     assert (recovered.passed, recovered.value) == (False, "1 of 3 runs (failed: run 2, 3)")
-    one = overload.overall_verdicts([[verdict("served", False)]])
+    one = overload_report.overall_verdicts([[verdict("served", False)]])
     assert [v.passed for v in one] == [False]
-    missing = overload.overall_verdicts([[verdict("served", True), verdict("health in time", True)],
+    missing = overload_report.overall_verdicts([[verdict("served", True), verdict("health in time", True)],
                                          [verdict("served", True)]])  # a run without that verdict did not pass it
     assert [v.passed for v in missing] == [True, False]
 
@@ -362,46 +365,46 @@ def test_counters_keep_whatever_scalars_the_health_has_and_deltas_the_counts():
     status = {"plan": {"instances": [{"cores": [2, 3]}, {"cores": [0]}]},
               "health": {"answered": 10, "refused": 2, "unavailable": None, "predicted_wait_ms": 12.5,
                          "stage_ms": {"total": 1.0}, "kinds": [{}], "admitted": 12}}
-    before = overload.counters(status)
+    before = servers.counters(status)
     assert before == {"answered": 10, "refused": 2, "unavailable": None, "predicted_wait_ms": 12.5, "admitted": 12}
     after = {"answered": 30, "refused": 9, "predicted_wait_ms": 80.0, "expired": 1}  # admitted absent: left out
-    assert overload.counter_delta(before, after) == {"answered": 20, "refused": 7}
-    assert overload.counters(None) == overload.counters({}) == {}
-    assert overload.instance_cores(status) == [0, 2, 3] and overload.instance_cores(None) == []
+    assert servers.counter_delta(before, after) == {"answered": 20, "refused": 7}
+    assert servers.counters(None) == servers.counters({}) == {}
+    assert servers.instance_cores(status) == [0, 2, 3] and servers.instance_cores(None) == []
 
 
 def one_run(n: int = 1, after_ms: float = 30.0) -> dict:
-    caps = [overload.closed_summary([rec(i * 0.01, 20.0) for i in range(300)], 3, users=4),
-            overload.closed_summary([rec(i * 0.02, 40.0) for i in range(150)], 3, users=8)]
+    caps = [overload_report.closed_summary([rec(i * 0.01, 20.0) for i in range(300)], 3, users=4),
+            overload_report.closed_summary([rec(i * 0.02, 40.0) for i in range(150)], 3, users=8)]
     before = caps[0]
     records = [rec(i * 0.005, 900.0) for i in range(500)] + [rec(i * 0.01, 3.0, 503) for i in range(40)]
-    over = overload.overload_summary(records + [rec(1, 9000, 0, "timeout")], 5, before["rps"], 300.0, 900)
-    after = overload.closed_summary([rec(i * 0.01, after_ms) for i in range(300)], 3, users=4)
+    over = overload_report.overload_summary(records + [rec(1, 9000, 0, "timeout")], 5, before["rps"], 300.0, 900)
+    after = overload_report.closed_summary([rec(i * 0.01, after_ms) for i in range(300)], 3, users=4)
     probes = [probe("/v2/health/live", ms=4.0), probe("/v2/health/ready", ms=1500.0)]
     return {"run": n, "capacity_runs": caps, "before": before, "overload": over, "after": after,
             "after_over_before": after_ms / 20.0, "health": {"overload": {"predicted_wait_ms": 41.0},
                                                              "overload_delta": {"refused": 40, "expired": 0}},
-            "probes": overload.probe_summary(probes), "cpu": None,
-            "verdicts": [overload.asdict(v) for v in overload.verdicts(before, over, after, probes)],
+            "probes": overload_report.probe_summary(probes), "cpu": None,
+            "verdicts": [asdict(v) for v in overload_report.verdicts(before, over, after, probes)],
             "notes": [f"a note of run {n}"]}
 
 
 def report(runs=None, **more) -> dict:
     runs = runs or [one_run()]
-    overall = overload.overall_verdicts([r["verdicts"] for r in runs])
+    overall = overload_report.overall_verdicts([r["verdicts"] for r in runs])
     return {"model": "tiny", "engine": "kserve", "batch": 4, "payload": "raw", "request_timeout_s": 2.0,
             "max_queue": None, "default_max_queue": 1000, "admission": "predicted", "slow": True,
             "slow_cores": [0, 1], "factor": 3.0, "cores": 2, "runs": runs,
-            "verdicts": [overload.asdict(v) for v in overall], "notes": ["a note"], **more}
+            "verdicts": [asdict(v) for v in overall], "notes": ["a note"], **more}
 
 
 def test_the_report_has_a_row_per_run_the_counters_and_a_line_per_verdict():
-    text = overload.format_report(report([one_run(1), one_run(2, after_ms=21.0)]))
+    text = overload_report.format_report(report([one_run(1), one_run(2, after_ms=21.0)]))
     lines = text.splitlines()
     assert "max_queue 1000 (default)" in lines[0] and "slowed by 2 CPU-bound process(es) on cores 0,1" in lines[0]
     assert "2 run(s)" in lines[0] and "capacity the best over 3 s of 4 or 8 users" in lines[0]
     head = next(line for line in lines if line.startswith("| run"))
-    assert head.count("|") == len(overload.TABLE_HEAD) + 1
+    assert head.count("|") == len(overload_report.TABLE_HEAD) + 1
     rows = [lines[lines.index(head) + 2].split(" | "), lines[lines.index(head) + 3].split(" | ")]
     # B / 2B req/s: the last 200s of each end after 3 s
     assert rows[0][:5] == ["| 1", "kserve", "predicted", "yes", "99.7 / 49.7"] and rows[1][0] == "| 2"
@@ -421,50 +424,50 @@ def test_the_report_has_a_row_per_run_the_counters_and_a_line_per_verdict():
         "- FAIL health in time: 0 of 2 runs (failed: run 1, 2) (target: liveness and readiness answered 200 within "
         "1 s, in every run)"]
     assert "note: a note of run 2" in text and "note: a note" in lines[-1]
-    single = overload.format_report(report())
+    single = overload_report.format_report(report())
     assert "over 1 runs" not in single and "over 2 runs" in text
 
 
 def TABLE(column: str) -> int:
-    return overload.TABLE_HEAD.index(column)
+    return overload_report.TABLE_HEAD.index(column)
 
 
 # ---- the soak: schedule, kill windows, slopes ----------------------------------------------------
 
 def test_the_soak_bursts_every_interval_and_kills_half_way_between():
-    events = overload.soak_schedule(1800.0, 300.0, 20.0)
+    events = soak.soak_schedule(1800.0, 300.0, 20.0)
     assert [at for at, kind in events if kind == "burst"] == [300.0, 600.0, 900.0, 1200.0, 1500.0]  # 1800 ends late
     assert [at for at, kind in events if kind == "kill"] == [150.0, 450.0, 750.0, 1050.0, 1350.0, 1650.0]
     assert events == sorted(events)
-    short = overload.soak_schedule(60.0, 20.0, 5.0)
+    short = soak.soak_schedule(60.0, 20.0, 5.0)
     assert short == [(10.0, "kill"), (20.0, "burst"), (30.0, "kill"), (40.0, "burst"), (50.0, "kill")]
-    assert overload.soak_schedule(60.0, 20.0, 25.0) == [(10.0, "kill"), (20.0, "burst"), (30.0, "kill"),
+    assert soak.soak_schedule(60.0, 20.0, 25.0) == [(10.0, "kill"), (20.0, "burst"), (30.0, "kill"),
                                                        (50.0, "kill")]  # 40 + 25 s would outlast the soak
     with pytest.raises(ValueError):
-        overload.soak_schedule(60.0, 0.0, 5.0)
+        soak.soak_schedule(60.0, 0.0, 5.0)
 
 
 def test_a_request_in_flight_at_a_kill_or_sent_within_its_window_is_the_kills():
     windows = [(100.0, 112.0)]
-    assert overload.in_windows(rec(99.0, 2000.0), windows)  # in flight at the kill
-    assert overload.in_windows(rec(111.9, 5.0), windows) and overload.in_windows(rec(100.0, 1.0), windows)
-    assert not overload.in_windows(rec(98.0, 1000.0), windows)  # answered before it
-    assert not overload.in_windows(rec(112.5, 5.0), windows) and not overload.in_windows(rec(1.0), [])
+    assert bench_users.in_windows(rec(99.0, 2000.0), windows)  # in flight at the kill
+    assert bench_users.in_windows(rec(111.9, 5.0), windows) and bench_users.in_windows(rec(100.0, 1.0), windows)
+    assert not bench_users.in_windows(rec(98.0, 1000.0), windows)  # answered before it
+    assert not bench_users.in_windows(rec(112.5, 5.0), windows) and not bench_users.in_windows(rec(1.0), [])
 
 
 def test_only_steady_samples_are_compared_for_slopes():
     events = [(150.0, "kill"), (300.0, "burst")]
-    phase = [overload.sample_phase(t, 600.0, events, 20.0, 12.0) for t in (0.0, 150.0, 162.0, 163.0, 300.0, 332.0,
+    phase = [soak.sample_phase(t, 600.0, events, 20.0, 12.0) for t in (0.0, 150.0, 162.0, 163.0, 300.0, 332.0,
                                                                            333.0, 600.0, 601.0)]
     assert phase == ["steady", "kill", "kill", "steady", "burst", "burst", "steady", "steady", "after"]
     samples = [{**sample(t), "phase": "steady"} for t in range(0, 601, 30)]
     for i in (18, 19, 20):  # a burst at the end: its users' connections
         samples[i] = {**samples[i], "phase": "burst", "fds": 5000.0}
-    found = overload.soak_verdicts(counts(ok=1), counts(ok=1), counts(), [{"pid": 1}], 1, samples, 200.0, [probe("/")])
+    found = soak.soak_verdicts(counts(ok=1), counts(ok=1), counts(), [{"pid": 1}], 1, samples, 200.0, [probe("/")])
     assert all(v.passed for v in found[3:6]) and "11 samples" in found[4].value
     for i in (18, 19, 20):
         samples[i]["phase"] = "steady"  # the same samples counted: an upward slope
-    assert not overload.soak_verdicts(counts(ok=1), counts(ok=1), counts(), [{"pid": 1}], 1, samples, 200.0,
+    assert not soak.soak_verdicts(counts(ok=1), counts(ok=1), counts(), [{"pid": 1}], 1, samples, 200.0,
                                       [probe("/")])[4].passed
 
 
@@ -486,18 +489,18 @@ def noisy(n: int, slope: float, noise: float, level: float = 500.0, every: float
     ("pss_mib", noisy(2, 0.0, 0.0), False), ("fds", [(5.0, 1.0)] * 4, False),  # too few to fit a line
 ])
 def test_no_upward_slope_allows_the_samples_noise_and_one_unit_of_resolution(key, points, passed):
-    verdict = overload.slope_verdict(key, points)
+    verdict = soak.slope_verdict(key, points)
     assert verdict.passed is passed, verdict.value
-    assert verdict.name == f"no upward slope: {overload.RESOURCES[key][0]}"
+    assert verdict.name == f"no upward slope: {soak.RESOURCES[key][0]}"
 
 
 def test_trend_is_least_squares_with_the_slopes_standard_error():
-    line = overload.trend([(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)])
+    line = soak.trend([(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)])
     assert line["slope_per_s"] == pytest.approx(2.0) and line["se_per_s"] == pytest.approx(0.0)
     assert line["span_s"] == 2.0 and line["mean"] == 3.0 and line["points"] == 3
-    line = overload.trend([(0.0, 0.0), (1.0, 1.0), (2.0, 0.0), (3.0, 1.0)])
+    line = soak.trend([(0.0, 0.0), (1.0, 1.0), (2.0, 0.0), (3.0, 1.0)])
     assert line["slope_per_s"] == pytest.approx(0.2) and line["se_per_s"] == pytest.approx(math.sqrt(0.8 / 2 / 5))
-    assert overload.trend([(0.0, 1.0), (1.0, 2.0)]) is None and overload.trend([(1.0, 1.0)] * 3) is None
+    assert soak.trend([(0.0, 1.0), (1.0, 2.0)]) is None and soak.trend([(1.0, 1.0)] * 3) is None
 
 
 def sample(t: float, pss: float = 800.0, fds: float = 70.0, shm: float = 12.0) -> dict:
@@ -510,28 +513,28 @@ def test_the_soaks_verdicts():
     kills = [{"pid": 11}, {"pid": 12}]
     samples = [sample(t) for t in range(0, 601, 30)] + [{**sample(615.0), "pss_mib": None}]  # the server was down
     probes = [probe("/ping")]
-    found = overload.soak_verdicts(good, good, inside, kills, 2, samples, 200.0, probes)
+    found = soak.soak_verdicts(good, good, inside, kills, 2, samples, 200.0, probes)
     assert [v.name for v in found] == ["every request answered", "504 rare outside kills", "instances killed",
                                        "no upward slope: PSS", "no upward slope: open files",
                                        "no upward slope: /dev/shm", "health in time"]
     assert all(v.passed for v in found), [v.line() for v in found]
     assert "inside: 20 = 16.7% of 120" in found[1].value and "14 samples" in found[3].value  # t ≥ 200 s only
-    bad = overload.soak_verdicts(counts(ok=5000, late=60, errors={"reset": 1}), counts(ok=5000, late=60), inside,
+    bad = soak.soak_verdicts(counts(ok=5000, late=60, errors={"reset": 1}), counts(ok=5000, late=60), inside,
                                  [{"pid": 11}, {"pid": None}], 2, [sample(t, pss=800.0 + t) for t in range(0, 601, 30)],
                                  200.0, [probe("/ping", ms=1200.0)])
     assert [v.passed for v in bad] == [False, False, False, False, True, True, False]
     assert "client errors 1 (reset 1)" in bad[0].value and "1 of 2 kills struck" in bad[2].value
-    assert not overload.soak_verdicts(counts(ok=10, other=1), good, inside, kills, 2, samples, 0.0, probes)[0].passed
-    none = overload.soak_verdicts(counts(), counts(), counts(), [], 0, [], 0.0, [])
+    assert not soak.soak_verdicts(counts(ok=10, other=1), good, inside, kills, 2, samples, 0.0, probes)[0].passed
+    none = soak.soak_verdicts(counts(), counts(), counts(), [], 0, [], 0.0, [])
     assert not any(v.passed for v in none)
 
 
 def test_the_soak_report_has_its_events_samples_and_verdicts():
-    cap = overload.closed_summary([rec(i * 0.01, 20.0) for i in range(300)], 3, users=4)
+    cap = overload_report.closed_summary([rec(i * 0.01, 20.0) for i in range(300)], 3, users=4)
     c = counts(ok=5000, refused=300, late=10)
-    found = overload.soak_verdicts(c, c, counts(), [{"pid": 11}], 1, [sample(t) for t in (0, 30, 60)], 0.0,
+    found = soak.soak_verdicts(c, c, counts(), [{"pid": 11}], 1, [sample(t) for t in (0, 30, 60)], 0.0,
                                    [probe("/ping")])
-    text = overload.format_soak_report({
+    text = soak.format_soak_report({
         "model": "tiny", "engine": "kserve", "batch": 4, "payload": "v2-binary", "request_timeout_s": 2.0,
         "soak_s": 60.0, "capacity": cap, "capacity_runs": [cap, cap], "factor": 3.0, "duration_s": 5.0,
         "every_s": 20.0, "slow": False, "cores": 2, "sent": 5310, "counts": c, "outside_kills": c,
@@ -539,7 +542,7 @@ def test_the_soak_report_has_its_events_samples_and_verdicts():
         "events": [{"at_s": 10.0, "kind": "kill", "pid": 11, "sent": 40, "counts": counts(ok=40)},
                    {"at_s": 20.0, "kind": "burst", "sent": 900, "counts": c, "served_rps": 95.0}],
         "samples": [{**sample(t), "phase": "steady"} for t in (0, 30, 60)],
-        "verdicts": [overload.asdict(v) for v in found],
+        "verdicts": [asdict(v) for v in found],
         "notes": ["a soak note"]})
     assert text.startswith("### soak: tiny on kserve") and "1 min at 0.8 × capacity 99.7 req/s" in text
     assert "| 10 | kill | 11 | 40 |" in text and "| 20 | burst | - | 900 |" in text and "| 95.0 |" in text
@@ -613,7 +616,7 @@ def test_the_command_and_its_measuring_import_no_torch():
 def test_cpu_hogs_are_pinned_and_gone_after_the_block_even_on_an_error():
     cores = sorted(os.sched_getaffinity(0))[:2]
     with pytest.raises(RuntimeError, match="boom"):
-        with overload.cpu_hogs(cores) as pids:
+        with faults.cpu_hogs(cores) as pids:
             assert len(pids) == len(cores)
             assert [os.sched_getaffinity(pid) for pid in pids] == [{core} for core in cores]
             raise RuntimeError("boom")
@@ -623,7 +626,7 @@ def test_cpu_hogs_are_pinned_and_gone_after_the_block_even_on_an_error():
 @pytest.mark.slow
 def test_a_cpu_hog_ends_when_its_parent_does():
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
-                               f"p = subprocess.Popen([sys.executable, '-c', {overload.HOG!r}])\n"
+                               f"p = subprocess.Popen([sys.executable, '-c', {faults.HOG!r}])\n"
                                "print(p.pid, flush=True)\ntime.sleep(0.5)"], stdout=subprocess.PIPE, text=True)
     hog = psutil.Process(int(parent.stdout.readline()))
     parent.wait(timeout=30)
@@ -732,8 +735,8 @@ def test_locusts_client_errors_are_logged_with_their_class(mode, expected, tmp_p
                timeout_s=0.5)
     records = read_request_log(log)
     assert records and {(r.status, r.error) for r in records} == {(0, expected)}
-    assert overload.status_classes(records)["errors"] == {expected: len(records)}
-    assert expected in overload.statuses_verdict(overload.status_classes(records)).value
+    assert bench_users.status_classes(records)["errors"] == {expected: len(records)}
+    assert expected in overload_report.statuses_verdict(bench_users.status_classes(records)).value
 
 
 @pytest.mark.integration
@@ -783,14 +786,14 @@ def test_two_short_runs_on_the_tiny_model_behind_kserve_with_binary_v2_bodies(tm
         assert before["rps"] == max(c["rps"] for c in run["capacity_runs"]) > 0
         assert after["users"] == before["users"] and after["p50_ms"] > 0 and run["after_over_before"] > 0
         assert over["rate_rps"] == pytest.approx(2 * before["rps"])
-        assert over["users"] == overload.open_loop_users(over["rate_rps"], 2.0, 4)
+        assert over["users"] == bench_users.open_loop_users(over["rate_rps"], 2.0, 4)
         records = read_request_log(tmp_path / "runs" / "kserve-predicted" / f"run{run['run']}" / "overload" /
                                    "requests.tsv")
         assert over["sent"] == len(records) == sum(over["by_status"].values()) > 0
         # the tiny model at hundreds of requests a second: locust on the same 2 cores may time out, so no
         # "every request answered" here; but each no-answer is classed, and every answer is the v2 route's
         assert over["counts"]["client_error"] == sum(bool(r.client_error) for r in records) == \
-            over["by_status"].get("0", 0) and set(over["counts"]["errors"]) <= set(overload.ERROR_CLASSES)
+            over["by_status"].get("0", 0) and set(over["counts"]["errors"]) <= set(bench_users.ERROR_CLASSES)
         assert over["counts"]["other"] == 0 and over["counts"]["200"] > 0  # no 400: the v2 route took every body
         assert [v["name"] for v in run["verdicts"]] == ["only 200 or 503", "served", "refused fast", "recovered",
                                                         "health in time"]
@@ -837,15 +840,15 @@ def test_a_refusals_cost_is_the_front_ends_time_beyond_what_its_200s_cost_before
     refusal; the instances' 5 s for the same answers: refusals cost them nothing."""
     before = {"by_status": {"200": 100}}
     over = {"counts": {"200": 100, "503": 400}}
-    cost = overload.refusal_cost({"front_end": 2.0, "instances": 5.0},
+    cost = resources.refusal_cost({"front_end": 2.0, "instances": 5.0},
                                  {"front_end": 3.0, "instances": 5.0, "machine": 18.0}, [before], over, 10.0)
     assert cost["others_cores_overload"] == pytest.approx(1.0)  # 18 - 3 - 5 core-seconds over 10 s
     assert cost["ms_per_200_before"] == pytest.approx({"front_end": 20.0, "instances": 50.0})
     assert cost["ms_per_200_overload"]["instances"] == pytest.approx(50.0)
     assert cost["front_end_ms_per_503"] == pytest.approx(2.5)
-    assert "a refusal cost the front end about 2.50 ms" in overload.cost_line(cost)
-    none = overload.refusal_cost({"front_end": 2.0}, {"front_end": 3.0}, [before], {"counts": {"200": 100, "503": 0}})
+    assert "a refusal cost the front end about 2.50 ms" in resources.cost_line(cost)
+    none = resources.refusal_cost({"front_end": 2.0}, {"front_end": 3.0}, [before], {"counts": {"200": 100, "503": 0}})
     assert none["front_end_ms_per_503"] is None  # no refusal: no cost to say
-    both = overload.refusal_cost({"front_end": 2.0, "instances": 5.0}, {"front_end": 3.0, "instances": 5.0},
+    both = resources.refusal_cost({"front_end": 2.0, "instances": 5.0}, {"front_end": 3.0, "instances": 5.0},
                                  [before, {"by_status": {"200": 150, "503": 3}}], over)
     assert both["ms_per_200_before"] == pytest.approx({"front_end": 8.0, "instances": 20.0})  # the CPU spans both runs

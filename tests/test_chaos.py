@@ -10,7 +10,8 @@ import time
 import psutil
 import pytest
 
-from packrat.bench import chaos
+from packrat.bench import chaos, resources
+from packrat.bench.users import by_status
 from packrat.cli import bench_chaos
 from packrat.cli.main import build_parser, main
 from packrat.loadtest.requestlog import RequestRecord, format_record, one_line, parse_line, read_request_log
@@ -98,9 +99,9 @@ def test_failures_go_to_the_window_their_answer_arrived_in():
     windows = chaos.by_window(records, [10.0, 20.0])
     assert [r.start for r in windows[-1]] == [8.0]
     assert [r.start for r in windows[0]] == [9.0, 12.0]
-    assert chaos.status_counts(windows[0]) == {"503": 1}
-    assert chaos.status_counts(windows[1]) == {"0": 1, "504": 1}
-    assert chaos.status_counts(records) == {"503": 2, "0": 1, "504": 1}  # commonest first
+    assert by_status(windows[0], failed_only=True) == {"503": 1}
+    assert by_status(windows[1], failed_only=True) == {"0": 1, "504": 1}
+    assert by_status(records, failed_only=True) == {"503": 2, "0": 1, "504": 1}  # commonest first
 
 
 def test_a_request_stranded_by_a_fault_is_that_faults_even_when_it_ends_windows_later():
@@ -136,8 +137,8 @@ def test_summarise_kinds_medians_maxima_and_unrecovered():
 def test_rss_ratio_and_segment_owner():
     assert chaos.rss_ratio(150.0, 100.0) == 1.5
     assert chaos.rss_ratio(None, 100.0) is None and chaos.rss_ratio(100.0, 0.0) is None
-    assert chaos.segment_owner("packrat-1234-7") == 1234
-    assert chaos.segment_owner("psm_abc123") is None and chaos.segment_owner("packrat-x-1") is None
+    assert resources.segment_owner("packrat-1234-7") == 1234
+    assert resources.segment_owner("psm_abc123") is None and resources.segment_owner("packrat-x-1") is None
 
 
 def test_soak_rows_count_requests_answered_by_each_sample():
@@ -230,7 +231,7 @@ def test_success_lines_carry_no_reason():
 def test_reaped_and_mapped_segments_on_live_processes():
     me = psutil.Process()
     assert not chaos.reaped(me)
-    assert chaos.mapped_segments([me.pid], prefixes=("no-such-prefix-",)) == set()
+    assert resources.mapped_segments([me.pid], prefixes=("no-such-prefix-",)) == set()
 
 
 def test_bounded_gives_the_result_or_the_default():

@@ -1,9 +1,13 @@
-"""Measuring packrat: load against a pool or a server, interleaved rounds, faults, result files.
+"""Measuring packrat: a harness, and the scenarios (`packrat bench ...`, `packrat demo`, benchmarks/) on it.
 
-The stage above serving and deploy, below the commands (`packrat bench`, `packrat demo`); the
-benchmarks and tests use it too. rounds.py (interleaved rounds, in groups that fit memory, paired
-ratios, the clock), harness.py (child processes and workers that live across rounds, markdown),
-pool.py (the pool alone), peers.py and oracle.py (the plan against other runtimes and against every
-configuration), server.py (stock vs fat vs plan through TorchServe and locust), step.py, faults.py,
-chaos.py, overload.py (loads and faults under a server), results.py (JSON result files), demo.py and
-demo_tokenizers.py (the demo), ray_local.py (a Ray cluster of pinned nodes on one machine)."""
+The harness: rounds.py (interleaved rounds, the clock, medians and paired ratios), harness.py
+(command lines, pinned child processes, workers across rounds, threads that tick), servers.py (a
+server started on free ports as a Target, its bodies, status counters and health probes), users.py
+(users patterns, a load of them logged, their requests counted), faults.py (instances killed, the
+machine slowed), resources.py (a server's memory, open files, /dev/shm and CPU), results.py (JSON
+files, markdown tables, verdicts).
+
+The scenarios: server.py, pool.py, step.py, memory.py (`packrat bench`), peers.py, oracle.py,
+chaos.py, overload.py (with overload_report.py, soak.py), multi_model_run.py (with multi_model.py),
+plain_http.py (with plain_server.py), node_chaos.py, instance.py, correction.py; demo.py and
+demo_tokenizers.py (the demo); ray_local.py (a Ray cluster of pinned nodes on one machine)."""

@@ -56,7 +56,10 @@ from typing import TYPE_CHECKING
 import psutil
 
 from packrat.bench import faults
-from packrat.bench.harness import fmt_num, log, markdown_table as markdown
+from packrat.bench.harness import Periodic, log
+from packrat.bench.resources import SHM_PREFIXES, mapped_segments, segment_owner, shm_segments
+from packrat.bench.results import fmt_num, markdown_table as markdown
+from packrat.bench.users import by_status
 from packrat.bench.server import config_archive, warmed_server
 from packrat.deploy import torchserve
 from packrat.frontends import torchserve_control
@@ -68,10 +71,6 @@ if TYPE_CHECKING:  # the load test (matplotlib) is imported by the run only: `pa
 FAULT_KINDS = ("kill", "double-kill", "stop", "worker", "reconfigure")
 STOCK_FAULTS = ("worker",)  # stock TorchServe has no pool
 WORKER_MARKER = "model_service_worker"  # TorchServe's Python worker: python .../ts/model_service_worker.py
-SHM_DIR = Path("/dev/shm")
-# multiprocessing.shared_memory's random names (the pool's before issue 16) and the pool's own
-# packrat-<owner pid>-<n>.
-SHM_PREFIXES = ("psm_", "packrat-")
 POLL_S = 0.25  # recovery polling
 STATUS_WAIT_S = 5.0  # the longest wait for the handler's status while polling
 PRE_FAULT_STATUS_WAIT_S = 2.0  # ... and right before a fault (its counters), which it delays
@@ -115,11 +114,6 @@ def by_window(records: Iterable[RequestRecord], fault_times: Sequence[float]) ->
     return groups
 
 
-def status_counts(records: Iterable[RequestRecord]) -> dict[str, int]:
-    """Failed requests by HTTP status ("0": no answer), commonest first."""
-    return dict(Counter(str(r.status) for r in records if r.failed).most_common())
-
-
 def reason_counts(records: Iterable[RequestRecord], top: int = 5) -> dict[str, int]:
     """The `top` commonest failure reasons ("STATUS: reason"), commonest first."""
     return dict(Counter(f"{r.status}: {r.reason}" for r in records if r.failed).most_common(top))
@@ -151,12 +145,6 @@ def summarise_kinds(faults: Sequence[Mapping], kinds: Sequence[str]) -> list[dic
 
 def rss_ratio(after_mb: float | None, warm_mb: float | None) -> float | None:
     return after_mb / warm_mb if after_mb is not None and warm_mb else None
-
-
-def segment_owner(name: str) -> int | None:
-    """The owner pid in a pool segment name packrat-<pid>-<n>; None for any other name."""
-    match = re.fullmatch(r"packrat-(\d+)-.*", name)
-    return int(match[1]) if match else None
 
 
 def logged_worker_pids(model_log: str) -> set[int]:
@@ -232,30 +220,6 @@ def format_report(report: Mapping) -> str:
 def reaped(proc: psutil.Process) -> bool:
     """Gone from the process table (or its pid reused). A zombie is not: its parent has not noticed yet."""
     return not proc.is_running()
-
-
-def shm_segments(prefixes: Sequence[str] = SHM_PREFIXES) -> set[str]:
-    try:
-        return {p.name for p in SHM_DIR.iterdir() if p.name.startswith(tuple(prefixes))}
-    except OSError:
-        return set()
-
-
-def mapped_segments(pids: Iterable[int], prefixes: Sequence[str] = SHM_PREFIXES) -> set[str]:
-    """/dev/shm segments named like the pool's that these processes have mapped (/proc/PID/maps)."""
-    found = set()
-    for pid in pids:
-        try:
-            text = Path(f"/proc/{pid}/maps").read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            path = line.split(maxsplit=5)[5:]
-            if path and path[0].startswith(str(SHM_DIR) + "/"):
-                name = path[0][len(str(SHM_DIR)) + 1:].removesuffix(" (deleted)")
-                if name.startswith(tuple(prefixes)):
-                    found.add(name)
-    return found
 
 
 class Tracker:
@@ -339,7 +303,7 @@ class Tracker:
         return found
 
 
-class Sampler(faults.Periodic):
+class Sampler(Periodic):
     """Resource samples every every_s seconds in a thread, plus those taken by hand."""
 
     def __init__(self, tracker: Tracker, every_s: float, log: Callable[[str], None]):
@@ -696,7 +660,7 @@ def build_report(args, mode: str, users: int, result, records: list[RequestRecor
     fault_rows = []
     for i, fault in enumerate(faults):
         row = fault.to_json()
-        row.update(window_failures=status_counts(windows.get(i, [])), window_requests=len(windows.get(i, [])))
+        row.update(window_failures=by_status(windows.get(i, []), failed_only=True), window_requests=len(windows.get(i, [])))
         if fault.caught_loading is not None:
             row["notes"] = row["notes"] + [("replacement killed while loading" if fault.caught_loading else
                                             "replacement was already serving") +
@@ -718,13 +682,13 @@ def build_report(args, mode: str, users: int, result, records: list[RequestRecor
         "cores": psutil.cpu_count(), "first_request_at": t0,
         "load": {
             "requests": result.requests, "failures": result.failures,
-            "failures_by_status": status_counts(records), "failure_reasons": reason_counts(records),
+            "failures_by_status": by_status(records, failed_only=True), "failure_reasons": reason_counts(records),
             "p50_ms": result.p50_ms, "p99_ms": result.p99_ms,
             "max_ms": max((r.response_ms for r in records), default=None),
             "late": late_count(records, args.request_timeout), "throughput_rps": result.throughput_rps,
         },
         "faults": fault_rows,
-        "before_faults": {"failed": status_counts(windows.get(-1, [])), "requests": len(windows.get(-1, []))},
+        "before_faults": {"failed": by_status(windows.get(-1, []), failed_only=True), "requests": len(windows.get(-1, []))},
         "by_kind": summarise_kinds(fault_rows, FAULT_KINDS),
         "resources": {"samples": soak_rows(samples, records, t0), "rss_after_warmup_mb": warm["rss_mb"],
                       "rss_after_mb": after["rss_mb"], "rss_ratio": rss_ratio(after["rss_mb"], warm["rss_mb"])},

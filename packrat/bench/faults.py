@@ -1,18 +1,24 @@
-"""Faults injected into a running server, and a clock to inject them by: its pool instances found
-under TorchServe's process and killed (SIGKILL) one at a time, round robin, every few seconds.
-
-`Periodic` runs any tick every few seconds in a thread (the killer; the benchmarks' samplers)."""
+"""Faults injected into a running server: its pool instances found under its process and killed
+(SIGKILL) one at a time, round robin, every few seconds; the machine made slower than its profile
+(CPU-bound processes pinned to the server's cores)."""
 
 from __future__ import annotations
 
-import threading
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 
+from packrat.bench.harness import Periodic
+
 POOL_MARKER = "packrat.serving.pool"  # instances run as `python -m packrat.serving.pool FD`
+# A CPU-bound loop that ends when its parent does: a benchmark killed with -9 leaves no spinning orphan.
+HOG = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(1_000_000):\n        pass\n"
 
 
 def torchserve_pid(run_dir: Path) -> int | None:
@@ -56,30 +62,6 @@ def kill_one(root_pid: int, marker: str = POOL_MARKER, skip: Collection[int] = (
     return None
 
 
-class Periodic:
-    """While active (a with block), calls self.tick() every `every_s` seconds in a daemon thread."""
-
-    def __init__(self, every_s: float, name: str):
-        self.every_s = every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-
-    def tick(self) -> None:
-        raise NotImplementedError
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.tick()
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 class InstanceKiller(Periodic):
     """While active, kills one pool instance under the root process every `every_s` seconds.
 
@@ -106,3 +88,20 @@ class InstanceKiller(Periodic):
         else:
             self.killed.append((time.time(), pid))
 
+
+
+@contextmanager
+def cpu_hogs(cores: Sequence[int]):
+    """One CPU-bound process pinned to each of `cores` while the block runs; killed on any exit."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for core in cores:
+            procs.append(subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            os.sched_setaffinity(procs[-1].pid, {core})
+        yield [p.pid for p in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()

@@ -1,17 +1,17 @@
-"""What the measurements share beyond rounds, the clock and pools answering (rounds.py, pool.py):
-command lines, child processes, pool requests, markdown output. Nothing here imports torch at
-import time: a command that only formats figures stays light."""
+"""The processes and threads a measurement runs: command lines, pinned child processes, workers
+that live across rounds, threads that tick, the memory left, pool requests. Nothing here imports
+torch at import time: a command that only formats figures stays light."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from packrat.settings import COMPILE_CACHE_ENV
@@ -143,8 +143,16 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
+def raise_open_files() -> int:
+    """This process's open-file limit raised to its hard limit (the server and locust inherit it:
+    each open-loop user holds a connection); the limit now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    return soft
 
 
 def error_text(exc: BaseException) -> str:
@@ -163,25 +171,30 @@ def pool_requests(spec, batch: int, v2: bool = False) -> list:
     return [Request(*sample_request(spec.inputs, sample, v2)) for sample in zip(*spec.example_inputs(batch))]
 
 
-def fmt_num(value: float | None, digits: int = 1) -> str:
-    """`value` with `digits` decimals; "-" for None, NaN or infinity."""
-    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+class Periodic:
+    """While active (a with block), calls self.tick() (or `tick`, given) every `every_s` seconds in
+    a daemon thread; with `at_once`, first as it starts."""
 
+    def __init__(self, every_s: float, name: str, tick: Callable[[], object] | None = None, at_once: bool = False):
+        self.every_s, self.at_once = every_s, at_once
+        if tick is not None:
+            self.tick = tick
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
-def span(values: Sequence[float] | None, digits: int = 2) -> str:
-    """A [min, max] as 'min–max'; '-' for none."""
-    return f"{values[0]:.{digits}f}–{values[1]:.{digits}f}" if values else "-"
+    def tick(self) -> None:
+        raise NotImplementedError
 
+    def _loop(self) -> None:
+        if self.at_once:
+            self.tick()
+        while not self._stop.wait(self.every_s):
+            self.tick()
 
-def markdown_row(cells: Iterable) -> str:
-    """One row of a markdown table; cells are str()-ed, pipes escaped, line breaks made spaces."""
-    return "| " + " | ".join(str(cell).replace("|", "\\|").replace("\n", " ") for cell in cells) + " |"
+    def __enter__(self):
+        self._thread.start()
+        return self
 
-
-def markdown_head(header: Sequence) -> str:
-    """A markdown table's header row and the line under it."""
-    return markdown_row(header) + "\n" + "|---" * len(header) + "|"
-
-
-def markdown_table(header: Sequence, rows: Iterable[Sequence]) -> str:
-    return "\n".join([markdown_head(header)] + [markdown_row(row) for row in rows])
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()

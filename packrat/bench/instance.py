@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 
-from packrat.bench.harness import markdown_table, span
+from packrat.bench.results import markdown_table, span
 from packrat.serving.settling import answered
 from packrat.bench.rounds import elapsed_ms, interleaved
 

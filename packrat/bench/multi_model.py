@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from packrat.bench.harness import ratio
+from packrat.bench.results import ratio
 from packrat.bench.rounds import over_rounds, round_order
 
 LEAD = "packrat-node"  # whose lead over the other configurations is reported

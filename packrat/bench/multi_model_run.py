@@ -43,9 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from packrat.bench.harness import fmt_num, markdown_table
+from packrat.bench.results import fmt_num, markdown_table, write_json
 from packrat.bench.multi_model import LEAD, Phase, alone_phase, normalised, over_all_rounds, schedule, summarise
-from packrat.bench.results import write_json
 from packrat.loadtest.env import STEP_SECONDS, STEP_USERS
 
 CONFIGS = ("packrat-node", "stock", "per-model", "static-split")
@@ -152,7 +151,7 @@ def load_models(served: dict[str, tuple], phases: list[Phase], payloads: dict, o
 def node_watch(root: Path):
     """A Periodic that reads the node's plan (packrat.serving.node.read_state) every second: each model's cores and turns over
     time (`samples`), its expected slowdown (`plans`), and the last state seen (`state`, with the moves)."""
-    from packrat.bench.faults import Periodic
+    from packrat.bench.harness import Periodic
 
     class NodeWatch(Periodic):
         def __init__(self):

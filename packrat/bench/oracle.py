@@ -49,10 +49,9 @@ from packrat.profiling.profiles import Profile, default_path as default_profile_
 from packrat.serving.payloads import planned_for
 from packrat.machine.topology import Topology
 
-from packrat.bench.harness import MEMORY_RESERVE_MIB, available_mib, error_text, local_topology, markdown_table, \
-    pool_requests, span
+from packrat.bench.harness import MEMORY_RESERVE_MIB, available_mib, error_text, local_topology, pool_requests
+from packrat.bench.results import markdown_table, span, write_json
 from packrat.serving.settling import answered
-from packrat.bench.results import write_json
 from packrat.bench.rounds import elapsed_ms, grouped_rounds, paired
 
 Shape = tuple[int, int, str]  # one instance: (threads, batch, runtime)

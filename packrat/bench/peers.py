@@ -51,9 +51,9 @@ import time
 from pathlib import Path
 
 from packrat.bench.harness import MEMORY_RESERVE_MIB, Worker, available_mib, error_text, fresh_compile_caches, \
-    local_topology, fmt_num, markdown_table, pin, pool_requests, span
+    local_topology, pin, pool_requests
+from packrat.bench.results import fmt_num, markdown_table, span, write_json
 from packrat.serving.settling import answered
-from packrat.bench.results import write_json
 from packrat.bench.rounds import elapsed_ms, grouped_rounds, median_spread, paired
 from packrat.profiling.profiles import default_path as default_profile_path
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from packrat.bench.harness import markdown_table, span
+from packrat.bench.results import markdown_table, span
 from packrat.bench.rounds import in_rounds, median_spread, paired
 
 SERVERS = ("packrat", "plain")

@@ -1,9 +1,13 @@
-"""Result files: what a bench or a benchmark measured, as JSON."""
+"""Results and reports: what a scenario measured as a JSON file, its figures in words and markdown
+tables, and its verdicts against targets. Nothing here imports torch: a command that only formats
+figures stays light."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
@@ -22,3 +26,42 @@ def write_json(path: Path, data) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=default))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    target: str
+    passed: bool
+    value: str  # what was measured, in words
+
+    def line(self) -> str:
+        return f"{'PASS' if self.passed else 'FAIL'} {self.name}: {self.value} (target: {self.target})"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def fmt_num(value: float | None, digits: int = 1) -> str:
+    """`value` with `digits` decimals; "-" for None, NaN or infinity."""
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def span(values: Sequence[float] | None, digits: int = 2) -> str:
+    """A [min, max] as 'min–max'; '-' for none."""
+    return f"{values[0]:.{digits}f}–{values[1]:.{digits}f}" if values else "-"
+
+
+def markdown_row(cells: Iterable) -> str:
+    """One row of a markdown table; cells are str()-ed, pipes escaped, line breaks made spaces."""
+    return "| " + " | ".join(str(cell).replace("|", "\\|").replace("\n", " ") for cell in cells) + " |"
+
+
+def markdown_head(header: Sequence) -> str:
+    """A markdown table's header row and the line under it."""
+    return markdown_row(header) + "\n" + "|---" * len(header) + "|"
+
+
+def markdown_table(header: Sequence, rows: Iterable[Sequence]) -> str:
+    return "\n".join([markdown_head(header)] + [markdown_row(row) for row in rows])

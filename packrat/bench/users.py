@@ -1,10 +1,26 @@
-"""Locust users per run, as patterns relative to TorchServe's batch size B: "B", "2B", or a fixed "4"."""
+"""Users and what they met: how many a run has (patterns relative to TorchServe's batch size B: "B",
+"2B", or a fixed "4"; the open loop's count for a rate), a load of them run with every request
+logged, and their requests' records counted: by status and client error, percentiles, rates.
+
+Light: the load test comes with a load; records need only .start, .end, .response_ms, .status and
+.client_error."""
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from packrat.loadtest.requestlog import RequestRecord
+
+ERROR_CLASSES = ("reset", "refused", "timeout", "other")  # packrat.loadtest.requestlog's, kept light here
+MAIN_STATUSES = ("200", "503", "504")
+PACE_SLACK_S = 1.0  # open-loop users: rate × (deadline + this)
 
 
 @dataclass(frozen=True)
@@ -52,3 +68,105 @@ def users_for_batch(patterns: Sequence[UsersPattern | int], batch: int) -> list[
         if pattern.users(batch) not in [users for users, _ in runs]:
             runs.append((pattern.users(batch), str(pattern)))
     return runs
+
+
+def open_loop_users(rate_rps: float, request_timeout_s: float, batch: int) -> int:
+    """Users enough to send `rate_rps` while every answer takes up to the deadline (and a second
+    more): each sends one request per users / rate s. At least the closed loop's B."""
+    return max(batch, math.ceil(rate_rps * (request_timeout_s + PACE_SLACK_S)))
+
+
+def logged_load(url: str, model: str, users: int, seconds: float, where: Path, log: Path | None = None,
+                **locust) -> list[RequestRecord]:
+    """One locust run (packrat.loadtest.run_locust: `locust` its other keywords), every request
+    logged to `log` (default where/requests.tsv) and waited for: the records."""
+    from packrat.loadtest import run_locust
+    from packrat.loadtest.requestlog import read_request_log
+
+    log = log or where / "requests.tsv"
+    run_locust(url, model, users, seconds, where, request_log=log, **locust)
+    return read_request_log(log)
+
+
+# ---- the records, counted ------------------------------------------------------------------------
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The nearest-rank q-quantile (0 < q ≤ 1) of `values`; None when there are none."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[min(len(ordered), max(1, math.ceil(q * len(ordered)))) - 1]
+
+
+def latencies(records: Iterable[RequestRecord], status: int) -> list[float]:
+    return [r.response_ms for r in records if r.status == status and not r.client_error]
+
+
+def by_status(records: Iterable[RequestRecord], failed_only: bool = False) -> dict[str, int]:
+    """Requests (the failed ones only, with `failed_only`) by HTTP status ("0": no answer), commonest first."""
+    return dict(Counter(str(r.status) for r in records if r.failed or not failed_only).most_common())
+
+
+def status_classes(records: Iterable[RequestRecord]) -> dict:
+    """Requests by outcome: "200", "503", "504", "other" (any other HTTP status), "client_error"
+    (no whole HTTP answer: the record's client error class) and, of those, "errors" by class
+    (reset, refused, timeout, other)."""
+    counts: Counter = Counter()
+    errors: Counter = Counter()
+    for record in records:
+        error = record.client_error
+        if error:
+            errors[error] += 1
+        else:
+            counts[str(record.status) if str(record.status) in MAIN_STATUSES else "other"] += 1
+    return {**{status: counts[status] for status in MAIN_STATUSES}, "other": counts["other"],
+            "client_error": sum(errors.values()),
+            "errors": {name: errors[name] for name in ERROR_CLASSES if errors[name]}}
+
+
+def answered(counts: Mapping) -> int:
+    """Requests with a whole HTTP answer (of status_classes' counts)."""
+    return sum(counts[s] for s in MAIN_STATUSES) + counts["other"]
+
+
+def admitted(counts: Mapping) -> int:
+    """Requests the server did not refuse 503: 200, 504, any other status and client errors."""
+    return counts["200"] + counts["504"] + counts["other"] + counts["client_error"]
+
+
+def share_504(counts: Mapping) -> float | None:
+    """504s over the admitted; None when nothing was admitted."""
+    taken = admitted(counts)
+    return counts["504"] / taken if taken else None
+
+
+def fmt_errors(counts: Mapping) -> str:
+    """Client errors with their classes: "3 (reset 2, timeout 1)"; "0" for none."""
+    errors = counts.get("errors") or {}
+    return f"{counts['client_error']}" + (f" ({', '.join(f'{k} {v}' for k, v in errors.items())})" if errors else "")
+
+
+def run_seconds(duration_s: float) -> int:
+    """A phase's length as locust runs it: whole seconds, at least one."""
+    return max(1, math.ceil(duration_s))
+
+
+def answered_within(records: Sequence[RequestRecord], seconds: float, status: int = 200) -> int:
+    """Answers of `status` that arrived within `seconds` of the first request's start."""
+    if not records:
+        return 0
+    t0 = min(r.start for r in records)
+    return sum(r.status == status and not r.client_error and r.end <= t0 + seconds for r in records)
+
+
+def sent_within(records: Sequence[RequestRecord], seconds: float) -> int:
+    """Requests sent within `seconds` of the first one's start."""
+    if not records:
+        return 0
+    t0 = min(r.start for r in records)
+    return sum(r.start <= t0 + seconds for r in records)
+
+
+def in_windows(record: RequestRecord, windows: Sequence[tuple[float, float]]) -> bool:
+    """Whether the request was in flight during, or sent within, any (start, end) window."""
+    return any(record.start <= end and record.end >= start for start, end in windows)

@@ -1,7 +1,7 @@
 """`packrat bench overload`: one served model offered more than it can serve, open loop; what it
 answers, how fast it refuses, whether it recovers and its health answers in time, over --runs runs
 on one started server; or --soak: steady load with bursts and instance kills, its resources
-sampled (the measuring: packrat/bench/overload.py)."""
+sampled (the measuring: packrat/bench/overload.py, overload_report.py and soak.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import signal
 import sys
 from pathlib import Path
 
-from packrat.bench import overload  # light: the servers and the load test come with overload.run
+from packrat.bench import overload, soak  # light: the servers and the load test come with run() and run_soak()
+from packrat.bench.harness import log
+from packrat.bench.overload_report import format_report
+from packrat.bench.servers import ENGINES
 from packrat.cli.args import doc_subparser, model_args, tokenizer_path
 from packrat.cli.types import positive
 from packrat.settings import ADMISSIONS, INSTANCE_KINDS, MAX_QUEUE
@@ -27,7 +30,7 @@ def add_overload_parser(sub) -> None:
                           "packrat bench overload --model tiny --soak 1 --soak-every 20 --sample-every 5 --duration 5"))
     number, count = positive(float), positive(int)
     model_args(p)
-    p.add_argument("--engine", choices=overload.ENGINES, default="kserve",
+    p.add_argument("--engine", choices=ENGINES, default="kserve",
                    help="kserve: packrat's KServe server (the default); torchserve: real TorchServe with the "
                         "packrat handler")
     p.add_argument("--batch-size", type=count, default=4, help="the batch size B, planned for (default 4)")
@@ -60,13 +63,13 @@ def add_overload_parser(sub) -> None:
                    help="capacity, overload and after this many times on the one started server, a table row and "
                         "verdicts each (default 1)")
     p.add_argument("--soak", type=number, default=None, metavar="MINUTES",
-                   help=f"instead of the runs: {overload.SOAK_LOAD:g} × capacity for MINUTES, a burst to --factor × "
+                   help=f"instead of the runs: {soak.SOAK_LOAD:g} × capacity for MINUTES, a burst to --factor × "
                         f"capacity for --duration s and an instance process killed every --soak-every s, the "
                         f"server's PSS, open files and /dev/shm sampled")
-    p.add_argument("--soak-every", type=number, default=overload.SOAK_EVERY_S, metavar="S",
-                   help=f"the soak's interval between bursts, and between kills (default {overload.SOAK_EVERY_S:g})")
-    p.add_argument("--sample-every", type=number, default=overload.SAMPLE_EVERY_S, metavar="S",
-                   help=f"the soak's interval between resource samples (default {overload.SAMPLE_EVERY_S:g})")
+    p.add_argument("--soak-every", type=number, default=soak.SOAK_EVERY_S, metavar="S",
+                   help=f"the soak's interval between bursts, and between kills (default {soak.SOAK_EVERY_S:g})")
+    p.add_argument("--sample-every", type=number, default=soak.SAMPLE_EVERY_S, metavar="S",
+                   help=f"the soak's interval between resource samples (default {soak.SAMPLE_EVERY_S:g})")
     p.add_argument("--warmup", type=number, default=overload.WARMUP_S,
                    help=f"seconds of closed-loop warm-up, not counted (default {overload.WARMUP_S:g})")
     p.add_argument("--max-batch-delay", type=count, default=50, metavar="MS",
@@ -84,13 +87,13 @@ def cmd_overload(args: argparse.Namespace) -> int:
         raise SystemExit("--soak runs instead of --runs: give one or the other")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: the server, the CPU hogs
     if args.soak is not None:
-        report = overload.run_soak(args)
-        report["markdown"] = overload.format_soak_report(report)
+        report = soak.run_soak(args)
+        report["markdown"] = soak.format_soak_report(report)
     else:
         report = overload.run(args)
-        report["markdown"] = overload.format_report(report)
+        report["markdown"] = format_report(report)
     print(report["markdown"])
     if args.json:
         write_json(args.json, report)
-        overload.log(f"report written to {args.json}")
+        log(f"report written to {args.json}")
     return 0

@@ -23,7 +23,7 @@ Its threads: the instance's thread is pinned to all its cores while it starts th
 the first), then to its first core, where it computes its share of each run. It carries a name of
 its own in the kernel (packrat-tN), which every thread it starts inherits: its threads are those
 of that name, found without holding up any other instance's start (`thread_ids`), and their CPU
-time is theirs, not the process's (warm_up's clock; bench.overload.server_cpu).
+time is theirs, not the process's (warm_up's clock; bench.resources.server_cpu).
 
 It changes nothing process-wide: `pid` is the serving process's (which it shares with the engine
 and every other thread instance), `tid` its own thread's; its own thread and its decoders each run
