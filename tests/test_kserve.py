@@ -181,7 +181,7 @@ def recording_model(answer: Answer = Answer.error(503, "refused")):
     from types import SimpleNamespace
 
     model = kserve_server.PackratModel.__new__(kserve_server.PackratModel)
-    model.name, model.max_body_bytes, model.requests = "m", 1 << 20, []
+    model.name, model.max_body_bytes, model.request_timeout_s, model.requests = "m", 1 << 20, 120.0, []
 
     def submit(request):
         model.requests.append(request)
@@ -309,7 +309,7 @@ def refusing_app(limit: int = 16 << 20, refuse: bool = True):
     from fastapi import FastAPI
 
     model = kserve_server.PackratModel.__new__(kserve_server.PackratModel)
-    model.max_body_bytes = limit
+    model.max_body_bytes, model.request_timeout_s = limit, 120.0
     refused = Answer.error(503, "would be answered in 3.10 s", 2) if refuse else None
     model.serving = SimpleNamespace(refusal=lambda received_at: refused)
     return kserve_server.serving_app(FastAPI(), SimpleNamespace(get_model=lambda name: model if name == "m" else None))

@@ -103,3 +103,31 @@ def test_a_retry_after_a_dead_engine_counts_the_time_lost_against_the_deadline(m
     response = post(PackratIngress("m", DyingFirst(), 1 << 20), b"\0" * 16, {"Content-Length": "16"})
     assert response.status_code == 200 and len(waits) == 2
     assert waits[1] - waits[0] >= lost_s  # the sleep's own bound; the retry pause adds to it
+
+
+def test_a_body_still_arriving_at_its_deadline_is_answered_408_and_closes_and_no_engine_sees_it():
+    """The ingress reads its body by the request's deadline (the engines' request_timeout_s): a
+    client that stalls gets 408 with Connection: close, not a connection held for as long as it likes."""
+    engines = Engines()
+    ingress = PackratIngress("m", engines, 1 << 20, request_timeout_s=0.3)
+    scope = {"type": "http", "method": "POST", "path": "/v2/models/m/infer", "query_string": b"", "root_path": "",
+             "headers": [(b"content-length", b"1000")]}
+    given = [{"type": "http.request", "body": b"x" * 10, "more_body": True}]
+
+    async def receive():
+        if given:
+            return given.pop()
+        await asyncio.sleep(60)  # the rest never comes
+
+    started = time.monotonic()
+    response = asyncio.run(ingress(HttpRequest(scope, receive)))
+    assert response.status_code == 408 and response.headers["connection"] == "close"
+    assert "still arriving at its deadline (10 bytes read)" in json.loads(response.body)["message"]
+    assert 0.25 <= time.monotonic() - started < 2 and not engines.calls
+
+
+def test_the_ingress_passes_the_engines_deadline_to_its_body_reads():
+    from packrat.frontends import ray_serve
+
+    bound = ray_serve.app({"model": "tiny", "profile": __file__, "request_timeout_s": "7"})
+    assert bound._bound_deployment.init_args[2:] == (16 << 20, 7.0)  # the body limit, then the deadline

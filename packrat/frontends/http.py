@@ -1,7 +1,8 @@
 """What the HTTP front ends share (the Ray Serve ingress, the KServe server's REST routes): a request
-body read within its limit (and whole: one cut short is refused), an Answer's headers, and the rest
-of a body read before an early answer goes out. The Ray ingress speaks Starlette; the KServe
-server's inference paths raw ASGI; both read bodies as raw ASGI."""
+body read within its limits (its size, its request's deadline, and the bytes every body being read
+holds together) and whole (one cut short is refused), an Answer's headers, and the rest of a body
+read before an early answer goes out. The Ray ingress speaks Starlette; the KServe server's
+inference paths raw ASGI; both read bodies as raw ASGI."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ from packrat.serving.pool.api import Answer
 # still sending sees a broken pipe, not the answer. Past them the client is the one holding us up.
 LINGER_BYTES = 64 * 2**20
 LINGER_S = 5.0
+# What the bodies being read in one process may hold together: slow or stalled uploads past it are
+# refused 503, where without it each connection could hold its max_body_bytes (16 MiB) for as long as it likes.
+BODIES_IN_FLIGHT_BYTES = 256 * 2**20
+UNBOUNDED = float("inf")
+SWEEP_S = 0.1  # how often the bodies being read are checked against their deadlines
+BUDGET_RETRY_AFTER_S = 1  # bodies being read finish or pass their deadline; a retry a second later finds room
 
 
 async def _linger(next_chunk) -> int:
@@ -36,7 +43,8 @@ class ReadBodyBeforeAnswering:
     """ASGI middleware for every route: an answer finished while its request's body is still coming
     (an early 503, a 404, a 413) waits for that body to be read and dropped, within the linger
     bounds, so the connection closes cleanly and the client reads the answer. The wait is part of
-    the answer's latency. A body the route read already costs nothing more."""
+    the answer's latency. A body the route read already costs nothing more; a 408 (the body past its
+    deadline) closes the connection instead."""
 
     def __init__(self, app):
         self.app = app
@@ -44,7 +52,7 @@ class ReadBodyBeforeAnswering:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not _has_body(scope):
             return await self.app(scope, receive, send)
-        body_done = False
+        body_done, closing = False, False
 
         async def receive_tracked():
             nonlocal body_done
@@ -58,7 +66,10 @@ class ReadBodyBeforeAnswering:
             return (await receive_tracked()).get("body", b"")
 
         async def send_after_body(message):
-            if message["type"] == "http.response.body" and not message.get("more_body", False) and not body_done:
+            nonlocal closing
+            closing = closing or (message["type"] == "http.response.start" and message["status"] == 408)
+            if message["type"] == "http.response.body" and not message.get("more_body", False) \
+                    and not (body_done or closing):
                 await _linger(next_chunk)
             await send(message)
 
@@ -90,6 +101,8 @@ def answer_headers(answer: Answer) -> dict[str, str]:
         headers[HEADER] = str(answer.header_length)
     if answer.retry_after_s is not None:
         headers["Retry-After"] = str(answer.retry_after_s)
+    if answer.status == 408:  # a body still arriving at its deadline: the server closes (RFC 9110, 15.5.9)
+        headers["Connection"] = "close"
     return headers
 
 
@@ -110,28 +123,117 @@ def _next_chunk(receive):
     return next_chunk
 
 
-async def asgi_body(scope, receive, limit: int) -> bytes | None:
-    """The body from ASGI messages; None when it is over `limit` bytes (the rest read and dropped
-    within the linger bounds, so the client reads the 413). A body cut short (the client gone before
-    its end, or fewer bytes than its Content-Length) raises RequestError 400: never served as if whole."""
-    kept, size = [], 0
+class BodyRefused(RequestError):
+    """A body not read whole: over its size (413), cut short (400), still arriving at its request's
+    deadline (408: the connection is closed), or over the bytes the bodies being read may hold (503)."""
+
+    def __init__(self, status: int, reason: str, retry_after_s: int | None = None):
+        super().__init__(status, reason)
+        self.retry_after_s = retry_after_s
+
+    def answer(self) -> Answer:
+        return Answer.error(self.status, self.reason, self.retry_after_s)
+
+
+class BodyReads:
+    """The bodies being read on one event loop: the bytes they hold together, within `cap`, and each
+    read's deadline, looked at every `sweep_s` while any is under way: a read past its deadline is
+    cancelled where it waits for bytes. One timer for them all (asyncio.timeout, a timer per read,
+    cost 10 us a request here). Its users run on the loop's one thread, so no lock."""
+
+    def __init__(self, cap: float = BODIES_IN_FLIGHT_BYTES, sweep_s: float = SWEEP_S):
+        self.cap, self.held, self.sweep_s = cap, 0, sweep_s
+        self.deadlines: dict[asyncio.Task, float] = {}
+        self.expired: set[asyncio.Task] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop = None
+
+    def take(self, size: int) -> bool:
+        """Whether `size` more bytes fit; taken if so."""
+        if self.held + size > self.cap:
+            return False
+        self.held += size
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
+
+    def watch(self, deadline: float) -> asyncio.Task:
+        """The current task reads a body until `deadline` (time.monotonic()); the task."""
+        task, loop = asyncio.current_task(), asyncio.get_running_loop()
+        self.deadlines[task] = deadline
+        if self._timer is None or self._loop is not loop:
+            self._loop, self._timer = loop, loop.call_later(self.sweep_s, self._sweep)
+        return task
+
+    def unwatch(self, task: asyncio.Task) -> bool:
+        """The task's read is over; whether its deadline cancelled it."""
+        self.deadlines.pop(task, None)
+        if task not in self.expired:
+            return False
+        self.expired.discard(task)
+        return True
+
+    def _sweep(self) -> None:
+        now, self._timer = time.monotonic(), None
+        for task, deadline in list(self.deadlines.items()):
+            if deadline <= now:
+                del self.deadlines[task]
+                self.expired.add(task)
+                task.cancel()
+        if self.deadlines:
+            self._timer = self._loop.call_later(self.sweep_s, self._sweep)
+
+
+async def asgi_body(scope, receive, limit: int, deadline: float | None = None,
+                    reads: BodyReads | None = None) -> bytes:
+    """The body from ASGI messages, read by `deadline` (time.monotonic()) and within what `reads`
+    lets the bodies being read hold. Refused (BodyRefused): over `limit` bytes, 413 (the rest read
+    and dropped within the linger bounds, so the client reads it); cut short (the client gone before
+    its end, or fewer bytes than its Content-Length), 400, never served as if whole; still arriving
+    at `deadline`, 408; past what `reads` lets them hold, 503 before more of it is read."""
+    reads = reads or BodyReads(UNBOUNDED)
+    kept: list[bytes] = []
+    task = reads.watch(UNBOUNDED if deadline is None else deadline)
+    try:
+        size, more = await _read_into(kept, receive, limit, reads)
+    except asyncio.CancelledError:
+        if not reads.unwatch(task):
+            raise
+        getattr(task, "uncancel", lambda: None)()  # ours, not the server's: the task goes on (Python 3.11+ counts)
+        raise BodyRefused(408, f"request body still arriving at its deadline ({sum(map(len, kept))} bytes "
+                               f"read): the connection is closed") from None
+    finally:
+        reads.unwatch(task)
+        reads.give_back(sum(map(len, kept)))
+    if size > limit:
+        if more:
+            await linger(receive)
+        raise BodyRefused(413, f"request body over {limit} bytes")
+    declared = _content_length(scope)
+    if declared is not None and size != declared:
+        raise BodyRefused(400, f"request body cut short: {size} of the {declared} bytes its Content-Length says")
+    return kept[0] if len(kept) == 1 else b"".join(kept)
+
+
+async def _read_into(kept: list[bytes], receive, limit: int, reads: BodyReads) -> tuple[int, bool]:
+    """Append the body's chunks to `kept`, each taken from `reads` (the caller gives them back),
+    until its end or past `limit`: (the bytes seen, whether more is coming)."""
+    size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":  # http.disconnect
-            raise RequestError(400, f"request body cut short: the connection closed after {size} bytes")
+            raise BodyRefused(400, f"request body cut short: the connection closed after {size} bytes")
         chunk, more = message.get("body", b""), message.get("more_body", False)
         size += len(chunk)
         if size > limit:
-            if more:
-                await linger(receive)
-            return None
+            return size, more
+        if not reads.take(len(chunk)):
+            raise BodyRefused(503, f"the request bodies being read hold {reads.held} bytes, the server's "
+                                   f"limit ({reads.cap}); try again later", BUDGET_RETRY_AFTER_S)
         kept.append(chunk)
         if not more:
-            break
-    declared = _content_length(scope)
-    if declared is not None and size != declared:
-        raise RequestError(400, f"request body cut short: {size} of the {declared} bytes its Content-Length says")
-    return kept[0] if len(kept) == 1 else b"".join(kept)
+            return size, more
 
 
 def _content_length(scope) -> int | None:

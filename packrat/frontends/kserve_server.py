@@ -75,14 +75,13 @@ from starlette.responses import JSONResponse, Response
 
 from packrat.codec import oip
 from packrat.codec.kserve import model_metadata
-from packrat.errors import RequestError
-from packrat.frontends.http import (ReadBodyBeforeAnswering, asgi_body, header_refusal, linger, scope_headers,
-                                    send_answer)
+from packrat.frontends.http import (BODIES_IN_FLIGHT_BYTES, BodyReads, BodyRefused, ReadBodyBeforeAnswering,
+                                    asgi_body, header_refusal, linger, scope_headers, send_answer)
 from packrat.frontends.kserve_metrics import PackratCollector
 from packrat.frontends.torchserve_control import follow_reconfigure_requests
 from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer, Request
-from packrat.settings import CONTROL_DIR_ENV, MAX_BODY_BYTES, Settings
+from packrat.settings import CONTROL_DIR_ENV, MAX_BODY_BYTES, REQUEST_TIMEOUT_S, Settings
 
 log = logging.getLogger(__name__)
 MODEL_CONFIG = "model-config.yaml"  # an archive's TorchServe config: batching, and packrat's settings
@@ -110,6 +109,7 @@ class PackratModel(kserve.Model):
         self.serving = Engine(settings, model_dir, name, max_batch=settings.max_batch, asynchronous=True,
                               restart=restart)  # restart(reason): the repository's, with no cores left
         self.max_body_bytes = settings.max_body_bytes
+        self.request_timeout_s = settings.request_timeout_s or REQUEST_TIMEOUT_S  # a body still arriving then: 408
         try:
             self.metadata = model_metadata(name, self.serving.spec.inputs, probe_output(self.serving))
         except BaseException:
@@ -367,20 +367,34 @@ INFER_PATH = re.compile(r"/(?:v2/models/([^/]+)(?:/versions/[^/]+)?/infer|v1/mod
 
 class InferenceFirst:
     """The REST server's ASGI app. A POST to a packrat model's inference path is answered here, in
-    raw ASGI, ahead of FastAPI's routing and KServe's middleware (a route match, dependency
+    raw ASGI, ahead of FastAPI's routing and KServe's own middleware (a route match, dependency
     resolution, a timing middleware reading getrusage: work each request pays, a refusal under
-    overload included); everything else goes to KServe's app, behind ReadBodyBeforeAnswering."""
+    overload included); everything else goes to KServe's app, behind ReadBodyBeforeAnswering. The
+    deployer's middleware on KServe's app (app.add_middleware: authentication, CORS, rate limits)
+    runs in front of the inference paths too, as it runs in front of the app's routes. Bodies are
+    read by their request's deadline, within the bytes `bodies` lets all of them hold together."""
 
-    def __init__(self, app, repository: PackratRepository):
-        self.app, self.repository = ReadBodyBeforeAnswering(app), repository
+    def __init__(self, app, repository: PackratRepository, bodies: BodyReads | None = None):
+        self.kserve_app, self.repository, self.bodies = app, repository, bodies or BodyReads()
+        self.app = ReadBodyBeforeAnswering(app)
+        self._infer = None  # the inference paths behind the deployer's middleware: built at the first
+        # request, once the app has started and no middleware can be added to it
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             found = INFER_PATH.fullmatch(scope["path"])
             model = found and self.repository.get_model(next(name for name in found.groups() if name))
             if isinstance(model, PackratModel):
-                return await send_answer(send, await self.answer(model, scope, receive))
+                scope[MODEL_KEY] = model
+                return await (self._infer or self._built())(scope, receive, send)
         await self.app(scope, receive, send)
+
+    def _built(self):
+        self._infer = behind(deployer_middleware(self.kserve_app), self.infer)
+        return self._infer
+
+    async def infer(self, scope, receive, send) -> None:
+        await send_answer(send, await self.answer(scope[MODEL_KEY], scope, receive))
 
     async def answer(self, model: PackratModel, scope, receive) -> Answer:
         """Admission first, before the body is read: a refusal costs no core. Its deadline counts from here."""
@@ -391,11 +405,10 @@ class InferenceFirst:
                 await linger(receive)
             return refused
         try:
-            body = await asgi_body(scope, receive, model.max_body_bytes)
-        except RequestError as exc:  # cut short: answered (if anyone is left to read it), never served
-            return Answer.error(exc.status, exc.reason)
-        if body is None:
-            return Answer.error(413, f"request body over {model.max_body_bytes} bytes")
+            body = await asgi_body(scope, receive, model.max_body_bytes, received_at + model.request_timeout_s,
+                                   self.bodies)
+        except BodyRefused as refused:  # not read whole: answered (if anyone is left to read it), never served
+            return refused.answer()
         headers = scope_headers(scope)
         length = headers.get(HEADER_KEY)
         length = length.decode() if length is not None else None
@@ -412,6 +425,27 @@ class InferenceFirst:
 
 
 HEADER_KEY = oip.HEADER.lower().encode()
+MODEL_KEY = "packrat.model"  # the scope's key for the model an inference path names, past the deployer's middleware
+# KServe's own middleware, by module (its REST server adds them at start): the inference paths skip them
+KSERVE_MIDDLEWARE = ("timing_asgi", "asgi_logger")
+
+
+def deployer_middleware(app) -> list:
+    """The middleware the deployer added to KServe's app (Starlette's entries, outermost first),
+    KServe's own aside."""
+    return [entry for entry in getattr(app, "user_middleware", ())
+            if not entry.cls.__module__.startswith(KSERVE_MIDDLEWARE)]
+
+
+def behind(middleware: list, endpoint):
+    """`endpoint` behind `middleware`, as Starlette stacks an app's; and, where there is any, behind
+    ReadBodyBeforeAnswering: an answer of theirs sent before the body was read (a 401) still reaches
+    a client that is sending it."""
+    if not middleware:
+        return endpoint
+    for cls, args, kwargs in reversed(middleware):
+        endpoint = cls(endpoint, *args, **kwargs)
+    return ReadBodyBeforeAnswering(endpoint)
 
 
 def _closes_after(scope) -> bool:
@@ -421,10 +455,10 @@ def _closes_after(scope) -> bool:
     return any(name == b"connection" and b"close" in value.lower() for name, value in scope["headers"])
 
 
-def serving_app(app: FastAPI, repository: PackratRepository) -> InferenceFirst:
+def serving_app(app: FastAPI, repository: PackratRepository, bodies: BodyReads | None = None) -> InferenceFirst:
     """What the REST server runs: the inference paths, then KServe's app with /status added."""
     add_routes(app, repository)
-    return InferenceFirst(app, repository)
+    return InferenceFirst(app, repository, bodies)
 
 
 def add_routes(app: FastAPI, repository: PackratRepository) -> None:
@@ -446,13 +480,13 @@ class PackratModelServer(kserve.ModelServer):
     REST routes first, and packrat's figures on its /metrics."""
 
     def __init__(self, repository: PackratRepository, host: str, http_port: int, grpc_port: int | None,
-                 max_body_bytes: int, access_log: bool = False):
+                 max_body_bytes: int, access_log: bool = False, bodies_in_flight_bytes: int = BODIES_IN_FLIGHT_BYTES):
         super().__init__(http_port=http_port, grpc_port=grpc_port or 0, registered_models=repository,
                          enable_grpc=grpc_port is not None, enable_latency_logging=False, grace_period=5)
         self.host, self.repository = host, repository
         self.grpc_message_bytes = max_body_bytes + GRPC_HEADROOM
         quiet_logs(access_log)
-        self.app = serving_app(kserve.model_server.app, repository)
+        self.app = serving_app(kserve.model_server.app, repository, BodyReads(bodies_in_flight_bytes))
         self._collector = PackratCollector(repository.get_models)
         REGISTRY.register(self._collector)
 
@@ -562,6 +596,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--http-port", type=int, default=8080, help="REST port (default: 8080)")
     p.add_argument("--grpc-port", type=int, default=8081, help="gRPC port (default: 8081; 0: no gRPC)")
     p.add_argument("--access-log", action="store_true", help="log a line per REST request (off: it costs each one)")
+    p.add_argument("--bodies-in-flight-mb", type=float, default=BODIES_IN_FLIGHT_BYTES / 2**20,
+                   help="what the REST request bodies being read may hold together; past it a request is answered "
+                        "503 with Retry-After (default: %(default)g)")
     return p.parse_args(argv)
 
 
@@ -580,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
             repository.update(models[-1])  # closed with the repository if a later one fails
         limit = max((m.max_body_bytes for m in models), default=MAX_BODY_BYTES)
         server = PackratModelServer(repository, args.host, args.http_port, args.grpc_port or None, limit,
-                                    args.access_log)
+                                    args.access_log, int(args.bodies_in_flight_mb * 2**20))
         log.info("packrat KServe server: %s on %s (REST %d, gRPC %s)", ", ".join(names), args.host, args.http_port,
                  args.grpc_port or "off")
         server.start(models)

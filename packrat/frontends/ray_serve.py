@@ -34,11 +34,10 @@ from starlette.responses import JSONResponse, Response
 
 from packrat.codec import oip
 from packrat.codec.kserve import model_metadata
-from packrat.errors import RequestError
-from packrat.frontends.http import answer_headers, asgi_body, header_refusal
+from packrat.frontends.http import BodyReads, BodyRefused, answer_headers, asgi_body, header_refusal
 from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer, Request
-from packrat.settings import Settings
+from packrat.settings import REQUEST_TIMEOUT_S, Settings
 
 log = logging.getLogger("packrat.ray_serve")
 ENGINE_ATTEMPTS = 4  # tries of a request whose engine dies under it (each on another engine if one is up)
@@ -110,14 +109,17 @@ class PackratEngine:
 
 
 class PackratIngress:
-    """The HTTP side: routes, body limits, and a request whose engine dies under it sent to another.
+    """The HTTP side: routes, body limits (its size, its request's deadline, what the bodies being read
+    hold together), and a request whose engine dies under it sent to another.
 
     Ray Serve's proxy never retries a request whose replica dies while running it; this ingress
     does (inference is idempotent), so a node lost under load costs no request while another
     node's engine serves."""
 
-    def __init__(self, name: str, engines: DeploymentHandle, max_body_bytes: int):
+    def __init__(self, name: str, engines: DeploymentHandle, max_body_bytes: int,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S):
         self.name, self.engines, self.max_body_bytes = name, engines, max_body_bytes
+        self.request_timeout_s, self.bodies = request_timeout_s, BodyReads()
         # Where this model answers predictions: TorchServe's, KServe v1's and v2's paths.
         self.infer_paths = (f"/predictions/{name}", f"/v1/models/{name}:predict", f"/v2/models/{name}/infer",
                             f"/v2/models/{name}/versions/1/infer")
@@ -133,11 +135,10 @@ class PackratIngress:
     async def _infer(self, request: HttpRequest) -> Response:
         received_at = time.monotonic()  # the engine counts the request's deadline from here (waited_s)
         try:
-            body = await asgi_body(request.scope, request.receive, self.max_body_bytes)
-        except RequestError as exc:  # cut short: answered (if anyone is left to read it), never served
-            return _error(exc.status, exc.reason)
-        if body is None:
-            return _error(413, f"request body over {self.max_body_bytes} bytes")
+            body = await asgi_body(request.scope, request.receive, self.max_body_bytes,
+                                   received_at + self.request_timeout_s, self.bodies)
+        except BodyRefused as refused:  # not read whole: answered (if anyone is left to read it), never served
+            return _error(refused.status, refused.reason, answer_headers(refused.answer()))
         length = request.headers.get(oip.HEADER)
         refused = header_refusal(body, length)
         if refused is not None:
@@ -215,7 +216,7 @@ def app(args: dict) -> "serve.Application":
     # The ingress sits on the head node with the proxy: losing any other node leaves both up.
     ingress = serve.deployment(PackratIngress, name=name, max_ongoing_requests=INGRESS_REQUESTS,
                                ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}})
-    return ingress.bind(name, engines, settings.max_body_bytes)
+    return ingress.bind(name, engines, settings.max_body_bytes, settings.request_timeout_s or REQUEST_TIMEOUT_S)
 
 
 def deploy(args: dict, *, address: str = "auto", host: str = "127.0.0.1", port: int = 8000,
