@@ -19,7 +19,7 @@ from pathlib import Path
 from packrat.profiling.plots import SHORT_RUNTIMES
 from packrat.profiling.profiles import held
 
-from packrat.bench import oracle, peers as peers_bench
+from packrat.bench import oracle_configs, oracle_report, peers_report
 from packrat.bench.harness import doc_parser
 from packrat.bench.results import fmt_num, markdown_table, span
 
@@ -111,7 +111,7 @@ def profile_tables(out: Path, machine: dict) -> list[str]:
     rows = read_json(out / f"{model}-plans.json")
     if rows:
         rows = rows if isinstance(rows, list) else [rows]
-        cells = [[p["batch"], oracle.label(oracle.canonical((i["threads"], i["batch"], i.get("runtime", "inductor"))
+        cells = [[p["batch"], oracle_configs.label(oracle_configs.canonical((i["threads"], i["batch"], i.get("runtime", "inductor"))
                                                             for i in p["instances"])),
                   fmt_num(p["expected_latency_ms"]), fmt_num(p.get("fat_latency_ms")),
                   _ratio(p.get("fat_latency_ms"), p["expected_latency_ms"])] for p in rows]
@@ -141,7 +141,7 @@ def oracle_tables(out: Path, name: str = "oracle.json") -> list[str]:
     report = read_json(out / name)
     if not report:
         return []
-    lines = [oracle.markdown(report), ""]
+    lines = [oracle_report.markdown(report), ""]
     lines += [f"- {line}" for line in report["verdicts"]["loaded"]]
     lines += [f"- (for comparison) {line}" for line in report["verdicts"]["isolated"]]
     cells = []
@@ -184,9 +184,9 @@ def ios_plan_tables(out: Path) -> list[str]:
         lines += [f"IOS points in {path.name}: {shown}.", ""]
     plan = read_json(out / "ios-plan.json")
     if plan:
-        shapes = oracle.canonical((i["threads"], i["batch"], i["runtime"]) for i in plan["instances"])
+        shapes = oracle_configs.canonical((i["threads"], i["batch"], i["runtime"]) for i in plan["instances"])
         gains = [f"- {line}" for line in gain_lines(plan.get("ios", []))]
-        lines += [f"The plan at B = {plan['batch']}: {oracle.label(shapes)}, expected {fmt_num(plan['expected_latency_ms'])} "
+        lines += [f"The plan at B = {plan['batch']}: {oracle_configs.label(shapes)}, expected {fmt_num(plan['expected_latency_ms'])} "
                   "ms.", ""] + (gains + [""] if gains else [])
     for entry in (read_json(out / "oracle-ios.json") or {}).get("batches", []):
         lines += [f"- B = {entry['batch']}: {ios_verdict(entry)}"]
@@ -222,7 +222,7 @@ def verdict_rows(peers: dict | None, report: dict | None) -> list[dict]:
     for batch in batches:
         row: dict = {"batch": batch}
         table = (peers or {}).get("summary", {}).get(str(batch), {})
-        best, best_row, row["unmeasured_peers"] = peers_bench.best_peer(table)  # unmeasured: failed, or not installed
+        best, best_row, row["unmeasured_peers"] = peers_report.best_peer(table)  # unmeasured: failed, or not installed
         plan = (peers or {}).get("meta", {}).get("pools", {}).get("packrat", {}).get(str(batch), {})
         row.update(packrat_ms=table.get("packrat", {}).get("latency_ms"), predicted_ms=plan.get("predicted_ms"),
                    plan=plan.get("describe"), best_peer=best, best_peer_ms=best_row.get("latency_ms"),
@@ -243,17 +243,17 @@ def verdict_tables(out: Path) -> list[str]:
     for r in rows:
         served = r["predicted_ms"] / r["packrat_ms"] if r.get("predicted_ms") and r.get("packrat_ms") else None
         ahead = r["best_peer_ms"] / r["oracle_ms"] if r.get("best_peer_ms") and r.get("oracle_ms") else None
-        peer_met, missing = peers_bench.peer_verdict(r["vs_peer"], r["unmeasured_peers"], ahead)
+        peer_met, missing = peers_report.peer_verdict(r["vs_peer"], r["unmeasured_peers"], ahead)
         cells.append([r["batch"], r.get("plan") or "-", fmt_num(r.get("packrat_ms")),
                       f"{r['best_peer']} {fmt_num(r['best_peer_ms'])}" if r.get("best_peer") else "-",
                       _mark(r["vs_peer"], peer_met, r["vs_peer_spread"]) + (f" ({'; '.join(missing)})"
                                                                             if missing and r["vs_peer"] else ""),
-                      _mark(served, oracle.met("predicted_vs_measured", served)), r.get("oracle") or "-",
-                      _mark(r.get("vs_oracle"), oracle.met("vs_best", r.get("vs_oracle")), r.get("vs_oracle_spread")),
+                      _mark(served, oracle_report.met("predicted_vs_measured", served)), r.get("oracle") or "-",
+                      _mark(r.get("vs_oracle"), oracle_report.met("vs_best", r.get("vs_oracle")), r.get("vs_oracle_spread")),
                       fmt_num(r.get("oracle_pred"), 2)])
-    return [f"Targets: best peer / packrat ≥ {peers_bench.PEER_TARGET} at every B, ≥ {peers_bench.AHEAD_TARGET} where the oracle beats the "
-            f"best peer by {peers_bench.AHEAD_TARGET - 1:.0%}; predicted / served within {oracle.PREDICTION_TOLERANCE:.0%}; the "
-            f"plan within {oracle.PLAN_TOLERANCE:.0%} of the oracle. packrat and the peers from (b), the oracle "
+    return [f"Targets: best peer / packrat ≥ {peers_report.PEER_TARGET} at every B, ≥ {peers_report.AHEAD_TARGET} where the oracle beats the "
+            f"best peer by {peers_report.AHEAD_TARGET - 1:.0%}; predicted / served within {oracle_report.PREDICTION_TOLERANCE:.0%}; the "
+            f"plan within {oracle_report.PLAN_TOLERANCE:.0%} of the oracle. packrat and the peers from (b), the oracle "
             "from (c); the ratios to packrat and to the oracle are paired per round: their median over the rounds, "
             "then the rounds' min–max; ✓ met, ✗ missed.", "",
             markdown_table(["B", "packrat's plan", "packrat ms", "best peer ms", "best peer / packrat",

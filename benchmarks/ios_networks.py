@@ -84,7 +84,7 @@ def peer_call(peer: str, spec, batch: int, threads: int) -> Callable[[], object]
     if peer == "openvino":
         runner, examples = OpenVinoRunner(path, spec, batch, threads), spec.example_inputs(batch)
         return lambda: runner(*examples)
-    from packrat.bench.peers import OrtRunner, ort_session
+    from packrat.bench.peer_runners import OrtRunner, ort_session
 
     # ORT_PARALLEL runs independent nodes on the inter-op pool (inter_op_num_threads), each node's
     # kernel on the intra-op pool (intra_op_num_threads), two pools of their own (ONNX Runtime's

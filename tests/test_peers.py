@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packrat.bench import peers
+from packrat.bench import harness, peer_runners, peers, peers_report
 
 
 def parse(argv: list[str]):
@@ -35,11 +35,11 @@ def run_of(*ms: float | None, note: str = "", setup: float = 1.0, diff: float = 
 def test_vs_packrat_pairs_each_round_with_packrat_s_and_a_lost_round_does_not_bias_it():
     # the machine slows down round after round; the peer is 5 % behind packrat in every round it ran
     runs = {"8": {"packrat": run_of(10.0, 20.0, 30.0), "onnxruntime": run_of(10.5, 21.0, None)}}
-    row = peers.summarise(runs, [8])[8]["onnxruntime"]
+    row = peers_report.summarise(runs, [8])[8]["onnxruntime"]
     assert row["latency_ms"] == pytest.approx(15.75) and row["failed_rounds"] == 1
     # the ratio of medians would say 15.75 / 20 = 0.79: the peer far ahead; paired, it is behind
     assert row["vs_packrat"] == pytest.approx(1.05) and row["vs_packrat_spread"] == pytest.approx([1.05, 1.05])
-    assert peers.verdict_lines(peers.summarise(runs, [8])) == [
+    assert peers_report.verdict_lines(peers_report.summarise(runs, [8])) == [
         "B=8: best peer / packrat ≥ 0.98: PASS (onnxruntime / packrat 1.050, median of 2 paired round(s), 1.050–1.050)"]
 
 
@@ -48,7 +48,7 @@ def test_summary_medians_over_rounds_spreads_and_failures():
                   "openvino-latency": run_of(5.0, diff=2e-2, rel=5e-3, note="1 stream(s)")},
             "4": {"packrat": {"start": {"skipped": "no plan for B=4"}, "rounds": []}, "eager": run_of(80.0, 60.0),
                   "openvino-latency": {"start": {"error": "E: bad"}, "rounds": []}}}
-    summary = peers.summarise(runs, [1, 4], skipped={"onnxruntime": "not installed (pip install onnxruntime)"})
+    summary = peers_report.summarise(runs, [1, 4], skipped={"onnxruntime": "not installed (pip install onnxruntime)"})
     one, four = summary[1], summary[4]
     assert list(one) == ["packrat", "eager", "openvino-latency", "onnxruntime"]  # the declared order
     assert one["packrat"]["latency_ms"] == 11.0 and one["packrat"]["vs_packrat"] == 1.0
@@ -68,8 +68,8 @@ def test_summary_medians_over_rounds_spreads_and_failures():
 def test_markdown_rows():
     runs = {"2": {"packrat": run_of(10.0, 11.0), "fat": run_of(15.0, 16.5, note="⟨2 threads | batch 2⟩"),
                   "openvino-throughput": run_of(9.0, 9.9, diff=0.5, rel=0.01)}}
-    summary = peers.summarise(runs, [2], skipped={"onnxruntime-parallel": "not installed (pip install onnxruntime)"})
-    table = peers.markdown(summary, "tiny, T = 2", {2: "packrat plan: 2×⟨1 threads, batch 1⟩"})
+    summary = peers_report.summarise(runs, [2], skipped={"onnxruntime-parallel": "not installed (pip install onnxruntime)"})
+    table = peers_report.markdown(summary, "tiny, T = 2", {2: "packrat plan: 2×⟨1 threads, batch 1⟩"})
     assert table.startswith("tiny, T = 2\n")
     assert "### B = 2" in table and "packrat plan: 2×⟨1 threads, batch 1⟩" in table
     assert "| packrat | 10.50 (10.00–11.00) | 1.00 (1.00–1.00) | 0.0e+00 | 1.0 |  |" in table
@@ -113,7 +113,7 @@ def test_each_peer_is_started_once_per_b_and_timed_every_round_on_what_it_starte
         assert sorted(p for p, op in ops if op == "stop") == ["eager", "onnxruntime", "packrat"]
         assert all(len(runs[str(batch)][p]["rounds"]) == 3 for p in ("packrat", "onnxruntime", "eager"))
     assert not fake.up  # everything stopped
-    assert peers.summarise(runs, [2])[2]["onnxruntime"]["vs_packrat"] == pytest.approx(22.0 / 12.0)
+    assert peers_report.summarise(runs, [2])[2]["onnxruntime"]["vs_packrat"] == pytest.approx(22.0 / 12.0)
 
 
 def test_short_of_memory_the_peers_left_wait_for_a_group_of_their_own_beside_packrat():
@@ -126,7 +126,7 @@ def test_short_of_memory_the_peers_left_wait_for_a_group_of_their_own_beside_pac
     assert groups == {"packrat": {0, 1, 2}, "onnxruntime": {0}, "openvino-latency": {1}, "eager": {2}}
     assert [op for p, op, _ in fake.requests if p == "packrat"].count("start") == 1  # kept up across groups
     assert not fake.up and any("(group 3)" in line for line in live)
-    row = peers.summarise(runs, [8])[8]["eager"]  # paired with packrat's rounds in its own group
+    row = peers_report.summarise(runs, [8])[8]["eager"]  # paired with packrat's rounds in its own group
     assert row["vs_packrat"] == pytest.approx(statistics.median([41.0 / 15.0, 42.0 / 16.0]))
 
 
@@ -134,27 +134,27 @@ def test_a_peer_whose_process_ended_is_timed_no_further_and_without_a_plan_never
     fake = FakePeers({"packrat": 10.0, "onnxruntime": 20.0, "fat": 5.0}, ends="onnxruntime", unplanned="fat")
     runs = peers.measure(["packrat", "onnxruntime", "fat"], [2], 3, fake, random.Random(0), say=lambda _: None)
     assert len(runs["2"]["onnxruntime"]["rounds"]) == 1 and runs["2"]["fat"]["rounds"] == []
-    rows = peers.summarise(runs, [2])[2]
+    rows = peers_report.summarise(runs, [2])[2]
     assert rows["onnxruntime"] == {"error": "exit -9: killed"} and rows["fat"] == {"error": "no plan", "skipped": True}
     assert ("onnxruntime", "stop", 2) not in fake.requests and not fake.up
 
 
 def test_diff_stats():
     reference = np.array([[1.0, -4.0], [2.0, 0.5]])
-    close = peers.diff_stats(reference + 1e-4, reference)
+    close = peers_report.diff_stats(reference + 1e-4, reference)
     assert close["max_abs_diff"] == pytest.approx(1e-4) and close["relative_diff"] == pytest.approx(2.5e-5)
     assert not close["differs"]
-    far = peers.diff_stats(reference + np.array([[0.0, 0.01], [0.0, 0.0]]), reference)
+    far = peers_report.diff_stats(reference + np.array([[0.0, 0.01], [0.0, 0.0]]), reference)
     assert far["differs"] and far["relative_diff"] == pytest.approx(0.0025)
-    assert peers.diff_stats(reference[:1], reference)["differs"]
-    assert peers.diff_stats(reference * np.nan, reference)["why"] == "non-finite outputs"
+    assert peers_report.diff_stats(reference[:1], reference)["differs"]
+    assert peers_report.diff_stats(reference * np.nan, reference)["why"] == "non-finite outputs"
 
 
 def test_missing_packages_and_parsing():
-    assert peers.missing_packages("openvino-latency", installed=lambda name: False) == \
+    assert peer_runners.missing_packages("openvino-latency", installed=lambda name: False) == \
         "not installed (pip install openvino)"
-    assert peers.missing_packages("onnxruntime", installed=lambda name: True) is None
-    assert peers.missing_packages("eager", installed=lambda name: False) is None
+    assert peer_runners.missing_packages("onnxruntime", installed=lambda name: True) is None
+    assert peer_runners.missing_packages("eager", installed=lambda name: False) is None
     assert parse(["--peers", "eager,fat,eager"]).peers == ["eager", "fat"]
     with pytest.raises(SystemExit):
         parse(["--peers", "eager,tensorrt"])
@@ -163,22 +163,22 @@ def test_missing_packages_and_parsing():
     for wrong in ("0:1", "2", "T:1:1", "a:1"):
         with pytest.raises(SystemExit):
             parse(["--ort-parallel-threads", wrong])
-    cores = list(peers.local_topology(None).cores)
-    assert list(peers.local_topology(1, "--cores").cores) == cores[:1]
+    cores = list(harness.local_topology(None).cores)
+    assert list(harness.local_topology(1, "--cores").cores) == cores[:1]
     with pytest.raises(SystemExit, match="--cores"):
-        peers.local_topology(len(cores) + 1, "--cores")
+        harness.local_topology(len(cores) + 1, "--cores")
 
 
 def test_v2_requests_and_answer():
     from packrat.models.zoo import resolve
 
-    requests = peers.pool_requests(resolve("tiny"), 2, v2=True)
+    requests = harness.pool_requests(resolve("tiny"), 2, v2=True)
     assert len(requests) == 2 and {r.content_type for r in requests} == {"application/json"}
     body = json.loads(requests[1].body)["inputs"][0]
     assert body["datatype"] == "FP32" and len(body["data"]) == np.prod(body["shape"])
     answer = json.dumps({"model_name": "m", "outputs": [{"name": "output0", "shape": [1, 2], "datatype": "FP32",
                                                          "data": [0.5, -1.0]}]}).encode()
-    assert peers.v2_output(answer).tolist() == [[0.5, -1.0]]
+    assert peer_runners.v2_output(answer).tolist() == [[0.5, -1.0]]
 
 
 def _installed(name: str) -> bool:
@@ -255,10 +255,10 @@ def test_a_pool_peer_s_path_is_summed_from_its_stage_medians():
               "encode": 0.3, "reply": 0.03, "hand_out": 0.04, "total": 10.6}
     packrat = run_of(11.0, 12.0)
     packrat["rounds"][0]["stage_ms"], packrat["rounds"][1]["stage_ms"] = stages, {**stages, "wake": 0.15}
-    summary = peers.summarise({"1": {"packrat": packrat, "onnxruntime": run_of(10.0)}}, [1])
+    summary = peers_report.summarise({"1": {"packrat": packrat, "onnxruntime": run_of(10.0)}}, [1])
     assert summary[1]["packrat"]["stage_ms"]["wake"] == pytest.approx(0.10)  # the median over rounds
     assert "stage_ms" not in summary[1]["onnxruntime"]
-    text = peers.markdown(summary, predicted={1: 11.5})
+    text = peers_report.markdown(summary, predicted={1: 11.5})
     line = next(line for line in text.splitlines() if line.startswith("- packrat"))
     assert "hand-off 0.120 ms" in line and "copy 0.080" in line  # queue + send + wake; the copy apart
     assert "predicted 11.50 ms / served 11.50 = 1.000" in line
@@ -266,26 +266,26 @@ def test_a_pool_peer_s_path_is_summed_from_its_stage_medians():
 
 def test_the_verdict_takes_the_best_peer_that_ran_and_fails_where_one_did_not():
     runs = {"packrat": run_of(10.0), "fat": run_of(9.0), "eager": run_of(20.0), "onnxruntime": run_of(9.9)}
-    summary = peers.summarise({"8": runs}, [8])
-    peer, row, unmeasured = peers.best_peer(summary[8])
+    summary = peers_report.summarise({"8": runs}, [8])
+    peer, row, unmeasured = peers_report.best_peer(summary[8])
     assert (peer, row["latency_ms"], unmeasured) == ("onnxruntime", 9.9, [])  # fat is packrat's own, not a peer
-    line, = peers.verdict_lines(summary)
+    line, = peers_report.verdict_lines(summary)
     assert line == "B=8: best peer / packrat ≥ 0.98: PASS (onnxruntime / packrat 0.990, median of 1 paired round(s), 0.990–0.990)"
-    behind = peers.summarise({"8": {**runs, "openvino-latency": run_of(9.7)}}, [8])
-    assert "FAIL (openvino-latency / packrat 0.970" in peers.verdict_lines(behind)[0]
-    failed = peers.summarise({"8": {**runs, "openvino-latency": {"start": {"error": "crashed"}, "rounds": []}}}, [8])
-    assert "FAIL" in peers.verdict_lines(failed)[0] and "not measured: openvino-latency" in peers.verdict_lines(failed)[0]
+    behind = peers_report.summarise({"8": {**runs, "openvino-latency": run_of(9.7)}}, [8])
+    assert "FAIL (openvino-latency / packrat 0.970" in peers_report.verdict_lines(behind)[0]
+    failed = peers_report.summarise({"8": {**runs, "openvino-latency": {"start": {"error": "crashed"}, "rounds": []}}}, [8])
+    assert "FAIL" in peers_report.verdict_lines(failed)[0] and "not measured: openvino-latency" in peers_report.verdict_lines(failed)[0]
     # beside the oracle: where it beats the best peer by 10 %, packrat must be 10 % ahead too
-    assert peers.peer_verdict(1.05, [], ahead=1.2) == (False, [])
-    assert peers.peer_verdict(1.05, [], ahead=1.05) == (True, [])
-    assert peers.peer_verdict(1.05, [], ahead=None) == (False, ["no oracle"])
+    assert peers_report.peer_verdict(1.05, [], ahead=1.2) == (False, [])
+    assert peers_report.peer_verdict(1.05, [], ahead=1.05) == (True, [])
+    assert peers_report.peer_verdict(1.05, [], ahead=None) == (False, ["no oracle"])
 
 
 def test_the_best_peer_is_the_one_closest_to_packrat_round_by_round_not_the_lowest_median():
     # openvino missed the fast first round: its median is the higher, yet it ran 5 % ahead of packrat
     runs = {"8": {"packrat": run_of(10.0, 20.0, 30.0), "onnxruntime": run_of(9.7, 19.4, 29.1),
                   "openvino-latency": run_of(None, 19.0, 28.5)}}
-    summary = peers.summarise(runs, [8])
+    summary = peers_report.summarise(runs, [8])
     assert summary[8]["onnxruntime"]["latency_ms"] < summary[8]["openvino-latency"]["latency_ms"]
-    assert peers.best_peer(summary[8])[0] == "openvino-latency"
-    assert "FAIL (openvino-latency / packrat 0.950" in peers.verdict_lines(summary)[0]
+    assert peers_report.best_peer(summary[8])[0] == "openvino-latency"
+    assert "FAIL (openvino-latency / packrat 0.950" in peers_report.verdict_lines(summary)[0]

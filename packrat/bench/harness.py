@@ -26,16 +26,6 @@ def doc_parser(doc: str, examples: str = "") -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def positional_args(doc: str, *arguments: tuple[str, Callable, object]) -> list:
-    """The values of a script that takes its arguments by position only, each optional:
-    (name, type, default) per argument, in order. --help prints the docstring."""
-    parser = doc_parser(doc)
-    for name, kind, default in arguments:
-        parser.add_argument(name, nargs="?", type=kind, default=default)
-    parsed = parser.parse_args()
-    return [getattr(parsed, name) for name, _, _ in arguments]
-
-
 def local_topology(threads: int | None, flag: str = "--threads"):
     """This process's cores as a Topology, or its first `threads` of them (`flag` gave that number)."""
     from packrat.machine.topology import detect

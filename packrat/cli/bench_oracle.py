@@ -13,7 +13,7 @@ from packrat.models.runtimes import IOS_CACHE
 
 
 def add_oracle_parser(sub) -> None:
-    from packrat.bench import oracle
+    from packrat.bench import harness, oracle, oracle_configs
     from packrat.cli.profile import runtime_list
 
     p = doc_subparser(sub, "oracle", "the plan against every configuration worth timing, side by side", oracle.__doc__, (
@@ -30,12 +30,12 @@ def add_oracle_parser(sub) -> None:
                    help="T, the cores to use: the first T of this process's cores (default: all of them)")
     p.add_argument("--rounds", type=count, default=10, help="interleaved rounds (default: 10)")
     p.add_argument("--warmup", type=some, default=1, help="untimed calls per configuration before the rounds (default: 1)")
-    p.add_argument("--max-configs", type=count, default=oracle.MAX_CONFIGS,
+    p.add_argument("--max-configs", type=count, default=oracle_configs.MAX_CONFIGS,
                    help=f"at most this many configurations per B beyond those always timed (default: "
-                        f"{oracle.MAX_CONFIGS}; see above)")
-    p.add_argument("--family", choices=oracle.FAMILIES, default="all",
+                        f"{oracle_configs.MAX_CONFIGS}; see above)")
+    p.add_argument("--family", choices=oracle_configs.FAMILIES, default="all",
                    help=f"all (every feasible one, up to the bound above; the default) or identical "
-                        f"({oracle.IDENTICAL_TEXT})")
+                        f"({oracle_configs.IDENTICAL_TEXT})")
     p.add_argument("--runtimes", type=runtime_list, default=None, metavar="LIST",
                    help="time each candidate under each of these runtimes (every instance running it), and each "
                         "one's fat instance (default: the runtimes the profile measured, installed here)")
@@ -51,7 +51,7 @@ def add_oracle_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the rounds' shuffles (default: 0)")
     p.add_argument("--memory-mib", type=positive(float), default=None, metavar="MIB",
                    help="memory one B's pools may hold, resident (default: until what is free falls under "
-                        f"{oracle.MEMORY_RESERVE_MIB} MiB); the rest start in later groups")
+                        f"{harness.MEMORY_RESERVE_MIB} MiB); the rest start in later groups")
     p.add_argument("--dry-run", action="store_true",
                    help="print the configurations, the planner's choices and the estimate; measure nothing")
     p.add_argument("--verbose", action="store_true", help="also list every configuration to be timed")

@@ -1,5 +1,5 @@
 """`packrat bench peers`: packrat's plan against one in-process session of each installed runtime,
-side by side on the same cores (the measuring: packrat/bench/peers.py)."""
+side by side on the same cores (the measuring: packrat/bench/peers.py, peer_runners.py, peers_report.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from packrat.settings import SETTLE_S
 
 
 def add_peers_parser(sub) -> None:
-    from packrat.bench import peers
+    from packrat.bench import peer_runners, peers
 
     p = doc_subparser(sub, "peers", "the plan against what a user would run instead, side by side", peers.__doc__, (
         "packrat bench peers --model resnet50 --batches 1,4",
@@ -26,8 +26,9 @@ def add_peers_parser(sub) -> None:
     p.add_argument("--iters", type=count, default=10, help="timed batches per peer and B in a round (default 10)")
     p.add_argument("--warmup", type=positive(int, zero=True), default=2,
                    help="untimed batches per peer at each B after its setup's first one (default 2)")
-    p.add_argument("--peers", type=name_list(peers.PEERS, "peer"), default=[n for n in peers.PEERS if n != "packrat-later"],
-                   help=f"comma list (default: all: {','.join(peers.PEERS)}; packrat-later only with --later-profile, "
+    p.add_argument("--peers", type=name_list(peer_runners.PEERS, "peer"),
+                   default=[n for n in peer_runners.PEERS if n != "packrat-later"],
+                   help=f"comma list (default: all: {','.join(peer_runners.PEERS)}; packrat-later only with --later-profile, "
                         "which adds it)")
     p.add_argument("--profile", type=Path, default=None,
                    help="packrat's profile CSV, as `packrat profile` writes it (default profiles/MODEL.csv)")
