@@ -25,6 +25,14 @@ def first_line(exc: BaseException) -> str:
     return lines[0][:REASON_CHARS] if lines else type(exc).__name__
 
 
+LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}  # str.splitlines()'s
+
+
+def one_line(reason: str) -> str:
+    """A reason on one line: its line breaks (a client's own names quoted in it may hold them) as escapes."""
+    return reason.translate(LINE_BREAKS)
+
+
 class ServeError(RuntimeError):
     """TorchServe could not be started, or did not become ready."""
 

@@ -65,10 +65,8 @@ from kserve.metrics import PREDICT_HIST_TIME
 from kserve.model_repository import ModelRepository
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
-from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
-from kserve.protocol.rest.server import RESTServer
 from prometheus_client import REGISTRY
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
@@ -77,6 +75,7 @@ from packrat.codec import oip
 from packrat.codec.kserve import model_metadata
 from packrat.frontends.http import (BODIES_IN_FLIGHT_BYTES, BodyReads, BodyRefused, ReadBodyBeforeAnswering,
                                     asgi_body, header_refusal, linger, scope_headers, send_answer)
+from packrat.frontends.kserve_compat import OneLineRESTServer, OneLineStatus, ServedVersion
 from packrat.frontends.kserve_metrics import PackratCollector
 from packrat.frontends.torchserve_control import follow_reconfigure_requests
 from packrat.serving.engine import Engine
@@ -376,7 +375,7 @@ class InferenceFirst:
 
     def __init__(self, app, repository: PackratRepository, bodies: BodyReads | None = None):
         self.kserve_app, self.repository, self.bodies = app, repository, bodies or BodyReads()
-        self.app = ReadBodyBeforeAnswering(app)
+        self.app = ReadBodyBeforeAnswering(ServedVersion(app))
         self._infer = None  # the inference paths behind the deployer's middleware: built at the first
         # request, once the app has started and no middleware can be added to it
 
@@ -493,9 +492,10 @@ class PackratModelServer(kserve.ModelServer):
     def start(self, models: list) -> None:
         """As KServe's start, with the servers bound to `host`; returns when a signal stops them."""
         self._register_and_check_atleast_one_model_is_ready(models)
-        self._rest_server = RESTServer("kserve.model_server:app", self.dataplane, self.model_repository_extension,
-                                       self.http_port, grace_period=self.grace_period, event_loop=self.event_loop,
-                                       timeout_keep_alive=self.timeout_keep_alive)
+        self._rest_server = OneLineRESTServer("kserve.model_server:app", self.dataplane,
+                                              self.model_repository_extension, self.http_port,
+                                              grace_period=self.grace_period, event_loop=self.event_loop,
+                                              timeout_keep_alive=self.timeout_keep_alive)
         self._rest_server.config.app = self.app  # KServe's app (its routes added at start) behind packrat's paths
         self._rest_server.config.host = self.host
         self._rest_server.config.backlog = BACKLOG
@@ -546,7 +546,7 @@ class GrpcServer:
         options = [("grpc.max_receive_message_length", self.server.grpc_message_bytes),
                    ("grpc.max_send_message_length", self.server.grpc_message_bytes)]
         self._grpc = grpc.aio.server(ThreadPoolExecutor(max_workers=self.server.max_threads),
-                                     interceptors=(ExceptionToStatusInterceptor(),), options=options)
+                                     interceptors=(OneLineStatus(),), options=options)
         servicer = RepositoryServicer(self.server.dataplane, self.server.model_repository_extension)
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._grpc)
         self._grpc.add_insecure_port(f"{self.server.host}:{self.server.grpc_port}")
