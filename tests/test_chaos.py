@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from packrat.bench import chaos, resources
+from packrat.bench import chaos, chaos_faults, harness, resources, results
 from packrat.bench.users import by_status
 from packrat.cli import bench_chaos
 from packrat.cli.main import build_parser, main
@@ -44,9 +44,9 @@ def test_schedule_cycles_kinds_every_interval_before_the_end():
 
 
 def test_reconfigure_alternates_half_and_full_batch():
-    assert [chaos.reconfigure_target(n, 4) for n in range(4)] == [2, 4, 2, 4]
-    assert [chaos.reconfigure_target(n, 1) for n in range(3)] == [1, 1, 1]  # B//2 is at least 1
-    assert chaos.reconfigure_target(0, 5) == 2
+    assert [chaos_faults.reconfigure_target(n, 4) for n in range(4)] == [2, 4, 2, 4]
+    assert [chaos_faults.reconfigure_target(n, 1) for n in range(3)] == [1, 1, 1]  # B//2 is at least 1
+    assert chaos_faults.reconfigure_target(0, 5) == 2
 
 
 def test_one_users_pattern():
@@ -153,10 +153,10 @@ def test_soak_rows_count_requests_answered_by_each_sample():
 # ---- tables ------------------------------------------------------------------------------------
 
 def test_markdown_and_cell_formats():
-    assert chaos.markdown(["a", "b"], [[1, "x|y"]]) == "| a | b |\n|---|---|\n| 1 | x\\|y |"
+    assert results.markdown_table(["a", "b"], [[1, "x|y"]]) == "| a | b |\n|---|---|\n| 1 | x\\|y |"
     assert chaos.fmt_counts({}) == "0"
     assert chaos.fmt_counts({"503": 4, "0": 1}) == "5 (503: 4, no answer: 1)"
-    assert chaos.fmt_num(None) == "-" and chaos.fmt_num(math.nan) == "-" and chaos.fmt_num(2.345, 2) == "2.35"
+    assert results.fmt_num(None) == "-" and results.fmt_num(math.nan) == "-" and results.fmt_num(2.345, 2) == "2.35"
     assert chaos.format_leftovers({"processes": [], "segments": []}) == "none"
     assert chaos.format_leftovers({"processes": [{"pid": 7, "what": "instance"}], "segments": ["packrat-7-0"]}) == \
         "1 process(es): 7 instance; 1 segment(s): packrat-7-0"
@@ -230,20 +230,20 @@ def test_success_lines_carry_no_reason():
 
 def test_reaped_and_mapped_segments_on_live_processes():
     me = psutil.Process()
-    assert not chaos.reaped(me)
+    assert not chaos_faults.reaped(me)
     assert resources.mapped_segments([me.pid], prefixes=("no-such-prefix-",)) == set()
 
 
 def test_bounded_gives_the_result_or_the_default():
-    assert chaos.bounded(lambda: 7, 1.0) == 7
-    assert chaos.bounded(lambda: 1 / 0, 1.0, default="no") == "no"
+    assert harness.bounded(lambda: 7, 1.0) == 7
+    assert harness.bounded(lambda: 1 / 0, 1.0, default="no") == "no"
     started = time.monotonic()
-    assert chaos.bounded(lambda: time.sleep(2), 0.05, default="late") == "late"
+    assert harness.bounded(lambda: time.sleep(2), 0.05, default="late") == "late"
     assert time.monotonic() - started < 1.0
 
 
 def test_logged_worker_pids():
     log = ("2026-11-22T18:23:22,809 [INFO ] W-9000-tiny_1.0-stdout MODEL_LOG - [PID]11305\n"
            "... s_name_part1=9000, pid=11374\n2026-11-22T18:23:29,436 [INFO ] MODEL_LOG - [PID]11374\n")
-    assert chaos.logged_worker_pids(log) == {11305, 11374}
-    assert chaos.logged_worker_pids("") == set()
+    assert chaos_faults.logged_worker_pids(log) == {11305, 11374}
+    assert chaos_faults.logged_worker_pids("") == set()

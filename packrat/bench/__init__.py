@@ -7,7 +7,8 @@ server started on free ports as a Target, its bodies, status counters and health
 machine slowed), resources.py (a server's memory, open files, /dev/shm and CPU), results.py (JSON
 files, markdown tables, verdicts).
 
-The scenarios: server.py, pool.py, step.py, memory.py (`packrat bench`), peers.py, oracle.py,
-chaos.py, overload.py (with overload_report.py, soak.py), multi_model_run.py (with multi_model.py),
+The scenarios: server.py, pool.py, step.py, memory.py (`packrat bench`), peers.py (with
+peer_runners.py, peers_report.py), oracle.py (with oracle_configs.py, oracle_report.py), chaos.py
+(with chaos_faults.py), overload.py (with overload_report.py, soak.py), multi_model_run.py (with multi_model.py),
 plain_http.py (with plain_server.py), node_chaos.py, instance.py, correction.py; demo.py and
 demo_tokenizers.py (the demo); ray_local.py (a Ray cluster of pinned nodes on one machine)."""

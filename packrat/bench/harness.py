@@ -161,6 +161,23 @@ def pool_requests(spec, batch: int, v2: bool = False) -> list:
     return [Request(*sample_request(spec.inputs, sample, v2)) for sample in zip(*spec.example_inputs(batch))]
 
 
+def bounded(fn: Callable[[], object], timeout_s: float, default=None):
+    """fn()'s result, or `default` when it raises or takes longer than timeout_s (it then runs on in
+    a daemon thread, its result dropped)."""
+    box: list = []
+
+    def call() -> None:
+        try:
+            box.append(fn())
+        except Exception:  # noqa: BLE001 - any failure means "no answer"
+            pass
+
+    thread = threading.Thread(target=call, daemon=True, name="chaos-bounded")
+    thread.start()
+    thread.join(timeout_s)
+    return box[0] if box else default
+
+
 class Periodic:
     """While active (a with block), calls self.tick() (or `tick`, given) every `every_s` seconds in
     a daemon thread; with `at_once`, first as it starts."""

@@ -1,5 +1,5 @@
 """`packrat bench chaos`: faults injected into packrat-served TorchServe under load, or a soak run
-(the serving, the faults and the report: packrat/bench/chaos.py)."""
+(the serving, the faults and the report: packrat/bench/chaos.py and chaos_faults.py)."""
 
 from __future__ import annotations
 
