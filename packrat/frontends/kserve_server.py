@@ -424,7 +424,7 @@ class InferenceFirst:
 
 
 HEADER_KEY = oip.HEADER.lower().encode()
-MODEL_KEY = "packrat.model"  # the scope's key for the model an inference path names, past the deployer's middleware
+MODEL_KEY = "packrat_model"  # the scope's key for the model an inference path names, past the deployer's middleware
 # KServe's own middleware, by module (its REST server adds them at start): the inference paths skip them
 KSERVE_MIDDLEWARE = ("timing_asgi", "asgi_logger")
 
