@@ -1,6 +1,6 @@
 """One Ray node against two on the same cores: packrat's Ray Serve front end under locust.
 
-Layouts on cores 0 and 1 (packrat/bench/ray_local.py pins each node): one node on both, its
+Layouts on cores 0 and 1 (packrat/deploy/ray_local.py pins each node): one node on both, its
 replica planning batch B or 2B (every user) for 2 cores; two nodes, one a core, a replica on each
 planning batch B for 1 core. 2B closed-loop locust users load /predictions/MODEL for --duration s;
 each round runs every layout (a fresh cluster each), in a rotated order; the summary gives medians.
@@ -40,7 +40,7 @@ def deployed(nodes: list[list[int]], batch: int, args: argparse.Namespace):
     """A local cluster of `nodes`, packrat's Ray Serve app on it with replicas of batch `batch`:
     (the cluster, a run_locust of 2B users against it with the model's payload)."""
     from packrat.codec.payloads import build_payload
-    from packrat.bench.ray_local import LocalCluster
+    from packrat.deploy.ray_local import LocalCluster
     from packrat.deploy.torchserve import free_port
     from packrat.frontends import ray_serve
     from packrat.loadtest.runner import run_locust

@@ -27,7 +27,7 @@ import pytest
 import torch
 from PIL import Image
 
-from packrat.bench.demo_tokenizers import build_demo_tokenizer
+from packrat.codec.demo_tokenizers import build_demo_tokenizer
 from packrat.deploy import torchserve
 from packrat.deploy import archive
 from packrat.bench.faults import pool_instances, torchserve_pid

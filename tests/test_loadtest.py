@@ -29,7 +29,7 @@ from packrat.loadtest.requestlog import read_request_log
 from packrat.loadtest.runner import HistoryRow, parse_history, parse_json_stats
 from packrat.loadtest.steps import parse_steps, step_markers
 from packrat.bench import faults
-from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
 from packrat.codec.payloads import (
     TEXT,
     build_payload,

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="Ray Serve is an optional extra: pip install 'packrat[ray]'")
 
-from packrat.bench.ray_local import LocalCluster  # noqa: E402
+from packrat.deploy.ray_local import LocalCluster  # noqa: E402
 from packrat.deploy.torchserve import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.integration,

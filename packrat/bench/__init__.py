@@ -9,6 +9,6 @@ files, markdown tables, verdicts).
 
 The scenarios: server.py, pool.py, step.py, memory.py (`packrat bench`), peers.py (with
 peer_runners.py, peers_report.py), oracle.py (with oracle_configs.py, oracle_report.py), chaos.py
-(with chaos_faults.py), overload.py (with overload_report.py, soak.py), multi_model_run.py (with multi_model.py),
-plain_http.py (with plain_server.py), node_chaos.py, instance.py, correction.py; demo.py and
-demo_tokenizers.py (the demo); ray_local.py (a Ray cluster of pinned nodes on one machine)."""
+(with chaos_faults.py), overload.py (with overload_report.py, soak.py), multi_model_run.py (with
+multi_model.py), plain_http.py (with plain_server.py), demo.py (`packrat demo`); node_chaos.py,
+instance.py and correction.py (benchmarks/ scripts')."""

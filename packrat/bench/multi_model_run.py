@@ -214,7 +214,7 @@ def plot_cores(samples: list, phases: list[Phase], path: Path) -> Path:
 # ---- runs ---------------------------------------------------------------------------------------
 
 def payloads_for(models: list[str], out: Path) -> tuple[dict, Path | None]:
-    from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+    from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
     from packrat.codec.payloads import build_payload
 
     tokenizer = build_demo_tokenizer(out / "tokenizer", demo_tokenizer_kind("bert_base")) if "bert_base" in models \

@@ -304,7 +304,7 @@ class Chaos:
 
 def start_server(models: list[str], out: Path, users_batch: int):
     """TorchServe with a packrat archive per model (model API on): (server, {model: archive})."""
-    from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+    from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
     from packrat.deploy import archive, torchserve
     from packrat.profiling.profiles import default_path
     from packrat.settings import Settings

@@ -109,7 +109,7 @@ def add_bench_parser(sub) -> None:
 def bench_tokenizer(model: str, payload: str, given: Path | None, demo: bool, out: Path) -> Path | None:
     """The tokenizer.json the servers get: --tokenizer, or with --demo-tokenizer one built into OUT/tokenizer/.
     A text payload without either is an error."""
-    from packrat.bench.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+    from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
     from packrat.codec.payloads import natural_payload
 
     if demo:
