@@ -163,7 +163,7 @@ NOT_BY_DEFAULT = {"torch-compile": "it compiles in every copy of every point and
                                    "set-up at B = 16 on 16 cores), unfit for a many-core default; --runtimes "
                                    "takes it"}
 SCALED = "scaled"  # search_profile's budget_s: default_budget_s of the machine's cores
-BUDGET_BASE_S, BUDGET_PER_DOUBLING_S = 60.0, 30.0
+BUDGET_BASE_S, BUDGET_PER_DOUBLING_S = 30.0, 30.0
 
 
 def default_budget_s(cores: int) -> float:
