@@ -7,6 +7,7 @@ import json
 import logging
 
 from packrat.codec.oip import HEADER, timeout_s
+from packrat.errors import one_line
 from packrat.serving.pool.api import Answer, Request
 from packrat.settings import Settings
 
@@ -70,6 +71,14 @@ def to_request(row: dict, context, index: int, received_at: float | None = None)
     return Request(json.dumps(body).encode("utf-8"), "application/json", received_at=received_at)
 
 
+def status_phrase(reason: str) -> str:
+    """A reason as the HTTP status phrase TorchServe sends: one line of ASCII. TorchServe's worker
+    frames the phrase with its length in characters but writes its UTF-8 bytes: a reason quoting a
+    client's non-ASCII text (a name, a header) threw its Java side out of step with the worker, which
+    it then restarted, failing every request the worker held (found by fuzzing, issue 71)."""
+    return one_line(reason).encode("ascii", "backslashreplace").decode("ascii")
+
+
 def respond(answers: list[Answer], context) -> list[bytes]:
     """One response per request, in order, each with its own status, reason, content type and,
     for binary KServe v2 answers, the length of their JSON header; for refusals, when to try again."""
@@ -80,5 +89,5 @@ def respond(answers: list[Answer], context) -> list[bytes]:
         if answer.retry_after_s is not None:
             context.set_response_header(index, "Retry-After", str(answer.retry_after_s))
         if answer.status != 200:
-            context.set_response_status(answer.status, answer.reason, index)
+            context.set_response_status(answer.status, status_phrase(answer.reason), index)
     return [answer.body for answer in answers]

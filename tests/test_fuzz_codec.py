@@ -112,3 +112,24 @@ def test_a_batch_of_fuzz_answers_each_request_alone_and_its_good_one_200(codec, 
     for wire, reply in zip(wires, replies):
         assert verdict(reply.status, reply.body) is None, (reply.status, reply.body[:300], wire.describe())
     assert replies[min(good_at, len(wires) - 1)].status == 200
+
+
+def test_a_refusal_quoting_non_ascii_keeps_torchserves_frame_in_step():
+    """TorchServe's worker frames the status phrase with its length in characters and writes its
+    UTF-8 bytes: a reason quoting a client's non-ASCII name threw the Java side out of step and the
+    worker was restarted. The phrase is one line of ASCII; the body keeps the reason as JSON."""
+    from ts.context import Context, RequestProcessor
+    from ts.protocol.otf_message_handler import create_predict_response
+
+    from packrat.serving.pool.api import Answer
+
+    context = Context("tiny", "/tmp", {}, 1, None, "0.12")
+    context.request_processor = [RequestProcessor({})]
+    reason = "unsupported datatype 'q\ue757\U0001f600\nx'"
+    body = common.respond([Answer.error(400, reason)], context)
+    phrase = context.get_response_status(0)[1]
+    assert phrase == "unsupported datatype 'q\\ue757\\U0001f600\\nx'" and phrase.isascii()
+    assert json.loads(body[0])["error"] == reason
+    frame = create_predict_response(body, {0: "id"}, "", 200, context=context)
+    at = frame.index(phrase.encode()) - 4  # the phrase's length, then the phrase
+    assert int.from_bytes(frame[at:at + 4], "big") == len(phrase.encode())
