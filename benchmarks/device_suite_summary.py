@@ -21,7 +21,7 @@ from packrat.profiling.profiles import held
 
 from packrat.bench import oracle_configs, oracle_report, peers_report
 from packrat.bench.harness import doc_parser
-from packrat.bench.results import fmt_num, markdown_table, span
+from packrat.bench.results import fmt_num, markdown_table, with_spread
 
 STEPS = {"profile": "(a) Profile (the search)", "peers": "(b) packrat against its peers",
          "oracle": "(c) Planner vs the oracle", "bench": "(d) Pool-only bench: fat vs plan",
@@ -261,8 +261,7 @@ def verdict_tables(out: Path) -> list[str]:
 
 
 def _mark(value: float | None, met: bool, spread: list[float] | None = None) -> str:
-    return "-" if value is None else f"{value:.2f}" + (f" ({span(spread)})" if spread else "") + \
-        f" {'✓' if met else '✗'}"
+    return "-" if value is None else f"{with_spread(value, spread)} {'✓' if met else '✗'}"
 
 
 def summary(out: Path) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import threading
 import time
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 from packrat.bench.harness import doc_parser
 from packrat.bench.results import fmt_num, markdown_table, write_json
 from packrat.bench.rounds import in_rounds
+from packrat.bench.users import EngineUsers
 
 EXAMPLES = """examples:
   python benchmarks/kserve_frontend.py --models squeezenet,resnet50 --batches 1,4 \\
@@ -120,24 +120,9 @@ def load(url: str, model: str, users: int, seconds: float, where: Path, body, to
 
 def closed_loop(engine, users: int, seconds: float, body) -> dict:
     """`users` threads, each submitting the body and waiting for its answer, for `seconds`."""
-    from packrat.serving.pool.api import Request
-
-    latencies, failures, stop = [], [0], time.monotonic() + seconds
-
-    def user() -> None:
-        while time.monotonic() < stop:
-            started = time.perf_counter()
-            engine.arrive()
-            answer = engine.submit(Request(body[0], body[1])).result()
-            latencies.append((time.perf_counter() - started) * 1e3)
-            failures[0] += not answer.ok
-
-    threads = [threading.Thread(target=user) for _ in range(users)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return {"latencies_ms": latencies, "failures": failures[0], "seconds": seconds}
+    with EngineUsers(engine, users, body) as load:
+        time.sleep(seconds)
+    return {"latencies_ms": load.latencies_ms, "failures": load.failures, "seconds": seconds}
 
 
 # ---- one model at one batch size -------------------------------------------------------------------

@@ -120,7 +120,7 @@ def summarise(results: list[dict]) -> dict:
 
 
 def table(summary: dict) -> str:
-    from packrat.bench.results import fmt_num, markdown_table
+    from packrat.bench.results import fmt_num, markdown_table, with_spread
 
     rows = []
     for key, cell in summary.items():
@@ -129,9 +129,8 @@ def table(summary: dict) -> str:
             rows.append([tree, plan_name, payload, batch, cell["error"]] + [""] * (len(STAGES) + 2))
             continue
         predicted = cell.get("predicted_ms")
-        low, high = cell["wall_range_ms"]
         rows.append([tree, f"{plan_name}: {cell['describe']}", payload, batch,
-                     f"{fmt_num(cell['wall_ms'], 2)} ({fmt_num(low, 2)}–{fmt_num(high, 2)})",
+                     with_spread(cell["wall_ms"], cell["wall_range_ms"]),
                      fmt_num(predicted, 2),
                      fmt_num(cell["wall_ms"] / predicted, 2) if predicted else "-"]
                     + [fmt_num(cell["stages_ms"][s], 3) for s in STAGES])

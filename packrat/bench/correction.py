@@ -17,10 +17,10 @@ import csv
 import io
 import os
 import tempfile
-import threading
 import time
 from pathlib import Path
 
+from packrat.bench.users import EngineUsers
 from packrat.profiling.profiles import load
 
 
@@ -53,7 +53,6 @@ def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: 
     the served-latency file is kept); `progress(elapsed_s)` about once a second."""
     from packrat.codec.payloads import build_payload
     from packrat.serving.engine import Engine
-    from packrat.serving.pool.api import Request
     from packrat.settings import SERVED_DIR_ENV, Settings
 
     with tempfile.TemporaryDirectory(prefix="packrat-correction-") as folder:
@@ -64,33 +63,16 @@ def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: 
         true_plan = _plan(load(profile), cores, batch)
         settings = Settings(model=model, profiles=("profile.csv",), max_batch=batch, plan_batch=batch,
                             share_node=False)
-        body, content_type = build_payload(model, "raw")
         engine = Engine(settings, folder, model, max_batch=batch, asynchronous=True)
         first_plan = engine.controller.plan.describe()
-        counts = {"sent": 0, "failed": 0}
-        lock, stop = threading.Lock(), threading.Event()
-
-        def user() -> None:
-            while not stop.is_set():
-                engine.arrive(1)
-                status = engine.submit(Request(body, content_type)).result().status
-                with lock:
-                    counts["sent"] += 1
-                    counts["failed"] += status != 200
-
-        users = [threading.Thread(target=user, daemon=True) for _ in range(batch)]
         started, wall_started = time.monotonic(), time.time()
-        for thread in users:
-            thread.start()
         try:
-            while time.monotonic() - started < seconds:
-                time.sleep(1.0)
-                if progress:
-                    progress(time.monotonic() - started)
+            with EngineUsers(engine, batch, build_payload(model, "raw")) as users:
+                while time.monotonic() - started < seconds:
+                    time.sleep(1.0)
+                    if progress:
+                        progress(time.monotonic() - started)
         finally:
-            stop.set()
-            for thread in users:
-                thread.join(60)
             status = engine.status()
             engine.close()
     switches = status["reconfigurations"]  # every plan change: on served figures, trials, the load
@@ -101,7 +83,8 @@ def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: 
             "final_plan": _describe(status), "switches": switches,
             "first_switch_after_s": switches[0]["after_s"] if switches else None,
             "final_plan_since_s": (switches[-1]["after_s"] + switches[-1]["seconds"]) if switches else 0.0,
-            "served": status["served"], "health": status["health"], **counts}
+            "served": status["served"], "health": status["health"], "sent": len(users.latencies_ms),
+            "failed": users.failures}
 
 
 def _plan(profile, cores: int, batch: int) -> str:

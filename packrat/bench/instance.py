@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 
-from packrat.bench.results import markdown_table, span
+from packrat.bench.results import markdown_table, with_spread
 from packrat.serving.settling import answered
 from packrat.bench.rounds import elapsed_ms, interleaved
 
@@ -77,7 +77,7 @@ def summary(samples: dict[str, list[float]], **case) -> dict:
 def format_gaps(results: list[dict]) -> str:
     """A markdown table of instance_gap results."""
     def ms(r: dict, name: str) -> str:
-        return f"{r['median_ms'][name]:.2f} ({span(r['spread_ms'][name])})"
+        return with_spread(r["median_ms"][name], r["spread_ms"][name])
 
     hop = ("queue", "copy", "send", "wake", "locks", "reply", "hand_out")
     return markdown_table(["model", "runtime", "t", "b", "point ms", "instance model ms", "model / point",

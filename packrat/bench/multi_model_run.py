@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from packrat.bench.results import fmt_num, markdown_table, write_json
+from packrat.bench.results import fmt_num, markdown_table, with_spread, write_json
 from packrat.bench.multi_model import LEAD, Phase, alone_phase, normalised, over_all_rounds, schedule, summarise
 from packrat.loadtest.env import STEP_SECONDS, STEP_USERS
 
@@ -286,10 +286,7 @@ def run_part(part: str, models: list[str], phases: list[Phase], args, out: Path)
 
 def spread_text(figure: dict | None, digits: int) -> str:
     """An over_rounds figure as "median (min–max)"; "-" for none."""
-    if not figure:
-        return "-"
-    low, high = figure["spread"]
-    return f"{fmt_num(figure['median'], digits)} ({fmt_num(low, digits)}–{fmt_num(high, digits)})"
+    return with_spread(figure["median"], figure["spread"], digits) if figure else "-"
 
 
 def report(results: dict) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from packrat.bench.harness import local_topology
 from packrat.bench.oracle_configs import IDENTICAL_TEXT, planner_choice
-from packrat.bench.results import markdown_table, span
+from packrat.bench.results import markdown_table, with_spread
 from packrat.bench.rounds import paired
 from packrat.profiling.profiles import load
 from packrat.serving.payloads import planned_for
@@ -95,12 +95,6 @@ def verdicts(summaries: Sequence[dict], kind: str = "loaded") -> list[str]:
                     "|predicted/measured − 1| ≤")]
 
 
-def _ratio(row: dict | None, key: str) -> str:
-    """A ratio, with its rounds' min–max where it was paired."""
-    value, spread = (row or {}).get(key), (row or {}).get(f"{key}_spread")
-    return "-" if value is None else f"{value:.2f}" + (f" ({span(spread)})" if spread else "")
-
-
 def markdown(report: dict) -> str:
     """The per-B table for BENCHMARKS.md."""
     meta = report["meta"]
@@ -118,8 +112,8 @@ def markdown(report: dict) -> str:
                  s["best"], f"{s['best_ms']:.1f}"]
         for kind in ("loaded", "isolated"):
             row = s.get(kind) or {}
-            cells += [row.get("label") or "-", _ratio(row, "vs_best"), _ratio(row, "predicted_vs_measured")]
-        rows.append(cells + [_ratio(s, "fat_vs_best")])
+            cells += [row.get("label") or "-", with_spread(row.get("vs_best"), row.get("vs_best_spread")), with_spread(row.get("predicted_vs_measured"), row.get("predicted_vs_measured_spread"))]
+        rows.append(cells + [with_spread(s.get("fat_vs_best"), s.get("fat_vs_best_spread"))])
     return "\n".join(lines + [markdown_table(["B", "configs", "oracle (best)", "best ms", "loaded plan", "meas/best",
                                                "pred/meas", "isolated plan", "meas/best", "pred/meas",
                                                "fat meas/best"], rows)])

@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Sequence
 
 from packrat.bench.peer_runners import PEERS
-from packrat.bench.results import fmt_num, markdown_table, span
+from packrat.bench.results import fmt_num, markdown_table, span, with_spread
 from packrat.bench.rounds import median_spread, paired
 
 
@@ -127,8 +127,8 @@ def markdown(summary: dict, header: str = "", plans: dict | None = None, predict
                 cells.append([peer, "-", "-", "-", "-", row["error"]])
                 continue
             failed = [f"{row['failed_rounds']} round(s) failed"] if row.get("failed_rounds") else []
-            vs = f"{fmt_num(row.get('vs_packrat'), 2)} ({span(row.get('vs_packrat_spread'))})" if "vs_packrat" in row else "-"
-            cells.append([peer, f"{row['latency_ms']:.2f} ({span(row['spread_ms'])})", vs, _diff_text(row),
+            vs = with_spread(row.get("vs_packrat"), row.get("vs_packrat_spread"))
+            cells.append([peer, with_spread(row["latency_ms"], row["spread_ms"]), vs, _diff_text(row),
                           fmt_num(row.get("setup_s")), "; ".join([row["note"]] * bool(row.get("note")) + failed)])
         lines += [markdown_table(["peer", "median ms (rounds' min–max)", "vs packrat, paired (min–max)",
                                   "max abs Δ vs eager", "setup s", "notes"], cells), ""]

@@ -53,6 +53,11 @@ def span(values: Sequence[float] | None, digits: int = 2) -> str:
     return f"{values[0]:.{digits}f}–{values[1]:.{digits}f}" if values else "-"
 
 
+def with_spread(value: float | None, spread: Sequence[float] | None = None, digits: int = 2) -> str:
+    """A figure with the [min, max] of its rounds, as 'value (min–max)'; '-' for none."""
+    return "-" if value is None else fmt_num(value, digits) + (f" ({span(spread, digits)})" if spread else "")
+
+
 def markdown_row(cells: Iterable) -> str:
     """One row of a markdown table; cells are str()-ed, pipes escaped, line breaks made spaces."""
     return "| " + " | ".join(str(cell).replace("|", "\\|").replace("\n", " ") for cell in cells) + " |"

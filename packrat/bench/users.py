@@ -76,6 +76,45 @@ def open_loop_users(rate_rps: float, request_timeout_s: float, batch: int) -> in
     return max(batch, math.ceil(rate_rps * (request_timeout_s + PACE_SLACK_S)))
 
 
+class EngineUsers:
+    """While active (a with block), `users` closed-loop users in threads of this process, each
+    submitting `body` (bytes, content type) to an in-process engine as a front end drives it
+    (arrive, then submit) and waiting for its answer: `latencies_ms` of every answer, `failures`
+    (answers not 200)."""
+
+    def __init__(self, engine, users: int, body: tuple[bytes, str]):
+        import threading
+
+        self.engine, self.body = engine, body
+        self.latencies_ms: list[float] = []
+        self.failures = 0
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._threads = [threading.Thread(target=self._user, daemon=True) for _ in range(users)]
+
+    def _user(self) -> None:
+        import time
+
+        from packrat.serving.pool.api import Request
+
+        while not self._stop.is_set():
+            started = time.perf_counter()
+            self.engine.arrive()
+            answer = self.engine.submit(Request(*self.body)).result()
+            with self._lock:
+                self.latencies_ms.append((time.perf_counter() - started) * 1e3)
+                self.failures += not answer.ok
+
+    def __enter__(self) -> EngineUsers:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+
 def logged_load(url: str, model: str, users: int, seconds: float, where: Path, log: Path | None = None,
                 **locust) -> list[RequestRecord]:
     """One locust run (packrat.loadtest.run_locust: `locust` its other keywords), every request
