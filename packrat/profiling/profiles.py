@@ -1,37 +1,11 @@
 """Profile files: L(t, b), the latency of one instance with t threads at batch b.
 
-A profile is a CSV whose required columns are ``threads,batch,latency_ms`` (mean latency in ms);
-any other column (p50_ms, p99_ms, std_ms, iterations, ...) is kept but optional. Lines starting
-with ``#`` before the header carry metadata as ``# key: value`` (model, mode, latency, torch
-version, CPU, cores, date).
-
-Two figures per point. A contention profile (``# latency: loaded``, the default since issue 32)
-holds in ``latency_ms`` the loaded mean, measured while ``copies`` copies of the point ran side by
-side as a homogeneous plan runs them, and in ``isolated_ms`` the point measured alone: for every
-point with ``--isolated-too``, else only for the points no second copy fits beside (served alone;
-the others' ``isolated_ms`` is empty). An isolated profile (``# latency: isolated``, or no such key:
-every older file, and the published layout) holds only the isolated figure; describe() says so.
-
-``load`` also reads the CSV layout published by the Packrat authors (columns
-``benchmark,topology,...,intraop_threads,batch_size,latency(avg)``), keeping the TorchScript
-(``*_manual_script``), ``sequential`` rows, so their 16-core tables can be planned from directly.
-
-Runtimes: a ``runtime`` column (packrat/models/runtimes.py) lets a profile hold each point under
-several runtimes; a file without it holds inductor's. The profile's L(t, b) is then inductor's
-figure unless another runtime is faster beyond the noise (choose_runtime), and ``runtimes`` says
-which runtime that is. A point's noise is ``mad_ms`` (point.robust_spread), or ``std_ms`` in a
-profile from before it was recorded.
-
-Served figures (issue 41): ``latency_ms`` and ``isolated_ms`` time the model alone on example tensors
-(the model-only figure); ``served_ms`` (``served_isolated_ms`` alone, ``served_mad_ms`` its spread) time
-the whole sub-batch as a pool instance answers it from the payload named by ``# payload: jpeg|text|raw``
-(decoded, run and encoded: point.py), measured the same way. A profile whose every point has its served
-figure plans on it (``basis`` "served": ``latency``, ``isolated``, ``runtimes``, items() and the runtime
-chosen per point are then the served figures'); on("model") plans on the model-only ones, as does a
-profile without those columns (every older file, or one taken with ``--model-only``). points() are the
-planned figures and model_points() the model-only ones: the pool times its instances' model stage
-alone, so served corrections (packrat.serving.served) compare with model_points() and corrected()
-moves a served figure by what the model's own changed.
+Columns and keys: docs/reference/profile-format.md. A loaded profile (``# latency: loaded``) holds
+the figure measured beside ``copies`` copies of the point and, where measured, the lone one
+(``isolated_ms``); an isolated one (no such key: older files, the published layout) the lone one only.
+A point may be held under several runtimes; its figure is the one choose_runtime picks. A profile
+whose every point has served figures plans on them (``basis``); model_points() are the model-only
+ones, which the pool's served corrections compare with.
 """
 
 from __future__ import annotations
@@ -49,9 +23,7 @@ from packrat.settings import RUNTIME_MARGIN
 REQUIRED = ("threads", "batch", "latency_ms")
 COLUMNS = ("threads", "batch", "latency_ms", "isolated_ms", "copies", "p50_ms", "p99_ms", "std_ms", "iterations",
            "runtime", "mad_ms", "served_ms", "served_isolated_ms", "served_mad_ms")
-# Layouts written before: without served figures, without the robust spread, without runtimes
-# (inductor's points), and before contention profiles (isolated ones). All can still be appended to
-# (with model-only figures; the last two with inductor's points only).
+# Older layouts, still appended to (model-only figures; without runtimes: inductor's points only).
 NO_SERVED_COLUMNS = COLUMNS[:-3]
 NO_MAD_COLUMNS = NO_SERVED_COLUMNS[:-1]
 NO_RUNTIME_COLUMNS = NO_SERVED_COLUMNS[:-2]
@@ -95,10 +67,8 @@ class Profile:
 
     def add(self, runtime: str, threads: int, batch: int, latency: float, isolated: float | None,
             spread: float = 0.0, served: tuple[float, float | None, float] | None = None) -> None:
-        """One runtime's point (`isolated`: None when only its loaded figure was measured; `spread`:
-        the noise of its iterations (_spread), 0 if unknown; `served`: its served figures (primary,
-        isolated or None, spread), None where not measured); the profile's figure for ⟨t, b⟩ is then
-        the one runtime_for chooses, on the figures of the profile's basis."""
+        """One runtime's point (`isolated` None: only loaded; `served`: primary, isolated or None,
+        spread); ⟨t, b⟩'s figure is then the one runtime_for chooses."""
         self.by_runtime.setdefault(runtime, {})[threads, batch] = (latency, isolated)
         self.spread.setdefault(runtime, {})[threads, batch] = spread
         if served is not None:
@@ -153,9 +123,8 @@ class Profile:
         return self if basis == self.basis else self._rebuilt(basis=basis)
 
     def _rebuilt(self, runtimes=None, model_ms: dict | None = None, basis: str | None = None) -> "Profile":
-        """A copy (same metadata and rows) of the points of `runtimes` (all: None), the model-only
-        primary figures of some (threads, batch, runtime) replaced by `model_ms` (each such point's
-        served figure moved by as much), planning on `basis` (this one's: None)."""
+        """A copy of the points of `runtimes` (None: all), model-only figures replaced by `model_ms`
+        (served ones moved by as much), planning on `basis` (None: this one's)."""
         kept = Profile(latency={}, metadata=dict(self.metadata), rows=list(self.rows), basis=basis or self.basis)
         for runtime in self.by_runtime if runtimes is None else runtimes:
             for (t, b), (latency, isolated) in self.by_runtime.get(runtime, {}).items():
@@ -195,10 +164,8 @@ class Profile:
                 for (t, b), (latency, _) in figures.items()}
 
     def corrected(self, figures) -> "Profile":
-        """This profile with the model-only primary figures of some (threads, batch, runtime)
-        replaced by `figures` (what its instances' model stage served), a served figure moved by as
-        much as its model's (decoding and encoding kept as measured); each point's runtime chosen
-        again on them."""
+        """This profile with some (threads, batch, runtime) model-only figures replaced by what the
+        instances' model stage served (served figures moved by as much), runtimes chosen again."""
         return self._rebuilt(model_ms=figures)
 
     def only(self, runtimes) -> "Profile":
@@ -282,10 +249,7 @@ def gains(profile: Profile, instances, runtime: str = "ios") -> list[dict]:
 
 def choose_runtime(figures: dict[str, tuple[float, float]]) -> str:
     """The runtime a point's figure is taken from, given each runtime's (ms, spread): the first
-    (_preference) unless another is faster beyond the noise (by more than either figure's spread
-    and by RUNTIME_MARGIN at least); then the first of those, and so on until none beats the
-    chosen one. Two runtimes, or two kinds of one, within each other's noise never swap on a coin
-    toss (issue 63)."""
+    (_preference) until another beats it by more than either spread and RUNTIME_MARGIN (issue 63)."""
     chosen = min(figures, key=_preference)
     while True:
         latency, spread = figures[chosen]
@@ -297,9 +261,8 @@ def choose_runtime(figures: dict[str, tuple[float, float]]) -> str:
 
 
 def _preference(runtime: str) -> tuple[int, bool, str]:
-    """Inductor first, then RUNTIMES' order; of one runtime's kinds the thread kind first: a served
-    point times the sub-batch in the instance, and the process kind's hop between processes
-    (0.3-0.7 ms a batch here, docs/benchmarks/peers.md) is not in it."""
+    """Inductor first, then RUNTIMES' order; of one runtime's kinds the thread kind first: the
+    process kind's hop between processes is not in a point's figure."""
     base = base_runtime(runtime)
     return (RUNTIMES.index(base) if base in RUNTIMES else len(RUNTIMES), instance_kind(runtime) != "thread", runtime)
 
@@ -383,9 +346,8 @@ def load(path: str | Path) -> Profile:
         raise ProfileError(f"{path}: no data rows")
     if profile.has_served:  # a point's figure is what is served: planned on, wherever every point has it
         profile = profile.on("served")
-    # Profiles from before torch.compile became the default were all taken in TorchScript (or
-    # eager, which they say): one without a mode reads as TorchScript, so it is served that way.
-    profile.metadata.setdefault("mode", "script")
+    profile.metadata.setdefault("mode", "script")  # files from before compile were TorchScript (or say eager)
+
     if columns is _PUBLISHED:
         profile.metadata.setdefault("model", profile.rows[0]["benchmark"].removesuffix("_manual_script"))
         profile.metadata.setdefault("source", "published Packrat measurements (TorchScript, sequential pinning)")
@@ -408,8 +370,7 @@ def _parse_latency(text: str, what: str) -> float:
 
 
 def _isolated(row: dict[str, str], column: str = "isolated_ms") -> float | None:
-    """A loaded row's lone figure: None where it was not measured, which only a point measured with
-    copies beside it may lack (a point served alone is measured alone)."""
+    """A loaded row's lone figure: None where not measured, which only a point with copies may lack."""
     copies = (row.get("copies") or "").strip()
     if not (row.get(column) or "").strip() and copies and _parse_number(copies, int, "copies") > 1:
         return None
@@ -417,8 +378,7 @@ def _isolated(row: dict[str, str], column: str = "isolated_ms") -> float | None:
 
 
 def _served(row: dict[str, str], loaded: bool) -> tuple[float, float | None, float] | None:
-    """A row's served figures (primary, isolated or None, spread), None where it has none (a file
-    without the columns, or a point measured model-only)."""
+    """A row's served figures (primary, isolated or None, spread); None where it has none."""
     if not (row.get("served_ms") or "").strip():
         return None
     served = _parse_latency(row["served_ms"], "served_ms")
@@ -443,13 +403,9 @@ def _is_loaded(path: Path, metadata: dict[str, str], header: list[str]) -> bool:
 
 
 class ProfileWriter:
-    """Appends points to a profile file, one flushed line each, so an interrupted
-    run leaves a valid file that a later run resumes.
-
-    `metadata` heads a new file; its `latency` key (default isolated) says which kind of
-    measurement is written, and appending to a file of the other kind is refused. A file in
-    an older layout (the legacy one without isolated_ms and copies, or one without served
-    columns) is appended to in that layout: `served` says whether the file can hold served figures."""
+    """Appends points to a profile file, one flushed line each: an interrupted run leaves a valid
+    file. `metadata` heads a new file; appending a kind (`latency` key) to a file of the other is
+    refused; an older layout is appended to as it is (`served`: whether it holds served figures)."""
 
     def __init__(self, path: str | Path, metadata: dict[str, str]):
         self.path = Path(path)
@@ -492,8 +448,8 @@ class ProfileWriter:
 
 
 def _add_runtimes(path: Path, runtimes: str) -> None:
-    """A resumed file's `# runtimes:` line names the runtimes a later run adds to it too (the line
-    says what the file holds; rewritten whole, then renamed, so it is never half written)."""
+    """A resumed file's `# runtimes:` line names the runtimes a later run adds too (the file
+    rewritten whole, then renamed: never half written)."""
     lines = path.read_text().splitlines(keepends=True)
     for index, line in enumerate(lines):
         if not line.startswith("#"):
@@ -510,8 +466,7 @@ def _add_runtimes(path: Path, runtimes: str) -> None:
 
 
 def _spread(row: dict) -> float:
-    """A point's noise, as runtime_for weighs it: its robust spread (mad_ms) where the profile has
-    it, else the std of its batches (older profiles), else 0."""
+    """A point's noise, as runtime_for weighs it: mad_ms, else std_ms (older profiles), else 0."""
     for column in ("mad_ms", "std_ms"):
         if (row.get(column) or "").strip():
             return _parse_number(row[column], float, column)
@@ -519,8 +474,8 @@ def _spread(row: dict) -> float:
 
 
 def _appendable_columns(path: Path, kind: str) -> tuple[str, ...]:
-    """The columns to append to `path` with: only a file in one of our layouts, holding
-    measurements of the same kind (loaded or isolated), may be appended to."""
+    """The columns to append to `path` with: only our layouts, holding the same kind, take more."""
+
     metadata, body = _read_lines(path)
     header = tuple(body[0][1].strip().split(",")) if body else ()
     if header not in (COLUMNS, NO_SERVED_COLUMNS, NO_MAD_COLUMNS, NO_RUNTIME_COLUMNS, LEGACY_COLUMNS):
@@ -532,13 +487,9 @@ def _appendable_columns(path: Path, kind: str) -> tuple[str, ...]:
 
 
 def choose(metadatas: list[dict], cpu_model: str | None, cores: int) -> tuple[int, str]:
-    """Which of an archive's profiles to plan with on a machine with `cpu_model` and a budget of
-    `cores` cores (the index, and one line saying why), from each profile's `cpu` and `cores` metadata.
+    """Which of an archive's profiles to plan with on `cpu_model` with `cores` cores budgeted (its
+    index, and why), by the rule docs/profiling.md ("One profile per machine type") gives."""
 
-    A profile holds points for at most its own cores, and latencies differ by CPU model, so: one taken
-    on this CPU model with at least `cores` cores (the fewest such, the closest machine); else one on
-    this CPU model with the most cores; else, on another CPU (or one its profile does not name), the
-    one whose cores are nearest `cores` (ties: the larger)."""
     if not metadatas:
         raise ValueError("no profile to choose from")
     index, rule = _choice(metadatas, cpu_model, cores)
