@@ -1,15 +1,9 @@
-"""Offline profiler: `packrat profile` measures L(t, b) into a profile file (profiles.py).
+"""Offline profiler: `packrat profile` measures L(t, b) into a profile file (docs/profiling.md).
 
-The search (search.py) picks the points of threads × batches that a plan on this machine's cores
-depends on, round after round, until it asks for none or the budget has passed (search_profile;
-run: the full grid). Each runtime asked for has its artefact built and checked against eager once
-(check_runtimes: refused with the reason, kept in the profile's metadata, if it cannot run the
-model or its outputs differ); a round's packages are built side by side before its points
-(builds.py); each (runtime, threads) then walks its batches on workers started once (_WorkerPool,
-measuring.Workers: loaded by copies of the point by default, served figures beside the model's).
-Points are appended as they finish, so Ctrl-C leaves a valid file that the same command resumes;
-a file of an older layout, or one taken model-only, is resumed model-only (said). The opt-in ios
-runtime is measured after the others, where they leave threads idle (reach.py).
+search_profile measures the points the search (search.py) asks for, after each runtime's artefact
+is checked (check_runtimes) and the packages they need are built (builds.py), on workers kept per
+(runtime, threads) (_WorkerPool, measuring.Workers); points are appended as they finish, so the
+same command resumes. The opt-in ios runtime is measured last, where it can gain (reach.py).
 """
 
 from __future__ import annotations
@@ -75,11 +69,9 @@ def payload_kind(settings: ProfileSettings, spec=None) -> str:
 
 def resumed(settings: ProfileSettings, out: Path, meta: dict[str, str], say=print
             ) -> tuple[ProfileSettings, dict[str, str]]:
-    """`settings` and the head `meta` of a new profile, made to measure what `out` already holds:
-    served figures of one payload, or model-only ones. A file without served figures (an older
-    layout, or taken with --model-only) is resumed model-only when the payload was left to the
-    default (said); asked for a payload it cannot hold, model-only figures into a served profile, or
-    another model, mode or latency kind than it holds, ProfileError."""
+    """`settings` and the head `meta` of a new profile, made to measure what `out` already holds: a
+    model-only file is resumed model-only where no payload was asked for (said); any other mismatch
+    of payload, model, mode or latency kind is a ProfileError."""
     existing = profiles.held(out)
     if existing is None:
         return settings, meta
@@ -104,10 +96,8 @@ def resumed(settings: ProfileSettings, out: Path, meta: dict[str, str], say=prin
 
 def check_runtimes(settings: ProfileSettings, runtimes: tuple[str, ...], say=print,
                    account: "Account | None" = None) -> dict[str, str | None]:
-    """Each runtime -> None when it can run the model (its artefact built and checked against
-    eager, once per machine; the time it took to `account`), else why not (said at once: the user
-    learns before any point is measured). Artefacts not built yet are built side by side, a process
-    each, when there are several and cores for them."""
+    """Each runtime -> None when it can run the model (its artefact built and checked against eager
+    once per machine, side by side, a process each; the time to `account`), else why not (said)."""
     missing = _missing_artefacts(settings, runtimes)
     found, started = {}, time.monotonic()
     if len(missing) > 1 and cpu_budget().cores > 1:
@@ -164,15 +154,13 @@ NOT_BY_DEFAULT = {"torch-compile": "it compiles in every copy of every point and
                                    "takes it"}
 SCALED = "scaled"  # search_profile's budget_s: default_budget_s of the machine's cores
 BUDGET_BASE_S, BUDGET_PER_DOUBLING_S = 30.0, 30.0
+LIVE_COPIES_PER_CORE = 4  # measuring copies kept started between rounds, per core: each holds a model in memory
+PARTS = ("build", "load", "measure")
 
 
 def default_budget_s(cores: int) -> float:
-    """When the search starts no more points by default: a time the machine's size sets, as the grid
-    of thread counts grows with it (the search usually ends before, once no unmeasured point can
-    change a plan; docs/profiling.md replays 16 and 64 cores on a simulated clock)."""
+    """When the search starts no more points by default: a time that grows with the grid of threads."""
     return BUDGET_BASE_S + BUDGET_PER_DOUBLING_S * math.log2(max(1, cores))
-LIVE_COPIES_PER_CORE = 4  # measuring copies kept started between rounds, per core: each holds a model in memory
-PARTS = ("build", "load", "measure")
 
 
 def default_runtimes(say=print) -> tuple[str, ...]:
@@ -186,14 +174,13 @@ def default_runtimes(say=print) -> tuple[str, ...]:
 
 @dataclass
 class Account:
-    """Where a profile's wall time went, per runtime: building (artefacts and packages), starting and
-    loading measuring workers, measuring; what none of those covers is unaccounted. A replay's clock
-    is simulated (replay.SimulatedClock): its account is what measuring would have cost."""
+    """Where a profile's wall time went, per runtime and PARTS; the rest is unaccounted. A replay's
+    clock is simulated (replay.SimulatedClock)."""
+
     clock: Callable[[], float] = time.monotonic
     simulated: bool = False
     seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (runtime, part) -> s
     points: dict[str, int] = field(default_factory=dict)
-    wave_s: float = 0.0  # the longest a wave of builds (one a core, side by side) has taken
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -266,14 +253,10 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
                    runtimes: tuple[str, ...] = (DEFAULT_RUNTIME,), say=print, full_grid: bool = False,
                    every_runtime: bool = False, noise: float = 0.0, seed: int = 0,
                    costs: dict | None = None) -> SearchResult:
-    """Measure into `out` the points of threads × batches a plan on this machine's cores depends on
-    (search.Search; with `full_grid`, every point), under each runtime that can run the model, the
-    most valuable per second first, until the search asks for none or `budget_s` has passed (None: no
-    budget; SCALED: default_budget_s of the cores); points already in `out` are kept. What a point
-    needs is built first (builds.py), then each (runtime, threads) measures on workers started once
-    (measuring.Workers). With `replay`, points are looked up in that profile on a simulated clock
-    (replay.py: `noise`, `seed`, and `costs` overriding costs.Costs' fixed costs), and `out`
-    rewritten with them: a check of the search, and of its budget, on a recorded table."""
+    """Measure into `out` the points of threads × batches the search asks for (`full_grid`: every
+    one) until it asks for none or `budget_s` has passed (None: no budget; SCALED: default_budget_s);
+    points already in `out` are kept. With `replay`, points are looked up in that profile on a
+    simulated clock (replay.py: `noise`, `seed`, `costs` overriding costs.Costs' fixed costs)."""
     from packrat.profiling.builds import needs_build
     from packrat.profiling.replay import Replay, SimulatedClock
     from packrat.profiling.search import FullGrid, Search
@@ -360,18 +343,14 @@ def within_text(within: float) -> str:
 
 
 def _replayed_needs_build(source: profiles.Profile, runtime: str) -> bool:
-    """Whether a replayed runtime's points each cost a build on the recorded machine: inductor's, in
-    compile mode (builds.needs_build, read from the profile's head)."""
+    """builds.needs_build on the recorded machine, from the replayed profile's head."""
     return runtime == DEFAULT_RUNTIME and source.metadata.get("mode") == "compile"
 
 
 def _walk(search, measure_one, builder: "_Builder", budget_s: float | None, account: Account, pool, say) -> str:
-    """Measure what the search asks for, one point at a time, the search asked again after each: the
-    point of most value per second of its predicted cost first (the design points cheapest first),
-    among those the budget left affords. Once `budget_s` has passed (or affords none), the search
-    asks only for what gives every batch of the grid a plan, with no build where another runtime can
-    give it: a profile that ends at its budget still plans. A runtime failing at a point is measured
-    no further."""
+    """Measure what the search asks for, a point at a time, the most value per second first among
+    those the budget left affords; once it has passed, only what gives every batch a plan. A runtime
+    failing at a point is measured no further."""
     from packrat.profiling.search import FullGrid
 
     forced = False
@@ -404,9 +383,8 @@ def _walk(search, measure_one, builder: "_Builder", budget_s: float | None, acco
 
 
 def _ranked(search, wanted: dict, pool: "_WorkerPool", builder: "_Builder") -> list[tuple[tuple, float]]:
-    """The points wanted with their predicted cost in seconds (costs.Costs: a worker group's load where
-    it is not live, a build where one is needed), the most value per second first, ties cheapest
-    first. Before any fit a point's cost is guessed from b / t."""
+    """The points wanted with their predicted cost in seconds (costs.Costs), the most value per
+    second first, ties cheapest first; before any fit a point's ms is guessed as b / t."""
     costs = pool.settings.costs
     predicted = search.predicted_ms(wanted)
     ranked = []
@@ -453,8 +431,6 @@ def _build(settings: ProfileSettings, points, topology: Topology, account: Accou
     lines = []
     for runtime, done in build_all(settings, points, topology, say).items():
         account.add(runtime, "build", done["seconds"])
-        waves = -(-done["built"] // topology.num_cores)
-        account.wave_s = max(account.wave_s, done["seconds"] / waves if waves else 0.0)
         if done["built"]:
             lines.append(f"{runtime}: {done['built']} built in {done['seconds']:.0f} s, {done['reused']} reused")
             say(f"built {lines[-1]}")
@@ -463,9 +439,8 @@ def _build(settings: ProfileSettings, points, topology: Topology, account: Accou
 
 def _early_builds(settings: ProfileSettings, threads, batches, runtimes, topology: Topology, account: Account, say):
     """Inductor's first packages (search.costly_design), built on the cores the other runtimes'
-    conversions leave idle while they run; none without conversions (or cores) to build beside: the
-    search then builds them only if their value is worth their cost (on 2 cores the conversions take
-    both, and a package is 40 s of one). The function returned waits for them and gives their lines."""
+    conversions leave idle (none spare: the search builds them where worth it). The function
+    returned waits for them and gives their lines."""
     import threading
 
     from packrat.profiling.builds import needs_build
@@ -535,9 +510,9 @@ def run(settings: ProfileSettings, threads: list[int], batches: list[int], out: 
 
 def _measure_ios(settings: ProfileSettings, out: Path, plain: tuple[str, ...], topology: Topology,
                  writer: profiles.ProfileWriter, say, every_runtime: bool, bar) -> None:
-    """Measure the ios runtime, after the plain runtimes, where it can gain (reach.ios_points on the
-    points they measured); at each of those points with `every_runtime` or without a plain runtime;
-    not again where `out` holds it. Each point's schedule is searched first (measuring.Workers)."""
+    """Measure the ios runtime where it can gain (reach.ios_points on the plain runtimes' points; all
+    of them with `every_runtime`), not again where `out` holds it."""
+
     held = profiles.held(out)
     figures = held.only(plain).latency if plain and held else {}
     if every_runtime or not plain:
