@@ -181,22 +181,31 @@ def ready(url: str) -> bool:
 
 
 @contextmanager
-def plain_serving(model: str, run_dir: Path, port: int, timeout: float = 300.0, log=print):
+def plain_serving(model: str, run_dir: Path, port: int, timeout: float = 300.0, log=print, cores=None):
     """The server as a process of its own session on 127.0.0.1:`port` (its output in
     run_dir/plain-server.log), yielding its URL once ready; SIGTERM on exit (SIGKILL after 30 s)."""
+    with plain_process(model, run_dir, port, timeout, log, cores) as (url, _):
+        yield url
+
+
+@contextmanager
+def plain_process(model: str, run_dir: Path, port: int, timeout: float = 300.0, log=print, cores=None):
+    """plain_serving's server, yielding (its URL, its pid) once ready; pinned to `cores` if given
+    (its session's threads are as many)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout
-    log(f"-- plain: starting FastAPI + ONNX Runtime on {url}")
+    log(f"-- plain: starting FastAPI + ONNX Runtime on {url}" + (f", cores {list(cores)}" if cores else ""))
     with (run_dir / "plain-server.log").open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "packrat.bench.plain_server", "--model", model,
-                                    "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
+        pinned = ["taskset", "-c", ",".join(map(str, cores))] if cores else []  # exec: the same pid
+        process = subprocess.Popen(pinned + [sys.executable, "-m", "packrat.bench.plain_server", "--model", model,
+                                      "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         while not ready(url):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the plain server did not get ready; see {run_dir / 'plain-server.log'}")
             time.sleep(0.2)
-        yield url
+        yield url, process.pid
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -204,7 +213,6 @@ def plain_serving(model: str, run_dir: Path, port: int, timeout: float = 300.0, 
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

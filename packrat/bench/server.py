@@ -277,14 +277,18 @@ def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, w
 
 
 @contextmanager
-def kserve_serving(model: str, mar: Path, run_dir: Path, log=print):
+def kserve_serving(model: str, mar: Path, run_dir: Path, log=print, *, cores=None, front_ends: int | str = 1):
     """packrat's KServe server (`packrat serve --engine kserve`'s) serving the archive on free loopback
-    ports, REST and gRPC, its engine's served figures in run_dir/served (not the user's); stopped on exit."""
+    ports, REST and gRPC, its engine's served figures in run_dir/served (not the user's), on `cores`
+    (default: all) through `front_ends` processes; stopped on exit."""
     from packrat.deploy import kserve
 
-    log("-- kserve: starting the KServe model server")
+    log(f"-- kserve: starting the KServe model server ({front_ends} front end(s)"
+        + (f", cores {list(cores)})" if cores else ")"))
     server = kserve.start(kserve.KServeServer(run_dir, (model,), http_port=torchserve.free_port(),
-                                              grpc_port=torchserve.free_port(), served_dir=run_dir / "served"), [mar])
+                                              grpc_port=torchserve.free_port(), served_dir=run_dir / "served",
+                                              cores=tuple(cores) if cores else None, front_ends=str(front_ends)),
+                          [mar])
     try:
         yield server
     finally:

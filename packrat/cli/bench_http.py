@@ -16,7 +16,8 @@ def add_http_parser(sub) -> None:
     p = doc_subparser(sub, "http", "packrat's KServe server against a plain FastAPI + ONNX Runtime server",
                       plain_http.__doc__, (
                           "packrat bench http --model squeezenet --batch-size 4 --rounds 10 --duration 8",
-                          "packrat bench http --model tiny --rounds 1 --duration 2 --warmup 2   # smoke run"))
+                          "packrat bench http --model tiny --rounds 1 --duration 2 --warmup 2   # smoke run",
+                          "packrat bench http --ceiling --rounds 4 --duration 5   # the front end's ceiling, trivial"))
     number, count = positive(float), positive(int)
     p.add_argument("--model", default="squeezenet", help="zoo model (default squeezenet)")
     p.add_argument("--batch-size", type=count, default=4,
@@ -33,12 +34,25 @@ def add_http_parser(sub) -> None:
                         "(default 50, as `packrat serve`)")
     p.add_argument("--out", type=Path, default=Path("out/http-bench"),
                    help="the archive, the servers' logs, locust's files and http-bench.json (default out/http-bench)")
+    p.add_argument("--ceiling", nargs="?", const="trivial", default=None, metavar="MODEL",
+                   help="measure the front end's ceiling instead (packrat/bench/ceiling.py): req/s per front-end core "
+                        "with MODEL (default trivial, of next to no cost), packrat's alone on a core against the plain "
+                        "server's, then one front end against one per core; writes packrat's figure where `packrat "
+                        "serve --front-ends auto` reads it")
+    p.add_argument("--connections", type=count, default=32,
+                   help="--ceiling: kept-alive connections of the closed-loop load (default 32)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of the tables")
     p.set_defaults(func=cmd_http)
 
 
 def cmd_http(args: argparse.Namespace) -> int:
-    report = plain_http.run(args)
+    if args.ceiling:
+        from packrat.bench import ceiling
+
+        report = ceiling.run(argparse.Namespace(**{**vars(args), "model": args.ceiling}), plain_http.log)
+        written = args.out / "ceiling.json"
+    else:
+        report, written = plain_http.run(args), args.out / "http-bench.json"
     print(json.dumps(report, indent=2, default=str) if args.json else report["markdown"])
-    plain_http.log(f"every figure: {args.out / 'http-bench.json'}")
+    plain_http.log(f"every figure: {written}")
     return 0

@@ -91,3 +91,33 @@ def hop_text(health: dict) -> str:
     parts = ", ".join(f"{name.replace('_', ' ')} {ms:.2f}" for name, ms in stages.items() if name != "total")
     return (f"pool hop, ms per sub-batch (mean of the last ones, {health.get('requests_per_sub_batch', 0):.1f} "
             f"requests each): {parts}; total {stages['total']:.2f}")
+
+
+def where_it_serves(share: dict) -> str:
+    """What a model's heartbeat says beside its planned share: moving, a failed move, or other cores."""
+    notes = []
+    serves_on = share.get("serves_on")
+    if serves_on and list(serves_on[0]) != list(share["cores"]):
+        notes.append(f"serves on cores {cores_text(tuple(serves_on[0]))}")
+    if share.get("moving"):
+        notes.append("moving")
+    if share.get("failed"):
+        notes.append(f"its last move failed: {share['failed']}")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def front_end_text(front_end: dict) -> str:
+    """A front end's process, cores and share of a core (its CPU time per second, and its event
+    loop's), the requests it answered and how many a core of its CPU time answered, over the last seconds."""
+    place = f"front end {front_end['index']} of {front_end['count']}" if front_end.get("count", 1) > 1 else "front end"
+    where = f"{place} (pid {front_end.get('pid')}" + (f", cores {cores_text(tuple(front_end['cores']))})"
+                                                      if front_end.get("cores") else ")")
+    if front_end.get("unreachable"):
+        return f"{where}: did not answer"
+    if front_end.get("cpu_share") is None:
+        return f"{where}: no CPU time measured yet"
+    per_core = front_end.get("rps_per_core")
+    return (f"{where}: {front_end['cpu_share']:.2f} of a core (its event loop {front_end['loop_share']:.2f}), "
+            f"{front_end['answered_rps']:.1f} req/s answered" + (f", {per_core:,.0f} per core of its CPU time"
+                                                                 if per_core else "")
+            + f" (last {front_end['seconds']:.0f} s)")

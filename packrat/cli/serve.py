@@ -12,6 +12,7 @@ from packrat.cli.types import positive
 from packrat.cli.output import print_budget_and_profile
 from packrat.deploy import torchserve
 from packrat.errors import ServeError
+from packrat.planning.front_ends import front_ends_count
 
 
 def add_serve_parser(sub) -> None:
@@ -48,6 +49,10 @@ def add_serve_parser(sub) -> None:
                         "per node of the Ray cluster, each planned for its node's CPU budget and profile; kserve: "
                         "this machine, a KServe model server (Open Inference Protocol over REST on "
                         "--inference-port and gRPC on --grpc-inference-port) with the engines in its process")
+    p.add_argument("--front-ends", default="1", type=front_ends_count, metavar="N|auto",
+                   help="--engine kserve: front-end processes sharing the ports, each with its own event loop and "
+                        "engines on its own block of the cores; auto: as many as the plans' capacity needs at one "
+                        "front end's ceiling (packrat bench http --ceiling), at most one per core (default: 1)")
     ray = p.add_argument_group("--engine ray", "serve on a running Ray cluster (`ray start --head` on one "
                                                "node, `ray start --address HEAD:6379` on the others) instead of "
                                                "TorchServe; needs `pip install packrat-serve[ray]`")
@@ -140,10 +145,11 @@ def serve_on_kserve(args: argparse.Namespace) -> int:
     mars = [archive_from_args(args, run_dir / "model_store", model=model, names=names)
             for model in args.models or ["resnet50"]]
     server = kserve.KServeServer(run_dir, tuple(names), host=args.http_host, http_port=args.inference_port,
-                                 grpc_port=args.grpc_inference_port)
+                                 grpc_port=args.grpc_inference_port, front_ends=args.front_ends)
     print(f"starting a KServe model server for {', '.join(names)} (batch size {args.max_batch}); "
           f"waiting for every model ready ...")
     kserve.start(server, mars, timeout=args.timeout)
+    print_front_ends(*kserve.front_ends(server))
     statuses = kserve.status(server)
     for name in names:
         print(f"ready: POST {server.url}/v2/models/{name}/infer (gRPC: {server.grpc_address}); "
@@ -154,6 +160,15 @@ def serve_on_kserve(args: argparse.Namespace) -> int:
     print(f"metrics: {server.url}/metrics   logs: {server.log}   stop with: packrat stop --engine kserve "
           f"--run-dir {args.run_dir}")
     return 0
+
+
+def print_front_ends(choice: dict | None, entries: list[dict]) -> None:
+    """How many front ends serve, why, and each one's process and cores."""
+    if choice is None:
+        return
+    print(f"front ends: {choice['count']} ({choice['why']})")
+    for entry in entries if choice["count"] > 1 else []:
+        print(f"  front end {entry['index']}: pid {entry['pid']}, cores {entry['cores']}")
 
 
 def kserve_installed() -> bool:

@@ -7,7 +7,8 @@ import json
 import time
 
 from packrat.cli.args import run_dir_arg
-from packrat.cli.output import (admission_text, cores_text, hop_text, kinds_text, print_budget_and_profile,
+from packrat.cli.output import (admission_text, cores_text, front_end_text, hop_text, kinds_text,
+                                print_budget_and_profile, where_it_serves,
                                 runtime_text)
 from packrat.cli.types import positive
 from packrat.deploy import torchserve
@@ -29,7 +30,9 @@ MODEL_JSON = ('{"plan": <as packrat plan --json>, "mode": "compile"|"script"|"ea
               'null, "history": [{..., "outcome", "seconds"}]}}, '
               '"settled": [{"batch", "cores", "profile_plan", "plan_text", "why", "changed", "candidates": [{"label", "why", '
               '"expected_ms", "median_ms", "ratio", "faster_in", "of"}], "rounds", "seconds", "decided", "left_out", "line"}], '
-              '"cpu_budget": {"cores", "source", "detail"}, "profile": "NAME: why it was chosen", "node": {...}}')
+              '"cpu_budget": {"cores", "source", "detail"}, "profile": "NAME: why it was chosen", "node": {...}, '
+              '"front_end": {"index", "count", "pid", "cores", "url", "cpu_share", "loop_share", "answered_rps", '
+              '"rps_per_core", "seconds"}, "front_ends": [<this, as each front end serves it>] (several front ends)}')
 
 
 def add_status_parser(sub) -> None:
@@ -61,14 +64,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(statuses[names[0]], indent=2))
         else:
-            print_model(names[0], statuses[names[0]], args.last)
+            print_served(names[0], statuses[names[0]], args.last)
         return 0
     node = node_view(statuses)
     if args.json:
         print(json.dumps({"models": statuses, "node": node}, indent=2))
         return 0
     for name, status in statuses.items():
-        print_model(name, status, args.last)
+        print_served(name, status, args.last)
         print()
     if node is not None:
         print_node(node, args.last)
@@ -104,6 +107,14 @@ def running_kserve(run_dir):
     except ServeError:
         return None
     return server if kserve.running(server) else None
+
+
+def print_served(name: str, status: dict, last: int) -> None:
+    """The model as each front end serves it (one, or each of several), after its front end's line."""
+    for each in status.get("front_ends") or [status]:
+        front_end = each.get("front_end")
+        print(front_end_text(front_end)) if front_end else None
+        print_model(name, each, last) if not (front_end or {}).get("unreachable") else None
 
 
 def print_model(name: str, status: dict, last: int) -> None:
@@ -235,16 +246,3 @@ def print_node(node: dict, last: int) -> None:
         when = time.strftime("%H:%M:%S", time.localtime(move["started_at"]))
         failed = f"  FAILED: {move['failed']}" if move.get("failed") else ""
         print(f"  {when} {took}  {move['reason']}: {move['plan']}{failed}")
-
-
-def where_it_serves(share: dict) -> str:
-    """What a model's heartbeat says beside its planned share: moving, a failed move, or other cores."""
-    notes = []
-    serves_on = share.get("serves_on")
-    if serves_on and list(serves_on[0]) != list(share["cores"]):
-        notes.append(f"serves on cores {cores_text(tuple(serves_on[0]))}")
-    if share.get("moving"):
-        notes.append("moving")
-    if share.get("failed"):
-        notes.append(f"its last move failed: {share['failed']}")
-    return f" ({'; '.join(notes)})" if notes else ""

@@ -23,6 +23,7 @@ from packrat.settings import CONTROL_DIR_ENV, SERVED_DIR_ENV
 
 STATE_FILE = "kserve.json"  # in the run dir: what `packrat stop/status --engine kserve` read
 LOG_FILE = "kserve.log"
+FRONT_END_DIR = "front-ends"  # in the run dir: where the front ends say where they are (frontends/front_ends.py)
 
 
 @dataclass
@@ -37,10 +38,13 @@ class KServeServer:
     pid: int | None = None
     served_dir: Path | None = None  # where its engines keep served latencies (SERVED_DIR_ENV); None: the user's
     extra_env: dict = field(default_factory=dict)
+    front_ends: str = "1"  # front-end processes sharing the ports: a count, or auto (frontends/front_ends.py)
+    cores: tuple[int, ...] | None = None  # the CPUs it runs on; None: this process's affinity
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir).resolve()
         self.models = tuple(self.models)
+        self.cores = tuple(self.cores) if self.cores else None
 
     @property
     def reach_host(self) -> str:
@@ -67,9 +71,15 @@ class KServeServer:
     def log(self) -> Path:
         return self.run_dir / "logs" / LOG_FILE
 
+    @property
+    def front_end_dir(self) -> Path:
+        return self.run_dir / FRONT_END_DIR
+
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "packrat.frontends.kserve_server", "--model-store", str(self.store),
-               "--host", self.host, "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port or 0)]
+               "--host", self.host, "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port or 0),
+               "--front-ends", str(self.front_ends), "--front-end-dir", str(self.front_end_dir)]
+        cmd += ["--cores", ",".join(map(str, self.cores))] if self.cores else []
         return cmd + [arg for name in self.models for arg in ("--model", name)]
 
     def env(self) -> dict[str, str]:
@@ -98,6 +108,7 @@ def start(server: KServeServer, mars: Sequence[Path], *, timeout: float = 300.0)
     wait until every model is ready."""
     for sub in ("logs", "model_store", CONTROL_DIR):
         (server.run_dir / sub).mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(server.front_end_dir, ignore_errors=True)  # an earlier run's
     for model, mar in zip(server.models, mars):
         control_file(server.control_dir, model).unlink(missing_ok=True)  # left by an earlier run
         if Path(mar).resolve() != (server.store / f"{model}.mar").resolve():
@@ -128,19 +139,43 @@ def running(server: KServeServer) -> bool:
         return True
 
 
-def model_ready(server: KServeServer, model: str) -> bool:
-    """GET /v2/models/NAME/ready says 200: the model's pool can serve."""
+def model_ready(server: KServeServer, model: str, url: str | None = None) -> bool:
+    """GET /v2/models/NAME/ready says 200 (at `url`: one front end's own address): the model's pool can serve."""
     try:
-        with urllib.request.urlopen(f"{server.url}/v2/models/{model}/ready", timeout=5) as response:
+        with urllib.request.urlopen(f"{url or server.url}/v2/models/{model}/ready", timeout=5) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
 
 
+def front_ends(server: KServeServer) -> tuple[dict | None, list[dict]]:
+    """The server's choice of front ends ({"count", "why", "blocks", ...}; None before it made one)
+    and the entries of those that started ({"index", "pid", "cores", "url"})."""
+    choice = _read(server.front_end_dir / "front-ends.json")
+    count = (choice or {}).get("count", 0)
+    entries = [_read(server.front_end_dir / f"front-end-{i}.json") for i in range(count)]
+    return choice, [entry for entry in entries if entry]
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def every_front_end_ready(server: KServeServer, model: str) -> bool:
+    """Every front end the server chose has started and says `model` is ready (the port alone reaches one)."""
+    choice, entries = front_ends(server)
+    if choice is None or len(entries) < choice["count"]:
+        return False
+    return all(model_ready(server, model, entry["url"]) for entry in entries)
+
+
 def wait_ready(server: KServeServer, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for model in server.models:
-        while not model_ready(server, model):
+        while not every_front_end_ready(server, model):
             if not running(server):
                 raise ServeError(f"the KServe server exited while starting; see {server.log}: {log_tail(server)}")
             if time.monotonic() > deadline:

@@ -67,7 +67,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
-from prometheus_client import REGISTRY
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
@@ -77,6 +77,8 @@ from packrat.frontends.http import (BODIES_IN_FLIGHT_BYTES, BodyReads, BodyRefus
                                     asgi_body, header_refusal, linger, scope_headers, send_answer)
 from packrat.frontends.kserve_compat import OneLineRESTServer, OneLineStatus, ServedVersion
 from packrat.frontends.kserve_metrics import PackratCollector
+from packrat.frontends import front_ends
+from packrat.planning.front_ends import FrontEnds, front_ends_count
 from packrat.frontends.torchserve_control import follow_reconfigure_requests
 from packrat.serving.engine import Engine
 from packrat.serving.pool.api import Answer, Request
@@ -259,9 +261,11 @@ class PackratRepository(ModelRepository):
     archive` builds them; unpacked here) or NAME/ directories holding an archive's files. Loading a
     model starts its engine, which joins the node's plan of cores; unloading closes it."""
 
-    def __init__(self, store: Path, sources: dict[str, str] | None = None):
+    def __init__(self, store: Path, sources: dict[str, str] | None = None,
+                 front_end: front_ends.FrontEnd | None = None):
         super().__init__(str(store))
         self.store = Path(store)
+        self.front_end = front_end or front_ends.FrontEnd()  # this server among the front ends (front_ends.py)
         self.sources = dict(sources or {})  # served name -> its archive's name in the store, where they differ
         self._unpacked = Path(tempfile.mkdtemp(prefix="packrat-kserve-"))
         self._loading: dict[str, asyncio.Future] = {}
@@ -463,12 +467,25 @@ def serving_app(app: FastAPI, repository: PackratRepository, bodies: BodyReads |
 def add_routes(app: FastAPI, repository: PackratRepository) -> None:
     """/status on KServe's app: every packrat model's plan, health and figures."""
 
+    front_end = repository.front_end
+
     async def status(request: HttpRequest) -> Response:
         models = repository.get_models()
-        return JSONResponse({name: model.status() for name, model in models.items()
-                             if isinstance(model, PackratModel)})
+        local = {name: model.status() for name, model in models.items() if isinstance(model, PackratModel)}
+        others = [] if request.query_params.get("local") else await front_end.gather("/status?local=1")
+        return JSONResponse(front_ends.with_front_ends(local, front_end.describe(), others))
+
+    async def metrics(request: HttpRequest) -> Response:
+        """Every front end's metrics, labelled by front end, whichever answers (?local=1: its own)."""
+        own = generate_latest(REGISTRY)
+        if not request.query_params.get("local"):
+            others = [(entry["index"], page) for entry, page in await front_end.gather("/metrics?local=1")]
+            own = front_ends.merged_metrics([(front_end.index, own), *others])
+        return Response(own, media_type=CONTENT_TYPE_LATEST)
 
     app.add_api_route("/status", status, methods=["GET"], include_in_schema=False)
+    if front_end.count > 1:  # ahead of KServe's own /metrics, registered when the server starts
+        app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
 
 
 # ---- the server ------------------------------------------------------------------------------------
@@ -500,13 +517,25 @@ class PackratModelServer(kserve.ModelServer):
         self._rest_server.config.host = self.host
         self._rest_server.config.backlog = BACKLOG
         self._rest_server.config.limit_concurrency = connection_limit()
-        self.servers.append(self._rest_server.start())
+        sockets = self.repository.front_end.sockets(self.host, self.http_port, BACKLOG)
+        self.servers.append(self._rest_server.start() if sockets is None else self._rest(sockets))
+        self.repository.front_end.start_meter(self.answered)
         if self.enable_grpc:
             self._grpc_server = GrpcServer(self)
             self.servers.append(self._grpc_server.start())
         self.setup_event_loop()
         self.register_signal_handler()
         asyncio.run(self._serve())
+
+    async def _rest(self, sockets) -> None:
+        """KServe's REST server on the sockets given (front_ends.py); its own start() binds the port."""
+        self._rest_server.create_application()
+        await self._rest_server._server.serve(sockets=sockets)
+
+    def answered(self) -> int:
+        """Requests the engines answered so far (the front end's share of a core is weighed by them)."""
+        return sum(model.serving.pool.health().answered for model in self.repository.get_models().values()
+                   if isinstance(model, PackratModel))
 
     def close(self) -> None:
         REGISTRY.unregister(self._collector)
@@ -592,6 +621,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", dest="models", action="append", default=None, metavar="NAME[=ARCHIVE]",
                    help="a model to load at start, served as NAME from ARCHIVE.mar (or the folder ARCHIVE; "
                         "default: NAME's); repeat it (default: every model in the store)")
+    p.add_argument("--front-ends", default="1", type=front_ends_count, metavar="N|auto",
+                   help="front-end processes sharing the ports, each with its own event loop and engines on its "
+                        "own block of the cores; auto: as many as the plans' capacity needs at one front end's "
+                        "ceiling, at most one per core (default: 1)")
+    p.add_argument("--cores", default=None, metavar="LIST", help="the CPUs this server runs on, e.g. 0-3 (default: its "
+                   "affinity); with several front ends, the supervisor gives each its block")
+    p.add_argument("--front-end", default=None, help=argparse.SUPPRESS)  # I/N: this server's place, from the supervisor
+    p.add_argument("--front-end-dir", default=None, help="where the front ends say where they are (default: a "
+                   "temporary folder)")
+    p.add_argument("--rest-fd", type=int, default=None, help=argparse.SUPPRESS)  # the REST socket, inherited
     p.add_argument("--host", default="127.0.0.1", help="the address REST and gRPC listen on (default: loopback)")
     p.add_argument("--http-port", type=int, default=8080, help="REST port (default: 8080)")
     p.add_argument("--grpc-port", type=int, default=8081, help="gRPC port (default: 8081; 0: no gRPC)")
@@ -608,9 +647,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     logging.getLogger("packrat").setLevel(logging.INFO)
     given = dict(entry.split("=", 1) if "=" in entry else (entry, entry) for entry in args.models or [])
-    repository = PackratRepository(args.model_store, given)
+    front_end = front_ends.FrontEnd.of(args)  # pinned to --cores, if given
+    repository = PackratRepository(args.model_store, given, front_end)
     try:
         names = list(given) or repository.available()
+        if not front_end.supervised:  # the top process: serves alone, or supervises several front ends
+            choice = front_end_choice(args.front_ends, repository, names)
+            if choice.count > 1:
+                repository.close()
+                return front_ends.supervise(sys.argv[1:] if argv is None else argv, choice, args.host,
+                                            args.http_port, BACKLOG, front_end.directory)
+            front_ends.record_choice(front_end.directory, choice, front_end.cores)
         models = []
         for name in names:  # one after another: each joins the node's plan, and the others move for it
             models.append(repository.start_model(name))
@@ -624,6 +671,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         repository.close()
     return 0
+
+
+def front_end_choice(asked: str, repository: PackratRepository, names: list[str]) -> FrontEnds:
+    """How many front ends serve `names`: as asked, or (auto) from their plans' capacity."""
+    if asked == "1":
+        return FrontEnds(1, "one front end (--front-ends 1)")
+    dirs = [repository._model_dir(name) for name in names]
+    return front_ends.decide(asked, [(archive_settings(d), d) for d in dirs])
 
 
 if __name__ == "__main__":

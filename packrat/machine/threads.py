@@ -132,3 +132,14 @@ class PinnedWorker:
     @property
     def alive(self) -> bool:
         return self.thread.is_alive()
+
+
+def pin_process(cores: Sequence[int]) -> None:
+    """Pin every thread of this process to `cores` (sched_setaffinity(0, …) pins the calling thread
+    alone, and threads an import started keep the affinity they had); threads started from then on
+    inherit it."""
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), list(cores))
+        except (ProcessLookupError, FileNotFoundError):  # a thread that ended meanwhile
+            continue

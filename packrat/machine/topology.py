@@ -115,6 +115,20 @@ def detect(allowed: set[int] | None = None) -> Topology:
     return Topology(sockets)
 
 
+def logical_cpus(cores, allowed: set[int] | None = None) -> list[int]:
+    """The CPU ids of physical `cores` (as Topology names them: each core's first sibling) with their
+    SMT siblings among `allowed` (default: this process's affinity), to pin a process to whole cores."""
+    allowed = set(os.sched_getaffinity(0)) if allowed is None else set(allowed)
+    wanted = set(cores)
+
+    def physical(cpu: int) -> tuple:
+        topo = SYSFS_CPU / f"cpu{cpu}" / "topology"
+        return _read_int(topo / "physical_package_id"), _read_int(topo / "core_id")
+
+    keys = {physical(cpu) for cpu in wanted}
+    return sorted(wanted | {cpu for cpu in allowed if None not in physical(cpu) and physical(cpu) in keys})
+
+
 def cpu_model() -> str:
     """The CPU's model name, as a profile records it (the machine type profiles are chosen by)."""
     return cpuinfo("model name") or platform.processor() or "unknown"

@@ -35,7 +35,8 @@ def planned_for(profile, raw_share: float):
 
 @dataclass
 class BodyCounts:
-    """Bodies handed to the pool since the last look: raw (straight into a row) and decoded."""
+    """Bodies handed to the pool since the last look: raw (one sample's tensor as it lies: one_row)
+    and decoded."""
     raw: int = 0
     decoded: int = 0
 
@@ -44,6 +45,23 @@ class BodyCounts:
         seen = (self.raw, self.decoded)
         self.raw = self.decoded = 0
         return seen
+
+
+SMALL_HEADER = 4096  # a binary v2 header this long or shorter is parsed in microseconds
+
+
+def one_row(body_bytes: int, header_length, row_bytes: int) -> bool:
+    """Whether a body is one sample's tensor as it lies: raw bytes of one row, or a binary KServe v2
+    body of a small JSON header (`header_length`, as sent) and one row's bytes, as tritonclient sends
+    one sample; its decode parses the header and copies the bytes into the row, as cheap as a raw
+    tensor's for the kind of instance that serves it (counted raw: instances stay threads)."""
+    if body_bytes == row_bytes:
+        return True
+    try:
+        length = int(header_length)
+    except (TypeError, ValueError):
+        return False
+    return 0 < length <= SMALL_HEADER and body_bytes - length == row_bytes
 
 
 def basis_for(payload: str | None, raw_share: float) -> str:

@@ -50,7 +50,7 @@ from packrat.serving.pool.dispatch import Dispatcher, split_sizes
 from packrat.serving.pool.instance import Instance, sweep_stale_segments
 from packrat.serving.pool.stages import StageTimes
 from packrat.serving.pool.supervisor import Supervisor, Watchdog
-from packrat.serving.payloads import BodyCounts
+from packrat.serving.payloads import BodyCounts, one_row
 from packrat.serving.served import MIN_SAMPLES, ServedLatencies, served_key
 from packrat.settings import GATHER_MS, MAX_QUEUE, REQUEST_TIMEOUT_S
 
@@ -183,7 +183,7 @@ class InstancePool:
             job = self.dispatcher.enqueue(request, self._outlook())
             if job.future.done():  # refused: it costs no instance anything
                 return job.future
-            if len(request.body) == self._row_bytes:
+            if one_row(len(request.body), request.header_length, self._row_bytes):
                 self.bodies.raw += 1
             else:
                 self.bodies.decoded += 1
