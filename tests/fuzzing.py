@@ -385,7 +385,7 @@ def verdict(status: int | None, body: bytes, wire: Wire | None = None) -> str | 
     reason = error_reason(body)
     if reason is None:
         return f"status {status} without a reason: {body[:200]!r}"
-    if "\n" in reason.strip() or not reason.strip():
+    if len(reason.strip().splitlines()) != 1:
         return f"status {status} with a reason not on one line: {reason[:300]!r}"
     return None
 
