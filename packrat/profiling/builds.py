@@ -1,18 +1,10 @@
-"""Builds off the measured path (issue 62): every artefact the points to measure need, built before
-any is measured, side by side across the machine's cores, once per model and key (not per copy).
+"""Builds off the measured path (issue 62): the AOT packages inductor's points need in compile mode
+(models/compiled.py), built before they are measured, side by side, one a core, into the machine's
+compile cache. (OpenVINO and ONNX Runtime convert once per model: runtimes.ensure_artefact; OpenVINO's
+own model cache gained nothing: docs/benchmarks/profiles.md.)
 
-What a point needs built, by runtime:
-- inductor in compile mode: the AOT package of its (threads, batch) (models/compiled.py), in the
-  machine's compile cache, where the points, `packrat serve` and the benchmarks load it.
-- openvino: nothing. compile_model of ResNet-50 took 0.3 s here; OpenVINO's model cache (CACHE_DIR)
-  cut it to 0.2 s for a 102 MB blob per (threads, batch) (weightless CACHE_MODE: no gain).
-- onnxruntime: the .onnx, built before the points (runtimes.ensure_artefact); one session takes any batch.
-- torch-compile: compiles in each process; it shares no build across processes cheaply.
-
-A build is `packrat.profiling.point --prepare-only`: the point's own loading code, which builds what
-is missing, with torch's threads at the key's. Each runs on one core: a ResNet-50 package took as
-much CPU time as wall time (40 s), and its generated code was the same, addresses aside, built on
-one core or two for 2 threads (only torch's thread count enters it), so a core per build packs best.
+A build is `packrat.profiling.point --prepare-only`, the point's own loading code, with torch's
+threads at the key's; a core per build packs best, since only torch's thread count enters the code.
 """
 
 from __future__ import annotations

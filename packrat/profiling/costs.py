@@ -1,13 +1,7 @@
 """What measuring a profile point costs, in seconds of wall time. Pure: numbers in, numbers out.
 
-One model of the cost serves two jobs: the search (search.py) predicts from it what a point would
-cost at its fitted latency, to spend its budget where a plan can change most per second; a replay
-(replay.py) charges its simulated clock with it, at the recorded latency, so a budget can be
-replayed on a table of a machine one does not have. The parts are those of a real profile: a
-worker group (runtime, threads) started and loaded once; per point its warm-up runs, an untimed
-lockstep round where copies run side by side, the timed runs under the stopping rule
-(`enough_runs`), and the served figure measured as long again; a build per package where the
-runtime needs one, a wave of them a core at a time.
+One model serves the search (a point's predicted cost at its fitted latency: value per second) and
+replays (their simulated clock, at the recorded latency), so a budget replays as it would run.
 """
 
 from __future__ import annotations
@@ -24,8 +18,7 @@ MIN_PRECISE_RUNS = 5  # the precision rule trusts a spread from 5 runs: 3 close 
 SERVED_WARMUP = 2  # untimed served runs of a point (point.SERVED_WARMUP)
 # What the search expects a run's noise to be before it has measured any (4 % on a quiet VM).
 EXPECTED_NOISE = 0.04
-# The 2-core account (docs/benchmarks/profiles.md, issue 62): a worker group starts and loads in about
-# 1.5-2 s; an AOT package is about 40 s of one core whatever the model.
+# A worker group's start and load, and an AOT package on one core (docs/benchmarks/profiles.md).
 DEFAULT_LOAD_S = 2.0
 DEFAULT_BUILD_S = 40.0
 

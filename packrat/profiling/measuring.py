@@ -1,13 +1,8 @@
 """Measuring profile points: L(t, b) of one runtime in pinned processes (packrat/profiling/point.py).
 
-Workers keeps one (runtime, threads)'s processes across points: started and loaded once, then told
-each batch (issue 62: a point then costs its runs, not a process start and a load, ~5 s a point
-before). A point is measured loaded: ⌊T/t⌋ copies on disjoint cores run each batch together in
-lockstep rounds, as a homogeneous plan of that point runs them (the slowest copy of each round
-decides, as it decides a plan's batch; at once, so in about a lone copy's time); or alone where no
-second copy fits (it is served alone), with contention off, or as well with isolated_too. A
-thread-kind runtime's copies are sessions on pinned threads of one process, as the pool hosts them.
-measure() takes a point on fresh workers.
+Workers keeps one (runtime, threads)'s processes across points, started and loaded once (a process
+start and load cost ~5 s a point before issue 62); loaded points run ⌊T/t⌋ copies in lockstep
+rounds (docs/profiling.md, "Loaded or isolated"). measure() takes a point on fresh workers.
 """
 
 from __future__ import annotations
@@ -29,26 +24,14 @@ from packrat.models.runtimes import DEFAULT_RUNTIME, instance_kind
 from packrat.profiling.costs import DEFAULT_PRECISION, Costs
 from packrat.profiling.point import budgeted, summarize, time_served
 
-# Whether `packrat profile` measures loaded figures unless told otherwise. Issue 10's oracle found
-# them no better on the 2-core VM (mean |predicted/measured - 1| 8.4 % loaded vs 7.6 % isolated),
-# but then a loaded point cost two measurements and instances ran 6-14 % over their points anyway.
-# Issue 32: split plans served 16-35 % over their isolated predictions (BERT 2×⟨1, 4⟩ 1140 ms
-# predicted, 1542-1619 served), which picked wrong plans; a loaded point now costs one measurement,
-# so the profile measures as the planner serves (BENCHMARKS.md, issue 32).
+# Loaded by default: split plans served 16-35 % over isolated predictions (issue 32, docs/benchmarks/profiles.md).
 DEFAULT_CONTENTION = True
-# The measuring copies' handshake: each phase (loading and warming up, a round, stopping) may take
-# this long: loading and compiling a large model on a busy machine may take minutes.
-COPY_TIMEOUT_S = 600.0
+COPY_TIMEOUT_S = 600.0  # each phase of a copy's handshake: loading a large model on a busy machine takes minutes
 
-# `packrat profile`'s timing of a point: a few untimed runs, then at least this long of timed runs
-# (3 at least), and the served figure as long again. 100 runs after 10 (the default before issue 48)
-# took ResNet-50's 24-point profile on 2 cores past 15 minutes; points that take long need few runs
-# to be known as well as the machine's drift lets them be (±10-30 % here over minutes), and served
-# latencies correct the figures while the plan serves (serving/served.py).
+# `packrat profile`'s timing of a point: few runs, since the machine's drift over minutes, not their
+# count, bounds what they tell, and served latencies correct the figures while a plan serves (issue 48).
 DEFAULT_WARMUP = 3
 DEFAULT_MIN_TIME_S = 1.0
-# ... and at most this many runs within the min-time: a 1 ms point's median and spread are known
-# long before 1000 runs, and the machine's drift, not their count, bounds what they tell.
 DEFAULT_MAX_RUNS = 30
 
 
@@ -198,12 +181,9 @@ def _ready(copies: list[_Copy], timeout: float) -> list[dict]:
 
 
 def _timed(settings: ProfileSettings, copies: list[_Copy], timeout: float) -> dict:
-    """The statistics of `copies` (ready, and warmed up by point._warm) run in lockstep: an untimed round
-    where there are several, then
-    settings.budget's rounds of the model, then (settings.served) of served batches. Several copies:
-    a round takes as long as the slowest copy, as a batch split across a homogeneous plan does (the
-    mean over copies would miss that the slowest decides); one copy: its own times, as a lone point
-    times itself. copy_ms: the mean of the copies' own times of the model."""
+    """The statistics of `copies` (ready and warm) run in lockstep rounds of the model, then of served
+    batches: a round takes as long as the slowest copy, as a split batch does (one copy: its own
+    times). copy_ms: the mean of the copies' own times of the model."""
     own: list[float] = []
 
     def timed(command: str) -> tuple[float, list[float]]:
@@ -232,8 +212,7 @@ def _round(copies: list[_Copy], timeout: float, command: str = "run") -> tuple[f
 def _row(settings: ProfileSettings, threads: int, batch: int, copies: int, alone: dict | None,
          loaded: dict | None) -> dict:
     """The profile row of a point measured `alone` (its figures also the isolated ones) and/or
-    `loaded` by `copies` copies (its figures the row's; isolated_ms None when not measured alone);
-    with settings.served, the served figures beside them alike (served_ms, served_isolated_ms, ...)."""
+    `loaded` by `copies` copies (its figures the row's; isolated ones None when not measured alone)."""
     row = {"threads": threads, "batch": batch, "copies": 1, "runtime": settings.runtime}
     if alone is not None:
         row.update(alone, isolated_ms=alone["latency_ms"], served_isolated_ms=alone.get("served_ms"))
@@ -251,11 +230,8 @@ def planned_ms(row: dict) -> float:
 
 class Workers:
     """The measuring processes of one (runtime, threads), kept across points: copies_for() copies on
-    disjoint core sets (a thread-kind runtime's: one process with a session per core set), started
-    and loaded once, then told each batch. measure(batch) gives the point's row: loaded, every copy
-    in lockstep rounds (_timed); alone (one copy, or isolated_too), the first copy on its own, the
-    others idle. load_s: the start and load; measure_s: the batches' preparation and runs. Any
-    failure stops every copy and raises ProfilingError naming the point."""
+    disjoint core sets (a thread-kind runtime's: one process, a session a set), then told each batch.
+    load_s: the start and load; measure_s: the points. A failure stops every copy (ProfilingError)."""
 
     def __init__(self, settings: ProfileSettings, threads: int, topology: Topology, timeout: float = COPY_TIMEOUT_S):
         started = time.monotonic()

@@ -17,13 +17,10 @@ process pinned to its cores (the process to all of them, --cores), run together 
 the copies' are. It says ``ready``, then measures a point per ``batch N [K]`` line (the first K
 sessions; all by default) and prints its JSON line, with what the kernel says of the sessions' threads.
 
-With ``--payload KIND`` (jpeg, text, raw, or natural: the model's own, codec.payloads.served_payload)
-the point also measures its served figure: the whole sub-batch as a pool instance answers it, through
-the instance's own code, order and thread counts (codec.batch.answer_batch: _prepare_served) from
-bodies laid out as the pool's parent lays them (ServedBatch). Each timed run answers `batch` copies of
-one request body; a reply other than 200 fails the point. The model-only figure is measured first, in
-the same process, then the served one with the same budget, after SERVED_WARMUP untimed runs;
-loaded, a ``serve`` line runs one served batch as ``run`` runs the model (its ms, then its stages').
+With ``--payload KIND`` (jpeg, text, raw, or natural: the model's own) the point also measures its
+served figure after the model's: `batch` copies of one request body answered as a pool instance
+answers them (ServedBatch); a reply other than 200 fails the point. Loaded, a ``serve`` line runs
+one served batch as ``run`` runs the model (its ms, then its stages').
 """
 
 from __future__ import annotations
@@ -56,9 +53,7 @@ def run_once(module, examples: tuple) -> float:
 def budgeted(run, iters: int | None, min_time: float | None, max_runs: int | None = None,
              precision: float | None = None) -> list:
     """What `run()` returns (its ms, or its ms first in a tuple), called `iters` times or until
-    costs.enough_runs: ≥ 3 times, then until the mean is known within `precision`, `min_time` s
-    have passed or `max_runs` are done: the budget of every timed figure of a point, alone or
-    loaded, the model's or served."""
+    costs.enough_runs: the budget of every timed figure of a point."""
     results, times = [], []
     start = time.perf_counter()
     while True:
@@ -93,9 +88,8 @@ def serve_runs(args: argparse.Namespace) -> None:
 
 
 def _warm(args: argparse.Namespace) -> tuple:
-    """(module, examples, actual, ServedBatch or None) of args.batch, warmed up by --warmup runs (a
-    process that ran a point before needs one, for the new batch's shapes): `actual` is what the
-    process really runs with (mode, cores, torch threads), so callers can check the pinning took."""
+    """(module, examples, actual, ServedBatch or None) of args.batch, warmed up by --warmup runs (one
+    after the process's first point): `actual` (mode, cores, torch threads) shows the pinning took."""
     import torch
 
     module, examples, mode, served = _prepare(args)
@@ -114,11 +108,9 @@ class ServedFailed(RuntimeError):
 
 
 class ServedBatch:
-    """One sub-batch of `batch` requests, each `body`, as a pool instance serves it: bodies laid out in
-    one buffer as the pool's parent lays them in the instance's segment (Instance.submit), the
-    batch's input rows at its start (codec.rows.RowsLayout, InputRows; a raw body of one sample
-    straight into its row, read there without decoding it again; other bodies after the rows, read
-    as slices of the buffer), and answered with answer_batch on the instance's decoders."""
+    """One sub-batch of `batch` requests, each `body`, as a pool instance serves it: laid out in one
+    buffer as the pool's parent lays them (Instance.submit: input rows first, a raw one-sample body
+    straight into its row, others after them) and answered with answer_batch on its decoders."""
 
     def __init__(self, codec, decoders, body: bytes, content_type: str, batch: int):
         from packrat.codec.rows import InputRows, RowsLayout
@@ -162,10 +154,8 @@ class ServedBatch:
 
 
 def time_served(serve, warmup: int, *budget) -> dict:
-    """The served figure's statistics (served_ms, served_mad_ms, ...) and its stages' mean ms, over
-    the served batches budgeted() runs with `budget` (iters, min_time, max_runs), after `warmup`
-    untimed ones. `serve()` answers one batch (ServedBatch.run) or a round of them: its ms and its
-    stages' ms."""
+    """The served figure's statistics (served_ms, served_mad_ms, ...) and its stages' mean ms over
+    budgeted() runs of `serve()` (its ms and its stages' ms), after `warmup` untimed ones."""
     for _ in range(warmup):
         serve()
     samples, stages = zip(*budgeted(serve, *budget))
@@ -183,10 +173,8 @@ def summarize(samples: list[float]) -> dict[str, float | int]:
 
 
 def robust_spread(samples: list[float]) -> float:
-    """The spread of `samples` that a few outliers do not make: 1.4826 x their median absolute
-    deviation (the standard deviation, for normal noise). A VM's hiccups inflate the std: ResNet-50
-    ⟨2, 4⟩ under ONNX Runtime, p50 130.9 ms, p99 175, std 13.8, kept inductor (146.9 ms) in a
-    profile where, as served, both OpenVINO and ONNX Runtime were 0.87 of it (BENCHMARKS.md, issue 32)."""
+    """1.4826 x the median absolute deviation (the std, for normal noise): a VM's few slow runs
+    inflate the std and once kept a slower runtime (docs/benchmarks/peers.md)."""
     middle = statistics.median(samples)
     return 1.4826 * statistics.median(abs(x - middle) for x in samples)
 
@@ -217,13 +205,9 @@ def thread_copies(args: argparse.Namespace, core_sets: list[list[int]]) -> None:
 
 
 def measure_threads(args: argparse.Namespace, workers: list) -> dict:
-    """A thread-kind point as the pool serves it: a session per worker (a thread of this process
-    pinned to its core set: serving/pool/thread_instance.py), timed in rounds run by all together, as
-    measuring.Workers' copies are: a round's time is the slowest session's own, timed on its thread
-    (what it waited for the GIL beside the others included), as the slowest instance decides a plan's
-    batch. Not the round's wall time: the hand-off to the threads is not in a process copy's figure
-    either (it times itself), and it was 3x a light model's run (issue 63). The model first, then
-    served batches with --payload; every session warms up in one untimed round first."""
+    """A thread-kind point as the pool serves it: a session per worker (a pinned thread), timed in
+    rounds run by all together; a round's time is the slowest session's own (the GIL waits in it,
+    the hand-off to the threads not: a process copy times itself too; issue 63)."""
     sessions = [_start_session(args, worker) for worker in workers]
     _round(sessions, lambda s: [run_once(s.module, s.examples) for _ in range(args.warmup)])
     def slowest_round() -> tuple[float, list[float]]:
@@ -267,9 +251,8 @@ def _served_round(sessions: list[_Session]) -> tuple[float, list[float]]:
 
 
 def _threads_seen(sessions: list[_Session]) -> dict:
-    """What the kernel says of this process and its sessions' threads (/proc/self/task): the point's
-    process, each session thread's id and the cores it may run on by now, so a caller can check
-    that the sessions were threads of this one process, pinned as the pool pins them."""
+    """What the kernel says of this process and its sessions' threads (/proc/self/task), so a caller
+    can check they were threads of this one process, pinned as the pool pins them."""
     from packrat.machine.threads import task_affinities
 
     tasks = task_affinities()
@@ -401,9 +384,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    # Measured and said: exit now. The interpreter's orderly shutdown with torch loaded takes about
-    # half a second a point, which the profiler would wait for (nothing here needs it: the result
-    # is printed and flushed).
+    # Measured and said: exit now; the orderly shutdown with torch loaded took half a second a point.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

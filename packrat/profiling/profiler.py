@@ -176,7 +176,6 @@ def default_runtimes(say=print) -> tuple[str, ...]:
 class Account:
     """Where a profile's wall time went, per runtime and PARTS; the rest is unaccounted. A replay's
     clock is simulated (replay.SimulatedClock)."""
-
     clock: Callable[[], float] = time.monotonic
     simulated: bool = False
     seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (runtime, part) -> s
@@ -512,7 +511,6 @@ def _measure_ios(settings: ProfileSettings, out: Path, plain: tuple[str, ...], t
                  writer: profiles.ProfileWriter, say, every_runtime: bool, bar) -> None:
     """Measure the ios runtime where it can gain (reach.ios_points on the plain runtimes' points; all
     of them with `every_runtime`), not again where `out` holds it."""
-
     held = profiles.held(out)
     figures = held.only(plain).latency if plain and held else {}
     if every_runtime or not plain:

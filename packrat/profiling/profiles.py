@@ -347,7 +347,6 @@ def load(path: str | Path) -> Profile:
     if profile.has_served:  # a point's figure is what is served: planned on, wherever every point has it
         profile = profile.on("served")
     profile.metadata.setdefault("mode", "script")  # files from before compile were TorchScript (or say eager)
-
     if columns is _PUBLISHED:
         profile.metadata.setdefault("model", profile.rows[0]["benchmark"].removesuffix("_manual_script"))
         profile.metadata.setdefault("source", "published Packrat measurements (TorchScript, sequential pinning)")
@@ -475,7 +474,6 @@ def _spread(row: dict) -> float:
 
 def _appendable_columns(path: Path, kind: str) -> tuple[str, ...]:
     """The columns to append to `path` with: only our layouts, holding the same kind, take more."""
-
     metadata, body = _read_lines(path)
     header = tuple(body[0][1].strip().split(",")) if body else ()
     if header not in (COLUMNS, NO_SERVED_COLUMNS, NO_MAD_COLUMNS, NO_RUNTIME_COLUMNS, LEGACY_COLUMNS):
@@ -489,7 +487,6 @@ def _appendable_columns(path: Path, kind: str) -> tuple[str, ...]:
 def choose(metadatas: list[dict], cpu_model: str | None, cores: int) -> tuple[int, str]:
     """Which of an archive's profiles to plan with on `cpu_model` with `cores` cores budgeted (its
     index, and why), by the rule docs/profiling.md ("One profile per machine type") gives."""
-
     if not metadatas:
         raise ValueError("no profile to choose from")
     index, rule = _choice(metadatas, cpu_model, cores)

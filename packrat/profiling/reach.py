@@ -1,13 +1,7 @@
 """Where the opt-in ios runtime is measured. Pure: the plain runtimes' figures in, points out.
 
-An IOS schedule runs independent operators side by side on disjoint threads, so it can only gain
-where an instance has threads that one operator cannot keep busy: at small batches, on many
-threads (issue 49: one SqueezeNet instance took 14.0 ms on 16 threads against 9.2 on 8 on a 16-core
-Xeon; ResNet-50 at batch 1 gained nothing past 5-7 threads). Elsewhere the plain runtimes win and
-a point's search (seconds to minutes) would buy nothing. So `packrat profile --ios` measures the
-plain runtimes first and the ios runtime only at the points where they leave at least half of the
-instance's threads idle: the point's speed-up over the fewest threads measured at its batch is less
-than IOS_EFFICIENCY times its share of threads. `--every-runtime` measures ios everywhere.
+An IOS schedule can only gain where one operator cannot keep an instance's threads busy (small
+batches, many threads: docs/benchmarks/many-core.md); elsewhere a point's schedule search would buy nothing.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""A replay: `packrat profile --replay FILE` measures nothing, it looks each point up in a recorded
-table, on a simulated clock that charges what measuring the point would cost on the recorded
-machine (costs.py): a worker group's start and load, each point's warm-up, timed and served runs
-under the stopping rule, a build per package where the runtime needs one. So a budget can be
-replayed: the search, its budget and the plans it gives checked on a machine one does not have.
-
-Each run's figure is the recorded one times lognormal noise of `noise` (seeded by the point: a
-replay is repeatable), the runs stop by costs.enough_runs as real ones do, and the point's figure
-is their mean, as point.summarize makes it.
+"""A replay: `packrat profile --replay FILE` looks each point up in a recorded table on a simulated
+clock that charges what measuring it would cost (costs.py), so the search and its budget are checked
+on a machine one does not have. Each run is the recorded figure times lognormal noise, seeded by
+the point, and the runs stop by costs.enough_runs as real ones do.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Which points of a profile to measure: those a plan depends on. Pure: figures in, points out.
 
-A grid of threads × batches under several runtimes has hundreds of points on a many-core machine,
-and the planner's plans use a few of them. The search measures a few designed points per runtime
-(`design`), fits each runtime a scaling model to them (Ernest, NSDI'16: θ0 + θ1·b/t + θ2·b + θ3·t +
-θ4·log t, non-negative, on relative error) corrected near what was measured, and knows the fit's
-error from what it predicted for each point before measuring it. Then, at the machine's T cores and
-every batch B up to the grid's largest:
-    best[B]     the plan over the measured points only (what the profile would give now);
-    hopeful[B]  the plan if every unmeasured point ran as fast as its prediction less `confidence`
-                times the fit's error (and no faster than a measured smaller batch allows).
-Where hopeful[B] beats best[B] by more than `tolerance`, an unmeasured point could change that plan:
-the hopeful plan's unmeasured instances are measured next (under the runtime predicted fastest
-there). It stops when no unmeasured point can, or when the caller's budget ends; either way every
-instance of a plan made from the measured points is a measured point. A runtime whose hopeful
-figures are never in a hopeful plan is measured no further than its design: it cannot win anywhere.
-The published 16-core tables replayed show the share measured and the plans' error
-(tests/test_search.py; docs/benchmarks/profiles.md).
+Designed points per runtime, a fitted scaling model (Ernest, NSDI'16), and at every batch B the plan
+from the measured points (best) against the plan hoping each unmeasured point is `confidence` fit
+errors faster than predicted (hopeful): where hopeful beats best by more than `tolerance`, its
+unmeasured instances are wanted. docs/profiling.md ("The search") gives the rules at length.
 """
 
 from __future__ import annotations
@@ -202,12 +190,10 @@ class Search:
         return list(self.wanted(cover_only))
 
     def wanted(self, cover_only: bool = False) -> dict[Key, float]:
-        """What to measure next, each point with its value: how much it may change the plans (the
-        sum, over the batches whose hopeful plan holds it, of log(best / hopeful)). The design
-        points not measured yet come first (value inf); else every unmeasured instance of each
-        hopeful plan that beats the measured plan by more than `tolerance`; else the rivals;
-        {} when none can. With `cover_only` (a budget spent), only what gives a plan to the grid's
-        batches that have none, under runtimes designed and, where others are, not costly."""
+        """What to measure next, each point with its value (summed log(best / hopeful) of the batches
+        whose hopeful plan holds it): design points first (inf), else _hoped_for, else the rivals; {}
+        when none can change a plan. `cover_only` (a budget spent): only what gives every batch a
+        plan, under runtimes designed and, where others are, not costly."""
         designed = [r for r in self.runtimes if self._designed(r)]
         cheap = [r for r in designed if r not in self.costly] or designed
         first = [(r, t, b) for r in self.runtimes for t, b in self._design(r) if (r, t, b) not in self.measured]
@@ -283,9 +269,8 @@ class Search:
 
     def _rivals(self, best: Planner) -> list[Key]:
         """Each measured plan's instances under the runtimes not measured there predicted within RIVAL of
-        its figure, twice that for runtimes measured past their design (a hopeful plan held them
-        somewhere). Two fits compare less well than each fits its own runtime: runtimes a few % apart
-        were ranked wrongly by fits 10 % off (a 64-core replay), and on 2 cores by the machine."""
+        its figure (1.5 RIVAL for runtimes measured past their design): two fits compare less well
+        than each fits its own runtime."""
         predicted = {r: self._predict(r) for r in self.runtimes}
         contending = set(self.runtimes) - set(self.dropped())
         wanted: list[Key] = []
