@@ -467,7 +467,7 @@ def serving_app(app: FastAPI, repository: PackratRepository, bodies: BodyReads |
 def add_routes(app: FastAPI, repository: PackratRepository) -> None:
     """/status on KServe's app: every packrat model's plan, health and figures."""
 
-    front_end = repository.front_end
+    front_end = getattr(repository, "front_end", None) or front_ends.FrontEnd()  # a lone server's, where none is said
 
     async def status(request: HttpRequest) -> Response:
         models = repository.get_models()
