@@ -314,10 +314,8 @@ def _prepare(args: argparse.Namespace, cores=None) -> tuple:
 
 
 def _prepare_served(args: argparse.Namespace, cores=None):
-    """(module, example inputs, mode, ServedBatch) for a served point, in a pool instance's order
-    (packrat/serving/pool/child.py main()): the codec; the decoders, each taking one intra-op
-    thread, before torch's count is set; the point's threads while loading; then the instance's
-    torch threads for the mode it runs (models.runtimes.torch_threads)."""
+    """(module, example inputs, mode, ServedBatch) for a served point, with the codec, decoders and
+    thread counts set in a pool instance's order (packrat/serving/pool/child.py main())."""
     from packrat.codec.batch import Decoders, set_intra_op_threads
     from packrat.codec.codec import Codec
     from packrat.codec.config import CodecConfig

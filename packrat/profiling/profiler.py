@@ -459,8 +459,7 @@ def _early_builds(settings: ProfileSettings, threads, batches, runtimes, topolog
 
 class _WorkerPool:
     """Measuring workers by (runtime, threads), kept started between rounds (LIVE_COPIES_PER_CORE
-    copies a core at most: the least recently used are stopped first); their start and their runs go
-    to the account."""
+    copies a core at most, the least recently used stopped first), their time to the account."""
 
     def __init__(self, settings: ProfileSettings, topology: Topology, account: Account, start=Workers):
         self.settings, self.topology, self.account, self.start = settings, topology, account, start

@@ -150,8 +150,7 @@ class Profile:
     def points(self) -> dict[tuple[int, int, str], float]:
         """Every runtime's primary figure as planned with (served where the profile plans on served
         figures), keyed (threads, batch, runtime)."""
-        return {(t, b, runtime): latency for runtime, figures in self._tables()[0].items()
-                for (t, b), (latency, _) in figures.items()}
+        return _keyed(self._tables()[0])
 
     def spread_ms(self, threads: int, batch: int, runtime: str) -> float:
         """The noise of a point's figure as planned with (its iterations' spread; 0 where unknown)."""
@@ -160,8 +159,7 @@ class Profile:
     def model_points(self) -> dict[tuple[int, int, str], float]:
         """Every runtime's model-only primary figure, keyed (threads, batch, runtime): what a pool
         instance's model stage (the run alone) is compared with."""
-        return {(t, b, runtime): latency for runtime, figures in self.by_runtime.items()
-                for (t, b), (latency, _) in figures.items()}
+        return _keyed(self.by_runtime)
 
     def corrected(self, figures) -> "Profile":
         """This profile with some (threads, batch, runtime) model-only figures replaced by what the
@@ -231,6 +229,11 @@ class Profile:
                                f"points served alone: re-run `packrat profile --contention --isolated-too`")
         table = self.isolated if latency == "isolated" else self.latency
         return [(t, b, table[t, b]) for t, b in sorted(table)]
+
+
+def _keyed(tables: dict[str, dict[Point, Figures]]) -> dict[tuple[int, int, str], float]:
+    """Each runtime's primary figures keyed (threads, batch, runtime)."""
+    return {(t, b, runtime): latency for runtime, figures in tables.items() for (t, b), (latency, _) in figures.items()}
 
 
 def gains(profile: Profile, instances, runtime: str = "ios") -> list[dict]:

@@ -144,9 +144,7 @@ class Search:
 
     def _predict(self, runtime: str) -> np.ndarray:
         """Every point's predicted ms: the runtime's model, moved by what the other runtimes missed by
-        at that very point (they share the model's shape: a thread count that splits the work badly
-        is slow under all), else by its own fast points' misses weighted by nearness in log threads
-        and log batch."""
+        there (a bad thread count is slow under all), else by its own nearby fast points' misses."""
         model, misses = self._fitted(runtime)
         fast = {p: miss for p, miss in misses.items() if miss <= math.log(SLOW)}
         t, b = (np.array(axis, dtype=float) for axis in zip(*fast))
@@ -217,9 +215,8 @@ class Search:
         return wanted or dict.fromkeys(self._rivals(self._plans(designed)[0]), math.log(1 + self.tolerance))
 
     def _hoped_for(self, runtimes: list[str], cover_only: bool) -> dict[Key, float]:
-        """The unmeasured instances of each hopeful plan over `runtimes` that beats the measured plan by
-        more than `tolerance` (cover_only: of each batch without a measured plan), each valued by the
-        sum of log(best / hopeful) over the batches whose plan holds it (1 a batch when covering)."""
+        """The unmeasured instances of each hopeful plan over `runtimes` beating the measured plan by
+        more than `tolerance` (cover_only: of each batch without a plan, valued 1 a batch)."""
         best, hopeful, runtime_of = self._plans(runtimes)
         wanted: dict[Key, float] = {}
         for batch in self.batches:
