@@ -12,8 +12,10 @@ within maxBatchDelay, hands the batch over, and sends the next one once this one
 Admission: TorchServe queues requests (up to the archive's jobQueueSize, which `packrat archive`
 sizes from the plan's predicted batch time and the deadline) and answers 503 beyond that, before
 this worker sees them. A request reaching handle() may have waited there: UpstreamWait bounds how
-long from the batches seen before and, under `packrat serve`, from looks at how many requests
-TorchServe's queue holds (its management API, 10 times a second); the pool refuses it at once (503, with Retry-After) when
+long from the batches seen before (counted from when TorchServe sent each: its Python side reads a
+batch and decodes its JSON bodies before handle(), note_batch_sends) and, under `packrat serve`, from
+looks at how many requests TorchServe's queue holds (its management API, 10 times a second); the
+pool refuses it at once (503, with Retry-After) when
 that wait and its batch's predicted time no longer fit its deadline, before its body is touched.
 handle() submits the batch's requests to the pool together (none leaves before the last is in:
 the instances start at once in this mode, gather 0 ms), its dispatcher splits them among the
@@ -58,7 +60,8 @@ finally:
             del sys.modules[_HIDDEN]
 
 from packrat.handlers import common
-from packrat.frontends.torchserve_control import follow_reconfigure_requests, watch_torchserve_queue
+from packrat.frontends.torchserve_control import (follow_reconfigure_requests, note_batch_sends,
+                                                  watch_torchserve_queue)
 from packrat.serving.engine import Engine
 from packrat.serving.pool.admission import UpstreamWait
 from packrat.serving.pool.api import Answer
@@ -88,9 +91,16 @@ class PackratHandler(BaseHandler):
         config = getattr(context, "model_yaml_config", None) or {}
         queue, delay_ms = config.get("jobQueueSize") or TORCHSERVE_QUEUE, config.get("maxBatchDelay") or 100
         self.upstream = UpstreamWait(int(queue), self.max_batch, float(delay_ms) / 1e3)
+        self._sent_at = None  # when TorchServe began sending the last message (note_batch_sends)
+        if not note_batch_sends(self._noted):
+            common.log.warning("packrat: not in TorchServe's worker loop: waits in its queue are bounded without "
+                               "when it sent each batch")
         if TS_MANAGEMENT_ENV.get():  # set by `packrat serve`: looks at TorchServe's queue tighten the bound
             watch_torchserve_queue(self.upstream.seen, TS_MANAGEMENT_ENV.get(), TS_KEY_FILE_ENV.get(), context.model_name)
         self.initialized = True
+
+    def _noted(self, at: float) -> None:
+        self._sent_at = at
 
     @property
     def plan(self):
@@ -102,7 +112,7 @@ class PackratHandler(BaseHandler):
         if _describing(context):
             return [self.engine.status()]
         now = time.monotonic()
-        received_at = now - self.upstream.arrived(now, len(data))  # the earliest it may have reached TorchServe
+        received_at = now - self.upstream.arrived(now, len(data), self._sent_at)  # the earliest it may have reached TorchServe
         self.engine.arrive(len(data))
         try:
             with self.pool.together():  # the batch reaches the instances whole, not its first request alone

@@ -240,16 +240,45 @@ def test_a_look_while_the_worker_holds_a_batch_needs_no_margin_for_one_on_its_wa
     assert wait.arrived(13.0, 4) == pytest.approx(1.04)  # after the look at 11.96, with its margin
 
 
-def test_a_batch_long_after_the_last_answer_found_the_queue_empty():
+def test_a_batch_sent_long_after_the_last_answer_found_the_queue_empty():
     """TorchServe takes a request from an empty queue as it arrives and sends its batch within its
-    delay (50 ms): a batch 2 s after the last answer waited at most that, and a little slack."""
+    delay (50 ms): a batch sent 2 s after the last answer waited at most that, a little slack, and
+    the time TorchServe's Python side took to hand it over."""
     wait = UpstreamWait(capacity=100, full=4, delay_s=0.05)
     for second in range(10):
-        wait.arrived(float(second), 4)
+        wait.arrived(float(second), 4, sent_at=float(second))
         wait.answered(second + 0.95)
-    assert wait.arrived(12.0, 4) == pytest.approx(0.15)
+    assert wait.arrived(12.0, 4, sent_at=11.9) == pytest.approx(0.25)
     wait.answered(12.5)
-    assert wait.arrived(12.6, 4) == pytest.approx(12.6)  # within the delay: perhaps queued all along
+    assert wait.arrived(12.6, 4, sent_at=12.52) == pytest.approx(12.6)  # sent within the delay: perhaps queued all along
+
+
+def test_a_batch_whose_bodies_took_long_to_hand_over_is_not_taken_for_an_idle_queue():
+    """JSON bodies: TorchServe's Python side decodes each (0.2 s for 3 MB here) before the handler
+    sees the batch. A batch sent 10 ms after the last answer from a full queue reached the handler
+    0.9 s later: its requests waited the queue's rounds, not the 0.15 s the old rule read in the
+    gap (they were admitted, and answered 200 or 504 past their deadlines); nor does a gap with
+    no known send time say the queue was empty."""
+    wait = UpstreamWait(capacity=100, full=4, delay_s=0.05)
+    for second in range(10):
+        wait.arrived(second + 0.9, 4, sent_at=float(second))
+        wait.answered(second + 0.95)
+    assert wait.arrived(10.86, 4, sent_at=9.96) == pytest.approx(10.86)
+    wait.answered(10.9)
+    assert wait.arrived(12.0, 4) == pytest.approx(12.0)
+    wait.answered(12.1)
+    assert wait.arrived(13.0, 4, sent_at=11.0) == pytest.approx(13.0)  # an older message's time: not this batch's
+
+
+def test_bounds_count_from_when_torchserve_sent_the_batches():
+    """The batches taken before bound a wait from when TorchServe took them, not from when their
+    bodies were decoded and the handler saw them: what stayed in the queue was there since."""
+    wait = UpstreamWait(capacity=8, full=4)
+    wait.arrived(1.0, 4, sent_at=0.2)
+    wait.answered(1.1)
+    wait.arrived(2.0, 4, sent_at=1.15)
+    wait.answered(2.1)
+    assert wait.arrived(3.0, 4, sent_at=2.15) == pytest.approx(2.8)  # the queue left at 0.2 was taken by then
 
 
 PLAN_S, PLAN_B = 0.1, 4  # one instance planning 4 requests in 100 ms

@@ -292,3 +292,42 @@ def test_the_careful_handler_warms_every_batch_size_and_says_what_differs(tmp_pa
     assert sorted(set(sizes)) == [1, 2, 4]
     assert asked == {"plain": True, "stop_spinning": handler.decoders.parallel}
     assert "unlike a packrat instance: one session on all the worker's cores" in caplog.text
+
+
+def test_the_worker_notes_when_torchserve_begins_sending_each_message(monkeypatch):
+    """TorchServe's worker loop reads each message (and json-decodes its bodies) before the handler
+    runs: the wrapped retrieve_msg notes when its first bytes were there, before that reading."""
+    import socket
+    import sys
+    import threading
+    import types
+
+    from packrat.frontends.torchserve_control import note_batch_sends
+
+    worker, order = types.ModuleType("__main__"), []
+    worker.TorchModelServiceWorker = object
+
+    def retrieve_msg(conn):
+        order.append("read")
+        return conn.recv(16)
+
+    worker.retrieve_msg = retrieve_msg
+    monkeypatch.setitem(sys.modules, "__main__", worker)
+    noted = []
+    assert note_batch_sends(lambda at: (noted.append(at), order.append("noted")))
+    ours, java = socket.socketpair()
+    with ours, java:
+        threading.Timer(0.2, java.sendall, (b"I batch",)).start()
+        started = time.monotonic()
+        assert worker.retrieve_msg(ours) == b"I batch"
+    assert order == ["noted", "read"] and noted[0] - started >= 0.15
+
+
+def test_outside_a_torchserve_worker_nothing_is_wrapped(monkeypatch):
+    import sys
+    import types
+
+    from packrat.frontends.torchserve_control import note_batch_sends
+
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
+    assert not note_batch_sends(print)

@@ -1,11 +1,13 @@
 """Control files between `packrat` commands and a running packrat server (the TorchServe handler,
 the KServe server): reconfiguration requests; and the TorchServe handler's looks at TorchServe's
-queue for its model (admission)."""
+queue for its model and at when TorchServe sends each batch (admission)."""
 
 from __future__ import annotations
 
 import json
 import os
+import select
+import sys
 import tempfile
 import threading
 import time
@@ -106,3 +108,23 @@ def watch_torchserve_queue(seen, management_url: str, key_file: str | Path | Non
     thread = threading.Thread(target=loop, daemon=True, name=f"packrat-queue-{model}")
     thread.start()
     return thread
+
+
+def note_batch_sends(noted) -> bool:
+    """Have this TorchServe worker call noted(time.monotonic()) as each message from TorchServe's
+    Java side begins to arrive, before its Python side reads it and decodes its JSON bodies (the
+    handler's clock starts only after that). TorchServe runs the worker as a script whose loop
+    calls `retrieve_msg` by its global name; that name is wrapped. False where this process is no
+    such worker (the wait bound then does without)."""
+    worker = sys.modules.get("__main__")
+    original = getattr(worker, "retrieve_msg", None)
+    if original is None or not hasattr(worker, "TorchModelServiceWorker"):
+        return False
+
+    def retrieve_msg(conn):
+        select.select([conn], [], [])  # until Java sends: a batch, a describe or a load
+        noted(time.monotonic())
+        return original(conn)
+
+    worker.retrieve_msg = retrieve_msg
+    return True

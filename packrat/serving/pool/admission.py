@@ -249,9 +249,17 @@ class UpstreamWait:
     since. A look at the queue (t, requests pending) does the same with what it held then. A look
     asked while the worker held a batch saw every request not yet handed over: TorchServe's
     ordinary worker gets its next batch only once it answered this one. Any other look counts a
-    batch that may have been on its way to the worker as pending too. And a batch that came
-    later than TorchServe's batch delay (`delay_s`) after the worker's last answer found the queue
-    empty then: its first request was taken as it arrived, and sent at most the delay later."""
+    batch that may have been on its way to the worker as pending too. And a batch that TorchServe
+    sent later than its batch delay (`delay_s`) after the worker's last answer found the queue
+    empty then: its first request was taken as it arrived, and sent at most the delay later.
+
+    Times are when TorchServe's Java side sent each batch, where the worker knows it: its Python
+    side then reads the batch and decodes every JSON body (json.loads, one thread: 0.2 s for a 3 MB
+    v2 JSON body on a busy 2-core machine) before the handler sees it, time its requests waited too,
+    and a gap since the last answer that is not an idle queue. Without it, the empty-queue rule is
+    not used (a batch of JSON bodies reached the handler over 0.15 s after each answer, and every
+    wait was then taken for 0.15 s: requests that waited seconds were admitted, and answered 200 or
+    504 past their deadline)."""
 
     def __init__(self, capacity: int, full: int, delay_s: float = 0.05, keep: int = 256):
         self.capacity, self.full, self.delay_s = capacity, full, delay_s
@@ -270,20 +278,30 @@ class UpstreamWait:
         """The worker answered the batch it held, at `now`."""
         self.holding_since, self.answered_at = None, now
 
-    def arrived(self, now: float, size: int) -> float:
-        """A batch of `size` arrived at `now`: the most its requests can have waited upstream."""
+    def arrived(self, now: float, size: int, sent_at: float | None = None) -> float:
+        """A batch of `size` reached the handler at `now`, sent by TorchServe at `sent_at` (None:
+        not known): the most its requests can have waited upstream."""
+        sent = self._sent(now, sent_at)
         waited = self._by_rounds(now)
-        idle_since = self.answered_at if self.holding_since is None else None
-        if idle_since is not None and now - idle_since > self.delay_s + IDLE_SLACK_S:
-            waited = min(waited, self.delay_s + IDLE_SLACK_S)  # the queue was empty at the last answer
+        if sent is not None and self.answered_at is not None and sent - self.answered_at > self.delay_s + IDLE_SLACK_S:
+            waited = min(waited, self.delay_s + IDLE_SLACK_S + now - sent)  # the queue was empty at the last answer
         for at, queued_up_to in reversed(list(self.looks)):  # a copy: looks come from another thread
             if queued_up_to <= self.taken:  # this batch was not yet queued at that look
                 waited = min(waited, now - at)
                 break
-        self.rounds.append((now, size))
+        self.rounds.append((now if sent is None else sent, size))
         self.taken += size
-        self.holding_since = now
+        self.holding_since = now if sent is None else sent
         return waited
+
+    def _sent(self, now: float, sent_at: float | None) -> float | None:
+        """When this batch was sent, where known: not before the last answer (TorchServe's ordinary
+        worker gets its next batch only after it; an earlier time is an older message's)."""
+        if sent_at is None or self.holding_since is not None:
+            return None
+        if self.answered_at is not None and sent_at < self.answered_at:
+            return None
+        return min(sent_at, now)
 
     def _by_rounds(self, now: float) -> float:
         taken = 0
