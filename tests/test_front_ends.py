@@ -31,16 +31,27 @@ def test_capacity_is_what_the_instances_answer_back_to_back():
 
 
 @pytest.mark.parametrize("capacity, ceiling, cores, expected", [
-    (1000, 2500, 16, 1), (2500, 2500, 16, 1), (2501, 2500, 16, 2), (30000, 2500, 16, 12), (1e6, 2500, 16, 16),
-    (40, 2500, 2, 1), (1e6, 2500, 2, 2), (5000, 0, 4, 4)])
-def test_front_ends_needed_at_least_one_at_most_one_per_core(capacity, ceiling, cores, expected):
+    (40, 2500, 2, 1),  # ResNet-50: the instances are the ceiling
+    (1370, 3000, 16, 1), (5470, 3000, 64, 2),  # a light model: 85 req/s a core
+    (33642, 3405, 2, 2), (1e6, 2500, 16, 16), (112000, 3000, 16, 12),  # next to no cost: one a core, or nearly
+    (2500, 2500, 1, 1), (5000, 0, 4, 4)])
+def test_front_ends_are_their_share_of_the_cpu_at_saturation_one_at_least_one_a_core_at_most(
+        capacity, ceiling, cores, expected):
     assert needed(capacity, ceiling, cores) == expected
 
 
+def test_the_front_ends_share_is_what_a_saturated_node_spends_on_them():
+    from packrat.planning.front_ends import share
+
+    # a request costs the instances m = 16 / 48000 s of CPU and a front end f = 1 / 3000 s: half of it
+    assert share(48000, 3000, 16) == pytest.approx(8.0)
+    assert share(1e12, 3000, 16) == pytest.approx(16.0, rel=1e-6)  # a model of no cost: all of it
+
+
 def test_auto_says_why_and_a_count_asked_for_is_kept_within_the_cores():
-    auto = choose("auto", 33000.0, 2500.0, 2, "measured")
-    assert auto.count == 2 and "33,000 req/s on 2 core(s)" in auto.why and "2,500 req/s (measured)" in auto.why
-    assert "13.20 → 14, at most one per core: 2" in auto.why
+    auto = choose("auto", 33642.0, 3405.0, 2, "measured")
+    assert auto.count == 2 and "33,642 req/s on 2 core(s)" in auto.why and "3,405 req/s per core (measured)" in auto.why
+    assert "2 × 33,642 / (33,642 + 2 × 3,405) = 1.66 cores → 2" in auto.why
     assert choose("auto", 40.0, 2500.0, 2, "default").count == 1
     assert choose("auto", None, 2500.0, 8, "default").count == 1
     assert choose("3", None, 2500.0, 4, "default") == FrontEnds(3, "3 asked for (--front-ends 3)", None, 2500.0)

@@ -2,11 +2,16 @@
 
 A front end (the KServe server's process: its event loop, the engines' hand-offs, thread instances'
 decoding under its interpreter lock) answers at most `ceiling` requests a second on one core, its
-ceiling with a model of no cost (`packrat bench http --ceiling` measures it). The node's instances
-answer at most the plan's capacity, Σ batch / latency over its instances. Where the capacity is above
-one front end's ceiling, the loop and not the cores sets the node's rate: it takes
-ceil(capacity / ceiling) front ends, at most one per core (each gets whole cores of its own, and a
-front end with no core left for its instances would serve nothing), at least one.
+ceiling with a model of no cost (`packrat bench http --ceiling` measures it): a request costs it
+f = 1 / ceiling CPU seconds. The node's instances answer at most the plans' capacity C, Σ batch /
+latency over their instances on the T cores: a request costs them m = T / C. Front end and instances
+share the cores, so the node answers at most X = T / (f + m) requests a second, of which one front
+end, a single event loop, answers at most `ceiling`. So the node takes
+
+    N = ceil(X · f) = ceil(T · f / (f + m)) = ceil(T · C / (C + T · ceiling))
+
+front ends: the front end's share of a request's CPU time, times the cores; at least one, at most
+one per core (each gets whole cores of its own).
 """
 
 from __future__ import annotations
@@ -52,13 +57,19 @@ def capacity_rps(instances: Iterable[tuple[int, float]]) -> float:
                if latency_ms and math.isfinite(latency_ms) and latency_ms > 0)
 
 
+def share(capacity: float, ceiling: float, cores: int) -> float:
+    """T · C / (C + T · ceiling): the cores' worth of front-end work when the node is saturated."""
+    if ceiling <= 0 or not math.isfinite(capacity):
+        return float(cores)
+    return cores * capacity / (capacity + cores * ceiling)
+
+
 def needed(capacity: float, ceiling: float, cores: int) -> int:
-    """Front ends for `capacity` requests a second at `ceiling` each: at least 1, at most `cores`."""
+    """Front ends for a node of `cores` cores whose instances answer `capacity` requests a second, one
+    front end `ceiling` per core of its own: ceil(share), at least 1, at most `cores`."""
     if cores < 1:
         raise ValueError("front ends need at least one core")
-    if ceiling <= 0 or not math.isfinite(capacity):
-        return cores
-    return max(1, min(cores, math.ceil(capacity / ceiling)))
+    return max(1, min(cores, math.ceil(share(capacity, ceiling, cores) - 1e-9)))
 
 
 def choose(asked: str | int, capacity: float | None, ceiling: float, cores: int, ceiling_source: str) -> FrontEnds:
@@ -72,11 +83,10 @@ def choose(asked: str | int, capacity: float | None, ceiling: float, cores: int,
     if capacity is None:
         return FrontEnds(1, "auto: the plans' capacity is unknown (no profiled figure): one front end", None, ceiling)
     count = needed(capacity, ceiling, cores)
-    ratio = capacity / ceiling if ceiling > 0 else math.inf
-    capped = f", at most one per core: {count}" if math.ceil(ratio) > count else ""
-    return FrontEnds(count, f"auto: the plans answer up to {capacity:,.0f} req/s on {cores} core(s); one front end "
-                            f"{ceiling:,.0f} req/s ({ceiling_source}): {capacity:,.0f} / {ceiling:,.0f} = "
-                            f"{ratio:.2f} → {math.ceil(ratio)}{capped}", capacity, ceiling)
+    return FrontEnds(count, f"auto: the plans answer up to {capacity:,.0f} req/s on {cores} core(s), one front end "
+                            f"{ceiling:,.0f} req/s per core ({ceiling_source}): front ends' work at saturation "
+                            f"{cores} × {capacity:,.0f} / ({capacity:,.0f} + {cores} × {ceiling:,.0f}) = "
+                            f"{share(capacity, ceiling, cores):.2f} cores → {count}", capacity, ceiling)
 
 
 def split_cores(cores: Sequence[int], count: int) -> list[tuple[int, ...]]:
