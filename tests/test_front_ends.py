@@ -314,6 +314,20 @@ def two_front_ends(tmp_path_factory):
         kserve.stop(server)
 
 
+def grpc_ready(address: str, times: int) -> bool:
+    """The model ready through gRPC on `times` channels of their own (new connections each)."""
+    import grpc
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+    from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub
+
+    answers = []
+    for _ in range(times):
+        with grpc.insecure_channel(address) as channel:
+            answers.append(GRPCInferenceServiceStub(channel).ModelReady(pb.ModelReadyRequest(name="tiny"),
+                                                                       timeout=30).ready)
+    return all(answers)
+
+
 def tiny_request() -> tuple[bytes, dict]:
     from packrat.codec.payloads import v2_binary_payload
     from packrat.models.zoo import resolve
@@ -345,6 +359,7 @@ def test_two_front_ends_each_answer_on_cores_of_their_own_and_one_view_holds_bot
     planned = [{c for i in v["plan"]["instances"] for c in i["cores"]} for v in views]
     assert not blocks[0] & blocks[1] and blocks[0] | blocks[1] == set(server.cores)  # no core given twice
     assert all(cores <= block for cores, block in zip(planned, blocks))  # each plans on its own block
+    assert grpc_ready(server.grpc_address, times=8)  # gRPC: every front end binds the port (SO_REUSEPORT)
     with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as response:
         page = response.read().decode()
     for index in (0, 1):

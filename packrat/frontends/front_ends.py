@@ -275,7 +275,8 @@ class Supervisor:
         self.argv, self.blocks, self.rest_fd, self.directory = list(argv), list(blocks), rest_fd, directory
         self.processes: list[subprocess.Popen | None] = [None] * len(blocks)
         self.restart_at = [0.0] * len(blocks)
-        self.failures = [0] * len(blocks)
+        self.started_at = [0.0] * len(blocks)
+        self.failures = [0] * len(blocks)  # exits in a row, each after less than RESTART_S[1] of serving
         self.stopping: float | None = None
 
     def command(self, index: int) -> list[str]:
@@ -292,7 +293,7 @@ class Supervisor:
             os.sched_setaffinity(process.pid, logical_cpus(self.blocks[index]))
         except OSError:
             pass
-        self.processes[index] = process
+        self.processes[index], self.started_at[index] = process, time.monotonic()
         log.info("packrat front end %d started: pid %d, cores %s", index, process.pid, list(self.blocks[index]))
 
     def stop(self, *_) -> None:
@@ -325,7 +326,8 @@ class Supervisor:
             if process is None or process.poll() is None:
                 continue
             if not self.restart_at[index]:
-                self.failures[index] += 1
+                served_s = now - self.started_at[index]
+                self.failures[index] = 1 if served_s > RESTART_S[1] else self.failures[index] + 1
                 wait = min(RESTART_S[0] * 2 ** (self.failures[index] - 1), RESTART_S[1])
                 self.restart_at[index] = now + wait
                 log.error("packrat front end %d (pid %d) exited with %s: starting it again in %.0f s", index,
