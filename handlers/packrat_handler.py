@@ -66,7 +66,7 @@ from packrat.serving.engine import Engine
 from packrat.serving.pool.admission import UpstreamWait
 from packrat.serving.pool.api import Answer
 from packrat.serving.pool.child import exit_with_parent
-from packrat.settings import CONTROL_DIR_ENV, TS_KEY_FILE_ENV, TS_MANAGEMENT_ENV
+from packrat.settings import CONTROL_DIR_ENV, MAX_QUEUE, REQUEST_TIMEOUT_S, TS_KEY_FILE_ENV, TS_MANAGEMENT_ENV
 
 METRICS_PERIOD_S = 1.0
 RESTART_EXIT = 75  # EX_TEMPFAIL: the worker exits to be started again (restart_worker)
@@ -91,6 +91,8 @@ class PackratHandler(BaseHandler):
         config = getattr(context, "model_yaml_config", None) or {}
         queue, delay_ms = config.get("jobQueueSize") or TORCHSERVE_QUEUE, config.get("maxBatchDelay") or 100
         self.upstream = UpstreamWait(int(queue), self.max_batch, float(delay_ms) / 1e3)
+        self.deadline_s, self.max_queue = settings.request_timeout_s or REQUEST_TIMEOUT_S, settings.max_queue or MAX_QUEUE
+        self._queue_told = False  # TorchServe's queue too long for the served pace: said once in the log
         self._sent_at = None  # when TorchServe began sending the last message (note_batch_sends)
         if not note_batch_sends(self._noted):
             common.log.warning("packrat: not in TorchServe's worker loop: waits in its queue are bounded without "
@@ -110,7 +112,7 @@ class PackratHandler(BaseHandler):
         """One answer per request, in order. Never raises: an exception would fail every request of
         the batch."""
         if _describing(context):
-            return [self.engine.status()]
+            return [self.describe_handle()]
         now = time.monotonic()
         received_at = now - self.upstream.arrived(now, len(data), self._sent_at)  # the earliest it may have reached TorchServe
         self.engine.arrive(len(data))
@@ -144,7 +146,26 @@ class PackratHandler(BaseHandler):
         return common.respond(answers, context)
 
     def describe_handle(self):
-        return self.engine.status()
+        return {**self.engine.status(), "torchserve_queue": self.torchserve_queue()}
+
+    def torchserve_queue(self) -> dict:
+        """TorchServe's queue as the archive sized it, and what it should hold for its last request to
+        be answered in time at the pace the worker is served (None before a full batch followed a
+        full one). TorchServe fixes a model's queue when it registers it (no API changes it), so the
+        archive is what can change: `packrat archive --max-queue N`."""
+        cycle = self.upstream.cycle_s()
+        return {"size": self.upstream.capacity, "fits_at_served_pace": self.upstream.fitting(self.deadline_s, self.max_queue),
+                "served_cycle_ms": None if cycle is None else round(cycle * 1e3, 1)}
+
+    def _tell_if_queue_too_long(self) -> None:
+        fits = self.upstream.fitting(self.deadline_s, self.max_queue)
+        if self._queue_told or fits is None or self.upstream.capacity <= 2 * fits:
+            return
+        self._queue_told = True
+        common.log.warning("packrat: TorchServe's queue holds %d requests; at the pace served (a batch of %d every "
+                           "%.0f ms) the %g s deadline fits %d: requests past that wait there and are refused after "
+                           "their wait, not at once. Rebuild the archive with --max-queue %d", self.upstream.capacity,
+                           self.max_batch, self.upstream.cycle_s() * 1e3, self.deadline_s, fits, fits)
 
     def _report_metrics(self, context) -> None:
         """Pool health at most once a second (each metric is a line TorchServe's Java side reads and
@@ -153,6 +174,7 @@ class PackratHandler(BaseHandler):
         if context.metrics is None or now - self._reported_at < METRICS_PERIOD_S:
             return
         self._reported_at = now
+        self._tell_if_queue_too_long()
         health = self.pool.health()
         context.metrics.add_metric("PackratInstancesReady", health.ready, "count", metric_type=MetricTypes.GAUGE)
         context.metrics.add_metric("PackratRefusedRequests", health.refused, "count", metric_type=MetricTypes.GAUGE)

@@ -403,3 +403,18 @@ def test_refusals_are_counted_by_cause():
     assert dict(counts.refusals) == {"late": 2, "queue_full": 1, "expired_before": 1, "unavailable": 5}
     assert set(counts.refusals) <= set(CAUSES)
     assert (counts.admitted, counts.refused, counts.refused_late, counts.expired) == (4, 8, 2, 1)
+
+
+def test_the_queue_torchserve_should_hold_follows_the_served_cycle():
+    """Full batches every 0.6 s (JSON bodies: 12x the profile's pace): at a 2 s deadline the queue
+    that answers its last request in time holds one batch, whatever the archive sized it for."""
+    wait = UpstreamWait(capacity=164, full=4)
+    assert wait.fitting(2.0, 1000) is None  # nothing served yet
+    wait.arrived(0.1, 2, sent_at=0.0)  # a partial batch: the queue was empty, no cycle ends or starts here
+    wait.answered(0.5)
+    for k in range(1, 10):
+        wait.arrived(k * 0.6 + 0.5, 4, sent_at=k * 0.6)
+        wait.answered(k * 0.6 + 0.58)
+    assert wait.cycle_s() == pytest.approx(0.6)
+    assert wait.fitting(2.0, 1000) == 4  # 2 / (0.6 x 4/3) = 2.5 rounds: one queued beyond the running one
+    assert wait.fitting(10.0, 1000) == 4 * 11

@@ -331,3 +331,24 @@ def test_outside_a_torchserve_worker_nothing_is_wrapped(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
     assert not note_batch_sends(print)
+
+
+def test_the_handler_says_what_torchserves_queue_should_hold_at_the_pace_served(caplog):
+    """Archive-sized for 164 requests at a 2 s deadline; JSON bodies served a full batch of 4 every
+    0.6 s: the queue that fits holds 4. The status says so, and the log once, with the option that
+    changes it (TorchServe fixes the queue when it registers the model)."""
+    from packrat.serving.pool.admission import UpstreamWait
+
+    handler = PackratHandler.__new__(PackratHandler)
+    handler.upstream, handler.max_batch = UpstreamWait(164, 4), 4
+    handler.deadline_s, handler.max_queue, handler._queue_told = 2.0, 1000, False
+    assert handler.torchserve_queue() == {"size": 164, "fits_at_served_pace": None, "served_cycle_ms": None}
+    for k in range(6):
+        handler.upstream.arrived(k * 0.6 + 0.5, 4, sent_at=k * 0.6)
+        handler.upstream.answered(k * 0.6 + 0.58)
+    with caplog.at_level("WARNING"):
+        handler._tell_if_queue_too_long()
+        handler._tell_if_queue_too_long()
+    assert handler.torchserve_queue() == {"size": 164, "fits_at_served_pace": 4, "served_cycle_ms": 600.0}
+    (line,) = [r.getMessage() for r in caplog.records if "TorchServe's queue holds" in r.getMessage()]
+    assert "a batch of 4 every 600 ms" in line and "--max-queue 4" in line

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -51,6 +52,7 @@ DECAY_HALF_LIFE_S = 10.0  # an idle pool's ratio halves its distance to the plan
 SWING = 4 / 3  # a request is admitted where its answer would still be in time at the pool's pace a third
 # slower than predicted, all the way: under 3x load the pace swings by whole seconds (a client's burst, a
 # neighbour), and the rounds queued then miss together; a queue past a round or two adds no throughput anyway
+CYCLES = 32  # the served cycles of TorchServe's queue (full batch after full batch) whose median is its pace
 RETRY_JITTER = 0.5  # Retry-After: the predicted drain plus up to half of it (at least up to a second more)
 
 # why a request was not admitted: the admission's causes, and the pool's own (no instance can run it)
@@ -302,6 +304,20 @@ class UpstreamWait:
         if self.answered_at is not None and sent_at < self.answered_at:
             return None
         return min(sent_at, now)
+
+    def cycle_s(self) -> float | None:
+        """How long the worker took from one full batch to the next, as served lately (the median of
+        the last CYCLES): the pace TorchServe's queue drains at under load, its hand-over and the
+        answer included. None before two full batches in a row."""
+        rounds = list(self.rounds)[-CYCLES - 1:]
+        gaps = [b[0] - a[0] for a, b in zip(rounds, rounds[1:]) if a[1] >= self.full and b[1] >= self.full]
+        return statistics.median(gaps) if gaps else None
+
+    def fitting(self, timeout_s: float, max_queue: int, swing: float = SWING) -> int | None:
+        """The queue whose last request would be answered in time at the served cycle, `swing`
+        slower (upstream_queue): what TorchServe's queue should hold; None before a cycle is known."""
+        cycle = self.cycle_s()
+        return None if cycle is None else upstream_queue(timeout_s, swing * cycle, self.full, max_queue)
 
     def _by_rounds(self, now: float) -> float:
         taken = 0
