@@ -49,10 +49,11 @@ def add_serve_parser(sub) -> None:
                         "per node of the Ray cluster, each planned for its node's CPU budget and profile; kserve: "
                         "this machine, a KServe model server (Open Inference Protocol over REST on "
                         "--inference-port and gRPC on --grpc-inference-port) with the engines in its process")
-    p.add_argument("--front-ends", default="1", type=front_ends_count, metavar="N|auto",
+    p.add_argument("--front-ends", default="auto", type=front_ends_count, metavar="N|auto",
                    help="--engine kserve: front-end processes sharing the ports, each with its own event loop and "
                         "engines on its own block of the cores; auto: as many as the plans' capacity needs at one "
-                        "front end's ceiling (packrat bench http --ceiling), at most one per core (default: 1)")
+                        "front end's ceiling (packrat bench http --ceiling), at most one per core, one for a model "
+                        "the cores bound (default: auto)")
     ray = p.add_argument_group("--engine ray", "serve on a running Ray cluster (`ray start --head` on one "
                                                "node, `ray start --address HEAD:6379` on the others) instead of "
                                                "TorchServe; needs `pip install packrat-serve[ray]`")
