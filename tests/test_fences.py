@@ -258,13 +258,14 @@ def test_a_named_worker_s_threads_inherit_its_name_and_their_cpu_is_their_own():
 def engine_with(fenced: set, restarts: list, replans: list):
     from packrat.profiling.profiles import Profile
     from packrat.serving.engine import Engine
+    from packrat.serving.settling import SettledPlans
 
     profile = Profile(latency={})
     for t, b, ms in ((1, 2, 1.0), (1, 4, 2.0), (2, 4, 1.6)):
         profile.add("onnxruntime-thread", t, b, ms, ms)
     engine = Engine.__new__(Engine)
     engine.topology, engine._plan_mode = Topology(((0, 1),)), "auto"
-    engine.corrector = SimpleNamespace(profile=profile)
+    engine.corrector, engine.settled = SimpleNamespace(profile=profile), SettledPlans()
     engine.pool = SimpleNamespace(fenced_cores=lambda: frozenset(fenced))
     engine.controller = SimpleNamespace(replan=lambda reason: replans.append((reason, engine.plan_for(4))))
     engine._restart, engine._restart_asked = restarts.append, threading.Event()
