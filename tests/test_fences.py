@@ -265,7 +265,7 @@ def engine_with(fenced: set, restarts: list, replans: list):
         profile.add("onnxruntime-thread", t, b, ms, ms)
     engine = Engine.__new__(Engine)
     engine.topology, engine._plan_mode = Topology(((0, 1),)), "auto"
-    engine.corrector, engine.settled = SimpleNamespace(profile=profile), SettledPlans()
+    engine.corrector, engine.settled = SimpleNamespace(profile=profile, corrections={}), SettledPlans()
     engine.pool = SimpleNamespace(fenced_cores=lambda: frozenset(fenced))
     engine.controller = SimpleNamespace(replan=lambda reason: replans.append((reason, engine.plan_for(4))))
     engine._restart, engine._restart_asked = restarts.append, threading.Event()
