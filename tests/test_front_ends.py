@@ -75,6 +75,34 @@ def test_blocks_of_cores_are_disjoint_contiguous_and_cover_every_core():
         split_cores([0, 1], 3)
 
 
+def test_auto_weighs_the_lightest_models_plan_against_the_measured_ceiling(tmp_path, monkeypatch):
+    from packrat.frontends.front_ends import decide, write_ceiling
+    from packrat.machine.budget import cpu_budget
+    from packrat.machine.topology import Topology
+    from packrat.settings import SERVED_DIR_ENV, Settings
+
+    monkeypatch.setenv(SERVED_DIR_ENV.name, str(tmp_path / "served"))
+    budget = cpu_budget(topology=Topology.virtual(2), root=tmp_path)
+
+    def model(name: str, scale: float, profile: bool = True):
+        folder = tmp_path / name
+        folder.mkdir()
+        rows = "".join(f"{t},{b},{b * 2.0 * scale / t ** 0.5}\n" for t in (1, 2) for b in (1, 2, 4))
+        (folder / "p.csv").write_text("# model: tiny\n# mode: script\nthreads,batch,latency_ms\n" + rows)
+        section = {"model": "tiny", "max_batch": 4, "profiles": ["p.csv" if profile else "missing.csv"]}
+        return Settings.from_section(section), folder  # as an archive's model-config.yaml carries them
+
+    slow, fast, broken = model("slow", 1.0), model("fast", 0.001), model("broken", 1.0, profile=False)
+    alone = decide("auto", [slow], budget)  # 2 × ⟨1, 2⟩ in 4 ms: 1,000 req/s, a third of a core of front end
+    assert alone.count == 1 and alone.capacity_rps == pytest.approx(1000) and "packrat's default" in alone.why
+    assert decide("auto", [slow, fast], budget).count == 2  # 1,000,000 req/s: the loop bounds it
+    write_ceiling(1e9, {"model": "trivial"})
+    measured = decide("auto", [slow, fast], budget)
+    assert measured.count == 1 and "measured by packrat bench http --ceiling" in measured.why
+    assert decide("auto", [broken], budget).count == 1  # no capacity known: one front end, the engine says why
+    assert decide("2", [broken], budget).count == 2
+
+
 # ---- a process's share of a core ---------------------------------------------------------------------
 
 class Clock:

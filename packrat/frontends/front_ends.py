@@ -92,6 +92,16 @@ def model_capacity(settings, model_dir: Path, budget) -> float | None:
     return capacity or None
 
 
+def capacity_or_none(settings, model_dir: Path, budget) -> float | None:
+    """model_capacity, or None (said in the log) where the profile gives none: the engine that
+    starts next says what is wrong with it."""
+    try:
+        return model_capacity(settings, model_dir, budget)
+    except Exception as exc:
+        log.warning("packrat front ends: no capacity from %s's profile (%s: %s)", model_dir.name, type(exc).__name__, exc)
+        return None
+
+
 def decide(asked: str, models: Sequence[tuple[object, Path]], budget=None) -> FrontEnds:
     """The front ends for `asked` ("auto" or a count) serving `models` ((settings, model dir) each):
     auto weighs the largest capacity of any model's plan (the lightest model sets the need)."""
@@ -99,7 +109,7 @@ def decide(asked: str, models: Sequence[tuple[object, Path]], budget=None) -> Fr
     ceiling, source = measured_ceiling()
     if str(asked) != "auto":
         return choose(asked, None, ceiling, budget.cores, source)
-    capacities = [c for c in (model_capacity(s, d, budget) for s, d in models) if c]
+    capacities = [c for c in (capacity_or_none(s, d, budget) for s, d in models) if c]
     return choose("auto", max(capacities) if capacities else None, ceiling, budget.cores, source)
 
 
