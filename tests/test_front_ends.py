@@ -103,6 +103,20 @@ def test_auto_weighs_the_lightest_models_plan_against_the_measured_ceiling(tmp_p
     assert decide("2", [broken], budget).count == 2
 
 
+def test_each_server_is_started_with_the_supervisors_arguments_then_its_place(tmp_path):
+    from packrat.frontends.front_ends import Supervisor
+    from packrat.machine.topology import logical_cpus
+
+    argv = ["--model-store", "store", "--http-port", "8080", "--front-ends", "auto", "--model", "m"]
+    supervisor = Supervisor(argv, [(0,), (1,)], 7, tmp_path)
+    command = supervisor.command(1)
+    assert command[1:3] == ["-m", "packrat.frontends.kserve_server"] and command[3:3 + len(argv)] == argv
+    # argparse keeps the last of a repeated option: the server serves alone, on its block, in its place
+    cpus = ",".join(map(str, logical_cpus([1])))  # core 1 with its SMT siblings, where it has any
+    assert command[3 + len(argv):] == ["--front-ends", "1", "--cores", cpus, "--front-end", "1/2", "--front-end-dir",
+                                       str(tmp_path), "--rest-fd", "7"]
+
+
 # ---- a process's share of a core ---------------------------------------------------------------------
 
 class Clock:

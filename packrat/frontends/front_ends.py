@@ -283,6 +283,7 @@ class Supervisor:
 
     def __init__(self, argv: Sequence[str], blocks: Sequence[tuple[int, ...]], rest_fd: int, directory: Path):
         self.argv, self.blocks, self.rest_fd, self.directory = list(argv), list(blocks), rest_fd, directory
+        self.cpus = [logical_cpus(block) for block in self.blocks]  # each block's cores with their SMT siblings
         self.processes: list[subprocess.Popen | None] = [None] * len(blocks)
         self.restart_at = [0.0] * len(blocks)
         self.started_at = [0.0] * len(blocks)
@@ -292,7 +293,7 @@ class Supervisor:
     def command(self, index: int) -> list[str]:
         """The server's command: the supervisor's arguments, then its place (argparse keeps the last
         of a repeated option)."""
-        cores = ",".join(map(str, self.blocks[index]))
+        cores = ",".join(map(str, self.cpus[index]))
         return [sys.executable, "-m", "packrat.frontends.kserve_server", *self.argv, "--front-ends", "1",
                 "--cores", cores, "--front-end", f"{index}/{len(self.blocks)}", "--front-end-dir",
                 str(self.directory), "--rest-fd", str(self.rest_fd)]
@@ -300,7 +301,7 @@ class Supervisor:
     def start(self, index: int) -> None:
         process = subprocess.Popen(self.command(index), pass_fds=(self.rest_fd,), stdin=subprocess.DEVNULL)
         try:  # at once, before its imports start threads; the server pins every thread of its own again
-            os.sched_setaffinity(process.pid, logical_cpus(self.blocks[index]))
+            os.sched_setaffinity(process.pid, self.cpus[index])
         except OSError:
             pass
         self.processes[index], self.started_at[index] = process, time.monotonic()
