@@ -61,16 +61,18 @@ finally:
 
 from packrat.handlers import common
 from packrat.frontends.torchserve_control import (follow_reconfigure_requests, note_batch_sends,
-                                                  watch_torchserve_queue)
+                                                  remember_queue_pace, watch_torchserve_queue)
 from packrat.serving.engine import Engine
 from packrat.serving.pool.admission import UpstreamWait
 from packrat.serving.pool.api import Answer
 from packrat.serving.pool.child import exit_with_parent
-from packrat.settings import CONTROL_DIR_ENV, MAX_QUEUE, REQUEST_TIMEOUT_S, TS_KEY_FILE_ENV, TS_MANAGEMENT_ENV
+from packrat.settings import (CONTROL_DIR_ENV, MAX_QUEUE, REQUEST_TIMEOUT_S, SERVED_DIR_ENV, TS_KEY_FILE_ENV,
+                              TS_MANAGEMENT_ENV)
 
 METRICS_PERIOD_S = 1.0
 RESTART_EXIT = 75  # EX_TEMPFAIL: the worker exits to be started again (restart_worker)
 RESTART_GRACE_S = 1.0  # the batch in hand gets its 503s out before the worker exits
+PACE_STEP = 0.1  # the pace served is remembered again once it moved by this fraction
 TORCHSERVE_QUEUE = 100  # TorchServe's job_queue_size, for an archive that does not set jobQueueSize
 
 
@@ -93,6 +95,7 @@ class PackratHandler(BaseHandler):
         self.upstream = UpstreamWait(int(queue), self.max_batch, float(delay_ms) / 1e3)
         self.deadline_s, self.max_queue = settings.request_timeout_s or REQUEST_TIMEOUT_S, settings.max_queue or MAX_QUEUE
         self._queue_told = False  # TorchServe's queue too long for the served pace: said once in the log
+        self.served_name, self._remembered = context.model_name, None  # the pace last remembered for the next archive
         self._sent_at = None  # when TorchServe began sending the last message (note_batch_sends)
         if not note_batch_sends(self._noted):
             common.log.warning("packrat: not in TorchServe's worker loop: waits in its queue are bounded without "
@@ -157,6 +160,17 @@ class PackratHandler(BaseHandler):
         return {"size": self.upstream.capacity, "fits_at_served_pace": self.upstream.fitting(self.deadline_s, self.max_queue),
                 "served_cycle_ms": None if cycle is None else round(cycle * 1e3, 1)}
 
+    def _follow_queue_pace(self) -> None:
+        """The pace served remembered for the next archive of this model (which sizes TorchServe's
+        queue by it) when it moved by PACE_STEP; a queue too long for it said once in the log."""
+        cycle = self.upstream.cycle_s()
+        if cycle is None:
+            return
+        if self._remembered is None or abs(cycle - self._remembered) > PACE_STEP * self._remembered:
+            remember_queue_pace(SERVED_DIR_ENV.get(), self.served_name, self.max_batch, cycle)
+            self._remembered = cycle
+        self._tell_if_queue_too_long()
+
     def _tell_if_queue_too_long(self) -> None:
         fits = self.upstream.fitting(self.deadline_s, self.max_queue)
         if self._queue_told or fits is None or self.upstream.capacity <= 2 * fits:
@@ -164,7 +178,7 @@ class PackratHandler(BaseHandler):
         self._queue_told = True
         common.log.warning("packrat: TorchServe's queue holds %d requests; at the pace served (a batch of %d every "
                            "%.0f ms) the %g s deadline fits %d: requests past that wait there and are refused after "
-                           "their wait, not at once. Rebuild the archive with --max-queue %d", self.upstream.capacity,
+                           "their wait, not at once. The next archive of this model sizes it so; or rebuild now with --max-queue %d", self.upstream.capacity,
                            self.max_batch, self.upstream.cycle_s() * 1e3, self.deadline_s, fits, fits)
 
     def _report_metrics(self, context) -> None:
@@ -174,7 +188,7 @@ class PackratHandler(BaseHandler):
         if context.metrics is None or now - self._reported_at < METRICS_PERIOD_S:
             return
         self._reported_at = now
-        self._tell_if_queue_too_long()
+        self._follow_queue_pace()
         health = self.pool.health()
         context.metrics.add_metric("PackratInstancesReady", health.ready, "count", metric_type=MetricTypes.GAUGE)
         context.metrics.add_metric("PackratRefusedRequests", health.refused, "count", metric_type=MetricTypes.GAUGE)

@@ -7,7 +7,7 @@ import yaml
 
 from packrat.deploy import archive
 from packrat.machine import topology
-from packrat.settings import CORES_ENV, RECOVERY_KEYS, Settings
+from packrat.settings import CORES_ENV, RECOVERY_KEYS, SERVED_DIR_ENV, Settings
 
 PROFILE = "threads,batch,latency_ms\n1,1,10\n1,2,19\n1,4,37\n2,1,6\n2,2,11\n2,4,21\n"
 
@@ -119,3 +119,24 @@ def test_torchserve_queue_holds_what_the_deadline_admits_at_the_predicted_batch_
     sizes = [yaml.safe_load(text).get("jobQueueSize") for text, _ in archived]
     assert sizes == [36, 20, 4, 20]  # the prediction; within the bound; at least a batch; queue: the bound
     assert yaml.safe_load(archive.model_config_yaml(Settings("tiny"), handler="stock")).get("jobQueueSize") is None
+
+
+def test_torchserve_queue_follows_the_pace_a_handler_served_the_model_at(tmp_path, archived, monkeypatch):
+    """A handler that served `tiny` a full batch of 4 every 0.1 s remembered it: at a 0.8 s deadline
+    its next archive holds 4 × (floor(0.8 / (0.1 × 4/3)) − 1) = 20, not the profile's 36; a pace
+    faster than the profile's sizing leaves it; another name, or a day later, has none."""
+    import time
+
+    from packrat.frontends import torchserve_control
+
+    monkeypatch.setenv(SERVED_DIR_ENV.name, str(tmp_path / "served"))
+    profile = tmp_path / "toy.csv"
+    profile.write_text(PROFILE)
+    settings = Settings("tiny", profiles=[profile], max_batch=4, cores=2, request_timeout_s=0.8)
+    torchserve_control.remember_queue_pace(tmp_path / "served", "tiny", 4, 0.1)
+    archive.build(settings, tmp_path)
+    torchserve_control.remember_queue_pace(tmp_path / "served", "tiny", 4, 0.01)
+    archive.build(settings, tmp_path)
+    archive.build(settings, tmp_path, name="other")
+    assert [yaml.safe_load(text).get("jobQueueSize") for text, _ in archived] == [20, 36, 36]
+    assert torchserve_control.remembered_queue_pace(tmp_path / "served", "tiny", 4, now=time.time() + 2 * 86400) is None

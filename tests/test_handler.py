@@ -15,7 +15,7 @@ from packrat.handlers.packrat_handler import PackratHandler
 from packrat.handlers.stock_handler import StockHandler
 from packrat.models.zoo import prepare, resolve
 from packrat.machine.topology import detect
-from packrat.settings import NODE_DIR_ENV, Settings
+from packrat.settings import NODE_DIR_ENV, SERVED_DIR_ENV, Settings
 
 PROFILE = "threads,batch,latency_ms\n" + "".join(
     f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in range(1, detect().num_cores + 1) for b in (1, 2, 4))
@@ -333,22 +333,27 @@ def test_outside_a_torchserve_worker_nothing_is_wrapped(monkeypatch):
     assert not note_batch_sends(print)
 
 
-def test_the_handler_says_what_torchserves_queue_should_hold_at_the_pace_served(caplog):
+def test_the_handler_says_what_torchserves_queue_should_hold_at_the_pace_served(caplog, tmp_path, monkeypatch):
     """Archive-sized for 164 requests at a 2 s deadline; JSON bodies served a full batch of 4 every
-    0.6 s: the queue that fits holds 4. The status says so, and the log once, with the option that
-    changes it (TorchServe fixes the queue when it registers the model)."""
+    0.6 s: the queue that fits holds 4. The status says so, the log once, with the option that
+    changes it now (TorchServe fixes the queue when it registers the model), and the pace is
+    remembered for the model's next archive."""
+    from packrat.frontends.torchserve_control import remembered_queue_pace
     from packrat.serving.pool.admission import UpstreamWait
 
+    monkeypatch.setenv(SERVED_DIR_ENV.name, str(tmp_path))
     handler = PackratHandler.__new__(PackratHandler)
-    handler.upstream, handler.max_batch = UpstreamWait(164, 4), 4
+    handler.upstream, handler.max_batch, handler.served_name, handler._remembered = UpstreamWait(164, 4), 4, "m", None
     handler.deadline_s, handler.max_queue, handler._queue_told = 2.0, 1000, False
     assert handler.torchserve_queue() == {"size": 164, "fits_at_served_pace": None, "served_cycle_ms": None}
     for k in range(6):
         handler.upstream.arrived(k * 0.6 + 0.5, 4, sent_at=k * 0.6)
         handler.upstream.answered(k * 0.6 + 0.58)
     with caplog.at_level("WARNING"):
-        handler._tell_if_queue_too_long()
-        handler._tell_if_queue_too_long()
+        handler._follow_queue_pace()
+        handler._follow_queue_pace()
     assert handler.torchserve_queue() == {"size": 164, "fits_at_served_pace": 4, "served_cycle_ms": 600.0}
     (line,) = [r.getMessage() for r in caplog.records if "TorchServe's queue holds" in r.getMessage()]
     assert "a batch of 4 every 600 ms" in line and "--max-queue 4" in line
+    assert remembered_queue_pace(tmp_path, "m", 4) == pytest.approx(0.6)
+    assert remembered_queue_pace(tmp_path, "m", 8) is None  # another batch: another pace

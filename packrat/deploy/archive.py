@@ -111,7 +111,7 @@ def build(settings: Settings, out_dir: Path, *, name: str | None = None, handler
         packed = settings.replace(model=model_ref, profiles=tuple(profile_names), ios=ios,
                                   **{key: path.name for key, path in requests.items()})
         config = staging / "model-config.yaml"
-        job_queue = admitted_queue(settings, chosen, budget.cores) if handler == "packrat" else None
+        job_queue = admitted_queue(settings, chosen, budget.cores, name) if handler == "packrat" else None
         config.write_text(model_config_yaml(packed, handler=handler, max_batch_delay_ms=max_batch_delay_ms,
                                             job_queue=job_queue))
         _run_tool(["torch-model-archiver", "--model-name", name, "--version", "1.0",
@@ -150,18 +150,20 @@ def shipped_profiles(paths: tuple[str, ...], staging: Path, cores: int):
 UPSTREAM_HEADROOM = 4.0  # served batch time over the profile's that TorchServe's queue is sized for
 
 
-def admitted_queue(settings: Settings, profile, cores: int) -> int | None:
+def admitted_queue(settings: Settings, profile, cores: int, name: str | None = None) -> int | None:
     """TorchServe's queue for the packrat handler: what the deadline admits at UPSTREAM_HEADROOM
     times the batch time the plan predicts on a machine like this one (admission.upstream_queue),
-    within --max-queue. The profile times the model: served batches took 1.1× its figure with raw
-    tensors and 12× with JSON bodies (SqueezeNet, 2 cores), and TorchServe refuses at once only
-    beyond its queue; the handler refuses the rest after their wait there. With
-    --admission queue, --max-queue itself. None (TorchServe's default, 100) when neither says, or
-    the profile cannot plan the batch."""
+    within --max-queue; or, where a handler serving `name` remembered the pace it was served at
+    (the served dir, within a day), what the deadline admits at that pace a third slower, if fewer.
+    The profile times the model: served batches took 1.1× its figure with raw tensors and 12× with
+    JSON bodies (SqueezeNet, 2 cores), and TorchServe refuses at once only beyond its queue; the
+    handler refuses the rest after their wait there. With --admission queue, --max-queue itself.
+    None (TorchServe's default, 100) when neither says, or the profile cannot plan the batch."""
     from packrat.errors import NoPlanError
     from packrat.planning.planner import plan
-    from packrat.serving.pool.admission import upstream_queue
-    from packrat.settings import MAX_QUEUE, REQUEST_TIMEOUT_S
+    from packrat.frontends.torchserve_control import remembered_queue_pace
+    from packrat.serving.pool.admission import SWING, upstream_queue
+    from packrat.settings import MAX_QUEUE, REQUEST_TIMEOUT_S, SERVED_DIR_ENV
 
     if settings.admission == "queue":
         return settings.max_queue
@@ -172,8 +174,10 @@ def admitted_queue(settings: Settings, profile, cores: int) -> int | None:
         return None
     if latency_ms is None:
         return None
-    return upstream_queue(settings.request_timeout_s or REQUEST_TIMEOUT_S, UPSTREAM_HEADROOM * latency_ms / 1e3,
-                          settings.max_batch, max_queue)
+    timeout_s = settings.request_timeout_s or REQUEST_TIMEOUT_S
+    sized = upstream_queue(timeout_s, UPSTREAM_HEADROOM * latency_ms / 1e3, settings.max_batch, max_queue)
+    served_s = name and remembered_queue_pace(SERVED_DIR_ENV.get(), name, settings.max_batch)
+    return min(sized, upstream_queue(timeout_s, SWING * served_s, settings.max_batch, max_queue)) if served_s else sized
 
 
 def planned_instances(profile, batch_size: int, handler: str, cores: int, node: bool = False

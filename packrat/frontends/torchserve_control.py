@@ -17,6 +17,7 @@ from pathlib import Path
 CONTROL_DIR = "control"  # in the run dir: requests to the running handler, one JSON file per model
 POLL_S = 0.5  # how often a server looks for a new request
 QUEUE_LOOK_S = 0.1  # how often the TorchServe handler looks at TorchServe's queue: 10 small GETs a second
+PACE_KEPT_S = 86400.0  # a remembered pace of TorchServe's queue sizes archives for a day, as corrections last
 
 
 def control_file(control_dir: str | Path, model: str) -> Path:
@@ -128,3 +129,24 @@ def note_batch_sends(noted) -> bool:
 
     worker.retrieve_msg = retrieve_msg
     return True
+
+
+def _pace_file(served_dir: str | Path, model: str, batch: int) -> Path:
+    return Path(served_dir) / f"torchserve-queue-{model}-b{batch}.json"
+
+
+def remember_queue_pace(served_dir: str | Path, model: str, batch: int, cycle_s: float) -> None:
+    """The pace the handler was served at (seconds from one full batch of `batch` to the next), for
+    the next archive of `model` to size TorchServe's queue by (TorchServe fixes it at registration)."""
+    _write_atomically(_pace_file(served_dir, model, batch), {"cycle_s": cycle_s, "at": time.time()})
+
+
+def remembered_queue_pace(served_dir: str | Path, model: str, batch: int, now: float | None = None) -> float | None:
+    """The pace remembered for `model` at `batch` within PACE_KEPT_S; None when there is none (or unreadable)."""
+    try:
+        remembered = json.loads(_pace_file(served_dir, model, batch).read_text())
+        cycle_s, at = float(remembered["cycle_s"]), float(remembered["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    fresh = (time.time() if now is None else now) - at <= PACE_KEPT_S
+    return cycle_s if fresh and cycle_s > 0 else None
