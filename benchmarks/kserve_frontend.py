@@ -64,7 +64,7 @@ def parse_args(argv=None):
 
 @contextmanager
 def torchserve_server(model: str, mar: Path, run_dir: Path, users: int, body):
-    from packrat.bench.server import warmed_server
+    from packrat.bench.servers import warmed_server
 
     with warmed_server("torchserve", model, mar, run_dir, users, WARMUP_S, log, body) as (server, token):
         yield lambda n, seconds, where, kill: load(server.inference_url, model, n, seconds, where, body, token)
@@ -73,7 +73,7 @@ def torchserve_server(model: str, mar: Path, run_dir: Path, users: int, body):
 @contextmanager
 def kserve_server(model: str, mar: Path, run_dir: Path, users: int, body):
     from packrat.bench.faults import InstanceKiller
-    from packrat.bench.server import kserve_serving
+    from packrat.bench.servers import kserve_serving
 
     with kserve_serving(model, mar, run_dir, log) as server:
         load(server.url, model, users, WARMUP_S, run_dir / "warmup", body)
@@ -128,7 +128,7 @@ def closed_loop(engine, users: int, seconds: float, body) -> dict:
 # ---- one model at one batch size -------------------------------------------------------------------
 
 def bench_batch(model: str, batch: int, profile: Path, args, out: Path) -> list[dict]:
-    from packrat.bench.server import config_archive
+    from packrat.bench.servers import config_archive
     from packrat.codec.payloads import build_payload
 
     body = build_payload(model)
@@ -163,7 +163,7 @@ def rows(model: str, batch: int, measured: dict, seconds: float) -> list[dict]:
 
 
 def server_figures(outcomes: list, seconds: float) -> dict:
-    from packrat.bench.server import pooled
+    from packrat.bench.users import pooled
 
     results = [o[0] if isinstance(o, tuple) else o for o in outcomes]
     kills = sum(o[1] for o in outcomes if isinstance(o, tuple))

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from packrat.bench import server as bench_server
+from packrat.bench import servers as bench_servers
 from packrat.bench.users import UsersPattern, parse_users, users_for_batch
 from packrat.cli import bench as cli_bench
 from packrat.cli import main as cli
@@ -283,15 +284,15 @@ def test_server_bench_starts_each_server_once_and_loads_every_users_pattern(tmp_
     from packrat.loadtest import LoadResult
 
     events = []
-    monkeypatch.setattr(bench_server.archive, "build",
+    monkeypatch.setattr(bench_servers.archive, "build",
                         lambda settings, out, **kw: events.append(("archive", {**asdict(settings), **kw})) or out / "m.mar")
-    monkeypatch.setattr(bench_server.torchserve, "Server", FakeServer)
+    monkeypatch.setattr(bench_servers.torchserve, "Server", FakeServer)
     numbers = itertools.count(9000)
-    monkeypatch.setattr(bench_server.torchserve.Ports, "free", classmethod(lambda cls: cls(*(next(numbers)
+    monkeypatch.setattr(bench_servers.torchserve.Ports, "free", classmethod(lambda cls: cls(*(next(numbers)
                                                                                            for _ in range(5)))))
-    monkeypatch.setattr(bench_server.torchserve, "start",
+    monkeypatch.setattr(bench_servers.torchserve, "start",
                         lambda server, mar: events.append(("start", server.served_dir)) or server)
-    monkeypatch.setattr(bench_server.torchserve, "stop", lambda server: events.append(("stop",)))
+    monkeypatch.setattr(bench_servers.torchserve, "stop", lambda server: events.append(("stop",)))
 
     def fake_locust(host, model, users, duration_s, out_dir, **kw):
         events.append(("locust", out_dir.name, users, kw["payload"][1]))  # the content type sent

@@ -13,6 +13,8 @@ import pytest
 from packrat.loadtest import LoadResult, percentile
 from packrat.bench import demo
 from packrat.bench import server as bench_server
+from packrat.bench import servers as bench_servers
+from packrat.bench import users as bench_users
 from packrat.bench.rounds import rotated
 from packrat.bench.users import BATCH_USERS
 from packrat.cli import bench as cli_bench
@@ -59,7 +61,7 @@ def plans(path: Path):
 # --- the interleaved server bench ----------------------------------------------------------------
 
 def test_rounds_are_pooled_per_second_of_load():
-    pooled = bench_server.pooled([result(4, {100.0: 3, 400.0: 1}), result(6, {100.0: 6})], run_s=2.0)
+    pooled = bench_users.pooled([result(4, {100.0: 3, 400.0: 1}), result(6, {100.0: 6})], run_s=2.0)
     assert (pooled.requests, pooled.response_times) == (10, {100.0: 9, 400.0: 1})
     assert (pooled.p50_ms, pooled.p99_ms, pooled.mean_ms) == (100.0, 400.0, 130.0)
     assert (pooled.throughput_rps, pooled.duration_s) == (2.5, 4)  # 10 requests in 2 × 2 s, not locust's 99/s
@@ -83,14 +85,14 @@ def test_server_bench_rotates_rounds_and_pools_them(tmp_path, monkeypatch):
     from packrat import loadtest
 
     built, loads = [], []
-    monkeypatch.setattr(bench_server.archive, "build",
+    monkeypatch.setattr(bench_servers.archive, "build",
                         lambda settings, out, **kw: built.append(asdict(settings)) or out)
-    monkeypatch.setattr(bench_server.torchserve, "Server", FakeServer)
+    monkeypatch.setattr(bench_servers.torchserve, "Server", FakeServer)
     numbers = iter(range(9000, 9100))
-    monkeypatch.setattr(bench_server.torchserve.Ports, "free", classmethod(lambda cls: cls(*(next(numbers)
+    monkeypatch.setattr(bench_servers.torchserve.Ports, "free", classmethod(lambda cls: cls(*(next(numbers)
                                                                                            for _ in range(5)))))
-    monkeypatch.setattr(bench_server.torchserve, "start", lambda server, mar: server)
-    monkeypatch.setattr(bench_server.torchserve, "stop", lambda server: None)
+    monkeypatch.setattr(bench_servers.torchserve, "start", lambda server, mar: server)
+    monkeypatch.setattr(bench_servers.torchserve, "stop", lambda server: None)
 
     def fake_locust(host, model, users, duration_s, out_dir, **kw):
         loads.append((host.removeprefix("http://"), out_dir.name))

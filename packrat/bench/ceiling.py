@@ -103,15 +103,15 @@ def verdicts(summary: Mapping, several: str | None) -> list[str]:
 
 
 def format_report(report: Mapping) -> str:
-    from packrat.bench.plain_http import shown
-    from packrat.bench.results import markdown_table
+    from packrat.bench.results import markdown_table, median_text
 
-    rows = [[name, _cores(case["cores"]), case["front_ends"], shown(fig["rps"], 0), shown(fig["cpu_share"], 2),
-             shown(fig["instances_share"], 2), shown(fig["rps_per_core"], 0), shown(fig["p50_ms"], 2), fig["failed"]]
+    rows = [[name, _cores(case["cores"]), case["front_ends"], median_text(fig["rps"], 0),
+             median_text(fig["cpu_share"], 2), median_text(fig["instances_share"], 2),
+             median_text(fig["rps_per_core"], 0), median_text(fig["p50_ms"], 2), fig["failed"]]
             for name, case, fig in ((n, report["cases"][n], report["summary"]["cases"][n]) for n in report["cases"])]
-    ratios = [["packrat / plain, req/s per front-end core", shown(report["summary"]["per_core_ratio"], 3)]]
+    ratios = [["packrat / plain, req/s per front-end core", median_text(report["summary"]["per_core_ratio"], 3)]]
     if report["summary"]["raise"]:
-        ratios.append(["several front ends / one, req/s on every core", shown(report["summary"]["raise"], 3)])
+        ratios.append(["several front ends / one, req/s on every core", median_text(report["summary"]["raise"], 3)])
     return "\n".join([
         report["header"], "",
         markdown_table(["case", "server cores", "front ends", "req/s", "front-end CPU (cores)", "instances CPU (cores)",
@@ -226,7 +226,7 @@ def started(case: Case, model: str, profile: Path, args, run_dir: Path, log):
     from contextlib import contextmanager
 
     from packrat.bench.plain_server import plain_process
-    from packrat.bench.server import config_archive, kserve_serving
+    from packrat.bench.servers import config_archive, kserve_serving
     from packrat.deploy.torchserve import free_port
 
     @contextmanager

@@ -56,7 +56,7 @@ from packrat.bench.chaos_faults import Fault, Injector, Sampler, Tracker, reconf
 from packrat.bench.harness import log
 from packrat.bench.resources import shm_segments
 from packrat.bench.results import fmt_num, markdown_table as markdown
-from packrat.bench.server import config_archive, warmed_server
+from packrat.bench.servers import config_archive, warmed_server
 from packrat.bench.users import by_status
 from packrat.profiling.default_profile import resolve_profile
 

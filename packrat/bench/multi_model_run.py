@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from packrat.bench.results import fmt_num, markdown_table, with_spread, write_json
+from packrat.bench.results import fmt_num, markdown_table, median_text, write_json
 from packrat.bench.multi_model import LEAD, Phase, alone_phase, normalised, over_all_rounds, schedule, summarise
 from packrat.loadtest.env import STEP_SECONDS, STEP_USERS
 
@@ -284,11 +284,6 @@ def run_part(part: str, models: list[str], phases: list[Phase], args, out: Path)
     return results
 
 
-def spread_text(figure: dict | None, digits: int) -> str:
-    """An over_rounds figure as "median (min–max)"; "-" for none."""
-    return with_spread(figure["median"], figure["spread"], digits) if figure else "-"
-
-
 def report(results: dict) -> str:
     """A part's tables (markdown): per configuration, phase and model the medians over rounds with
     their spread; packrat-node's leads; failures over all rounds; each round's order and node moves."""
@@ -298,10 +293,10 @@ def report(results: dict) -> str:
         for phase, figures in body["phases"].items():
             for model, s in figures["models"].items():
                 rows.append([config, phase, model, s["users"], f"{s['failures']} of {s['requests']}",
-                             *(spread_text(s.get(key), digits) for key, digits in CELLS)])
+                             *(median_text(s.get(key), digits) for key, digits in CELLS)])
             if figures.get("sum_of_alone"):
-                rows.append([config, phase, "sum / worst", "", "", "", "", "", spread_text(figures["sum_of_alone"], 2),
-                             spread_text(figures["worst_slowdown"], 2), ""])
+                rows.append([config, phase, "sum / worst", "", "", "", "", "", median_text(figures["sum_of_alone"], 2),
+                             median_text(figures["worst_slowdown"], 2), ""])
     parts = [f"### {results['part']}: medians over {n} round(s) (min–max)",
              markdown_table(["config", "phase", "model", "users", "failed", "p50 ms", "p99 ms", "req/s", "of alone",
                              "slowdown", "expected slowdown"], rows)]
@@ -309,9 +304,9 @@ def report(results: dict) -> str:
     if others:
         rows = []
         for phase, body in summary["configs"][LEAD]["phases"].items():
-            rows += [[phase, model, *(spread_text(summary["leads"][o][phase]["models"][model], 2) for o in others)]
+            rows += [[phase, model, *(median_text(summary["leads"][o][phase]["models"][model], 2) for o in others)]
                      for model in body["models"]]
-            rows += [[phase, what, *(spread_text(summary["leads"][o][phase][key], 2) for o in others)]
+            rows += [[phase, what, *(median_text(summary["leads"][o][phase][key], 2) for o in others)]
                      for what, key in (("worst model", "worst"), ("sum", "sum"))]
         parts += [f"{LEAD}'s lead, of alone over the other's (each round's ratio; medians, min–max):",
                   markdown_table(["phase", "model", *(f"/ {o}" for o in others)], rows)]

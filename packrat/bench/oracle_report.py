@@ -95,6 +95,11 @@ def verdicts(summaries: Sequence[dict], kind: str = "loaded") -> list[str]:
                     "|predicted/measured − 1| ≤")]
 
 
+def paired_text(row: dict, key: str) -> str:
+    """A ratio, with its rounds' min–max where it was paired."""
+    return with_spread(row.get(key), row.get(f"{key}_spread"))
+
+
 def markdown(report: dict) -> str:
     """The per-B table for BENCHMARKS.md."""
     meta = report["meta"]
@@ -112,8 +117,8 @@ def markdown(report: dict) -> str:
                  s["best"], f"{s['best_ms']:.1f}"]
         for kind in ("loaded", "isolated"):
             row = s.get(kind) or {}
-            cells += [row.get("label") or "-", with_spread(row.get("vs_best"), row.get("vs_best_spread")), with_spread(row.get("predicted_vs_measured"), row.get("predicted_vs_measured_spread"))]
-        rows.append(cells + [with_spread(s.get("fat_vs_best"), s.get("fat_vs_best_spread"))])
+            cells += [row.get("label") or "-", *(paired_text(row, key) for key in ("vs_best", "predicted_vs_measured"))]
+        rows.append(cells + [paired_text(s, "fat_vs_best")])
     return "\n".join(lines + [markdown_table(["B", "configs", "oracle (best)", "best ms", "loaded plan", "meas/best",
                                                "pred/meas", "isolated plan", "meas/best", "pred/meas",
                                                "fat meas/best"], rows)])

@@ -132,7 +132,7 @@ def phase(target: Target, model: str, users: int, duration_s: float, where: Path
 def build_archive(args, run_dir: Path) -> Path:
     """The model's archive as the chaos bench builds it (the packrat handler, the plan for B, no
     reconfiguration), with the deadline, the queue bound and the admission rule."""
-    from packrat.bench.server import config_archive
+    from packrat.bench.servers import config_archive
     from packrat.profiling.default_profile import resolve_profile
 
     profile = resolve_profile(args.model, args.profile, batch_sizes=[args.batch_size], input_shape=args.input_shape)

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from packrat.bench.results import markdown_table, span
+from packrat.bench.results import markdown_table, median_text
 from packrat.bench.rounds import in_rounds, median_spread, paired
 
 SERVERS = ("packrat", "plain")
@@ -82,17 +82,13 @@ def verdict_lines(summary: Mapping[int, Mapping]) -> list[str]:
             for users, row in summary.items()]
 
 
-def shown(figures: Mapping | None, digits: int) -> str:
-    """A median_spread as 'median (min–max)'."""
-    return f"{figures['median']:.{digits}f} ({span(figures['spread'], digits)})" if figures else "-"
-
-
 def format_report(report: Mapping) -> str:
     """The header, a row per users count and server, a row of paired ratios per users count, the verdicts."""
     summary = {int(users): row for users, row in report["summary"].items()}  # JSON made the keys strings
-    rows = [[users, name, shown(row[name]["p50_ms"], 2), shown(row[name]["rps"], 1), row[name]["requests"],
+    rows = [[users, name, median_text(row[name]["p50_ms"], 2), median_text(row[name]["rps"], 1), row[name]["requests"],
              row[name]["failures"]] for users, row in summary.items() for name in SERVERS]
-    ratios = [[users, shown(row["p50_ms_ratio"], 3), shown(row["rps_ratio"], 3)] for users, row in summary.items()]
+    ratios = [[users, median_text(row["p50_ms_ratio"], 3), median_text(row["rps_ratio"], 3)]
+              for users, row in summary.items()]
     return "\n".join([
         report["header"], "",
         markdown_table(["users", "server", "p50 ms (min–max)", "req/s (min–max)", "requests", "failed"], rows), "",
@@ -119,8 +115,8 @@ def log(*parts) -> None:
 
 def round_figures(result, seconds: float) -> dict:
     """A locust run's p50 (and p95, p99), req/s (answers per whole second of load, as
-    packrat.bench.server.pooled counts them), requests and failures."""
-    from packrat.bench.server import pooled
+    packrat.bench.users.pooled counts them), requests and failures."""
+    from packrat.bench.users import pooled
 
     return {"p50_ms": result.p50_ms, "p95_ms": result.p95_ms, "p99_ms": result.p99_ms,
             "rps": pooled([result], seconds).throughput_rps, "requests": result.requests, "failures": result.failures}
@@ -132,7 +128,7 @@ def run(args) -> dict:
 
     from packrat.bench.plain_server import plain_serving
     from packrat.bench.results import write_json
-    from packrat.bench.server import config_archive, kserve_serving
+    from packrat.bench.servers import config_archive, kserve_serving
     from packrat.codec.payloads import v2_binary_payload
     from packrat.deploy import kserve
     from packrat.deploy.torchserve import free_port

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -56,6 +56,11 @@ def span(values: Sequence[float] | None, digits: int = 2) -> str:
 def with_spread(value: float | None, spread: Sequence[float] | None = None, digits: int = 2) -> str:
     """A figure with the [min, max] of its rounds, as 'value (min–max)'; '-' for none."""
     return "-" if value is None else fmt_num(value, digits) + (f" ({span(spread, digits)})" if spread else "")
+
+
+def median_text(figure: Mapping | None, digits: int = 2) -> str:
+    """A median_spread figure ({"median", "spread"}) as 'median (min–max)'; '-' for none."""
+    return with_spread(figure["median"], figure["spread"], digits) if figure else "-"
 
 
 def markdown_row(cells: Iterable) -> str:

@@ -12,21 +12,19 @@ each measured run, to measure serving through crashes.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from collections.abc import Sequence
-from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import astuple, dataclass
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from packrat.bench.faults import InstanceKiller, torchserve_pid
 from packrat.bench.results import write_json
 from packrat.bench.rounds import in_rounds
-from packrat.bench.users import BATCH_USERS, UsersPattern, users_for_batch
-from packrat.deploy import archive, torchserve
+from packrat.bench.servers import config_archive, started_side_by_side, warm_up
+from packrat.bench.users import BATCH_USERS, UsersPattern, pooled, users_for_batch
 from packrat.machine.budget import cpu_budget
-from packrat.settings import Settings
 
 if TYPE_CHECKING:
     from packrat.loadtest import LoadResult
@@ -53,30 +51,6 @@ class ServerRun:
     rounds: int = 1  # locust runs pooled into `load`
     round_medians: dict | None = None  # rounds > 1: the medians of the rounds' p50_ms, p99_ms, throughput_rps
     vs_stock: dict | None = None  # p50, p99 over stock's at the same users (pooled; rounds_p50, rounds_p99: medians')
-
-
-def pooled(results: Sequence[LoadResult], run_s: float) -> LoadResult:
-    """Runs of one configuration, each `run_s` s of load, as one: their requests together (percentiles
-    from the summed histograms, the mean weighted by the requests timed) and the requests answered per
-    second of load. Locust's own rate, from the first answer to the last, overstates a run that holds
-    a few batches only (answers come a batch at a time), and by how much depends on the configuration."""
-    from packrat.loadtest import LoadResult, percentile
-
-    histogram: dict[float, int] = {}
-    for result in results:
-        for latency, count in result.response_times.items():
-            histogram[latency] = histogram.get(latency, 0) + count
-    timed = [sum(r.response_times.values()) for r in results]
-    requests = sum(r.requests for r in results)
-    seconds = len(results) * max(1, math.ceil(run_s))  # locust runs whole seconds
-    return LoadResult(
-        requests=requests, failures=sum(r.failures for r in results),
-        p50_ms=percentile(histogram, 0.50), p95_ms=percentile(histogram, 0.95), p99_ms=percentile(histogram, 0.99),
-        mean_ms=sum(r.mean_ms * n for r, n in zip(results, timed) if n) / sum(timed) if sum(timed) else math.nan,
-        throughput_rps=requests / seconds, duration_s=seconds,
-        start_time=min((r.start_time for r in results if r.start_time is not None), default=None),
-        response_times=dict(sorted(histogram.items())), history=[row for r in results for row in r.history])
-
 
 
 def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, duration_s: float = 30.0,
@@ -144,23 +118,6 @@ def vs(run: ServerRun, stock: ServerRun) -> dict[str, float]:
     return ratios
 
 
-def config_archive(config: tuple, model: str, batch: int, profile_path: Path | None, store: Path, *,
-                   tokenizer: Path | None = None, graph_mode: str | None = None, stock_runtime: str | None = None,
-                   max_batch_delay_ms: int = 100) -> Path:
-    """The archive of one configuration (name, handler, plan mode[, more settings]),
-    built into `store`: fixed plans, no node sharing (the servers stand side by side, each measured
-    alone); the stock handler runs the model in `graph_mode`, with `stock_runtime`."""
-    _, handler, plan_mode, *more = config
-    extra = dict(more[0]) if more else {}
-    if handler == "stock" and graph_mode is not None:
-        extra.setdefault("graph_mode", graph_mode)
-    if handler == "stock" and stock_runtime is not None:
-        extra.setdefault("runtime", stock_runtime)
-    settings = Settings(model, profiles=[profile_path] if handler == "packrat" else [], max_batch=batch,
-                        plan=plan_mode, reconfigure=False, tokenizer=tokenizer, share_node=False, **extra)
-    return archive.build(settings, store, name=model, handler=handler, max_batch_delay_ms=max_batch_delay_ms)
-
-
 def _loaded(server_and_token, model: str, users: int, duration_s: float, where: Path, body, kill_every_s, log):
     """One locust run against a warmed server, killing pool instances every kill_every_s s if given:
     (the result, the instances killed)."""
@@ -205,94 +162,6 @@ def format_server_results(runs: Sequence[ServerRun], kills: bool = False) -> str
                 line.append(f"{ratio['rounds_p50']:.2f}/{ratio['rounds_p99']:.2f}" if "rounds_p50" in ratio else "-")
         lines.append(line)
     return align(lines)
-
-
-def started_side_by_side(archives: dict[str, Path], model: str, out_dir: Path, stack: ExitStack, log) -> dict:
-    """{name: (server, token)}: TorchServe serving each archive, the servers started at once (their
-    JVMs and workers boot in parallel) on free loopback ports, each stopped when `stack` closes."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    ports = distinct_ports(len(archives))
-
-    def start(name: str, ports: torchserve.Ports):
-        log(f"-- {name}: starting TorchServe")
-        run_dir = out_dir / name
-        server = torchserve.Server(run_dir, model, ports, token_auth=True, served_dir=run_dir / "served")
-        return torchserve.start(server, archives[name])
-
-    with ThreadPoolExecutor(len(archives)) as threads:
-        futures = {name: threads.submit(start, name, p) for name, p in zip(archives, ports)}
-    started, failed = [], None
-    for future in futures.values():
-        try:
-            started.append(future.result())
-        except Exception as exc:  # the others are stopped with the stack
-            failed = failed or exc
-    stack.callback(stopped_side_by_side, started)
-    if failed is not None:
-        raise failed
-    return {name: (server, server.key("inference")) for name, server in zip(archives, started)}
-
-
-def stopped_side_by_side(servers: list) -> None:
-    """Every server stopped at once (each stop waits for its JVM to exit)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max(len(servers), 1)) as threads:
-        list(threads.map(torchserve.stop, servers))
-
-
-def distinct_ports(count: int) -> list:
-    """`count` sets of free loopback ports, no port in two of them (the servers bind them only later)."""
-    while True:
-        sets = [torchserve.Ports.free() for _ in range(count)]
-        numbers = [port for ports in sets for port in astuple(ports)]
-        if len(set(numbers)) == len(numbers):
-            return sets
-
-
-def warm_up(server_and_token, model: str, run_dir: Path, users: int, warmup_s: float, payload) -> None:
-    """Locust load on a started server for warmup_s: the first requests after a start are slower."""
-    from packrat.loadtest import run_locust
-
-    server, token = server_and_token
-    run_locust(server.inference_url, model, users, warmup_s, run_dir / "warmup", token=token, payload=payload)
-
-
-@contextmanager
-def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, warmup_s: float, log,
-                  payload: tuple[bytes, str]):
-    """TorchServe started on free loopback ports and warmed up by locust sending `payload`
-    (body, content type); stopped on exit."""
-
-    log(f"-- {name}: starting TorchServe")
-    server = torchserve.start(torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True,
-                                                     served_dir=run_dir / "served"), mar)
-    try:
-        token = server.key("inference")
-        warm_up((server, token), model, run_dir, users, warmup_s, payload)
-        yield server, token
-    finally:
-        torchserve.stop(server)
-
-
-@contextmanager
-def kserve_serving(model: str, mar: Path, run_dir: Path, log=print, *, cores=None, front_ends: int | str = 1):
-    """packrat's KServe server (`packrat serve --engine kserve`'s) serving the archive on free loopback
-    ports, REST and gRPC, its engine's served figures in run_dir/served (not the user's), on `cores`
-    (default: all) through `front_ends` processes; stopped on exit."""
-    from packrat.deploy import kserve
-
-    log(f"-- kserve: starting the KServe model server ({front_ends} front end(s)"
-        + (f", cores {list(cores)})" if cores else ")"))
-    server = kserve.start(kserve.KServeServer(run_dir, (model,), http_port=torchserve.free_port(),
-                                              grpc_port=torchserve.free_port(), served_dir=run_dir / "served",
-                                              cores=tuple(cores) if cores else None, front_ends=str(front_ends)),
-                          [mar])
-    try:
-        yield server
-    finally:
-        kserve.stop(server)
 
 
 def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, duration: float,

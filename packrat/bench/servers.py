@@ -1,6 +1,7 @@
-"""Servers under test, as the load reaches them: one started on free loopback ports (packrat's KServe
-server or real TorchServe) as a Target, the bodies its users send, its status's counters, and its
-liveness and readiness probed as a kubelet would."""
+"""Servers under test: archives of a configuration, TorchServe and packrat's KServe server started on
+free loopback ports (alone, warmed up, or several side by side), a started one as the load reaches
+it (a Target), the bodies its users send, its status's counters, and its liveness and readiness
+probed as a kubelet would."""
 
 from __future__ import annotations
 
@@ -8,17 +9,135 @@ import http.client
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from packrat.bench.harness import Periodic
+from packrat.deploy import archive, torchserve
+from packrat.settings import Settings
 
 ENGINES = ("kserve", "torchserve")
 V2_PAYLOADS = ("v2-json", "v2-binary")  # KServe v2 inference requests: /v2/models/NAME/infer on KServe
 HEALTH_EVERY_S = 0.5  # between one probe's answer and the next, per path
 HEALTH_TIMEOUT_S = 5.0  # a probe waits this long: a late answer is measured, not cut at the limit
 
+
+# ---- archives and servers ----------------------------------------------------------------------
+
+def config_archive(config: tuple, model: str, batch: int, profile_path: Path | None, store: Path, *,
+                   tokenizer: Path | None = None, graph_mode: str | None = None, stock_runtime: str | None = None,
+                   max_batch_delay_ms: int = 100) -> Path:
+    """The archive of one configuration (name, handler, plan mode[, more settings]),
+    built into `store`: fixed plans, no node sharing (the servers stand side by side, each measured
+    alone); the stock handler runs the model in `graph_mode`, with `stock_runtime`."""
+    _, handler, plan_mode, *more = config
+    extra = dict(more[0]) if more else {}
+    if handler == "stock" and graph_mode is not None:
+        extra.setdefault("graph_mode", graph_mode)
+    if handler == "stock" and stock_runtime is not None:
+        extra.setdefault("runtime", stock_runtime)
+    settings = Settings(model, profiles=[profile_path] if handler == "packrat" else [], max_batch=batch,
+                        plan=plan_mode, reconfigure=False, tokenizer=tokenizer, share_node=False, **extra)
+    return archive.build(settings, store, name=model, handler=handler, max_batch_delay_ms=max_batch_delay_ms)
+
+
+@contextmanager
+def torchserve_serving(model: str, mar: Path, run_dir: Path, log=print, name: str = "torchserve"):
+    """TorchServe serving the archive on free loopback ports, token authorisation on, its served
+    figures in run_dir/served (not the user's); stopped on exit."""
+    log(f"-- {name}: starting TorchServe")
+    server = torchserve.start(torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True,
+                                                served_dir=run_dir / "served"), mar)
+    try:
+        yield server
+    finally:
+        torchserve.stop(server)
+
+
+@contextmanager
+def kserve_serving(model: str, mar: Path, run_dir: Path, log=print, *, cores=None, front_ends: int | str = 1):
+    """packrat's KServe server (`packrat serve --engine kserve`'s) serving the archive on free loopback
+    ports, REST and gRPC, its engine's served figures in run_dir/served (not the user's), on `cores`
+    (default: all) through `front_ends` processes; stopped on exit."""
+    from packrat.deploy import kserve
+
+    log(f"-- kserve: starting the KServe model server ({front_ends} front end(s)"
+        + (f", cores {list(cores)})" if cores else ")"))
+    server = kserve.start(kserve.KServeServer(run_dir, (model,), http_port=torchserve.free_port(),
+                                              grpc_port=torchserve.free_port(), served_dir=run_dir / "served",
+                                              cores=tuple(cores) if cores else None, front_ends=str(front_ends)),
+                          [mar])
+    try:
+        yield server
+    finally:
+        kserve.stop(server)
+
+
+def warm_up(server_and_token, model: str, run_dir: Path, users: int, warmup_s: float, payload) -> None:
+    """Locust load on a started server for warmup_s: the first requests after a start are slower."""
+    from packrat.loadtest import run_locust
+
+    server, token = server_and_token
+    run_locust(server.inference_url, model, users, warmup_s, run_dir / "warmup", token=token, payload=payload)
+
+
+@contextmanager
+def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, warmup_s: float, log,
+                  payload: tuple[bytes, str]):
+    """TorchServe started on free loopback ports and warmed up by locust sending `payload`
+    (body, content type): (the server, its inference key); stopped on exit."""
+    with torchserve_serving(model, mar, run_dir, log, name) as server:
+        token = server.key("inference")
+        warm_up((server, token), model, run_dir, users, warmup_s, payload)
+        yield server, token
+
+
+def started_side_by_side(archives: dict[str, Path], model: str, out_dir: Path, stack: ExitStack, log) -> dict:
+    """{name: (server, token)}: TorchServe serving each archive, the servers started at once (their
+    JVMs and workers boot in parallel) on free loopback ports, each stopped when `stack` closes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ports = distinct_ports(len(archives))
+
+    def start(name: str, ports: torchserve.Ports):
+        log(f"-- {name}: starting TorchServe")
+        run_dir = out_dir / name
+        server = torchserve.Server(run_dir, model, ports, token_auth=True, served_dir=run_dir / "served")
+        return torchserve.start(server, archives[name])
+
+    with ThreadPoolExecutor(len(archives)) as threads:
+        futures = {name: threads.submit(start, name, p) for name, p in zip(archives, ports)}
+    started, failed = [], None
+    for future in futures.values():
+        try:
+            started.append(future.result())
+        except Exception as exc:  # the others are stopped with the stack
+            failed = failed or exc
+    stack.callback(stopped_side_by_side, started)
+    if failed is not None:
+        raise failed
+    return {name: (server, server.key("inference")) for name, server in zip(archives, started)}
+
+
+def stopped_side_by_side(servers: list) -> None:
+    """Every server stopped at once (each stop waits for its JVM to exit)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(len(servers), 1)) as threads:
+        list(threads.map(torchserve.stop, servers))
+
+
+def distinct_ports(count: int) -> list:
+    """`count` sets of free loopback ports, no port in two of them (the servers bind them only later)."""
+    while True:
+        sets = [torchserve.Ports.free() for _ in range(count)]
+        numbers = [port for ports in sets for port in astuple(ports)]
+        if len(set(numbers)) == len(numbers):
+            return sets
+
+
+# ---- a started server, as the load reaches it ----------------------------------------------------
 
 @dataclass
 class Target:
@@ -43,31 +162,22 @@ def serving(engine: str, model: str, mar: Path, run_dir: Path):
     """The archive served by `engine` on free loopback ports, its served latencies kept in the run
     dir (a slowed run must not teach the user's); stopped on exit."""
     from packrat.bench.faults import torchserve_pid
-    from packrat.deploy import kserve, torchserve
+    from packrat.deploy import kserve
 
-    served_dir = run_dir / "served"
+    quiet = lambda *_: None  # noqa: E731 - the scenario says what it starts
     if engine == "kserve":
         import importlib.util
 
         if importlib.util.find_spec("kserve") is None:
             raise SystemExit("--engine kserve needs the KServe SDK: pip install 'packrat-serve[kserve]'")
-        server = kserve.KServeServer(run_dir, (model,), http_port=torchserve.free_port(),
-                                     grpc_port=torchserve.free_port(), served_dir=served_dir)
-        kserve.start(server, [mar])
-        try:
+        with kserve_serving(model, mar, run_dir, quiet) as server:
             yield Target(server.url, None, lambda: kserve.status(server)[model], server.log, lambda: server.pid,
                          health_paths(engine, model))
-        finally:
-            kserve.stop(server)
     else:
-        server = torchserve.start(torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True,
-                                                    served_dir=served_dir), mar)
-        try:
+        with torchserve_serving(model, mar, run_dir, quiet) as server:
             yield Target(server.inference_url, server.key("inference"),
                          lambda: torchserve.handler_status(server, model), run_dir / "logs",
                          lambda: torchserve_pid(run_dir), health_paths(engine, model))
-        finally:
-            torchserve.stop(server)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from packrat.bench.server import warmed_server
+from packrat.bench.servers import warmed_server
 from packrat.deploy import archive, torchserve
 from packrat.settings import Settings
 

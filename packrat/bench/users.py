@@ -1,6 +1,7 @@
 """Users and what they met: how many a run has (patterns relative to TorchServe's batch size B: "B",
 "2B", or a fixed "4"; the open loop's count for a rate), a load of them run with every request
-logged, and their requests' records counted: by status and client error, percentiles, rates.
+logged (or against an engine in this process), locust's results of several runs pooled, and their
+requests' records counted: by status and client error, percentiles, rates.
 
 Light: the load test comes with a load; records need only .start, .end, .response_ms, .status and
 .client_error."""
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from packrat.loadtest import LoadResult
     from packrat.loadtest.requestlog import RequestRecord
 
 ERROR_CLASSES = ("reset", "refused", "timeout", "other")  # packrat.loadtest.requestlog's, kept light here
@@ -125,6 +127,29 @@ def logged_load(url: str, model: str, users: int, seconds: float, where: Path, l
     log = log or where / "requests.tsv"
     run_locust(url, model, users, seconds, where, request_log=log, **locust)
     return read_request_log(log)
+
+
+def pooled(results: Sequence[LoadResult], run_s: float) -> LoadResult:
+    """Runs of one configuration, each `run_s` s of load, as one: their requests together (percentiles
+    from the summed histograms, the mean weighted by the requests timed) and the requests answered per
+    second of load. Locust's own rate, from the first answer to the last, overstates a run that holds
+    a few batches only (answers come a batch at a time), and by how much depends on the configuration."""
+    from packrat.loadtest import LoadResult, percentile
+
+    histogram: dict[float, int] = {}
+    for result in results:
+        for latency, count in result.response_times.items():
+            histogram[latency] = histogram.get(latency, 0) + count
+    timed = [sum(r.response_times.values()) for r in results]
+    requests = sum(r.requests for r in results)
+    seconds = len(results) * max(1, math.ceil(run_s))  # locust runs whole seconds
+    return LoadResult(
+        requests=requests, failures=sum(r.failures for r in results),
+        p50_ms=percentile(histogram, 0.50), p95_ms=percentile(histogram, 0.95), p99_ms=percentile(histogram, 0.99),
+        mean_ms=sum(r.mean_ms * n for r, n in zip(results, timed) if n) / sum(timed) if sum(timed) else math.nan,
+        throughput_rps=requests / seconds, duration_s=seconds,
+        start_time=min((r.start_time for r in results if r.start_time is not None), default=None),
+        response_times=dict(sorted(histogram.items())), history=[row for r in results for row in r.history])
 
 
 # ---- the records, counted ------------------------------------------------------------------------
