@@ -1,5 +1,5 @@
 """`packrat bench`: fat vs planned (and stock), through real TorchServe with locust, or the pool alone
-(the measuring: packrat/bench/server.py, pool.py and step.py)."""
+(the measuring: packrat/bench/server.py and pool.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,9 @@ import argparse
 import json
 from pathlib import Path
 
-from packrat.bench.memory import format_memory, instance_memory
-from packrat.bench.pool import CASES, format_pool_results, pool_bench
+from packrat.bench.pool import CASES, format_memory, format_pool_results, instance_memory, pool_bench
 from packrat.bench.results import write_json
-from packrat.bench.server import SERVER_CONFIGS, run_server_bench
-from packrat.bench.step import format_step_results, step_bench
+from packrat.bench.server import SERVER_CONFIGS, format_step_results, run_server_bench, step_bench
 from packrat.bench.users import BATCH_USERS
 from packrat.cli.args import model_args, tokenizer_path
 from packrat.cli.bench_chaos import add_chaos_parser
