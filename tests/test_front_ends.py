@@ -84,12 +84,12 @@ def test_auto_weighs_the_lightest_models_plan_against_the_measured_ceiling(tmp_p
     monkeypatch.setenv(SERVED_DIR_ENV.name, str(tmp_path / "served"))
     budget = cpu_budget(topology=Topology.virtual(2), root=tmp_path)
 
-    def model(name: str, scale: float, profile: bool = True):
+    def model(name: str, scale: float, profile: bool = True, **more):
         folder = tmp_path / name
         folder.mkdir()
         rows = "".join(f"{t},{b},{b * 2.0 * scale / t ** 0.5}\n" for t in (1, 2) for b in (1, 2, 4))
         (folder / "p.csv").write_text("# model: tiny\n# mode: script\nthreads,batch,latency_ms\n" + rows)
-        section = {"model": "tiny", "max_batch": 4, "profiles": ["p.csv" if profile else "missing.csv"]}
+        section = {"model": "tiny", "max_batch": 4, "profiles": ["p.csv" if profile else "missing.csv"], **more}
         return Settings.from_section(section), folder  # as an archive's model-config.yaml carries them
 
     slow, fast, broken = model("slow", 1.0), model("fast", 0.001), model("broken", 1.0, profile=False)
@@ -100,6 +100,8 @@ def test_auto_weighs_the_lightest_models_plan_against_the_measured_ceiling(tmp_p
     measured = decide("auto", [slow, fast], budget)
     assert measured.count == 1 and "measured by packrat bench http --ceiling" in measured.why
     assert decide("auto", [broken], budget).count == 1  # no capacity known: one front end, the engine says why
+    one_core = decide("auto", [model("one", 1.0, cores=1)], budget)  # as its engine plans: ⟨1, 4⟩ in 8 ms
+    assert one_core.capacity_rps == pytest.approx(500)
     assert decide("2", [broken], budget).count == 2
 
 

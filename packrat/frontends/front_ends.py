@@ -78,10 +78,13 @@ def write_ceiling(rps_per_core: float, detail: dict, directory: Path | None = No
 
 
 def model_capacity(settings, model_dir: Path, budget) -> float | None:
-    """Requests a second the plan for the model's largest batch answers on the budget's cores, by its profile."""
+    """Requests a second the plan for the model's largest batch answers on the budget's cores (fewer
+    where the archive's `cores` setting says so, as its engine plans), by its profile."""
     from packrat.planning.planner import serving_plan
     from packrat.serving.engine import chosen_profile, processes_only, runnable_here
 
+    if settings.cores is not None:
+        budget = cpu_budget(settings.cores, "the archive's `cores` setting", topology=budget.topology)
     profile = runnable_here(chosen_profile(settings, model_dir, budget)[0])
     if settings.instance_kind == "process":
         profile = processes_only(profile)
