@@ -377,7 +377,8 @@ def supervise(argv: Sequence[str], choice: FrontEnds, host: str, port: int, back
 
 
 def record_choice(directory: Path | None, choice: FrontEnds, cores) -> None:
-    """A lone server's choice in the front-end directory, as a supervisor writes its own."""
+    """A lone server's choice, in its log and in the front-end directory, as a supervisor says its own."""
+    log.info("packrat front ends: %d (%s)", choice.count, choice.why)
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)
         write_json(directory / CHOICE_FILE, {**choice.to_json(), "pid": os.getpid(),
