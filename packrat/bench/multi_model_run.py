@@ -44,6 +44,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from packrat.bench.results import fmt_num, markdown_table, median_text, write_json
+from packrat.bench.servers import bert_tokenizer, torchserve_of, zoo_archives
 from packrat.bench.multi_model import LEAD, Phase, alone_phase, normalised, over_all_rounds, schedule, summarise
 from packrat.loadtest.env import STEP_SECONDS, STEP_USERS
 
@@ -86,19 +87,13 @@ def pinned(cores: list[int]):
 def start_server(stack: ExitStack, run_dir: Path, models: list[str], handler: str, args, tokenizer,
                  share_node: bool, cores: list[int]) -> tuple:
     """One TorchServe serving `models` with `handler`, pinned to `cores`: (the server, its inference key)."""
-    from packrat.deploy import archive, torchserve
-    from packrat.profiling.profiles import default_path
-    from packrat.settings import Settings
+    from packrat.deploy import torchserve
 
-    mars = [archive.build(Settings(m, profiles=[default_path(m)] if handler == "packrat" else [],
-                                   max_batch=args.batch_size, share_node=share_node,
-                                   tokenizer=tokenizer if m == "bert_base" else None), run_dir / "model_store",
-                          handler=handler, max_batch_delay_ms=args.max_batch_delay) for m in models]
+    mars = zoo_archives(models, run_dir / "model_store", args.batch_size, handler=handler, tokenizer=tokenizer,
+                        max_batch_delay_ms=args.max_batch_delay, share_node=share_node)
     print(f"   starting TorchServe for {', '.join(models)} ({handler}) on cores {cores}", flush=True)
     with pinned(cores):
-        server = torchserve.start(torchserve.Server(run_dir, models[0], torchserve.Ports.free(), models=tuple(models),
-                                                    served_dir=run_dir / "served"),
-                                  mars, timeout=900)
+        server = torchserve_of(run_dir, models, mars)
     stack.callback(torchserve.stop, server)
     return server, server.key("inference")
 
@@ -214,12 +209,9 @@ def plot_cores(samples: list, phases: list[Phase], path: Path) -> Path:
 # ---- runs ---------------------------------------------------------------------------------------
 
 def payloads_for(models: list[str], out: Path) -> tuple[dict, Path | None]:
-    from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
     from packrat.codec.payloads import build_payload
 
-    tokenizer = build_demo_tokenizer(out / "tokenizer", demo_tokenizer_kind("bert_base")) if "bert_base" in models \
-        else None
-    return {m: build_payload(m) for m in models}, tokenizer
+    return {m: build_payload(m) for m in models}, bert_tokenizer(models, out)
 
 
 def measure_alone(models: list[str], phases: list[Phase], args, out: Path, payloads, tokenizer) -> dict:

@@ -304,19 +304,11 @@ class Chaos:
 
 def start_server(models: list[str], out: Path, users_batch: int):
     """TorchServe with a packrat archive per model (model API on): (server, {model: archive})."""
-    from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
-    from packrat.deploy import archive, torchserve
-    from packrat.profiling.profiles import default_path
-    from packrat.settings import Settings
+    from packrat.bench.servers import bert_tokenizer, torchserve_of, zoo_archives
 
-    tokenizer = build_demo_tokenizer(out / "tokenizer", demo_tokenizer_kind("bert_base")) \
-        if "bert_base" in models else None
-    mars = {m: archive.build(Settings(m, profiles=[default_path(m)], max_batch=users_batch,
-                                      tokenizer=tokenizer if m == "bert_base" else None),
-                             out / "model_store", max_batch_delay_ms=30) for m in models}
-    server = torchserve.Server(out / "run", models[0], torchserve.Ports.free(), models=tuple(models), model_api=True,
-                                served_dir=out / "served")
-    return torchserve.start(server, list(mars.values()), timeout=900), mars
+    mars = dict(zip(models, zoo_archives(models, out / "model_store", users_batch, tokenizer=bert_tokenizer(models, out),
+                                         max_batch_delay_ms=30)))
+    return torchserve_of(out / "run", models, list(mars.values()), model_api=True), mars
 
 
 def load(server, models: list[str], users: int, seconds: float, out: Path) -> dict:

@@ -42,6 +42,31 @@ def config_archive(config: tuple, model: str, batch: int, profile_path: Path | N
     return archive.build(settings, store, name=model, handler=handler, max_batch_delay_ms=max_batch_delay_ms)
 
 
+def zoo_archives(models: list[str], store: Path, batch: int, *, handler: str = "packrat", tokenizer: Path | None = None,
+                 max_batch_delay_ms: int = 50, **settings) -> list[Path]:
+    """An archive per zoo model, built into `store`: the packrat handler planning on the model's
+    default profile (the stock handler on none), BERT's text read with `tokenizer`."""
+    from packrat.profiling.profiles import default_path
+
+    return [archive.build(Settings(m, profiles=[default_path(m)] if handler == "packrat" else [], max_batch=batch,
+                                   tokenizer=tokenizer if m == "bert_base" else None, **settings),
+                          store, handler=handler, max_batch_delay_ms=max_batch_delay_ms) for m in models]
+
+
+def bert_tokenizer(models: list[str], out: Path) -> Path | None:
+    """A demo tokenizer for BERT's text in OUT/tokenizer/, where bert_base is among `models`."""
+    from packrat.codec.demo_tokenizers import build_demo_tokenizer, demo_tokenizer_kind
+
+    return build_demo_tokenizer(out / "tokenizer", demo_tokenizer_kind("bert_base")) if "bert_base" in models else None
+
+
+def torchserve_of(run_dir: Path, models: list[str], mars: list[Path], **server) -> torchserve.Server:
+    """TorchServe serving several models' archives on free loopback ports, its served figures in
+    run_dir/served (`server`: more of torchserve.Server's fields)."""
+    return torchserve.start(torchserve.Server(run_dir, models[0], torchserve.Ports.free(), models=tuple(models),
+                                              served_dir=run_dir / "served", **server), mars, timeout=900)
+
+
 @contextmanager
 def torchserve_serving(model: str, mar: Path, run_dir: Path, log=print, name: str = "torchserve"):
     """TorchServe serving the archive on free loopback ports, token authorisation on, its served
