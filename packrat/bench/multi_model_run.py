@@ -122,20 +122,18 @@ def start_config(stack: ExitStack, config: str, models: list[str], out: Path, ar
 
 def load_models(served: dict[str, tuple], phases: list[Phase], payloads: dict, out: Path) -> dict:
     """One locust process per model running its users of each phase: {model: (launch time, records)}."""
-    from packrat.loadtest import run_locust
-    from packrat.loadtest.requestlog import read_request_log
+    from packrat.bench.users import logged_load
 
     total = sum(p.seconds for p in phases)
     launched = time.time()
 
     def one(model: str):
         server, token = served[model]
-        log = out / f"requests-{model}.log"
         steps = {STEP_USERS.name: ",".join(str(p.users[model]) for p in phases),
                  STEP_SECONDS.name: ",".join(f"{p.seconds:g}" for p in phases)}
-        run_locust(server.inference_url, model, max(p.users[model] for p in phases), total, out / model,
-                   payload=payloads[model], token=token, shape="step", env=steps, request_log=log, timeout_s=60)
-        return read_request_log(log)
+        return logged_load(server.inference_url, model, max(p.users[model] for p in phases), total, out / model,
+                           out / f"requests-{model}.log", payload=payloads[model], token=token, shape="step",
+                           env=steps, timeout_s=60)
 
     with ThreadPoolExecutor(len(served)) as pool:
         return {model: (launched, records) for model, records in zip(served, pool.map(one, served))}

@@ -313,17 +313,15 @@ def start_server(models: list[str], out: Path, users_batch: int):
 
 def load(server, models: list[str], users: int, seconds: float, out: Path) -> dict:
     """Locust per model for `seconds`, in threads: {model: request records} once they end."""
+    from packrat.bench.users import logged_load
     from packrat.codec.payloads import build_payload
-    from packrat.loadtest import run_locust
-    from packrat.loadtest.requestlog import read_request_log
 
     records: dict = {}
 
     def one(model: str) -> None:
-        log = out / f"requests-{model}.log"
-        run_locust(server.inference_url, model, users, seconds, out / model, payload=build_payload(model),
-                   token=server.key("inference"), request_log=log, timeout_s=120)
-        records[model] = read_request_log(log)
+        records[model] = logged_load(server.inference_url, model, users, seconds, out / model,
+                                     out / f"requests-{model}.log", payload=build_payload(model),
+                                     token=server.key("inference"), timeout_s=120)
 
     threads = [threading.Thread(target=one, args=(m,), daemon=True) for m in models]
     for thread in threads:
