@@ -3,10 +3,10 @@
 # --quick stands for the quick tier, -m "not integration and not slow" (the README says what each marker means).
 #
 # Two pytest runs (docs/testing.md): first the tests marked `serial` (they time things, or need the
-# cores to themselves) alone, then every other test on PACKRAT_TEST_WORKERS pytest-xdist workers
+# cores to themselves) alone, then every other test on TESTS_WORKERS pytest-xdist workers
 # (default: 2 where 2 cores or more are ours, else 1), a file per worker at a time (--dist loadfile:
 # a module's server or pool is started once). Both runs share one session directory (compile cache,
-# tests/conftest.py). A -m given here is combined with each run's. PACKRAT_TEST_WORKERS=0: one plain
+# tests/conftest.py). A -m given here is combined with each run's. TESTS_WORKERS=0: one plain
 # pytest run of everything, as before the split. The exit status is pytest's: 5 (nothing collected)
 # only where neither run collected a test.
 set -euo pipefail
@@ -33,14 +33,14 @@ for arg in "$@"; do
 done
 python=.venv/bin/python
 cores=$("$python" -c "import os; print(len(os.sched_getaffinity(0)))")
-workers=${PACKRAT_TEST_WORKERS:-$([ "$cores" -ge 2 ] && echo 2 || echo 1)}
+workers=${TESTS_WORKERS:-$([ "$cores" -ge 2 ] && echo 2 || echo 1)}
 if [ "$workers" = 0 ] || ! "$python" -c "import xdist" 2>/dev/null; then  # one run, as before the split
     exec "$python" -m pytest ${marks:+-m "$marks"} ${args[@]+"${args[@]}"}
 fi
 
 session=$(mktemp -d "${TMPDIR:-/tmp}/packrat-tests-XXXXXX")
 trap 'rm -rf "$session"' EXIT
-export PACKRAT_TEST_SESSION_DIR=$session
+export TESTS_SESSION_DIR=$session
 
 echo "test.sh: the serial tests, alone (-m serial)"
 set +e

@@ -5,7 +5,7 @@ whole session, set in the environment before any test runs, so that every proces
 also means each compiled package (say the tiny model at ⟨2 threads, batch 2⟩) is built once.
 
 `scripts/test.sh` runs the suite in two pytest runs, the `serial` tests alone, then the others on
-two pytest-xdist workers; it makes the directory, hands it to both runs in PACKRAT_TEST_SESSION_DIR
+two pytest-xdist workers; it makes the directory, hands it to both runs in TESTS_SESSION_DIR
 and removes it after them; xdist's workers inherit it from their controller. The compile cache and
 matplotlib's cache are shared, safely: a package is built under a file lock and written whole
 (packrat/models/compiled.py), and matplotlib locks its font cache. The node and served directories
@@ -17,7 +17,7 @@ import tempfile
 
 from packrat.settings import COMPILE_CACHE_ENV, NODE_DIR_ENV, SERVED_DIR_ENV
 
-SESSION_ENV = "PACKRAT_TEST_SESSION_DIR"
+SESSION_ENV = "TESTS_SESSION_DIR"
 # Shared by every worker of a run: built under locks, written whole.
 _SHARED = {COMPILE_CACHE_ENV.name: "compiled", "MPLCONFIGDIR": "matplotlib"}
 # Each worker's own. The node directory too: the engines a test starts plan their cores together,

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -544,7 +545,16 @@ def test_a_server_given_a_served_dir_hands_it_to_its_handlers(tmp_path):
     assert own.env()[SERVED_DIR_ENV.name] == str(tmp_path / "served")
 
 
-def test_torchserve_s_temp_variables_all_name_its_run_dir_or_a_short_link_to_it(tmp_path, monkeypatch):
+@pytest.fixture
+def short_tmp():
+    """A temporary directory with a short path (/tmp/XXXXXXXX): an xdist worker's tmp_path
+    (…/popen-gw1/test_…) leaves too little of a socket path's 107 bytes for a link in it."""
+    path = Path(tempfile.mkdtemp(prefix="t"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_torchserve_s_temp_variables_all_name_its_run_dir_or_a_short_link_to_it(tmp_path, short_tmp, monkeypatch):
     """TEMP, TMPDIR and TMP alike (its pid file follows TMPDIR); where run_dir/tmp is too long for a
     worker's socket, a link to it in the first short directory that takes one, kept across starts."""
     monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
@@ -554,9 +564,9 @@ def test_torchserve_s_temp_variables_all_name_its_run_dir_or_a_short_link_to_it(
     long = torchserve.Server(tmp_path / ("d" * 100) / "run", "toy")
     (long.run_dir / "tmp").mkdir(parents=True)
     assert not torchserve.fits_sockets(long.run_dir / "tmp")
-    monkeypatch.setattr(torchserve, "SHORT_DIRS", (str(tmp_path / ("x" * 100)), str(tmp_path)))  # the first too long
+    monkeypatch.setattr(torchserve, "SHORT_DIRS", (str(tmp_path / ("x" * 100)), str(short_tmp)))  # the first too long
     long.temp_link = torchserve.short_temp(long)
-    assert long.temp_link.parent == tmp_path and long.temp_link.resolve() == (long.run_dir / "tmp").resolve()
+    assert long.temp_link.parent == short_tmp and long.temp_link.resolve() == (long.run_dir / "tmp").resolve()
     assert torchserve.fits_sockets(long.temp_link)
     assert {long.env()[name] for name in torchserve.TEMP_ENVS} == {str(long.temp_link)}
     long.save()

@@ -227,6 +227,7 @@ def test_a_pool_mixing_runtimes_answers_as_the_model(runtime):
 
 
 @pytest.mark.integration
+@pytest.mark.serial  # torch.compile with every core: a test beside it slowed it past the hang allowance (504)
 def test_a_torch_compile_instance_answers_as_eager_with_all_its_threads_given_to_torch():
     """torch.compile in the instance (runtimes.torch_compiled): the pool's warm-up compiles the
     ladder's sizes; a sub-batch of 3 is padded to 4, and the answers are eager's."""
