@@ -321,6 +321,13 @@ def mutated_bytes(draw, body: bytes) -> bytes:
     return body
 
 
+def _recoded(encoding: str):
+    """The body's text (as UTF-8, where it is) written in another encoding."""
+    return lambda body: body.decode("utf-8", "replace").encode(encoding, "surrogatepass")
+
+
+ENCODINGS = st.sampled_from([lambda body: b"\xef\xbb\xbf" + body, _recoded("utf-16"), _recoded("utf-16-be"),
+                             _recoded("utf-32"), lambda body: zlib.compress(body)])  # a BOM, UTF-16/32, deflated
 CONTENT_TYPES = st.sampled_from([None, "", "application/json", "application/json; charset=utf-16",
                                  "application/octet-stream", "text/plain", "text/plain; charset=latin-1",
                                  "image/jpeg", "image/png", "image/", "application/x-www-form-urlencoded",
@@ -342,6 +349,8 @@ def requests(draw, paths=PATHS, transports=("whole", "chunked", "cut", "over")) 
     wire = draw(forms(x))
     if draw(st.integers(0, 2)) == 0:
         wire = replace(wire, body=draw(mutated_bytes(wire.body)))
+    if draw(st.integers(0, 9)) == 0:
+        wire = replace(wire, body=draw(ENCODINGS)(wire.body))
     if draw(st.integers(0, 3)) == 0:
         wire = replace(wire, content_type=draw(CONTENT_TYPES))
     if wire.header_length is None and draw(st.integers(0, 9)) == 0:
