@@ -33,12 +33,12 @@ MODEL = "tiny"
 SHAPE = (3, 32, 32)
 VALUES = 3 * 32 * 32
 MAX_BODY = 100_000  # the archives' body limit: a good JSON sample is ~30-60 KB, a binary one 12 KB
-REQUESTS_ENV = "PACKRAT_FUZZ_REQUESTS"  # generated requests per front end in test_fuzz_servers.py
+REQUESTS_ENV = "TESTS_FUZZ_REQUESTS"  # generated requests per front end in test_fuzz_servers.py
 SUITE_REQUESTS = 1000
 
 
 def requests_per_front_end() -> int:
-    """How many fuzz requests each front end gets: PACKRAT_FUZZ_REQUESTS, else the suite's 1,000."""
+    """How many fuzz requests each front end gets: TESTS_FUZZ_REQUESTS, else the suite's 1,000."""
     return int(os.environ.get(REQUESTS_ENV) or SUITE_REQUESTS)
 
 

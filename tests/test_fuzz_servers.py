@@ -6,8 +6,8 @@ answer must be a 200 or a 4xx with a one-line reason (gRPC: OK or a client-error
 details on one line), never a 5xx nor a dropped connection; every good request a 200; and the
 server's memory (its processes' RSS: the server's and its pool's) flat from after a warm-up to the end.
 
-Each front end gets PACKRAT_FUZZ_REQUESTS generated requests (the suite: 1,000; the 10,000 run of
-docs/testing.md is this file with PACKRAT_FUZZ_REQUESTS=10000). The front ends:
+Each front end gets TESTS_FUZZ_REQUESTS generated requests (the suite: 1,000; the 10,000 run of
+docs/testing.md is this file with TESTS_FUZZ_REQUESTS=10000). The front ends:
 - KServe REST and gRPC: `python -m packrat.frontends.kserve_server`, as `packrat serve --engine kserve`;
 - TorchServe (Java) with the packrat handler, its /predictions and, with the Open Inference
   Protocol on, its /v2 paths;
@@ -42,7 +42,7 @@ RSS_GROWTH_BYTES = 64 << 20  # allowed between the baseline and the end, over ev
 RSS_GROWTH_SHARE = 0.10  # ... or this share of the baseline, if more
 PROFILE = "# model: tiny\n# mode: script\nthreads,batch,latency_ms\n" + "".join(
     f"{t},{b},{b * 2.0 / t ** 0.5}\n" for t in (1, 2) for b in (1, 2, 4))
-RAY_ENV = "PACKRAT_FUZZ_RAY"  # "cluster": the Ray front end on a real Ray cluster, its proxy in the path (by hand)
+RAY_ENV = "TESTS_FUZZ_RAY"  # "cluster": the Ray front end on a real Ray cluster, its proxy in the path (by hand)
 SCHEMATHESIS_SHARE = 5  # one KServe REST request in this many is schemathesis's (its cases cost ~50 ms to make)
 
 
@@ -255,7 +255,7 @@ def torchserve_server(tmp_path_factory):
 @pytest.fixture
 def ray_ingress(tmp_path_factory):
     """(port, pid of the server's root process): the ingress with an engine behind uvicorn, or with
-    PACKRAT_FUZZ_RAY=cluster the Ray Serve application on a real one-node Ray cluster."""
+    TESTS_FUZZ_RAY=cluster the Ray Serve application on a real one-node Ray cluster."""
     pytest.importorskip("ray.serve", reason="Ray Serve is an optional extra")
     root = tmp_path_factory.mktemp("fuzz-ray")
     (root / "tiny.csv").write_text(PROFILE)
