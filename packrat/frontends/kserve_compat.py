@@ -7,15 +7,22 @@ fuzzing them (issue 71):
   `is_model_ready(NAME, "1")` failed with a 5xx. ServedVersion answers a route naming version 1 as
   the unversioned route, and any other version 404.
 - One-line reasons. KServe quotes a client's model and input names in its reasons as they came,
-  line breaks included; its REST handlers and gRPC statuses here write line breaks as escapes."""
+  line breaks included; its REST handlers and gRPC statuses here write line breaks as escapes.
+- A client's error is answered, not logged. KServe logs a traceback for every invalid input and
+  unknown model (REST and gRPC): 20,000 fuzz requests wrote 11 MB of them, each formatted in the
+  event loop every request waits for. Here they are answered as KServe answers them, unlogged, as
+  packrat's own refusals are."""
 
 from __future__ import annotations
 
 import re
 from urllib.parse import parse_qsl, quote, urlencode
 
+from grpc import StatusCode
+from kserve.errors import InvalidInput, ModelNotFound
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.rest.server import RESTServer
+from starlette.responses import JSONResponse
 
 from packrat.errors import one_line
 from packrat.frontends.http import send_answer
@@ -24,6 +31,8 @@ from packrat.serving.pool.api import Answer
 SERVED_VERSION = "1"
 VERSION_KEY = "model_version"
 VERSIONED_PATH = re.compile(r"(/v2/models/[^/]+)/versions/([^/]*)(/.*)?")
+# A client's errors, as KServe answers them: (HTTP status, gRPC status)
+CLIENT_ERRORS = {InvalidInput: (400, StatusCode.INVALID_ARGUMENT), ModelNotFound: (404, StatusCode.NOT_FOUND)}
 
 
 class ServedVersion:
@@ -60,12 +69,20 @@ def unversioned(scope: dict) -> tuple[list[str], dict]:
 
 
 class OneLineRESTServer(RESTServer):
-    """KServe's REST server whose error handlers write each reason on one line."""
+    """KServe's REST server whose error handlers write each reason on one line, a client's errors unlogged."""
 
     def _add_exception_handlers(self, app) -> None:
         super()._add_exception_handlers(app)
         for kind, handler in list(app.exception_handlers.items()):
             app.exception_handlers[kind] = _one_line_handler(handler)
+        for kind, (status, _) in CLIENT_ERRORS.items():
+            app.exception_handlers[kind] = _client_error(status)
+
+
+def _client_error(status: int):
+    async def answer(request, exc):
+        return JSONResponse({"error": one_line(str(exc))}, status_code=status)
+    return answer
 
 
 def _one_line_handler(handler):
@@ -87,8 +104,11 @@ def _one_line_reason(exc: BaseException) -> None:
 
 
 class OneLineStatus(ExceptionToStatusInterceptor):
-    """KServe's gRPC mapping of errors to statuses, each reason on one line."""
+    """KServe's gRPC mapping of errors to statuses, each reason on one line, a client's errors unlogged."""
 
     async def handle_exception(self, ex, request_or_iterator, context, method_name):
         _one_line_reason(ex)
+        client = CLIENT_ERRORS.get(type(ex))
+        if client is not None:
+            await context.abort(client[1], one_line(str(ex)))
         await super().handle_exception(ex, request_or_iterator, context, method_name)
