@@ -2,13 +2,14 @@
 # Sets up .venv (with the test extras) and runs the test suite. Extra arguments go to pytest;
 # --quick stands for the quick tier, -m "not integration and not slow" (the README says what each marker means).
 #
-# Two pytest runs (docs/testing.md): first the tests marked `serial` (they time things, or need the
-# cores to themselves) alone, then every other test on TESTS_WORKERS pytest-xdist workers
-# (default: 2 where 2 cores or more are ours, else 1), a file per worker at a time (--dist loadfile:
-# a module's server or pool is started once). Both runs share one session directory (compile cache,
-# tests/conftest.py). A -m given here is combined with each run's. TESTS_WORKERS=0: one plain
-# pytest run of everything, as before the split. The exit status is pytest's: 5 (nothing collected)
-# only where neither run collected a test.
+# The whole suite runs in two pytest runs (docs/testing.md): first the tests marked `serial` (they
+# time things, or need the cores to themselves) alone, then every other test on TESTS_WORKERS
+# pytest-xdist workers (default: 2 where 2 cores or more are ours), a file per worker at a time
+# (--dist loadfile: a module's server or pool is started once). Both runs share one session
+# directory (compile cache; tests/conftest.py). A -m given here is combined with each run's. The
+# quick tier, TESTS_WORKERS=0 or 1, or a machine of one core: one plain pytest run, as before the
+# split (the quick tier's short tests ran slower on two workers than on one: docs/testing.md). The
+# exit status is pytest's: 5 (nothing collected) only where neither run collected a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
@@ -17,11 +18,12 @@ marks=""
 quick='not integration and not slow'
 expect_mark=0
 exitfirst=0
+quick_only=0
 for arg in "$@"; do
     if [ "$expect_mark" = 1 ]; then
         marks="${marks:+($marks) and }($arg)"; expect_mark=0
     elif [ "$arg" = "--quick" ]; then
-        marks="${marks:+($marks) and }($quick)"
+        marks="${marks:+($marks) and }($quick)"; quick_only=1
     elif [ "$arg" = "-m" ]; then
         expect_mark=1
     elif [[ "$arg" == -m?* ]]; then
@@ -33,8 +35,8 @@ for arg in "$@"; do
 done
 python=.venv/bin/python
 cores=$("$python" -c "import os; print(len(os.sched_getaffinity(0)))")
-workers=${TESTS_WORKERS:-$([ "$cores" -ge 2 ] && echo 2 || echo 1)}
-if [ "$workers" = 0 ] || ! "$python" -c "import xdist" 2>/dev/null; then  # one run, as before the split
+workers=${TESTS_WORKERS:-$([ "$cores" -ge 2 ] && [ "$quick_only" = 0 ] && echo 2 || echo 0)}
+if [ "$workers" -le 1 ] || ! "$python" -c "import xdist" 2>/dev/null; then  # one run, as before the split
     exec "$python" -m pytest ${marks:+-m "$marks"} ${args[@]+"${args[@]}"}
 fi
 

@@ -160,9 +160,9 @@ def test_the_profile_format_page_names_every_column():
 
 
 # Other tools' options the manual shows (TorchServe, Docker, Ray, kubectl, curl, locust, pytest, MkDocs).
-FOREIGN = {"--address", "--cpu-manager-policy", "--cpus", "--cpuset-cpus", "--data-binary", "--for", "--foreground",
-           "--head", "--headless", "--host", "--log-config", "--model-store", "--models", "--ncs", "--num-cpus",
-           "--port", "--rm", "--shm-size", "--start", "--stop", "--strict", "--strict-markers", "--ts-config"}
+FOREIGN = {"--address", "--cpu-manager-policy", "--cpus", "--cpuset-cpus", "--data-binary", "--dist", "--durations",
+           "--for", "--foreground", "--head", "--headless", "--host", "--log-config", "--model-store", "--models",
+           "--ncs", "--num-cpus", "--port", "--rm", "--shm-size", "--start", "--stop", "--strict", "--strict-markers", "--ts-config"}
 
 
 def project_options() -> set[str]:

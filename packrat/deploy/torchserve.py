@@ -9,6 +9,7 @@ token authorisation writes key_file.json into the directory TorchServe starts in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -41,9 +42,17 @@ SHORT_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # where a short link to a long TE
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports: each socket is held until all are chosen, since a port
+    just released may be handed out again (a server once got its metrics and gRPC ports the same)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 @dataclass
@@ -56,7 +65,7 @@ class Ports:
 
     @classmethod
     def free(cls) -> "Ports":
-        return cls(*(free_port() for _ in range(5)))
+        return cls(*free_ports(5))
 
 
 @dataclass
