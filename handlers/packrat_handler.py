@@ -59,6 +59,7 @@ finally:
         if sys.modules.get(_HIDDEN, 0) is None:
             del sys.modules[_HIDDEN]
 
+from packrat.errors import first_line
 from packrat.handlers import common
 from packrat.frontends.torchserve_control import (follow_reconfigure_requests, note_batch_sends,
                                                   remember_queue_pace, watch_torchserve_queue)
@@ -137,7 +138,7 @@ class PackratHandler(BaseHandler):
             request = common.to_request(row, context, index, received_at)
         except Exception as exc:  # a body TorchServe decoded into something we cannot re-encode: its own failure
             future = Future()
-            future.set_result(Answer.error(400, f"undecodable request: {type(exc).__name__}: {exc}"))
+            future.set_result(Answer.error(400, f"undecodable request: {type(exc).__name__}: {first_line(exc)}"))
             return future
         return self.engine.submit(request)
 
