@@ -44,7 +44,7 @@ session=$(mktemp -d "${TMPDIR:-/tmp}/packrat-tests-XXXXXX")
 trap 'rm -rf "$session"' EXIT
 export TESTS_SESSION_DIR=$session
 
-echo "test.sh: the serial tests, alone (-m serial)"
+echo "test.sh: the serial tests, alone (-m '${marks:+($marks) and }serial')"
 set +e
 "$python" -m pytest -m "${marks:+($marks) and }serial" ${args[@]+"${args[@]}"}
 serial=$?
@@ -52,7 +52,7 @@ set -e
 if [ "$serial" = 2 ] || [ "$serial" = 3 ] || [ "$serial" = 4 ] || { [ "$exitfirst" = 1 ] && [ "$serial" = 1 ]; }; then
     exit "$serial"  # interrupted, an internal or usage error, or -x with a failure: no second run
 fi
-echo "test.sh: the other tests on $workers workers (-n $workers --dist loadfile -m 'not serial')"
+echo "test.sh: the other tests on $workers workers (-n $workers --dist loadfile -m '${marks:+($marks) and }not serial')"
 set +e
 "$python" -m pytest -n "$workers" --dist loadfile -m "${marks:+($marks) and }not serial" ${args[@]+"${args[@]}"}
 parallel=$?
