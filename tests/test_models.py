@@ -253,7 +253,7 @@ def test_resolve_factory_with_own_example_input():
 @pytest.mark.parametrize(
     ("spec", "shape", "match"),
     [
-        ("foo", None, r"unknown model 'foo': choose one of tiny, tiny_text, resnet50, .*package\.module:factory"),
+        ("foo", None, r"unknown model 'foo': choose one of tiny, tiny_text, trivial, resnet50, .*package\.module:factory"),
         ("missing.pt", (3, 32, 32), "not found"),
         ("/no/such/dir/model.ts", (3, 32, 32), "not found"),
         ("no_such_package_xyz.mod:make", (1,), "cannot load model factory"),
