@@ -45,6 +45,7 @@ from packrat.machine.budget import cpu_budget
 from packrat.machine.cpu_time import CpuMeter, Sampling
 from packrat.machine.threads import parse_cpu_list, pin_process
 from packrat.machine.topology import logical_cpus
+from packrat.serving.node.files import read_json, write_json
 from packrat.planning.front_ends import DEFAULT_CEILING_RPS, FrontEnds, capacity_rps, choose, split_cores
 from packrat.settings import SERVED_DIR_ENV
 
@@ -207,20 +208,6 @@ def fetch(url: str) -> bytes | None:
         with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:
             return response.read()
     except (urllib.error.URLError, OSError):
-        return None
-
-
-def write_json(path: Path, value: dict) -> None:
-    """Whole or not at all: readers never see half a file."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps(value))
-    partial.replace(path)
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
         return None
 
 
