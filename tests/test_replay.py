@@ -10,12 +10,11 @@ import math
 
 import pytest
 
-from packrat.planning.planner import Planner
 from packrat.profiling import profiler
 from packrat.profiling.costs import Costs, enough_runs
 from packrat.profiling.measuring import ProfileSettings
 from packrat.profiling.search import design
-from test_search import BATCHES, MODELS, SHARED, needs_tables, published, stretched
+from test_search import BATCHES, MODELS, SHARED, needs_tables, published, served_ratios, stretched
 
 SETTINGS = ProfileSettings(model="replayed", warmup=3, iters=None, min_time=1.0)  # `packrat profile`'s defaults
 NOISE = 0.04  # what a real machine gives run to run
@@ -50,21 +49,6 @@ def replayed(tables: dict, cores: int, tmp_path, **kwargs) -> profiler.SearchRes
     write_table(tables, full)
     return profiler.search_profile(SETTINGS, list(range(1, cores + 1)), list(BATCHES), tmp_path / f"out-{cores}.csv",
                                    replay=full, progress=False, say=lambda line: None, noise=NOISE, **kwargs)
-
-
-def served_ratios(tables: dict, measured: dict, cores: int) -> list[float]:
-    """At each batch of the grid, the plan made from `measured` ((runtime, t, b) -> ms, noisy), served
-    as the full tables say, over the plan made from every point of them."""
-    def planner(figures: dict) -> tuple[Planner, dict]:
-        fastest: dict = {}
-        for (runtime, t, b), ms in figures.items():
-            fastest[t, b] = min(fastest.get((t, b), (math.inf, "")), (ms, runtime))
-        return Planner([(t, b, ms) for (t, b), (ms, _) in fastest.items()], cores, BATCHES[-1]), fastest
-
-    full, _ = planner({(r, t, b): ms for r, table in tables.items() for (t, b), ms in table.items()})
-    partial, chosen = planner(measured)
-    return [max(tables[chosen[i.threads, i.batch][1]][i.threads, i.batch] for i in partial.plan(cores, batch).instances)
-            / full.table[cores, batch] for batch in BATCHES]
 
 
 def measured_of(done: profiler.SearchResult) -> dict:

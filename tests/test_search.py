@@ -61,9 +61,9 @@ def replay(tables: Tables, cores: int, **kwargs) -> Search:
     return search
 
 
-def worst_ratio(tables: Tables, measured: dict, cores: int) -> float:
-    """The worst, over the grid's batches, of the plan made from `measured` ((runtime, t, b) -> ms)
-    over the plan made from every point, both served as the full tables say."""
+def served_ratios(tables: Tables, measured: dict, cores: int) -> list[float]:
+    """At each batch of the grid, the plan made from `measured` ((runtime, t, b) -> ms) over the plan
+    made from every point, both served as the full tables say."""
     def planner(figures: dict) -> tuple[Planner, dict]:
         fastest: dict = {}
         for (runtime, t, b), ms in figures.items():
@@ -72,13 +72,18 @@ def worst_ratio(tables: Tables, measured: dict, cores: int) -> float:
 
     full, _ = planner({(r, t, b): ms for r, table in tables.items() for (t, b), ms in table.items()})
     partial, chosen = planner(measured)
-    worst = 0.0
+    ratios = []
     for batch in BATCHES:
         instances = partial.plan(cores, batch).instances
         assert all((chosen[i.threads, i.batch][1], i.threads, i.batch) in measured for i in instances)
-        served = max(tables[chosen[i.threads, i.batch][1]][i.threads, i.batch] for i in instances)
-        worst = max(worst, served / full.table[cores, batch])
-    return worst
+        ratios.append(max(tables[chosen[i.threads, i.batch][1]][i.threads, i.batch] for i in instances)
+                      / full.table[cores, batch])
+    return ratios
+
+
+def worst_ratio(tables: Tables, measured: dict, cores: int) -> float:
+    """The worst, over the grid's batches, of served_ratios."""
+    return max(served_ratios(tables, measured, cores))
 
 
 @needs_tables
