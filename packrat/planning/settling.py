@@ -44,10 +44,11 @@ Figure = tuple[float, float]
 # itself trusts to pick a runtime (RUNTIME_MARGIN, as the search trusts 2 %): a lead beyond it was
 # still seen reversed (above), so leads up to spreads + floor are settled by timing, not by the profile.
 TIE_FLOOR = RUNTIME_MARGIN
-# ... and at most this: a plan expected 15 % slower is no near-tie whatever the spreads (as the
-# online trials' cap, serving/trials.py); the largest reversal measured here was 10 % (ResNet-50 at
-# ⟨2, 1⟩ on 2026-11-25: ONNX Runtime's point 42.5 ms against OpenVINO's 38.5, level in-process).
-MAX_TIE = 0.15
+# ... and at most this: a plan expected 25 % slower is no near-tie whatever the spreads. Settling
+# costs seconds before serving, so its cap is wider than the online trials' (serving/trials.py): the
+# largest reversal measured here was 25 % (SqueezeNet at ⟨2, 1⟩, 2026-12-02: ONNX Runtime's point
+# 5.49 ms against OpenVINO's 4.72, while one session of each served 4.39 and 5.52 beside each other).
+MAX_TIE = 0.25
 MAX_CANDIDATES = 4  # plans timed at one batch, at most: the cost is rounds × candidates × a batch
 SIGNIFICANCE = 0.05  # a challenger's wins must be this unlikely on a coin, shared over the challengers
 # A lead below this is level: the peers' target allows 2 % (bench/peers.PEER_TARGET), and a winner by

@@ -29,7 +29,6 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from packrat.planning.settling import MAX_TIE  # a plan expected this much slower is no near-tie, whatever the spreads
 from packrat.serving.served import MIN_SAMPLES, SWITCH_MARGIN, Key
 
 TRIAL_BATCHES = MIN_SAMPLES  # the batches a trial serves: as many as a correction needs
@@ -42,6 +41,9 @@ TRIAL_GAP_S = 120.0  # from the end of one trial to the start of the next, at le
 # for serving 1.5 % faster, then 8 % slower in the peers run: BENCHMARKS.md, issue 42).
 KEEP_MARGIN = SWITCH_MARGIN
 HISTORY = 20  # trials kept for status
+# A plan expected this much slower is no near-tie, whatever the spreads: a trial serves live traffic,
+# so its cap is narrower than settling's before serving (planning/settling.py).
+MAX_TIE = 0.15
 
 
 def near_tie(current_ms: float, current_spread_ms: float, other_ms: float, other_spread_ms: float) -> bool:
