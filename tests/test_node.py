@@ -161,6 +161,28 @@ def test_load_meter_tells_idle_light_and_saturated():
     assert meter.rate() is None
 
 
+def test_load_meter_reads_mostly_full_batches_as_saturated():
+    """A closed loop behind TorchServe: the pool is idle between batches (its queue is Java's), but
+    the batches come full."""
+    now = [10.0]
+    meter = LoadMeter(window_s=10, clock=lambda: now[0])
+    for i in range(20):  # 1 batch in 5 full, over 5 s: light, at its rate
+        now[0] += 0.25
+        meter.arrive(4 if i % 5 == 0 else 2, full=i % 5 == 0)
+        meter.sample(0)
+    assert meter.rate() == pytest.approx((4 * 4 + 16 * 2) / 5)
+    for i in range(40):  # then half of them full for the whole window
+        now[0] += 0.25
+        meter.arrive(4 if i % 2 else 3, full=bool(i % 2))
+        meter.sample(0)
+    assert meter.rate() is None
+    few = LoadMeter(window_s=10, clock=lambda: now[0])
+    for _ in range(7):  # too few batches to tell, all full
+        now[0] += 1
+        few.arrive(4, full=True)
+    assert few.rate() == pytest.approx(28 / 7)
+
+
 HOLDER = """
 import sys, time
 from packrat.serving.pool.core_locks import holding

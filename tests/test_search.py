@@ -196,3 +196,23 @@ def test_a_spent_budget_asks_only_for_what_gives_every_batch_a_plan():
     best, _ = search._planner(search.measured)
     assert all(best.table[2, b] < math.inf for b in search.batches)  # every batch of the grid has a plan
     assert search.next_points()  # while the search itself would measure more
+
+
+def test_filled_items_keep_the_measured_and_fit_the_rest():
+    """The node's items: a profile's chosen figures as they are, the fit's least figure where no
+    runtime was measured (the node may plan a model on fewer cores than its search did)."""
+    from packrat.profiling.search import filled_items
+
+    def truth(t, b, slower=1.0):
+        return slower * (2.0 + 30.0 * b / t + 0.5 * b)
+
+    measured = [(1, 1), (2, 1), (4, 1), (1, 8), (2, 8), (4, 8), (4, 4), (2, 4)]  # ⟨1, 4⟩ never measured
+    points = {(t, b, "fast"): truth(t, b) for t, b in measured}
+    points |= {(t, b, "slow"): truth(t, b, 1.3) for t, b in measured}
+    items = [(t, b, truth(t, b) * 1.01) for t, b in measured]  # the chosen runtime's, with its margin
+    filled = {(t, b): ms for t, b, ms in filled_items(items, points, [1, 2, 3, 4], [1, 4, 8])}
+    assert all(filled[t, b] == ms for t, b, ms in items)
+    assert set(filled) == {(t, b) for t in (1, 2, 3, 4) for b in (1, 4, 8)}
+    assert filled[1, 4] == pytest.approx(truth(1, 4), rel=0.05)  # the faster runtime's fit
+    assert filled[3, 8] == pytest.approx(truth(3, 8), rel=0.05)
+    assert filled_items(items, {}, [1, 2, 3, 4], [1, 4, 8]) == sorted(items)  # no fit: nothing added

@@ -22,6 +22,7 @@ DEFAULT_CONFIDENCE = 2.5  # how many of the fit's errors below its prediction an
 ERROR_FLOOR = 0.03  # the fit's relative error is never taken as smaller: a point's own noise
 MONOTONE_SLACK = 0.05  # a larger batch on the same threads is not faster than a measured smaller one, but by noise
 RIVAL = 0.10  # another runtime predicted within this of a planned point's figure is measured there too
+FIT_POINTS = 5  # the scaling model's terms: a runtime with fewer points has no fit of its own
 SLOW = 1.25  # a point this much slower than the fit is an outlier it is not fitted to (odd threads of some models)
 
 
@@ -296,3 +297,24 @@ class FullGrid(Search):
     def wanted(self, cover_only: bool = False) -> dict[Key, float]:
         return dict.fromkeys(((r, t, b) for t in self.threads for b in self.batches for r in self.runtimes
                               if (r, t, b) not in self.measured), 1.0)
+
+
+def filled_items(items: list[tuple[int, int, float]], points: dict[tuple[int, int, str], float],
+                 threads: list[int], batches: list[int]) -> list[tuple[int, int, float]]:
+    """`items` (a profile's (threads, batch, ms), each point's chosen runtime) and, at every other
+    point of `threads` × `batches`, the least of the fits of the runtimes `points` ((t, b, runtime)
+    -> ms) has FIT_POINTS of (none where no runtime has). The node plans a model on fewer cores
+    than its profile's search planned for, where the search may have measured nothing: ResNet-50's
+    default 2-core profile had no ⟨1, 4⟩, so the node could not give it one core at B = 4 and put
+    it in turns with SqueezeNet, which then served 0.25 of what it serves alone (2026-12-02)."""
+    runtimes = tuple(sorted({r for *_, r in points}))
+    search = Search(threads, batches, runtimes)
+    search.measured.update({(r, t, b): ms for (t, b, r), ms in points.items()  # no errors wanted:
+                            if t in search.threads and b in search.batches})  # record() would predict each
+    filled = {(t, b): ms for t, b, ms in items}
+    fits = [search._predict(r) for r in runtimes if len(search._own(r)) >= FIT_POINTS]
+    for i, t in enumerate(search.threads):
+        for j, b in enumerate(search.batches):
+            if (t, b) not in filled and fits:
+                filled[t, b] = min(float(fit[i, j]) for fit in fits)
+    return [(t, b, ms) for (t, b), ms in sorted(filled.items())]

@@ -36,6 +36,7 @@ from packrat.models.zoo import HF_PREFIX, resolve
 from packrat.planning.node import topology_of
 from packrat.planning.planner import serving_plan
 from packrat.profiling.profiles import Profile, chosen, gains
+from packrat.profiling.search import filled_items
 from packrat.serving.controller import Controller
 from packrat.serving.correcting import PlanCorrector, corrections_file
 from packrat.serving.estimator import BatchSizeEstimator, EstimatorSettings
@@ -84,6 +85,7 @@ class Engine:
         self.pool = self.controller = None
         self.settled = SettledPlans()  # near-ties timed before serving: the plan served at their batch
         self.topology, self.node, turns = self.budget.topology, None, False
+        self._node_items_for: tuple = (None, None, [])  # (profile, batch, items): _node_items()
         if settings.share_node:
             self.node, turns = self._join_node(model_name, start_batch, settings.slo_ms)
             self.node.applying = False  # heartbeats while the pool starts; its moves once it serves
@@ -152,9 +154,20 @@ class Engine:
         """What this model tells the node: its profile, the batch it plans for, the requests in hand,
         and the cores its stuck thread instances hold (fenced), which the node gives no model."""
         batch = self.controller.estimator.current if self.controller is not None else self._batch_now
-        return {"items": [list(item) for item in self.corrector.profile.items()], "batch": batch,
+        return {"items": self._node_items(batch), "batch": batch,
                 "in_hand": self.pool.outstanding if self.pool is not None else 0,
                 "fenced": sorted(self.pool.fenced_cores()) if self.pool is not None else []}
+
+    def _node_items(self, batch: int) -> list[list]:
+        """The profile's points as the node plans with them: measured, and the fit's figures where
+        the search measured nothing (a share of fewer cores needs them); kept until the profile or
+        the batch changes, since every heartbeat reports them."""
+        profile = self.corrector.profile
+        if self._node_items_for[:2] != (profile, batch):
+            threads = list(range(1, max(profile.threads) + 1))
+            items = filled_items(profile.items(), profile.points(), threads, sorted({*profile.batches, batch}))
+            self._node_items_for = (profile, batch, [list(item) for item in items])
+        return self._node_items_for[2]
 
     def _move(self, cores: tuple[int, ...], turns: bool) -> None:
         """Serve on `cores` from now on, in turns with other models or not: turns are taken before
@@ -232,8 +245,8 @@ class Engine:
     def arrive(self, count: int = 1) -> None:
         """`count` requests arrived together: one observation of the load for the controller, and
         now and then a look at what the instances served against what the plan predicted."""
-        if self.node is not None:
-            self.node.meter.arrive(count)
+        if self.node is not None:  # a batch of the largest size: the front end had more waiting (load.py)
+            self.node.meter.arrive(count, full=self.max_batch > 1 and count >= self.max_batch)
         try:
             if self.corrector.due():
                 self.check_served()
