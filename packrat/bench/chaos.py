@@ -3,39 +3,21 @@
     packrat bench chaos [--model resnet50] [--batch-size 4] [--duration 300] [--every 15]
                         [--faults kill,double-kill,stop,worker,reconfigure] [--json OUT]
 
-Chaos mode (default). The model is served in real TorchServe as `packrat bench` serves it (the
-packrat handler with the plan for batch size B, or the stock handler with --handler stock), warmed
-up, then loaded by --users (default 2B) closed-loop locust users sending --payload for --duration
-seconds. Every --every seconds from the first request, the next fault of --faults (cycled) strikes:
+The model served as `packrat bench` serves it, warmed up, loaded by --users closed-loop locust
+users; every --every s the next fault of --faults (cycled) strikes:
 
-  kill         kill -9 of a random pool instance (a parked one after a reconfiguration counts too)
-  double-kill  kill -9 of an instance, then of its replacement as soon as it appears (polled every
-               20 ms, at most --replace-wait s): a respawn that fails while loading
-  stop         SIGSTOP of an instance for --stop-s seconds, then SIGCONT (unless the pool's watchdog
-               killed it first)
-  worker       kill -9 of a TorchServe Python worker (stock TorchServe has several: one of them)
-  reconfigure  a forced switch (torchserve_control.request_reconfigure) to the plan for B//2 (at
-               least 1), B, B//2, ... in turn (the estimator is off: nothing else switches)
+  kill         kill -9 of a random pool instance
+  double-kill  kill -9 of an instance, then of its replacement as soon as it appears (a respawn
+               that fails while loading)
+  stop         SIGSTOP of an instance for --stop-s seconds, then SIGCONT
+  worker       kill -9 of a TorchServe Python worker
+  reconfigure  a forced switch to the plan for B//2, B, B//2, ... in turn
 
-Per fault: its pids and recovery_s, until the server is at full strength again (polled every
-0.25 s, bounded by the next fault): the processes hit gone (a zombie is not) or resumed, a killed
-worker succeeded, a forced switch running its plan, every worker READY and the pool's health
-ready == instances, respawning == 0 (stock: the worker checks only). Every request is logged
-(loadtest.requestlog); a failure in flight when a fault struck is that fault's, any other the window
-it ended in's. The client waits --request-timeout + 60 s, so the server's deadline (504) shows,
-unless --client-timeout is shorter (a request never answered then fails with status 0).
-
-Resources, every --sample-every s and after warm-up and the run: RSS and open files of the
-worker(s) and instances, the /dev/shm segments named like the pool's (everyone's) and this
-server's own. After `torchserve.stop` and up to --grace s, any process or segment of this server
-still there is a leftover. --soak: the same load with no faults, sampled over time.
-
-Output (printed, and under "markdown" in the --json file with every figure behind it): per fault
-kind, failures by HTTP status (0 = no answer) and recovery; per fault, pids, recovery_s, failures
-and answers in its window, notes (the pool's counters that moved: requeued, respawn_failures,
-watchdog_kills, refused, expired); overall, requests, failures by status and reason, p50/p99/max,
-answers past the deadline, RSS after the run over after warm-up, leftovers; soak, a row per
-sample. Locust runs on the same cores as the server. Progress goes to stderr.
+Per fault: the pids hit, its recovery_s (until every worker is READY and every instance ready
+again) and the failures in its window; overall: requests, failures by status and reason,
+p50/p99/max, RSS after the run over after warm-up, and the processes or /dev/shm segments left
+after the stop. --soak: the same load with no faults, resources sampled over time.
+docs/load-testing.md says more.
 """
 from __future__ import annotations
 

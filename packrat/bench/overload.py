@@ -6,89 +6,28 @@ can serve, measured as its users would meet it.
                            [--duration 20] [--capacity-s 10] [--runs 1] [--slow] [--json OUT]
     packrat bench overload --soak MINUTES [--soak-every 300] [--sample-every 30] [...]
 
-The model is served as `packrat serve` serves it (the packrat handler, the plan for batch size B,
-no reconfiguration), by packrat's KServe server (--engine kserve, the default) or by real
-TorchServe (--engine torchserve), with the deadline --request-timeout-s (default 2 s), the queue
-bound --max-queue and the admission rule --admission: predicted (a request is refused 503 at once
-unless the pool predicts its answer within its deadline) or queue (the fixed bound alone, the old
-behaviour). The body is --payload: v2-json and v2-binary are KServe v2 inference requests (JSON
-numbers under "data"; the binary tensor extension, as tritonclient sends it), POSTed to
-/v2/models/NAME/infer on the KServe server and to /predictions/NAME on TorchServe; the others
-(raw tensor bytes, {"inputs": numbers}, a photo, text) go to /predictions/NAME.
+The server is started once (the plan for B, fixed), warmed up, then --runs times:
 
-The server is started once; then, with --slow, one CPU-bound process per core of the server's
-instances, pinned to it, from before the warm-up to the end (killed on any exit): the machine
-serves slower than its profile says; --warmup s of closed-loop load, not counted; then --runs
-times (default 1), one after the other:
+  capacity  closed loop, B locust users, then with 2B: the larger rate of answers 200; a user
+            answered 503 waits its Retry-After (at most 5 s)
+  overload  open loop at --factor × capacity for --duration s; liveness and readiness probed
+            every 0.5 s (KServe /v2/health/live, /v2/health/ready; TorchServe /ping)
+  after     closed loop again: its p50
 
-  capacity  closed loop for --capacity-s s with B locust users, then with 2B: capacity is the
-            larger rate of answers 200 (only 200s count: a refusal retried is no capacity), the
-            p50 before is that run's, and its users are the run's users. Closed-loop users
-            answered 503 wait its Retry-After (at most 5 s) before their next request, as a
-            client that honours it does: 2B users (a batch queued behind the running one) may
-            meet refusals where a round and a queued one pass the deadline, and retried at once
-            those would only load the client and the front end
-  overload  open loop at --factor × capacity requests per second for --duration s, sent whatever
-            the answers take: rate × (deadline + 1 s) users (at least B), each paced at
-            rate / users from a random start. The client waits the deadline + 5 s, so the
-            server's own answer (200, 503, 504) is what is recorded; requests in flight at the
-            end are waited for. Meanwhile the server's liveness and readiness are probed every
-            0.5 s from a thread, each probe on a new connection as a kubelet's: KServe
-            /v2/health/live, /v2/health/ready and /v2/models/NAME/ready; TorchServe /ping (on
-            the inference port)
-  after     closed loop again with the capacity run's users: its p50
+A request with no whole answer is a client error by errno: reset (ECONNRESET, EPIPE),
+refused (ECONNREFUSED), timeout or other. Verdicts per run, and over the runs:
 
-Every request is logged (packrat.loadtest.requestlog) with its status and latency, and a request
-with no whole HTTP answer with its client error's class, by errno: reset (ECONNRESET, EPIPE, closed
-before the answer), refused (ECONNREFUSED), timeout (the client's) or other. Rates count the answers
-200 that arrived within the phase's whole seconds (locust's run time), from its first request. The
-server's counters (the pool's health: answered, refused, expired, admitted, refused_late,
-predicted_wait_ms, whichever it has) are read after each phase.
-
-Per run (a row of a markdown table, every figure in --json): the capacity runs' rates (B and 2B),
-the users chosen, capacity and p50 before; during the overload the rate offered and sent, requests
-by status (200, 503, 504, other statuses) and client errors by class, answers 200 per second and
-their ratio to capacity, the 503s' and the 200s' p50/p99, the 504s' share of the admitted
-(everything not answered 503: 504 / (200 + 504 + other + client errors)), the slowest health
-probe; p50 after and after / before. Then the verdicts of each run, against the issue's targets:
-
-  only 200 or 503   504s at most 1 % of the admitted; no other status and no client error (each
-                    class named)
-  served            answers 200 per second during the overload at least 0.85 × capacity
-  refused fast      the 503s' p99 at most 50 ms (no 503 at all passes, and says so)
+  only 200 or 503   504s at most 1 % of the admitted; no other status, no client error
+  served            answers 200 per second at least 0.85 × capacity
+  refused fast      the 503s' p99 at most 50 ms
   recovered         p50 after at most 1.1 × p50 before
-  health in time    every liveness and readiness probe answered 200 within 1 s
+  health in time    every probe answered 200 within 1 s
 
-and overall: each verdict passed in every run. A run with no answer at all fails every verdict.
-
-Soak (--soak MINUTES, instead of the runs): after the warm-up and one capacity measurement (B and
-2B, as above), open loop at 0.8 × capacity for MINUTES; every --soak-every s (default 300) a
-burst of a second open loop, (--factor - 0.8) × capacity more (--factor × capacity in all)
-for --duration s; every --soak-every s, half an interval after the bursts, SIGKILL of one pool
-instance process of the server (the longest-lived: round robin over its slots); the health
-probes throughout; every --sample-every s (default 30) the server's process tree (the KServe
-server, or TorchServe's Java, and all under it): its memory as PSS (the pages it alone holds, and
-its share of those it shares: the pool's shared memory counted once), its open files, and the
-bytes of the /dev/shm segments it maps or its processes own. Verdicts:
-
-  every request answered    200, 503 or 504 only, no client error, the kill windows included
-  504 rare outside kills    504s at most 1 % of the admitted, outside the kill windows (a kill to
-                            the deadline + 10 s after it: a request in flight then or sent within
-                            is the kill's); the share inside is said
-  instances killed          each kill found a process to kill (thread instances cannot be: say
-                            --instance-kind process)
-  no upward slope: PSS, open files, /dev/shm
-                            over the steady samples of the soak's last two thirds (20 of 30
-                            minutes; not those in a burst, until its last requests' deadline, nor
-                            in a kill's window: the open files count the users' connections, a
-                            killed instance respawns), the least-squares rise (slope × that span)
-                            at most twice its standard error (the samples' own noise about the
-                            line) × the span, plus one unit of resolution: 1 % of the mean PSS,
-                            one open file, no /dev/shm byte; fewer than 3 samples there fails
-  health in time            as above, over the whole soak
-
-Locust runs on the same cores as the server: on a small machine its own work is part of the load,
-more so at high rates. Progress goes to stderr.
+--soak MINUTES instead: 0.8 × capacity with bursts to --factor × capacity and a pool instance
+killed every --soak-every s; the server's PSS, open files and /dev/shm bytes sampled; verdicts:
+every request answered, 504 rare outside kills, instances killed, no upward slope of each
+resource, health in time. --payload v2-json and v2-binary send KServe v2 requests. Locust runs on
+the same cores as the server. docs/load-testing.md says it in full.
 """
 from __future__ import annotations
 
