@@ -2,16 +2,9 @@
 
     taskset -c 1 .venv/bin/python benchmarks/decode.py [--rounds 7] [--shape 3,224,224] [--json OUT]
 
-Per image, from the request body to the normalised float32 sample, for two synthetic photos
-(packrat.codec.payloads.synthetic_jpeg): the 500x375 one the load tests send, and a 4000x3000
-"camera" photo of about 4.5 MB. `reference` below is the pipeline before issue 41 (full-size
-decode, EXIF turn, RGB copy, resize of the whole image, crop, three float passes): the one copy of
-it, which tests/test_images.py compares packrat.codec.images.to_sample with. The new path writes
-into a preallocated sample, as a batch buffer's row is written. Both run in interleaved rounds on
-this process's first core, torch with one thread; the table gives per-image medians over rounds,
-their spread [min-max], and new/old. The issue's targets: at most 0.5 for the small photo, 0.3 for
-the large one.
-"""
+Two synthetic photos (500x375, and a 4000x3000 "camera" one), interleaved rounds on this process's
+first core. `reference` below is the pipeline before issue 41, the one copy of it, which
+tests/test_images.py compares packrat.codec.images.to_sample with."""
 from __future__ import annotations
 
 import io

@@ -8,29 +8,10 @@ cores and batch, so a user sees which to choose.
                                                 [--peers onnxruntime,onnxruntime-parallel,openvino|none]
                                                 [--budget S]
 
-One `ios-schedule` at a time; each report, schedule and stage-cost table kept in --out (a finished
-case is not run again); prints BENCHMARKS.md's table. "kept": what `optimize()` keeps after its
-end-to-end check; "predicted": its summed stage costs, "measured": its run in the check, "timed
-again": the same stages right before the check (the search takes minutes; the VM drifts).
-
-The peers of a case run in one fresh process pinned to the IOS case's cores (the first THREADS
-cores this process may use), on packrat's artefacts of the model (models.runtimes.ensure_artefact:
-converted once, checked against eager):
-
-  onnxruntime           the ONNX file in an InferenceSession, ORT_SEQUENTIAL, THREADS intra-op threads,
-                        one inter-op thread (packrat's onnxruntime runtime)
-  onnxruntime-parallel  the same in ORT_PARALLEL, THREADS inter-op threads, one intra-op thread
-                        (THREADS threads on the THREADS cores: see peer_call)
-  openvino              packrat's openvino runtime: the IR at a static batch, PERFORMANCE_HINT LATENCY,
-                        INFERENCE_NUM_THREADS THREADS, one stream
-
-Each is run 3 times untimed, then 21 times in interleaved rounds, each round in a new shuffled
-order; its figure is the median of those single runs, as `--compare` times the IOS column. A peer's
-cell: its median and "IOS r×", r = peer / IOS (kept) (above 1: IOS is faster); "—" with a
-footnote when the peer is not installed or cannot run the model. The peers' figures are kept in
---out beside the case's report (MODEL-bBATCH-tTHREADS.peers.json), so a finished IOS case gains its
-peers without being searched again. IOS and the peers run in different processes, minutes apart.
-"""
+One `ios-schedule` at a time, each case's files kept in --out (a finished case is not run again).
+The peers (ONNX Runtime sequential and parallel, OpenVINO latency hint, on packrat's artefacts) run
+in one fresh process pinned to the case's cores, in 21 interleaved shuffled rounds, their median
+beside IOS's as "IOS r×" (r = peer / IOS kept); "—" with a footnote when a peer cannot run."""
 
 from __future__ import annotations
 

@@ -5,21 +5,11 @@ trees side by side (this one, and e.g. a checkout of an earlier commit), and aga
                                              [--runtime onnxruntime | --profile CSV [--model-only-too]] [--cores N]
                                              [--batches-per-run 150] [--rounds 3] [--tree DIR ...] [--json OUT]
 
-Each run is a fresh process (pinned to the cores) that starts an InstancePool, warms it up, then
-answers --batches-per-run batches of B requests one batch at a time, as a closed-loop client holding a
-whole batch does (pool.infer: the batch submitted together). It reports the batch's wall time (median)
-and the pool's stage medians (packrat/serving/pool/stages.py: queue, copy, send, wake, locks, decode,
-model, encode, reply, hand_out; their total). The instances are either one instance of every core
-running --runtime (the default: onnxruntime, the engine the light models' plans pick here), or, with
---profile, the plan the profile gives for (cores, B) and its predicted figure (served / predicted is
-then in the table: the profile's figure is the served one where it holds served figures); with
---model-only-too, beside it the plan the same profile's model-only figures give (the plan before
-profiles held served figures), predicted by the served figures of its instances.
-
---tree DIR runs the same measurement with DIR's packrat first on the path (a `git worktree` of an
-earlier commit): the trees' runs are interleaved in rounds, each round in a shuffled order, so that a
-busy machine's drift hits every tree alike. Only pool APIs every tree since issue 25 has are used.
-"""
+Each run is a fresh pinned process answering --batches-per-run whole batches of B through an
+InstancePool: the batch's median wall time and the pool's stage medians. The instances are one per
+core of --runtime, or with --profile the plan for (cores, B) and its prediction (--model-only-too:
+beside it the plan the model-only figures give). --tree DIR runs DIR's packrat too (a `git
+worktree` of an earlier commit), the trees interleaved in shuffled rounds."""
 from __future__ import annotations
 
 import json

@@ -1,22 +1,11 @@
 """The front end's ceiling (`packrat bench http --ceiling`): requests a second one front-end process
-answers, and its CPU time per answered request, with a model of next to no cost (`trivial`, by
-default), against the plain FastAPI + ONNX Runtime server (packrat/bench/plain_server.py); then
-the same node served through one front end and through one per core.
+answers, and its CPU time per answer, with a model of next to no cost, against the plain server
+(packrat/bench/plain_server.py); then one front end against one per core (--front-ends N).
 
-Cases, side by side, in interleaved rounds (each loads one server for --duration s after a
-second of warm-up, binary KServe v2 bodies from --connections kept-alive connections in a closed
-loop, packrat/bench/load_client.py):
-- packrat and plain, each pinned to the last core, the load on the others: the front end alone on
-  its core;
-- packrat with one front end and with one per core (--front-ends N), on every core, the load on
-  them too.
-For each: answers a second, the front-end processes' CPU time per second (1.0: a whole core), their
-instance processes' (process-kind instances; thread instances count in the front end), and answers
-per CPU second of the front ends, "req/s per front-end core" (the figure `--front-ends auto` divides
-the plans' capacity by; written to the served directory). The verdicts: packrat's req/s per
-front-end core at least the plain server's (paired per round, median), and the front ends on every
-core answering more than one.
-"""
+Interleaved rounds, closed-loop binary v2 load from kept-alive connections (load_client.py). The
+figure is answers per CPU second of the front ends, "req/s per front-end core", what
+`--front-ends auto` divides the plans' capacity by. Verdicts: packrat's at least the plain
+server's (paired per round), and the front ends on every core answering more than one."""
 
 from __future__ import annotations
 

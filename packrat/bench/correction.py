@@ -1,15 +1,7 @@
-"""A plan made on wrong figures, corrected while it serves (`benchmarks/served_correction.py`).
-
-A profile's split points (t < T), or one ⟨t, b⟩ under every runtime, are made `skew` times their
-figure (0.7: 30 % too optimistic),
-the engine serves the plan they pick under a steady closed loop of B users (each sends one raw
-tensor request, waits for the answer, sends the next), and the run records when the engine
-switched on the served figures, to which plan, how many requests failed, and whether it stayed.
-The engine runs in this process as a front end would drive it (arrive, then submit), without
-TorchServe; its served-latency file lives in a temporary folder, so the run starts from the
-profile alone, unless `served_dir` names a folder to keep it in (a later run then starts from the
-corrections, as a restarted engine does).
-"""
+"""A plan made on wrong figures, corrected while it serves (`benchmarks/served_correction.py`): a
+profile's split points made `skew` times their figure, the engine (in this process, no TorchServe)
+serves the plan they pick under a closed loop of B users; when it switched on the served figures,
+to what, and whether it stayed. `served_dir` keeps the corrections for a later run."""
 
 from __future__ import annotations
 

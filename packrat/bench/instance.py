@@ -1,21 +1,7 @@
 """An instance against its profile point (`benchmarks/instance_gap.py`): is a pool instance as fast
-as the profiler said it would be?
-
-For one model, runtime, thread count t and batch b on the same t cores, in interleaved rounds:
-
-  point     the profile point: a fresh process pinned to the cores (packrat.profiling.point, as
-            `packrat profile` measures it) timing `iters` calls of the model; its median
-  instance  a pool of one instance ⟨t, b, runtime⟩ on those cores answering b requests (raw tensor
-            bytes) `iters` times, whole batches as TorchServe hands them over; per batch its model
-            stage (the run alone, stamped inside the instance) and the whole batch (submitted →
-            every answer back: the hop, decode, run and encode)
-
-The instance is started once and kept between rounds (idle, it waits on its socket while the
-point runs); each round's point is a fresh process, as the profiler's are. Reported per case: the
-median over rounds of each round's median, the spread (smallest and largest round), the ratios
-model / point and batch / point, and the instance's stages (the medians of
-packrat.serving.pool.stages over the last round).
-"""
+as the profiler said it would be? The point as `packrat profile` times it (a fresh pinned process)
+and a one-instance pool on the same cores, in interleaved rounds: the instance's model stage and
+whole batch over the point, and its stages."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""A light closed-loop HTTP load: many kept-alive connections, each sending one request as soon as
-its last was answered, the same bytes every time (`packrat bench http --ceiling`).
-
-Locust's users cost a core for a few thousand requests a second, about what the front end under
-test answers on one: the server would not be saturated. This client sends pre-built bytes on
-asyncio protocols (uvloop where installed) and reads only each answer's status and length, so one
-client process answers several times the servers' rate. Each client runs in a process of its own,
-pinned to the cores it is given; clients start together at a time on the machine's monotonic
-clock (CLOCK_MONOTONIC, the same in every process) and count the answers that arrive inside the
-measured window only, so that the harness can read the server's CPU time at the window's edges.
-"""
+"""A light closed-loop HTTP load (`packrat bench http --ceiling`): kept-alive connections sending the
+same pre-built bytes on asyncio, reading only status and length, so one client process outruns the
+front end it loads (locust would need a core for it). Clients start together on CLOCK_MONOTONIC and
+count only the answers inside the window, so the server's CPU time can be read at its edges."""
 
 from __future__ import annotations
 

@@ -5,35 +5,20 @@ Configurations (--configs):
   packrat-node   one TorchServe, a packrat archive per model: the models plan the cores together
   stock          one TorchServe, a stock archive per model (TorchServe's default workers and threads)
   per-model      one packrat TorchServe per model, each planning for every core (share_node off)
-  static-split   the same, each pinned to its own ⌊T/n⌋ cores (round robin past one model a core)
-Every model is also served alone (per-model, nothing else loaded, one model after another) at each
-users count of the schedule: "alone", what throughputs are normalised to.
+  static-split   the same, each pinned to its own ⌊T/n⌋ cores
+Every model is also served alone: "alone", what throughputs are normalised to.
 
-Rounds (--rounds; BENCHMARKS.md's figures use 3 or more): each runs alone and every configuration
-once, in an order rotated by one a round (round r starts at the r-th of alone then --configs), so
-the VM's drift in speed is spread over all of them. Within a round (packrat/bench/multi_model.py):
-each model's throughput over alone's ("of alone"; its slowdown is the inverse; per phase their sum
-and the worst slowdown), and packrat-node's lead over each other configuration (its of alone over
-the other's: per model, for the worst model and for the sum). Reported per configuration, phase and
-model: each figure's median over the rounds with its spread (min–max), failures summed; for
-packrat-node also each model's expected slowdown (the node plan in force at the phase's end). The
-tables (printed, and in multi_model.md) and multi_model.json (each round's order, figures, node
-moves and cores; then the summary) hold every figure that BENCHMARKS.md quotes.
+Each of --rounds runs alone and every configuration once, in an order rotated by one a round.
+Reported per configuration, phase and model: throughput over alone's, and packrat-node's lead
+over each other configuration, medians over the rounds (min–max); for packrat-node each model's
+cores over time and every move. The tables go to multi_model.md, every figure to multi_model.json.
 
 Parts (--part):
-  targets  the 2-core case of issue 24: two models (--pair, default resnet50,squeezenet), USERS
-           closed-loop users each (JPEG); phases: warm-up, both loaded, the second idle
-  mix      three models (--mix, default resnet50,bert_base,squeezenet; BERT gets text through a demo
-           tokenizer) under a load whose mix shifts every --phase-s: image-heavy, text-heavy, both
-
-Each model has a locust process with a step schedule; phase statistics come from its request log,
-leaving out each phase's first --settle-s seconds; failures count over every whole run. For
-packrat-node the node's plan is read every second: each model's cores over time (a plot per
-part and round) and every move with its reason and duration.
+  targets  two models (--pair, default resnet50,squeezenet); phases: warm-up, both loaded, the second idle
+  mix      three models (--mix) under a load whose mix shifts every --phase-s
 
     packrat bench multi-model --part targets
-    packrat bench multi-model --part mix --phase-s 60 --rounds 3
-"""
+    packrat bench multi-model --part mix --phase-s 60 --rounds 3"""
 
 from __future__ import annotations
 

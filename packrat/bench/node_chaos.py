@@ -2,24 +2,16 @@
 closed-loop locust load, while faults strike one at a time (benchmarks/node_chaos.py runs it).
 
 Faults (FAULTS), each given a window of its own:
-  owner-kill     SIGKILL of the worker holding the node's lease (TorchServe starts a new one)
+  owner-kill     SIGKILL of the worker holding the node's lease
   owner-stop     SIGSTOP of that worker for `stop_s`, then SIGCONT
-  instance-stop  SIGSTOP of a pool instance while it holds a core lock (a model in turns), SIGCONT
-                 after `stop_s` unless its pool's watchdog killed it first
-  re-register    the target model unregistered through the management API, then registered again
-  move-slow      every other model's moves made to wait `slow_s` (the node's injected fault,
-                 member.NodeMember._injected) while the target is unregistered and registered again
-                 5 s later: their cores change on one of the two
-  move-fail      the same with every other model's moves made to fail for `fail_s`; the fault's line
-                 says how many moves the node made in the window and how many failed
+  instance-stop  SIGSTOP of a pool instance while it holds a core lock, SIGCONT after `stop_s`
+  re-register    the target model unregistered, then registered again
+  move-slow      every other model's moves made to wait `slow_s` (member.NodeMember._injected)
+                 while the target leaves and comes back
+  move-fail      the same with the other models' moves failing for `fail_s`
 
-Before each fault the node is left to settle (whole, at most SETTLE_S). Watched every `POLL_S`
-from each fault's start to the end of its window: whether the node is *whole* (every model with a
-live worker has cores, and two models' cores meet only where both take turns, as each serves now),
-how long a move was under way, who holds the lease, and `packrat
-status` in the middle of the fault and at its end. From the request logs: per model and fault,
-requests sent, failed (with their reasons) and the p99 of those sent in the window.
-"""
+Watched every POLL_S: whether the node is whole, how long a move was under way, the lease's
+holder; per model and fault the requests sent, failed and their p99."""
 
 from __future__ import annotations
 

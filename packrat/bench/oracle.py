@@ -1,32 +1,20 @@
 """The oracle: every feasible configuration measured, against the planner's choices.
 
-On this machine (T = its cores, or --threads), for each batch size B, a pool is built for every
-feasible configuration: every multiset of instances ⟨t, b⟩ with Σt ≤ T and Σb = B, up to the bound
-below. One B's pools are started and warmed up once, then timed in --rounds interleaved rounds (each
-calls every pool once, in a shuffled order, with B raw-tensor requests); a configuration's latency
-is its median over the rounds. Pools that would not all fit in memory start in groups, each timed
-beside the planner's choices and each runtime's fat, which stay started (rescaled: every ratio to
-the plan is one measured side by side). Per B: the oracle (the best configuration); the planner's
-choices from the isolated and the loaded figures, each one's latency over the oracle's in the same
-round (median over rounds, min–max) and its prediction over its measurement; the fat ⟨T, B⟩ over
-the oracle. Verdicts: the loaded plan within 3 % of the oracle at every B, its prediction within
-10 % of the measured.
+For each batch size B on T cores (or --threads), a pool for every feasible configuration (every
+multiset of instances ⟨t, b⟩ with Σt ≤ T and Σb = B, up to the bound below), timed in --rounds
+interleaved rounds of B raw-tensor requests; pools that do not all fit in memory run in groups,
+each beside the planner's choices (every ratio to the plan measured side by side). Per B: the
+oracle, the planner's choices over it and their predictions over their measurements, the fat
+⟨T, B⟩ over it. Verdicts: the loaded plan within 3 % of the oracle, its prediction within 10 %.
 
-The bound. Configurations are enumerated exhaustively (all_configs) up to EXHAUSTIVE_LIMIT (50,000),
-every T ≤ 8 at B ≤ 16; past that, the candidates are the balanced family (balanced_configs: for
-every instance count k, threads split evenly, batches in proportion or evenly). Always timed
-(required_configs): each runtime's fat, every configuration of identical instances that fills the
-cores (k·t = T, k·b = B) under each runtime, the planner's choices and their neighbours (one
-instance changed: its runtime, a thread or a request more). Up to --max-configs more per B
-(select_configs), ranked by (idle cores, imbalance, shapes, instances), taken round robin over the
-instance counts, ends first. --family identical times only i identical instances ⟨T/i, B/i⟩ for
-every i dividing T and B, plus the planner's choices: a handful per B, for many cores.
+The bound: every configuration up to EXHAUSTIVE_LIMIT (50,000); past that, the balanced family
+(threads split evenly, batches in proportion or evenly), plus the required ones (each runtime's
+fat, identical instances filling the cores, the planner's choices and their neighbours) and up to
+--max-configs more per B. --family identical: only i identical instances ⟨T/i, B/i⟩.
 
-The profile (--profile, else profiles/MODEL.csv) must plan every B: one too sparse is refused, with
-why and the command that measures what it lacks; the pools load what it built (the compile cache).
-The run time is estimated first (past 10 minutes, with the --rounds that would fit); --dry-run stops
-there. Split a long run over several commands with --json each, then report them as one with --merge.
-"""
+The profile must plan every B (one too sparse is refused, with the command that measures what it
+lacks). The run time is estimated first; --dry-run stops there. Split a long run with --json each,
+then report them as one with --merge."""
 
 from __future__ import annotations
 

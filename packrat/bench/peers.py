@@ -1,42 +1,25 @@
 """Packrat's plan against what users would pick instead, side by side, on the same cores.
 
-One zoo model at each batch size B of --batches, on T cores (the physical cores this process may
-use, or the first --cores of them); every peer answers the same B samples (spec.example_inputs(B))
+One zoo model at each batch size B of --batches, on T cores; every peer answers the same B samples
 with all T cores:
 
-  packrat              the plan for (T, B) from the profile (its primary figure, or --latency) as
-                       packrat serves it without TorchServe: an InstancePool of the plan's instances,
-                       each pinned to its cores, in the runtime the profile measured fastest at its
-                       ⟨t, b⟩; a run is B requests (raw tensor bytes; KServe v2 JSON for several
-                       inputs), all answered. Skipped at a B the profile cannot plan.
-  packrat-later        the same, planned on --later-profile (how far apart two profiles' plans
-                       serve), or on the profile as --served-corrections corrected it while serving.
-  fat                  the same pool with one inductor instance ⟨T threads, batch B⟩: the pool's own
-                       overhead (codec, shared memory, dispatch) made visible.
-  eager, script        PyTorch eager; TorchScript (trace, freeze, optimize_for_inference).
-  compile              packrat's compile mode, as its instances run it (AOTInductor packages).
-  torch-compile        what a user writes: torch.compile(module, dynamic=False), freezing on.
-  openvino-latency     the IR packrat converts (models.runtimes), static batch B, PERFORMANCE_HINT LATENCY,
-                       INFERENCE_NUM_THREADS T, f32; one infer request.
-  openvino-throughput  the same at batch 1 with PERFORMANCE_HINT THROUGHPUT (its streams): the B samples
-                       as B requests on an AsyncInferQueue, the latency the whole batch's.
-  onnxruntime          the ONNX file packrat exports (models.runtimes: dynamo, dynamic batch), an
-                       InferenceSession with intra_op_num_threads T, ORT_SEQUENTIAL.
-  onnxruntime-parallel the same in ORT_PARALLEL (--ort-parallel-threads): the knob users reach for,
-                       little to run in parallel in ResNet or BERT.
+  packrat              the plan for (T, B) from the profile, served by an InstancePool without
+                       TorchServe (raw tensor bytes); skipped at a B the profile cannot plan
+  packrat-later        the same, planned on --later-profile or as --served-corrections corrected it
+  fat                  the same pool with one inductor instance ⟨T, B⟩: the pool's own overhead
+  eager, script        PyTorch eager; TorchScript (trace, freeze, optimize_for_inference)
+  compile              packrat's compile mode, as its instances run it (AOTInductor packages)
+  torch-compile        what a user writes: torch.compile(module, dynamic=False), freezing on
+  openvino-latency     packrat's IR, static batch B, PERFORMANCE_HINT LATENCY, T threads
+  openvino-throughput  batch 1 with PERFORMANCE_HINT THROUGHPUT: B requests on an AsyncInferQueue
+  onnxruntime          packrat's ONNX file, intra_op_num_threads T, ORT_SEQUENTIAL
+  onnxruntime-parallel the same in ORT_PARALLEL (--ort-parallel-threads)
 
-Every peer runs in a process of its own pinned to the T cores (torch with T threads, one inter-op
-thread), started once: at each B it is set up there once ("setup s": its build and first batch),
-runs --warmup untimed batches and keeps its outputs; then --rounds interleaved rounds each run every
-peer in a shuffled order: one untimed batch (another peer just had the cores), then --iters timed
-ones, their median the round's figure. Per B: the median over rounds (min–max); vs packrat, the
-median over rounds of the peer's figure over packrat's in the same round (min–max), on which the
-verdict rests; the outputs' largest difference from eager's (DIFFERS above 1e-3 of their largest
-magnitude). Under 2 GiB free, the peers left wait for a later group, timed beside packrat; a peer
-whose process ended is started again at the next B, and says so. Compile caches are fresh per run
-(unless --keep-caches); a peer missing its packages is "not installed (pip install ...)". --json
-keeps every figure, also of an interrupted run.
-"""
+Every peer runs in a process of its own pinned to the T cores, set up once per B; then --rounds
+interleaved rounds, each peer in a shuffled order (one untimed batch, then --iters timed ones).
+Per B: the median over rounds (min–max); vs packrat, the median of the per-round ratios, on which
+the verdict rests; the outputs' largest difference from eager's (DIFFERS above 1e-3). --json keeps
+every figure, also of an interrupted run."""
 from __future__ import annotations
 
 import importlib.metadata

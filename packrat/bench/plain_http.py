@@ -1,25 +1,12 @@
 """packrat's KServe server against the plain HTTP server a careful user writes instead, FastAPI on
 uvicorn with one ONNX Runtime session (packrat/bench/plain_server.py), through HTTP on the same cores.
 
-For one zoo model (--model, default squeezenet) and a batch size B (--batch-size, default 4), side by
-side on free loopback ports: packrat's KServe server (`packrat serve --engine kserve`'s) with the plan
-for B from the profile (--profile, default profiles/MODEL.csv, measured first when missing; the plan
-fixed, the engine's gather wait --max-batch-delay), and the plain server (no batching: one request,
-one session.run). Each is warmed up by locust for --warmup s; then --rounds interleaved rounds each
-load every (server, users) case for --duration s, in an order rotated every round: 1 and B
-closed-loop locust users, each POSTing one sample to /v2/models/MODEL/infer as tritonclient sends it
-(KServe v2 with binary tensors: a JSON header, its length in Inference-Header-Content-Length, the raw
-bytes); both servers answer in binary.
-
-Per users count: each server's p50 and req/s (median over rounds, min–max) and the paired ratios
-packrat / plain of each round (median, min–max). The verdict holds issue 63's targets against the
-medians of the paired ratios: packrat's p50 ≤ 1.05× and its req/s ≥ 0.95× the plain server's, with no
-failed request. Locust runs on the same cores as both servers and takes its share from whichever is
-loaded: the figures compare the servers with each other, not with an idle machine.
-
-Output: the tables and the verdict (stdout), OUT/http-bench.json with every figure (--json prints it
-instead), and under OUT locust's files and the servers' logs.
-"""
+Both side by side on loopback, packrat with the plan for --batch-size from the profile; warmed up,
+then --rounds interleaved rounds of 1 and B closed-loop locust users sending KServe v2 binary
+requests. Per users count: each server's p50 and req/s (median, min–max) and the paired ratios
+packrat / plain. Verdict (issue 63): packrat's p50 ≤ 1.05× and its req/s ≥ 0.95× the plain
+server's, with no failed request. Locust shares the cores with both. OUT/http-bench.json holds
+every figure."""
 
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
 """The plain HTTP server a careful user writes instead of a serving system: FastAPI on uvicorn with
 one ONNX Runtime session of the model (`packrat bench http` measures packrat's KServe server against it).
 
-The session: packrat's ONNX file of the zoo model (packrat.models.runtimes.ensure_artefact), ONNX
-Runtime's default options but intra_op_num_threads = the cores this process may use. Routes:
+POST /v2/models/NAME/infer takes KServe v2 binary tensors (as tritonclient sends them) and answers
+the same way; GET /v2/health/ready. Nothing is batched: a request is one session.run, in
+Starlette's threadpool so the event loop reads on.
 
-  POST /v2/models/NAME/infer  a KServe v2 / Open Inference Protocol request with binary tensors, as
-                              tritonclient sends it: a JSON header (its length in the HTTP header
-                              Inference-Header-Content-Length), then each input's raw little-endian
-                              bytes, read with numpy.frombuffer; answered the same way (a JSON header
-                              and the output's raw bytes). A bad body is 400 with a one-line reason.
-  GET  /v2/health/ready       200: the session is built before the server listens.
-
-Nothing is batched: one request is one session.run, run in Starlette's threadpool (run_in_threadpool)
-so that the event loop goes on reading requests meanwhile; concurrent requests run the one session
-concurrently (its Run is thread-safe). Loopback only; uvicorn's access log off, as packrat's server's.
-
-    python -m packrat.bench.plain_server --model squeezenet --port 8090 [--host 127.0.0.1]
-"""
+    python -m packrat.bench.plain_server --model squeezenet --port 8090 [--host 127.0.0.1]"""
 
 from __future__ import annotations
 

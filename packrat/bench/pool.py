@@ -1,27 +1,10 @@
-"""The pool alone, without TorchServe or Java (`packrat bench --pool-only`): B request bodies (the
-model's natural payload, or another) answered four ways, in interleaved rounds so that machine
-noise hits them alike, after one warm-up call of each:
+"""The pool alone, without TorchServe or Java (`packrat bench --pool-only`): B request bodies answered
+in-process (the bare model; decode, run and encode as the stock handler does), by the fat pool and
+by the planned pool, in interleaved rounds; the medians, their ratios and each pool's stages.
+The bare model closes every round: run just before the handler path it warms it (issue 25).
 
-  in-process        the bare model called in this process on the example batch (no codec)
-  in-process-codec  the bodies decoded, run and encoded in this process through
-                    packrat.codec.batch.answer_batch: what the stock handler does
-  pool-fat          the fat pool ⟨1 instance, T threads, B⟩ answering the bodies
-  pool-plan         the planned pool answering them
-
-Both pools get the batch whole, as TorchServe's ordinary worker hands it over (together, gather
-0 ms). Reported: the medians and their ratios, and where the time goes: each pool's stages (the
-median ms per sub-batch of packrat.serving.pool.stages, as `packrat status` shows them) beside
-the in-process decode, model and encode.
-
-The in-process cases warm each other: the bare model run just before the handler path made that
-path 4-11 % faster at B = 1 (issue 25), so the bare model closes every round, and the pool's tax
-is best measured without it (cases in-process-codec,pool-fat).
-
-`packrat bench --memory`, memory per instance of each kind: what a pool of one-thread instances of
-a runtime adds to the machine, in the engine's own process (thread instances) and in its instance
-processes. USS (the pages a process alone holds) is the figure: shared libraries mapped by several
-processes are counted once, where RSS counts them in each. The engine's baseline is taken with
-torch and the runtime already imported, as an engine has them before its pool starts."""
+`packrat bench --memory`: the USS a pool of one-thread instances of a runtime adds, as threads of
+the engine and as processes (USS counts shared libraries once, where RSS counts them in each)."""
 
 from __future__ import annotations
 

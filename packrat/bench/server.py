@@ -1,17 +1,8 @@
 """Fat vs planned and stock TorchServe, through real TorchServe loaded by locust (`packrat bench`, the demo).
 
-Starts, side by side, (a) stock TorchServe with the stock handler and TorchServe's default
-workers, (b) the packrat handler with the fat plan ⟨1, T, B⟩ and (c) the packrat handler with
-the planned ⟨i, t, b⟩; each server is started once per batch size and warmed up, then, round
-after round, each is loaded by locust once per users pattern (exact counts from its JSON
-output), in an order rotated every round; a configuration's rounds are pooled. With a kill
-interval, one pool instance of the packrat servers is killed (SIGKILL) every few seconds during
-each measured run, to measure serving through crashes.
-
-A step load (`--shape step`): low → high → low … locust users against the packrat handler with
-reconfiguration on, and with the plan fixed for the high and for the low batch size; how long each
-switch of plans took and what it did to the p99.
-"""
+Each server is started once per batch size and warmed up; then, round after round, loaded once per
+users pattern in a rotated order, its rounds pooled; --kill-every kills a pool instance during each
+run. `--shape step`: low → high → low users with reconfiguration on, against each plan fixed."""
 
 from __future__ import annotations
 
