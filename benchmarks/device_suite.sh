@@ -10,17 +10,14 @@
 #   profile  (190 s) `packrat profile` (its search, --budget-s the step's less PROFILE_MARGIN) of MODEL,
 #                    threads 1..T, batches 1..32, loaded, served raw tensors -> MODEL.csv, MODEL-search.json, MODEL-plans.json
 #   peers    (170 s) `packrat bench peers` at B = 8,16, 10 rounds of 5 batches: the plan and its fat pool against
-#                    ONNX Runtime and OpenVINO (LATENCY, THROUGHPUT), each set up once per B -> peers.md, peers.json.
-#                    Not by default: torch-compile (its compiles, 9 s at B = 8 and 65 s at B = 16 on 2026-11-28,
-#                    would take half the budget) and eager (never the best peer; still the outputs' reference)
+#                    ONNX Runtime and OpenVINO (LATENCY, THROUGHPUT) -> peers.md, peers.json (torch-compile and
+#                    eager only when named: their compiles would take half the budget)
 #   oracle   (170 s) `packrat bench oracle` at B = 16, 10 rounds, its configurations under each runtime -> oracle.json
 #   bench    (110 s) only when asked: `packrat bench --pool-only`, the fat and the planned pool
 #   ios      (300 s) only when asked: benchmarks/ios_networks.py, Inception-v3 and RandWire at batch 1 on 8, 16 threads
 #   ios-plan (300 s) only when asked: `packrat profile --ios` of Inception-v3 at batch 1, the plan and the oracle
 #                    at B = 1 with and without IOS instances (reusing the ios step's searches in the same OUT_DIR)
-# The budgets are an estimate, not from a run of these settings (SUMMARY.md says so): ResNet-50 on 16 cores
-# (../shared/many-core-2026-11-28: 60-190 ms a call at B = 8-16, pools set up in 5-9 s) times each step's calls,
-# plus its set-ups: the peers' about 65 s of rounds, 35 s of set-ups, 20 s of processes.
+# The budgets are an estimate from the calls each step makes (docs/benchmarks/many-core.md); SUMMARY.md says so.
 # A command past its budget is interrupted (profiles resume; peers, oracle and IOS keep what they measured),
 # one that fails is noted with its last words; the suite goes on either way and exits with status 3 naming
 # those steps. A step that yields little is in SUMMARY.md with what is missing and why.

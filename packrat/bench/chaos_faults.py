@@ -16,7 +16,7 @@ import psutil
 
 from packrat.bench import faults
 from packrat.bench.harness import Periodic, bounded
-from packrat.bench.resources import SHM_PREFIXES, mapped_segments, segment_owner, shm_segments
+from packrat.bench.resources import SHM_PREFIXES, owned_segments, segment_owner, shm_segments
 from packrat.bench.results import fmt_num
 from packrat.deploy import torchserve
 from packrat.frontends import torchserve_control
@@ -81,8 +81,7 @@ class Tracker:
             except psutil.Error:
                 continue
         pids = {p.pid for p in workers + instances}
-        present = shm_segments()
-        ours = mapped_segments(pids) | {n for n in present if segment_owner(n) in pids}
+        present, ours = shm_segments(), owned_segments(pids)
         with self._lock:
             self.segments |= ours
         found = bool(workers or instances)  # none: the server is down, not lean

@@ -46,11 +46,8 @@ def pool_instances(root_pid: int, marker: str = POOL_MARKER) -> list[psutil.Proc
 
 
 def kill_one(root_pid: int, marker: str = POOL_MARKER, skip: Collection[int] = ()) -> int | None:
-    """SIGKILL the longest-lived pool instance under root_pid (pids in `skip` aside: killed
-    already, maybe not dead yet); its pid, or None when none is left.
-
-    Killed instances are respawned as new processes, so taking the oldest each time goes
-    round robin over the pool's slots."""
+    """SIGKILL the longest-lived pool instance under root_pid, `skip` aside: its pid, or None. Killed
+    instances respawn as new processes, so taking the oldest goes round robin over the slots."""
     for proc in pool_instances(root_pid, marker):
         if proc.pid in skip:
             continue

@@ -29,6 +29,7 @@ from pathlib import Path
 import psutil
 
 from packrat.bench.faults import pool_instances
+from packrat.bench.users import percentile
 from packrat.serving.node import read_state
 from packrat.serving.node.files import Lease, read_json, write_json
 from packrat.serving.pool.core_locks import holders
@@ -73,9 +74,7 @@ def window_figures(records: list, start: float, end: float) -> dict:
     """Requests sent in [start, end): how many, how many failed (by reason) and their p99 (ms)."""
     sent = [r for r in records if start <= r.start < end]
     failed = [r for r in sent if r.failed]
-    latencies = sorted(r.response_ms for r in sent if not r.failed)
-    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
-    return {"sent": len(sent), "failed": len(failed), "p99_ms": p99,
+    return {"sent": len(sent), "failed": len(failed), "p99_ms": percentile((r.response_ms for r in sent if not r.failed), 0.99),
             "reasons": dict(Counter((r.reason or str(r.status))[:80] for r in failed))}
 
 

@@ -164,10 +164,8 @@ class _Pools:
 
 
 def time_batch(plan: dict, args, topology: Topology, costs: dict, bar) -> dict:
-    """Time every configuration of this B in interleaved rounds (rounds.grouped_rounds). The anchors
-    (planner's choices, each runtime's fat) stay started; the rest start in groups that fit the free
-    memory (or --memory-mib), each group timed in rounds with the anchors and stopped before the next
-    starts. `bar` (tqdm) advances by `costs`."""
+    """Time every configuration of this B in interleaved rounds (rounds.grouped_rounds): the anchors
+    (the planner's choices, each runtime's fat) stay started, the rest in groups that fit the memory."""
     batch = plan["batch"]
     results = {c: {"label": label(c), "config": [list(s) for s in c], "cores": None, "samples_ms": [],
                    "predicted_ms": plan.get("predicted", {}).get(c), "group": None,

@@ -110,10 +110,8 @@ def identical_configs(threads: int, batch: int) -> list[Config]:
 
 
 def neighbours(config: Config, threads: int, batch: int, runtimes: Sequence[str]) -> list[Config]:
-    """The feasible configurations one instance away from `config`: one instance under another of
-    `runtimes`, or given one more thread (from another instance, or an idle core), or one more
-    request (from another instance). Where a plan sits beside a better configuration, it is one of
-    these more often than not."""
+    """The feasible configurations one instance away from `config`: another runtime, one more thread or
+    one more request (where a plan sits beside a better configuration, it is usually one of these)."""
     items, found = list(config), {}
     idle = threads - sum(t for t, *_ in items)
 
@@ -177,12 +175,9 @@ def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFI
                    exhaustive_limit: int = EXHAUSTIVE_LIMIT, family: str = "all",
                    runtimes: Sequence[str] = (DEFAULT_RUNTIME,), allowed=lambda config: True
                    ) -> tuple[list[Config], int | None]:
-    """The configurations to time for T = threads, B = batch, sorted by rank_key, and how many
-    feasible ones exist (None past exhaustive_limit, where the candidates are balanced_configs, and
-    for family "identical", whose candidates are identical_configs). Each candidate comes once per
-    runtime of `runtimes`, every instance running it, where `allowed(config)`. Every one in `keep` is
-    included (ValueError if infeasible); beyond them, up to max_configs more (None: no bound), the
-    candidates by rank_key, taken round robin over instance counts in spread_order."""
+    """The configurations to time for T = threads, B = batch, by rank_key, and how many feasible ones
+    exist (None where the candidates are balanced_configs or identical_configs): every one in `keep`
+    (ValueError if infeasible), then up to max_configs more, round robin over instance counts."""
     kept: list[Config] = []
     for config in keep:
         config = canonical(config)

@@ -151,10 +151,8 @@ class OrtRunner(Runner):
 
 
 def ort_session(path: str, threads: int, parallel: tuple[int, int] | None, stop_spinning: bool = False):
-    """An InferenceSession of the ONNX file: sequential with `threads` intra-op threads, or with
-    `parallel` (inter-op, intra-op threads) in ORT_PARALLEL; with `stop_spinning`, its pools' threads
-    stop spinning when a run ends (as packrat's runtime's do), so they leave the cores to whatever
-    runs next in the process."""
+    """An InferenceSession of the ONNX file: sequential with `threads` intra-op threads, or ORT_PARALLEL
+    with `parallel`; `stop_spinning` leaves the cores to what runs next, as packrat's runtime does."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -157,12 +157,9 @@ def plans_of(args, profile, why: str | None, path: Path, cores: list[int], topol
 
 def measure(peers: list[str], batches: list[int], rounds: int, ask, rng=None, memory_low=lambda: False,
             say=print, runs: dict | None = None) -> dict:
-    """Per B (a string), per peer: its start and its rounds (summarise's input), into `runs`. At each
-    B every peer is started once, then timed in `rounds` interleaved rounds on what it started, beside
-    packrat; where memory_low() after a start, the peers left start in a later group (rounds.
-    grouped_rounds). `ask(peer, request)` answers a request ({"op": "start" | "time" | "stop",
-    "batch": B}) in the peer's process; an answer with "ended" says that process ended: the peer is
-    timed no further at this B."""
+    """Per B, per peer: its start and its rounds, into `runs`. Every peer is started once per B and timed
+    in `rounds` interleaved rounds beside packrat, in groups where memory runs low (rounds.grouped_rounds);
+    `ask(peer, request)` answers in the peer's process, "ended" when that process ended."""
     runs = {} if runs is None else runs
     for batch in batches:
         table = runs[str(batch)] = {}

@@ -28,12 +28,9 @@ def by_round(run: dict | None) -> dict[tuple[int, int], float]:
 
 
 def summarise(runs: dict[str, dict[str, dict]], batches: list[int], skipped: dict[str, str] | None = None) -> dict:
-    """Per B, per peer: the median over rounds of each round's median latency and the rounds'
-    min–max, the setup, the outputs' difference from eager's, the note; vs packrat, the median over
-    rounds of the peer's figure over packrat's in the same round (paired), with their min–max. A peer
-    never timed at B gets its start's error (or skip reason) instead. `runs[B][peer]` is {"start":
-    {...}, "rounds": [{"group", "round", "latency_ms" or "error", ...}]}; `skipped` holds peers that
-    never ran (not installed), with why."""
+    """Per B, per peer: the median over rounds (min–max), the setup, the outputs' difference from eager's,
+    the note, and vs packrat the median of the paired per-round ratios (min–max); a peer never timed
+    gets its start's error. `skipped`: peers that never ran, with why."""
     summary: dict[int, dict[str, dict]] = {}
     for batch in batches:
         table, rows = runs.get(str(batch), {}), {}

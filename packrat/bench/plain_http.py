@@ -27,10 +27,8 @@ WARMUP_S = 8.0
 # ---- pure: the report from plain numbers -----------------------------------------------------------
 
 def summarise(runs: Sequence[Mapping]) -> dict[int, dict]:
-    """Per users count: each server's p50_ms and rps over rounds (median_spread), requests and
-    failures summed; the paired per-round ratios packrat / plain of p50 and rps (median_spread); and
-    the verdict. `runs`: one {"server", "users", "round", "p50_ms", "rps", "requests", "failures"} per
-    locust run."""
+    """Per users count: each server's p50_ms and rps over rounds, requests and failures summed, the
+    paired ratios packrat / plain (median_spread), and the verdict."""
     summary = {}
     for users in sorted({r["users"] for r in runs}):
         mine = {name: [r for r in runs if r["users"] == users and r["server"] == name] for name in SERVERS}

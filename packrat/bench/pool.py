@@ -30,11 +30,8 @@ IN_PROCESS_STAGES = ("decode", "model", "encode")  # the laps answer_batch stamp
 
 def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, progress=None, *,
                payload: str | None = None, tokenizer: Path | None = None, cases=CASES) -> dict:
-    """Median latency (ms) of each of `cases` at batch `batch` on this machine's cores, over `rounds`
-    interleaved rounds (the bare model closing each: it warms what runs after it), with B bodies of
-    `payload` (None: the model's natural one; a text payload needs `tokenizer` when the model ships
-    none); `progress()` after each round. The model runs in the profile's graph mode, in this process
-    as in the pools."""
+    """Median ms of each of `cases` at batch `batch` over `rounds` interleaved rounds, the bare model
+    closing each (it warms what runs after it); B bodies of `payload` (None: the model's natural one)."""
     import torch
 
     from packrat.codec.payloads import build_payload, natural_payload

@@ -155,11 +155,9 @@ def cpu_delta(start: Mapping, end: Mapping) -> dict[str, float]:
 
 def refusal_cost(cpu_before: Mapping, cpu_over: Mapping, before: Sequence[Mapping], over: Mapping,
                  duration_s: float | None = None) -> dict:
-    """What the server's processes spent, in CPU ms: per answer 200 before the overload (over every
-    closed-loop run `before`, which `cpu_before` spans) and during it (front end and instances apart), and per refusal during it: the front end's time beyond
-    what its 200s cost before, over the 503s. Refusals that cost the instances nothing leave their
-    CPU per 200 where it was. And the cores the rest of the machine took during the overload
-    (the client, CPU-bound neighbours), over its `duration_s`."""
+    """The servers' CPU ms per answer 200 before and during the overload (front end and instances
+    apart), per refusal during it (the front end's time beyond what its 200s cost before, over the
+    503s), and the cores the rest of the machine took during it."""
     ok_before = sum(run["by_status"].get("200", 0) for run in before)
     ok_over, refused = over["counts"]["200"], over["counts"]["503"]
     per_200 = {part: ratio(cpu_before.get(part, 0.0) * 1e3, ok_before) for part in CPU_PARTS}

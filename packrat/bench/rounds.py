@@ -60,11 +60,8 @@ def interleaved(cases: Mapping[str, Callable[[], float]], rounds: int, rng=None,
 def grouped_rounds(anchors: Sequence, cases: Sequence, start: Callable[[object], bool],
                    time_one: Callable[[object, int, int], bool], stop: Callable[[object], object], rounds: int,
                    rng=None, full: Callable[[], bool] = lambda: False, after_round=lambda group, r: None) -> int:
-    """Interleaved rounds over what fits at once; the number of groups. The `anchors` start first and
-    stay up throughout; then `cases` start in order (start(case): whether it did) until full() after a
-    start, one at least a group. Each group is timed in `rounds` rounds, the live cases in round_order
-    (with `rng`), time_one(case, group, round) saying whether the case lives on; then its cases stop
-    before the next group starts, and the anchors after the last."""
+    """Interleaved rounds over what fits at once; the number of groups. The `anchors` stay up throughout;
+    `cases` start until full() (one at least a group), each group timed for `rounds` rounds, then stopped."""
     anchors, pending, group = [a for a in anchors if start(a)], list(cases), 0
     while True:
         live: list = []

@@ -55,15 +55,10 @@ def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, d
                  tokenizer: Path | None = None, kill_every_s: float | None = None, warmup_s: float = WARMUP_S,
                  max_batch_delay_ms: int = 100, rounds: int = 1, graph_mode: str | None = None,
                  stock_runtime: str | None = None, configs=SERVER_CONFIGS, log=print) -> list[ServerRun]:
-    """Every configuration's server is started and warmed up, side by side (an idle server takes no
-    CPU; each plans for the whole machine, as if alone). Then, `rounds` times, each is loaded by
-    locust once per users pattern (ints are fixed counts), the configurations in an order rotated
-    every round, so that the machine's drift on a shared VM hits them alike; one ServerRun per
-    configuration and users count pools its rounds. payload None: the model's natural one.
-    graph_mode: how the stock handler runs the model (None: the default mode); give the profile's,
-    so that stock and packrat differ only in how they use the cores; stock_runtime: the engine the
-    stock handler runs it with (None: inductor). With kill_every_s, pool
-    instances of the packrat configurations are killed during the measured runs."""
+    """Every configuration's server started and warmed up side by side, then loaded by locust once per
+    users pattern for `rounds` rounds, in an order rotated every round: one ServerRun per configuration
+    and users count. graph_mode and stock_runtime: how the stock handler runs the model (give the
+    profile's, so stock and packrat differ only in how they use the cores)."""
     from packrat.codec.payloads import build_payload, natural_payload
 
     payload = payload or natural_payload(model)

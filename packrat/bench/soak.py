@@ -105,10 +105,8 @@ def slope_verdict(key: str, points: Sequence[tuple[float, float]]) -> Verdict:
 
 def soak_verdicts(counts: Mapping, outside: Mapping, inside: Mapping, kills: Sequence[Mapping], planned_kills: int,
                   samples: Sequence[Mapping], slope_from_s: float, probes: Sequence[Mapping]) -> list[Verdict]:
-    """The soak's verdicts (see the module docstring). `counts`: status classes of every request;
-    `outside` / `inside`: those outside / inside the kill windows; `samples`: with t_s from the
-    load's start and their phase (sample_phase); the slopes over the steady ones at or after
-    `slope_from_s`."""
+    """The soak's verdicts: `counts` of every request, `outside` / `inside` the kill windows; the slopes
+    over the steady samples at or after `slope_from_s`."""
     value = (f"{answered(counts) + counts['client_error']} requests: 200 {counts['200']}, 503 {counts['503']}, "
              f"504 {counts['504']}, other {counts['other']}, client errors {fmt_errors(counts)}")
     every = Verdict("every request answered", "200, 503 or 504 only, no client error",

@@ -130,10 +130,8 @@ def logged_load(url: str, model: str, users: int, seconds: float, where: Path, l
 
 
 def pooled(results: Sequence[LoadResult], run_s: float) -> LoadResult:
-    """Runs of one configuration, each `run_s` s of load, as one: their requests together (percentiles
-    from the summed histograms, the mean weighted by the requests timed) and the requests answered per
-    second of load. Locust's own rate, from the first answer to the last, overstates a run that holds
-    a few batches only (answers come a batch at a time), and by how much depends on the configuration."""
+    """Runs of one configuration, each `run_s` s of load, as one: percentiles from the summed histograms
+    and the requests answered per second of load (locust's own rate overstates a run of few batches)."""
     from packrat.loadtest import LoadResult, percentile
 
     histogram: dict[float, int] = {}
