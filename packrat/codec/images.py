@@ -9,12 +9,7 @@ Done in fewer steps than that recipe reads, with the same result within a small 
   never enlarges; RGB comes straight from the decoder, with no conversion copy;
 - only the region the centre crop keeps is resized (`resize(box=...)`): the output is the crop;
 - scaling and normalising is two passes over the crop's three planes, into the caller's buffer.
-Measured on one core (benchmarks/decode.py): 0.65 of the old time for a 500x375 photo (JPEG decoding
-is half of what is left, Pillow's resize of the crop a third), 0.29 for a 12-megapixel one of 4.5 MB
-(entropy decoding is nearly all of it). libjpeg-turbo bindings were no faster end to end, body to
-sample, at the same scale (same library, same pixels): simplejpeg 1.9.0 1.01x and 0.95x Pillow's
-time on those two photos, OpenCV 5.0 1.07x and 0.97x; so Pillow stays the one decoder. Nor was
-torch's antialiased uint8 resize of the whole image, then a crop (1.06x on the small photo).
+Measured against the old pipeline, and the decoders tried instead: docs/benchmarks/serving.md.
 """
 
 from __future__ import annotations
