@@ -178,6 +178,16 @@ def bounded(fn: Callable[[], object], timeout_s: float, default=None):
     return box[0] if box else default
 
 
+def wait_until(check: Callable[[], object], timeout_s: float, poll_s: float = 0.25) -> bool:
+    """Poll check() every poll_s until it holds (True) or timeout_s has passed (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
 class Periodic:
     """While active (a with block), calls self.tick() (or `tick`, given) every `every_s` seconds in
     a daemon thread; with `at_once`, first as it starts."""

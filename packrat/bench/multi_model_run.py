@@ -1,21 +1,13 @@
 """Several models on one machine: packrat's node plan against stock TorchServe, one packrat server
 per model and a static split of the cores, under closed-loop locust load per model.
 
-Configurations (--configs):
+Configurations (--configs), each against every model served alone, in rotated rounds:
   packrat-node   one TorchServe, a packrat archive per model: the models plan the cores together
   stock          one TorchServe, a stock archive per model (TorchServe's default workers and threads)
   per-model      one packrat TorchServe per model, each planning for every core (share_node off)
   static-split   the same, each pinned to its own ⌊T/n⌋ cores
-Every model is also served alone: "alone", what throughputs are normalised to.
-
-Each of --rounds runs alone and every configuration once, in an order rotated by one a round.
-Reported per configuration, phase and model: throughput over alone's, and packrat-node's lead
-over each other configuration, medians over the rounds (min–max); for packrat-node each model's
-cores over time and every move. The tables go to multi_model.md, every figure to multi_model.json.
-
-Parts (--part):
-  targets  two models (--pair, default resnet50,squeezenet); phases: warm-up, both loaded, the second idle
-  mix      three models (--mix) under a load whose mix shifts every --phase-s
+Parts (--part): targets, two models (--pair) both loaded then the second idle; mix, three (--mix)
+under a load whose mix shifts every --phase-s. docs/multi-model.md says what it reports.
 
     packrat bench multi-model --part targets
     packrat bench multi-model --part mix --phase-s 60 --rounds 3"""

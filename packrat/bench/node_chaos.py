@@ -29,6 +29,7 @@ from pathlib import Path
 import psutil
 
 from packrat.bench.faults import pool_instances
+from packrat.bench.harness import Periodic, wait_until
 from packrat.bench.users import percentile
 from packrat.serving.node import read_state
 from packrat.serving.node.files import Lease, read_json, write_json
@@ -98,8 +99,7 @@ class NodeDir:
     def settle(self, timeout_s: float) -> float:
         """Wait until the node is whole (at most `timeout_s`); the seconds waited."""
         started = time.monotonic()
-        while not self.whole() and time.monotonic() - started < timeout_s:
-            time.sleep(POLL_S)
+        wait_until(self.whole, timeout_s, POLL_S)
         return time.monotonic() - started
 
     def lease(self) -> dict:
@@ -168,26 +168,19 @@ class Chaos:
         settled = self.node.settle(SETTLE_S)
         fault = Fault(kind, time.time(), target, settled_before_s=round(settled, 2))
         self.notes = []
-        stop = threading.Event()
-        watcher = threading.Thread(target=self._watch, args=(fault, stop), daemon=True)
-        watcher.start()
-        try:
-            getattr(self, kind.replace("-", "_"))(fault)
-        finally:
-            fault.ended = fault.ended or time.time()
-            fault.what += "".join(f" ({note})" for note in self.notes)
-            fault.status["during"] = fault.status.get("during") or self.status()
-            while time.time() < fault.started + self.window_s:
-                time.sleep(POLL_S)
-            stop.set()
-            watcher.join()
-            fault.status["after"] = self.status()
+        watch = lambda: fault.samples.append(  # noqa: E731
+            (time.time(), self.node.whole(), self.node.lease().get("epoch"), self.node.in_motion()))
+        with Periodic(POLL_S, "node-watch", watch):
+            try:
+                getattr(self, kind.replace("-", "_"))(fault)
+            finally:
+                fault.ended = fault.ended or time.time()
+                fault.what += "".join(f" ({note})" for note in self.notes)
+                fault.status["during"] = fault.status.get("during") or self.status()
+                time.sleep(max(0.0, fault.started + self.window_s - time.time()))
+        fault.status["after"] = self.status()
         self.log(f"   {kind}: {fault.what}; {fault.figures()}")
         return fault
-
-    def _watch(self, fault: Fault, stop: threading.Event) -> None:
-        while not stop.wait(POLL_S):
-            fault.samples.append((time.time(), self.node.whole(), self.node.lease().get("epoch"), self.node.in_motion()))
 
     # ---- the faults ---------------------------------------------------------------------------
 
@@ -286,9 +279,7 @@ class Chaos:
             torchserve.unregister(self.server, model)
         except urllib.error.HTTPError as exc:
             self.notes.append(f"unregistering {model}: TorchServe answered {exc.code}")
-            deadline = time.monotonic() + 60
-            while torchserve.worker_status(self.server, model) and time.monotonic() < deadline:
-                time.sleep(POLL_S)
+            wait_until(lambda: not torchserve.worker_status(self.server, model), 60, POLL_S)
             self.server.models = tuple(m for m in self.server.models if m != model)
             self.server.save()
 

@@ -1,20 +1,14 @@
 """The oracle: every feasible configuration measured, against the planner's choices.
 
-For each batch size B on T cores (or --threads), a pool for every feasible configuration (every
-multiset of instances ⟨t, b⟩ with Σt ≤ T and Σb = B, up to the bound below), timed in --rounds
-interleaved rounds of B raw-tensor requests; pools that do not all fit in memory run in groups,
-each beside the planner's choices (every ratio to the plan measured side by side). Per B: the
-oracle, the planner's choices over it and their predictions over their measurements, the fat
-⟨T, B⟩ over it. Verdicts: the loaded plan within 3 % of the oracle, its prediction within 10 %.
+For each batch size B on T cores, a pool for every feasible configuration (instances ⟨t, b⟩ with
+Σt ≤ T and Σb = B), timed in --rounds interleaved rounds beside the planner's choices. Verdicts:
+the loaded plan within 3 % of the oracle, its prediction within 10 % of the measured.
 
 The bound: every configuration up to EXHAUSTIVE_LIMIT (50,000); past that, the balanced family
-(threads split evenly, batches in proportion or evenly), plus the required ones (each runtime's
-fat, identical instances filling the cores, the planner's choices and their neighbours) and up to
---max-configs more per B. --family identical: only i identical instances ⟨T/i, B/i⟩.
-
-The profile must plan every B (one too sparse is refused, with the command that measures what it
-lacks). The run time is estimated first; --dry-run stops there. Split a long run with --json each,
-then report them as one with --merge."""
+(threads split evenly), the required ones (each runtime's fat, identical instances filling the
+cores, the planner's choices and their neighbours) and up to --max-configs more per B.
+--family identical: only i identical instances ⟨T/i, B/i⟩. --dry-run: the estimated run time
+only; --merge: several runs' --json as one report. docs/load-testing.md says more."""
 
 from __future__ import annotations
 

@@ -15,11 +15,8 @@ with all T cores:
   onnxruntime          packrat's ONNX file, intra_op_num_threads T, ORT_SEQUENTIAL
   onnxruntime-parallel the same in ORT_PARALLEL (--ort-parallel-threads)
 
-Every peer runs in a process of its own pinned to the T cores, set up once per B; then --rounds
-interleaved rounds, each peer in a shuffled order (one untimed batch, then --iters timed ones).
-Per B: the median over rounds (min–max); vs packrat, the median of the per-round ratios, on which
-the verdict rests; the outputs' largest difference from eager's (DIFFERS above 1e-3). --json keeps
-every figure, also of an interrupted run."""
+Each peer in a pinned process of its own, in --rounds interleaved rounds; per B the median over
+rounds and the paired ratio to packrat's, and whether the outputs match eager's (docs/load-testing.md)."""
 from __future__ import annotations
 
 import importlib.metadata

@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
@@ -27,6 +26,8 @@ import numpy as np
 from fastapi import FastAPI, Request, Response  # at the top: FastAPI reads the route's annotations by name
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+
+from packrat.bench.harness import wait_until
 
 HEADER = "Inference-Header-Content-Length"
 DTYPES = {"FP32": "<f4", "FP64": "<f8", "FP16": "<f2", "INT64": "<i8", "INT32": "<i4", "INT16": "<i2",
@@ -182,7 +183,7 @@ def plain_process(model: str, run_dir: Path, port: int, timeout: float = 300.0, 
     """plain_serving's server, yielding (its URL, its pid) once ready; pinned to `cores` if given
     (its session's threads are as many)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout
+    url = f"http://127.0.0.1:{port}"
     log(f"-- plain: starting FastAPI + ONNX Runtime on {url}" + (f", cores {list(cores)}" if cores else ""))
     with (run_dir / "plain-server.log").open("w") as out:
         pinned = ["taskset", "-c", ",".join(map(str, cores))] if cores else []  # exec: the same pid
@@ -190,10 +191,8 @@ def plain_process(model: str, run_dir: Path, port: int, timeout: float = 300.0, 
                                       "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        while not ready(url):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the plain server did not get ready; see {run_dir / 'plain-server.log'}")
-            time.sleep(0.2)
+        if not wait_until(lambda: ready(url) or process.poll() is not None, timeout, 0.2) or process.poll() is not None:
+            raise RuntimeError(f"the plain server did not get ready; see {run_dir / 'plain-server.log'}")
         yield url, process.pid
     finally:
         process.send_signal(signal.SIGTERM)
