@@ -67,18 +67,9 @@ def peer_call(peer: str, spec, batch: int, threads: int) -> Callable[[], object]
         return lambda: runner(*examples)
     from packrat.bench.peer_runners import OrtRunner, ort_session
 
-    # ORT_PARALLEL runs independent nodes on the inter-op pool (inter_op_num_threads), each node's
-    # kernel on the intra-op pool (intra_op_num_threads), two pools of their own (ONNX Runtime's
-    # "Thread management" docs). THREADS inter-op threads with one intra-op thread each keep the
-    # process at THREADS threads on THREADS cores, as many nodes at once as IOS's widest stage has
-    # groups; THREADS of each would put about 2×THREADS threads on the cores, and measured slower
-    # everywhere (2 cores, each the median of 21 runs in 3 fresh processes, inter:intra): SqueezeNet
-    # b1 3.5 ms at 2:1, 8.0 at 2:2; b8 29 and 35; Inception-v3 b1 51 and 68 (ORT_SEQUENTIAL 1.7, 15.4,
-    # 28.2). packrat bench peers --ort-parallel-threads tries other splits.
+    # THREADS inter-op threads of one intra-op thread each: THREADS threads on THREADS cores (THREADS
+    # of each measured slower: docs/benchmarks/ios.md); the peers take turns, so no spinning after a run.
     parallel = (threads, 1) if peer == "onnxruntime-parallel" else None
-    # The peers take turns on the same cores: a session's threads spinning on after its run took
-    # them from the next peer's (OpenVINO on SqueezeNet b1, 2 cores: 1.9 ms alone, 4.0 ms between
-    # onnxruntime runs). packrat's runtime stops them so too (models.runtimes.OrtRunner).
     session, _ = ort_session(str(path), threads, parallel, stop_spinning=True)
     return OrtRunner(session, spec, batch, "").run
 

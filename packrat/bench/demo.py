@@ -13,18 +13,12 @@ from packrat.models.runtimes import DEFAULT_RUNTIME, base_runtime
 from packrat.planning.planner import Plan
 from packrat.profiling.profiles import Profile, default_path as default_profile_path
 
-# A light model, where the runtime matters most on a small machine (ONNX Runtime ran SqueezeNet
-# 18-35 % faster than inductor on 2 cores), so the profile's points are quick.
-DEMO_MODEL = "squeezenet"
-# Inductor's instances eager, as stock runs the model: compiling them cold took 50-85 s a point on 2
-# cores (docs/benchmarks/demo.md), more than the demo has; every other runtime is profiled as usual.
-DEMO_GRAPH_MODE = "eager"
+DEMO_MODEL = "squeezenet"  # light, where the runtime matters most on a small machine; quick to profile
+DEMO_GRAPH_MODE = "eager"  # inductor's as stock runs it: compiling cold costs more than the demo has
 DEMO_BATCHES = [4, 8]  # B = 8 and its halves: the plan may split it, fat or not
 DEMO_MIN_TIME_S = 0.5  # runtimes 5-15 % apart are told apart; a point's process start costs more
 DEMO_SERVE_BATCH = 8  # the largest profiled: B users keep every batch full, so a round is B-request batches
-# B users in a closed loop: every batch full, the next one sent as soon as it is answered, so each
-# server is busy all the time and a request's latency is one batch's.
-DEMO_USERS = [BATCH_USERS]
+DEMO_USERS = [BATCH_USERS]  # closed loop: every batch full, each server busy, a request's latency one batch's
 DEMO_ROUNDS = 3
 DEMO_DURATION_S = 8.0
 DEMO_WARMUP_S = 3.0
