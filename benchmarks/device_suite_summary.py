@@ -11,13 +11,13 @@ an interrupted run still has a summary of what finished; a step that yielded lit
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
 
 from packrat.profiling.plots import SHORT_RUNTIMES
 from packrat.profiling.profiles import held
+from packrat.serving.node.files import read_json  # None where missing or half-written (a step stopped)
 
 from packrat.bench import oracle_configs, oracle_report, peers_report
 from packrat.bench.harness import doc_parser
@@ -36,14 +36,6 @@ FILES = {"profile": ["{MODEL}.csv", "{MODEL}-search.json", "{MODEL}-plans.json"]
 def _ratio(top, bottom) -> str:
     ok = all(v is not None and math.isfinite(v) for v in (top, bottom)) and bottom
     return f"{top / bottom:.2f}×" if ok else "-"
-
-
-def read_json(path: Path):
-    """The JSON in `path`; None where it is missing or not JSON (a command stopped while writing it)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def read_log(out: Path) -> tuple[dict[str, list[str]], dict[str, dict]]:
