@@ -2,12 +2,9 @@
 
     python benchmarks/device_suite_summary.py OUT_DIR
 
-Reads OUT_DIR/machine.json, OUT_DIR/steps.tsv (the suite's log: where its budgets come from, a `cmd`
-row per command, a `step` row per finished step) and each step's files; writes OUT_DIR/SUMMARY.md:
-the machine, each step's time against its budget, its commands and tables in BENCHMARKS.md's layout,
-and the files a step left missing, with its status (why). The suite calls this after every step, so
-an interrupted run still has a summary of what finished; a step that yielded little raises nothing.
-"""
+From machine.json, steps.tsv (the suite's log) and each step's files: the machine, each step's time
+against its budget, its commands and tables, and the files a step left missing. The suite calls it
+after every step, so an interrupted run still has a summary."""
 
 from __future__ import annotations
 

@@ -3,15 +3,10 @@ to the truth than the profile's own, checked on pairs of profiles of one model.
 
     .venv/bin/python benchmarks/inferred_check.py PROFILE_A PROFILE_B [PROFILE_A PROFILE_B ...] [--json OUT]
 
-For each pair, A plays the profile a server plans with and B what its instances would serve (another
-day, allocator or load: ../shared/reference-profiles has glibc and tcmalloc tables of the same 16-core
-machine; two `packrat profile` runs of one model are another such pair). Every point of B that differs
-from A by more than the correction margin is taken, in turn, as the one served point (a correction).
-For each figure the rules infer from it, the check counts whether the inferred figure is closer to
-B's than A's was, and reports per rule: how many figures, the share that came closer, and the
-median relative error |x - B| / B before (A) and after (inferred). Model-only figures are compared,
-as a served model stage is.
-"""
+A plays the profile planned with, B what the instances serve (another day, allocator or load).
+Each point of B beyond the correction margin is taken in turn as the one correction; per rule, how
+many inferred (model-only) figures came closer to B's than A's were, and the median relative
+error before and after."""
 from __future__ import annotations
 
 import json

@@ -1,15 +1,9 @@
-"""A pool instance against its own profile point, side by side on the same cores.
+"""A pool instance against its own profile point, side by side on the same cores (packrat/bench/instance.py).
 
     .venv/bin/python benchmarks/instance_gap.py [--models squeezenet,resnet50] [--runtimes inductor,openvino,onnxruntime]
                                                 [--batches 1,4,8] [--threads T] [--rounds 3] [--iters 30] [--json OUT]
 
-For each model, runtime and batch b: the profile point ⟨T threads, b⟩ measured as `packrat profile`
-measures it (a fresh process pinned to the cores) and a pool of one instance ⟨T, b, runtime⟩ on the
-same cores answering b raw-tensor requests per batch, in interleaved rounds (packrat/bench/instance.py).
-The table gives the medians over rounds with their spread, the instance's model stage and whole
-batch against the point, and where the rest of the batch went (decode, encode, the hop). A runtime
-that is not installed, or cannot run the model, is reported and skipped.
-"""
+A runtime that is not installed, or cannot run the model, is reported and skipped."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
 """The node under faults (issue 33): several packrat models in one TorchServe, each under
-closed-loop locust load, while the faults of packrat/bench/node_chaos.py strike one at a time.
+closed-loop locust load, while the faults of packrat/bench/node_chaos.py strike one at a time,
+each in a window of --window-s of its own (the re-register and move faults act on --target).
 
     .venv/bin/python benchmarks/node_chaos.py                     # resnet50, squeezenet, bert_base
     .venv/bin/python benchmarks/node_chaos.py --faults owner-kill,owner-stop --window-s 40
 
-Each model gets --users closed-loop users for the whole run (JPEG, or text for BERT); after
---warmup-s, each fault of --faults strikes in a window of --window-s seconds of its own (the
-re-register and move faults act on --target). Printed and written (--out: node_chaos.json with every
-figure, node_chaos.md): per fault what was done, how long the node was not whole and when it was
-whole again (from the fault's start and from the end of the injected condition), how long a move
-was under way, the lease's epochs, and per model the requests sent in the window, those that failed (with reasons) and their
-p99; `packrat status` during and after each fault is in the JSON.
-"""
+Per fault: how long the node was not whole, a move under way, the lease's epochs, and per model
+the requests sent, failed and their p99; --out holds node_chaos.md and node_chaos.json."""
 
 from __future__ import annotations
 

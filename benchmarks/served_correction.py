@@ -1,16 +1,9 @@
-"""A plan picked on split figures 30 % too optimistic, corrected from what its instances serve.
+"""A plan picked on split figures 30 % too optimistic, corrected from what its instances serve
+(packrat/bench/correction.py).
 
     .venv/bin/python benchmarks/served_correction.py --profile profiles/squeezenet.csv --model squeezenet
                                                      [--batch 4] [--seconds 150] [--skew 0.7] [--point T,B]
-                                                     [--json OUT]
-
-The profile's points with fewer threads than this machine's cores (or --point alone, under every
-runtime) are made --skew times their figures (model-only and served); the engine (in this process, no TorchServe) serves the plan they pick under a closed loop of
---batch users for --seconds (packrat/bench/correction.py). Printed: the plan the skewed profile
-picked, the plan the true profile picks, when the engine switched on the served figures and to
-what, the plan it ended on, requests sent and failed, and each instance's predicted and served
-model time.
-"""
+                                                     [--json OUT]"""
 
 from __future__ import annotations
 
