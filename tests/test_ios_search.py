@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -257,16 +258,23 @@ def test_confirmed_choices_are_optimal_despite_lucky_first_timings(seed, n, dens
     assert confirmed.cost == pytest.approx(truth.cost)
 
 
+@functools.cache
+def captured(model: str):
+    """`model`'s graph at batch 1, captured once for every thread count the tests search it on."""
+    from packrat.ios_scheduler.graph import capture
+    from packrat.models.zoo import resolve
+
+    spec = resolve(model)
+    return capture(spec.build(), (spec.example_input(1),))
+
+
 def search_counts(model: str, threads: int) -> tuple[int, int]:
     """(DP states, stage candidates costed) of the whole search of `model` at batch 1 on `threads`,
     its parts as the search cuts them, with synthetic costs: no timing. An operator's work grows
     with its outputs' size; a group of k threads runs at speed k^0.6, plus a fixed cost per group."""
     from packrat.ios_scheduler.api import DEFAULT_MAX_PART_SIZE
-    from packrat.ios_scheduler.graph import capture
-    from packrat.models.zoo import resolve
 
-    spec = resolve(model)
-    graph = capture(spec.build(), (spec.example_input(1),))
+    graph = captured(model)
     states = candidates = 0
     for part in graph.parts(DEFAULT_MAX_PART_SIZE):
         work = [1.0 + (part.start + op) % 7 for op in range(len(part))]
