@@ -371,7 +371,9 @@ def test_the_engine_tells_the_node_its_fenced_cores():
     from packrat.serving.engine import Engine
 
     engine = Engine.__new__(Engine)
-    engine.controller, engine._batch_now = None, 4
-    engine.corrector = SimpleNamespace(profile=SimpleNamespace(items=lambda: [(1, 4, 2.0)]))
+    engine.controller, engine._batch_now, engine._node_items_for = None, 4, (None, None, [])
+    engine.corrector = SimpleNamespace(profile=SimpleNamespace(
+        items=lambda: [(1, 4, 2.0)], points=lambda: {(1, 4, "onnxruntime"): 2.0}, threads=[1], batches=[4]))
     engine.pool = SimpleNamespace(outstanding=0, fenced_cores=lambda: frozenset({3, 1}))
     assert engine._describe()["fenced"] == [1, 3]
+    assert engine._describe()["items"] == [[1, 4, 2.0]]  # nothing to fill: one thread, one batch
