@@ -142,6 +142,17 @@ def test_each_instance_carries_the_runtime_of_its_point():
     assert planner.fat(2, 2).describe() == "1×⟨2 threads, batch 2⟩"
 
 
+def test_an_unprofiled_fat_instance_runs_the_runtime_chosen_nearest_it():
+    """A fat instance at a point the profile never measured (a node's share of fewer cores) runs
+    what the profile chose nearest, the same threads first, not the default runtime's package."""
+    runtimes = {(1, 1): "openvino", (1, 8): "onnxruntime", (2, 4): "onnxruntime-thread"}
+    planner = Planner([(1, 1, 10.0), (1, 8, 80.0), (2, 4, 25.0)], 1, 4, runtimes)
+    assert planner.fat(1, 4).instances[0].runtime == "onnxruntime"  # batch 8 nearer 4 than 1 (log)
+    assert planner.fat(1, 2).instances[0].runtime == "openvino"
+    assert planner.fat(2, 8).instances[0].runtime == "onnxruntime-thread"  # threads first
+    assert Planner([(1, 1, 10.0)], 1, 4).fat(1, 4).instances[0].runtime == "inductor"  # nothing chosen
+
+
 def test_large_table_is_complete():
     items = [(t, 2 ** k, (2 ** k) * 100.0 / t ** 0.7) for t in range(1, 65) for k in range(11)]
     planner = Planner(items, 64, 1024)

@@ -21,6 +21,8 @@ fewer threads. That is a second, additive DP over the items with L ≤ L*
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -143,7 +145,14 @@ class Planner:
         return Plan(threads, batch, (Instance(threads, batch, fat, tuple(cores), self.runtime(threads, batch)),), fat, fat)
 
     def runtime(self, threads: int, batch: int) -> str:
-        return self.runtimes.get((threads, batch), DEFAULT_RUNTIME)
+        """The runtime chosen at ⟨threads, batch⟩; at a point never measured, the one chosen nearest
+        it (the same threads first): the default runtime there may first build a package for minutes
+        (ResNet-50's fat ⟨1, 4⟩ in compile mode, on a node's one-core share, was still compiling when
+        its load ended)."""
+        if not self.runtimes or any(item[:2] == (threads, batch) for item in self.items):
+            return self.runtimes.get((threads, batch), DEFAULT_RUNTIME)
+        nearest = min(self.runtimes, key=lambda p: (abs(math.log(p[0] / threads)), abs(math.log(p[1] / batch)), p))
+        return self.runtimes[nearest]
 
     def _fewest_instances(self, threads: int, batch: int, bound: float) -> list[Item]:
         """Among plans whose every instance has L ≤ bound: fewest instances, then fewest threads."""
