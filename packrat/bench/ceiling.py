@@ -1,11 +1,7 @@
 """The front end's ceiling (`packrat bench http --ceiling`): requests a second one front-end process
 answers, and its CPU time per answer, with a model of next to no cost, against the plain server
 (packrat/bench/plain_server.py); then one front end against one per core (--front-ends N).
-
-Interleaved rounds, closed-loop binary v2 load from kept-alive connections (load_client.py). The
-figure is answers per CPU second of the front ends, "req/s per front-end core", what
-`--front-ends auto` divides the plans' capacity by. Verdicts: packrat's at least the plain
-server's (paired per round), and the front ends on every core answering more than one."""
+docs/serving.md ("The front end's ceiling") says how, and what `--front-ends auto` does with it."""
 
 from __future__ import annotations
 
@@ -19,7 +15,6 @@ from pathlib import Path
 
 from packrat.bench.rounds import in_rounds, median_spread, paired
 
-CONNECTIONS = 32
 CLIENT_WARMUP_S = 1.0
 
 
@@ -33,8 +28,7 @@ class Case:
 
 
 def cases(cores: Sequence[int]) -> list[Case]:
-    """The cases on these cores: one front end alone on the last core (packrat and plain), then
-    one front end and one per core on all of them (with two cores or more)."""
+    """One front end alone on the last core (packrat, plain); then on all of them, one and one per core."""
     cores = tuple(cores)
     last, others = cores[-1:], cores[:-1] or cores
     found = [Case("packrat", "packrat", 1, last, others), Case("plain", "plain", 1, last, others)]
@@ -56,8 +50,7 @@ def figures(answers: int, failed: int, seconds: float, front_cpu_s: float, insta
 
 
 def summarise(runs: Sequence[Mapping], names: Sequence[str]) -> dict:
-    """Per case: each figure's median_spread over rounds and the failures summed; the paired ratios
-    (packrat / plain req/s per front-end core; several front ends / one, req/s on all cores) and the
+    """Per case each figure's median_spread over rounds, failures summed; the paired ratios of the
     verdicts. `runs`: one {"case", "round", **figures} per load."""
     summary = {"cases": {}}
     for name in names:
@@ -116,8 +109,7 @@ def _cores(cores: Sequence[int]) -> str:
 # ---- the measurement --------------------------------------------------------------------------------
 
 def front_end_pids(root: int) -> tuple[list[int], list[int]]:
-    """(front-end processes, their instance processes) of a server whose top process is `root`: a
-    supervisor's children that are servers, or `root` itself."""
+    """(front-end pids, their instances' pids) under `root`: a supervisor's server children, or `root`."""
     import psutil
 
     top = psutil.Process(root)
@@ -140,8 +132,7 @@ def cpu_s(pids: Sequence[int]) -> float:
 
 
 def load_once(case: Case, port: int, root: int, request: bytes, connections: int, seconds: float, pool) -> dict:
-    """One case's load: client processes (one per client core) in a closed loop, the servers' CPU read
-    at the measured window's edges."""
+    """One case's closed-loop load, a client per client core; the servers' CPU read at the window's edges."""
     from packrat.bench.load_client import LoadSpec, merged, run_client
 
     fronts, instances = front_end_pids(root)
@@ -161,8 +152,7 @@ def load_once(case: Case, port: int, root: int, request: bytes, connections: int
 
 
 def run(args, log) -> dict:
-    """Every case's server started, the rounds run; the report (JSON-able), also in OUT/ceiling.json,
-    and packrat's req/s per front-end core written where `--front-ends auto` reads it."""
+    """The rounds: the report (also OUT/ceiling.json); packrat's figure written for `--front-ends auto`."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 

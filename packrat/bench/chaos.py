@@ -56,8 +56,7 @@ BEFORE_FAULTS = "before faults"
 # ---- pure: schedule, attribution, summaries, tables ---------------------------------------------
 
 def fault_schedule(kinds: Sequence[str], every_s: float, duration_s: float) -> list[tuple[float, str]]:
-    """(seconds after the load started, kind) for each fault: at every_s, 2·every_s, ... before
-    duration_s, cycling through kinds."""
+    """(seconds after the load started, kind) per fault: every every_s before duration_s, kinds cycled."""
     if every_s <= 0:
         raise ValueError(f"the fault interval must be > 0 s, got {every_s}")
     count = max(0, math.ceil(duration_s / every_s) - 1)
@@ -65,15 +64,13 @@ def fault_schedule(kinds: Sequence[str], every_s: float, duration_s: float) -> l
 
 
 def window_index(t: float, fault_times: Sequence[float]) -> int:
-    """Which fault window t falls in: the index of the last fault at or before t; -1 before the first.
-    fault_times must be sorted."""
+    """The index of the last of the sorted fault_times at or before t; -1 before the first."""
     return bisect.bisect_right(fault_times, t) - 1
 
 
 def by_window(records: Iterable[RequestRecord], fault_times: Sequence[float]) -> dict[int, list[RequestRecord]]:
-    """Records grouped by fault window (-1: before the first fault): the window of the first fault that
-    struck while the request was in flight, else the one its answer (or error) arrived in. A request
-    stranded by a fault and given up on by the client much later is thus the fault's, not a later one's."""
+    """Records by fault window (-1: before the first): the first fault that struck while in flight, else
+    the one it ended in, so a request stranded by a fault and given up on later is that fault's."""
     groups: dict[int, list[RequestRecord]] = {}
     for record in records:
         sent, ended = window_index(record.start, fault_times), window_index(record.end, fault_times)
@@ -92,8 +89,7 @@ def late_count(records: Iterable[RequestRecord], deadline_s: float) -> int:
 
 
 def summarise_kinds(faults: Sequence[Mapping], kinds: Sequence[str]) -> list[dict]:
-    """Per fault kind (in `kinds` order, kinds that never fired left out): count, the failures in
-    their windows by status, median and max recovery_s of those that recovered, and how many did not."""
+    """Per kind that fired (`kinds` order): count, failures by status, median and max recovery_s, not recovered."""
     rows = []
     for kind in kinds:
         mine = [f for f in faults if f["kind"] == kind]

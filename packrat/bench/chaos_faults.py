@@ -1,6 +1,5 @@
-"""packrat bench chaos's faults (chaos.py runs them): the processes under one TorchServe tracked and
-sampled (its workers, their pool instances, the /dev/shm segments they hold, what is left after its
-stop), and each fault struck and watched until the server is at full strength again."""
+"""packrat bench chaos's faults (chaos.py runs them): one TorchServe's processes and segments tracked
+and sampled, and each fault struck and watched until the server is at full strength again."""
 
 from __future__ import annotations
 
@@ -189,8 +188,7 @@ class Injector:
     # -- full strength --
 
     def status(self, timeout_s: float = STATUS_WAIT_S) -> dict | None:
-        """The packrat handler's status, None when unreachable, slower than timeout_s (the management
-        API holds a describe for up to 30 s while the worker is gone) or with the stock handler."""
+        """The packrat handler's status; None if stock, unreachable or late (a describe waits 30 s for a gone worker)."""
         if self.handler != "packrat":
             return None
         return bounded(lambda: torchserve.handler_status(self.server), timeout_s)
@@ -226,8 +224,7 @@ class Injector:
         return full and switched, status
 
     def wait(self, check: Callable[[], tuple[bool, dict | None]], deadline: float) -> tuple[float | None, dict | None]:
-        """Poll check() until it holds or `deadline` (unix time) passes: (when it held, None if not in time;
-        the last handler status seen)."""
+        """Poll check() until `deadline` (unix time): (when it held or None, the last handler status seen)."""
         last = None
         while time.time() < deadline:
             ok, status = check()

@@ -20,8 +20,7 @@ SKEWED = ("latency_ms", "isolated_ms", "served_ms", "served_isolated_ms")  # eve
 
 
 def skewed_profile(source: Path, out: Path, skew: float, cores: int, point: tuple[int, int] | None = None) -> None:
-    """`source` with every point of fewer than `cores` threads (or, given `point`, that ⟨threads,
-    batch⟩ alone, under every runtime) made `skew` times as fast: each of its SKEWED figures."""
+    """`source` with the SKEWED figures of its points under `cores` threads (or `point`'s alone) times `skew`."""
     lines = source.read_text().splitlines(keepends=True)
     meta = [line for line in lines if line.startswith("#")]
     rows = list(csv.DictReader(line for line in lines if not line.startswith("#")))
@@ -41,8 +40,7 @@ def skewed_profile(source: Path, out: Path, skew: float, cores: int, point: tupl
 
 def correction_run(model: str, profile: Path, batch: int, seconds: float, skew: float = 0.7,
                    progress=None, point: tuple[int, int] | None = None, served_dir: Path | None = None) -> dict:
-    """The run of the module's doc (`point`: skew that ⟨threads, batch⟩ alone; `served_dir`: where
-    the served-latency file is kept); `progress(elapsed_s)` about once a second."""
+    """The run of the module's doc; `progress(elapsed_s)` about once a second."""
     from packrat.codec.payloads import build_payload
     from packrat.serving.engine import Engine
     from packrat.settings import SERVED_DIR_ENV, Settings

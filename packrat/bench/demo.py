@@ -30,20 +30,17 @@ AT_SCALE_THREADS, AT_SCALE_BATCHES = 16, (8, 32, 128)
 
 
 def demo_profile_path(model: str, graph_mode: str) -> Path:
-    """profiles/MODEL.csv in the default mode (the profile serve, archive and bench use), else
-    profiles/MODE-MODEL.csv: a profile holds one mode, and another must not replace it."""
+    """profiles/MODEL.csv in the default mode, else profiles/MODE-MODEL.csv: a profile holds one mode."""
     return default_profile_path(model, "" if graph_mode == DEFAULT_MODE else f"{graph_mode}-")
 
 
 def careful_runtime(profile: Profile, threads: int, batch: int) -> str:
-    """The runtime a careful user would run one session of: the profile's fastest at ⟨threads, batch⟩
-    (in-process, whatever kind packrat hosts it as)."""
+    """What a careful user runs one session of: the profile's fastest at ⟨threads, batch⟩, in-process."""
     return base_runtime(profile.runtimes.get((threads, batch), DEFAULT_RUNTIME))
 
 
 def demo_configs(careful: str, graph_mode: str) -> tuple:
-    """The three servers (name, handler, plan mode, settings): stock TorchServe running the eager
-    model as a user's handler would, one session of `careful` on every core, packrat's plan."""
+    """(name, handler, plan mode, settings): stock TorchServe on the eager model, one `careful` session, packrat."""
     return (("stock", "stock", "auto", {"graph_mode": "eager"}),
             ("careful", "careful", "auto", {"runtime": careful, "graph_mode": graph_mode}),
             ("packrat", "packrat", "auto"))

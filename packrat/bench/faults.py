@@ -46,8 +46,7 @@ def pool_instances(root_pid: int, marker: str = POOL_MARKER) -> list[psutil.Proc
 
 
 def kill_one(root_pid: int, marker: str = POOL_MARKER, skip: Collection[int] = ()) -> int | None:
-    """SIGKILL the longest-lived pool instance under root_pid, `skip` aside: its pid, or None. Killed
-    instances respawn as new processes, so taking the oldest goes round robin over the slots."""
+    """SIGKILL the oldest pool instance under root_pid but `skip`'s (respawns make it round robin): its pid."""
     for proc in pool_instances(root_pid, marker):
         if proc.pid in skip:
             continue
@@ -60,9 +59,7 @@ def kill_one(root_pid: int, marker: str = POOL_MARKER, skip: Collection[int] = (
 
 
 class InstanceKiller(Periodic):
-    """While active, kills one pool instance under the root process every `every_s` seconds.
-
-    `root_pid` is a pid or a function returning one (None: nothing to kill this time)."""
+    """While active, kills a pool instance under `root_pid` (or what a function of it gives) every `every_s`."""
 
     def __init__(self, root_pid: int | Callable[[], int | None], every_s: float, marker: str = POOL_MARKER):
         if every_s <= 0:
@@ -84,7 +81,6 @@ class InstanceKiller(Periodic):
             self.misses += 1
         else:
             self.killed.append((time.time(), pid))
-
 
 
 @contextmanager

@@ -1,6 +1,5 @@
-"""The processes and threads a measurement runs: command lines, pinned child processes, workers
-that live across rounds, threads that tick, the memory left, pool requests. Nothing here imports
-torch at import time: a command that only formats figures stays light."""
+"""The processes and threads a measurement runs: command lines, pinned children, workers across rounds,
+threads that tick, pool requests. No torch at import time: a command that only formats stays light."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from packrat.settings import COMPILE_CACHE_ENV
 
 
 def doc_parser(doc: str, examples: str = "") -> argparse.ArgumentParser:
-    """A parser whose help is the benchmark's docstring: its first paragraph as the description,
-    the rest (then `examples`) after the options, line breaks kept."""
+    """A parser whose help is `doc`: its first paragraph before the options, the rest and `examples` after."""
     description, _, rest = doc.strip().partition("\n\n")
     epilog = "\n\n".join(part for part in (rest, examples) if part) or None
     return argparse.ArgumentParser(description=description, epilog=epilog,
@@ -44,8 +42,7 @@ def first_cores(count: int) -> list[int]:
 
 
 def pin(cores: Sequence[int]) -> None:
-    """This process on `cores`, torch with a thread per core and one inter-op thread: what a
-    timed child does first, before torch runs anything."""
+    """This process on `cores`, torch with a thread per core and one inter-op: a timed child's first step."""
     os.sched_setaffinity(0, cores)
     import torch
 
@@ -54,16 +51,14 @@ def pin(cores: Sequence[int]) -> None:
 
 
 def fresh_compile_caches(scratch: Path) -> dict[str, str]:
-    """This process's environment with inductor's and packrat's compile caches in `scratch`, for
-    the children: the first to compile does it cold, the later ones load what it built."""
+    """An environment with the compile caches in `scratch`: the first child compiles cold, the others load it."""
     return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
             COMPILE_CACHE_ENV.name: str(scratch / "compiled")}
 
 
 def child_json(command: Sequence[str], *, marker: str = "", **run) -> dict:
-    """Run a child process; its result is the JSON on its last stdout line that starts with
-    `marker` (libraries print there too). When it fails, times out (`timeout`, passed on with
-    the other keywords to subprocess.run) or prints no result: {"error": why}."""
+    """The JSON on a child's last stdout line starting with `marker` (libraries print there too); {"error":
+    why} when it fails, prints none or outlasts `timeout` (`run` goes to subprocess.run)."""
     try:
         done = subprocess.run(list(command), capture_output=True, text=True, check=False, **run)
     except subprocess.TimeoutExpired:
@@ -76,9 +71,8 @@ def child_json(command: Sequence[str], *, marker: str = "", **run) -> dict:
 
 
 class Worker:
-    """A process that lives across requests (its model loaded once, then asked again and again):
-    serve(connection, *args) runs in it, with `env` in its environment, answering each request it
-    receives on `connection` with one answer, until the connection closes."""
+    """A process that keeps its model across requests: serve(connection, *args) runs in it with `env`,
+    answering each request on `connection` until it closes."""
 
     def __init__(self, serve: Callable, *args, env: dict | None = None):
         import multiprocessing
@@ -134,8 +128,7 @@ def log(message: str) -> None:
 
 
 def raise_open_files() -> int:
-    """This process's open-file limit raised to its hard limit (the server and locust inherit it:
-    each open-loop user holds a connection); the limit now."""
+    """The open-file limit, raised to the hard one for the children (an open-loop user holds a connection)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -153,8 +146,7 @@ def error_text(exc: BaseException) -> str:
 
 
 def pool_requests(spec, batch: int, v2: bool = False) -> list:
-    """The zoo spec's example batch as `batch` pool requests, one per sample, as a client sends
-    them (raw tensor bytes for one input, a KServe v2 JSON body for several, or always with `v2`)."""
+    """The spec's example batch as `batch` pool requests: raw tensors, or v2 JSON (several inputs, or `v2`)."""
     from packrat.codec.forms import sample_request
     from packrat.serving.pool.api import Request
 
@@ -162,8 +154,7 @@ def pool_requests(spec, batch: int, v2: bool = False) -> list:
 
 
 def bounded(fn: Callable[[], object], timeout_s: float, default=None):
-    """fn()'s result, or `default` when it raises or takes longer than timeout_s (it then runs on in
-    a daemon thread, its result dropped)."""
+    """fn()'s result, or `default` when it raises or outlasts timeout_s (left running in a daemon thread)."""
     box: list = []
 
     def call() -> None:
@@ -189,8 +180,7 @@ def wait_until(check: Callable[[], object], timeout_s: float, poll_s: float = 0.
 
 
 class Periodic:
-    """While active (a with block), calls self.tick() (or `tick`, given) every `every_s` seconds in
-    a daemon thread; with `at_once`, first as it starts."""
+    """In a with block, calls tick() every `every_s` s in a daemon thread (first at once with `at_once`)."""
 
     def __init__(self, every_s: float, name: str, tick: Callable[[], object] | None = None, at_once: bool = False):
         self.every_s, self.at_once = every_s, at_once

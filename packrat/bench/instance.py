@@ -1,7 +1,6 @@
 """An instance against its profile point (`benchmarks/instance_gap.py`): is a pool instance as fast
-as the profiler said it would be? The point as `packrat profile` times it (a fresh pinned process)
-and a one-instance pool on the same cores, in interleaved rounds: the instance's model stage and
-whole batch over the point, and its stages."""
+as the profiler said? The point as `packrat profile` times it and a one-instance pool on the same
+cores, in interleaved rounds: its model stage and whole batch over the point, and its stages."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """A light closed-loop HTTP load (`packrat bench http --ceiling`): kept-alive connections sending the
 same pre-built bytes on asyncio, reading only status and length, so one client process outruns the
-front end it loads (locust would need a core for it). Clients start together on CLOCK_MONOTONIC and
-count only the answers inside the window, so the server's CPU time can be read at its edges."""
+front end it loads. Answers count inside a common window, the server's CPU read at its edges."""
 
 from __future__ import annotations
 
@@ -16,9 +15,8 @@ HEADER_END = b"\r\n\r\n"
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """One client process's part: `connections` to host:port, each sending `request` (a whole HTTP
-    request) in a closed loop from `start_at` (time.monotonic()) until the window's end; answers
-    counted from `start_at + warmup_s` for `seconds`; pinned to `cores` (None: not pinned)."""
+    """One client process's part: `connections` sending `request` (whole HTTP) in a closed loop from `start_at`
+    (monotonic), answers counted in its window, `warmup_s` later for `seconds`; on `cores` if given."""
 
     host: str
     port: int
@@ -136,8 +134,7 @@ def run_client(spec: LoadSpec) -> dict:
 
 
 def merged(results: Sequence[dict]) -> dict:
-    """The client processes' counts together: answers (200), failed (any other status, or a
-    connection lost or refused), latencies."""
+    """The clients' counts together: answers (200), failed (another status, a connection lost), latencies."""
     statuses: dict[int, int] = {}
     for result in results:
         for status, count in result["statuses"].items():

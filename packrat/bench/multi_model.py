@@ -1,7 +1,6 @@
 """Several models on one machine, their figures (`packrat bench multi-model`): each phase's statistics
-from the models' request logs, normalised to the same round's "alone" (each model served by itself),
-the node's lead over the other configurations, the rounds' order and their medians with spread.
-Pure: plain data in, plain data out (request records need only .start, .response_ms and .failed)."""
+normalised to the same round's "alone" (each model served by itself), the node's lead over the other
+configurations, the rounds' order and medians. Pure (records need .start, .response_ms, .failed)."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ def phase_stats(records, begin: float, end: float) -> dict:
 
 
 def phase_windows(phases: list[Phase], launched: float) -> list[tuple[Phase, float, float]]:
-    """Each measured phase with the window its statistics cover: locust's users start about a second
-    after launch, and each phase's first settle_s seconds are left out."""
+    """Each measured phase's window: locust starts a second after launch; a phase's settle_s is left out."""
     windows, start = [], launched + 1.0
     for phase in phases:
         if phase.measured:
@@ -55,8 +53,8 @@ def plan_at(plans: list, when: float) -> dict:
 
 
 def summarise(phases: list[Phase], runs: dict, plans: list | None = None) -> dict:
-    """Per measured phase each loaded model's statistics and users (`runs`: {model: (launch time,
-    records)}), with `plans` its expected slowdown at the phase's end; failures over the whole run."""
+    """Per measured phase each loaded model's statistics (and, with `plans`, expected slowdown); all failures.
+    `runs`: {model: (launch time, records)}."""
     out = {"phases": {p.name: {"models": {}} for p in phases if p.measured},
            "failed_requests": sum(r.failed for _, recs in runs.values() for r in recs),
            "requests": sum(len(recs) for _, recs in runs.values())}
@@ -71,8 +69,7 @@ def summarise(phases: list[Phase], runs: dict, plans: list | None = None) -> dic
 
 
 def of_alone(summary: dict, alone: dict) -> dict:
-    """`summary` with each model's throughput over its alone figure at its users count (`alone`: the
-    same round's alone summary) and the slowdown (the inverse); per phase their sum and the worst."""
+    """`summary` with each model's rps over `alone`'s at its users, the slowdown; per phase their sum, the worst."""
     phases = {}
     for name, body in summary["phases"].items():
         models = {}
@@ -87,8 +84,7 @@ def of_alone(summary: dict, alone: dict) -> dict:
 
 
 def leads(configs: dict) -> dict:
-    """One round's {other configuration: {phase: LEAD's of alone over the other's per model ("models"),
-    the worst model's ("worst") and the sums' ("sum")}}, from configurations as of_alone gives them."""
+    """One round's {other config: {phase: LEAD's of-alone over its, per model ("models"), "worst", "sum"}}."""
     if LEAD not in configs:
         return {}
     out = {}

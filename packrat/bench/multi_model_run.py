@@ -119,8 +119,7 @@ def load_models(served: dict[str, tuple], phases: list[Phase], payloads: dict, o
 # ---- the node over time -------------------------------------------------------------------------
 
 def node_watch(root: Path):
-    """A Periodic that reads the node's plan (packrat.serving.node.read_state) every second: each model's cores and turns over
-    time (`samples`), its expected slowdown (`plans`), and the last state seen (`state`, with the moves)."""
+    """The node's state read every second: models' cores (`samples`), slowdowns (`plans`), the last `state`."""
     from packrat.bench.harness import Periodic
 
     class NodeWatch(Periodic):
@@ -145,9 +144,8 @@ def node_watch(root: Path):
 
 
 def plot_cores(samples: list, phases: list[Phase], path: Path) -> Path:
-    """Which model runs on each core over time (seconds since the load began): a row per core, a
-    band per model holding it; models taking turns on a core split its row. `samples`:
-    [(t, {model: (cores, in_turns)})], about a second apart."""
+    """Which model runs on each core over time: a row per core, a band per model (turns split the row).
+    `samples`: [(t, {model: (cores, in_turns)})], about a second apart."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -190,8 +188,7 @@ def payloads_for(models: list[str], out: Path) -> tuple[dict, Path | None]:
 
 
 def measure_alone(models: list[str], phases: list[Phase], args, out: Path, payloads, tokenizer) -> dict:
-    """Each model through `phases` (a phase per users count) alone on a packrat server of its own, one
-    after the other: one summary, as if they were one configuration."""
+    """Each model in turn through `phases` alone on a packrat server: one summary, as of one configuration."""
     runs = {}
     for model in models:
         with ExitStack() as stack:
@@ -202,8 +199,7 @@ def measure_alone(models: list[str], phases: list[Phase], args, out: Path, paylo
 
 def measure_config(config: str, models: list[str], phases: list[Phase], args, out: Path, payloads, tokenizer,
                    plot: Path) -> tuple[dict, dict]:
-    """One configuration through `phases`: its summary and, for packrat-node, the node's moves and
-    cores over time (plotted at `plot`)."""
+    """One configuration through `phases`: its summary and, for packrat-node, its moves and cores (`plot`)."""
     from packrat.serving.node import node_dir
     from packrat.settings import NODE_DIR_ENV
 
@@ -252,8 +248,7 @@ def run_part(part: str, models: list[str], phases: list[Phase], args, out: Path)
 
 
 def report(results: dict) -> str:
-    """A part's tables (markdown): per configuration, phase and model the medians over rounds with
-    their spread; packrat-node's leads; failures over all rounds; each round's order and node moves."""
+    """A part's markdown: medians per configuration, phase and model; the node's leads; failures; rounds."""
     summary, n = results["summary"], results["rounds"]
     rows = []
     for config, body in summary["configs"].items():

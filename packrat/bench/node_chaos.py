@@ -44,8 +44,7 @@ AFTER_RETURN_S = 5.0  # an injected move fault lasts at least this long after th
 # ---- the node's state, read from its directory (pure parts first) -------------------------------
 
 def whole(members: list[dict]) -> bool:
-    """Every member has cores, and two members' cores meet only where both take turns (where each
-    serves now, as its heartbeat says: a move under way is whole, its steps are built to be)."""
+    """Every member has cores (as its heartbeat says), two members' meeting only where both take turns."""
     if not members or any(not m.get("share") for m in members):
         return False
     return all(not (set(a["share"][0]) & set(b["share"][0])) or (a["share"][1] and b["share"][1])
@@ -61,8 +60,7 @@ def in_motion(state: dict | None, members: list[dict]) -> bool:
 
 
 def moves_since(state: dict | None, started: float) -> str:
-    """The node's moves begun since `started` (unix time), in words: how many, how many failed, the
-    slowest, the first failure's reason."""
+    """The node's moves since `started` in words: how many, failed, the slowest, the first failure's reason."""
     moves = [m for m in (state or {}).get("moves", []) if m["started_at"] >= started]
     failed = [m for m in moves if m.get("failed")]
     slowest = max((m["seconds"] for m in moves if m.get("seconds") is not None), default=None)
@@ -148,8 +146,7 @@ class Fault:
 
 
 class Chaos:
-    """The faults, struck at one server: `server` (packrat.deploy.torchserve.Server, model API on),
-    `mars` {model: archive}, `node` its NodeDir; `status()` gives `packrat status`'s text."""
+    """The faults, struck at one TorchServe `server` (model API on) of `mars` {model: archive} and `node`."""
 
     def __init__(self, server, mars: dict[str, Path], node: NodeDir, *, stop_s: float = 30.0, slow_s: float = 20.0,
                  fail_s: float = 10.0, window_s: float = 45.0, log=print):
@@ -232,8 +229,7 @@ class Chaos:
         self._moves_struck(fault, {"fail": "a chaos run's move-fail"}, self.fail_s, f"fail for {self.fail_s:g} s")
 
     def _moves_struck(self, fault: Fault, injected: dict, window_s: float, how: str) -> None:
-        """Every other model's moves struck by `injected` while the target leaves and comes back, for
-        `window_s` from the fault's start (AFTER_RETURN_S after it came back at least)."""
+        """The other models' moves struck by `injected` for `window_s` while the target leaves and returns."""
         others = self._inject(fault.target, injected)
         self._leave_and_return(fault.target)
         time.sleep(max(AFTER_RETURN_S, window_s - (time.time() - fault.started)))
@@ -242,9 +238,8 @@ class Chaos:
                       f"{moves_since(read_state(self.node.root), fault.started)}")
 
     def _leave_and_return(self, target: str) -> None:
-        """The target unregistered, then registered again 5 s later: the others' cores change on one of
-        the two (which one depends on the plan: a leaving model's cores may go to the others, or a
-        joining one be planned in turns on cores they keep), so an injected fault strikes."""
+        """The target unregistered and registered again 5 s later: the others' cores change on one of the two
+        (the plan says which), so an injected fault strikes."""
         from packrat.deploy import torchserve
 
         if target in self.live:
@@ -267,9 +262,8 @@ class Chaos:
             path.unlink(missing_ok=True)
 
     def _unregister(self, model: str) -> None:
-        """DELETE /models/MODEL. TorchServe 0.12 may answer 500 while the model is under load (a
-        ConcurrentModificationException as it fails the model's queued jobs) though the model goes:
-        then wait until it is gone, and say so."""
+        """DELETE /models/MODEL; TorchServe 0.12 may answer 500 under load (a ConcurrentModificationException)
+        though the model goes: then wait until it has, and say so."""
         import urllib.error
 
         from packrat.deploy import torchserve

@@ -1,6 +1,5 @@
-"""The oracle's report (packrat bench oracle; oracle.py measures), pure: from the JSON-able results,
-per B the best configuration and the planner's choices as paired ratios to it, the verdicts against
-the targets, the markdown table; several runs merged, or judged against another profile's choices."""
+"""The oracle's report (packrat bench oracle; oracle.py measures), pure: per B the best configuration and
+the planner's choices as paired ratios to it, the verdicts, the table; runs merged, or rescored."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ def by_round(config: dict) -> dict[tuple[int, int], float]:
 
 
 def summarize_batch(entry: dict) -> dict:
-    """The oracle and the planner's choices for one B, as ratios (None where unavailable): a choice
-    over the best is the median over rounds of the two's figures in the same round (paired), with
-    the rounds' min–max; the ratio of their medians where no rounds were kept."""
+    """The oracle and the planner's choices for one B as ratios: a choice over the best paired per round
+    (median, min–max), or the ratio of their medians where no rounds were kept."""
     timed = {c["label"]: c for c in entry["configs"] if c.get("median_ms") is not None}
     summary: dict = {"batch": entry["batch"], "timed": len(timed), "failed": len(entry["configs"]) - len(timed)}
     if not timed:
@@ -64,8 +62,7 @@ TARGETS = {  # summary key -> whether a value meets its target; the suite's summ
 
 
 def met(key: str, value: float | None) -> bool:
-    """Whether `value` (a summary's vs_best or predicted_vs_measured) meets its target; a value that
-    could not be measured does not."""
+    """Whether `value` (vs_best or predicted_vs_measured) meets its target; an unmeasured one does not."""
     return value is not None and TARGETS[key](value)
 
 
@@ -157,9 +154,7 @@ def merge(paths: Sequence[Path]) -> dict:
 
 
 def rescore(report: dict, profile_path: Path) -> dict:
-    """The same timings judged against another profile's choices: configurations are timed
-    independently of any profile, so a profile measured later (another method) can be scored
-    on them, as long as its choices were among the configurations timed."""
+    """The same timings judged against another profile's choices (timings owe nothing to a profile)."""
     profile = planned_for(load(profile_path), raw_share=1.0)  # the configurations answered raw tensors
     topology = local_topology(report["meta"]["threads"])
     entries = [{**entry, "planner": {kind: planner_choice(profile, kind, topology.num_cores, entry["batch"], topology)
