@@ -67,8 +67,7 @@ def print_plans(plans: list[dict], estimates: list[dict] | None, args) -> None:
 
 
 def anchored(configs: Sequence[Config], plan: dict) -> tuple[list[Config], list[Config]]:
-    """(anchors, the rest): the planner's choices and each runtime's fat, timed in every group, the
-    loaded plan first; the rest of the configurations."""
+    """(anchors, the rest): the planner's choices (loaded first) and each runtime's fat, timed in every group."""
     labels = [(plan["planner"].get(kind) or {}).get("label") for kind in ("loaded", "isolated")]
     order = {name: i for i, name in enumerate(dict.fromkeys([n for n in labels if n] + list(plan["fat"])))}
     anchors = sorted((c for c in configs if label(c) in order), key=lambda c: order[label(c)])
@@ -76,9 +75,8 @@ def anchored(configs: Sequence[Config], plan: dict) -> tuple[list[Config], list[
 
 
 def rescaled(samples: dict[Config, list[tuple[float, int]]], reference: Config | None) -> dict[Config, float]:
-    """Each configuration's median from its (ms, group) samples, in the reference's time: one timed
-    in group g only is scaled by the reference's median over all groups over its median in g, so that
-    its ratio to the reference is the one measured side by side (with one group, medians as they are)."""
+    """Each configuration's median in the reference's time: one timed in group g only is scaled by the
+    reference's overall median over its median in g (its ratio to the reference as measured side by side)."""
     medians = {c: statistics.median(ms for ms, *_ in v) for c, v in samples.items() if v}
     if reference not in medians:
         return medians
@@ -158,8 +156,7 @@ class _Pools:
 
 
 def time_batch(plan: dict, args, topology: Topology, costs: dict, bar) -> dict:
-    """Time every configuration of this B in interleaved rounds (rounds.grouped_rounds): the anchors
-    (the planner's choices, each runtime's fat) stay started, the rest in groups that fit the memory."""
+    """This B's configurations in interleaved rounds: the anchors kept started, the rest in groups memory fits."""
     batch = plan["batch"]
     results = {c: {"label": label(c), "config": [list(s) for s in c], "cores": None, "samples_ms": [],
                    "predicted_ms": plan.get("predicted", {}).get(c), "group": None,

@@ -1,6 +1,5 @@
-"""The oracle's configurations (packrat bench oracle; oracle.py times them), pure: every feasible
-multiset of instances ⟨t, b⟩ for T and B or a family of them, the planner's choices and their
-neighbours, ranked and capped; what the profile predicts for each, and what timing them would take."""
+"""The oracle's configurations (packrat bench oracle; oracle.py times them), pure: every feasible multiset
+of instances ⟨t, b⟩ or a family, the plans and their neighbours, ranked and capped, with their estimates."""
 
 from __future__ import annotations
 
@@ -27,14 +26,12 @@ BUDGET_S = 600.0  # what one command should stay within; above it, the estimate 
 # ---- enumeration ---------------------------------------------------------------------------------
 
 def arrange(shapes: Iterable[Sequence[int]]) -> tuple[tuple[int, int], ...]:
-    """Instance shapes ⟨threads, batch⟩ sorted, biggest first: the families' candidates, before a
-    runtime is given to them (canonical)."""
+    """Instance shapes ⟨threads, batch⟩ sorted biggest first (canonical), before runtimes are given."""
     return tuple(sorted(((int(t), int(b)) for t, b, *_ in shapes), reverse=True))
 
 
 def canonical(instances: Iterable[Sequence], runtime: str = DEFAULT_RUNTIME) -> Config:
-    """A configuration's canonical form: its ⟨threads, batch, runtime⟩ triples sorted, biggest
-    first; an instance given as ⟨threads, batch⟩ runs `runtime`."""
+    """⟨threads, batch, runtime⟩ triples sorted biggest first; an instance given as ⟨threads, batch⟩ runs `runtime`."""
     return tuple(sorted(((int(t), int(b), str(rest[0]) if rest else runtime) for t, b, *rest in instances),
                         reverse=True))
 
@@ -50,8 +47,7 @@ class _TooMany(Exception):
 
 
 def all_configs(threads: int, batch: int, limit: int | None = None) -> list[Config] | None:
-    """Every multiset of instances ⟨t, b⟩ (t, b ≥ 1) with Σt ≤ threads and Σb = batch, each once,
-    canonical, in decreasing lexicographic order; None when there are more than `limit`."""
+    """Every multiset of ⟨t, b⟩ with Σt ≤ threads and Σb = batch, canonical, descending; None past `limit`."""
     found: list[Config] = []
     prefix: list[Shape] = []
 
@@ -89,9 +85,8 @@ def _split(total: int, weights: Sequence[int]) -> list[int]:
 
 
 def balanced_configs(threads: int, batch: int) -> list[Config]:
-    """The candidates when there are too many to enumerate: for every instance count k ≤ min(T, B),
-    threads split evenly with no core idle, and ⌊T/k⌋ each; each paired with B split in proportion
-    to the threads, and evenly (the extra requests to the most threads, then the fewest)."""
+    """Too many to enumerate: for each instance count k, threads split evenly (or ⌊T/k⌋ each), each with
+    B split in proportion to the threads and evenly (extra requests to the most threads, then fewest)."""
     found: dict[Config, None] = {}
     for k in range(1, min(threads, batch) + 1):
         even = _split(threads, [1] * k)  # descending: the extra threads go first
@@ -103,15 +98,13 @@ def balanced_configs(threads: int, batch: int) -> list[Config]:
 
 
 def identical_configs(threads: int, batch: int) -> list[Config]:
-    """The identical-instance family: for every i dividing both T and B, i instances of
-    ⟨T/i threads, batch B/i⟩ (every core used, the batch split evenly), fewest instances first."""
+    """i instances of ⟨T/i, B/i⟩ for every i dividing both T and B, fewest instances first."""
     return [((threads // i, batch // i),) * i for i in range(1, min(threads, batch) + 1)
             if threads % i == 0 and batch % i == 0]
 
 
 def neighbours(config: Config, threads: int, batch: int, runtimes: Sequence[str]) -> list[Config]:
-    """The feasible configurations one instance away from `config`: another runtime, one more thread or
-    one more request (where a plan sits beside a better configuration, it is usually one of these)."""
+    """Feasible configurations one step away (where a better one usually sits): runtime, +1 thread, +1 request."""
     items, found = list(config), {}
     idle = threads - sum(t for t, *_ in items)
 
@@ -135,9 +128,8 @@ def neighbours(config: Config, threads: int, batch: int, runtimes: Sequence[str]
 
 def required_configs(threads: int, batch: int, runtimes: Sequence[str], plans: Iterable[Config],
                      allowed=lambda config: True) -> list[Config]:
-    """What the oracle always times, beyond its cap: each runtime's fat instance and every
-    configuration of identical instances that fills the cores (k·t = T, k·b = B) under each runtime,
-    the plans, and each plan's neighbours, where `allowed`."""
+    """Timed beyond the cap, where `allowed`: every runtime's fat and identical instances filling the cores,
+    the plans and their neighbours."""
     plans = [canonical(plan) for plan in plans]
     found = [canonical(c, runtime) for c in identical_configs(threads, batch) for runtime in runtimes]
     found += plans + [n for plan in plans for n in neighbours(plan, threads, batch, runtimes)]
@@ -149,17 +141,15 @@ IDENTICAL_TEXT = "i identical instances ⟨T/i, B/i⟩ for every i dividing T an
 
 
 def rank_key(config: Config, threads: int, batch: int) -> tuple:
-    """Most plausible first: no idle core, then the batch most in proportion to the threads
-    (the slowest instance's b/t over B/Σt; 1.0 is perfect), then fewer distinct shapes, fewer
-    instances, and the configuration itself (deterministic)."""
+    """Most plausible first: no idle core, then the slowest instance's b/t over B/Σt nearest 1, then fewer
+    distinct shapes, fewer instances, and the configuration itself (deterministic)."""
     used = sum(t for t, *_ in config)
     imbalance = max(b / t for t, b, *_ in config) / (batch / used)
     return (threads - used, round(imbalance, 9), len(set(config)), len(config), config)
 
 
 def spread_order(n: int) -> list[int]:
-    """0..n-1, ends first, then midpoints coarse to fine: 0, n-1, (n-1)//2, ... (the intervals'
-    insides are disjoint, so every midpoint is new)."""
+    """0..n-1, ends first, then midpoints coarse to fine: 0, n-1, (n-1)//2, ... each new."""
     order, intervals = list(dict.fromkeys([0, n - 1])) if n > 0 else [], [(0, n - 1)]
     while intervals:
         following = []
@@ -175,9 +165,8 @@ def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFI
                    exhaustive_limit: int = EXHAUSTIVE_LIMIT, family: str = "all",
                    runtimes: Sequence[str] = (DEFAULT_RUNTIME,), allowed=lambda config: True
                    ) -> tuple[list[Config], int | None]:
-    """The configurations to time for T = threads, B = batch, by rank_key, and how many feasible ones
-    exist (None where the candidates are balanced_configs or identical_configs): every one in `keep`
-    (ValueError if infeasible), then up to max_configs more, round robin over instance counts."""
+    """The configurations to time by rank_key (all of `keep`, then up to max_configs round robin over instance
+    counts) and how many are feasible (None where not enumerated); ValueError for an infeasible `keep`."""
     kept: list[Config] = []
     for config in keep:
         config = canonical(config)
@@ -211,8 +200,7 @@ def select_configs(threads: int, batch: int, max_configs: int | None = MAX_CONFI
 
 
 def label(config: Config) -> str:
-    """E.g. '2×⟨1,4⟩ + ⟨2,8,openvino⟩' (⟨threads, batch⟩ per instance, biggest first, and its
-    runtime unless it is torch's own)."""
+    """E.g. '2×⟨1,4⟩ + ⟨2,8,openvino⟩': ⟨threads, batch⟩ per instance, biggest first, its runtime unless torch's."""
     parts: list[str] = []
     for shape in dict.fromkeys(config):
         n = config.count(shape)
@@ -225,9 +213,8 @@ def label(config: Config) -> str:
 # ---- estimates from the profile ------------------------------------------------------------------
 
 def estimate_ms(table: dict[tuple[int, int], float], threads: int, batch: int) -> float:
-    """L(t, b) from a profile table: the point itself, else interpolated linearly in b between
-    the profiled batches of the same t (proportionally to b outside them); a t never profiled
-    takes the nearest profiled t's figure scaled by t'/t."""
+    """L(t, b): the point, else linear in b between the same t's profiled batches (proportional outside them);
+    an unprofiled t takes the nearest profiled t's figure scaled by t'/t."""
     if (threads, batch) in table:
         return table[threads, batch]
     profiled = sorted({t for t, _ in table})
@@ -246,15 +233,13 @@ def estimate_ms(table: dict[tuple[int, int], float], threads: int, batch: int) -
 
 
 def config_estimate_ms(config: Config, isolated: dict, loaded: dict | None) -> float:
-    """A configuration's latency as the profile predicts it: its slowest instance, by the loaded
-    figures when it has several instances (and the profile has them), else the isolated ones."""
+    """Its slowest instance's latency, by the loaded figures for several instances (where any), else isolated."""
     table = loaded if loaded and len(config) > 1 else isolated
     return max(estimate_ms(table, t, b) for t, b, *_ in config)
 
 
 def start_estimate_s(config: Config, isolated: dict) -> float:
-    """A pool's start: the process and model, then its instances' warm-up in parallel (each runs
-    its batch, halving down to 1, twice)."""
+    """A pool's start: process and model, then its instances' warm-ups in parallel (batch halved to 1, twice)."""
     def warm(t: int, b: int) -> float:
         sizes = [b >> k for k in range(b.bit_length())]
         return 2 * sum(estimate_ms(isolated, t, s) for s in sizes) / 1e3
@@ -276,9 +261,8 @@ def _about(seconds: float) -> str:
 # ---- the profile's choices, and what to time at each B ------------------------------------------
 
 def too_sparse(plans: Sequence[dict], profile: Profile | None, threads: int) -> dict[int, str]:
-    """Why each B that no figure of `profile` could plan (neither planner choice in `plans` has a
-    configuration) cannot be: it has no points, or its points cannot make batch B on the cores. A
-    sparse profile whose points make every B is planned as it is: {} then."""
+    """Why each B no planner choice in `plans` could plan cannot be: no points, or none that make B on the
+    cores ({} when its points make every B)."""
     points = sorted(profile.latency) if profile is not None else []
     shown = ", ".join(f"⟨{t},{b}⟩" for t, b in points[:6]) + (f" and {len(points) - 6} more" if len(points) > 6 else "")
     return {p["batch"]: "it has no points" if not points else
@@ -314,16 +298,14 @@ def planner_choice(profile: Profile, kind: str, threads: int, batch: int, topolo
 
 
 def predicted_ms(config: Config, points: dict) -> float | None:
-    """A configuration's latency as the profile's planned figures predict it: its slowest instance's
-    ⟨threads, batch, runtime⟩ figure; None where one of them was not measured."""
+    """Its slowest instance's planned ⟨threads, batch, runtime⟩ figure; None where one is not measured."""
     figures = [points.get(shape) for shape in config]
     return None if None in figures else max(figures)
 
 
 def searched(config: Config, points: dict) -> bool:
-    """Whether every IOS instance of `config` has a point in the profile, so its schedule was searched
-    (and kept) when it was profiled: an IOS configuration elsewhere would search for minutes as its
-    pool starts."""
+    """Whether every IOS instance has a profile point, its schedule searched then (else its pool would search
+    for minutes)."""
     return all(runtime != "ios" or (t, b, runtime) in points for t, b, runtime in config)
 
 
@@ -348,8 +330,7 @@ def plan_batches(args, profile: Profile | None, topology: Topology) -> list[dict
 
 def trim_hint(plans: list[dict], estimates: list[dict], rounds: int, warmup: int,
               budget_s: float = BUDGET_S) -> str | None:
-    """How to keep one command within budget_s, when the estimate exceeds it: the rounds that
-    would fit, and each B's share, to split --batches over several commands."""
+    """Past budget_s: the rounds that would fit, and each B's share to split --batches over commands."""
     total = sum(e["start_s"] + e["timing_s"] for e in estimates)
     if total <= budget_s:
         return None

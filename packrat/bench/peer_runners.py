@@ -78,8 +78,7 @@ class TorchRunner(Runner):
 
 
 class OpenVinoModel:
-    """The zoo module's IR, as packrat converts it (built by the first process, read by the others),
-    read once per process and compiled per B."""
+    """The zoo module's IR as packrat converts it (the first process builds it), read once, compiled per B."""
 
     def __init__(self, spec, threads: int):
         import openvino as ov
@@ -151,8 +150,7 @@ class OrtRunner(Runner):
 
 
 def ort_session(path: str, threads: int, parallel: tuple[int, int] | None, stop_spinning: bool = False):
-    """An InferenceSession of the ONNX file: sequential with `threads` intra-op threads, or ORT_PARALLEL
-    with `parallel`; `stop_spinning` leaves the cores to what runs next, as packrat's runtime does."""
+    """An ONNX session: sequential with `threads`, or ORT_PARALLEL with `parallel`; `stop_spinning` frees the cores."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -206,9 +204,8 @@ class PoolRunner(Runner):
 
 
 def serve(connection, peer: str, config: dict) -> None:
-    """A peer's process (harness.Worker), pinned to the cores, answering the parent's requests
-    ({"op": "start" | "time" | "stop", "batch": B}) until the connection closes: what it builds (IR,
-    session, compiled module, pool) stays up across rounds."""
+    """A peer's pinned process answering {"op": "start" | "time" | "stop", "batch": B} until the connection
+    closes; what it builds stays up across rounds."""
     pin(config["cores"])
     import numpy as np
     import torch
@@ -235,8 +232,7 @@ def serve(connection, peer: str, config: dict) -> None:
 
 
 def prepare_shared(peer: str, spec, config: dict, shared: dict) -> None:
-    """What a peer's process prepares once for every B (not in any B's setup): OpenVINO's IR,
-    onnxruntime's session (of packrat's artefacts, built by the first process that needs them)."""
+    """What a peer's process prepares once for every B: OpenVINO's IR, onnxruntime's session (packrat's artefacts)."""
     threads = len(config["cores"])
     if peer in OPENVINO_PEERS and "openvino" not in shared:
         shared["openvino"] = OpenVinoModel(spec, threads)
@@ -262,8 +258,7 @@ def runner_for(peer: str, spec, batch: int, config: dict, shared: dict):
 
 
 def start_runner(peer: str, spec, batch: int, config: dict, shared: dict, runners: dict, np) -> dict:
-    """The peer's runner at B built and kept in `runners`: its first run (the setup's end), --warmup
-    more, and its outputs (for the comparison with eager's)."""
+    """The peer's runner at B built into `runners`: its first run (the setup's end), --warmup more, its outputs."""
     if peer in POOL_PEERS and "skipped" in config["pools"][peer][str(batch)]:
         return {"skipped": config["pools"][peer][str(batch)]["skipped"]}
     prepare_shared(peer, spec, config, shared)

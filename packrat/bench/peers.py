@@ -35,8 +35,7 @@ from packrat.profiling.profiles import default_path as default_profile_path
 
 
 def pool_plans(args, cores: list[int]) -> dict:
-    """packrat's plan (and packrat-later's) and the fat instance per B, and the pools' graph mode,
-    for the children."""
+    """For the children: packrat's plan (and packrat-later's), the fat instance per B, the pools' graph mode."""
     from packrat.machine.topology import detect
     from packrat.models.modes import MODES
 
@@ -81,9 +80,8 @@ def pool_plans(args, cores: list[int]) -> dict:
 
 
 def settled_plans(args, profile, topology, mode: str, plans: dict, lines: dict) -> dict:
-    """packrat's plans as an engine serves them: the near-ties at each B timed side by side and the
-    faster taken (serving/settling.py), on the same cores, before the peers start; each B's line
-    says which and why. B -> the settlement (JSON)."""
+    """packrat's plans as an engine serves them: each B's near-ties timed side by side and the faster taken
+    (serving/settling.py) before the peers start. B -> the settlement (JSON)."""
     from packrat.models.zoo import resolve
     from packrat.serving.settling import model_pools, settle_batches
 
@@ -128,8 +126,7 @@ def read_profile(args, path: Path):
 
 def plans_of(args, profile, why: str | None, path: Path, cores: list[int], topology, lines: dict, name: str,
              mode: str) -> dict:
-    """Per B, the plan `profile` gives for all of `cores` (its instances and prediction), or why none;
-    a line per B about it goes into `lines`."""
+    """Per B, the plan `profile` gives for all of `cores`, or why none; a line per B into `lines`."""
     from packrat.errors import NoPlanError, ProfileError
     from packrat.planning.planner import Planner
 
@@ -154,9 +151,8 @@ def plans_of(args, profile, why: str | None, path: Path, cores: list[int], topol
 
 def measure(peers: list[str], batches: list[int], rounds: int, ask, rng=None, memory_low=lambda: False,
             say=print, runs: dict | None = None) -> dict:
-    """Per B, per peer: its start and its rounds, into `runs`. Every peer is started once per B and timed
-    in `rounds` interleaved rounds beside packrat, in groups where memory runs low (rounds.grouped_rounds);
-    `ask(peer, request)` answers in the peer's process, "ended" when that process ended."""
+    """Per B, per peer: its start and interleaved rounds beside packrat into `runs`, in groups where memory runs
+    low; `ask(peer, request)` answers in the peer's process ("ended" when it ended)."""
     runs = {} if runs is None else runs
     for batch in batches:
         table = runs[str(batch)] = {}

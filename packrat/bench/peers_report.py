@@ -1,6 +1,5 @@
-"""packrat bench peers's report (peers.py measures), pure: from the JSON-able runs, per B each peer's
-median over rounds and its paired ratio to packrat, the best peer's verdict, the outputs' difference
-from eager's, the markdown tables and the pools' paths."""
+"""packrat bench peers's report (peers.py measures), pure: per B each peer's median and paired ratio to
+packrat, the best peer's verdict, the outputs' difference from eager's, the tables and the pools' paths."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from packrat.bench.rounds import median_spread, paired
 
 
 def diff_stats(output, reference) -> dict:
-    """packrat.models.runtimes.deviation of `output` from `reference`, and whether it differs by more
-    than packrat's TOLERANCE of the reference's largest magnitude (or cannot be compared)."""
+    """The deviation of `output` from `reference`, and whether it passes packrat's TOLERANCE (or cannot be compared)."""
     from packrat.models.runtimes import TOLERANCE, deviation
 
     found = deviation(output, reference)
@@ -28,9 +26,8 @@ def by_round(run: dict | None) -> dict[tuple[int, int], float]:
 
 
 def summarise(runs: dict[str, dict[str, dict]], batches: list[int], skipped: dict[str, str] | None = None) -> dict:
-    """Per B, per peer: the median over rounds (min–max), the setup, the outputs' difference from eager's,
-    the note, and vs packrat the median of the paired per-round ratios (min–max); a peer never timed
-    gets its start's error. `skipped`: peers that never ran, with why."""
+    """Per B, per peer: median (min–max), setup, outputs' difference from eager's, note, and the paired ratio to
+    packrat (min–max); a peer never timed gets its start's error. `skipped`: peers that never ran, with why."""
     summary: dict[int, dict[str, dict]] = {}
     for batch in batches:
         table, rows = runs.get(str(batch), {}), {}
@@ -68,8 +65,7 @@ OWN = ("packrat", "packrat-later", "fat")  # packrat's own pools: not peers
 
 
 def best_peer(rows: dict[str, dict]) -> tuple[str | None, dict, list[str]]:
-    """(the other peer closest to packrat: the lowest paired vs packrat, else the fastest; its row;
-    the peers that could not be measured) of one B's rows."""
+    """(the peer closest to packrat: lowest paired ratio, else fastest; its row; the unmeasured) of one B's rows."""
     others = {p: r for p, r in rows.items() if p not in OWN}
     timed = {p: r for p, r in others.items() if r.get("latency_ms") is not None}
     best = min(timed, default=None, key=lambda p: (timed[p].get("vs_packrat") is None, timed[p].get("vs_packrat", 0.0),
@@ -79,9 +75,8 @@ def best_peer(rows: dict[str, dict]) -> tuple[str | None, dict, list[str]]:
 
 def peer_verdict(ratio: float | None, unmeasured: Sequence[str], ahead: float | None = None,
                  oracle_needed: bool = True) -> tuple[bool, list[str]]:
-    """(met, what was missing): best peer / packrat ≥ AHEAD_TARGET where the oracle beats the best
-    peer by that much (`ahead`: best peer / oracle), else ≥ PEER_TARGET. Missed where a peer, or the
-    oracle when `oracle_needed`, could not be measured: the target that applies is then not known."""
+    """(met, what was missing): best peer / packrat ≥ AHEAD_TARGET where the oracle beats the best peer by that
+    much (`ahead`), else ≥ PEER_TARGET; unknown, so missed, where a peer (or a needed oracle) was unmeasured."""
     missing = ([f"not measured: {', '.join(unmeasured)}"] if unmeasured else []) + \
         (["no oracle"] if oracle_needed and ahead is None else [])
     target = AHEAD_TARGET if ahead is not None and ahead >= AHEAD_TARGET else PEER_TARGET
@@ -89,8 +84,7 @@ def peer_verdict(ratio: float | None, unmeasured: Sequence[str], ahead: float | 
 
 
 def verdict_lines(summary: dict[int, dict[str, dict]]) -> list[str]:
-    """Per B: the best peer against packrat, paired per round, PASS or FAIL on PEER_TARGET by the
-    rounds' median (the oracle's part of the target is `packrat bench oracle`'s)."""
+    """Per B: the best peer against packrat paired per round, PASS or FAIL on PEER_TARGET by the median."""
     lines = []
     for batch, rows in summary.items():
         peer, row, unmeasured = best_peer(rows)
@@ -110,9 +104,8 @@ def _diff_text(row: dict) -> str:
 
 
 def markdown(summary: dict, header: str = "", plans: dict | None = None, predicted: dict | None = None) -> str:
-    """One table per B: peer, median ms (rounds' min–max), vs packrat paired (min–max), max |Δ| vs
-    eager, setup s, notes; then a line per pool peer on its path (path_line). `plans` maps B to a
-    line about packrat's plan at that B, `predicted` B to the plan's predicted ms."""
+    """One table per B, then a line per pool peer on its path. `plans`: B -> a line about packrat's plan,
+    `predicted`: B -> its predicted ms."""
     lines = [header, ""] if header else []
     for batch, rows in summary.items():
         lines += [f"### B = {batch}", ""]
@@ -139,8 +132,7 @@ HAND_OFF = ("queue", "send", "wake")  # a sub-batch's way to its instance, the b
 
 
 def path_line(peer: str, row: dict, predicted_ms: float | None) -> str:
-    """A pool peer's path at one B: the hand-off (medians of queue + send + wake), the copy, the
-    codec and the model stage per sub-batch, and packrat's prediction against what it served."""
+    """A pool peer's path at one B: hand-off, copy, codec and model stage per sub-batch; predicted against served."""
     stages = row["stage_ms"]
     hand_off = sum(stages.get(stage, 0.0) for stage in HAND_OFF)
     text = (f"- {peer} per sub-batch (medians): hand-off {hand_off:.3f} ms (queue {stages['queue']:.3f}, send "
@@ -162,8 +154,7 @@ def round_line(batch: int, group: int, r: int, table: dict) -> str:
 
 
 def add_diffs(runs: dict[str, dict[str, dict]]) -> None:
-    """Each start's output difference from eager's at that B (eager's own, or the untimed
-    "_reference" start's), the outputs themselves dropped."""
+    """Each start's output difference from eager's (or the untimed "_reference" start's), outputs dropped."""
     for table in runs.values():
         reference = next((t["start"].get("output") for p in ("eager", "_reference") if (t := table.get(p))), None)
         for run in table.values():
