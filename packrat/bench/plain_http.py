@@ -27,8 +27,7 @@ WARMUP_S = 8.0
 # ---- pure: the report from plain numbers -----------------------------------------------------------
 
 def summarise(runs: Sequence[Mapping]) -> dict[int, dict]:
-    """Per users count: each server's p50_ms and rps over rounds, requests and failures summed, the
-    paired ratios packrat / plain (median_spread), and the verdict."""
+    """Per users count: each server's p50_ms and rps over rounds, counts summed, paired ratios, verdict."""
     summary = {}
     for users in sorted({r["users"] for r in runs}):
         mine = {name: [r for r in runs if r["users"] == users and r["server"] == name] for name in SERVERS}
@@ -45,8 +44,7 @@ def summarise(runs: Sequence[Mapping]) -> dict[int, dict]:
 
 
 def verdict(row: Mapping) -> dict:
-    """met: packrat / plain p50 ≤ P50_TARGET and req/s ≥ RPS_TARGET by the paired medians, and no
-    request failed on either server; with the reasons it was missed."""
+    """(met, why missed): paired p50 ≤ P50_TARGET and req/s ≥ RPS_TARGET × plain's, no failed request."""
     p50, rps = ((row.get(key) or {}).get("median") for key in ("p50_ms_ratio", "rps_ratio"))
     failures = sum(row[name]["failures"] for name in SERVERS)
     missed = []
@@ -99,8 +97,7 @@ def log(*parts) -> None:
 
 
 def round_figures(result, seconds: float) -> dict:
-    """A locust run's p50 (and p95, p99), req/s (answers per whole second of load, as
-    packrat.bench.users.pooled counts them), requests and failures."""
+    """A locust run's p50 (p95, p99), req/s (as packrat.bench.users.pooled counts), requests and failures."""
     from packrat.bench.users import pooled
 
     return {"p50_ms": result.p50_ms, "p95_ms": result.p95_ms, "p99_ms": result.p99_ms,

@@ -43,8 +43,7 @@ class BadRequest(ValueError):
 # ---- pure: the binary v2 request and answer ------------------------------------------------------
 
 def parse_infer(body: bytes, header_length: str | None, inputs: dict[str, tuple[str, list]]) -> dict[str, np.ndarray]:
-    """The feeds of a binary v2 request, by the session's input names; `inputs` maps each name to its
-    v2 datatype and shape (None or a name for a free dimension). A single-input model takes any name."""
+    """A binary v2 request's feeds by input name; `inputs`: name -> (v2 datatype, shape). One input takes any name."""
     if header_length is None:
         raise BadRequest(f"no {HEADER} header: send the tensors in binary, as tritonclient does")
     if not header_length.strip().isdecimal() or int(header_length) > len(body):
@@ -172,16 +171,14 @@ def ready(url: str) -> bool:
 
 @contextmanager
 def plain_serving(model: str, run_dir: Path, port: int, timeout: float = 300.0, log=print, cores=None):
-    """The server as a process of its own session on 127.0.0.1:`port` (its output in
-    run_dir/plain-server.log), yielding its URL once ready; SIGTERM on exit (SIGKILL after 30 s)."""
+    """The server in a process of its own on 127.0.0.1:`port` (log in run_dir): its URL once ready; SIGTERM on exit."""
     with plain_process(model, run_dir, port, timeout, log, cores) as (url, _):
         yield url
 
 
 @contextmanager
 def plain_process(model: str, run_dir: Path, port: int, timeout: float = 300.0, log=print, cores=None):
-    """plain_serving's server, yielding (its URL, its pid) once ready; pinned to `cores` if given
-    (its session's threads are as many)."""
+    """plain_serving's server: (its URL, its pid) once ready; pinned to `cores` (as many session threads)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{port}"
     log(f"-- plain: starting FastAPI + ONNX Runtime on {url}" + (f", cores {list(cores)}" if cores else ""))

@@ -30,8 +30,8 @@ IN_PROCESS_STAGES = ("decode", "model", "encode")  # the laps answer_batch stamp
 
 def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, progress=None, *,
                payload: str | None = None, tokenizer: Path | None = None, cases=CASES) -> dict:
-    """Median ms of each of `cases` at batch `batch` over `rounds` interleaved rounds, the bare model
-    closing each (it warms what runs after it); B bodies of `payload` (None: the model's natural one)."""
+    """Median ms of each of `cases` at `batch` over interleaved rounds, the bare model closing each (it warms
+    what follows); B bodies of `payload` (None: the model's natural one)."""
     import torch
 
     from packrat.codec.payloads import build_payload, natural_payload
@@ -141,8 +141,7 @@ def format_pool_results(results: list[dict]) -> str:
 # ---- memory per instance (`packrat bench --memory`) ---------------------------------------------
 
 def instance_memory(model: str, runtime: str, instances: int = 2) -> dict:
-    """{model, runtime, kind, instances, engine_mib, children_mib, per_instance_mib}: the USS the
-    pool's instances added, in MiB, after each answered a batch of one."""
+    """{model, runtime, kind, instances, engine_mib, children_mib, per_instance_mib}: the USS its instances add."""
     import torch  # noqa: F401  (in the baseline, as in an engine)
 
     from packrat.models.runtimes import base_runtime, ensure_artefact, installed, instance_kind

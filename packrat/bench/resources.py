@@ -1,6 +1,5 @@
-"""What a server's processes hold and spend: the /dev/shm segments of the pool, its process tree's
-memory (PSS), open files and segments sampled over time, and its CPU time split between the front
-end and the pool's instances (and the rest of the machine)."""
+"""What a server's processes hold and spend: the pool's /dev/shm segments, its tree's PSS, open files and
+segments over time, and its CPU time split between the front end, the instances and the rest."""
 
 from __future__ import annotations
 
@@ -62,9 +61,8 @@ def owned_segments(pids: Iterable[int]) -> set[str]:
 # ---- a process tree over time --------------------------------------------------------------------
 
 def tree_sample(root_pid: int | None, seen: set[int]) -> dict:
-    """The server's process tree now: PSS (MiB), open files, and the /dev/shm segments it maps or
-    its processes (any seen so far, in `seen`, which this adds to) own, in MiB. None figures when
-    the root is gone."""
+    """The server's tree now: PSS (MiB), open files, the /dev/shm MiB it maps or owns (`seen` grows); None
+    figures when the root is gone."""
     import psutil
 
     try:
@@ -115,10 +113,8 @@ class TreeSampler(Periodic):
 # ---- CPU -----------------------------------------------------------------------------------------
 
 def server_cpu(run_dir: Path) -> dict[str, float]:
-    """CPU seconds (user + system) so far of the server in run_dir: its front end (the KServe
-    server's process, or TorchServe's Java and Python worker) and its pool instances: instance
-    processes, and thread instances by their own threads in the front end's process (named
-    THREAD_NAME...; a thread that ended meanwhile is the front end's from then on)."""
+    """CPU seconds so far of the server in run_dir: its front end (KServe's process, or TorchServe's Java and
+    worker) and its instances, processes or threads named THREAD_NAME... (an ended thread counts as the front end's)."""
     import psutil
 
     from packrat.bench.faults import POOL_MARKER, torchserve_pid
@@ -155,9 +151,8 @@ def cpu_delta(start: Mapping, end: Mapping) -> dict[str, float]:
 
 def refusal_cost(cpu_before: Mapping, cpu_over: Mapping, before: Sequence[Mapping], over: Mapping,
                  duration_s: float | None = None) -> dict:
-    """The servers' CPU ms per answer 200 before and during the overload (front end and instances
-    apart), per refusal during it (the front end's time beyond what its 200s cost before, over the
-    503s), and the cores the rest of the machine took during it."""
+    """CPU ms per answer 200 before and during the overload (front end, instances), per 503 during it (the
+    front end's time beyond its 200s' earlier cost), and the cores the rest of the machine took."""
     ok_before = sum(run["by_status"].get("200", 0) for run in before)
     ok_over, refused = over["counts"]["200"], over["counts"]["503"]
     per_200 = {part: ratio(cpu_before.get(part, 0.0) * 1e3, ok_before) for part in CPU_PARTS}

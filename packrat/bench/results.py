@@ -1,6 +1,5 @@
-"""Results and reports: what a scenario measured as a JSON file, its figures in words and markdown
-tables, and its verdicts against targets. Nothing here imports torch: a command that only formats
-figures stays light."""
+"""Results and reports: a scenario's JSON file, its figures in words and markdown tables, its verdicts.
+No torch here: a command that only formats stays light."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from pathlib import Path
 
 
 def write_json(path: Path, data) -> None:
-    """`data` as JSON at `path`, its folder made first: plans as Plan.to_json(), dataclasses as
-    dicts, anything else JSON cannot hold as its str()."""
+    """`data` as JSON at `path` (folder made): plans by Plan.to_json(), dataclasses as dicts, the rest as str()."""
     def default(value):
         from packrat.planning.planner import Plan
 

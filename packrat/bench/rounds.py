@@ -1,8 +1,6 @@
 """Interleaved rounds: every case measured once a round, in an order that changes from round to
-round, so that a busy machine's drift hits every case alike; the clock they are timed with; and
-their figures over the rounds as medians with their spread.
-
-Imports nothing but the standard library: the benchmarks' light scripts use it too."""
+round, so that a busy machine's drift hits every case alike; the clock; medians with their spread.
+Standard library only: the benchmarks' light scripts use it too."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ def rotated(items: Sequence, by: int) -> list:
 
 
 def round_order(items: Sequence, round_index: int, rng=None) -> list:
-    """The order of round `round_index` (from 0): `items` rotated by it, or with `rng` (a
-    random.Random, or the random module) shuffled anew."""
+    """Round `round_index`'s order: `items` rotated by it, or shuffled anew with `rng`."""
     if rng is None:
         return rotated(items, round_index)
     order = list(items)
@@ -44,9 +41,8 @@ def in_rounds(items: Sequence, rounds: int, rng=None) -> Iterator[tuple[int, obj
 
 def interleaved(cases: Mapping[str, Callable[[], float]], rounds: int, rng=None,
                 progress: Callable[[], object] | None = None, last: str | None = None) -> dict[str, list[float]]:
-    """Each case's figures over `rounds` interleaved rounds (round_order); a case's call returns its
-    own figure (elapsed_ms of what it runs, say). The case named `last` closes every round (one that
-    warms whatever runs right after it). `progress` is called after each round."""
+    """Each case's figures (its call's return) over interleaved rounds; `last` closes every round (it warms
+    what follows); `progress()` after each round."""
     samples: dict[str, list[float]] = {name: [] for name in cases}
     others = [name for name in cases if name != last]
     for round_index in range(rounds):
@@ -89,22 +85,19 @@ def medians(samples: Mapping[str, Sequence[float]]) -> dict[str, float]:
 
 
 def median_spread(values: Sequence) -> dict | None:
-    """{"median", "spread": [min, max]} of the finite numbers among `values` (None, NaN and
-    anything not a number left out); None when there are none."""
+    """{"median", "spread": [min, max]} of the finite numbers among `values`; None when there are none."""
     numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
     return {"median": statistics.median(numbers), "spread": [min(numbers), max(numbers)]} if numbers else None
 
 
 def paired(samples: Mapping, reference: Mapping) -> list[float]:
-    """sample / reference for each round (key) both were measured in: ratios taken side by side,
-    which the machine's drift from round to round leaves alone."""
+    """sample / reference per round both ran in: side by side, so the drift between rounds leaves them alone."""
     return [value / reference[key] for key, value in samples.items() if reference.get(key)]
 
 
 def over_rounds(rounds: Sequence, summed: Collection[str] = (), kept: Collection[str] = ()):
-    """Rounds' results of one shape (nested dicts of numbers) as one of that shape: each number its
-    median_spread over the rounds that have it; under a key in `summed` the total, under one in
-    `kept` the first round's value (what is the same every round)."""
+    """Rounds' results of one shape (nested dicts) as one: each number's median_spread, the total under a key
+    in `summed`, the first round's value under one in `kept`."""
     dicts = [r for r in rounds if isinstance(r, dict)]
     if not dicts:
         return median_spread(rounds)

@@ -55,10 +55,9 @@ def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, d
                  tokenizer: Path | None = None, kill_every_s: float | None = None, warmup_s: float = WARMUP_S,
                  max_batch_delay_ms: int = 100, rounds: int = 1, graph_mode: str | None = None,
                  stock_runtime: str | None = None, configs=SERVER_CONFIGS, log=print) -> list[ServerRun]:
-    """Every configuration's server started and warmed up side by side, then loaded by locust once per
-    users pattern for `rounds` rounds, in an order rotated every round: one ServerRun per configuration
-    and users count. graph_mode and stock_runtime: how the stock handler runs the model (give the
-    profile's, so stock and packrat differ only in how they use the cores)."""
+    """Every configuration's server started and warmed up side by side, then loaded once per users pattern
+    a round in rotated order: a ServerRun per configuration and users count. graph_mode and stock_runtime
+    (give the profile's): how the stock handler runs the model."""
     from packrat.codec.payloads import build_payload, natural_payload
 
     payload = payload or natural_payload(model)
@@ -111,8 +110,7 @@ def vs(run: ServerRun, stock: ServerRun) -> dict[str, float]:
 
 
 def _loaded(server_and_token, model: str, users: int, duration_s: float, where: Path, body, kill_every_s, log):
-    """One locust run against a warmed server, killing pool instances every kill_every_s s if given:
-    (the result, the instances killed)."""
+    """One locust run on a warmed server, killing a pool instance every kill_every_s: (result, instances killed)."""
     from packrat.loadtest import run_locust
 
     server, token = server_and_token
@@ -161,9 +159,7 @@ def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, d
                      tokenizer: Path | None = None, kill_every: float | None = None, rounds: int = 1,
                      graph_mode: str | None = None, stock_runtime: str | None = None, warmup_s: float = WARMUP_S,
                      configs=SERVER_CONFIGS, max_batch_delay_ms: int = 100) -> list[ServerRun]:
-    """server_bench for every batch size (graph_mode: the profile's, for the stock handler): the
-    table per batch (or JSON), the latency plots and OUT/server-bench.json = {model, payload,
-    users, kill_every_s, duration_s, rounds, max_batch_delay_ms, runs: [ServerRun, ...]}; returns the runs."""
+    """server_bench for every batch size: the tables (or JSON), latency plots and OUT/server-bench.json; the runs."""
     from packrat.loadtest import plot_latency_distributions
     from packrat.codec.payloads import natural_payload
     from packrat.models.modes import served
@@ -204,8 +200,7 @@ def run_server_bench(model: str, batches: list[int], profile: Path, out: Path, d
 def step_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, low: int = 1, cycles: int = 10,
                step_s: float = 12.0, warmup_s: float = 6.0, max_batch_delay_ms: int = 50,
                payload: str | None = None, tokenizer: Path | None = None, log=print) -> dict:
-    """A low → high → low … locust load against the packrat handler with reconfiguration on,
-    and with the plan fixed for the high and for the low batch size."""
+    """A low → high → low load on the packrat handler reconfiguring, and with each plan fixed."""
     from packrat.loadtest import plot_timeline, run_locust
     from packrat.loadtest.env import STEP_SECONDS, STEP_USERS
     from packrat.codec.payloads import build_payload
@@ -235,8 +230,7 @@ def step_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, low
 
 
 def switch_figures(result, switches: list[dict]) -> dict:
-    """Switch durations, and p99 in the seconds of each switch against the new plan's
-    steady p99 (the rest of its step), from locust's per-second history."""
+    """Switch durations, and each switch's p99 against the new plan's steady p99, from locust's history."""
     ok = [r for r in switches if not r.get("error")]
     ratios = []
     for r, following in zip(ok, ok[1:] + [None]):
