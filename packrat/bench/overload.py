@@ -60,8 +60,7 @@ PACE_KEPT = 0.9  # sent below this fraction of the rate offered: a note says the
 
 def phase(target: Target, model: str, users: int, duration_s: float, where: Path, body: Body, client_timeout_s: float,
           rate: float | None = None) -> list[RequestRecord]:
-    """One locust run, every request logged and waited for: the records. Closed loop (no rate),
-    a 503's Retry-After is waited (at most RETRY_AFTER_MAX_S)."""
+    """One locust run, every request logged and waited for; closed loop (no rate) waits a 503's Retry-After."""
     return logged_load(target.url, model, users, duration_s, where, token=target.token, payload=body.payload,
                        timeout_s=client_timeout_s, rate=rate, stop_timeout_s=client_timeout_s, path=body.path,
                        header_length=body.header_length,
@@ -69,8 +68,7 @@ def phase(target: Target, model: str, users: int, duration_s: float, where: Path
 
 
 def build_archive(args, run_dir: Path) -> Path:
-    """The model's archive as the chaos bench builds it (the packrat handler, the plan for B, no
-    reconfiguration), with the deadline, the queue bound and the admission rule."""
+    """The archive as chaos builds it (fixed plan for B), with the deadline, queue bound and admission rule."""
     from packrat.bench.servers import config_archive
     from packrat.profiling.default_profile import resolve_profile
 
@@ -90,8 +88,7 @@ def run_dir_of(args) -> Path:
 
 @contextmanager
 def started(args, run_dir: Path, notes: list[str]):
-    """The server started (and slowed, with --slow) and warmed up: (target, the request body, its
-    status after the start, the slowing cores)."""
+    """The server started, slowed (--slow), warmed up: (target, body, status after the start, slowing cores)."""
     from packrat.machine.budget import cpu_budget
 
     mar = build_archive(args, run_dir)

@@ -1,6 +1,5 @@
-"""packrat bench overload's report (packrat/bench/overload.py runs it): each phase's summary from its
-request records, the verdicts per run and over the runs against issues 56 and 64's targets, the
-health probes' summary, and the markdown table. Pure: plain data in, plain data out."""
+"""packrat bench overload's report (overload.py runs it), pure: each phase's summary, the verdicts per run
+and over the runs against issues 56 and 64's targets, the probes' summary, and the table."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ MAX_HEALTH_MS = 1000.0  # a liveness or readiness probe's answer, at most
 # ---- the phases ----------------------------------------------------------------------------------
 
 def closed_summary(records: Sequence[RequestRecord], duration_s: float, users: int) -> dict:
-    """A closed-loop phase: requests, by status, client errors, answers 200 per second (capacity)
-    and their p50/p99."""
+    """A closed-loop phase: requests, by status, client errors, 200s per second (capacity), p50/p99."""
     seconds = run_seconds(duration_s)
     ok = latencies(records, 200)
     return {"users": users, "seconds": seconds, "requests": len(records), "by_status": by_status(records),
@@ -37,8 +35,7 @@ def closed_summary(records: Sequence[RequestRecord], duration_s: float, users: i
 
 
 def best_capacity(runs: Sequence[Mapping]) -> int:
-    """The index of the capacity run with the most answers 200 per second; on a tie the one with
-    fewer users (the earlier). -1 when there is none."""
+    """The index of the capacity run with the most 200s per second (on a tie fewer users); -1 for none."""
     best = -1
     for i, run in enumerate(runs):
         if best < 0 or run["rps"] > runs[best]["rps"] or (run["rps"] == runs[best]["rps"]
@@ -49,9 +46,8 @@ def best_capacity(runs: Sequence[Mapping]) -> int:
 
 def overload_summary(records: Sequence[RequestRecord], duration_s: float, capacity_rps: float | None,
                      rate_rps: float, users: int) -> dict:
-    """The open-loop phase: what was offered and sent, counts by status and client error, answers
-    200 per second and their ratio to capacity, the 503s' and 200s' p50/p99, and the 504s' share
-    of the admitted."""
+    """The open-loop phase: offered, sent, counts, 200s per second over capacity, 503 and 200 p50/p99, and
+    the 504s' share of the admitted."""
     seconds = run_seconds(duration_s)
     counts = status_classes(records)
     served = answered_within(records, seconds) / seconds
@@ -75,8 +71,7 @@ def closed_notes(name: str, closed: Mapping) -> list[str]:
 # ---- the verdicts --------------------------------------------------------------------------------
 
 def statuses_verdict(counts: Mapping, name: str = "only 200 or 503") -> Verdict:
-    """Only 200 or 503: 504s at most 1 % of the admitted, no other status, no client error (each
-    class named); nothing answered fails."""
+    """504s at most 1 % of the admitted, no other status, no client error (named by class); none answered fails."""
     target = f"504 ≤ {MAX_504_SHARE:.0%} of the admitted, no other status, no client error"
     sent = answered(counts) + counts["client_error"]
     if answered(counts) == 0:
@@ -125,8 +120,7 @@ def recovery_verdict(before_p50_ms: float | None, after_p50_ms: float | None) ->
 
 
 def probe_summary(probes: Sequence[Mapping]) -> dict:
-    """Health probes ({"path", "status", "ms", ...}) per path: how many, by status (0: no answer,
-    with its class), p50, p99 and max ms, and how many took longer than 1 s."""
+    """Health probes per path: how many, by status (0: no answer, with its class), p50, p99, max ms, over 1 s."""
     out: dict[str, dict] = {}
     for path in dict.fromkeys(p["path"] for p in probes):
         mine = [p for p in probes if p["path"] == path]
@@ -158,8 +152,7 @@ def health_verdict(probes: Sequence[Mapping]) -> Verdict:
 
 def verdicts(before: Mapping, overload: Mapping, after: Mapping,
              probes: Sequence[Mapping] | None = None) -> list[Verdict]:
-    """A run's verdicts, from its phases' summaries and its health probes (None: not probed, no
-    verdict on them)."""
+    """A run's verdicts from its phases' summaries and probes (None: no health verdict)."""
     found = [statuses_verdict(overload["counts"]), served_verdict(overload["served_rps"], before["rps"]),
              refusals_verdict(overload["p99_503_ms"], overload["counts"]),
              recovery_verdict(before["p50_ms"], after["p50_ms"])]
@@ -210,8 +203,7 @@ def format_table(report: Mapping) -> str:
 
 
 def format_report(report: Mapping) -> str:
-    """The header, a table row per run, each run's server counters, CPU and verdicts, then the
-    verdicts over every run."""
+    """The header, a row per run, each run's counters, CPU and verdicts, then the verdicts over all runs."""
     first = report["runs"][0]
     queue = report["max_queue"] if report["max_queue"] is not None else f"{report['default_max_queue']} (default)"
     out = [f"### overload: {report['model']}, B = {report['batch']}, payload {report['payload']}, deadline "

@@ -1,7 +1,5 @@
-"""Servers under test: archives of a configuration, TorchServe and packrat's KServe server started on
-free loopback ports (alone, warmed up, or several side by side), a started one as the load reaches
-it (a Target), the bodies its users send, its status's counters, and its liveness and readiness
-probed as a kubelet would."""
+"""Servers under test: archives, TorchServe and packrat's KServe server started on free loopback ports
+(alone, warmed up, or side by side), a started one as its load reaches it, its bodies, counters and probes."""
 
 from __future__ import annotations
 
@@ -28,9 +26,8 @@ HEALTH_TIMEOUT_S = 5.0  # a probe waits this long: a late answer is measured, no
 def config_archive(config: tuple, model: str, batch: int, profile_path: Path | None, store: Path, *,
                    tokenizer: Path | None = None, graph_mode: str | None = None, stock_runtime: str | None = None,
                    max_batch_delay_ms: int = 100) -> Path:
-    """The archive of one configuration (name, handler, plan mode[, more settings]),
-    built into `store`: fixed plans, no node sharing (the servers stand side by side, each measured
-    alone); the stock handler runs the model in `graph_mode`, with `stock_runtime`."""
+    """One configuration's (name, handler, plan mode[, settings]) archive in `store`: fixed plans, no node
+    sharing (each server measured alone); the stock handler runs `graph_mode` with `stock_runtime`."""
     _, handler, plan_mode, *more = config
     extra = dict(more[0]) if more else {}
     if handler == "stock" and graph_mode is not None:
@@ -44,8 +41,7 @@ def config_archive(config: tuple, model: str, batch: int, profile_path: Path | N
 
 def zoo_archives(models: list[str], store: Path, batch: int, *, handler: str = "packrat", tokenizer: Path | None = None,
                  max_batch_delay_ms: int = 50, **settings) -> list[Path]:
-    """An archive per zoo model, built into `store`: the packrat handler planning on the model's
-    default profile (the stock handler on none), BERT's text read with `tokenizer`."""
+    """An archive per zoo model in `store`: packrat planning on its default profile (stock on none), BERT's `tokenizer`."""
     from packrat.profiling.profiles import default_path
 
     return [archive.build(Settings(m, profiles=[default_path(m)] if handler == "packrat" else [], max_batch=batch,
@@ -61,16 +57,14 @@ def bert_tokenizer(models: list[str], out: Path) -> Path | None:
 
 
 def torchserve_of(run_dir: Path, models: list[str], mars: list[Path], **server) -> torchserve.Server:
-    """TorchServe serving several models' archives on free loopback ports, its served figures in
-    run_dir/served (`server`: more of torchserve.Server's fields)."""
+    """TorchServe serving several archives on free loopback ports, its served figures in run_dir/served."""
     return torchserve.start(torchserve.Server(run_dir, models[0], torchserve.Ports.free(), models=tuple(models),
                                               served_dir=run_dir / "served", **server), mars, timeout=900)
 
 
 @contextmanager
 def torchserve_serving(model: str, mar: Path, run_dir: Path, log=print, name: str = "torchserve"):
-    """TorchServe serving the archive on free loopback ports, token authorisation on, its served
-    figures in run_dir/served (not the user's); stopped on exit."""
+    """TorchServe serving the archive on free ports with tokens, its served figures in run_dir/served (not the user's)."""
     log(f"-- {name}: starting TorchServe")
     server = torchserve.start(torchserve.Server(run_dir, model, torchserve.Ports.free(), token_auth=True,
                                                 served_dir=run_dir / "served"), mar)
@@ -82,9 +76,8 @@ def torchserve_serving(model: str, mar: Path, run_dir: Path, log=print, name: st
 
 @contextmanager
 def kserve_serving(model: str, mar: Path, run_dir: Path, log=print, *, cores=None, front_ends: int | str = 1):
-    """packrat's KServe server (`packrat serve --engine kserve`'s) serving the archive on free loopback
-    ports, REST and gRPC, its engine's served figures in run_dir/served (not the user's), on `cores`
-    (default: all) through `front_ends` processes; stopped on exit."""
+    """packrat's KServe server (REST and gRPC) serving the archive on free ports, its served figures in
+    run_dir/served (not the user's), on `cores` through `front_ends` processes; stopped on exit."""
     from packrat.deploy import kserve
 
     log(f"-- kserve: starting the KServe model server ({front_ends} front end(s)"
@@ -110,8 +103,7 @@ def warm_up(server_and_token, model: str, run_dir: Path, users: int, warmup_s: f
 @contextmanager
 def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, warmup_s: float, log,
                   payload: tuple[bytes, str]):
-    """TorchServe started on free loopback ports and warmed up by locust sending `payload`
-    (body, content type): (the server, its inference key); stopped on exit."""
+    """TorchServe started and warmed up by locust sending `payload` (body, content type): (server, inference key)."""
     with torchserve_serving(model, mar, run_dir, log, name) as server:
         token = server.key("inference")
         warm_up((server, token), model, run_dir, users, warmup_s, payload)
@@ -119,8 +111,7 @@ def warmed_server(name: str, model: str, mar: Path, run_dir: Path, users: int, w
 
 
 def started_side_by_side(archives: dict[str, Path], model: str, out_dir: Path, stack: ExitStack, log) -> dict:
-    """{name: (server, token)}: TorchServe serving each archive, the servers started at once (their
-    JVMs and workers boot in parallel) on free loopback ports, each stopped when `stack` closes."""
+    """{name: (server, token)}: TorchServe per archive, started at once (JVMs boot in parallel), stopped with `stack`."""
     from concurrent.futures import ThreadPoolExecutor
 
     ports = distinct_ports(len(archives))
@@ -176,16 +167,14 @@ class Target:
 
 
 def health_paths(engine: str, model: str) -> tuple[str, ...]:
-    """Where a kubelet would probe the server: KServe's v2 liveness, readiness and the model's
-    readiness; TorchServe's /ping on its inference port."""
+    """Where a kubelet would probe: KServe's v2 liveness, readiness and the model's readiness; TorchServe's /ping."""
     return (("/v2/health/live", "/v2/health/ready", f"/v2/models/{model}/ready") if engine == "kserve"
             else ("/ping",))
 
 
 @contextmanager
 def serving(engine: str, model: str, mar: Path, run_dir: Path):
-    """The archive served by `engine` on free loopback ports, its served latencies kept in the run
-    dir (a slowed run must not teach the user's); stopped on exit."""
+    """The archive served by `engine` on free ports, its latencies kept in the run dir (a slowed run must not teach the user's)."""
     from packrat.bench.faults import torchserve_pid
     from packrat.deploy import kserve
 
@@ -214,8 +203,7 @@ class Body:
 
 
 def request_body(model: str, payload: str, input_shape, engine: str) -> Body:
-    """The body of `payload` for the model; KServe v2 ones to /v2/models/NAME/infer on the KServe
-    server (TorchServe's users POST to /predictions/NAME, which the packrat handler reads them on)."""
+    """The body of `payload`; KServe v2 ones to /v2/models/NAME/infer on KServe (TorchServe's go to /predictions/NAME)."""
     from packrat.codec.payloads import build_payload, v2_binary_payload, v2_json_payload
     from packrat.models.zoo import resolve
 
@@ -240,8 +228,7 @@ def status_or_none(target: Target, notes: list[str], when: str) -> dict | None:
 
 
 def counters(status: Mapping | None) -> dict:
-    """The scalar fields of an engine status's health (answered, refused, expired, admitted, ...:
-    whichever it has); {} without one."""
+    """The scalar fields of an engine status's health (answered, refused, expired, ...); {} without one."""
     health = (status or {}).get("health") or {}
     return {key: value for key, value in health.items() if value is None or isinstance(value, (int, float, str))}
 
@@ -261,8 +248,7 @@ def instance_cores(status: Mapping | None) -> list[int]:
 # ---- its health, probed --------------------------------------------------------------------------
 
 def probe(url: str, path: str, token: str | None, timeout_s: float = HEALTH_TIMEOUT_S) -> dict:
-    """One GET of `path` on a new connection, as a kubelet's probe: its status (0: no answer, with
-    its client error class) and how long it took."""
+    """One GET of `path` on a new connection, as a kubelet probes: status (0: none, with its error class) and ms."""
     from packrat.loadtest.requestlog import error_class
 
     parts = urlsplit(url)
@@ -282,8 +268,7 @@ def probe(url: str, path: str, token: str | None, timeout_s: float = HEALTH_TIME
 
 
 class HealthProbes(ExitStack):
-    """While active (a with block), each of the target's health paths probed every HEALTH_EVERY_S
-    (after the last answer) from a thread of its own; `probes` collects them."""
+    """In a with block, each health path probed every HEALTH_EVERY_S after its last answer, into `probes`."""
 
     def __init__(self, target: Target, every_s: float = HEALTH_EVERY_S):
         super().__init__()

@@ -1,7 +1,5 @@
-"""packrat bench overload --soak (the command's help says what it does): steady open-loop load at
-0.8 × capacity with bursts and instance kills, the server's process tree sampled, and its verdicts:
-every request answered, 504s rare outside the kills, no upward slope of PSS, open files or /dev/shm.
-The runner's server, warm-up, capacity runs and phases are overload.py's."""
+"""packrat bench overload --soak (its help says what it does): steady open-loop load with bursts and kills,
+the server's process tree sampled, and its verdicts; the server, warm-up and capacity runs are overload.py's."""
 
 from __future__ import annotations
 
@@ -36,9 +34,8 @@ KILL_WINDOW_S = 10.0  # a kill's window: from it to the deadline + this after it
 # ---- pure: the schedule, the samples' phases, trends, verdicts, the report -----------------------
 
 def soak_schedule(soak_s: float, every_s: float, burst_s: float) -> list[tuple[float, str]]:
-    """(seconds from the load's start, "burst" or "kill"), in time order: a burst at every_s,
-    2·every_s, ... that ends within the soak; a kill half an interval before each of those and
-    after the last, within the soak."""
+    """(seconds from the start, "burst" or "kill") in time order: a burst every every_s ending within the soak,
+    a kill half an interval before each and after the last."""
     if every_s <= 0:
         raise ValueError(f"the soak's interval must be > 0 s, got {every_s}")
     events = [(k * every_s, "burst") for k in range(1, math.floor(soak_s / every_s) + 1)
@@ -50,10 +47,8 @@ def soak_schedule(soak_s: float, every_s: float, burst_s: float) -> list[tuple[f
 
 def sample_phase(t_s: float, soak_s: float, events: Sequence[tuple[float, str]], burst_s: float,
                  window_s: float) -> str:
-    """What the load was doing at a sample t_s seconds into the soak: "after" (the load ended),
-    "burst" (a burst, until its last requests' deadline: burst_s + window_s), "kill" (a kill's
-    window, window_s) or "steady". Only steady samples are compared for slopes: a burst's
-    connections and a respawning instance are the load's, not a leak."""
+    """What the load did at t_s: "after", "burst" (until its last deadline), "kill" (its window) or "steady".
+    Only steady samples are fitted for slopes: a burst's connections and a respawning instance are no leak."""
     if t_s > soak_s:
         return "after"
     for at, kind in events:
@@ -63,9 +58,8 @@ def sample_phase(t_s: float, soak_s: float, events: Sequence[tuple[float, str]],
 
 
 def trend(points: Sequence[tuple[float, float]]) -> dict | None:
-    """The least-squares line through (t, value) points: its slope per second, the slope's standard
-    error (from the points' scatter about the line), the span of t and the mean; None for fewer
-    than 3 points or a single t."""
+    """The least-squares line through (t, value): slope per second, its standard error, the span of t, the mean;
+    None for fewer than 3 points or a single t."""
     if len(points) < 3:
         return None
     n = len(points)
@@ -87,8 +81,7 @@ RESOURCES = {  # sample key: (what, unit, the rise always allowed: one unit of r
 
 
 def slope_verdict(key: str, points: Sequence[tuple[float, float]]) -> Verdict:
-    """No upward slope of a resource: the fitted rise over the points' span at most SLOPE_SIGMAS
-    standard errors of it plus the resource's resolution (RESOURCES)."""
+    """Fitted rise over the span at most SLOPE_SIGMAS standard errors plus the resource's resolution."""
     what, unit, resolution, floor = RESOURCES[key]
     name = f"no upward slope: {what}"
     target = f"fitted rise ≤ {SLOPE_SIGMAS:g} × its standard error + {resolution}"
@@ -105,8 +98,7 @@ def slope_verdict(key: str, points: Sequence[tuple[float, float]]) -> Verdict:
 
 def soak_verdicts(counts: Mapping, outside: Mapping, inside: Mapping, kills: Sequence[Mapping], planned_kills: int,
                   samples: Sequence[Mapping], slope_from_s: float, probes: Sequence[Mapping]) -> list[Verdict]:
-    """The soak's verdicts: `counts` of every request, `outside` / `inside` the kill windows; the slopes
-    over the steady samples at or after `slope_from_s`."""
+    """`counts` of every request, `outside` / `inside` the kill windows; slopes of steady samples from `slope_from_s`."""
     value = (f"{answered(counts) + counts['client_error']} requests: 200 {counts['200']}, 503 {counts['503']}, "
              f"504 {counts['504']}, other {counts['other']}, client errors {fmt_errors(counts)}")
     every = Verdict("every request answered", "200, 503 or 504 only, no client error",
@@ -130,8 +122,7 @@ def soak_verdicts(counts: Mapping, outside: Mapping, inside: Mapping, kills: Seq
 
 
 def event_figures(event: Mapping, records: Sequence[RequestRecord], burst_s: float, window_s: float) -> dict:
-    """A burst's or a kill's requests: those sent in the burst (every stream), or in flight at the
-    kill or sent within its window; with a burst's answers 200 per second."""
+    """A burst's requests (every stream's) or a kill's (in flight or sent in its window); a burst's 200s per second."""
     start = event["time"]
     end = start + (burst_s if event["kind"] == "burst" else window_s)
     mine = ([r for r in records if start <= r.start < end] if event["kind"] == "burst"
@@ -179,8 +170,7 @@ def _share(counts: Mapping) -> str:
 # ---- the run -------------------------------------------------------------------------------------
 
 def run_soak(args) -> dict:
-    """Serve, warm up, measure capacity, then the soak: steady load, bursts, kills, samples and
-    probes; the report."""
+    """Serve, warm up, capacity, then the soak (steady load, bursts, kills, samples, probes): the report."""
     from packrat.bench.faults import kill_one
     from packrat.loadtest.requestlog import read_request_log
 

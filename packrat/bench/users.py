@@ -1,10 +1,7 @@
-"""Users and what they met: how many a run has (patterns relative to TorchServe's batch size B: "B",
-"2B", or a fixed "4"; the open loop's count for a rate), a load of them run with every request
-logged (or against an engine in this process), locust's results of several runs pooled, and their
-requests' records counted: by status and client error, percentiles, rates.
-
-Light: the load test comes with a load; records need only .start, .end, .response_ms, .status and
-.client_error."""
+"""Users and what they met: how many a run has (B, 2B, 4 or an open loop's for a rate), a load run with
+every request logged (or against an in-process engine), locust runs pooled, records counted by status,
+client error, percentile and rate. Light: locust comes with a load; records need .start, .end,
+.response_ms, .status and .client_error."""
 
 from __future__ import annotations
 
@@ -73,16 +70,13 @@ def users_for_batch(patterns: Sequence[UsersPattern | int], batch: int) -> list[
 
 
 def open_loop_users(rate_rps: float, request_timeout_s: float, batch: int) -> int:
-    """Users enough to send `rate_rps` while every answer takes up to the deadline (and a second
-    more): each sends one request per users / rate s. At least the closed loop's B."""
+    """Users enough to send `rate_rps` with each answer taking the deadline and a second; at least B."""
     return max(batch, math.ceil(rate_rps * (request_timeout_s + PACE_SLACK_S)))
 
 
 class EngineUsers:
-    """While active (a with block), `users` closed-loop users in threads of this process, each
-    submitting `body` (bytes, content type) to an in-process engine as a front end drives it
-    (arrive, then submit) and waiting for its answer: `latencies_ms` of every answer, `failures`
-    (answers not 200)."""
+    """In a with block, `users` closed-loop threads submitting `body` to an in-process engine as a front end
+    does: `latencies_ms` of every answer, `failures` (not 200)."""
 
     def __init__(self, engine, users: int, body: tuple[bytes, str]):
         import threading
@@ -119,8 +113,7 @@ class EngineUsers:
 
 def logged_load(url: str, model: str, users: int, seconds: float, where: Path, log: Path | None = None,
                 **locust) -> list[RequestRecord]:
-    """One locust run (packrat.loadtest.run_locust: `locust` its other keywords), every request
-    logged to `log` (default where/requests.tsv) and waited for: the records."""
+    """One locust run (`locust`: run_locust's other keywords), every request logged (`log`) and waited for."""
     from packrat.loadtest import run_locust
     from packrat.loadtest.requestlog import read_request_log
 
@@ -130,8 +123,8 @@ def logged_load(url: str, model: str, users: int, seconds: float, where: Path, l
 
 
 def pooled(results: Sequence[LoadResult], run_s: float) -> LoadResult:
-    """Runs of one configuration, each `run_s` s of load, as one: percentiles from the summed histograms
-    and the requests answered per second of load (locust's own rate overstates a run of few batches)."""
+    """Runs of `run_s` s as one: percentiles from summed histograms, answers per second of load (locust's rate
+    overstates a run of few batches)."""
     from packrat.loadtest import LoadResult, percentile
 
     histogram: dict[float, int] = {}
@@ -170,9 +163,8 @@ def by_status(records: Iterable[RequestRecord], failed_only: bool = False) -> di
 
 
 def status_classes(records: Iterable[RequestRecord]) -> dict:
-    """Requests by outcome: "200", "503", "504", "other" (any other HTTP status), "client_error"
-    (no whole HTTP answer: the record's client error class) and, of those, "errors" by class
-    (reset, refused, timeout, other)."""
+    """Requests by outcome: "200", "503", "504", "other" status, "client_error" (no whole answer) and "errors"
+    of those by class (reset, refused, timeout, other)."""
     counts: Counter = Counter()
     errors: Counter = Counter()
     for record in records:
