@@ -36,8 +36,7 @@ def _ratio(top, bottom) -> str:
 
 
 def read_log(out: Path) -> tuple[dict[str, list[str]], dict[str, dict]]:
-    """(commands per step, finished steps {key: {title, seconds, budget, status}}, and "budgets": where
-    the budgets come from) from steps.tsv."""
+    """(commands per step, finished steps {key: {title, seconds, budget, status}}, "budgets") from steps.tsv."""
     commands: dict[str, list[str]] = {}
     steps: dict[str, dict] = {}
     path = out / "steps.tsv"
@@ -159,8 +158,7 @@ def ios_tables(out: Path) -> list[str]:
 
 
 def ios_plan_tables(out: Path) -> list[str]:
-    """The plan at B = 1 with its IOS instances and what they gained (ios-plan.json), and per B of the
-    oracle's run (oracle-ios.json): the plan as served against the best configuration without IOS."""
+    """The B = 1 plan's IOS instances and gain (ios-plan.json); per B of oracle-ios.json, served against the best without IOS."""
     from packrat.cli.output import gain_lines
 
     lines = []
@@ -202,9 +200,8 @@ def peers_tables(out: Path) -> list[str]:
 
 
 def verdict_rows(peers: dict | None, report: dict | None) -> list[dict]:
-    """Per B, from peers.json and oracle.json (either may be missing): packrat's served latency and
-    prediction (peers' run), the peer closest to packrat and its paired ratio, and the oracle's
-    summary of the loaded plan."""
+    """Per B from peers.json and oracle.json (either may be missing): packrat's served latency and prediction,
+    the closest peer and its paired ratio, the oracle's summary of the loaded plan."""
     batches = sorted({int(b) for b in (peers or {}).get("summary", {})}
                      | {s["batch"] for s in (report or {}).get("summaries", [])})
     rows = []

@@ -57,8 +57,7 @@ def run_case(model: str, batch: int, threads: int, out: Path, bounds: Path | Non
 # ---- the peers: timed in a fresh process on the IOS case's cores --------------------------------
 
 def peer_call(peer: str, spec, batch: int, threads: int) -> Callable[[], object]:
-    """One run of `peer` on the model's example batch, ready to call, built as packrat builds it
-    (RuntimeRefused when the runtime cannot run the model)."""
+    """One run of `peer` on the example batch, built as packrat builds it (RuntimeRefused where it cannot run)."""
     from packrat.models.runtimes import OpenVinoRunner, ensure_artefact
 
     path = ensure_artefact(spec, ARTEFACT[peer])
@@ -89,9 +88,8 @@ def refusal_text(exc: Exception) -> str:
 
 
 def peer_worker(model: str, batch: int, threads: int, peers: list[str]) -> dict:
-    """In the fresh process: pinned to the first `threads` cores (those the IOS case's workers
-    take), every peer prepared, then timed in ROUNDS interleaved rounds of shuffled order; per peer
-    {"median_ms"} or {"error": why}."""
+    """In the fresh process: pinned to the IOS workers' first `threads` cores, every peer prepared, then timed
+    in ROUNDS shuffled interleaved rounds; per peer {"median_ms"} or {"error": why}."""
     cores = first_cores(threads)
     os.sched_setaffinity(0, cores)  # the runtimes' threads inherit it
     import torch
@@ -121,8 +119,7 @@ def not_installed(peer: str) -> str | None:
 
 
 def run_peers(model: str, batch: int, threads: int, peers: list[str], out: Path) -> dict[str, dict]:
-    """Each peer's result for the case, {"median_ms"} or {"error"}: the installed peers timed
-    together in one fresh worker, kept in --out (a case whose peers are all kept is not run again)."""
+    """Each peer's result for the case, timed together in one fresh worker and kept in --out (not run again)."""
     path = out / f"{model}-b{batch}-t{threads}.peers.json"
     # a runtime not installed is not kept: it may be installed later
     results = {peer: {"error": why} for peer in peers if (why := not_installed(peer))}

@@ -67,8 +67,7 @@ def answered(pool, requests) -> None:
 # ---- the parent -------------------------------------------------------------------------------------
 
 def plans_for(args, batch: int, cores: list[int]) -> dict[str, tuple[list[dict], float | None, str]]:
-    """The instances to run at B, by name ("fixed", or the profile's "plan" and with --model-only-too
-    its "model-only plan"), each with the profile's prediction and a description."""
+    """The instances at B by name ("fixed", the profile's "plan", "model-only plan"), each predicted and described."""
     if args.profile is None:
         return {"fixed": ([{"threads": len(cores), "batch": batch, "cores": cores, "runtime": args.runtime}], None,
                           f"1×⟨{len(cores)}, {batch}, {args.runtime}⟩")}
