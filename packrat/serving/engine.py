@@ -202,8 +202,9 @@ class Engine:
         profile = profile or self.corrector.profile
         plan, fallback = serving_plan(profile.items(), topology.num_cores, batch, topology, self._plan_mode,
                                       profile.runtimes)
-        if fallback:
+        if fallback and fallback != getattr(self, "_fallback_said", None):  # once, not at every look
             log.warning(fallback)
+        self._fallback_said = fallback
         if not corrected:
             return plan
         return self.settled.plan(plan, topology.cores, profile.points(),
