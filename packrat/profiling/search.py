@@ -301,16 +301,14 @@ class FullGrid(Search):
 
 def filled_items(items: list[tuple[int, int, float]], points: dict[tuple[int, int, str], float],
                  threads: list[int], batches: list[int]) -> list[tuple[int, int, float]]:
-    """`items` (a profile's (threads, batch, ms), each point's chosen runtime) and, at every other
-    point of `threads` × `batches`, the least of the fits of the runtimes `points` ((t, b, runtime)
-    -> ms) has FIT_POINTS of (none where no runtime has). The node plans a model on fewer cores
-    than its profile's search planned for, where the search may have measured nothing: ResNet-50's
-    default 2-core profile had no ⟨1, 4⟩, so the node could not give it one core at B = 4 and put
-    it in turns with SqueezeNet, which then served 0.25 of what it serves alone (2026-12-02)."""
+    """`items` (a profile's chosen (threads, batch, ms)) and, at every other point of `threads` ×
+    `batches`, the least of the fits of the runtimes of `points` ((t, b, runtime) -> ms) with
+    FIT_POINTS each: a node's share of fewer cores needs points a search for all of them skipped
+    (docs/benchmarks/multi-model.md, issue 69)."""
     runtimes = tuple(sorted({r for *_, r in points}))
     search = Search(threads, batches, runtimes)
-    search.measured.update({(r, t, b): ms for (t, b, r), ms in points.items()  # no errors wanted:
-                            if t in search.threads and b in search.batches})  # record() would predict each
+    search.measured.update({(r, t, b): ms for (t, b, r), ms in points.items()  # not record(): no errors wanted
+                            if t in search.threads and b in search.batches})
     filled = {(t, b): ms for t, b, ms in items}
     fits = [search._predict(r) for r in runtimes if len(search._own(r)) >= FIT_POINTS]
     for i, t in enumerate(search.threads):
