@@ -715,3 +715,50 @@ def test_the_connection_limit_is_the_raised_files_limit_less_a_reserve(monkeypat
     assert kserve_server.connection_limit() == 1024 - kserve_server.FD_RESERVE
     limits["now"] = (200, 200)
     assert kserve_server.connection_limit() == kserve_server.FD_RESERVE  # never below the reserve itself
+
+
+def test_kserves_own_routes_read_bodies_within_the_servers_limits(monkeypatch):
+    """A route of KServe's app that reads its body gets it whole within the server's default size;
+    over it, 413 before the route runs (KServe's routes read bodies with no limit of their own)."""
+    from types import SimpleNamespace
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from starlette.responses import JSONResponse
+
+    monkeypatch.setattr(kserve_server, "MAX_BODY_BYTES", 1000)
+    app, seen = FastAPI(), []
+
+    async def load(request):  # as KServe's repository routes read theirs: whole, no limit
+        seen.append(len(await request.body()))
+        return JSONResponse({"name": request.path_params["name"]})
+
+    app.add_route("/v2/repository/models/{name}/load", load, methods=["POST"])
+
+    client = TestClient(kserve_server.serving_app(app, SimpleNamespace(get_model=lambda name: None)))
+    assert client.post("/v2/repository/models/m/load", content=b"x" * 1000).status_code == 200
+    refused = client.post("/v2/repository/models/m/load", content=b"x" * 1001)
+    assert refused.status_code == 413 and "over 1000 bytes" in refused.json()["error"]
+    assert seen == [1000]
+
+
+def test_a_bounded_body_still_arriving_past_its_time_is_answered_408():
+    import asyncio
+
+    from packrat.frontends.http import BoundedBody
+
+    called, sent = [], []
+
+    async def app(scope, receive, send):
+        called.append(await receive())
+
+    async def trickle():
+        await asyncio.sleep(0.05)
+        return {"type": "http.request", "body": b"x", "more_body": True}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [(b"content-length", b"100")]}
+    asyncio.run(BoundedBody(app, 1000, 0.3)(scope, trickle, send))
+    assert not called and sent[0]["status"] == 408

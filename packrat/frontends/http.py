@@ -76,6 +76,34 @@ class ReadBodyBeforeAnswering:
         await self.app(scope, receive_tracked, send_after_body)
 
 
+class BoundedBody:
+    """ASGI middleware for routes that read bodies with no bound of their own (KServe's app): the
+    body read whole first, within `limit` bytes, by `timeout_s` after it began and within what
+    `reads` lets bodies hold together (asgi_body, and refused as it refuses), then handed to the
+    app as one message."""
+
+    def __init__(self, app, limit: int, timeout_s: float, reads: "BodyReads | None" = None):
+        self.app, self.limit, self.timeout_s, self.reads = app, limit, timeout_s, reads
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not _has_body(scope):
+            return await self.app(scope, receive, send)
+        try:
+            body = await asgi_body(scope, receive, self.limit, time.monotonic() + self.timeout_s, self.reads)
+        except BodyRefused as refused:
+            return await send_answer(send, refused.answer())
+        given = False
+
+        async def replay():
+            nonlocal given
+            if given:
+                return await receive()  # the disconnect, when it comes
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
 def _has_body(scope) -> bool:
     """Whether the request says a body follows (a length above 0, or chunks)."""
     for name, value in scope.get("headers", ()):

@@ -73,8 +73,9 @@ from starlette.responses import JSONResponse, Response
 
 from packrat.codec import oip
 from packrat.codec.kserve import model_metadata
-from packrat.frontends.http import (BODIES_IN_FLIGHT_BYTES, BodyReads, BodyRefused, ReadBodyBeforeAnswering,
-                                    asgi_body, header_refusal, linger, scope_headers, send_answer)
+from packrat.frontends.http import (BODIES_IN_FLIGHT_BYTES, BodyReads, BodyRefused, BoundedBody,
+                                    ReadBodyBeforeAnswering, asgi_body, header_refusal, linger, scope_headers,
+                                    send_answer)
 from packrat.frontends.kserve_compat import OneLineRESTServer, OneLineStatus, ServedVersion
 from packrat.frontends.kserve_metrics import PackratCollector
 from packrat.frontends import front_ends
@@ -372,14 +373,16 @@ class InferenceFirst:
     """The REST server's ASGI app. A POST to a packrat model's inference path is answered here, in
     raw ASGI, ahead of FastAPI's routing and KServe's own middleware (a route match, dependency
     resolution, a timing middleware reading getrusage: work each request pays, a refusal under
-    overload included); everything else goes to KServe's app, behind ReadBodyBeforeAnswering. The
+    overload included); everything else goes to KServe's app, behind ReadBodyBeforeAnswering and
+    BoundedBody (its bodies within the server's default size and time limits). The
     deployer's middleware on KServe's app (app.add_middleware: authentication, CORS, rate limits)
     runs in front of the inference paths too, as it runs in front of the app's routes. Bodies are
     read by their request's deadline, within the bytes `bodies` lets all of them hold together."""
 
     def __init__(self, app, repository: PackratRepository, bodies: BodyReads | None = None):
         self.kserve_app, self.repository, self.bodies = app, repository, bodies or BodyReads()
-        self.app = ReadBodyBeforeAnswering(ServedVersion(app))
+        # KServe's own routes read bodies unbounded: read here within the server's defaults first
+        self.app = ReadBodyBeforeAnswering(BoundedBody(ServedVersion(app), MAX_BODY_BYTES, REQUEST_TIMEOUT_S, self.bodies))
         self._infer = None  # the inference paths behind the deployer's middleware: built at the first
         # request, once the app has started and no middleware can be added to it
 
