@@ -762,3 +762,48 @@ def test_a_bounded_body_still_arriving_past_its_time_is_answered_408():
     scope = {"type": "http", "method": "POST", "path": "/", "headers": [(b"content-length", b"100")]}
     asyncio.run(BoundedBody(app, 1000, 0.3)(scope, trickle, send))
     assert not called and sent[0]["status"] == 408
+
+
+def test_headers_trickling_past_their_deadline_close_the_connection(monkeypatch):
+    """uvicorn bounds headers' size, not their time: with the server's protocol a connection whose
+    headers are still coming HEADERS_S after it opened is closed; a whole request is answered."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from packrat.frontends import http
+
+    monkeypatch.setattr(http, "HEADERS_S", 0.5)
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, http=http.header_deadline_protocol(), log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as good:
+            good.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert good.recv(1024).startswith(b"HTTP/1.1 200")
+            time.sleep(0.8)  # kept alive past HEADERS_S with nothing sent: the keep-alive rule's, not ours
+            good.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert good.recv(1024).startswith(b"HTTP/1.1 200")
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as slow:
+            started = time.monotonic()
+            slow.sendall(b"GET / HTT")
+            assert slow.recv(1024) == b""  # closed, not answered
+            assert 0.4 < time.monotonic() - started < 3
+    finally:
+        server.should_exit = True
+        thread.join(5)

@@ -25,6 +25,7 @@ BODIES_IN_FLIGHT_BYTES = 256 * 2**20
 UNBOUNDED = float("inf")
 SWEEP_S = 0.1  # how often the bodies being read are checked against their deadlines
 BUDGET_RETRY_AFTER_S = 1  # bodies being read finish or pass their deadline; a retry a second later finds room
+HEADERS_S = 20.0  # a request's line and headers must all come within this (nginx's client_header_timeout: 60 s)
 
 
 async def _linger(next_chunk) -> int:
@@ -287,3 +288,46 @@ async def send_answer(send, answer: Answer, extra: tuple = ()) -> None:
 def scope_headers(scope) -> dict[bytes, bytes]:
     """The request's headers by lower-case name (ASGI gives them lower-cased)."""
     return dict(scope["headers"])
+
+
+def header_deadline_protocol():
+    """uvicorn's httptools protocol whose requests' headers have a deadline: a connection that has
+    not sent a whole request line and headers HEADERS_S after it opened (or after the first byte of
+    its next request) is closed. uvicorn bounds their size, not their time: a client sending them a
+    byte at a time held its connection, one of the server's limited ones, for as long as it liked."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class HeaderDeadline(HttpToolsProtocol):
+        _headers_timer = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._headers_timer is None and (self.cycle is None or self.cycle.response_complete):
+                self._arm()  # a next request on a kept-alive connection: its headers get the same time
+            super().data_received(data)
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._headers_timer = self.loop.call_later(HEADERS_S, self._late)
+
+        def _disarm(self) -> None:
+            if self._headers_timer is not None:
+                self._headers_timer.cancel()
+                self._headers_timer = None
+
+        def _late(self) -> None:
+            self._headers_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderDeadline

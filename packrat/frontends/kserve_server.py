@@ -74,8 +74,8 @@ from starlette.responses import JSONResponse, Response
 from packrat.codec import oip
 from packrat.codec.kserve import model_metadata
 from packrat.frontends.http import (BODIES_IN_FLIGHT_BYTES, BodyReads, BodyRefused, BoundedBody,
-                                    ReadBodyBeforeAnswering, asgi_body, header_refusal, linger, scope_headers,
-                                    send_answer)
+                                    ReadBodyBeforeAnswering, asgi_body, header_deadline_protocol, header_refusal,
+                                    linger, scope_headers, send_answer)
 from packrat.frontends.kserve_compat import OneLineRESTServer, OneLineStatus, ServedVersion
 from packrat.frontends.kserve_metrics import PackratCollector
 from packrat.frontends import front_ends
@@ -520,6 +520,7 @@ class PackratModelServer(kserve.ModelServer):
         self._rest_server.config.host = self.host
         self._rest_server.config.backlog = BACKLOG
         self._rest_server.config.limit_concurrency = connection_limit()
+        self._rest_server.config.http = header_deadline_protocol()
         sockets = self.repository.front_end.sockets(self.host, self.http_port, BACKLOG)
         self.servers.append(self._rest_server.start() if sockets is None else self._rest(sockets))
         self.repository.front_end.start_meter(self.answered)
