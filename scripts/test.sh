@@ -4,7 +4,7 @@
 #
 # The whole suite runs in two pytest runs (docs/testing.md): first the tests marked `serial` (they
 # time things, or need the cores to themselves) alone, then every other test on TESTS_WORKERS
-# pytest-xdist workers (default: 2 where 2 cores or more are ours; 4 ran 3 minutes faster, but
+# pytest-xdist workers (default: 2 where 2 cores or more are ours; 4 were no faster, and
 # one run of five then lost a request in a KServe unload test: docs/testing.md), a file per worker at a time
 # (--dist loadfile: a module's server or pool is started once). Both runs share one session
 # directory (compile cache; tests/conftest.py). A -m given here is combined with each run's. The
