@@ -163,7 +163,8 @@ class Engine:
         the search measured nothing (a share of fewer cores needs them); kept until the profile or
         the batch changes, since every heartbeat reports them."""
         profile = self.corrector.profile
-        if self._node_items_for[:2] != (profile, batch):
+        cached, cached_batch, _ = self._node_items_for
+        if cached is not profile or cached_batch != batch:  # the same object: not a field-by-field compare
             threads = list(range(1, max(profile.threads) + 1))
             items = filled_items(profile.items(), profile.points(), threads, sorted({*profile.batches, batch}))
             self._node_items_for = (profile, batch, [list(item) for item in items])
