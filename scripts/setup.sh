@@ -38,24 +38,49 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 
 [ -x .venv/bin/python ] || "$python" -m venv .venv
+# The installer: uv where it can be had (a fresh clone's test set-up took 155 s with pip, which
+# unpacks every wheel again, and 53 s with uv, which links them from its cache and compiles in parallel:
+# docs/testing.md);
+# pip where uv cannot be installed, fails, or PACKRAT_INSTALLER=pip. uv reads no pip.conf: pip's
+# index variables are handed on, and a failed uv install is done again by pip.
 pip=(.venv/bin/python -m pip install --quiet)
+uv=()
+if [ "${PACKRAT_INSTALLER:-uv}" = uv ] && { [ -x .venv/bin/uv ] || "${pip[@]}" uv >/dev/null 2>&1; }; then
+    export UV_INDEX_URL=${UV_INDEX_URL:-${PIP_INDEX_URL:-}} UV_EXTRA_INDEX_URL=${UV_EXTRA_INDEX_URL:-${PIP_EXTRA_INDEX_URL:-}}
+    [ -n "$UV_INDEX_URL" ] || unset UV_INDEX_URL
+    [ -n "$UV_EXTRA_INDEX_URL" ] || unset UV_EXTRA_INDEX_URL
+    uv=(.venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python)  # bytecode as pip writes it: a process started under PYTHONDONTWRITEBYTECODE compiles none
+fi
+install() {  # install ARGS...: with uv if there is one, again with pip if uv fails
+    if [ ${#uv[@]} -gt 0 ] && "${uv[@]}" "$@"; then
+        return 0
+    fi
+    [ ${#uv[@]} -eq 0 ] || echo "setup: uv failed; installing with pip" >&2
+    "${pip[@]}" "$@"
+}
 # torch first, CPU build: a local wheel (pip's find-links) if there is one, else the CPU index.
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     echo "setup: installing $torch_spec (CPU build)"
-    if "${pip[@]}" --dry-run --no-index --no-deps "$torch_spec" >/dev/null 2>&1; then
-        "${pip[@]}" "$torch_spec"
+    local_wheel=$("${pip[@]}" --dry-run --no-index --no-deps --report - "$torch_spec" 2>/dev/null \
+        | .venv/bin/python -c "import json, sys, urllib.parse as u; print(u.unquote(u.urlparse(json.load(sys.stdin)['install'][0]['download_info']['url']).path))" 2>/dev/null || true)
+    if [ -n "$local_wheel" ] && [ -f "$local_wheel" ]; then
+        install --no-deps "$local_wheel"  # its dependencies come with packrat's, below
     else
-        "${pip[@]}" --index-url "$cpu_index" "$torch_spec"
+        install --index-url "$cpu_index" "$torch_spec"
     fi
 fi
+# Whatever comes next keeps this torch: no requirement may bring another build.
+pin=$(mktemp "${TMPDIR:-/tmp}/packrat-torch-pin-XXXXXX.txt")
+trap 'rm -f "$pin"' EXIT
+.venv/bin/python -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" > "$pin"
 # The packages an old checkout installed under the name "packrat" (an unrelated project's on the index).
 if .venv/bin/python -m pip show --quiet packrat >/dev/null 2>&1; then
     .venv/bin/python -m pip uninstall --quiet --yes packrat
 fi
 echo "setup: installing packrat${extras:+[$extras]}"
 if [ "${PACKRAT_RUNTIMES:-}" = none ]; then  # torch alone: every dependency but the runtimes
-    "${pip[@]}" --no-deps -e .
-    .venv/bin/python - <<'PY' | xargs "${pip[@]}"
+    install --constraint "$pin" --no-deps -e .
+    mapfile -t deps < <(.venv/bin/python - <<'PY'
 import tomllib
 runtimes = {"openvino", "onnxruntime", "onnx", "onnxscript"}
 for spec in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]:
@@ -63,7 +88,9 @@ for spec in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"
     if name not in runtimes:
         print(spec)
 PY
+)
+    install --constraint "$pin" "${deps[@]}"
 else
-    "${pip[@]}" -e ".${extras:+[$extras]}"
+    install --constraint "$pin" -e ".${extras:+[$extras]}"
 fi
 echo "$want" > "$stamp"
