@@ -410,6 +410,52 @@ def test_failed_reconfigure_leaves_the_pool_serving(reference, shared):
     assert_same(pool.infer(requests[:4]), expected[:4])
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(len(CORES) < 2, reason="a switch to new instances needs a second core")
+def test_a_pool_closed_during_a_switch_stops_its_new_instances_and_answers_what_is_handed_back(reference):
+    """An unload under load: the engine closes its pool while a switch starts new instances. The
+    switch fails, its new instance stops, and requests a lost or retired instance hands back after
+    the close (nothing hands out the queue any more) are answered 503, not queued unanswered."""
+    from concurrent.futures import Future
+
+    from packrat.serving.pool.dispatch import Job
+
+    requests, _ = reference
+    pool = InstancePool(TINY, [InstanceConfig(1, 2, (CORES[0],))])
+    spawning, spawned = threading.Event(), []
+    real_spawn = pool.supervisor.spawn
+
+    def spawn(*args, **kwargs):
+        spawning.set()
+        spawned.append(real_spawn(*args, **kwargs))
+        return spawned[-1]
+
+    pool.supervisor.spawn = spawn
+    outcome = {}
+
+    def switch():
+        try:
+            outcome["counts"] = pool.reconfigure([InstanceConfig(1, 2, (CORES[1],))])
+        except PoolError as exc:
+            outcome["error"] = str(exc)
+
+    switching = threading.Thread(target=switch)
+    switching.start()
+    assert spawning.wait(60)
+    pool.close()
+    switching.join(120)
+    assert outcome == {"error": "the pool was closed during the switch"}
+    assert pool.supervisor.instances == [] and spawned
+    assert not any(psutil.pid_exists(i.pid) and psutil.Process(i.pid).status() != psutil.STATUS_ZOMBIE
+                   for i in spawned)
+    handed_back = Job(requests[0], Future(), time.monotonic(), time.monotonic() + 60)
+    with pool._lock:  # as a lost instance's requests come back: under the pool's lock
+        pool.supervisor._requeue([handed_back], "instance 0 died with exit code -9")
+    answer = handed_back.future.result(timeout=0)
+    assert (answer.status, answer.reason) == (503, "the model is being unloaded")
+    assert not pool.dispatcher.queue
+
+
 def test_batches_above_the_plan_use_the_capacity_in_one_round():
     assert split_sizes(8, [2, 2], [8, 8]) == [4, 4]
     assert split_sizes(10, [4, 2], [8, 8]) == [7, 3]

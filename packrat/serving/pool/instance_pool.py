@@ -102,7 +102,7 @@ class InstancePool:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         self.dispatcher = Dispatcher(gather_ms, request_timeout_s, max_queue, admission=admission)
-        self.supervisor = Supervisor(model, codec, self._lock, self._closed, self.dispatcher.requeue, self._wake,
+        self.supervisor = Supervisor(model, codec, self._lock, self._closed, self._requeue, self._wake,
                                      start_timeout=start_timeout, watchdog=watchdog, thread_done=self._thread_done,
                                      on_fence=on_fence)  # on_fence(cores): abandoned threads' cores changed
         swept = sweep_stale_segments()
@@ -240,6 +240,16 @@ class InstancePool:
                 left = bool(self.dispatcher.queue)
             if left:  # requests no idle instance took: the loop's to hand out (gather windows, deadlines)
                 self._wake()
+
+    def _requeue(self, jobs: list, why: str) -> None:
+        """A lost or retired instance's requests (caller holds the lock): queued again, or, once the
+        pool is closed, answered 503 (its queue was answered and nothing hands it out any more: a
+        switch that ended after an unload had put them back unanswered)."""
+        if self._closed.is_set():
+            for job in jobs:
+                self.dispatcher.refuse(job, "the model is being unloaded")
+        else:
+            self.dispatcher.requeue(jobs, why)
 
     def _wake(self) -> None:
         try:

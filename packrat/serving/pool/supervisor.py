@@ -396,23 +396,33 @@ class Supervisor:
             log.warning("new instances keep nice %d: lowering it back needs CAP_SYS_NICE", warmup_nice)
         reused = set(map(id, kept.values()))
         with self._lock:
-            retired = [inst for inst in self.instances if id(inst) not in reused]
-            still_parked = [inst for inst in self.parked if id(inst) not in reused]
-            for position, inst in kept.items():
-                inst.config = configs[position]
-                inst.index = position
-            self.instances = [kept.get(p) or fresh[p] for p in range(len(configs))]
-            if retired:  # park this switch's leftovers; the older parked ones go
-                self.parked, stopped = [i for i in retired if i.ready], still_parked + [i for i in retired
-                                                                                         if not i.ready]
-            else:
-                self.parked, stopped = still_parked, []
-            for inst in stopped:  # still busy with an earlier switch's requests: they run again elsewhere
-                jobs, inst.jobs = inst.jobs, []
-                self._requeue(jobs, f"instance {inst.index} was stopped by a reconfiguration")
+            closed = self._closed.is_set()  # closed while they started: the pool's close stopped the rest
+            stopped, parked = (list(fresh.values()), 0) if closed else self._swap_in(configs, kept, fresh, reused)
         self._wake()
         close_all(stopped)
-        return {"kept": len(kept), "started": len(fresh), "parked": len(retired), "stopped": len(stopped)}
+        if closed:
+            raise PoolError("the pool was closed during the switch")
+        return {"kept": len(kept), "started": len(fresh), "parked": parked, "stopped": len(stopped)}
+
+    def _swap_in(self, configs, kept: dict, fresh: dict, reused: set) -> tuple[list[Instance], int]:
+        """The switch itself (caller holds the lock): the kept and fresh instances serve from now on,
+        the retired ones are parked. The instances to stop (their requests queued again), and how
+        many were parked."""
+        retired = [inst for inst in self.instances if id(inst) not in reused]
+        still_parked = [inst for inst in self.parked if id(inst) not in reused]
+        for position, inst in kept.items():
+            inst.config = configs[position]
+            inst.index = position
+        self.instances = [kept.get(p) or fresh[p] for p in range(len(configs))]
+        if retired:  # park this switch's leftovers; the older parked ones go
+            self.parked, stopped = [i for i in retired if i.ready], still_parked + [i for i in retired
+                                                                                     if not i.ready]
+        else:
+            self.parked, stopped = still_parked, []
+        for inst in stopped:  # still busy with an earlier switch's requests: they run again elsewhere
+            jobs, inst.jobs = inst.jobs, []
+            self._requeue(jobs, f"instance {inst.index} was stopped by a reconfiguration")
+        return stopped, len(retired)
 
     def close(self) -> list:
         """Stop every instance (caller has stopped dispatch); the jobs they held."""
