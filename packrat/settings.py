@@ -65,6 +65,14 @@ NODE_DIR_ENV = EnvVar("PACKRAT_NODE_DIR", Path, "/tmp/packrat-node-{uid}",
 SERVED_DIR_ENV = EnvVar("PACKRAT_SERVED_DIR", Path, "~/.cache/packrat/served",
                         "where an engine keeps the latencies its instances served where they differed from the "
                         "profile's (one file per model and profile), so a restart plans with them")
+def switch(text: str) -> bool:
+    """An on/off variable's value: off for 0, false, no or off."""
+    return text.strip().lower() not in ("0", "false", "no", "off")
+
+
+FORK_INSTANCES_ENV = EnvVar("PACKRAT_FORK_INSTANCES", switch, "1",
+                            "1 (the default): pool instance processes are forked from a process that has "
+                            "imported torch once; 0: each starts as a fresh interpreter (about 1.9 s of CPU more)")
 CONTROL_DIR_ENV = EnvVar("PACKRAT_CONTROL_DIR", Path, None,
                          "set by `packrat serve` for its handlers: the folder of control files they poll "
                          "(`packrat reconfigure` requests)")

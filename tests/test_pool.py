@@ -469,13 +469,22 @@ def test_an_instance_exits_when_its_pool_process_dies_while_it_loads():
             f"InstancePool(ModelConfig('resnet50', graph_mode='script'), [InstanceConfig(1, 1, ({CORES[0]},))])")
     parent = subprocess.Popen([sys.executable, "-c", code])
     try:
-        wait_until(lambda: psutil.Process(parent.pid).children(), "no instance was started", timeout=30)
-        (instance,) = psutil.Process(parent.pid).children()
+        wait_until(lambda: instances_of(parent.pid), "no instance was started", timeout=30)
+        (instance,) = instances_of(parent.pid)
+        descendants = psutil.Process(parent.pid).children(recursive=True)  # the fork server too, if any
     finally:
         parent.kill()
         parent.wait()
-    wait_until(lambda: not instance.is_running() or instance.status() == psutil.STATUS_ZOMBIE,
-               "the instance outlived its pool's process", timeout=10)
+    for process in [instance, *descendants]:
+        wait_until(lambda: not process.is_running() or process.status() == psutil.STATUS_ZOMBIE,
+                   f"{process.pid} outlived its pool's process", timeout=10)
+
+
+def instances_of(pid: int) -> list[psutil.Process]:
+    """The pool instances under process `pid`, forked or not (not the fork server)."""
+    from packrat.bench.faults import pool_instances
+
+    return pool_instances(pid)
 
 
 @pytest.mark.slow

@@ -15,8 +15,9 @@ from pathlib import Path
 import psutil
 
 from packrat.bench.harness import Periodic
+from packrat.serving.pool.forkserver import NAME as FORK_SERVER
 
-POOL_MARKER = "packrat.serving.pool"  # instances run as `python -m packrat.serving.pool FD`
+POOL_MARKER = "packrat.serving.pool"  # instances run as `python -m packrat.serving.pool FD`, or forked from the fork server
 # A CPU-bound loop that ends when its parent does: a benchmark killed with -9 leaves no spinning orphan.
 HOG = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(1_000_000):\n        pass\n"
 
@@ -38,7 +39,8 @@ def pool_instances(root_pid: int, marker: str = POOL_MARKER) -> list[psutil.Proc
     found = []
     for proc in descendants:
         try:
-            if proc.status() != psutil.STATUS_ZOMBIE and any(marker in arg for arg in proc.cmdline()):
+            if proc.status() != psutil.STATUS_ZOMBIE and any(marker in arg for arg in proc.cmdline()) \
+                    and proc.name() != FORK_SERVER:  # its children, the instances, share its command line
                 found.append((proc.create_time(), proc.pid, proc))
         except psutil.Error:  # gone meanwhile, or not ours to inspect
             continue

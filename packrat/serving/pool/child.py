@@ -32,14 +32,16 @@ from packrat.serving.pool.core_locks import holding
 from packrat.serving.pool.turns import Turn, turn_sizes
 
 
-def exit_with_parent(cleanup=None, interval_s: float = 0.5, parent: int | None = None) -> None:
+def exit_with_parent(cleanup=None, interval_s: float = 0.5, parent: int | None = None,
+                     handle: int | None = None) -> None:
     """Exit this process when its parent is gone, after `cleanup()`. Instances use it to go even
     while still loading (they notice the parent's death on their socket only once they serve); the
     handler uses it so that the pool never outlives `torchserve --stop`, whatever keeps the worker
     alive (TorchServe's asynchronous worker, no longer used, kept non-daemon threads blocked forever
     once Java had gone). `parent`: the pid the parent had (an instance is told it): one that died
     before this call is noticed too, where os.getppid() would already name the process that
-    adopted this one.
+    adopted this one. `handle`: a pidfd of it already open (a forked instance's, inherited from
+    the fork server, its parent, which opened it while the caller was its own).
     (Not PR_SET_PDEATHSIG: it fires when the spawning *thread* ends, and respawns come from
     short-lived threads.)
 
@@ -50,7 +52,7 @@ def exit_with_parent(cleanup=None, interval_s: float = 0.5, parent: int | None =
     ended, each time taking a core from the model's threads: BERT-base ⟨2, 8⟩ ran 14–16 % over its
     profile point in a pool instance, with 80 such wake-ups a batch (BENCHMARKS.md, issue 32)."""
     parent = os.getppid() if parent is None else parent
-    handle = parent_pidfd(parent)
+    handle = parent_pidfd(parent) if handle is None else handle
 
     def watch() -> None:
         if handle is not None:
@@ -152,8 +154,10 @@ def fell_back(planned: str, running: str, failures: list[str]) -> str | None:
     return f"runs {running} instead of {planned}: " + "; ".join(failures)
 
 
-def main(conn: Connection, parent: int | None = None) -> None:
-    exit_with_parent(parent=parent)
+def main(conn: Connection, parent: int | None = None, parent_handle: int | None = None) -> None:
+    """Serve as one instance: `parent`, the pool's process (its pidfd `parent_handle`, where the
+    fork server opened it), whose end this process does not outlive."""
+    exit_with_parent(parent=parent, handle=parent_handle)
     model, config, codec_pickle, nice, locks = conn.recv()
     # Pinned before torch is imported (reading the codec's settings imports it) and before any
     # parallel region starts OpenMP's threads: a thread inherits the affinity of the one starting it.

@@ -22,7 +22,9 @@ import psutil
 from packrat.codec.rows import RowsLayout
 from packrat.codec.config import CodecConfig
 from packrat.errors import PoolError
+from packrat.serving.pool import forkserver
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
+from packrat.settings import FORK_INSTANCES_ENV
 
 log = logging.getLogger("packrat.serving.pool")
 
@@ -56,6 +58,24 @@ def sweep_stale_segments(shm_dir: Path = SHM_DIR) -> list[str]:
     return swept
 
 
+def start_process(child_fd: int, runtime: str):
+    """An instance process serving on `child_fd`: forked from the fork server (forkserver.py), or a
+    fresh interpreter where that cannot be had, is turned off (FORK_INSTANCES_ENV), or the
+    instance's environment is its own (IOS sets OpenMP's, which OpenMP reads as it loads). Not this
+    process forked: that would copy the server's threads and torch state."""
+    env = None
+    if runtime == "ios":
+        from packrat.ios_scheduler.openmp import openmp_env
+
+        env = openmp_env()
+    elif FORK_INSTANCES_ENV.get():
+        forked = forkserver.spawn(child_fd, os.getpid())
+        if forked is not None:
+            return forked
+    return subprocess.Popen([sys.executable, "-m", "packrat.serving.pool", str(child_fd), str(os.getpid())],
+                            pass_fds=(child_fd,), env=env)
+
+
 class Instance:
     """One instance process, its input segment and the jobs it runs."""
 
@@ -80,18 +100,10 @@ class Instance:
         self.slot = None  # the supervisor's memory of this instance's respawn attempts
         self.segment: SharedMemory | None = None
         self._stopping = False  # stop() was called: asked to exit, or killed
-        # A fresh interpreter (not fork: that would copy the server's threads and torch
-        # state; not multiprocessing's spawn: that re-imports the caller's __main__).
         parent_sock, child_sock = socket.socketpair()
         self.conn = Connection(parent_sock.detach())
         child_fd = child_sock.detach()
-        env = None
-        if config.runtime == "ios":
-            from packrat.ios_scheduler.openmp import openmp_env
-
-            env = openmp_env()
-        self.process = subprocess.Popen([sys.executable, "-m", "packrat.serving.pool", str(child_fd), str(os.getpid())],
-                                        pass_fds=(child_fd,), env=env)
+        self.process = start_process(child_fd, config.runtime)
         os.close(child_fd)  # our copy: the socket must close when the child exits
         try:
             # The codec's settings pickled apart: reading them imports torch, which the instance
