@@ -29,12 +29,15 @@ import subprocess
 import sys
 import threading
 
+from packrat.machine.threads import name_thread
+
 # read by libraries as they load: a child forked later could not change them
 LOAD_TIME_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "DNNL_", "ONEDNN_", "TORCH", "PYTORCH",
                       "LD_", "PYTHON", "MALLOC_", "GLIBC_")
 NAME = "packrat-forks"  # the server's process name (psutil's name()): its children are instances, it is not
 MESSAGE_BYTES = 1 << 20  # a request: the caller's directory and environment
 REAP_EVERY_S = 1.0
+SPAWN_TIMEOUT_S = 60.0  # the server's first answer waits for its imports; one stuck past this is left for a fresh interpreter
 
 
 class Forked:
@@ -114,6 +117,7 @@ class ForkServer:
         self.process = subprocess.Popen([sys.executable, "-m", "packrat.serving.pool.forkserver", str(fd),
                                          str(os.getpid())], pass_fds=(fd,))
         os.close(fd)
+        ours.settimeout(SPAWN_TIMEOUT_S)
         self._sock = ours
 
     def _stop(self) -> None:
@@ -175,7 +179,7 @@ def fork_instance(sock: socket.socket, child_fd: int, watched: int, message: byt
     code = 1
     try:
         sock.close()
-        name("python")  # as a fresh interpreter's: the server's name is the server's alone
+        name_thread("python")  # as a fresh interpreter's: the server's name is the server's alone
         signal.signal(signal.SIGINT, signal.default_int_handler)
         become(cwd, environ)
         from multiprocessing.connection import Connection
@@ -225,18 +229,9 @@ def reap_exited(codes: dict) -> None:
         codes[pid] = os.waitstatus_to_exitcode(status)
 
 
-def name(text: str) -> None:
-    """This process's name, as ps and psutil's name() show it."""
-    try:
-        with open("/proc/self/comm", "w") as comm:
-            comm.write(text)
-    except OSError:
-        pass
-
-
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the caller's to handle
-    name(NAME)
+    name_thread(NAME)
     serve(socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2]))
 
 
