@@ -2,6 +2,7 @@
 # Creates .venv with the CPU build of torch and packrat (editable).
 # Usage: scripts/setup.sh [extras]   e.g. scripts/setup.sh test
 # PACKRAT_RUNTIMES=none installs torch alone as the runtime (no OpenVINO, ONNX Runtime, ONNX exporter).
+# PACKRAT_INSTALLER=pip installs with pip only (the default, uv, falls back to pip by itself).
 # Fast when nothing changed: a stamp of the inputs below skips the install.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
