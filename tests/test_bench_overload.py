@@ -775,7 +775,7 @@ def test_two_short_runs_on_the_tiny_model_behind_kserve_with_binary_v2_bodies(tm
     out = tmp_path / "report.json"
     started = time.time()
     assert main(["bench", "overload", "--model", "tiny", "--profile", str(tmp_path / "tiny.csv"), "--payload",
-                 "v2-binary", "--capacity-s", "3", "--duration", "4", "--warmup", "2", "--factor", "2", "--runs", "2",
+                 "v2-binary", "--capacity-s", "2", "--duration", "3", "--warmup", "2", "--factor", "2", "--runs", "2",
                  "--out", str(tmp_path / "runs"), "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["engine"] == "kserve" and report["admission"] == "predicted" and report["request_timeout_s"] == 2.0
@@ -816,11 +816,11 @@ def test_a_short_soak_on_the_tiny_model_behind_kserve(tmp_path):
     out = tmp_path / "soak.json"
     started = time.time()
     assert main(["bench", "overload", "--model", "tiny", "--profile", str(tmp_path / "tiny.csv"), "--payload", "raw",
-                 "--instance-kind", "process", "--capacity-s", "2", "--warmup", "2", "--duration", "3",
-                 "--soak", "0.5", "--soak-every", "12", "--sample-every", "3",
+                 "--instance-kind", "process", "--capacity-s", "2", "--warmup", "2", "--duration", "2",
+                 "--soak", "0.3", "--soak-every", "8", "--sample-every", "2",
                  "--out", str(tmp_path / "runs"), "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["soak_s"] == 30.0 and [e["kind"] for e in report["events"]] == ["kill", "burst", "kill", "burst"]
+    assert report["soak_s"] == 18.0 and [e["kind"] for e in report["events"]] == ["kill", "burst", "kill", "burst"]
     assert report["sent"] > 0 and report["counts"]["200"] > 0
     kills = [e for e in report["events"] if e["kind"] == "kill"]
     assert all(e["pid"] for e in kills) and len({e["pid"] for e in kills}) == 2  # process instances, each new
