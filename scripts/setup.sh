@@ -3,7 +3,6 @@
 # Usage: scripts/setup.sh [extras]   e.g. scripts/setup.sh test
 # PACKRAT_RUNTIMES=none installs torch alone as the runtime (no OpenVINO, ONNX Runtime, ONNX exporter).
 # PACKRAT_INSTALLER=pip installs with pip only (the default, uv, falls back to pip by itself).
-# PACKRAT_BYTECODE=hot compiles only the packages nearly every process imports (scripts/bytecode.sh).
 # Fast when nothing changed: a stamp of the inputs below skips the install.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,8 +40,8 @@ fi
 
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 # The installer: uv where it can be had (a fresh clone's test set-up took 155 s with pip, which
-# unpacks every wheel again, and 53 s with uv, which links them from its cache, then compiled its bytecode
-# in parallel: docs/testing.md);
+# unpacks every wheel again, and 53 s with uv, which links them from its cache and compiles in parallel:
+# docs/testing.md);
 # pip where uv cannot be installed, fails, or PACKRAT_INSTALLER=pip. uv reads no pip.conf: pip's
 # index variables are handed on, and a failed uv install is done again by pip.
 pip=(.venv/bin/python -m pip install --quiet)
@@ -51,7 +50,7 @@ if [ "${PACKRAT_INSTALLER:-uv}" = uv ] && { [ -x .venv/bin/uv ] || "${pip[@]}" u
     export UV_INDEX_URL=${UV_INDEX_URL:-${PIP_INDEX_URL:-}} UV_EXTRA_INDEX_URL=${UV_EXTRA_INDEX_URL:-${PIP_EXTRA_INDEX_URL:-}}
     [ -n "$UV_INDEX_URL" ] || unset UV_INDEX_URL
     [ -n "$UV_EXTRA_INDEX_URL" ] || unset UV_EXTRA_INDEX_URL
-    uv=(.venv/bin/uv pip install --quiet --python .venv/bin/python)  # bytecode: scripts/bytecode.sh, below
+    uv=(.venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python)  # bytecode as pip writes it: a process started under PYTHONDONTWRITEBYTECODE compiles none
 fi
 install() {  # install ARGS...: with uv if there is one, again with pip if uv fails
     if [ ${#uv[@]} -gt 0 ] && "${uv[@]}" "$@"; then
@@ -95,7 +94,4 @@ PY
 else
     install --constraint "$pin" -e ".${extras:+[$extras]}"
 fi
-# The bytecode uv does not write (pip did): all of it, or with PACKRAT_BYTECODE=hot only what nearly
-# every process imports, the rest left to the caller (test.sh compiles it beside its tests).
-bash scripts/bytecode.sh "${PACKRAT_BYTECODE:-all}"
 echo "$want" > "$stamp"

@@ -2,21 +2,18 @@
 # Sets up .venv (with the test extras) and runs the test suite. Extra arguments go to pytest;
 # --quick stands for the quick tier, -m "not integration and not slow" (the README says what each marker means).
 #
-# The whole suite runs in two pytest runs (docs/testing.md): every test not marked `serial` on
-# TESTS_WORKERS pytest-xdist workers (default: 2 where 2 cores or more are ours; 3 and 4 were no faster:
-# docs/testing.md), a file per worker at a time (--dist loadfile: a module's server or pool is started
-# once), then the tests marked `serial` (they time things, or need the cores to themselves) alone. Both
-# runs share one session directory (compile cache; tests/conftest.py). A -m given here is combined with
-# each run's. The quick tier, TESTS_WORKERS=0 or 1, or a machine of one core: one plain pytest run, as
-# before the split (the quick tier's short tests ran slower on two workers than on one:
-# docs/testing.md). The exit status is pytest's: 5 (nothing collected) only where neither run collected
-# a test.
-#
-# A fresh set-up compiles only the bytecode nearly every process needs before the first test; the rest
-# is compiled beside the tests, niced, and is done before the serial tests start (scripts/bytecode.sh).
+# The whole suite runs in two pytest runs (docs/testing.md): first the tests marked `serial` (they
+# time things, or need the cores to themselves) alone, then every other test on TESTS_WORKERS
+# pytest-xdist workers (default: 2 where 2 cores or more are ours; 4 were no faster, and
+# one run of five then lost a request in a KServe unload test: docs/testing.md), a file per worker at a time
+# (--dist loadfile: a module's server or pool is started once). Both runs share one session
+# directory (compile cache; tests/conftest.py). A -m given here is combined with each run's. The
+# quick tier, TESTS_WORKERS=0 or 1, or a machine of one core: one plain pytest run, as before the
+# split (the quick tier's short tests ran slower on two workers than on one: docs/testing.md). The
+# exit status is pytest's: 5 (nothing collected) only where neither run collected a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PACKRAT_BYTECODE=hot bash scripts/setup.sh test
+bash scripts/setup.sh test
 args=()
 marks=""
 quick='not integration and not slow'
@@ -50,28 +47,13 @@ if [ -z "${TESTS_COMPILE_CACHE+set}" ]; then
 fi
 cores=$("$python" -c "import os; print(len(os.sched_getaffinity(0)))")
 workers=${TESTS_WORKERS:-$([ "$cores" -ge 2 ] && [ "$quick_only" = 0 ] && echo 2 || echo 0)}
-setsid nice -n 19 bash scripts/bytecode.sh all &  # a session of its own: stopped whole at the exit
-compiling=$!
-trap 'kill -- "-$compiling" 2>/dev/null || true' EXIT  # an unfinished compile goes on at the next run
 if [ "$workers" -le 1 ] || ! "$python" -c "import xdist" 2>/dev/null; then  # one run, as before the split
-    set +e
-    "$python" -m pytest ${marks:+-m "$marks"} ${args[@]+"${args[@]}"}
-    exit $?
+    exec "$python" -m pytest ${marks:+-m "$marks"} ${args[@]+"${args[@]}"}
 fi
 
 session=$(mktemp -d "${TMPDIR:-/tmp}/packrat-tests-XXXXXX")
-trap 'kill -- "-$compiling" 2>/dev/null || true; rm -rf "$session"' EXIT
+trap 'rm -rf "$session"' EXIT
 export TESTS_SESSION_DIR=$session
-
-echo "test.sh: the tests not marked serial on $workers workers (-n $workers --dist loadfile -m '${marks:+($marks) and }not serial')"
-set +e
-"$python" -m pytest -n "$workers" --dist loadfile -m "${marks:+($marks) and }not serial" ${args[@]+"${args[@]}"}
-parallel=$?
-set -e
-if [ "$parallel" = 2 ] || [ "$parallel" = 3 ] || [ "$parallel" = 4 ] || { [ "$exitfirst" = 1 ] && [ "$parallel" = 1 ]; }; then
-    exit "$parallel"  # interrupted, an internal or usage error, or -x with a failure: no second run
-fi
-wait "$compiling" || true  # the serial tests time things: nothing else runs beside them
 
 # The serial run collects only the files that hold serial tests (the whole suite's collection costs
 # about 10 s), unless the arguments name paths of their own.
@@ -86,15 +68,21 @@ set +e
 "$python" -m pytest -m "${marks:+($marks) and }serial" ${args[@]+"${args[@]}"} ${serial_paths[@]+"${serial_paths[@]}"}
 serial=$?
 set -e
+if [ "$serial" = 2 ] || [ "$serial" = 3 ] || [ "$serial" = 4 ] || { [ "$exitfirst" = 1 ] && [ "$serial" = 1 ]; }; then
+    exit "$serial"  # interrupted, an internal or usage error, or -x with a failure: no second run
+fi
+echo "test.sh: the other tests on $workers workers (-n $workers --dist loadfile -m '${marks:+($marks) and }not serial')"
+set +e
+"$python" -m pytest -n "$workers" --dist loadfile -m "${marks:+($marks) and }not serial" ${args[@]+"${args[@]}"}
+parallel=$?
+set -e
 if [ "$serial" = 5 ] && [ "$parallel" = 5 ]; then
     exit 5  # neither run collected a test
 fi
 [ "$serial" = 5 ] && serial=0
 [ "$parallel" = 5 ] && parallel=0
-if [ "$parallel" != 0 ]; then
-    exit "$parallel"
-fi
 if [ "$serial" != 0 ]; then
     echo "test.sh: the serial run failed (exit $serial)" >&2
+    exit "$serial"
 fi
-exit "$serial"
+exit "$parallel"
