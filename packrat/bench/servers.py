@@ -26,8 +26,9 @@ HEALTH_TIMEOUT_S = 5.0  # a probe waits this long: a late answer is measured, no
 def config_archive(config: tuple, model: str, batch: int, profile_path: Path | None, store: Path, *,
                    tokenizer: Path | None = None, graph_mode: str | None = None, stock_runtime: str | None = None,
                    max_batch_delay_ms: int = 100) -> Path:
-    """One configuration's (name, handler, plan mode[, settings]) archive in `store`: fixed plans, no node
-    sharing (each server measured alone); the stock handler runs `graph_mode` with `stock_runtime`."""
+    """One configuration's (name, handler, plan mode[, settings]) archive in `store`: no node sharing
+    (each server measured alone), fixed plans unless the settings say `reconfigure`; the stock handler
+    runs `graph_mode` with `stock_runtime`."""
     _, handler, plan_mode, *more = config
     extra = dict(more[0]) if more else {}
     if handler == "stock" and graph_mode is not None:
@@ -35,7 +36,7 @@ def config_archive(config: tuple, model: str, batch: int, profile_path: Path | N
     if handler == "stock" and stock_runtime is not None:
         extra.setdefault("runtime", stock_runtime)
     settings = Settings(model, profiles=[profile_path] if handler == "packrat" else [], max_batch=batch,
-                        plan=plan_mode, reconfigure=False, tokenizer=tokenizer, share_node=False, **extra)
+                        plan=plan_mode, reconfigure=extra.pop("reconfigure", False), tokenizer=tokenizer, share_node=False, **extra)
     return archive.build(settings, store, name=model, handler=handler, max_batch_delay_ms=max_batch_delay_ms)
 
 

@@ -28,7 +28,8 @@ def add_http_parser(sub) -> None:
     p.add_argument("--duration", type=number, default=8.0,
                    help="seconds of load per server, users count and round (whole seconds; default 8)")
     p.add_argument("--warmup", type=number, default=plain_http.WARMUP_S,
-                   help=f"seconds of B users on each server before the rounds (default {plain_http.WARMUP_S:g})")
+                   help=f"seconds of each users count on each server before its rounds, again on packrat's "
+                        f"until it serves its plan for that count (default {plain_http.WARMUP_S:g})")
     p.add_argument("--max-batch-delay", type=positive(int, zero=True), default=50, metavar="MS",
                    help="the engine's gather wait: how long an idle instance waits for the rest of its batch "
                         "(default 50, as `packrat serve`)")
