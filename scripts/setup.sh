@@ -36,7 +36,8 @@ stamp=.venv/.packrat-setup-stamp${extras:+-$extras}  # one per extras, so demo a
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$torch_spec-${PACKRAT_RUNTIMES:-all}
 # packrat's own bytecode, at every call: its files change between calls, and an editable install
 # compiles none of them, so under PYTHONDONTWRITEBYTECODE (as CI's processes are) every process
-# compiled packrat again (0.15 s of CPU each, about 70 s over the test suite's processes).
+# compiled packrat again (the suite's CPU, set-up included: 16 min 21 s, and 10 min 25 s with this;
+# docs/testing.md).
 own_bytecode() {
     .venv/bin/python -m compileall -q -j 0 packrat handlers ios_scheduler loadtest >/dev/null || true
 }
