@@ -27,7 +27,9 @@ from packrat.cli import serve as cli_serve
 from packrat.cli.main import main
 from packrat.deploy import archive as deploy_archive
 from packrat.deploy import torchserve
-from packrat.profiling import default_profile, profiler
+from packrat.profiling import profiler
+from packrat.serving import default_profile
+from packrat.serving.paths import measure_paths
 from packrat.profiling.profiles import load
 from packrat.settings import CONTROL_DIR_ENV
 
@@ -405,8 +407,9 @@ def test_measure_profile_renames_a_complete_measurement(tmp_path, monkeypatch):
 
     written = []
 
-    def fake_search(settings, threads, batches, out, progress=True, runtimes=(), say=print):
+    def fake_search(settings, threads, batches, out, progress=True, runtimes=(), say=print, path_probe=None):
         assert runtimes == profiler.default_runtimes()  # as `packrat profile` measures
+        assert path_probe is measure_paths  # and the path around the instances too
         written.append((Path(out).name, settings.warmup, settings.min_time, threads, batches, settings.contention))
         Path(out).write_text(PROFILE)
         return SimpleNamespace(profile=load(out))

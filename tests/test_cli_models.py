@@ -15,7 +15,7 @@ from packrat.cli.main import main
 from packrat.cli.types import for_model, named
 from packrat.deploy import archive as deploy_archive
 from packrat.deploy import torchserve
-from packrat.profiling import default_profile
+from packrat.serving import default_profile
 
 PROFILE = "# model: toy\nthreads,batch,latency_ms\n1,1,10\n2,1,6\n1,2,19\n2,2,11\n"
 

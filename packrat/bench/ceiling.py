@@ -161,7 +161,7 @@ def run(args, log) -> dict:
     from packrat.codec.payloads import v2_binary_payload
     from packrat.frontends.front_ends import write_ceiling
     from packrat.models.zoo import resolve
-    from packrat.profiling.default_profile import resolve_profile
+    from packrat.serving.default_profile import resolve_profile
 
     model, out = args.model, args.out
     body, content_type, length = v2_binary_payload(resolve(model))

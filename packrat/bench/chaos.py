@@ -40,7 +40,7 @@ from packrat.bench.resources import shm_segments
 from packrat.bench.results import fmt_num, markdown_table as markdown
 from packrat.bench.servers import config_archive, warmed_server
 from packrat.bench.users import by_status
-from packrat.profiling.default_profile import resolve_profile
+from packrat.serving.default_profile import resolve_profile
 
 if TYPE_CHECKING:  # the load test (matplotlib) is imported by the run only: `packrat --help` stays light
     from packrat.loadtest.requestlog import RequestRecord

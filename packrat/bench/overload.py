@@ -70,7 +70,7 @@ def phase(target: Target, model: str, users: int, duration_s: float, where: Path
 def build_archive(args, run_dir: Path) -> Path:
     """The archive as chaos builds it (fixed plan for B), with the deadline, queue bound and admission rule."""
     from packrat.bench.servers import config_archive
-    from packrat.profiling.default_profile import resolve_profile
+    from packrat.serving.default_profile import resolve_profile
 
     profile = resolve_profile(args.model, args.profile, batch_sizes=[args.batch_size], input_shape=args.input_shape)
     extra = {"request_timeout_s": args.request_timeout_s, "max_queue": args.max_queue, "admission": args.admission,

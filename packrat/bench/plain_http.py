@@ -122,7 +122,7 @@ def run(args) -> dict:
     from packrat.deploy.torchserve import free_port
     from packrat.loadtest import run_locust
     from packrat.models.zoo import resolve
-    from packrat.profiling.default_profile import resolve_profile
+    from packrat.serving.default_profile import resolve_profile
 
     if importlib.util.find_spec("kserve") is None:
         raise SystemExit("packrat bench http needs the KServe SDK: pip install 'packrat-serve[kserve]'")

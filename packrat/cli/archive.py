@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from packrat.cli.args import archive_args, settings_given
-from packrat.profiling.default_profile import resolve_profile
+from packrat.serving.default_profile import resolve_profile
 from packrat.cli.types import for_model
 from packrat.deploy import archive
 from packrat.settings import Settings

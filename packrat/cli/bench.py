@@ -20,7 +20,7 @@ from packrat.cli.bench_overload import add_overload_parser
 from packrat.cli.bench_peers import add_peers_parser
 from packrat.cli.types import int_list, name_list, positive, users_list
 from packrat.models.runtimes import RUNTIMES
-from packrat.profiling.default_profile import resolve_profile
+from packrat.serving.default_profile import resolve_profile
 from packrat.profiling.profiles import load
 
 POOL_ROUNDS = 20  # --pool-only's timed rounds unless --rounds says

@@ -16,7 +16,7 @@ from packrat.cli.bench import bench_tokenizer
 from packrat.cli.output import print_plan_table
 from packrat.cli.types import int_list, positive, users_list
 from packrat.models.modes import MODES
-from packrat.profiling.default_profile import measure_profile
+from packrat.serving.default_profile import measure_profile
 
 
 def add_demo_parser(sub) -> None:

@@ -4,7 +4,7 @@ packrat/cli/NAME.py holds the command's parser, `add_NAME_parser(sub)`, beside i
 `cmd_NAME(args)`; args.py has the argument types and groups several commands share, types.py the
 light ones, output.py what they print alike. What `packrat bench` and the demo measure is the
 bench stage's (packrat/bench/); the profile a command serves with when none is given,
-packrat/profiling/default_profile.py's. Heavy modules (torch, matplotlib, locust) are imported
+packrat/serving/default_profile.py's. Heavy modules (torch, matplotlib, locust) are imported
 only inside the commands that use them, so `packrat --help` starts fast."""
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ def add_profile_parser(sub) -> None:
                                    "thread count then walks its batches on workers started once, pinned to t cores "
                                    "each. A point is timed twice: the model alone (latency_ms), then the whole "
                                    "sub-batch as an instance serves it, decode + model + encode (served_ms, unless "
-                                   "--model-only): plans are made on the served figure. With "
+                                   "--model-only): plans are made on the served figure, plus the path around it (hand-off, hop "
+                                   "and hand-out) measured at the end per instance kind through a pool of one "
+                                   "instance (the profile's path_ms line). With "
                                    f"--contention{' (the default)' if profiler.DEFAULT_CONTENTION else ''} each "
                                    "point is measured while ⌊T/t⌋ copies of it run side by side on the T cores "
                                    "this process may use, as a plan of that point serves them. Points "
@@ -129,6 +131,8 @@ def profile_grid(args: argparse.Namespace) -> tuple[list[int], list[int]]:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from packrat.serving.paths import measure_paths  # the pool: not at import (the parser starts without it)
+
     settings = profile_settings(args)
     threads, batches = profile_grid(args)
     say = lambda line: print(line, file=sys.stderr)  # noqa: E731
@@ -141,7 +145,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                        budget_s=None if args.full_grid else args.budget_s or profiler.SCALED,
                                        progress=not args.quiet and not args.json, runtimes=runtimes, say=say,
                                        full_grid=args.full_grid, every_runtime=args.every_runtime,
-                                       noise=args.noise, seed=args.seed, costs=replay_costs(args))
+                                       noise=args.noise, seed=args.seed, costs=replay_costs(args),
+                                       path_probe=measure_paths)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the points measured so far are in {out}; run the same command to resume",
               file=sys.stderr)

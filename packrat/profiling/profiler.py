@@ -180,6 +180,7 @@ class Account:
     simulated: bool = False
     seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (runtime, part) -> s
     points: dict[str, int] = field(default_factory=dict)
+    path_s: float = 0.0  # measuring the path around the instances (serving/paths.py)
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -203,8 +204,8 @@ class Account:
     def to_json(self) -> dict:
         runtimes = sorted({r for r, _ in self.seconds} | set(self.points))
         wall = self.wall()
-        return {"wall_s": round(wall, 1), "simulated": self.simulated,
-                "unaccounted_s": round(wall - sum(self.seconds.values()), 1),
+        return {"wall_s": round(wall, 1), "simulated": self.simulated, "path_s": round(self.path_s, 1),
+                "unaccounted_s": round(wall - sum(self.seconds.values()) - self.path_s, 1),
                 "runtimes": {r: {**{f"{part}_s": round(self.seconds.get((r, part), 0.0), 1) for part in PARTS},
                                  "points": self.points.get(r, 0)} for r in runtimes}}
 
@@ -212,6 +213,8 @@ class Account:
         found = self.to_json()
         rows = [f"  {r}: building {f['build_s']:.0f} s, loading {f['load_s']:.0f} s, measuring {f['measure_s']:.0f} s, "
                 f"{f['points']} point(s)" for r, f in found["runtimes"].items()]
+        if self.path_s:
+            rows.append(f"  the path around the instances: {self.path_s:.0f} s")
         share = found["unaccounted_s"] / found["wall_s"] if found["wall_s"] else 0.0
         clock = " (simulated: what measuring would cost on the recorded machine)" if self.simulated else ""
         return [f"time: {found['wall_s']:.0f} s{clock}", *rows, f"  unaccounted: {found['unaccounted_s']:.0f} s ({share:.0%})"]
@@ -251,11 +254,13 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
                    budget_s: float | None | str = SCALED, progress: bool = True,
                    runtimes: tuple[str, ...] = (DEFAULT_RUNTIME,), say=print, full_grid: bool = False,
                    every_runtime: bool = False, noise: float = 0.0, seed: int = 0,
-                   costs: dict | None = None) -> SearchResult:
+                   costs: dict | None = None, path_probe=None) -> SearchResult:
     """Measure into `out` the points of threads × batches the search asks for (`full_grid`: every
     one) until it asks for none or `budget_s` has passed (None: no budget; SCALED: default_budget_s);
     points already in `out` are kept. With `replay`, points are looked up in that profile on a
-    simulated clock (replay.py: `noise`, `seed`, `costs` overriding costs.Costs' fixed costs)."""
+    simulated clock (replay.py: `noise`, `seed`, `costs` overriding costs.Costs' fixed costs).
+    `path_probe`: what measures the path around the instances at the end, by instance kind
+    (serving/paths.py's measure_paths, passed by the commands above this stage; None: not measured)."""
     from packrat.profiling.builds import needs_build
     from packrat.profiling.replay import Replay, SimulatedClock
     from packrat.profiling.search import FullGrid, Search
@@ -327,12 +332,33 @@ def search_profile(settings: ProfileSettings, threads: list[int], batches: list[
         bar.set_description_str("done")
     if failures and not search.measured:  # every runtime failed: no profile, and a rerun would fail alike
         raise ProfilingError(f"no point measured: every runtime failed; the first, {failures[0]}")
+    if path_probe is not None and not source:
+        _note_paths(settings, out, meta, topology, account, path_probe, say)
     result = SearchResult(profiles.held(out), len(search.measured), search.grid_size, budget_s, stopped,
                           tuple(search.errors.values()), account, within)
     if result.misses:
         with profiles.ProfileWriter(out, meta) as writer:
             writer.note("fit", result.fit_line())
     return result
+
+
+def _note_paths(settings: ProfileSettings, out: Path, meta: dict, topology: Topology, account: Account,
+                path_probe, say) -> None:
+    """The path around each instance kind's served figure (`path_probe`: serving/paths.py's
+    measure_paths), measured and noted in the profile where this run measured points or the file has
+    no path yet; a probe that fails leaves the profile as it is (planned without the path), said."""
+    held = profiles.held(out)
+    if held is None or not held.has_served or ("path_ms" in held.metadata and not account.points):
+        return
+    began, found = time.monotonic(), {}
+    try:
+        found = path_probe(held, settings.model, settings.input_shape, topology, say)
+    except Exception as exc:  # the points stand without it
+        say(f"the path around the instances is not measured: {type(exc).__name__}: {exc}")
+    account.path_s += time.monotonic() - began
+    if found:
+        with profiles.ProfileWriter(out, meta) as writer:
+            writer.note("path_ms", profiles.path_text(found))
 
 
 def within_text(within: float) -> str:

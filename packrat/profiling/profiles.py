@@ -5,7 +5,9 @@ the figure measured beside ``copies`` copies of the point and, where measured, t
 (``isolated_ms``); an isolated one (no such key: older files, the published layout) the lone one only.
 A point may be held under several runtimes; its figure is the one choose_runtime picks. A profile
 whose every point has served figures plans on them (``basis``); model_points() are the model-only
-ones, which the pool's served corrections compare with.
+ones, which the pool's served corrections compare with. A profile's ``path_ms`` line (serving/paths.py
+measures it) holds what a pool's batch costs around its served figure, per instance kind and batch;
+load() adds it to the served figures, so they are what a pool serves, its hop included.
 """
 
 from __future__ import annotations
@@ -264,8 +266,9 @@ def choose_runtime(figures: dict[str, tuple[float, float]]) -> str:
 
 
 def _preference(runtime: str) -> tuple[int, bool, str]:
-    """Inductor first, then RUNTIMES' order; of one runtime's kinds the thread kind first: the
-    process kind's hop between processes is not in a point's figure."""
+    """Inductor first, then RUNTIMES' order; of one runtime's kinds the thread kind first: its path
+    around the model is the shorter (in a point's served figure only where the profile's `path_ms`
+    line measured it)."""
     base = base_runtime(runtime)
     return (RUNTIMES.index(base) if base in RUNTIMES else len(RUNTIMES), instance_kind(runtime) != "thread", runtime)
 
@@ -320,6 +323,10 @@ def load(path: str | Path) -> Profile:
     if missing:
         raise ProfileError(f"{path}: missing column {missing[0]!r} (header is: {','.join(header)})")
     loaded = _is_loaded(path, metadata, header)
+    try:
+        paths = parse_paths(metadata.get("path_ms", ""))
+    except ValueError as exc:
+        raise ProfileError(f"{path}: metadata 'path_ms': {exc}") from None
 
     profile = Profile(latency={}, metadata=metadata)
     # a profile taken whole with IOS instances (`# mode: ios`, before IOS became a runtime) holds the ios runtime's points
@@ -329,18 +336,18 @@ def load(path: str | Path) -> Profile:
                                           and row.get("topology", "sequential") == "sequential"):
             continue
         where = f"{path}: row {number}"
+        runtime = (row.get("runtime") or "").strip() or default_runtime
         try:
             threads = _parse_number(row[columns["threads"]], int, "threads")
             batch = _parse_number(row[columns["batch"]], int, "batch")
             latency = _parse_latency(row[columns["latency_ms"]], "latency_ms")
             isolated = latency if not loaded else _isolated(row)
             spread = _spread(row)
-            served = _served(row, loaded)
+            served = _with_path(_served(row, loaded), path_at(paths, instance_kind(runtime), batch))
         except ValueError as exc:
             raise ProfileError(f"{where}: {exc}") from None
         if threads < 1 or batch < 1:
             raise ProfileError(f"{where}: threads and batch must be >= 1, got threads={threads} batch={batch}")
-        runtime = (row.get("runtime") or "").strip() or default_runtime
         if (threads, batch) in profile.by_runtime.get(runtime, {}):
             raise ProfileError(f"{where}: duplicate point threads={threads} batch={batch} runtime={runtime}")
         profile.add(runtime, threads, batch, latency, isolated, spread, served)
@@ -354,6 +361,55 @@ def load(path: str | Path) -> Profile:
         profile.metadata.setdefault("model", profile.rows[0]["benchmark"].removesuffix("_manual_script"))
         profile.metadata.setdefault("source", "published Packrat measurements (TorchScript, sequential pinning)")
     return profile
+
+
+Paths = dict[str, dict[int, float]]  # instance kind -> batch -> ms a batch costs around its served figure
+
+
+def parse_paths(text: str) -> Paths:
+    """A `path_ms` line, e.g. "process 1:0.41 8:0.53; thread 1:0.30 8:0.38" (a kind named again, in
+    a resumed file's later note, takes the later figures)."""
+    paths: Paths = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        kind, *points = part.split()
+        if kind not in ("process", "thread") or not points:
+            raise ValueError(f"{part!r} is not 'process|thread BATCH:MS ...'")
+        figures = {}
+        for point in points:
+            batch, sep, ms = point.partition(":")
+            if not sep:
+                raise ValueError(f"{point!r} is not BATCH:MS")
+            figures[_parse_number(batch, int, "batch")] = _parse_number(ms, float, "path ms")
+        if min(figures) < 1 or min(figures.values()) < 0:
+            raise ValueError(f"{part!r}: batches from 1, figures from 0")
+        paths[kind] = figures
+    return paths
+
+
+def path_text(paths: Paths) -> str:
+    """The `path_ms` line of `paths` (parse_paths reads it back)."""
+    return "; ".join(f"{kind} " + " ".join(f"{b}:{ms:.4f}" for b, ms in sorted(figures.items()))
+                     for kind, figures in sorted(paths.items()))
+
+
+def path_at(paths: Paths, kind: str, batch: int) -> float:
+    """The path's ms for a batch of `batch` in an instance of `kind`: straight between the measured
+    batches, and beyond them along the nearest two (the bodies copied and answers sent grow with the
+    batch), never below 0; 0 for a kind not measured."""
+    figures = sorted(paths.get(kind, {}).items())
+    if len(figures) < 2:
+        return figures[0][1] if figures else 0.0
+    index = next((i for i, (b, _) in enumerate(figures[1:-1], start=1) if batch <= b), len(figures) - 1)
+    (b0, ms0), (b1, ms1) = figures[index - 1], figures[index]
+    return max(0.0, ms0 + (ms1 - ms0) * (batch - b0) / (b1 - b0))
+
+
+def _with_path(served: tuple[float, float | None, float] | None, path_ms: float):
+    """A row's served figures (_served) with the path around them added."""
+    if served is None or not path_ms:
+        return served
+    figure, isolated, spread = served
+    return figure + path_ms, None if isolated is None else isolated + path_ms, spread
 
 
 def held(path: str | Path) -> Profile | None:

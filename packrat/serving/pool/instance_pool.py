@@ -340,6 +340,11 @@ class InstancePool:
                 self.served.add(key, (instance_stamps[3] - instance_stamps[2]) * 1e3, len(jobs), received)
         self.last_compute_ms = (instance_stamps[-1] - instance_stamps[0]) * 1e3
 
+    def stage_sums(self, stages) -> list[float]:
+        """Each recent sub-batch's ms in `stages` (stages.STAGES) together, oldest first."""
+        with self._lock:
+            return self.stages.sums(stages)
+
     def take_bodies(self) -> tuple[int, int]:
         """(raw, decoded) bodies submitted since the last call."""
         with self._lock:

@@ -77,6 +77,11 @@ class StageTimes:
         (medians of the stages need not add up to it)."""
         return self._summary(statistics.median)
 
+    def sums(self, stages: Sequence[str]) -> list[float]:
+        """Each recent sub-batch's ms in `stages` together, oldest first."""
+        columns = [STAGES.index(stage) for stage in stages]
+        return [sum(times[c] for c in columns) for times, _ in self._recent]
+
     def requests_per_sub_batch(self) -> float:
         """Mean requests per sub-batch over the window (0 before the first): against the plan's
         batch per instance, whether batches reach the instances whole."""

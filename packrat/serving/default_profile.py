@@ -26,7 +26,8 @@ def measure_profile(model: str, path: Path, batches, *, min_time: float = DEMO_M
                     graph_mode: str = DEFAULT_MODE):
     """Profile `model` into `path` as `packrat profile` does by default (the search, within its budget,
     under every default runtime): threads 1..the local cores, `batches`, `min_time` s of timed runs per
-    point after 3 warm-up runs in `graph_mode`, loaded or isolated as profiler.DEFAULT_CONTENTION says.
+    point after 3 warm-up runs in `graph_mode`, loaded or isolated as profiler.DEFAULT_CONTENTION says,
+    and the path around each instance kind (serving/paths.py).
 
     Points already in an existing file are kept (only missing ones are measured, in the kind the
     file holds: an older cache stays isolated). A new file is measured as PATH.partial.csv and
@@ -37,7 +38,9 @@ def measure_profile(model: str, path: Path, batches, *, min_time: float = DEMO_M
     settings = profiler.ProfileSettings(model=model, warmup=DEMO_WARMUP, iters=None, min_time=min_time,
                                         input_shape=input_shape, graph_mode=graph_mode,
                                         **({"contention": held.loaded} if held else {}))
-    every = {"progress": progress, "runtimes": profiler.default_runtimes(), "say": print}
+    from packrat.serving.paths import measure_paths  # the pool: not at import (the CLI's parser starts without it)
+
+    every = {"progress": progress, "runtimes": profiler.default_runtimes(), "say": print, "path_probe": measure_paths}
     profiler.search_profile(settings, list(range(1, cpu_budget().cores + 1)), sorted(set(batches)), partial, **every)
     partial.replace(path)
     return load(path)
