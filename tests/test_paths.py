@@ -133,13 +133,15 @@ class Clock:
         return self.now
 
 
-def test_the_path_is_the_median_of_each_batchs_time_less_its_served_stages():
+def test_the_path_is_the_median_of_each_batchs_time_less_its_served_stages_per_size():
     clock = Clock()
-    walls = [50.0] * 2 + [5.0, 5.5, 9.0, 5.2, 5.1]  # the warm-up's two slow batches are left out
-    insides = [1.0] * 2 + [4.6, 5.0, 4.4, 4.8, 4.8]
+    # two warm-up batches per size (slow, left out), then the sizes 1 and 4 in turns
+    walls = [50.0] * 4 + [5.0, 9.0, 5.5, 9.5, 9.0, 9.2, 5.2, 9.4, 5.1, 30.0]
+    insides = [1.0] * 4 + [4.6, 8.0, 5.0, 8.6, 4.4, 8.4, 4.8, 8.6, 4.8, 8.0]
     pool = StagedPool(clock, walls, insides)
-    assert paths.timed_path(pool, [object()] * 4, warmup=2, sub_batches=5, clock=clock) == pytest.approx(0.4)
-    assert pool.stage_sums(("model",))[-5:] == pytest.approx(insides[2:])
+    found = paths.timed_paths(pool, object(), [1, 4], warmup=2, sub_batches=5, clock=clock)
+    assert found == pytest.approx({1: 0.4, 4: 0.9})
+    assert pool.stage_sums(("model",))[-10:] == pytest.approx(insides[4:])
 
 
 def test_a_refused_request_fails_the_probe():

@@ -7,8 +7,8 @@ instance kind measured, through a real pool of one instance at the grid's smalle
 batch, and writes it in the profile's `path_ms` line; loading the profile adds it to the served
 figures (profiles.path_at), so the planner weighs each kind's path and predicts what a pool serves.
 
-Cost: one pool per kind (one instance, forked) and WARMUP + SUB_BATCHES batches at two batch sizes,
-whatever the cores and the grid: a few seconds for a light model.
+Cost: one pool per kind (one instance, forked) and WARMUP + SUB_BATCHES batches at each of two batch
+sizes, whatever the cores and the grid: a few seconds for a light model.
 """
 
 from __future__ import annotations
@@ -72,25 +72,29 @@ def measure_paths(profile: Profile, model: str, input_shape, topology: Topology,
             if pool.health().fallbacks:
                 say(f"path of {kind} instances not measured: {'; '.join(pool.health().fallbacks)}")
                 continue
-            paths[kind] = {size: timed_path(pool, [request] * size) for size in sizes}
+            paths[kind] = timed_paths(pool, request, sizes)
         say(f"path around {kind} instances ({runtime}, {threads} threads): "
             + ", ".join(f"{ms:.3f} ms at B={size}" for size, ms in paths[kind].items()))
     return paths
 
 
-def timed_path(pool, requests: list, warmup: int = WARMUP, sub_batches: int = SUB_BATCHES,
-               clock: Callable[[], float] = time.perf_counter) -> float:
-    """The median over `sub_batches` batches of `requests` of each one's time through `pool` less
-    what its instance spent in the served figure's stages (IN_SERVED_FIGURE)."""
-    for _ in range(warmup):
-        answered(pool, requests)
+def timed_paths(pool, request, sizes, warmup: int = WARMUP, sub_batches: int = SUB_BATCHES,
+                clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
+    """Per batch size of `sizes`, the median over `sub_batches` batches of `request` of each one's
+    time through `pool` less what its instance spent in the served figure's stages (IN_SERVED_FIGURE).
+    The sizes take turns, batch by batch, so that the machine's drift hits them alike."""
+    for size in sizes:
+        for _ in range(warmup):
+            answered(pool, [request] * size)
     walls = []
     for _ in range(sub_batches):
-        began = clock()
-        answered(pool, requests)
-        walls.append((clock() - began) * 1e3)
-    inside = pool.stage_sums(IN_SERVED_FIGURE)[-sub_batches:]
-    return max(0.0, statistics.median(wall - ms for wall, ms in zip(walls, inside)))
+        for size in sizes:
+            began = clock()
+            answered(pool, [request] * size)
+            walls.append((size, (clock() - began) * 1e3))
+    inside = pool.stage_sums(IN_SERVED_FIGURE)[-len(walls):]
+    return {size: max(0.0, statistics.median(wall - ms for (batch, wall), ms in zip(walls, inside) if batch == size))
+            for size in sizes}
 
 
 def answered(pool, requests: list) -> None:
