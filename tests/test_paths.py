@@ -144,6 +144,14 @@ def test_the_path_is_the_median_of_each_batchs_time_less_its_served_stages_per_s
     assert pool.stage_sums(("model",))[-10:] == pytest.approx(insides[4:])
 
 
+def test_slow_batches_end_the_rounds_at_the_budget_but_never_before_the_fewest():
+    clock = Clock()
+    pool = StagedPool(clock, [1000.0] * 40, [999.0] * 40)  # a second a batch
+    found = paths.timed_paths(pool, object(), [1, 8], warmup=1, sub_batches=20, clock=clock, budget_s=3.0)
+    assert found == pytest.approx({1: 1.0, 8: 1.0})
+    assert pool.times.sub_batches == 2 + 2 * paths.MIN_SUB_BATCHES
+
+
 def test_a_refused_request_fails_the_probe():
     from packrat.serving.pool.api import Answer
 

@@ -4,11 +4,11 @@ the queue's hand-off, the message to the instance and its wake-up, the answers' 
 hand-out; for a process instance a hop between processes, for a thread instance a hop between
 threads. `packrat profile` measures it at its end (the profiler's `path_probe`: measure_paths), per
 instance kind measured, through a real pool of one instance at the grid's smallest and largest
-batch, and writes it in the profile's `path_ms` line; loading the profile adds it to the served
+batch (LARGEST at most), and writes it in the profile's `path_ms` line; loading the profile adds it to the served
 figures (profiles.path_at), so the planner weighs each kind's path and predicts what a pool serves.
 
-Cost: one pool per kind (one instance, forked) and WARMUP + SUB_BATCHES batches at each of two batch
-sizes, whatever the cores and the grid: a few seconds for a light model.
+Cost: one pool per kind (one instance, forked), WARMUP + SUB_BATCHES batches at each of two batch
+sizes (up to LARGEST) and BUDGET_S, whatever the cores and the grid: a few seconds a kind.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from packrat.serving.pool.instance_pool import InstancePool
 
 IN_SERVED_FIGURE = ("copy", "decode", "model", "encode")  # the stages point.ServedBatch times
 WARMUP = 3  # untimed batches at each size (an instance's first batches run slow)
-SUB_BATCHES = 20  # timed batches at each size: their median path is the figure
+SUB_BATCHES = 20  # timed batches at each size: their median path is the figure ...
+BUDGET_S = 4.0  # ... or fewer, where the rounds have taken this long ...
+MIN_SUB_BATCHES = 5  # ... but never fewer than this many
+LARGEST = 8  # the largest batch timed: the path grows by a few µs a request, the model by ms
 # the runtimes a kind's path is measured with, first measured first: those that load fast (the
 # path is the transport's, not the model's)
 PROBE_RUNTIMES = {"process": ("onnxruntime", "openvino"), "thread": ("onnxruntime-thread",)}
@@ -52,15 +55,16 @@ def unprobed(profile: Profile) -> list[str]:
 
 def measure_paths(profile: Profile, model: str, input_shape, topology: Topology,
                   say: Callable[[str], None] = print) -> Paths:
-    """Each probed kind's path in ms at the profile's smallest and largest batch, measured through a
-    pool of one instance (`model` as the profile's points ran it) answering the profile's payload;
-    the kinds it cannot probe (unprobed) are said."""
+    """Each probed kind's path in ms at the profile's smallest and largest batch (LARGEST at most),
+    measured through a pool of one instance (`model` as the profile's points ran it) answering the
+    profile's payload; the kinds it cannot probe (unprobed) are said."""
     from packrat.codec.payloads import payload_of  # torch: not at import (the CLI's parser starts without it)
     from packrat.models.zoo import resolve
 
     spec = resolve(model, input_shape)
     request = Request(*payload_of(spec, profile.payload or "raw"))
-    sizes = sorted({min(profile.batches), max(profile.batches)})
+    smallest = min(profile.batches)
+    sizes = sorted({smallest, max(smallest, min(max(profile.batches), LARGEST))})
     config = ModelConfig(model, input_shape, graph_mode=served(profile.metadata.get("mode")))
     for kind in unprobed(profile):
         say(f"the path around {kind} instances is not measured: none of {', '.join(PROBE_RUNTIMES[kind])} "
@@ -79,15 +83,18 @@ def measure_paths(profile: Profile, model: str, input_shape, topology: Topology,
 
 
 def timed_paths(pool, request, sizes, warmup: int = WARMUP, sub_batches: int = SUB_BATCHES,
-                clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
-    """Per batch size of `sizes`, the median over `sub_batches` batches of `request` of each one's
-    time through `pool` less what its instance spent in the served figure's stages (IN_SERVED_FIGURE).
-    The sizes take turns, batch by batch, so that the machine's drift hits them alike."""
+                clock: Callable[[], float] = time.perf_counter, budget_s: float = BUDGET_S) -> dict[int, float]:
+    """Per batch size of `sizes`, the median over `sub_batches` batches of `request` (fewer where
+    they take more than `budget_s`, MIN_SUB_BATCHES at least) of each one's time through `pool` less
+    what its instance spent in the served figure's stages (IN_SERVED_FIGURE). The sizes take turns,
+    batch by batch, so that the machine's drift hits them alike."""
     for size in sizes:
         for _ in range(warmup):
             answered(pool, [request] * size)
-    walls = []
-    for _ in range(sub_batches):
+    walls, began_s = [], clock()
+    for number in range(sub_batches):
+        if number >= MIN_SUB_BATCHES and clock() - began_s > budget_s:
+            break
         for size in sizes:
             began = clock()
             answered(pool, [request] * size)
