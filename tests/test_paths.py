@@ -70,6 +70,8 @@ def test_the_served_figures_take_their_kinds_path_and_the_model_figures_do_not(t
                                    (2, 1, "onnxruntime-thread"): 0.2, (1, 1, "openvino"): 0.5})
     assert profile.model_points() == bare.model_points()  # what the pool's model stage is compared with
     assert profile.isolated[2, 4] == pytest.approx(12.5 + 0.8)
+    assert "the path around it measured through a pool" in profile.describe()
+    assert "path" not in bare.describe()
 
 
 def test_a_process_instance_faster_by_less_than_its_longer_path_gives_way_to_the_thread_one(tmp_path):

@@ -198,8 +198,9 @@ class Profile:
 
     def _figures(self) -> str:
         if self.basis == "served":
+            path = ", with the path around it measured through a pool" if self.metadata.get("path_ms") else ""
             what = (f"served figures (each sub-batch answered from {self.metadata.get('payload', '?')} bodies: "
-                    f"decode, model, encode, as an instance does); ")
+                    f"decode, model, encode, as an instance does{path}); ")
         elif self.has_served:
             what = "model-only figures (asked for; the profile has served ones too); "
         else:
