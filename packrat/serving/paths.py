@@ -4,8 +4,9 @@ the queue's hand-off, the message to the instance and its wake-up, the answers' 
 hand-out; for a process instance a hop between processes, for a thread instance a hop between
 threads. `packrat profile` measures it at its end (the profiler's `path_probe`: measure_paths), per
 instance kind measured, through a real pool of one instance at the grid's smallest and largest
-batch (LARGEST at most), and writes it in the profile's `path_ms` line; loading the profile adds it to the served
-figures (profiles.path_at), so the planner weighs each kind's path and predicts what a pool serves.
+batch (LARGEST at most), and writes it in the profile's `path_ms` line; loading the profile adds
+it to the served figures (profiles.path_at), so the planner weighs each kind's path and predicts
+what a pool serves.
 
 Cost: one pool per kind (one instance, forked), WARMUP + SUB_BATCHES batches at each of two batch
 sizes (up to LARGEST) and BUDGET_S, whatever the cores and the grid: a few seconds a kind.
@@ -24,6 +25,7 @@ from packrat.models.runtimes import instance_kind
 from packrat.profiling.profiles import Paths, Profile
 from packrat.serving.pool.api import InstanceConfig, ModelConfig, Request
 from packrat.serving.pool.instance_pool import InstancePool
+from packrat.serving.settling import answered
 
 IN_SERVED_FIGURE = ("copy", "decode", "model", "encode")  # the stages point.ServedBatch times
 WARMUP = 3  # untimed batches at each size (an instance's first batches run slow)
@@ -73,8 +75,9 @@ def measure_paths(profile: Profile, model: str, input_shape, topology: Topology,
     for kind, (runtime, threads) in probes(profile).items():
         instance = InstanceConfig(threads, sizes[-1], tuple(topology.cores_for(threads)), runtime=runtime)
         with InstancePool(config, [instance], codec=CodecConfig.for_model(spec), gather_ms=0.0) as pool:
-            if pool.health().fallbacks:
-                say(f"path of {kind} instances not measured: {'; '.join(pool.health().fallbacks)}")
+            fallbacks = pool.health().fallbacks
+            if fallbacks:
+                say(f"path of {kind} instances not measured: {'; '.join(fallbacks)}")
                 continue
             paths[kind] = timed_paths(pool, request, sizes)
         say(f"path around {kind} instances ({runtime}, {threads} threads): "
@@ -102,10 +105,3 @@ def timed_paths(pool, request, sizes, warmup: int = WARMUP, sub_batches: int = S
     inside = pool.stage_sums(IN_SERVED_FIGURE)[-len(walls):]
     return {size: max(0.0, statistics.median(wall - ms for (batch, wall), ms in zip(walls, inside) if batch == size))
             for size in sizes}
-
-
-def answered(pool, requests: list) -> None:
-    """`requests` answered through `pool` as one batch; RuntimeError where one was not answered 200."""
-    bad = [answer for answer in pool.infer(requests) if not answer.ok]
-    if bad:
-        raise RuntimeError(f"{len(bad)} of {len(requests)} requests answered {bad[0].status}: {bad[0].reason}")
