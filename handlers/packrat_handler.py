@@ -121,26 +121,38 @@ class PackratHandler(BaseHandler):
         received_at = now - self.upstream.arrived(now, len(data), self._sent_at)  # the earliest it may have reached TorchServe
         self.engine.arrive(len(data))
         try:
-            with self.pool.together():  # the batch reaches the instances whole, not its first request alone
-                futures = [self._submit(row, context, index, received_at) for index, row in enumerate(data)]
-            answers = [future.result() for future in futures]
+            answers = [future.result() for future in self._submit_all(data, context, received_at)]
         finally:
             self.upstream.answered(time.monotonic())
         return self._respond(answers, context)
 
-    def _submit(self, row, context, index: int, received_at: float) -> Future:
-        refused = self.engine.refusal(received_at)  # before its body is re-encoded or copied anywhere
+    def _submit_all(self, data, context, received_at: float) -> list[Future]:
+        """A future per row: the rows the pool would take, queued as one batch (they reach the
+        instances whole, not the first alone); the others answered already."""
+        futures: list = [None] * len(data)
+        requests, indices = [], []
+        for index, row in enumerate(data):
+            answer = self._refused(row, context, index, received_at)
+            if isinstance(answer, Answer):
+                futures[index] = Future()
+                futures[index].set_result(answer)
+            else:
+                requests.append(answer)
+                indices.append(index)
+        for index, future in zip(indices, self.engine.submit_all(requests) if requests else ()):
+            futures[index] = future
+        return futures
+
+    def _refused(self, row, context, index: int, received_at: float):
+        """The row's request, or the Answer refusing it: checked before its body is re-encoded or
+        copied anywhere."""
+        refused = self.engine.refusal(received_at)
         if refused is not None:
-            future = Future()
-            future.set_result(refused)
-            return future
+            return refused
         try:
-            request = common.to_request(row, context, index, received_at)
+            return common.to_request(row, context, index, received_at)
         except Exception as exc:  # a body TorchServe decoded into something we cannot re-encode: its own failure
-            future = Future()
-            future.set_result(Answer.error(400, f"undecodable request: {type(exc).__name__}: {first_line(exc)}"))
-            return future
-        return self.engine.submit(request)
+            return Answer.error(400, f"undecodable request: {type(exc).__name__}: {first_line(exc)}")
 
     def _respond(self, answers, context) -> list[bytes]:
         try:

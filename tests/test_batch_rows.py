@@ -12,7 +12,7 @@ import torch
 from packrat.codec.payloads import build_payload
 from packrat.codec.batch import answer_batch
 from packrat.codec.rows import ALIGN, InputRows, RowsLayout
-from packrat.codec.codec import Codec
+from packrat.codec.codec import RAW_CHECKS, Codec
 from packrat.codec.config import CodecConfig
 from packrat.models.spec import InputSpec
 from packrat.models.zoo import prepare, resolve
@@ -126,6 +126,19 @@ def test_a_body_is_ready_in_its_row_only_where_decode_would_read_it_as_raw_and_c
     tokens = Codec(CodecConfig((8,), "int64", "embedding", vocab_size=50))  # ids to check against the vocabulary
     assert not tokens.ready_in_row(torch.zeros(8, dtype=torch.int64).numpy().tobytes(), None)
     assert not Codec(TEXT).ready_in_row(bytes(64), None)  # a second input to fill
+
+
+def test_the_ready_in_row_check_a_content_type_keeps_agreeing_and_holds_bounded_memory(tiny):
+    """The check is kept for each content type seen (a batch's bodies mostly share one); a client
+    sending a new type with every body does not grow what is kept, and each answer stays the rule's."""
+    _, codec = tiny
+    raw = resolve("tiny").example_inputs(1)[0][0].numpy().tobytes()
+    png_start = b"\x89PNG\r\n\x1a\n" + raw[8:]
+    for n in range(3 * RAW_CHECKS):
+        kind = f"application/x-odd-{n}" if n % 2 else "application/octet-stream"
+        assert codec.ready_in_row(raw, kind) and not codec.ready_in_row(png_start, kind)
+        assert not codec.ready_in_row(raw, f"image/x-odd-{n}") and not codec.ready_in_row(raw, f"text/x-{n}")
+    assert len(codec._raw_checks) <= RAW_CHECKS
 
 
 def test_raw_sized_bodies_in_rows_that_decode_must_read_are_answered_alone(tiny):

@@ -592,6 +592,22 @@ def test_requests_submitted_together_reach_the_instance_as_one_batch(shared):
 
 
 @pytest.mark.slow
+def test_a_batch_submitted_at_once_is_looked_at_once_and_reaches_the_instance_whole(shared, monkeypatch):
+    """submit_all (the TorchServe handler's, infer's): one look at the pool's outlook for the whole
+    batch, not one a request (a third of a request's submit), and one sub-batch."""
+    rows = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    pool = fat_pool(shared)
+    looks, outlook = [], pool._outlook
+    monkeypatch.setattr(pool, "_outlook", lambda: looks.append(1) or outlook())
+    sub_batches = pool.stages.sub_batches
+    futures = pool.submit_all([raw(row) for row in rows])
+    assert all(f.result(timeout=60).ok for f in futures)
+    assert len(looks) == 1
+    health = pool.health()
+    assert (health.sub_batches - sub_batches, health.requests_per_sub_batch) == (1, 4)
+
+
+@pytest.mark.slow
 def test_admission_refuses_what_it_predicts_late_and_learns_from_what_is_served(reference):
     """A plan predicting 300 ms a batch of one, a 1 s deadline: of 10 requests at once, 2 fit (two
     rounds, a third slower: 0.8 s); the rest are refused at once with when to retry. The tiny model takes about a

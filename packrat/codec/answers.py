@@ -21,6 +21,7 @@ class Answers:
     def __init__(self, config: CodecConfig, text=None):
         self.config, self.text = config, text  # text: the TextEncoder, to spell next tokens
         self.labels = load_labels(config.labels) if config.labels else None
+        self._class_fields: dict[int, str] = {}  # top_json's start of each class's prediction
 
     def tops(self, outputs: torch.Tensor) -> list[tuple[list[float], list[int]]] | None:
         """A classifier's top-k (scores, classes) of each row of a batch's outputs, one sample a
@@ -36,7 +37,7 @@ class Answers:
         asking for binary outputs gets a JSON header and the raw outputs (packrat.codec.oip).
         `top`: its one sample's tops() row, found with its batch's."""
         if top is not None and decoded.form in TOP_FORMS:
-            return Encoded(self._top_json(top, decoded.form == "kserve-v1"))
+            return Encoded(self.top_json(top, decoded.form == "kserve-v1"))
         outputs = outputs.detach().cpu()
         if decoded.form == "kserve-v2":
             outputs, head = kserve.answer_head(outputs, self.config.model_name, decoded.request_id)
@@ -62,19 +63,22 @@ class Answers:
             return {"next_tokens": [self._next_token(int(t), float(v)) for t, v in zip(tokens, top)]}
         return {"embedding": output.float().flatten().tolist()}
 
-    def _top_json(self, top: tuple[list[float], list[int]], kserve_v1: bool) -> bytes:
+    def top_json(self, top: tuple[list[float], list[int]], kserve_v1: bool) -> bytes:
         """The JSON of _prediction's answer for one sample's top classes, formatted rather than
         built and encoded (a fifth of json's time a request): the scores are a softmax of outputs
         answer_batch found finite, so repr() writes each as json would."""
-        labels = self._label_fields
-        listed = ",".join([f'{{"class":{c},{labels.get(c, "")}"score":{s!r}}}' for s, c in zip(*top)])
-        text = f'{{"predictions":[{{"predictions":[{listed}]}}]}}' if kserve_v1 else f'{{"predictions":[{listed}]}}'
-        return text.encode("utf-8")
+        fields = self._class_fields
+        listed = ",".join([(fields.get(c) or self._class_field(c)) + repr(s) + "}" for s, c in zip(*top)])
+        return (f'{{"predictions":[{{"predictions":[{listed}]}}]}}' if kserve_v1
+                else f'{{"predictions":[{listed}]}}').encode("utf-8")
 
-    @functools.cached_property
-    def _label_fields(self) -> dict[int, str]:
-        """Each class's `"label":NAME,` field of its prediction, as JSON."""
-        return {index: f'"label":{_COMPACT.encode(label)},' for index, label in (self.labels or {}).items()}
+    def _class_field(self, index: int) -> str:
+        """A prediction's JSON up to its score, `{"class":N,"label":NAME,"score":`, kept: a class
+        is one of the model's outputs, so they are as many as its outputs at most."""
+        label = self.labels.get(index) if self.labels is not None else None
+        label_field = f'"label":{_COMPACT.encode(label)},' if label is not None else ""
+        field = self._class_fields[index] = f'{{"class":{index},{label_field}"score":'
+        return field
 
     def _prediction(self, index: int, score: float) -> dict:
         label = self.labels.get(index) if self.labels is not None else None

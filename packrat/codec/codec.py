@@ -40,6 +40,9 @@ from packrat.codec.config import TASKS, CodecConfig, Decoded, Encoded
 from packrat.codec.samples import Samples
 from packrat.errors import RequestError, first_line
 
+RAW_CHECKS = 64  # content types whose raw-body check is kept (ready_in_row)
+_UNSEEN = object()
+
 
 class Codec:
     """One model's codec: decode() a request into its input samples, encode() the outputs into its answer."""
@@ -50,6 +53,10 @@ class Codec:
         self.config = config
         self.samples = Samples(config)
         self.answers = Answers(config, self.samples.text)
+        # a raw tensor body's size where one lies in its row as it is read (-1: none does), and
+        # ready_in_row's check of each content type seen
+        self._raw_row_bytes = self.samples.raw_size() if self.samples.raw_is_row else -1
+        self._raw_checks: dict = {}
 
     @property
     def input_kind(self) -> str:
@@ -82,11 +89,15 @@ class Codec:
     def ready_in_row(self, body, content_type: str | None, header_length: int | str | None = None) -> bool:
         """Whether a body already written into its row of the batch (raw tensor bytes of one
         sample's size) is, as it lies, what decode() would make of it: no other form, no check."""
-        samples = self.samples
-        if (header_length is not None or not samples.raw_is_row or len(body) != samples.raw_size()
+        if (header_length is not None or len(body) != self._raw_row_bytes
                 or len(body) > self.config.max_body_bytes):
             return False
-        return forms.only_raw(samples, bytes(body[:64]), _kind(content_type))
+        check = self._raw_checks.get(content_type, _UNSEEN)
+        if check is _UNSEEN:  # a check a content type: a batch's bodies mostly share one
+            if len(self._raw_checks) >= RAW_CHECKS:  # a client's stream of odd types holds no memory
+                self._raw_checks.clear()
+            check = self._raw_checks[content_type] = forms.raw_head_check(self.samples, _kind(content_type))
+        return check is not None and check(bytes(body[:64]))
 
     def tokenized(self, requests: list[tuple]):
         """A block within which decode() finds the text of these requests (body, content type, ...)

@@ -83,6 +83,13 @@ class Controller:
         future.add_done_callback(self._count_failure)
         return future
 
+    def submit_all(self, requests) -> list:
+        """Queue requests that arrived together on the live pool, as one batch (InstancePool.submit_all)."""
+        futures = self.pool.submit_all(requests)
+        for future in futures:
+            future.add_done_callback(self._count_failure)
+        return futures
+
     def _count_failure(self, future) -> None:
         if future.result().status >= 500:
             with self._lock:

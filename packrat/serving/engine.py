@@ -268,9 +268,15 @@ class Engine:
         try:
             return (self.controller.submit if self.reconfigure else self.pool.submit)(request)
         except Exception as exc:
-            future = Future()
-            future.set_result(Answer.error(503 if isinstance(exc, PoolError) else 500, f"{type(exc).__name__}: {exc}"))
-            return future
+            return _failed(exc)
+
+    def submit_all(self, requests: list) -> list[Future]:
+        """Futures of the Answers of requests that arrived together, queued as one batch. Never
+        raises: our own failure answers them alone, as submit()'s."""
+        try:
+            return (self.controller.submit_all if self.reconfigure else self.pool.submit_all)(requests)
+        except Exception as exc:
+            return [_failed(exc) for _ in requests]
 
     def refusal(self, received_at: float | None = None, timeout_s: float | None = None) -> Answer | None:
         """How the live pool would refuse a request arriving now (503 with when to retry, counted),
@@ -417,3 +423,11 @@ def pool_settings(settings: Settings) -> dict:
     if watchdog:
         pool["watchdog"] = Watchdog(**watchdog)
     return pool
+
+
+def _failed(exc: Exception) -> Future:
+    """A future answered with our own failure to queue a request: 503 where the pool refused it
+    (closed), else 500."""
+    future = Future()
+    future.set_result(Answer.error(503 if isinstance(exc, PoolError) else 500, f"{type(exc).__name__}: {exc}"))
+    return future

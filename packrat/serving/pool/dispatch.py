@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter, deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol, Sequence
 
@@ -51,9 +51,10 @@ class Job:
 
     def resolve(self, answer: Answer) -> bool:
         """Answer it, once (later answers, e.g. from an instance given up on, are dropped)."""
-        if self.future.done():
+        try:  # one look under the future's lock: done() first took it twice
+            self.future.set_result(answer)
+        except InvalidStateError:
             return False
-        self.future.set_result(answer)
         return True
 
 

@@ -172,27 +172,45 @@ class InstancePool:
     def submit(self, request: Request) -> Future:
         """Queue one request; the future gets its Answer (never an exception)."""
         with self._lock:
-            if self._closed.is_set():
-                raise PoolError("pool is closed")
-            if len(request.body) > self.codec.max_body_bytes:  # refused before it is copied anywhere
-                return _answered(Answer.error(413, f"request too large: {len(request.body)} bytes "
-                                                   f"(limit {self.codec.max_body_bytes})"))
-            reason = self.supervisor.unavailable()
-            if reason:
-                return _answered(self.dispatcher.unavailable(reason))
-            job = self.dispatcher.enqueue(request, self._outlook())
-            if job.future.done():  # refused: it costs no instance anything
-                return job.future
-            if one_row(len(request.body), request.header_length, self._row_bytes):
-                self.bodies.raw += 1
-            else:
-                self.bodies.decoded += 1
-            if self._held:  # inside together(): its end hands the requests out, with no wake-up between
-                return job.future
+            future = self._enqueue(request, *self._ahead())
+            if future.done() or self._held:  # refused; or inside together(), whose end hands it out
+                return future
         # The dispatch thread hands it out. Handing it out here instead (in a front end's event loop)
         # served SqueezeNet behind the KServe server 1.25-1.32x slower than a plain server at 4 users
         # against 1.13x, and gained nothing at 1 (docs/benchmarks/peers.md, issue 63)
         self._wake()
+        return future
+
+    def submit_all(self, requests: Sequence[Request]) -> list[Future]:
+        """Queue `requests` as one batch, handed out together (as in together()); the pool is looked
+        at once for all of them: a look per request was a third of submit's time (issue 70)."""
+        with self.together():
+            with self._lock:
+                ahead = self._ahead()
+                return [self._enqueue(request, *ahead) for request in requests]
+
+    def _ahead(self) -> tuple[str | None, Outlook]:
+        """What requests arriving now find (caller holds the lock): why no instance can run them,
+        if none can, and the queue's outlook. A request queued after it sees the same, with itself
+        ahead: the outlook's idle pool counts only for a request that finds the queue empty."""
+        if self._closed.is_set():
+            raise PoolError("pool is closed")
+        reason = self.supervisor.unavailable()
+        return reason, (Outlook() if reason else self._outlook())
+
+    def _enqueue(self, request: Request, unavailable: str | None, outlook: Outlook) -> Future:
+        """One request queued, or answered at once where it is refused (caller holds the lock)."""
+        if len(request.body) > self.codec.max_body_bytes:  # refused before it is copied anywhere
+            return _answered(Answer.error(413, f"request too large: {len(request.body)} bytes "
+                                               f"(limit {self.codec.max_body_bytes})"))
+        if unavailable:
+            return _answered(self.dispatcher.unavailable(unavailable))
+        job = self.dispatcher.enqueue(request, outlook)
+        if not job.future.done():  # a refused one costs no instance anything
+            if one_row(len(request.body), request.header_length, self._row_bytes):
+                self.bodies.raw += 1
+            else:
+                self.bodies.decoded += 1
         return job.future
 
     def refusal(self, received_at: float | None = None, timeout_s: float | None = None) -> Answer | None:
@@ -213,9 +231,7 @@ class InstancePool:
 
     def infer(self, requests: Sequence[Request]) -> list[Answer]:
         """Answers for `requests`, in order, run as one batch (blocks until all are answered)."""
-        with self.together():
-            futures = [self.submit(r) for r in requests]
-        return [future.result() for future in futures]
+        return [future.result() for future in self.submit_all(requests)]
 
     @contextmanager
     def together(self) -> Iterator[None]:
