@@ -139,7 +139,11 @@ class Dispatcher:
         """The answer refusing a request arriving now (counted), or None: it would be admitted.
         `received_at`: when the front end received it (this clock's time; None: now); `timeout_s`:
         the client's own deadline after that, if it sent one."""
-        waited_s = 0.0 if received_at is None else max(0.0, self.clock() - received_at)
+        return self._refusal(outlook, received_at, timeout_s, self.clock())
+
+    def _refusal(self, outlook: Outlook, received_at: float | None, timeout_s: float | None,
+                 now: float) -> Answer | None:
+        waited_s = 0.0 if received_at is None else max(0.0, now - received_at)
         refusal = self.admission.verdict(len(self.queue), outlook, waited_s, timeout_s)
         if refusal is None:
             return None
@@ -166,7 +170,7 @@ class Dispatcher:
         now = self.clock()
         received = now if request.received_at is None else request.received_at
         job = Job(request, Future(), now, received + self.admission.timeout_for(request.timeout_s))
-        refused = self.refusal(outlook, received, request.timeout_s)
+        refused = self._refusal(outlook, received, request.timeout_s, now)
         if refused is not None:
             job.resolve(refused)
         else:
