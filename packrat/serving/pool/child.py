@@ -25,7 +25,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import NamedTuple
 
-from packrat.codec.batch import Decoders, set_intra_op_threads
+from packrat.codec.batch import Decoders, answer_batch, set_intra_op_threads
 from packrat.models.runtimes import DEFAULT_RUNTIME, torch_threads
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
 from packrat.serving.pool.core_locks import holding
@@ -243,8 +243,6 @@ def run_in_turns(say, module, codec, decoders: Decoders, turn: Turn, locks: str 
     with more to come, so its watchdog counts running, not waiting. Stamps:
     received, then decode, model and encode summed over the parts, ending when the last one did
     (the waits for turns all fall in the "locks" stage)."""
-    from packrat.codec.batch import answer_batch
-
     answers, spent, start = [], [0.0, 0.0, 0.0], 0
     for number, size in enumerate(sizes):
         part, rows, in_rows = batch.part(start, size)

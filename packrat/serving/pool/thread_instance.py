@@ -47,7 +47,9 @@ from packrat.codec.config import CodecConfig
 from packrat.codec.rows import RowsLayout
 from packrat.machine.threads import PinnedWorker, pin_thread, task_affinities, thread_cpu_s
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
+from packrat.serving.pool.child import Batch, run_in_turns
 from packrat.serving.pool.instance import StartFailed
+from packrat.serving.pool.turns import Turn, turn_sizes
 
 log = logging.getLogger("packrat.serving.pool")
 
@@ -110,9 +112,8 @@ class ThreadInstance:
         from packrat.codec.rows import InputRows
         from packrat.models.runtimes import ensure_artefact
         from packrat.models.zoo import resolve
-        from packrat.serving.pool.child import load_runtime, warm_up
+        from packrat.serving.pool.child import load_runtime, warm_up  # looked up here: tests stand in for them
         from packrat.serving.pool.core_locks import holding
-        from packrat.serving.pool.turns import Turn
 
         if nice:
             os.setpriority(os.PRIO_PROCESS, 0, nice)  # this thread alone; the threads it starts inherit it
@@ -134,9 +135,6 @@ class ThreadInstance:
         self._served = (module, codec, decoders, InputRows(codec_config, self.layout, self._view), Turn(self.config.cores))
 
     def _serve(self, jobs: list, bodies: list, stamps: tuple, locks: str | None, turn_ms: float | None) -> None:
-        from packrat.serving.pool.child import Batch, run_in_turns
-        from packrat.serving.pool.turns import turn_sizes
-
         woken = time.monotonic()
         in_rows = self._copy_raw(bodies)
         copy_s = time.monotonic() - woken
