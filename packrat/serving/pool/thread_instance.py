@@ -58,9 +58,10 @@ Done = Callable[["ThreadInstance", list, tuple | None, str | None], None]
 BYTES = (bytes, bytearray, memoryview)
 THREAD_NAME = "packrat-t"  # the kernel's name of a thread instance's threads: this, then a number unique in the process
 _numbers = itertools.count()
-# A body up to this size is copied holding the GIL: numpy's copy that lets it go cost 0.9 us a 3 KB
-# row against 0.2, and a 600 KB one 5.9 against 5.2 (issue 70); a 1 MB copy holds it some 10 us
-HELD_COPY_BYTES = 1 << 20
+# A body up to this size is copied holding the GIL: numpy's copy, which lets it go, cost 0.9 us a 3 KB
+# row against 0.2; a larger one lets it go, or a second instance's thread waits for the whole copy to
+# start (two SqueezeNet instances of 2 rows, 600 KB each: its wake took 0.17 ms against 0.08; issue 70)
+HELD_COPY_BYTES = 64 << 10
 
 
 def own_threads(tasks: dict[int, tuple[str, set[int]]], name: str) -> set[int]:
