@@ -153,6 +153,26 @@ def test_a_trial_not_faster_by_the_margin_is_reverted_and_not_tried_again(induct
     assert len(controller.requests) == 2  # what was tried is planned with, not tried again
 
 
+def test_a_plan_that_lost_its_trial_is_weighed_against_the_served_one_as_the_trial_paired_them():
+    """After a reverted trial the machine slows by a fifth (a client on the same cores): the served
+    plan's figure follows, the tried plan's stays as the trial served it. Set side by side, the
+    tried plan would now look faster on paper; weighed by the trial's ratio it does not, and the
+    served plan stays, as long as the trial's figures are planned with (they expire as corrections do)."""
+    now = [0.0]
+    fat_only = {key: ms for key, ms in LEVEL.items() if key[1] == 4}  # no plan of other shapes to go to
+    truth = {(2, 4, "inductor"): 350.0, (2, 4, "openvino"): 380.0}
+    tuner, controller, pool = tuner_for(profile_of(fat_only), truth, now)
+    serve(tuner, pool, controller, now, 60, 10)
+    (trial,) = tuner.trials.history
+    assert trial.outcome.startswith("reverted") and controller.plan.instances[0].runtime == "inductor"
+    truth[2, 4, "inductor"] = 420.0  # everything slower by a fifth; openvino is not served to show it
+    serve(tuner, pool, controller, now, 300, 10)
+    assert controller.plan.instances[0].runtime == "inductor" and len(controller.requests) == 2
+    truth[2, 4, "inductor"] = 600.0  # whatever it slows: the trial paired the two, 380 x 600 / 350 = 651
+    serve(tuner, pool, controller, now, 300, 10)
+    assert controller.plan.instances[0].runtime == "inductor"
+
+
 def test_a_trial_serving_far_slower_is_given_up_after_a_few_batches():
     now = [0.0]
     truth = {(2, 4, "inductor"): 350.0, (2, 4, "openvino"): 600.0}

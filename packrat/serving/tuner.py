@@ -91,20 +91,36 @@ class PlanTuner:
         back happens when the cool-down ends (SwitchPolicy). Returns the verdict."""
         plan = self.controller.plan
         current_ms, proposed = self.corrector.expected_ms(plan), self.plan_for(plan.batch)
+        proposed_ms = self._paired_ms(plan, current_ms, proposed)
         held = self.switches.held
-        verdict = self.switches.decide(plan.describe(), current_ms, proposed.describe(), proposed.expected_latency_ms)
+        verdict = self.switches.decide(plan.describe(), current_ms, proposed.describe(), proposed_ms)
         if verdict == "hold" and (held is None or held.plan != proposed.describe()):
             log.info("packrat holds back %s (expected %.1f ms against %.1f as served) until the cool-down ends in "
-                     "%.0f s", proposed.describe(), proposed.expected_latency_ms, current_ms,
+                     "%.0f s", proposed.describe(), proposed_ms, current_ms,
                      self.switches.status()["cooldown_left_s"])
         if verdict == "switch":
             figures = "served latencies" if self.corrector.corrections else f"{self.corrector.base.basis} figures"
             reason = (f"{figures}: {plan.describe()} takes {current_ms:.1f} ms as served, "
-                      f"{proposed.describe()} is expected to take {proposed.expected_latency_ms:.1f} ms")
+                      f"{proposed.describe()} is expected to take {proposed_ms:.1f} ms")
             log.info("packrat re-plans: %s", reason)
             if self.controller.request(plan.batch, reason):
                 self.switches.switched()
         return verdict
+
+    def _paired_ms(self, plan: Plan, current_ms: float, proposed: Plan) -> float:
+        """The proposed plan's expected ms; where it lost a trial against the served plan (and the
+        trial's figures are still planned with), its figure then scaled by how far the served plan's
+        moved since. The two were served a minute apart, under the same drift; the tried plan's
+        figure is not served again, so alone it would look better whenever the machine slows (a
+        thread instance served 2.2 ms, a process one tried 2.4; a minute later, with locust on the
+        same cores, the thread one served 2.8 and the engine switched to the 2.4 on paper)."""
+        for trial in reversed(self.trials.history):
+            lost = (trial.outcome or "").startswith(("reverted: served", "given up"))
+            if (trial.plan == proposed.describe() and trial.previous == plan.describe() and lost
+                    and trial.served_ms and trial.previous_ms
+                    and all(key in self.corrector.corrections for key in trial.untried)):
+                return max(proposed.expected_latency_ms, trial.served_ms * current_ms / trial.previous_ms)
+        return proposed.expected_latency_ms
 
     # ---- near-ties, tried ------------------------------------------------------------------------
 
