@@ -175,25 +175,6 @@ def test_a_batch_taken_whole_by_idle_instances_wakes_no_dispatch_thread(referenc
 
 
 @pytest.mark.slow
-def test_a_request_finding_the_pool_idle_is_handed_out_without_a_wake(reference, shared, monkeypatch):
-    """One request at a time to an idle instance of batch 1 (a front end at one user): its submit
-    hands it out. A request an instance of batch 4 would gather more for leaves the window to the
-    dispatch thread, which is woken to keep its time."""
-    requests, expected = reference
-    pool = shared([InstanceConfig(len(CORES), 1, tuple(CORES))])
-    woken, wake = [], pool._wake
-    monkeypatch.setattr(pool, "_wake", lambda: woken.append(1) or wake())
-    for request, want in zip(requests[:3], expected[:3]):
-        assert_same([pool.submit(request).result(timeout=60)], [want])
-    assert woken == []
-    gathering = shared([InstanceConfig(len(CORES), 4, tuple(CORES))])
-    gathering_wake = gathering._wake
-    monkeypatch.setattr(gathering, "_wake", lambda: woken.append(1) or gathering_wake())
-    assert_same([gathering.submit(requests[0]).result(timeout=60)], expected[:1])
-    assert woken
-
-
-@pytest.mark.slow
 def test_requests_from_many_threads_each_get_their_own_answer(reference, shared):
     requests, expected = reference
     pool = shared(two_instances((2, 2)))
