@@ -154,3 +154,28 @@ def test_raw_sized_bodies_in_rows_that_decode_must_read_are_answered_alone(tiny)
     rows, placed = raw_in_rows(tokens, [row.numpy().tobytes() for row in ids])
     answers = answer_batch(lambda x: x.float(), tokens, placed, rows=rows, in_rows=frozenset(range(3)))
     assert [a.status for a in answers] == [200, 400, 200] and "outside the model's vocabulary" in answers[1].body.decode()
+
+
+def test_a_binary_v2_input_of_one_sample_is_copied_straight_into_its_row(tiny):
+    """The tensor after a binary v2 header, one sample in the input's own dtype, is copied into the
+    request's row and read there (no tensor of its own first); another dtype, or several samples,
+    take the path without it. Either way the answers are the path without rows'."""
+    from packrat.codec import oip
+    from packrat.codec.batch import answer_batch
+    from packrat.codec.payloads import v2_binary_payload
+
+    module, codec = tiny
+    body, kind, length = v2_binary_payload(resolve("tiny"))
+    rows = InputRows.allocate(codec.config, 2)
+    decoded = codec.decode(memoryview(bytearray(body)), kind, length, into=rows.row(0))
+    assert decoded.form == "kserve-v2" and decoded.samples[0].data_ptr() == rows.row(0)[0].data_ptr()
+    sample = resolve("tiny").example_inputs(1)[0]
+    as_fp64, fp64_length = oip.request({"inputs": [{"name": "input", "shape": list(sample.shape), "datatype": "FP64"}]},
+                                       [sample.double().numpy().tobytes()])
+    other = codec.decode(as_fp64, kind, fp64_length, into=rows.row(1))
+    assert other.samples[0].data_ptr() != rows.row(1)[0].data_ptr() and torch.equal(other.samples[0], sample)
+    requests = [(body, kind, length), (as_fp64, kind, fp64_length)]
+    with_rows = answer_batch(module, codec, requests, rows=InputRows.allocate(codec.config, 2))
+    without = answer_batch(module, codec, requests)
+    assert [(a.status, a.body) for a in with_rows] == [(a.status, a.body) for a in without]
+    assert all(a.status == 200 for a in with_rows)

@@ -55,7 +55,7 @@ def from_bytes(samples: Samples, buffer: bytes | bytearray | memoryview, kind: s
     head = bytes(body[:64])
     if header_length is not None:  # the KServe v2 binary extension says where its JSON ends
         oip.checked_header(header_length, len(body))  # before the copy
-        return kserve.v2(samples, *oip.split(bytes(body), header_length))
+        return kserve.v2(samples, *oip.split(body, header_length), into=into)
     if head[:4] == ZIP_MAGIC:
         return _plain(samples, samples.first_input(samples.one(samples.saved_tensor(bytes(body)))))
     if _image(samples, head, kind):

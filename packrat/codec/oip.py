@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import struct
 
+import numpy
 import torch
 
 from packrat.errors import RequestError, first_line
@@ -62,7 +63,8 @@ def checked_header(value, body_size: int) -> int | None:
 
 def split(body: bytes, length: int | None):
     """(JSON header, the bytes after it). Without a header length, the end of the JSON value is found
-    by parsing; returns None then if nothing follows it (a plain JSON body)."""
+    by parsing; returns None then if nothing follows it (a plain JSON body). With one, `body` may be a
+    memoryview: only the header is copied, the rest is a view."""
     if length is None:
         try:  # latin-1 maps byte i to character i, so the end index found is a byte offset;
             # JSON's structure is ASCII, and UTF-8 text in strings only holds bytes >= 0x80
@@ -74,7 +76,7 @@ def split(body: bytes, length: int | None):
     else:
         checked_header(length, len(body))
     try:
-        head = json.loads(body[:length])
+        head = json.loads(bytes(body[:length]) if isinstance(body, memoryview) else body[:length])
     except (ValueError, RecursionError) as exc:
         raise RequestError(400, f"the inference header is not valid JSON ({first_line(exc)})") from None
     if not isinstance(head, dict):
@@ -163,6 +165,12 @@ def tensor(chunk: bytes, datatype: str) -> torch.Tensor:
         raise RequestError(400, f"{len(chunk)} bytes of {datatype} data: not a whole number of "
                                 f"{dtype.itemsize}-byte values")
     return torch.frombuffer(bytearray(chunk), dtype=dtype) if chunk else torch.empty(0, dtype=dtype)
+
+
+def copy_into(tensor: torch.Tensor, chunk) -> None:
+    """`chunk`'s raw little-endian bytes into a contiguous `tensor` of as many bytes (numpy's copy:
+    the GIL let go for a large one)."""
+    numpy.copyto(tensor.view(torch.uint8).view(-1).numpy(), numpy.frombuffer(chunk, numpy.uint8))
 
 
 def elements(chunk: bytes) -> list[bytes]:
