@@ -172,17 +172,12 @@ class InstancePool:
     def submit(self, request: Request) -> Future:
         """Queue one request; the future gets its Answer (never an exception)."""
         with self._lock:
-            unavailable, outlook = self._ahead()
-            future = self._enqueue(request, unavailable, outlook)
+            future = self._enqueue(request, *self._ahead())
             if future.done() or self._held:  # refused; or inside together(), whose end hands it out
                 return future
-            # A request finding the pool idle is handed out here when an instance takes it at once
-            # (no gather window): waking the dispatch thread for it cost 0.08 ms of a 3 ms request
-            # behind KServe at 1 user. Else the dispatch thread hands it out: handing out every request
-            # here (in a front end's event loop) served SqueezeNet 1.25-1.32x slower than a plain server
-            # at 4 users against 1.13x (docs/benchmarks/peers.md, issue 63)
-            if outlook.idle and self.dispatcher.assign(self.supervisor.instances) is None and not self.dispatcher.queue:
-                return future
+        # The dispatch thread hands it out. Handing it out here instead (in a front end's event loop)
+        # served SqueezeNet behind the KServe server 1.25-1.32x slower than a plain server at 4 users
+        # against 1.13x, and gained nothing at 1 (docs/benchmarks/peers.md, issue 63)
         self._wake()
         return future
 
