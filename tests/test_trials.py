@@ -173,6 +173,24 @@ def test_a_plan_that_lost_its_trial_is_weighed_against_the_served_one_as_the_tri
     assert controller.plan.instances[0].runtime == "inductor"
 
 
+def test_a_plan_better_only_on_the_profiles_figures_is_tried_not_switched_to():
+    """The served plan serves 40 % slower than its profile (a load on the same cores): OpenVINO, never
+    served, is better on paper by far. It is tried: under the same load it serves slower still, and
+    the served plan comes back. A plan whose points have all been served is switched to on paper."""
+    now = [0.0]
+    fat_only = {key: ms for key, ms in LEVEL.items() if key[1] == 4}
+    truth = {(2, 4, "inductor"): 500.0, (2, 4, "openvino"): 520.0}
+    tuner, controller, pool = tuner_for(profile_of(fat_only), truth, now)
+    serve(tuner, pool, controller, now, 120, 10)
+    (trial,) = tuner.trials.history
+    assert controller.requests[0].startswith("trial: served latencies")
+    assert trial.outcome.startswith("reverted") and controller.plan.instances[0].runtime == "inductor"
+    truth[2, 4, "inductor"] = 800.0  # the served plan alone slows: openvino's trial figure now wins on paper
+    tuner.trials.history.clear()  # (as if the trial were long past: its pairing no longer holds)
+    serve(tuner, pool, controller, now, 300, 10)
+    assert controller.plan.instances[0].runtime == "openvino" and controller.requests[-1].startswith("served latencies")
+
+
 def test_a_trial_serving_far_slower_is_given_up_after_a_few_batches():
     now = [0.0]
     truth = {(2, 4, "inductor"): 350.0, (2, 4, "openvino"): 600.0}

@@ -66,7 +66,7 @@ class PlanTuner:
                      c.samples, c.profile_ms)
         if not reconfigure or self.controller.switching:
             return
-        if (self.corrector.corrections or self._basis_moved) and self._switch_if_better() != "keep":
+        if (self.corrector.corrections or self._basis_moved) and self._switch_if_better(served) != "keep":
             return
         self._try_near_tie(served)
 
@@ -86,9 +86,12 @@ class PlanTuner:
 
     # ---- a better plan on the corrected figures ---------------------------------------------------
 
-    def _switch_if_better(self) -> str:
+    def _switch_if_better(self, served: dict) -> str:
         """Taken again at every look, not only on a new correction: a switch the cool-down held
-        back happens when the cool-down ends (SwitchPolicy). Returns the verdict."""
+        back happens when the cool-down ends (SwitchPolicy). A plan better on paper that runs points
+        nothing has served is tried rather than switched to (_try): its figures are the profile's,
+        taken on a quiet machine, where the served plan's were served under the load of the moment.
+        Returns the verdict."""
         plan = self.controller.plan
         current_ms, proposed = self.corrector.expected_ms(plan), self.plan_for(plan.batch)
         proposed_ms = self._paired_ms(plan, current_ms, proposed)
@@ -102,10 +105,18 @@ class PlanTuner:
             figures = "served latencies" if self.corrector.corrections else f"{self.corrector.base.basis} figures"
             reason = (f"{figures}: {plan.describe()} takes {current_ms:.1f} ms as served, "
                       f"{proposed.describe()} is expected to take {proposed_ms:.1f} ms")
+            if self._untried(proposed, served) and all(k in served for k in plan_keys(plan)):
+                if self.trials.may_start():
+                    self._try(plan, proposed, current_ms, served, f"trial: {reason}")
+                return "trial"
             log.info("packrat re-plans: %s", reason)
             if self.controller.request(plan.batch, reason):
                 self.switches.switched()
         return verdict
+
+    def _untried(self, plan: Plan, served: dict) -> tuple:
+        """The points of `plan` that nothing has served: neither now nor in a correction kept."""
+        return tuple(sorted({k for k in plan_keys(plan) if k not in served and k not in self.corrector.corrections}))
 
     def _paired_ms(self, plan: Plan, current_ms: float, proposed: Plan) -> float:
         """The proposed plan's expected ms; where it lost a trial against the served plan (and the
@@ -135,8 +146,7 @@ class PlanTuner:
         points = self.corrector.profile.points()
         slowest = max(keys, key=lambda k: points.get(k, 0.0))
         other = self.plan_for(plan.batch, profile=self.corrector.without([slowest]))
-        untried = tuple(sorted({k for k in plan_keys(other) if k not in served and k not in self.corrector.corrections}))
-        if not untried or other.describe() == plan.describe():
+        if not self._untried(other, served) or other.describe() == plan.describe():
             return
         profile = self.corrector.profile
         other_slowest = max(plan_keys(other), key=lambda k: points.get(k, 0.0))
@@ -144,14 +154,19 @@ class PlanTuner:
         if not near_tie(current_ms, profile.spread_ms(*slowest), other.expected_latency_ms,
                         profile.spread_ms(*other_slowest)):
             return
-        reason = (f"trial: {other.describe()} is expected within the noise of {plan.describe()} "
+        self._try(plan, other, current_ms, served,
+                  f"trial: {other.describe()} is expected within the noise of {plan.describe()} "
                   f"({other.expected_latency_ms:.1f} against {current_ms:.1f} ms as served)")
-        trial = Trial(plan.describe(), other.describe(), current_ms, other.expected_latency_ms, untried,
-                      self.trials.clock(), self.wall())
+
+    def _try(self, plan: Plan, other: Plan, current_ms: float, served: dict, reason: str) -> None:
+        """Serve `other` for a trial instead of the served `plan` (whose points all have `served`
+        figures): kept or reverted by what it serves (_follow_trial)."""
+        trial = Trial(plan.describe(), other.describe(), current_ms, other.expected_latency_ms,
+                      self._untried(other, served), self.trials.clock(), self.wall())
         if self.controller.request(plan.batch, reason, plan_for=lambda _: other, attempts=1):
             log.info("packrat %s", reason)
             self.trials.start(trial)
-            self._before = (plan, {k: served[k] for k in keys})
+            self._before = (plan, {k: served[k] for k in plan_keys(plan)})
 
     def _follow_trial(self) -> None:
         """End the active trial once its verdict is in: keep the plan tried when it served faster
