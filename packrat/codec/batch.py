@@ -116,13 +116,16 @@ def answer_batch(module, codec: Codec, bodies: list[tuple], mapper=map, laps: li
     after encoding are appended to it (the pool's stage timing)."""
     answers: list = [None] * len(bodies)
     decode = _decoder(codec, rows)
+    outcomes: list = [None] * len(bodies)
+    for index in in_rows:  # ready where it lies, or decoded there on this thread
+        outcomes[index] = READY if codec.ready_in_row(*bodies[index]) else decode((index, bodies[index]))
     indices = [i for i in range(len(bodies)) if i not in in_rows]
-    with codec.tokenized(bodies):  # a text model's texts tokenised in one call
-        outcomes = {i: _as_it_lies(codec, rows, i, bodies[i]) or decode((i, bodies[i])) for i in sorted(in_rows)}
-        outcomes.update(zip(indices, mapper(decode, [(i, bodies[i]) for i in indices])))
+    if indices:
+        with codec.tokenized(bodies):  # a text model's texts tokenised in one call
+            for index, outcome in zip(indices, mapper(decode, [(i, bodies[i]) for i in indices])):
+                outcomes[index] = outcome
     decoded = {}
-    for index in range(len(bodies)):
-        outcome = outcomes[index]
+    for index, outcome in enumerate(outcomes):
         if isinstance(outcome, Reply):
             answers[index] = outcome
         else:
@@ -207,16 +210,11 @@ def _decoder(codec: Codec, rows: InputRows | None):
     return decode
 
 
-# A raw tensor body that lies in its row as it came: its samples are the row (_samples), made only
-# where they are read (a batch run request by request, a NaN answered), not for every request
+# A raw tensor body that lies in its row as it came (Codec.ready_in_row): its samples are the row
+# (_samples), made only where they are read (a batch run request by request, a NaN answered), not
+# for every request; decode() would make and check tensors per sample
 IN_ROW = Decoded((), "plain")
-
-
-def _as_it_lies(codec: Codec, rows: InputRows, index: int, request: tuple):
-    """A raw tensor body written into its row, ready there: (IN_ROW, True), where decode() would make
-    and check tensors per sample; None when decode() must read it (another form, or an input to
-    check or fill)."""
-    return (IN_ROW, True) if codec.ready_in_row(*request) else None
+READY = (IN_ROW, True)  # its outcome: decoded, in its row
 
 
 def _samples(rows: InputRows | None, index: int, decoded: Decoded) -> tuple[torch.Tensor, ...]:

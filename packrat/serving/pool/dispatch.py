@@ -199,9 +199,11 @@ class Dispatcher:
     def assign(self, runners: Iterable[Runner]) -> float | None:
         """Give queued requests to the idle runners, split by their planned shares. Returns how
         long to look again after, while a gather window is open, else None."""
+        if not self.queue:  # each answered sub-batch asks: mostly nothing is waiting
+            return None
         runners = list(runners)
         idle = [runner for runner in runners if runner.idle]
-        if not self.queue or not idle:
+        if not idle:
             return None
         waited = self.clock() - self.queue[0].queued_at
         in_pool = len(self.queue) + sum(len(r.jobs) for r in runners)
