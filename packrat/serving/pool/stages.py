@@ -55,12 +55,15 @@ class StageTimes:
     under its lock."""
 
     def __init__(self, window: int = WINDOW):
-        self._recent: deque[tuple[tuple[float, ...], int]] = deque(maxlen=window)
+        self._recent: deque[tuple[Sequence[float], int]] = deque(maxlen=window)  # (stamps, requests)
         self.sub_batches = 0  # since the pool started
 
     def add(self, stamps: Sequence[float], requests: int) -> None:
-        """One answered sub-batch of `requests` requests, from its stamps."""
-        self._recent.append((stage_ms(stamps), requests))
+        """One answered sub-batch of `requests` requests, from its stamps (checked now, turned
+        into stages when the figures are read: every sub-batch adds, few are read)."""
+        if len(stamps) != len(STAGES) + 1:
+            raise ValueError(f"{len(stamps)} stamps; a sub-batch has {len(STAGES) + 1}")
+        self._recent.append((stamps, requests))
         self.sub_batches += 1
 
     def clear(self) -> None:
@@ -80,7 +83,7 @@ class StageTimes:
     def sums(self, stages: Sequence[str]) -> list[float]:
         """Each recent sub-batch's ms in `stages` together, oldest first."""
         columns = [STAGES.index(stage) for stage in stages]
-        return [sum(times[c] for c in columns) for times, _ in self._recent]
+        return [sum(times[c] for c in columns) for times in self._stages()]
 
     def requests_per_sub_batch(self) -> float:
         """Mean requests per sub-batch over the window (0 before the first): against the plan's
@@ -90,7 +93,10 @@ class StageTimes:
     def _summary(self, statistic) -> dict[str, float]:
         if not self._recent:
             return {}
-        columns = list(zip(*(stages for stages, _ in self._recent)))
-        figures = {stage: statistic(column) for stage, column in zip(STAGES, columns)}
-        figures["total"] = statistic([sum(stages) for stages, _ in self._recent])
+        stages = self._stages()
+        figures = {stage: statistic(column) for stage, column in zip(STAGES, zip(*stages))}
+        figures["total"] = statistic([sum(times) for times in stages])
         return figures
+
+    def _stages(self) -> list[tuple[float, ...]]:
+        return [stage_ms(stamps) for stamps, _ in self._recent]
