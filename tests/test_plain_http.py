@@ -89,6 +89,23 @@ def test_packrat_is_warmed_up_until_it_serves_its_plan_for_the_users_and_no_long
     assert got == {"batch": 4} and stuck == ["p", "q"] + ["p"] * (plain_http.SWITCH_WARMUPS - 1)
 
 
+def test_the_header_names_the_plans_packrat_served_in_its_rounds_not_after_its_warm_up():
+    """The plan after the warm-up may be a trial's, reverted as the rounds begin: the header names
+    what each round ended on, with counts where the rounds differ."""
+    import argparse
+
+    args = argparse.Namespace(model="squeezenet", batch_size=4, max_batch_delay=50, rounds=4, duration=6, warmup=6)
+    thread, process = ({"instances": [{"threads": 2, "batch": 1, "runtime": kind}]}
+                       for kind in ("onnxruntime-thread", "onnxruntime"))
+    runs = [{"server": "packrat", "users": 1, "round": r, "plan": plain_http.plan_text(thread if r < 4 else process)}
+            for r in range(1, 5)] + [{"server": "plain", "users": 1, "round": 1}]
+    runs += [{"server": "packrat", "users": 4, "round": r, "plan": plain_http.plan_text(thread)} for r in range(1, 5)]
+    text = plain_http.header(args, 2, {1: process, 4: thread}, runs)
+    assert ("1 user(s): ⟨2, 1, onnxruntime-thread⟩ (3 of 4 rounds), ⟨2, 1, onnxruntime⟩ (1 of 4 rounds); "
+            "4 user(s): ⟨2, 1, onnxruntime-thread⟩;") in text
+    assert "1 user(s): ⟨2, 1, onnxruntime⟩;" in plain_http.header(args, 2, {1: process})  # no rounds: the warm-up's
+
+
 def test_the_command_defaults():
     from packrat.cli.main import build_parser
 

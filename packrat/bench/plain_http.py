@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -82,14 +83,23 @@ def format_report(report: Mapping) -> str:
         "", "locust runs on the same cores as both servers: it takes its share from whichever is loaded"])
 
 
-def header(args, cores: int, plans: Mapping) -> str:
-    served = "; ".join(f"{users} user(s): {plan_text(plan)}" for users, plan in plans.items())
+def header(args, cores: int, plans: Mapping, runs: Sequence[Mapping] = ()) -> str:
+    served = "; ".join(f"{users} user(s): {served_plans(runs, users) or plan_text(plan)}" for users, plan in plans.items())
     return (f"{args.model}, B = {args.batch_size}, {cores} cores; packrat's KServe server following its load "
             f"({served or 'plan unknown'}; gather wait {args.max_batch_delay} ms) against FastAPI + one ONNX "
             f"Runtime session ({cores} intra-op threads); binary KServe v2 bodies; {args.rounds} interleaved "
             f"round(s) of {args.duration:g} s per server and users count after at least {args.warmup:g} s of "
             f"warm-up at that count; figures: medians over rounds; ratios: packrat / plain in the same round "
             f"(paired), median over rounds")
+
+
+def served_plans(runs: Sequence[Mapping], users: int) -> str:
+    """The plans packrat served at the end of its rounds at `users` users, with how many rounds each
+    where they differ: the engine may have moved on after its warm-up (a trial, a correction)."""
+    seen = Counter(run["plan"] for run in runs if run["server"] == "packrat" and run["users"] == users and "plan" in run)
+    if len(seen) == 1:
+        return next(iter(seen))
+    return ", ".join(f"{plan} ({count} of {sum(seen.values())} rounds)" for plan, count in seen.most_common())
 
 
 def plan_text(plan: Mapping | None) -> str:
@@ -146,12 +156,14 @@ def run(args) -> dict:
             for round_, (name, _) in in_rounds([(name, users) for name in SERVERS], args.rounds):
                 log(f"-- round {round_}/{args.rounds}: {name}, {users} user(s)")
                 result = load(urls[name], users, args.duration, out / name / f"u{users}-r{round_}")
-                runs.append({"server": name, "users": users, "round": round_, **round_figures(result, args.duration)})
+                served_plan = {"plan": plan_text(kserve.status(served)[model]["plan"])} if name == "packrat" else {}
+                runs.append({"server": name, "users": users, "round": round_, **round_figures(result, args.duration),
+                             **served_plan})
     cores = len(os.sched_getaffinity(0))  # the plain server's threads; packrat plans for its CPU budget
     report = {"model": model, "batch": batch, "rounds": args.rounds, "duration_s": args.duration,
               "warmup_s": args.warmup, "max_batch_delay_ms": args.max_batch_delay, "cores": cores,
               "profile": str(profile), "plans": {str(u): p for u, p in plans.items()}, "targets": {"p50": P50_TARGET, "rps": RPS_TARGET},
-              "header": header(args, cores, plans), "runs": runs, "summary": summarise(runs)}
+              "header": header(args, cores, plans, runs), "runs": runs, "summary": summarise(runs)}
     report["markdown"] = format_report(report)
     write_json(out / "http-bench.json", report)
     return report
