@@ -151,12 +151,16 @@ def run(args) -> dict:
         served = stack.enter_context(kserve_serving(model, mar, out / "packrat", log))
         urls = {"packrat": served.url,
                 "plain": stack.enter_context(plain_serving(model, out / "plain", free_port(), log=log))}
+
+        def packrat_plan() -> dict:
+            return kserve.status(served)[model]["plan"]
+
         for users in sorted({1, batch}):
-            plans[users] = warm_up(urls, lambda: kserve.status(served)[model]["plan"], load, users, args, out)
+            plans[users] = warm_up(urls, packrat_plan, load, users, args, out)
             for round_, (name, _) in in_rounds([(name, users) for name in SERVERS], args.rounds):
                 log(f"-- round {round_}/{args.rounds}: {name}, {users} user(s)")
                 result = load(urls[name], users, args.duration, out / name / f"u{users}-r{round_}")
-                served_plan = {"plan": plan_text(kserve.status(served)[model]["plan"])} if name == "packrat" else {}
+                served_plan = {"plan": plan_text(packrat_plan())} if name == "packrat" else {}
                 runs.append({"server": name, "users": users, "round": round_, **round_figures(result, args.duration),
                              **served_plan})
     cores = len(os.sched_getaffinity(0))  # the plain server's threads; packrat plans for its CPU budget
