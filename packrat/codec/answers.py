@@ -28,7 +28,8 @@ class Answers:
         row, found in one call for the batch; None for another task."""
         if self.config.task != "classification" or outputs.dim() < 1 or not len(outputs):
             return None
-        rows = outputs if outputs.dim() == 2 else outputs.reshape(len(outputs), -1)  # each step a dispatch of torch's
+        # each step only where it changes something: each is a call through torch's dispatcher
+        rows = outputs if outputs.dim() == 2 else outputs.reshape(len(outputs), -1)
         scores = torch.softmax(rows.detach() if rows.requires_grad else rows, dim=1, dtype=torch.float32)
         top, classes = scores.topk(min(TOP_K, scores.shape[1]), dim=1)
         return list(zip(top.tolist(), classes.tolist()))

@@ -93,7 +93,7 @@ class Codec:
                 or len(body) > self.config.max_body_bytes):
             return False
         check = self._raw_checks.get(content_type, _UNSEEN)
-        if check is _UNSEEN:  # a check a content type: a batch's bodies mostly share one
+        if check is _UNSEEN:  # one check per content type: a batch's bodies mostly share one
             if len(self._raw_checks) >= RAW_CHECKS:  # a client's stream of odd types holds no memory
                 self._raw_checks.clear()
             check = self._raw_checks[content_type] = forms.raw_head_check(self.samples, _kind(content_type))

@@ -121,10 +121,8 @@ class PlanTuner:
     def _paired_ms(self, plan: Plan, current_ms: float, proposed: Plan) -> float:
         """The proposed plan's expected ms; where it lost a trial against the served plan (and the
         trial's figures are still planned with), its figure then scaled by how far the served plan's
-        moved since. The two were served a minute apart, under the same drift; the tried plan's
-        figure is not served again, so alone it would look better whenever the machine slows (a
-        thread instance served 2.2 ms, a process one tried 2.4; a minute later, with locust on the
-        same cores, the thread one served 2.8 and the engine switched to the 2.4 on paper)."""
+        moved since: the trial paired the two in time, and the tried plan, not served again, would
+        otherwise look better whenever the machine slows (docs/serving.md, trials)."""
         for trial in reversed(self.trials.history):
             lost = (trial.outcome or "").startswith(("reverted: served", "given up"))
             if (trial.plan == proposed.describe() and trial.previous == plan.describe() and lost

@@ -46,8 +46,8 @@ class Request:
 
 
 class Answer(NamedTuple):
-    """A request's answer. A tuple: made for every request, where a frozen dataclass cost 4x the
-    time (issue 70)."""
+    """A request's answer. A tuple: one is made for every request, and a frozen dataclass costs
+    several times as much to make."""
     status: int
     body: bytes  # JSON, or a binary KServe v2 answer (JSON header, then raw outputs)
     reason: str = ""  # one line, for errors

@@ -78,7 +78,7 @@ def split_sizes(n: int, planned: Sequence[int], capacities: Sequence[int] | None
     never passes more than the capacities hold).
     """
     total = sum(planned)
-    # The common cases at once (a call was 4 us of the hand-out): one instance, or the planned batch
+    # The common cases at once, without the arithmetic: one instance, or the planned batch
     if len(planned) == 1 and (capacities is None or n <= capacities[0]):
         return [n]
     if n == total and (capacities is None or all(p <= c for p, c in zip(planned, capacities))):

@@ -58,9 +58,8 @@ Done = Callable[["ThreadInstance", list, tuple | None, str | None], None]
 BYTES = (bytes, bytearray, memoryview)
 THREAD_NAME = "packrat-t"  # the kernel's name of a thread instance's threads: this, then a number unique in the process
 _numbers = itertools.count()
-# A body up to this size is copied holding the GIL: numpy's copy, which lets it go, cost 0.9 us a 3 KB
-# row against 0.2; a larger one lets it go, or a second instance's thread waits for the whole copy to
-# start (two SqueezeNet instances of 2 rows, 600 KB each: its wake took 0.17 ms against 0.08; issue 70)
+# A body up to this size is copied holding the GIL (cheaper than numpy's call); a larger one lets it
+# go, so that another instance's thread need not wait for the whole copy to start
 HELD_COPY_BYTES = 64 << 10
 
 
