@@ -158,7 +158,7 @@ def _encode_all(codec: Codec, rows: InputRows | None, decoded: dict, outputs: di
             try:
                 answers[index] = Reply(200, top_json(tops[position], item.form == "kserve-v1"))
             except Exception as exc:  # our failure, this request's alone
-                answers[index] = error(500, f"cannot encode the answer: {type(exc).__name__}: {first_line(exc)}")
+                answers[index] = _encode_failure(exc)
             continue
         output = outputs[index] if whole is None else None
         if isinstance(output, str):
@@ -174,7 +174,7 @@ def _encode_all(codec: Codec, rows: InputRows | None, decoded: dict, outputs: di
             encoded = codec.encoded(output, item, top)
             answers[index] = Reply(200, encoded.body, "", encoded.content_type, encoded.header_length)
         except Exception as exc:  # our failure, this request's alone
-            answers[index] = error(500, f"cannot encode the answer: {type(exc).__name__}: {first_line(exc)}")
+            answers[index] = _encode_failure(exc)
 
 
 def _top(codec: Codec, output) -> tuple[list[float], list[int]] | None:
@@ -274,6 +274,11 @@ def batched(samples: list[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
     if len(samples) == 1:
         return list(samples[0])
     return [torch.cat(parts) for parts in zip(*samples)]
+
+
+def _encode_failure(exc: Exception) -> Reply:
+    """A request whose answer could not be encoded: our failure, its alone."""
+    return error(500, f"cannot encode the answer: {type(exc).__name__}: {first_line(exc)}")
 
 
 def error(status: int, reason: str) -> Reply:

@@ -76,17 +76,12 @@ def from_bytes(samples: Samples, buffer: bytes | bytearray | memoryview, kind: s
     return _plain(samples, samples.first_input(samples.raw(buffer)))
 
 
-def only_raw(samples: Samples, head: bytes, kind: str) -> bool:
-    """Whether from_bytes reads a body of the raw tensor's size that begins with `head` (its first
-    64 bytes), sent without a KServe v2 header length, as the raw tensor without trying any other
-    form first: such a body, once in its row of the batch, is ready as it lies (codec.batch)."""
-    check = raw_head_check(samples, kind)
-    return check is not None and check(head)
-
-
 def raw_head_check(samples: Samples, kind: str):
-    """only_raw for bodies of content kind `kind`, as a test of a body's first 64 bytes alone; None
-    where the kind rules the raw tensor out whatever the bytes (an image, JSON, text)."""
+    """For bodies of content kind `kind` sent without a KServe v2 header length: a test of a body's
+    first 64 bytes telling whether from_bytes reads a body of the raw tensor's size as the raw tensor
+    without trying any other form first (such a body, once in its row of the batch, is ready as it
+    lies: codec.batch); None where the kind rules the raw tensor out whatever the bytes (an image,
+    JSON, text)."""
     if kind.startswith("image/") or "json" in kind or _text_sniffed(samples, kind):
         return None
     image, sniffed = samples.input_kind == "image", kind in SNIFFED_TYPES  # text/* was ruled out above

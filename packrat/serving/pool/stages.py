@@ -42,12 +42,16 @@ WINDOW = 200  # sub-batches the figures are taken over: the recent past, not the
 
 def stage_ms(stamps: Sequence[float]) -> tuple[float, ...]:
     """Each stage's ms from the sub-batch's len(STAGES) + 1 stamps (seconds), in order."""
-    if len(stamps) != len(STAGES) + 1:
-        raise ValueError(f"{len(stamps)} stamps; a sub-batch has {len(STAGES) + 1}")
+    _check(stamps)
     ordered = [stamps[0]]
     for stamp in stamps[1:]:
         ordered.append(max(stamp, ordered[-1]))
     return tuple((later - earlier) * 1e3 for earlier, later in zip(ordered, ordered[1:]))
+
+
+def _check(stamps: Sequence[float]) -> None:
+    if len(stamps) != len(STAGES) + 1:
+        raise ValueError(f"{len(stamps)} stamps; a sub-batch has {len(STAGES) + 1}")
 
 
 class StageTimes:
@@ -61,8 +65,7 @@ class StageTimes:
     def add(self, stamps: Sequence[float], requests: int) -> None:
         """One answered sub-batch of `requests` requests, from its stamps (checked now, turned
         into stages when the figures are read: every sub-batch adds, few are read)."""
-        if len(stamps) != len(STAGES) + 1:
-            raise ValueError(f"{len(stamps)} stamps; a sub-batch has {len(STAGES) + 1}")
+        _check(stamps)
         self._recent.append((stamps, requests))
         self.sub_batches += 1
 
