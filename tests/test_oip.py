@@ -17,8 +17,10 @@ from PIL import Image
 from ts.context import Context, RequestProcessor
 
 from packrat.handlers import common
+from packrat.codec import answers, known_heads, oip
 from packrat.codec.codec import Codec
 from packrat.codec.config import CodecConfig
+from packrat.codec.rows import InputRows
 from packrat.errors import RequestError
 from packrat.codec.batch import answer_batch
 from packrat.models.spec import InputSpec
@@ -297,3 +299,77 @@ def test_a_header_at_the_limit_is_parsed():
         Codec(IMAGE).decode(body, None, length)
     body, length = binary({"inputs": [entry("x", x)], "pad": "p" * (oip.MAX_HEADER_BYTES - 200)}, x.numpy().tobytes())
     assert decode(Codec(IMAGE), (body, length)).samples[0].shape == (1, 3, 8, 8)
+
+
+# ---- headers seen before (codec.known_heads) -----------------------------------------------------
+
+def test_a_header_seen_before_decodes_as_the_first_time_into_its_row_or_in_place():
+    codec, rows = Codec(IMAGE), InputRows.allocate(IMAGE, 2)
+    first, second = torch.randn(2, 1, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    head = {"id": "r1", "inputs": [entry("x", first)], "parameters": {"binary_data_output": True}}
+    for x in (first, second, second):  # the first through the full decode, the others as it learnt
+        body, length = binary(head, x.numpy().tobytes())
+        into_row = codec.decode(body, None, length, into=rows.row(1))
+        received = bytearray(body)
+        in_place = codec.decode(received, None, length)
+        for decoded in (into_row, in_place):
+            assert torch.equal(decoded.samples[0], x) and decoded.samples[0].shape == (1, 3, 8, 8)
+            assert (decoded.form, decoded.request_id, decoded.binary_output) == ("kserve-v2", "r1", True)
+        assert into_row.samples[0].data_ptr() == rows.row(1)[0].data_ptr()  # copied straight into its row
+        received[length:length + 4] = np.float32(42).tobytes()
+        assert in_place.samples[0].flatten()[0] == 42  # read where it lies
+    assert len(codec._known_heads._known) == 1
+
+
+def test_a_known_header_over_other_bytes_is_refused_as_before():
+    x = torch.zeros(1, 3, 8, 8)
+    body, length = binary({"inputs": [entry("x", x)]}, x.numpy().tobytes())
+    codec = Codec(IMAGE)
+    decode(codec, (body, length))  # learnt
+    assert "ends at byte" in refusal(codec, body[:-4], length)
+    assert "bytes after the inputs' binary data" in refusal(codec, body + b"\0" * 4, length)
+
+
+def test_only_headers_whose_values_are_the_bytes_are_kept_and_a_stream_of_new_ones_is_bounded():
+    x = torch.zeros(1, 3, 8, 8)
+    codec = Codec(IMAGE)
+    widened = binary({"inputs": [entry("x", x.double(), "FP64")]}, x.double().numpy().tobytes())
+    as_json = json.dumps({"inputs": [{"name": "x", "shape": [1, 3, 8, 8], "datatype": "FP32",
+                                      "data": [0.0] * 192}]}).encode()
+    decode(codec, widened)
+    codec.decode(as_json, None, len(as_json))
+    assert not codec._known_heads._known
+    ids = torch.tensor([[5, 6, 7, 0]])  # token ids: a range to check, never kept
+    tokens, head_length = binary({"inputs": [entry("input_ids", ids, "INT64")]}, ids.numpy().tobytes())
+    text = Codec(TEXT)
+    decode(text, (tokens, head_length))
+    out_of_range = tokens[:head_length] + torch.tensor([[500, 6, 7, 0]]).numpy().tobytes()
+    assert "outside the model's vocabulary" in refusal(text, out_of_range, head_length)
+    for number in range(known_heads.HEADS + 1):
+        decode(codec, binary({"id": str(number), "inputs": [entry("x", x)]}, x.numpy().tobytes()))
+    assert 1 <= len(codec._known_heads._known) <= known_heads.HEADS
+
+
+def test_binary_answers_keep_one_header_per_id_shape_and_dtype():
+    codec = Codec(IMAGE)
+    x = torch.zeros(1, 3, 8, 8)
+    for number in range(answers.V2_HEADERS + 1):
+        decoded = decode(codec, binary({"id": f"r{number}", "inputs": [entry("x", x)],
+                                        "parameters": {"binary_data_output": True}}, x.numpy().tobytes()))
+        outputs = torch.full((1, 10), float(number))
+        encoded = codec.encoded(outputs, decoded)
+        head = json.loads(encoded.body[:encoded.header_length])
+        assert head["id"] == f"r{number}" and head["outputs"][0]["shape"] == [1, 10]
+        assert np.frombuffer(encoded.body[encoded.header_length:], np.float32).tolist() == [float(number)] * 10
+        wider = codec.encoded(torch.zeros(1, 12, dtype=torch.float64), decoded)
+        assert json.loads(wider.body[:wider.header_length])["outputs"][0]["datatype"] == "FP64"
+    assert 1 <= len(codec.answers._v2_headers) <= answers.V2_HEADERS
+
+
+def test_binary_data_is_read_where_it_lies_only_when_writable():
+    data = bytearray(np.arange(4, dtype=np.float32).tobytes())
+    in_place = oip.tensor(memoryview(data)[4:], "FP32")
+    data[4:8] = np.float32(9).tobytes()
+    assert in_place.tolist() == [9.0, 2.0, 3.0]
+    frozen = bytes(data)
+    assert oip.tensor(frozen, "FP32").tolist() == [0.0, 9.0, 2.0, 3.0]

@@ -146,11 +146,12 @@ def error_text(exc: BaseException) -> str:
 
 
 def pool_requests(spec, batch: int, v2: bool = False) -> list:
-    """The spec's example batch as `batch` pool requests: raw tensors, or v2 JSON (several inputs, or `v2`)."""
+    """The spec's example batch as `batch` pool requests (Request.as_received): raw tensors, or v2
+    JSON (several inputs, or `v2`)."""
     from packrat.codec.forms import sample_request
     from packrat.serving.pool.api import Request
 
-    return [Request(*sample_request(spec.inputs, sample, v2)) for sample in zip(*spec.example_inputs(batch))]
+    return [Request.as_received(*sample_request(spec.inputs, sample, v2)) for sample in zip(*spec.example_inputs(batch))]
 
 
 def bounded(fn: Callable[[], object], timeout_s: float, default=None):

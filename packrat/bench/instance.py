@@ -26,7 +26,7 @@ def instance_gap(model: str, runtime: str, threads: int, batch: int, cores: tupl
     spec = resolve(model)
     point = ProfileSettings(model, warmup=warmup, iters=iters, graph_mode=graph_mode, runtime=runtime)
     body, content_type = build_payload(model, "raw")
-    requests = [Request(body, content_type)] * batch
+    requests = [Request.as_received(body, content_type)] * batch
     instance = InstanceConfig(threads, batch, tuple(cores), runtime=runtime)
     samples: dict[str, list[float]] = {name: [] for name in MEASURES}
     with InstancePool(ModelConfig(model, graph_mode=graph_mode), [instance], codec=CodecConfig.for_model(spec),

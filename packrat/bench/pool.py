@@ -52,7 +52,7 @@ def pool_bench(model: str, batch: int, profile_path: Path, rounds: int = 20, pro
     spec = resolve(model)
     body, content_type = build_payload(model, payload)
     bodies = [(body, content_type)] * batch
-    requests = [Request(body, content_type)] * batch
+    requests = [Request.as_received(body, content_type)] * batch
     torch.set_num_threads(threads)
     module, inputs, mode = prepare(spec, batch, mode)
     codec_config = CodecConfig.for_model(spec, tokenizer=str(tokenizer) if tokenizer else None)

@@ -15,6 +15,7 @@ from packrat.errors import first_line
 
 TOP_K = 5
 TOP_FORMS = ("plain", "kserve-v1")  # the forms a classifier's answer is its top classes in
+V2_HEADERS = 64
 
 
 class Answers:
@@ -22,6 +23,7 @@ class Answers:
         self.config, self.text = config, text  # text: the TextEncoder, to spell next tokens
         self.labels = load_labels(config.labels) if config.labels else None
         self._class_fields: dict[int, str] = {}  # top_json's start of each class's prediction
+        self._v2_headers: dict[tuple, bytes] = {}  # _binary_v2's
 
     def tops(self, outputs: torch.Tensor) -> list[tuple[list[float], list[int]]] | None:
         """A classifier's top-k (scores, classes) of each row of a batch's outputs, one sample a
@@ -42,16 +44,30 @@ class Answers:
             return Encoded(self.top_json(top, decoded.form == "kserve-v1"))
         outputs = outputs.detach().cpu()
         if decoded.form == "kserve-v2":
-            outputs, head = kserve.answer_head(outputs, self.config.model_name, decoded.request_id)
             if decoded.binary_output:
-                body, length = oip.encode(head, [outputs])
-                return Encoded(body, "application/octet-stream", length)
+                return self._binary_v2(outputs, decoded.request_id)
+            outputs, head = kserve.answer_head(outputs, self.config.model_name, decoded.request_id)
             body = {**head, "outputs": [{**head["outputs"][0], "data": outputs.flatten().tolist()}]}
         elif decoded.form == "kserve-v1":
             body = {"predictions": [self.answer(row) for row in outputs]}
         else:
             body = self.answer(outputs[0])
         return _json(body)
+
+    def _binary_v2(self, outputs: torch.Tensor, request_id: str | None) -> Encoded:
+        """A binary v2 answer: its JSON header, made once for each request id, shape and dtype
+        (V2_HEADERS kept; a new id with every request clears them), then the outputs' bytes."""
+        key = (request_id, outputs.dtype, outputs.shape)
+        header = self._v2_headers.get(key)
+        if header is None:
+            carried, head = kserve.answer_head(outputs, self.config.model_name, request_id)
+            if carried is not outputs:  # converted for v2 (complex): not kept
+                body, length = oip.encode(head, [carried])
+                return Encoded(body, "application/octet-stream", length)
+            if len(self._v2_headers) >= V2_HEADERS:
+                self._v2_headers.clear()
+            header = self._v2_headers[key] = oip.header(head, [outputs.numel() * outputs.element_size()])
+        return Encoded(header + oip.raw(outputs), "application/octet-stream", len(header))
 
     def answer(self, output: torch.Tensor) -> dict:
         """One sample's plain answer."""

@@ -148,7 +148,9 @@ def _encode_all(codec: Codec, rows: InputRows | None, decoded: dict, outputs: di
     the batch at once, and a row's own slice of `whole` only where its answer reads it: a call or a
     tensor per request costs more than the work in it (SqueezeNet, B = 8: encoding took 0.08 ms a
     request; an MLP's batch of 8 spent 0.06 ms slicing its outputs; docs/benchmarks/peers.md)."""
-    tops = codec.answers.tops(whole) if whole is not None else None
+    # a batch's top classes only where a row's answer is them (a v2 answer is the outputs themselves)
+    read_tops = whole is not None and any(item.form in TOP_FORMS for item, _ in decoded.values())
+    tops = codec.answers.tops(whole) if read_tops else None
     # Every output, whatever the answer reads (a row's -inf logit passed its softmax, then failed its v2
     # JSON): one pass for the batch after tops read it, in cache (8 us at 1-8 x 1000 outputs), rows only if it fails.
     finite = whole is not None and all_finite(whole)
@@ -164,8 +166,8 @@ def _encode_all(codec: Codec, rows: InputRows | None, decoded: dict, outputs: di
         if isinstance(output, str):
             answers[index] = error(500, output)
             continue
-        top = tops[position] if tops is not None else _top(codec, output)
-        if top is None or item.form not in TOP_FORMS:  # its answer reads its outputs
+        top = None if item.form not in TOP_FORMS else tops[position] if tops is not None else _top(codec, output)
+        if top is None:  # its answer reads its outputs
             output = whole[position:position + 1] if output is None else output
         if not finite and not all_finite(whole[position:position + 1] if output is None else output):
             answers[index] = not_finite(_samples(rows, index, item))

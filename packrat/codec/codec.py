@@ -37,9 +37,11 @@ import torch
 from packrat.codec import forms, oip
 from packrat.codec.answers import Answers
 from packrat.codec.config import TASKS, CodecConfig, Decoded, Encoded
+from packrat.codec.known_heads import KnownHeads
 from packrat.codec.samples import Samples
 from packrat.errors import RequestError, first_line
 
+BYTES = (bytes, bytearray, memoryview)
 RAW_CHECKS = 64  # content types whose raw-body check is kept (ready_in_row)
 _UNSEEN = object()
 
@@ -57,6 +59,7 @@ class Codec:
         # ready_in_row's check of each content type seen
         self._raw_row_bytes = self.samples.raw_size() if self.samples.raw_is_row else -1
         self._raw_checks: dict = {}
+        self._known_heads = KnownHeads(self.samples)  # binary v2 headers seen, decoded once
 
     @property
     def input_kind(self) -> str:
@@ -80,7 +83,14 @@ class Codec:
         `into`: the request's row of the batch (rows.InputRows.row), where an image is decoded
         straight into; the samples may then be views of it."""
         try:
-            return forms.read_body(self.samples, body, _kind(content_type), oip.header_length(header_length), into)
+            length = oip.header_length(header_length)
+            if length is None or not isinstance(body, BYTES):
+                return forms.read_body(self.samples, body, _kind(content_type), length, into)
+            decoded = self._known_heads.decode(body, length, into)
+            if decoded is None:
+                decoded = forms.read_body(self.samples, body, _kind(content_type), length, into)
+                self._known_heads.learn(body, length, decoded)
+            return decoded
         except RequestError:
             raise
         except Exception as exc:  # a bug or a body nobody foresaw: still only this request's failure

@@ -159,12 +159,20 @@ def chunks(entries: list, data: bytes) -> list[bytes | None]:
 
 
 def tensor(chunk: bytes, datatype: str) -> torch.Tensor:
-    """One tensor's raw little-endian bytes, flat."""
+    """One tensor's raw little-endian bytes, flat: read where they lie when writable (a body the
+    server read into a buffer of its own), else copied, since a tensor may not alias bytes."""
     dtype = DTYPES[datatype]
     if len(chunk) % dtype.itemsize:
         raise RequestError(400, f"{len(chunk)} bytes of {datatype} data: not a whole number of "
                                 f"{dtype.itemsize}-byte values")
-    return torch.frombuffer(bytearray(chunk), dtype=dtype) if chunk else torch.empty(0, dtype=dtype)
+    if not chunk:
+        return torch.empty(0, dtype=dtype)
+    return torch.frombuffer(chunk if writable(chunk) else bytearray(chunk), dtype=dtype)
+
+
+def writable(buffer) -> bool:
+    """Whether a tensor may read `buffer` where it lies: a bytearray, or a writable view of one."""
+    return isinstance(buffer, bytearray) or (isinstance(buffer, memoryview) and not buffer.readonly)
 
 
 def copy_into(tensor: torch.Tensor, chunk) -> None:
@@ -233,8 +241,20 @@ def bytes_chunk(items: list) -> bytes:
 def encode(head: dict, tensors: list[torch.Tensor]) -> tuple[bytes, int]:
     """(body, header length): `head`'s outputs (one per tensor, without "data") marked with their
     binary_data_size, then each tensor's raw bytes."""
-    raw = [t.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes() for t in tensors]
-    outputs = [{**output, "parameters": {**output.get("parameters", {}), "binary_data_size": len(data)}}
-               for output, data in zip(head["outputs"], raw)]
-    header = json.dumps({**head, "outputs": outputs}, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    return header + b"".join(raw), len(header)
+    data = [raw(t.detach().cpu()) for t in tensors]
+    found = header(head, [len(chunk) for chunk in data])
+    return found + b"".join(data), len(found)
+
+
+def header(head: dict, sizes: list[int]) -> bytes:
+    """`head`'s JSON with each output (one per size, without "data") marked with its binary_data_size."""
+    outputs = [{**output, "parameters": {**output.get("parameters", {}), "binary_data_size": size}}
+               for output, size in zip(head["outputs"], sizes)]
+    return json.dumps({**head, "outputs": outputs}, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def raw(tensor: torch.Tensor) -> bytes:
+    """A CPU tensor's raw bytes, row-major."""
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return tensor.view(-1).view(torch.uint8).numpy().tobytes()

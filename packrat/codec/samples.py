@@ -16,6 +16,7 @@ import numpy
 import torch
 
 from packrat.codec.config import CodecConfig
+from packrat.codec.oip import writable
 from packrat.errors import RequestError, first_line
 from packrat.models.spec import InputSpec
 from packrat.models.spec import describe as describe_inputs
@@ -137,7 +138,7 @@ class Samples:
         if len(body) != size:
             also = ", or an image" if self.input_kind == "image" else ", or text" if self.text else ""
             raise RequestError(400, f"wrong size: {len(body)} bytes, expected {size} ({self.describe()}{also})")
-        if isinstance(body, bytes) or (isinstance(body, memoryview) and body.readonly):
+        if not writable(body):
             body = bytearray(body)
         return torch.frombuffer(body, dtype=self.dtype).view(self.shape)
 

@@ -215,7 +215,7 @@ class BodyReads:
 
 
 async def asgi_body(scope, receive, limit: int, deadline: float | None = None,
-                    reads: BodyReads | None = None) -> bytes:
+                    reads: BodyReads | None = None) -> bytearray:
     """The body from ASGI messages, read by `deadline` (time.monotonic()) and within what `reads`
     lets the bodies being read hold. Refused (BodyRefused): over `limit` bytes, 413 (the rest read
     and dropped within the linger bounds, so the client reads it); cut short (the client gone before
@@ -242,7 +242,7 @@ async def asgi_body(scope, receive, limit: int, deadline: float | None = None,
     declared = _content_length(scope)
     if declared is not None and size != declared:
         raise BodyRefused(400, f"request body cut short: {size} of the {declared} bytes its Content-Length says")
-    return kept[0] if len(kept) == 1 else b"".join(kept)
+    return bytearray().join(kept)  # the server's own buffer: a tensor may read its values where they lie
 
 
 async def _read_into(kept: list[bytes], receive, limit: int, reads: BodyReads) -> tuple[int, bool]:

@@ -64,7 +64,7 @@ def measure_paths(profile: Profile, model: str, input_shape, topology: Topology,
     from packrat.models.zoo import resolve
 
     spec = resolve(model, input_shape)
-    request = Request(*payload_of(spec, profile.payload or "raw"))
+    request = Request.as_received(*payload_of(spec, profile.payload or "raw"))
     smallest = min(profile.batches)
     sizes = sorted({smallest, max(smallest, min(max(profile.batches), LARGEST))})
     config = ModelConfig(model, input_shape, graph_mode=served(profile.metadata.get("mode")))

@@ -163,7 +163,7 @@ def settle_batches(profile, spec, pools: Pools, topology, batches: Sequence[int]
     if not tied:
         return []
     say(f"settling near-ties at B={','.join(map(str, tied))}, {time_s:g} s at most")
-    request = Request(*payload_of(spec, profile.payload if profile.basis == "served" else "raw"))
+    request = Request.as_received(*payload_of(spec, profile.payload if profile.basis == "served" else "raw"))
     deadline, settled = time.monotonic() + time_s, []
     for index, (batch, found) in enumerate(tied.items()):
         share = (deadline - time.monotonic()) / (len(tied) - index)

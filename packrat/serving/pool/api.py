@@ -44,6 +44,13 @@ class Request:
     timeout_s: float | None = None  # the client's own deadline after received_at (gRPC's, Triton's `timeout`);
     # the server's request_timeout_s or this, whichever is tighter
 
+    @classmethod
+    def as_received(cls, body: bytes, content_type: str | None = None) -> "Request":
+        """A request with its body in a buffer of its own, as a server hands it over (TorchServe's
+        bytearray, packrat's front ends'): what benchmarks and served figures send, so that they
+        take the path a served request takes (a lone body read where it lies)."""
+        return cls(bytearray(body), content_type)
+
 
 class Answer(NamedTuple):
     """A request's answer. A tuple: one is made for every request, and a frozen dataclass costs
