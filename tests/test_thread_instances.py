@@ -81,18 +81,6 @@ def test_every_thread_of_a_thread_instance_runs_on_its_cores():
             assert {frozenset(cpus) for _, cpus in mine.values()} >= {frozenset({core}) for core in config.cores}
 
 
-def test_a_lone_body_in_a_servers_buffer_is_read_where_it_lies_and_others_are_copied_into_rows():
-    first, second = samples(2, seed=3)
-    with InstancePool(ModelConfig("tiny"), [InstanceConfig(1, 1, (CORES[0],), runtime=THREAD)]) as pool:
-        (instance,) = pool.supervisor.instances
-        row = instance._buffer[:instance.layout.row_bytes]
-        (answer,) = pool.infer([Request.as_received(first.numpy().tobytes(), RAW)])
-        assert instance._buffer[:instance.layout.row_bytes] == row  # its row untouched: read in the body
-        (copied,) = pool.infer([raw(second)])  # bytes: a tensor may not alias them
-        assert instance._buffer[:instance.layout.row_bytes] == second.numpy().tobytes()
-    assert [same(a, e) for a, e in zip([answer, copied], expected(torch.stack([first, second])))] == [True, True]
-
-
 @pytest.mark.skipif(len(CORES) < 2, reason="two instances on cores of their own")
 def test_thread_instances_answer_like_the_model_and_bad_bodies_alone():
     inputs = samples(6)

@@ -48,7 +48,7 @@ class Request:
     def as_received(cls, body: bytes, content_type: str | None = None) -> "Request":
         """A request with its body in a buffer of its own, as a server hands it over (TorchServe's
         bytearray, packrat's front ends'): what benchmarks and served figures send, so that they
-        take the path a served request takes (a lone body read where it lies)."""
+        take the path a served request takes (values not bound for a row read where they lie)."""
         return cls(bytearray(body), content_type)
 
 

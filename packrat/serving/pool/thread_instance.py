@@ -44,7 +44,6 @@ from typing import Callable
 import numpy
 
 from packrat.codec.config import CodecConfig
-from packrat.codec.oip import writable
 from packrat.codec.rows import RowsLayout
 from packrat.machine.threads import PinnedWorker, pin_thread, task_affinities, thread_cpu_s
 from packrat.serving.pool.api import InstanceConfig, ModelConfig
@@ -137,10 +136,7 @@ class ThreadInstance:
 
     def _serve(self, jobs: list, bodies: list, stamps: tuple, locks: str | None, turn_ms: float | None) -> None:
         woken = time.monotonic()
-        # A lone request in a buffer the server read it into (a bytearray) is read where it lies:
-        # its raw or binary values need no row, and ONNX Runtime reads them at any alignment
-        alone = len(bodies) == 1 and writable(bodies[0][0])
-        in_rows = frozenset() if alone else self._copy_raw(bodies)
+        in_rows = self._copy_raw(bodies)
         copy_s = time.monotonic() - woken
         # Each stage keeps its length and its place: the copy, done after the wake, is counted before
         # it; nothing is sent (the wake counts from the dispatch)
@@ -152,7 +148,7 @@ class ThreadInstance:
         sizes = turn_sizes(len(bodies), self.warm_ms / self.config.batch, turn.quantum)
         try:
             replies, stamps = run_in_turns(self._said, module, codec, decoders, turn, locks,
-                                           Batch(bodies, None if alone else rows, in_rows), sizes, received)
+                                           Batch(bodies, rows, in_rows), sizes, received)
         except Exception as exc:  # cancelled by the watchdog, or a failure of ours: the pool decides
             turn.end()
             self._done(self, jobs, None, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
