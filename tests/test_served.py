@@ -38,6 +38,19 @@ def test_only_whole_planned_batches_outside_settling_are_samples():
     assert (median, samples) == (13.0, 5) and error > 0  # the last 5
 
 
+def test_rounds_are_kept_beside_the_model_stage_and_forgotten_with_it():
+    latencies = ServedLatencies(window=5)
+    key = (2, 1, "onnxruntime")
+    for ms in (2.0, 2.1, 2.2):
+        latencies.add(key, ms, 1, now=1.0, round_ms=ms + 0.5)
+    latencies.add(key, 2.3, 1, now=1.0)  # a sub-batch without its round: the model stage alone
+    assert latencies.figures(min_samples=4)[key][0] == pytest.approx(2.15)
+    assert latencies.figures(min_samples=4, rounds=True) == {}
+    assert latencies.figures(min_samples=3, rounds=True)[key][0] == pytest.approx(2.6)
+    latencies.settle(until=2.0)
+    assert latencies.figures(min_samples=1) == {} == latencies.figures(min_samples=1, rounds=True)
+
+
 def test_the_key_is_the_runtime_the_instance_runs():
     assert served_key(2, 4, "compile") == (2, 4, "inductor") == served_key(2, 4, "eager")
     assert served_key(2, 4, "openvino") == (2, 4, "openvino")

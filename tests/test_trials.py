@@ -69,10 +69,11 @@ class FakeController:
 
 
 class FakePool:
-    """Serves each ⟨threads, batch, runtime⟩ in `truth` ms, `batches` batches since the last switch."""
+    """Serves each ⟨threads, batch, runtime⟩ in `truth` ms (its model stage) and `rounds` ms from
+    dispatch to hand-out (the model stage where not given), `batches` batches since the last switch."""
 
-    def __init__(self, truth: dict):
-        self.truth, self.batches = truth, 0
+    def __init__(self, truth: dict, rounds: dict | None = None):
+        self.truth, self.rounds, self.batches = truth, rounds or truth, 0
         self.controller = None
         self.bodies = [0, 0]  # (raw, decoded) submitted since the last look
 
@@ -83,21 +84,22 @@ class FakePool:
     def serve(self, batches: int) -> None:
         self.batches += batches
 
-    def served_figures(self, min_samples: int = 20) -> dict:
+    def served_figures(self, min_samples: int = 20, rounds: bool = False) -> dict:
         if self.batches < min_samples:
             return {}
-        return {(i.threads, i.batch, i.runtime): (self.truth[i.threads, i.batch, i.runtime], 0.5, self.batches)
+        figures = self.rounds if rounds else self.truth
+        return {(i.threads, i.batch, i.runtime): (figures[i.threads, i.batch, i.runtime], 0.5, self.batches)
                 for i in self.controller.plan.instances}
 
 
-def tuner_for(profile: Profile, truth: dict, now: list):
+def tuner_for(profile: Profile, truth: dict, now: list, rounds: dict | None = None):
     corrector = PlanCorrector(profile, None, wall=lambda: NOW + now[0])
 
     def plan_for(batch, profile=None):
         on = profile or corrector.profile
         return serving_plan(on.items(), 2, batch, TOPOLOGY, "auto", on.runtimes)[0]
 
-    pool = FakePool(truth)
+    pool = FakePool(truth, rounds)
     controller = FakeController(plan_for(4), plan_for)
     pool.controller = controller
     clock = lambda: now[0]  # noqa: E731
@@ -135,6 +137,23 @@ def test_a_level_runtime_is_tried_and_kept_when_it_serves_faster():
     assert kept[2, 4, "openvino"].served_ms == 310.0 and kept[2, 4, "inductor"].served_ms == 360.0
     serve(tuner, pool, controller, now, 600, 10)  # stays: nothing else is level or untried
     assert len(controller.requests) == 1 and len(tuner.trials.history) == 1
+
+
+def test_a_trial_is_weighed_on_what_each_plan_served_from_dispatch_to_hand_out():
+    """Behind an HTTP front end at 1 user, a process instance's model stage served faster than a
+    thread instance's while its whole round, its kind's longer path in it, served slower: the trial
+    is reverted on the rounds, and the plan is not switched to on paper afterwards."""
+    now = [0.0]
+    truth = {(2, 4, "inductor"): 360.0, (2, 4, "openvino"): 310.0}  # the model stages: openvino faster
+    rounds = {(2, 4, "inductor"): 380.0, (2, 4, "openvino"): 420.0}  # dispatch to hand-out: slower
+    tuner, controller, pool = tuner_for(profile_of(LEVEL), truth, now, rounds)
+    serve(tuner, pool, controller, now, 60, 10)
+    assert controller.plan.instances[0].runtime == "inductor"
+    (trial,) = tuner.trials.history
+    assert trial.outcome == "reverted: served 420.0 ms against 380.0, from dispatch to hand-out"
+    serve(tuner, pool, controller, now, 600, 10)
+    assert controller.plan.instances[0].runtime == "inductor" and len(tuner.trials.history) == 1
+    assert len(controller.requests) == 2  # there and back
 
 
 @pytest.mark.parametrize(("inductor_ms", "openvino_ms"), [(350.0, 380.0), (357.0, 352.0)], ids=["slower", "level"])

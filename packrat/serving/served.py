@@ -69,29 +69,36 @@ class Correction:
 
 
 class ServedLatencies:
-    """The last WINDOW model-stage samples per key. Not thread-safe: the pool adds and the engine
-    reads under the pool's lock."""
+    """The last WINDOW samples per key of two figures: the model stage (what a profile point
+    measures, which corrections compare with it) and the round (from the sub-batch's dispatch to its
+    answers handed out: the model with the whole path around its kind of instance, as a trial weighs
+    two plans). Not thread-safe: the pool adds and the engine reads under the pool's lock."""
 
     def __init__(self, window: int = WINDOW):
         self._window = window
         self._samples: dict[Key, deque[float]] = {}
+        self._rounds: dict[Key, deque[float]] = {}
         self._settling_until = 0.0
 
-    def add(self, key: Key, model_ms: float, requests: int, now: float) -> None:
+    def add(self, key: Key, model_ms: float, requests: int, now: float, round_ms: float | None = None) -> None:
         """One answered sub-batch: kept when it ran the key's whole batch and the pool is not settling."""
         if requests != key[1] or now < self._settling_until or not model_ms > 0:
             return
         self._samples.setdefault(key, deque(maxlen=self._window)).append(model_ms)
+        if round_ms is not None:
+            self._rounds.setdefault(key, deque(maxlen=self._window)).append(round_ms)
 
     def settle(self, until: float) -> None:
         """Leave out what is served until then, and forget what was gathered (a switch, a fault)."""
         self._settling_until = max(self._settling_until, until)
         self._samples.clear()
+        self._rounds.clear()
 
-    def figures(self, min_samples: int = MIN_SAMPLES) -> dict[Key, tuple[float, float, int]]:
-        """Each key with enough samples: (median ms, its standard error in ms, samples)."""
+    def figures(self, min_samples: int = MIN_SAMPLES, rounds: bool = False) -> dict[Key, tuple[float, float, int]]:
+        """Each key with enough samples: (median ms, its standard error in ms, samples), of the
+        model stage or (`rounds`) of the round."""
         found = {}
-        for key, samples in self._samples.items():
+        for key, samples in (self._rounds if rounds else self._samples).items():
             if len(samples) >= min_samples:
                 found[key] = (statistics.median(samples), median_error(samples), len(samples))
         return found

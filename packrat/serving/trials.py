@@ -59,12 +59,12 @@ class Trial:
     """One plan served for a trial instead of `previous`."""
     previous: str  # the plan it replaced
     plan: str  # the plan tried
-    previous_ms: float  # the plan it replaced, expected on its served figures
+    previous_ms: float  # the plan it replaced, expected on its served figures (its round as served, once judged so)
     expected_ms: float  # the plan tried, expected on the profile's figures (corrected)
     untried: tuple[Key, ...]  # the points it runs that nothing had served
     started: float  # the clock's time it was asked for
     started_at: float  # unix time, for logs and timelines
-    served_ms: float | None = None  # the plan tried, expected on what it served
+    served_ms: float | None = None  # the plan tried, expected on what it served (its round, once judged so)
     batches: int = 0  # the fewest batches any of its points served
     serving_since: float | None = None  # the clock's time its plan began to serve (the switch done)
     outcome: str | None = None  # "kept", "reverted", "given up" or "interrupted", with why

@@ -18,6 +18,7 @@ from packrat.serving.payloads import PayloadWatch
 from packrat.serving.served import SwitchPolicy, served_key
 from packrat.serving.trials import GIVE_UP_SAMPLES, KEEP_MARGIN, Trial, TrialPolicy, near_tie
 
+ROUNDS = ", from dispatch to hand-out"  # a trial's figures said so where they are its rounds
 log = logging.getLogger(__name__)
 
 
@@ -36,7 +37,8 @@ class PlanTuner:
         self.switches = switches or SwitchPolicy()
         self.trials = trials or TrialPolicy()
         self.wall = wall
-        self._before: tuple[Plan, dict] | None = None  # the plan a trial replaced, and what it served
+        # the plan a trial replaced, what it served (model stages) and its rounds (dispatch to hand-out)
+        self._before: tuple[Plan, dict, dict] | None = None
         self.payloads = PayloadWatch(corrector.base.payload, corrector.base.basis)
         self._basis_moved = False  # whether the plan was ever made on another basis than the first
 
@@ -161,10 +163,11 @@ class PlanTuner:
         figures): kept or reverted by what it serves (_follow_trial)."""
         trial = Trial(plan.describe(), other.describe(), current_ms, other.expected_latency_ms,
                       self._untried(other, served), self.trials.clock(), self.wall())
+        rounds = self.pool.served_figures(rounds=True)  # before the switch, which forgets them
         if self.controller.request(plan.batch, reason, plan_for=lambda _: other, attempts=1):
             log.info("packrat %s", reason)
             self.trials.start(trial)
-            self._before = (plan, {k: served[k] for k in plan_keys(plan)})
+            self._before = (plan, {k: served[k] for k in plan_keys(plan)}, rounds)
 
     def _follow_trial(self) -> None:
         """End the active trial once its verdict is in: keep the plan tried when it served faster
@@ -184,18 +187,32 @@ class PlanTuner:
         verdict = self.trials.verdict(min((figures[k][2] if k in figures else 0) for k in keys), served_ms)
         if verdict == "wait":
             return
-        previous, before = self._before
+        previous, before, before_rounds = self._before
         if verdict != "inconclusive":
             self.corrector.record({**before, **{k: figures[k] for k in keys}})
         previous_ms = self.corrector.expected_ms(previous)
+        rounds = self._rounds(plan, previous, before_rounds) if verdict == "end" else None
+        if rounds is not None:  # weighed as served, each kind's path in its figure (later pairings use them too)
+            trial.served_ms, trial.previous_ms = served_ms, previous_ms = rounds
         if verdict == "end" and served_ms <= previous_ms * (1 - KEEP_MARGIN):
-            self._end(f"kept: served {served_ms:.1f} ms against {previous_ms:.1f}")
+            self._end(f"kept: served {served_ms:.1f} ms against {previous_ms:.1f}{ROUNDS if rounds else ''}")
             return
-        why = {"end": f"reverted: served {served_ms:.1f} ms against {previous_ms:.1f}",
+        why = {"end": f"reverted: served {served_ms:.1f} ms against {previous_ms:.1f}{ROUNDS if rounds else ''}",
                "give up": f"given up: served {served_ms:.1f} ms against {previous_ms:.1f} after {trial.batches} batches",
                "inconclusive": f"reverted: {trial.batches} batches in {self.trials.max_s:.0f} s"}[verdict]
         self.controller.request(plan.batch, f"{why} ({trial.plan} tried)", plan_for=lambda _: previous, attempts=1)
         self._end(why)
+
+    def _rounds(self, plan: Plan, previous: Plan, before: dict) -> tuple[float, float] | None:
+        """(the plan tried, the plan it replaced): each one's slowest instance's median round as
+        served, from dispatch to hand-out, where both have them. A kind's path is in its round as
+        it is served: behind an HTTP front end the profile's path figures understated the process
+        kind's against the thread kind's, and a trial kept the slower one (docs/serving.md)."""
+        now = self.pool.served_figures(GIVE_UP_SAMPLES, rounds=True)
+        tried, replaced = plan_keys(plan), plan_keys(previous)
+        if not all(k in now for k in tried) or not all(k in before for k in replaced):
+            return None
+        return max(now[k][0] for k in tried), max(before[k][0] for k in replaced)
 
     def _end(self, outcome: str) -> None:
         trial = self.trials.finish(outcome)

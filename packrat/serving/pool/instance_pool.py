@@ -350,10 +350,12 @@ class InstancePool:
         if jobs:  # none: a reconfiguration took them back while they ran (they run again elsewhere)
             self.rounds.add(received - inst.sent_stamps[1], len(jobs), inst.config.batch, _expected_s(inst.config),
                             received)
-            self.stages.add((*inst.sent_stamps, *instance_stamps, received, time.monotonic()), len(jobs))
+            handed_out = time.monotonic()
+            self.stages.add((*inst.sent_stamps, *instance_stamps, received, handed_out), len(jobs))
             if turns == 1:  # a batch run in several turns is not the profile's point
                 key = served_key(inst.config.threads, inst.config.batch, inst.mode)
-                self.served.add(key, (instance_stamps[3] - instance_stamps[2]) * 1e3, len(jobs), received)
+                self.served.add(key, (instance_stamps[3] - instance_stamps[2]) * 1e3, len(jobs), received,
+                                (handed_out - inst.sent_stamps[1]) * 1e3)
         self.last_compute_ms = (instance_stamps[-1] - instance_stamps[0]) * 1e3
 
     def stage_sums(self, stages) -> list[float]:
@@ -366,10 +368,11 @@ class InstancePool:
         with self._lock:
             return self.bodies.take()
 
-    def served_figures(self, min_samples: int = MIN_SAMPLES) -> dict:
-        """Each served ⟨threads, batch, runtime⟩ with `min_samples` at least: (median ms, its error, samples)."""
+    def served_figures(self, min_samples: int = MIN_SAMPLES, rounds: bool = False) -> dict:
+        """Each served ⟨threads, batch, runtime⟩ with `min_samples` at least: (median ms, its error,
+        samples) of its model stage, or (`rounds`) from dispatch to hand-out (served.py)."""
         with self._lock:
-            return self.served.figures(min_samples)
+            return self.served.figures(min_samples, rounds)
 
     def health(self) -> Health:
         with self._lock:
