@@ -166,8 +166,10 @@ def _encode_all(codec: Codec, rows: InputRows | None, decoded: dict, outputs: di
         if isinstance(output, str):
             answers[index] = error(500, output)
             continue
-        top = None if item.form not in TOP_FORMS else tops[position] if tops is not None else _top(codec, output)
-        if top is None:  # its answer reads its outputs
+        top = None  # its answer reads its outputs unless it is its top classes
+        if item.form in TOP_FORMS:
+            top = tops[position] if tops is not None else _top(codec, output)
+        if top is None:
             output = whole[position:position + 1] if output is None else output
         if not finite and not all_finite(whole[position:position + 1] if output is None else output):
             answers[index] = not_finite(_samples(rows, index, item))

@@ -41,7 +41,6 @@ from packrat.codec.known_heads import KnownHeads
 from packrat.codec.samples import Samples
 from packrat.errors import RequestError, first_line
 
-BYTES = (bytes, bytearray, memoryview)
 RAW_CHECKS = 64  # content types whose raw-body check is kept (ready_in_row)
 _UNSEEN = object()
 
@@ -84,8 +83,6 @@ class Codec:
         straight into; the samples may then be views of it."""
         try:
             length = oip.header_length(header_length)
-            if length is None or not isinstance(body, BYTES):
-                return forms.read_body(self.samples, body, _kind(content_type), length, into)
             decoded = self._known_heads.decode(body, length, into)
             if decoded is None:
                 decoded = forms.read_body(self.samples, body, _kind(content_type), length, into)

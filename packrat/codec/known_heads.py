@@ -37,14 +37,15 @@ class KnownHeads:
         self.datatype = oip.datatype(samples.dtype)
         self._known: dict[bytes, Known] = {}
 
-    def decode(self, body, length: int, into=None) -> Decoded | None:
+    def decode(self, body, length: int | None, into=None) -> Decoded | None:
         """The request decoded as its header decoded before (into its row, `into`, where it is one
-        sample), or None: a header not seen, or a body it did not decode from (the full decode
-        then says what is wrong)."""
-        if length > HEAD_BYTES or len(body) > self.samples.config.max_body_bytes:
+        sample), or None: no binary header of bytes (`length`), a header not seen, or a body it did
+        not decode from (the full decode then says what is wrong)."""
+        key = _key(body, length)
+        if key is None or len(body) > self.samples.config.max_body_bytes:
             return None
         view = memoryview(body)
-        known = self._known.get(bytes(view[:length]))
+        known = self._known.get(key)
         if known is None or len(view) - length != known.data_bytes:
             return None
         data = view[length:]
@@ -55,12 +56,13 @@ class KnownHeads:
             values = oip.tensor(data, self.datatype).view(known.shape)
         return Decoded((values,), "kserve-v2", known.request_id, known.binary_output)
 
-    def learn(self, body, length: int, decoded: Decoded) -> None:
+    def learn(self, body, length: int | None, decoded: Decoded) -> None:
         """Keep what `body`'s header decoded to, where the same header over as many bytes gives
         those bytes as the input's values and nothing else."""
-        if not self.samples.raw_is_row or length > HEAD_BYTES or decoded.form != "kserve-v2":
+        key = _key(body, length)
+        if key is None or not self.samples.raw_is_row or decoded.form != "kserve-v2":
             return
-        head = json.loads(bytes(memoryview(body)[:length]))  # decoded once already: valid
+        head = json.loads(key)  # decoded once already: valid
         entries = head.get("inputs")
         entry = entries[0] if len(entries) == 1 else {}
         values = decoded.samples[0]
@@ -70,5 +72,12 @@ class KnownHeads:
             return
         if len(self._known) >= HEADS:
             self._known.clear()
-        self._known[bytes(memoryview(body)[:length])] = Known(tuple(values.shape), data_bytes,
-                                                               decoded.request_id, decoded.binary_output)
+        self._known[key] = Known(tuple(values.shape), data_bytes, decoded.request_id, decoded.binary_output)
+
+
+def _key(body, length: int | None) -> bytes | None:
+    """A binary body's header, as kept; None where there is none to keep (no header length, a
+    body not of bytes, a header over HEAD_BYTES)."""
+    if length is None or length > HEAD_BYTES or not isinstance(body, (bytes, bytearray, memoryview)):
+        return None
+    return bytes(memoryview(body)[:length])
