@@ -364,6 +364,12 @@ def test_binary_answers_keep_one_header_per_id_shape_and_dtype():
         wider = codec.encoded(torch.zeros(1, 12, dtype=torch.float64), decoded)
         assert json.loads(wider.body[:wider.header_length])["outputs"][0]["datatype"] == "FP64"
     assert 1 <= len(codec.answers._v2_headers) <= answers.V2_HEADERS
+    codec.answers._v2_headers.clear()
+    long_id = "r" * (answers.V2_KEPT_ID + 1)  # answered, not kept: ids a client chooses hold no memory
+    decoded = decode(codec, binary({"id": long_id, "inputs": [entry("x", x)],
+                                    "parameters": {"binary_data_output": True}}, x.numpy().tobytes()))
+    encoded = codec.encoded(torch.zeros(1, 10), decoded)
+    assert json.loads(encoded.body[:encoded.header_length])["id"] == long_id and not codec.answers._v2_headers
 
 
 def test_binary_data_is_read_where_it_lies_only_when_writable():

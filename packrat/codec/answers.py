@@ -15,7 +15,8 @@ from packrat.errors import first_line
 
 TOP_K = 5
 TOP_FORMS = ("plain", "kserve-v1")  # the forms a classifier's answer is its top classes in
-V2_HEADERS = 64
+V2_HEADERS = 64  # binary answers' headers kept ...
+V2_KEPT_ID = 256  # ... for request ids this long at most: a client's ids hold no more than 64 x this
 
 
 class Answers:
@@ -61,7 +62,7 @@ class Answers:
         header = self._v2_headers.get(key)
         if header is None:
             carried, head = kserve.answer_head(outputs, self.config.model_name, request_id)
-            if carried is not outputs:  # converted for v2 (complex): not kept
+            if carried is not outputs or len(request_id or "") > V2_KEPT_ID:  # converted (complex), or a long id
                 body, length = oip.encode(head, [carried])
                 return Encoded(body, "application/octet-stream", length)
             if len(self._v2_headers) >= V2_HEADERS:
