@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from packrat.machine.topology import Topology
-from packrat.planning.settling import (MAX_CANDIDATES, candidates, near_tie, round_order, rounds_to_decide,
-                                       tail_probability, verdict)
+from packrat.planning.settling import (ESTIMATE_NOISE, MAX_CANDIDATES, candidates, fat_estimates, held, near_tie,
+                                       round_order, rounds_to_decide, tail_probability, verdict)
 
 OV, ORT, ORT_THREAD, IND = "openvino", "onnxruntime", "onnxruntime-thread", "inductor"
 
@@ -68,6 +68,36 @@ def test_a_split_plan_brings_each_runtimes_fat_instance_when_it_ties():
                                        ("1×⟨2 threads, batch 4, onnxruntime⟩", "onnxruntime's best")]
     assert labels_of(points, 2, 4, fat_only=True) == [("1×⟨2 threads, batch 4, openvino⟩", "the profile's plan"),
                                                       ("1×⟨2 threads, batch 4, onnxruntime⟩", "onnxruntime's best")]
+
+
+def test_a_fat_instance_the_profile_skipped_is_estimated_and_timed():
+    """The 2026-12-03 ResNet-50 profile: ⟨2, 1⟩ and ⟨2, 8⟩ measured, ⟨2, 4⟩ under no runtime; the plan
+    2×⟨1, 2⟩ at 95.2 ms, while one OpenVINO session served 73.3."""
+    points = figures({(2, 1, OV): 19.8, (2, 8, OV): 160.5, (1, 1, OV): 73.6, (1, 8, OV): 365.4,
+                      (1, 2, ORT): 95.2, (1, 1, ORT): 42.3, (2, 1, ORT): 21.5, (2, 8, ORT): 168.2}, spread=2.0)
+    found = candidates(points, chosen(points), 2, 4)
+    assert [(c.plan.describe(), c.why) for c in found] == [
+        ("2×⟨1 threads, batch 2, onnxruntime⟩", "the profile's plan"),
+        ("1×⟨2 threads, batch 4, openvino⟩", "openvino's fat instance, estimated"),
+        ("1×⟨2 threads, batch 4, onnxruntime⟩", "onnxruntime's fat instance, estimated")]
+    ms = 19.8 + (160.5 - 19.8) * 3 / 7  # on the line through batches 1 and 8
+    assert found[1].expected_ms == pytest.approx(ms)
+    assert found[1].spread_ms == pytest.approx(2.0 + ESTIMATE_NOISE * ms)
+
+
+@pytest.mark.parametrize("line, batch, expected", [
+    ({1: 10.0, 8: 80.0}, 4, 40.0),  # between two measured batches
+    ({1: 10.0, 2: 20.0, 8: 80.0}, 4, 40.0),  # the nearest either side
+    ({1: 10.0, 8: 80.0}, 16, 160.0),  # beyond them: the line through the two largest below
+    ({1: 10.0, 8: 5.0}, 16, 10.0),  # never faster than a smaller batch measured
+    ({8: 80.0}, 4, None),  # one batch measured: no line
+])
+def test_a_fat_instance_is_estimated_on_the_line_through_two_measured_batches(line, batch, expected):
+    points = figures({(2, b, OV): ms for b, ms in line.items()} | {(1, batch, OV): 1.0}, spread=0.0)
+    found = fat_estimates(points, 2, batch)
+    assert (found[2, batch, OV][0] if found else None) == pytest.approx(expected)
+    assert fat_estimates(points | figures({(2, batch, OV): 3.0}), 2, batch) == {}  # measured: not estimated
+    assert held(points, (2, batch, OV)) == (expected is not None)
 
 
 def test_candidates_are_bounded_the_profiles_plan_first_then_the_fastest():
@@ -283,6 +313,8 @@ def test_a_settled_plan_stands_until_the_profiles_plan_moves_or_is_served():
     assert settled.plan(profile_plan, (0, 1), points, {}).describe() == FAT_ORT
     assert settled.plan(profile_plan, (0,), points, {}) is profile_plan  # other cores
     assert settled.plan(profile_plan, (0, 1), {(2, 1, OV)}, {}) is profile_plan  # its runtime left out
+    # its runtime held at two other batches on as many threads: an estimated fat instance, still served
+    assert settled.plan(profile_plan, (0, 1), {(2, 1, OV), (2, 2, ORT), (2, 8, ORT)}, {}).describe() == FAT_ORT
     assert settled.plan(profile_plan, (0, 1), points, {(2, 1, OV): 999.0}).describe() == FAT_ORT  # kept before
     assert settled.plan(profile_plan, (0, 1), points, {(2, 1, OV): 1001.0}) is profile_plan  # served since
     other = candidates(figures({(2, 1, ORT): 29.0}), {(2, 1): ORT}, 2, 1)[0].plan

@@ -9,8 +9,9 @@ profile put OpenVINO ahead of ONNX Runtime at ⟨2, 1⟩, and packrat's OpenVINO
 minute, the same noise hits both.
 
 The candidates at batch B on T threads: the profile's plan (each point's runtime as the profile
-chose it), and each measured runtime's own best plan, its fat instance ⟨T, B⟩, and the best plan
-without the slowest point of the profile's plan and of each runtime's best (other shapes). Those
+chose it), and each measured runtime's own best plan, its fat instance ⟨T, B⟩ (estimated where
+the profile skipped it: fat_estimates), and the best plan without the slowest point of the
+profile's plan and of each runtime's best (other shapes). Those
 expected within the noise of the fastest of them (near_tie) are kept, the profile's plan first, the
 rest fastest first, MAX_CANDIDATES at most.
 
@@ -54,6 +55,11 @@ SIGNIFICANCE = 0.05  # a challenger's wins must be this unlikely on a coin, shar
 # A lead below this is level: the peers' target allows 2 % (bench/peers.PEER_TARGET), and a winner by
 # less would not be worth the pools' start-up the settling costs.
 MIN_LEAD = 0.01
+# A fat instance the profile did not measure is estimated on the line through two batches it measured
+# on as many threads; the bend of the true curve between them is noise of the estimate's own, this
+# share of its figure, added to theirs: it makes the estimate a near-tie to time, never a plan served
+# untimed.
+ESTIMATE_NOISE = 0.05
 
 
 @dataclass(frozen=True)
@@ -82,13 +88,17 @@ def candidates(points: Mapping[Key, Figure], runtimes: Mapping[tuple[int, int], 
     """The plans to time side by side at `batch` on `threads` (first: the profile's plan, the one
     `runtimes` gives: each ⟨t, b⟩'s chosen runtime), near-ties of the fastest of them only; one (the
     profile's plan) where nothing ties, none where the profile cannot plan the batch. `fat_only`:
-    plans of one instance with every thread only (the archive's plan "fat")."""
+    plans of one instance with every thread only (the archive's plan "fat"). Each runtime's fat
+    instance is one, measured or, where the profile skipped it, estimated (fat_estimates): one
+    session of a runtime on every core is what packrat must never be behind."""
     chosen = {(t, b): r for (t, b), r in runtimes.items() if (t, b, r) in points}
+    estimated = fat_estimates(points, threads, batch)
+    figures = {**estimated, **points}
     found: dict[tuple, Candidate] = {}
 
     def add(plan: Plan | None, why: str) -> None:
         if plan is not None and signature(plan) not in found:
-            found[signature(plan)] = candidate(plan, why, points)
+            found[signature(plan)] = candidate(plan, why, figures)
 
     add(best_plan(points, chosen, threads, batch, topology, fat_only), "the profile's plan")
     if not found:
@@ -101,7 +111,9 @@ def candidates(points: Mapping[Key, Figure], runtimes: Mapping[tuple[int, int], 
         own = {(t, b): runtime for t, b, r in points if r == runtime}
         best = best_plan(points, own, threads, batch, topology, fat_only)
         add(best, f"{runtime}'s best")
-        add(best_plan(points, own, threads, batch, topology, True), f"{runtime}'s fat instance")
+        fat = (threads, batch, runtime)
+        add(best_plan(figures, {**own, fat[:2]: runtime} if fat in estimated else own, threads, batch, topology, True),
+            f"{runtime}'s fat instance{', estimated' if fat in estimated else ''}")
         if best is not None and not fat_only:
             add(best_plan(points, without_slowest(own, best, points), threads, batch, topology),
                 f"{runtime}'s other shapes")
@@ -110,6 +122,32 @@ def candidates(points: Mapping[Key, Figure], runtimes: Mapping[tuple[int, int], 
     tied = [c for c in sorted(rest, key=lambda c: c.expected_ms)
             if near_tie(fastest.expected_ms, fastest.spread_ms, c.expected_ms, c.spread_ms)]
     return [first, *tied][:limit]
+
+
+def fat_estimates(points: Mapping[Key, Figure], threads: int, batch: int) -> dict[Key, Figure]:
+    """Each runtime's fat instance ⟨threads, batch⟩ that `points` lack, where they hold two other
+    batches on `threads`: on the line through the measured batches either side of `batch` (or the
+    two largest below it), no faster than a smaller batch measured, its noise theirs plus ESTIMATE_NOISE."""
+    found: dict[Key, Figure] = {}
+    for runtime in sorted({r for _, _, r in points}):
+        if (threads, batch, runtime) in points:
+            continue
+        line = sorted((b, points[t, b, r]) for t, b, r in points if t == threads and r == runtime)
+        below, above = [p for p in line if p[0] < batch], [p for p in line if p[0] > batch]
+        ends = [below[-1], above[0]] if below and above else below[-2:]
+        if len(ends) < 2:
+            continue
+        (b1, (ms1, spread1)), (b2, (ms2, spread2)) = ends
+        ms = max(ms1 + (ms2 - ms1) * (batch - b1) / (b2 - b1), *(figure[0] for _, figure in below))
+        found[threads, batch, runtime] = (ms, max(spread1, spread2) + ESTIMATE_NOISE * ms)
+    return found
+
+
+def held(points: Mapping[Key, object], key: Key) -> bool:
+    """Whether `points` hold `key` ((threads, batch, runtime)), or can estimate it as a fat instance
+    (fat_estimates: its runtime measured at two other batches on as many threads)."""
+    threads, _, runtime = key
+    return key in points or sum(1 for t, _, r in points if t == threads and r == runtime) >= 2
 
 
 def signature(plan: Plan) -> tuple:

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 from packrat.errors import PoolError
 from packrat.planning.planner import Plan
-from packrat.planning.settling import Candidate, Verdict, candidates, round_order, verdict
+from packrat.planning.settling import Candidate, Verdict, candidates, held, round_order, verdict
 from packrat.serving.pool.api import Request, configs_for
 from packrat.serving.tuner import plan_keys
 
@@ -277,7 +277,7 @@ class SettledPlans:
         if found is None or not found.changed or found.profile_plan != plan.describe():
             return plan
         served_since = any(corrections.get(key, 0.0) > found.at for key in plan_keys(plan))
-        if served_since or any(key not in points for key in plan_keys(found.plan)):
+        if served_since or not all(held(points, key) for key in plan_keys(found.plan)):
             return plan
         return found.plan
 
