@@ -5,6 +5,7 @@ profile, TorchServe and locust are faked: no process is started."""
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -91,7 +92,15 @@ def test_server_bench_rotates_rounds_and_pools_them(tmp_path, monkeypatch):
     numbers = iter(range(9000, 9100))
     monkeypatch.setattr(bench_servers.torchserve.Ports, "free", classmethod(lambda cls: cls(*(next(numbers)
                                                                                            for _ in range(5)))))
-    monkeypatch.setattr(bench_servers.torchserve, "start", lambda server, mar: server)
+    starts = []
+
+    def start(server, mar):
+        starts.append(("start", server.run_dir.name))
+        time.sleep(0.05)  # a JVM's boot: another start in parallel would begin meanwhile
+        starts.append(("up", server.run_dir.name))
+        return server
+
+    monkeypatch.setattr(bench_servers.torchserve, "start", start)
     monkeypatch.setattr(bench_servers.torchserve, "stop", lambda server: None)
 
     def fake_locust(host, model, users, duration_s, out_dir, **kw):
@@ -103,6 +112,9 @@ def test_server_bench_rotates_rounds_and_pools_them(tmp_path, monkeypatch):
                                      graph_mode="eager", payload="raw", log=lambda *_: None)
     assert [b["graph_mode"] for b in built] == ["eager", None, None]  # packrat follows its profile
     assert not any(b["share_node"] for b in built)  # side by side, each plans for the whole machine
+    # packrat's servers time their near-ties as they start: each alone, once the others are up
+    assert starts == [("start", "stock"), ("up", "stock"), ("start", "packrat-fat"), ("up", "packrat-fat"),
+                      ("start", "packrat-plan"), ("up", "packrat-plan")]
     assert loads[:3] == [("stock", "warmup"), ("packrat-fat", "warmup"), ("packrat-plan", "warmup")]
     assert [host for host, _ in loads[3:]] == ["stock", "packrat-fat", "packrat-plan", "packrat-fat", "packrat-plan",
                                                "stock", "packrat-plan", "stock", "packrat-fat"]

@@ -69,7 +69,8 @@ def server_bench(model: str, batch: int, profile_path: Path, out_dir: Path, *, d
         archives = {config[0]: config_archive(config, model, batch, profile_path, out_dir / config[0] / "model_store",
                                               tokenizer=tokenizer, graph_mode=graph_mode, stock_runtime=stock_runtime,
                                               max_batch_delay_ms=max_batch_delay_ms) for config in configs}
-        servers = started_side_by_side(archives, model, out_dir, stack, log)
+        servers = started_side_by_side(archives, model, out_dir, stack, log,
+                                       alone=[name for name, handler in handlers.items() if handler == "packrat"])
         for name, server in servers.items():  # one at a time: locust and the warm-up share the cores
             warm_up(server, model, out_dir / name, max(n for n, _ in counts), warmup_s, body)
         for round_, name in in_rounds(list(servers), rounds):
