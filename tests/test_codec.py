@@ -459,18 +459,40 @@ FORMS = {"plain": lambda x: (x.numpy().tobytes(), "application/octet-stream"),
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("rows", [InputRows.allocate(CLASSES, 5), None], ids=["rows", "each"])
 def test_every_row_with_an_output_not_finite_is_answered_so_in_every_form(form, rows):
-    """NaN, +inf or -inf anywhere among a row's outputs: that row alone is answered "not finite"
-    (500: its inputs were finite), whatever its answer reads (an -inf logit passed the softmax of a
-    top-5 answer, then failed a v2 JSON answer's encoding with a 500 of its own); its batch-mates
-    are answered. With rows the batch runs whole; without, each request alone."""
+    """NaN or +inf anywhere among a row's outputs: that row alone is answered "not finite" (500: its
+    inputs were finite) in every form, its batch-mates answered. An -inf logit (a class masked) is
+    answered where the answer is the row's top classes (its score is 0), and "not finite" where the
+    answer is the outputs themselves (KServe v2). With rows the batch runs whole; without, each
+    request alone."""
     bodies = [FORMS[form](torch.ones(4))] * len(ROW_OUTPUTS)
     if rows is not None:
         replies = answer_batch(lambda x: ROW_OUTPUTS[:len(x)], Codec(CLASSES), bodies, rows=rows)
     else:
         replies = [answer_batch(lambda x, i=i: ROW_OUTPUTS[i:i + 1], Codec(CLASSES), [body])[0]
                    for i, body in enumerate(bodies)]
-    assert [r.status for r in replies] == [200, 500, 500, 500, 200], [r.reason for r in replies]
-    assert all(r.reason == "the model's outputs for this input are not finite (NaN or infinity)" for r in replies[1:4])
+    top_classes = not form.startswith("kserve-v2")
+    assert [r.status for r in replies] == [200, 500, 200 if top_classes else 500, 500, 200], [r.reason for r in replies]
+    assert all(r.reason == "the model's outputs for this input are not finite (NaN or infinity)"
+               for r in replies[1:4] if r.status == 500)
+    if top_classes:  # the masked class comes last, at probability 0
+        answer = json.loads(replies[2].body)
+        predictions = (answer["predictions"][0] if form == "kserve-v1" else answer)["predictions"]
+        assert [(p["class"], p["score"]) for p in predictions][-1] == (0, 0.0)
+
+
+@pytest.mark.parametrize("rows", [InputRows.allocate(CLASSES, 3), None], ids=["rows", "each"])
+def test_a_batch_of_top_classes_with_a_row_not_finite_answers_the_others(rows):
+    """Every answer of the batch its top classes, so no pass over the outputs: a row's own top
+    scores say it is not finite, the rows around it are answered."""
+    outputs = torch.tensor([[1.0, 2.0, 3.0, 4.0], [math.inf, 0.0, 1.0, 2.0], [4.0, 3.0, 2.0, 1.0]])
+    bodies = [FORMS["plain"](torch.ones(4))] * 3
+    if rows is not None:
+        replies = answer_batch(lambda x: outputs[:len(x)], Codec(CLASSES), bodies, rows=rows)
+    else:
+        replies = [answer_batch(lambda x, i=i: outputs[i:i + 1], Codec(CLASSES), [body])[0]
+                   for i, body in enumerate(bodies)]
+    assert [r.status for r in replies] == [200, 500, 200]
+    assert [json.loads(r.body)["predictions"][0]["class"] for r in (replies[0], replies[2])] == [3, 0]
 
 
 def test_a_model_that_absorbs_a_non_finite_input_answers_it():

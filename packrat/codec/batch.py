@@ -14,6 +14,7 @@ carrying several samples) the samples are concatenated, as before rows existed.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -147,21 +148,21 @@ def _encode_all(codec: Codec, rows: InputRows | None, decoded: dict, outputs: di
     """Each decoded request's answer into `answers`. What every row's answer needs is computed for
     the batch at once, and a row's own slice of `whole` only where its answer reads it: a call or a
     tensor per request costs more than the work in it (SqueezeNet, B = 8: encoding took 0.08 ms a
-    request; an MLP's batch of 8 spent 0.06 ms slicing its outputs; docs/benchmarks/peers.md)."""
+    request; an MLP's batch of 8 spent 0.06 ms slicing its outputs; docs/benchmarks/peers.md).
+
+    An answer is "not finite" where what it reads is: a row answered with its top classes reads its
+    top scores, which a NaN or +inf anywhere in the row makes NaN (its softmax is), while an -inf
+    logit (a class masked) scores 0 and the answer stands; any other answer reads every output."""
     # a batch's top classes only where a row's answer is them (a v2 answer is the outputs themselves)
     read_tops = whole is not None and any(item.form in TOP_FORMS for item, _ in decoded.values())
     tops = codec.answers.tops(whole) if read_tops else None
-    # Every output, whatever the answer reads (a row's -inf logit passed its softmax, then failed its v2
-    # JSON): one pass for the batch after tops read it, in cache (8 us at 1-8 x 1000 outputs), rows only if it fails.
-    finite = whole is not None and all_finite(whole)
+    # Every output, where some answer reads them all: one pass for the batch after tops read it, rows
+    # only if it fails. Not where every answer is top classes: a library's first call after the
+    # model's run is cold, 45-60 us a batch (SqueezeNet, B = 4 and 8).
+    every_top = tops is not None and all(item.form in TOP_FORMS for item, _ in decoded.values())
+    finite = whole is not None and not every_top and all_finite(whole)
     top_json = codec.answers.top_json
     for position, (index, (item, _)) in enumerate(decoded.items()):
-        if finite and tops is not None and item.form in TOP_FORMS:  # its row's top classes, nothing else read
-            try:
-                answers[index] = Reply(200, top_json(tops[position], item.form == "kserve-v1"))
-            except Exception as exc:  # our failure, this request's alone
-                answers[index] = _encode_failure(exc)
-            continue
         output = outputs[index] if whole is None else None
         if isinstance(output, str):
             answers[index] = error(500, output)
@@ -169,16 +170,29 @@ def _encode_all(codec: Codec, rows: InputRows | None, decoded: dict, outputs: di
         top = None  # its answer reads its outputs unless it is its top classes
         if item.form in TOP_FORMS:
             top = tops[position] if tops is not None else _top(codec, output)
-        if top is None:
-            output = whole[position:position + 1] if output is None else output
-        if not finite and not all_finite(whole[position:position + 1] if output is None else output):
+        if top is not None:
+            answers[index] = _top_answer(top, item.form == "kserve-v1", top_json, lambda: _samples(rows, index, item))
+            continue
+        output = whole[position:position + 1] if output is None else output
+        if not finite and not all_finite(output):
             answers[index] = not_finite(_samples(rows, index, item))
             continue
         try:
-            encoded = codec.encoded(output, item, top)
+            encoded = codec.encoded(output, item)
             answers[index] = Reply(200, encoded.body, "", encoded.content_type, encoded.header_length)
         except Exception as exc:  # our failure, this request's alone
             answers[index] = _encode_failure(exc)
+
+
+def _top_answer(top: tuple[list[float], list[int]], kserve_v1: bool, top_json, samples) -> Reply:
+    """A row's answer of its top classes, or "not finite" where its top scores are not (`samples()`:
+    its inputs, which say whose it is)."""
+    if not math.isfinite(sum(top[0])):
+        return not_finite(samples())
+    try:
+        return Reply(200, top_json(top, kserve_v1))
+    except Exception as exc:  # our failure, this request's alone
+        return _encode_failure(exc)
 
 
 def _top(codec: Codec, output) -> tuple[list[float], list[int]] | None:
