@@ -40,7 +40,17 @@ def test_vs_packrat_pairs_each_round_with_packrat_s_and_a_lost_round_does_not_bi
     # the ratio of medians would say 15.75 / 20 = 0.79: the peer far ahead; paired, it is behind
     assert row["vs_packrat"] == pytest.approx(1.05) and row["vs_packrat_spread"] == pytest.approx([1.05, 1.05])
     assert peers_report.verdict_lines(peers_report.summarise(runs, [8])) == [
-        "B=8: best peer / packrat ≥ 0.98: PASS (onnxruntime / packrat 1.050, median of 2 paired round(s), 1.050–1.050)"]
+        "B=8: best peer / packrat ≥ 0.98: PASS (onnxruntime / packrat 1.050, median of 2 paired round(s), 1.050–1.050; "
+        "packrat − onnxruntime -0.750 ms a batch)"]  # paired: -0.5 and -1.0 ms, not the medians' 4.25
+
+
+def test_a_model_of_next_to_no_cost_is_shown_to_the_microsecond():
+    """Its table shows three decimals, not 0.00, and its verdict how far packrat is behind in ms."""
+    runs = {"8": {"packrat": run_of(0.17, 0.16, 0.18), "onnxruntime": run_of(0.006, 0.007, 0.006)}}
+    summary = peers_report.summarise(runs, [8])
+    assert summary[8]["onnxruntime"]["packrat_behind_ms"] == pytest.approx(0.164)
+    assert "| onnxruntime | 0.006 (0.006–0.007) |" in peers_report.markdown(summary)
+    assert peers_report.verdict_lines(summary)[0].endswith("packrat − onnxruntime +0.164 ms a batch)")
 
 
 def test_summary_medians_over_rounds_spreads_and_failures():
@@ -270,7 +280,8 @@ def test_the_verdict_takes_the_best_peer_that_ran_and_fails_where_one_did_not():
     peer, row, unmeasured = peers_report.best_peer(summary[8])
     assert (peer, row["latency_ms"], unmeasured) == ("onnxruntime", 9.9, [])  # fat is packrat's own, not a peer
     line, = peers_report.verdict_lines(summary)
-    assert line == "B=8: best peer / packrat ≥ 0.98: PASS (onnxruntime / packrat 0.990, median of 1 paired round(s), 0.990–0.990)"
+    assert line == ("B=8: best peer / packrat ≥ 0.98: PASS (onnxruntime / packrat 0.990, median of 1 paired round(s), "
+                    "0.990–0.990; packrat − onnxruntime +0.100 ms a batch)")
     behind = peers_report.summarise({"8": {**runs, "openvino-latency": run_of(9.7)}}, [8])
     assert "FAIL (openvino-latency / packrat 0.970" in peers_report.verdict_lines(behind)[0]
     failed = peers_report.summarise({"8": {**runs, "openvino-latency": {"start": {"error": "crashed"}, "rounds": []}}}, [8])

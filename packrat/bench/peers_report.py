@@ -47,10 +47,12 @@ def summarise(runs: dict[str, dict[str, dict]], batches: list[int], skipped: dic
             staged = [r["stage_ms"] for r in good if r.get("stage_ms")]
             if staged:  # each stage's median over the rounds of its per-round medians
                 row["stage_ms"] = {stage: statistics.median(s[stage] for s in staged) for stage in staged[0]}
-            ratios = paired(by_round(run), by_round(table.get("packrat")))
+            mine, packrat = by_round(run), by_round(table.get("packrat"))
+            ratios = paired(mine, packrat)
             if ratios:
+                behind = [packrat[key] - ms for key, ms in mine.items() if key in packrat]
                 row.update(vs_packrat=statistics.median(ratios), vs_packrat_spread=[min(ratios), max(ratios)],
-                           paired_rounds=len(ratios))
+                           paired_rounds=len(ratios), packrat_behind_ms=statistics.median(behind))
             rows[peer] = row
         for peer, why in (skipped or {}).items():
             rows[peer] = {"error": why, "skipped": True}
@@ -91,7 +93,8 @@ def verdict_lines(summary: dict[int, dict[str, dict]]) -> list[str]:
         value = row.get("vs_packrat")
         met, missing = peer_verdict(value, unmeasured, oracle_needed=False)
         shown = (f"{peer} / packrat {value:.3f}, median of {row['paired_rounds']} paired round(s), "
-                 f"{span(row['vs_packrat_spread'], 3)}" if value is not None else "packrat or every peer not measured")
+                 f"{span(row['vs_packrat_spread'], 3)}; packrat − {peer} {row['packrat_behind_ms']:+.3f} ms a batch"
+                 if value is not None else "packrat or every peer not measured")
         lines.append(f"B={batch}: best peer / packrat ≥ {PEER_TARGET}: {'PASS' if met else 'FAIL'} ({shown}"
                      + (f"; {'; '.join(missing)}" if missing else "") + ")")
     return lines
@@ -118,7 +121,8 @@ def markdown(summary: dict, header: str = "", plans: dict | None = None, predict
                 continue
             failed = [f"{row['failed_rounds']} round(s) failed"] if row.get("failed_rounds") else []
             vs = with_spread(row.get("vs_packrat"), row.get("vs_packrat_spread"))
-            cells.append([peer, with_spread(row["latency_ms"], row["spread_ms"]), vs, _diff_text(row),
+            digits = 2 if row["latency_ms"] >= 1 else 3  # a model of next to no cost: 0.00 says nothing
+            cells.append([peer, with_spread(row["latency_ms"], row["spread_ms"], digits), vs, _diff_text(row),
                           fmt_num(row.get("setup_s")), "; ".join([row["note"]] * bool(row.get("note")) + failed)])
         lines += [markdown_table(["peer", "median ms (rounds' min–max)", "vs packrat, paired (min–max)",
                                   "max abs Δ vs eager", "setup s", "notes"], cells), ""]
