@@ -100,6 +100,11 @@ def verdict_lines(summary: dict[int, dict[str, dict]]) -> list[str]:
     return lines
 
 
+def ms_digits(ms: float) -> int:
+    """Decimals to show a batch's ms with: a model of next to no cost gets three (0.00 says nothing)."""
+    return 2 if ms >= 1 else 3
+
+
 def _diff_text(row: dict) -> str:
     if row.get("max_abs_diff") is None:
         return "DIFFERS (" + row["diff_why"] + ")" if row.get("diff_why") else "-"
@@ -121,8 +126,8 @@ def markdown(summary: dict, header: str = "", plans: dict | None = None, predict
                 continue
             failed = [f"{row['failed_rounds']} round(s) failed"] if row.get("failed_rounds") else []
             vs = with_spread(row.get("vs_packrat"), row.get("vs_packrat_spread"))
-            digits = 2 if row["latency_ms"] >= 1 else 3  # a model of next to no cost: 0.00 says nothing
-            cells.append([peer, with_spread(row["latency_ms"], row["spread_ms"], digits), vs, _diff_text(row),
+            cells.append([peer, with_spread(row["latency_ms"], row["spread_ms"], ms_digits(row["latency_ms"])), vs,
+                          _diff_text(row),
                           fmt_num(row.get("setup_s")), "; ".join([row["note"]] * bool(row.get("note")) + failed)])
         lines += [markdown_table(["peer", "median ms (rounds' min–max)", "vs packrat, paired (min–max)",
                                   "max abs Δ vs eager", "setup s", "notes"], cells), ""]
@@ -152,7 +157,8 @@ def round_line(batch: int, group: int, r: int, table: dict) -> str:
     """One round's figures, each peer's over packrat's in the same round beside it."""
     done = {peer: e for peer, run in table.items() for e in run["rounds"] if (e["group"], e["round"]) == (group, r)}
     packrat = done.get("packrat", {}).get("latency_ms")
-    parts = [f"{peer} " + (f"{e['latency_ms']:.2f} ms" + (f" ({e['latency_ms'] / packrat:.2f})" if packrat else "")
+    parts = [f"{peer} " + (f"{fmt_num(e['latency_ms'], ms_digits(e['latency_ms']))} ms"
+                           + (f" ({e['latency_ms'] / packrat:.2f})" if packrat else "")
                            if e.get("latency_ms") is not None else e.get("error", "?")) for peer, e in done.items()]
     return f"B={batch} round {r}" + (f" (group {group + 1})" if group else "") + ": " + ", ".join(parts)
 
