@@ -37,12 +37,10 @@ class Answers:
         top, classes = scores.topk(min(TOP_K, scores.shape[1]), dim=1)
         return list(zip(top.tolist(), classes.tolist()))
 
-    def encoded(self, outputs: torch.Tensor, decoded: Decoded, top=None) -> Encoded:
+    def encoded(self, outputs: torch.Tensor, decoded: Decoded) -> Encoded:
         """Compact UTF-8 JSON answering the request that `decoded` came from; a KServe v2 request
-        asking for binary outputs gets a JSON header and the raw outputs (packrat.codec.oip).
-        `top`: its one sample's tops() row, found with its batch's."""
-        if top is not None and decoded.form in TOP_FORMS:
-            return Encoded(self.top_json(top, decoded.form == "kserve-v1"))
+        asking for binary outputs gets a JSON header and the raw outputs (packrat.codec.oip). A
+        classifier's rows whose batch found their tops() are answered by top_json instead."""
         outputs = outputs.detach().cpu()
         if decoded.form == "kserve-v2":
             if decoded.binary_output:

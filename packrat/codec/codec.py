@@ -119,9 +119,9 @@ class Codec:
         """The body answering the request that `decoded` came from (see encoded())."""
         return self.encoded(outputs, decoded).body
 
-    def encoded(self, outputs: torch.Tensor, decoded: Decoded, top=None) -> Encoded:
-        """`top`: the sample's top classes, when Answers.tops() found them for its whole batch."""
-        return self.answers.encoded(outputs, decoded, top)
+    def encoded(self, outputs: torch.Tensor, decoded: Decoded) -> Encoded:
+        """The answer with its content type (and a binary v2 answer's header length): Answers.encoded."""
+        return self.answers.encoded(outputs, decoded)
 
 
 def _kind(content_type: str | None) -> str:
