@@ -183,7 +183,8 @@ def test_a_plan_whose_split_figures_were_too_optimistic_is_corrected_and_the_bet
     """tiny's profile says two 1-thread instances of batch 2 take 0.002 ms and the fat instance
     0.004 ms: the split is planned, served far slower, corrected. The fat plan is then better on
     paper, on the profile's figure alone: it is tried, not switched to, and the trial's verdict
-    comes from what both served. No request fails, both served figures are kept, and a restart
+    comes from what both served (kept, reverted, or given up early: on a loaded machine the fat
+    instance's first rounds served 1.4 ms against the split's 1.0). No request fails, both served figures are kept, and a restart
     plans on them (here on the profile's last unserved point, 0.01 ms: served slower, it would be
     corrected and tried in turn)."""
     from packrat.serving.engine import Engine
@@ -211,7 +212,7 @@ def test_a_plan_whose_split_figures_were_too_optimistic_is_corrected_and_the_bet
         (trial,) = engine.tuner.trials.history
         first = engine.controller.reconfigurations[0]
         assert first.error is None and first.reason.startswith("trial: served latencies")
-        assert trial.plan == "1×⟨2 threads, batch 4⟩" and trial.outcome.startswith(("kept", "reverted: served"))
+        assert trial.plan == "1×⟨2 threads, batch 4⟩" and trial.outcome.startswith(("kept", "reverted: served", "given up: served"))
         assert set(answers) == {200} and all(r.failed_requests == 0 for r in engine.controller.reconfigurations)
         corrected = {(c["threads"], c["batch"]): c["profile_ms"] for c in engine.status()["served"]["corrections"]}
         assert corrected == {(1, 2): 0.002, (2, 4): 0.004}  # the trial's figures are planned with
